@@ -1,0 +1,380 @@
+"""The embedded coordinator: the lease table kept in one SQLite file.
+
+Every operation is one ``BEGIN IMMEDIATE`` transaction: load the scope's
+record, apply the pure function from `stockade.core.leases`, write back what
+changed, ``COMMIT``. The file is in WAL mode with ``synchronous=FULL``, so a
+commit has reached the disk before the call returns: a token is durable
+before anyone sees it (C1).
+
+Several threads and several processes on one host may share one file: SQLite's
+write lock serialises the transactions, and lease deadlines are on
+``CLOCK_MONOTONIC``, which all processes of one boot share. A process that
+dies holding a lease leaves a row whose deadline passes; the next transaction
+that touches the scope expires it. After a reboot the monotonic clock starts
+again, so on first open after a boot every held lease is given a full TTL
+from now (C3) and queued waiters, whose deadlines meant the old clock, are
+dropped.
+
+This class offers non-blocking primitives only (`try_acquire` answers at
+once). Waiting is the client's job (`stockade.client`), which polls with a
+deadline so that no call here blocks beyond SQLite's busy timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from stockade.clock import SystemClock
+from stockade.core.clock import Clock
+from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, NotHolder, invariant
+from stockade.core.leases import (
+    AcquireRequest,
+    Granted,
+    Lease,
+    LeasePolicy,
+    Queued,
+    Released,
+    ScopeInfo,
+    ScopeRecord,
+    TimedOut,
+    Waiter,
+    acquire,
+    cancel_wait,
+    describe,
+    lease_hint,
+    release,
+    renew,
+    settle,
+)
+from stockade.core.limits import LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
+from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, FencingToken
+
+__all__ = ["SQLiteCoordinator", "new_lease_id"]
+
+SCHEMA_VERSION = "1"
+BUSY_TIMEOUT_MS_DEFAULT = 5_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS scopes (
+    scope TEXT PRIMARY KEY,
+    last_token INTEGER NOT NULL,
+    delay_until_ns INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS leases (
+    scope TEXT PRIMARY KEY,
+    lease_id TEXT NOT NULL UNIQUE,
+    holder TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    ttl_ms INTEGER NOT NULL,
+    granted_ns INTEGER NOT NULL,
+    expires_ns INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS waiters (
+    scope TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    lease_id TEXT NOT NULL UNIQUE,
+    holder TEXT NOT NULL,
+    deadline_ns INTEGER NOT NULL,
+    stale_ns INTEGER NOT NULL,
+    PRIMARY KEY (scope, seq)
+) STRICT;
+"""
+
+
+def new_lease_id() -> str:
+    """A fresh lease id: 192 random bits, URL-safe. Treat it as a secret."""
+    return secrets.token_urlsafe(24)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+class SQLiteCoordinator:
+    """A coordinator in one SQLite file. Thread-safe; shareable across processes.
+
+    Args:
+        path: the database file (created with its cluster id if missing).
+        clock: monotonic clock; defaults to the host's.
+        policy: lock-delay and queue settings.
+        busy_timeout_ms: how long a transaction waits for SQLite's write lock
+            before failing with `BackendUnavailable`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        policy: LeasePolicy | None = None,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
+    ) -> None:
+        validate_int("busy_timeout_ms", busy_timeout_ms, 0, 60_000)
+        self.path = Path(path)
+        self.clock: Clock = clock or SystemClock()
+        self.policy = policy or LeasePolicy()
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+            )
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+        except (sqlite3.Error, OSError) as exc:
+            raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
+        self.cluster_id = self._initialise()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _initialise(self) -> str:
+        with self._write() as conn:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+            if "cluster_id" not in meta:
+                cluster = secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2)
+                conn.executemany(
+                    "INSERT INTO meta (k, v) VALUES (?, ?)",
+                    [("cluster_id", cluster), ("schema_version", SCHEMA_VERSION), ("boot_id", _boot_id())],
+                )
+                return cluster
+            if meta.get("schema_version") != SCHEMA_VERSION:
+                raise BackendUnavailable(f"{self.path}: schema version {meta.get('schema_version')!r} is not supported")
+            if meta.get("boot_id") != _boot_id():
+                self._rebase_after_reboot(conn)
+            return meta["cluster_id"]
+
+    def _rebase_after_reboot(self, conn: sqlite3.Connection) -> None:
+        # Deadlines were on the previous boot's monotonic clock. Held leases get a
+        # full TTL from now (C3); waiters' processes did not survive the reboot.
+        now_ns = self.clock.now_ns()
+        conn.execute("UPDATE leases SET granted_ns = ?, expires_ns = ? + ttl_ms * 1000000", (now_ns, now_ns))
+        conn.execute("UPDATE scopes SET delay_until_ns = 0")
+        conn.execute("DELETE FROM waiters")
+        conn.execute("UPDATE meta SET v = ? WHERE k = 'boot_id'", (_boot_id(),))
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SQLiteCoordinator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction; its COMMIT is fsync'd before we return."""
+        with self._lock:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise BackendUnavailable(f"coordinator busy or unavailable: {exc}", certain_no_effect=True) from exc
+            try:
+                yield conn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise BackendUnavailable(f"coordinator commit failed: {exc}") from exc
+
+    # -- records ---------------------------------------------------------------------------
+
+    def _load(self, conn: sqlite3.Connection, scope: str) -> ScopeRecord:
+        row = conn.execute("SELECT last_token, delay_until_ns FROM scopes WHERE scope = ?", (scope,)).fetchone()
+        if row is None:
+            return ScopeRecord(scope)
+        lease = None
+        lease_row = conn.execute(
+            "SELECT lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM leases WHERE scope = ?", (scope,)
+        ).fetchone()
+        if lease_row is not None:
+            lease_id, holder, token, ttl_ms, granted_ns, expires_ns = lease_row
+            invariant(token <= row[0], f"lease token {token} above last_token {row[0]} in {scope!r}")
+            token_obj = FencingToken(self.cluster_id, scope, token)
+            lease = Lease(lease_id, holder, token_obj, ttl_ms, granted_ns, expires_ns)
+        waiters = tuple(
+            Waiter(*w)
+            for w in conn.execute(
+                "SELECT lease_id, holder, deadline_ns, stale_ns FROM waiters WHERE scope = ? ORDER BY seq", (scope,)
+            )
+        )
+        return ScopeRecord(scope, last_token=row[0], lease=lease, delay_until_ns=row[1], waiters=waiters)
+
+    def _store(self, conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord) -> None:
+        """Write back the difference between two records of one scope."""
+        if new == old:
+            return
+        invariant(new.last_token >= old.last_token, f"last_token went back in {new.scope!r}")
+        scope = new.scope
+        if (new.last_token, new.delay_until_ns) != (old.last_token, old.delay_until_ns) or old.last_token == 0:
+            conn.execute(
+                "INSERT INTO scopes (scope, last_token, delay_until_ns) VALUES (?, ?, ?) "
+                "ON CONFLICT (scope) DO UPDATE SET last_token = excluded.last_token, "
+                "delay_until_ns = excluded.delay_until_ns",
+                (scope, new.last_token, new.delay_until_ns),
+            )
+        if new.lease != old.lease:
+            if old.lease is not None:
+                conn.execute("DELETE FROM leases WHERE scope = ?", (scope,))
+            if new.lease is not None:
+                lease = new.lease
+                conn.execute(
+                    "INSERT INTO leases (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (scope, lease.lease_id, lease.holder, lease.token.value, lease.ttl_ms, lease.granted_ns,
+                     lease.expires_ns),
+                )
+        if new.waiters != old.waiters:
+            old_by_id = {w.lease_id: w for w in old.waiters}
+            new_ids = {w.lease_id for w in new.waiters}
+            for w in old.waiters:
+                if w.lease_id not in new_ids:
+                    conn.execute("DELETE FROM waiters WHERE lease_id = ?", (w.lease_id,))
+            for w in new.waiters:
+                before = old_by_id.get(w.lease_id)
+                if before is None:
+                    conn.execute(
+                        "INSERT INTO waiters (scope, seq, lease_id, holder, deadline_ns, stale_ns) "
+                        "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM waiters WHERE scope = ?), ?, ?, ?, ?)",
+                        (scope, scope, w.lease_id, w.holder, w.deadline_ns, w.stale_ns),
+                    )
+                elif before != w:
+                    conn.execute("UPDATE waiters SET stale_ns = ? WHERE lease_id = ?", (w.stale_ns, w.lease_id))
+
+    def _scope_of_lease(self, conn: sqlite3.Connection, lease_id: object) -> str | None:
+        if not isinstance(lease_id, str):
+            raise InvalidArgument("lease_id", f"must be a string, got {type(lease_id).__name__}")
+        row = conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+        return row[0] if row else None
+
+    def _sweep_expired(self, conn: sqlite3.Connection, now_ns: int) -> None:
+        # Called only when the lease bound is hit: settle every lapsed lease.
+        scopes = [r[0] for r in conn.execute("SELECT scope FROM leases WHERE expires_ns <= ?", (now_ns,))]
+        for scope in scopes:
+            record = self._load(conn, scope)
+            self._store(conn, record, settle(record, now_ns, self.policy))
+
+    # -- operations ------------------------------------------------------------------------
+
+    def try_acquire(
+        self, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_deadline_ns: int
+    ) -> Granted | Queued | TimedOut:
+        """One non-blocking acquire attempt; call again with the same ``lease_id`` to keep waiting.
+
+        Returns:
+            `Granted` (durable before return), `Queued` (still waiting, position
+            in the FIFO queue), or `TimedOut` (``wait_deadline_ns`` passed; dequeued).
+
+        Raises:
+            InvalidArgument: bad scope, holder, ttl or lease id. Nothing changed.
+            LimitExceeded: queue or lease bound reached. Nothing changed.
+            BackendUnavailable: the file could not be written; outcome unknown.
+        """
+        request = AcquireRequest(
+            cluster=self.cluster_id, scope=scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
+            wait_deadline_ns=wait_deadline_ns,
+        )
+        with self._write() as conn:
+            now_ns = self.clock.now_ns()
+            record = self._load(conn, scope)
+            new, outcome = acquire(record, request, now_ns, self.policy)
+            if isinstance(outcome, Granted) and record.lease is None and self._lease_count(conn) >= LEASES_MAX:
+                self._sweep_expired(conn, now_ns)
+                if self._lease_count(conn) >= LEASES_MAX:
+                    raise LimitExceeded("LEASES_MAX", LEASES_MAX)
+                record = self._load(conn, scope)
+                new, outcome = acquire(record, request, now_ns, self.policy)
+            self._store(conn, record, new)
+        return outcome
+
+    @staticmethod
+    def _lease_count(conn: sqlite3.Connection) -> int:
+        return conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
+
+    def renew(self, lease_id: str) -> Lease:
+        """Extend a held lease by its TTL from now.
+
+        Raises:
+            NotHolder: the lease expired, was released, or never existed.
+        """
+        with self._write() as conn:
+            scope = self._scope_of_lease(conn, lease_id)
+            if scope is None:
+                raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+            record = self._load(conn, scope)
+            try:
+                new, lease = renew(record, lease_id, self.clock.now_ns(), self.policy)
+            except NotHolder:
+                # Expired: record the expiry so the scope's state is settled on disk.
+                self._store(conn, record, settle(record, self.clock.now_ns(), self.policy))
+                raise
+            self._store(conn, record, new)
+        return lease
+
+    def release(self, lease_id: str) -> Released:
+        """Release a lease. Idempotent: an unknown or expired lease id is not an error."""
+        with self._write() as conn:
+            scope = self._scope_of_lease(conn, lease_id)
+            if scope is None:
+                return Released(False)
+            record = self._load(conn, scope)
+            new, outcome = release(record, lease_id, self.clock.now_ns(), self.policy)
+            self._store(conn, record, new)
+        return outcome
+
+    def cancel_wait(self, scope: str, lease_id: str) -> None:
+        """Leave the queue of ``scope`` early. Idempotent."""
+        validate_scope(scope)
+        with self._write() as conn:
+            record = self._load(conn, scope)
+            self._store(conn, record, cancel_wait(record, lease_id))
+
+    def inspect(self, scope: str) -> ScopeInfo:
+        """The state of one scope (a never-used scope reads as free with last_token 0)."""
+        validate_scope(scope)
+        with self._lock:
+            record = self._load(self._conn, scope)
+        return describe(record, self.clock.now_ns(), self.policy)
+
+    def scopes(self, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[ScopeInfo]:
+        """Scopes in name order after ``after``, at most ``limit`` of them."""
+        validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        if after:
+            validate_scope(after, "after")
+        with self._lock:
+            names = [r[0] for r in self._conn.execute(
+                "SELECT scope FROM scopes WHERE scope > ? ORDER BY scope LIMIT ?", (after, limit))]
+            records = [self._load(self._conn, name) for name in names]
+        now_ns = self.clock.now_ns()
+        return [describe(r, now_ns, self.policy) for r in records]
+
+    def last_issued(self, scope: str) -> int:
+        """The greatest token value ever issued for ``scope`` (0 if none): the fence floor."""
+        return self.inspect(scope).last_token
+
+    def _debug_records(self) -> dict[str, ScopeRecord]:
+        """Every record, for tests that compare state before and after."""
+        with self._lock:
+            names = [r[0] for r in self._conn.execute("SELECT scope FROM scopes ORDER BY scope")]
+            return {name: self._load(self._conn, name) for name in names}
+

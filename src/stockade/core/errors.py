@@ -1,0 +1,212 @@
+"""One exception tree for all of stockade.
+
+Blame is in the name: a caller's mistake (`InvalidArgument`), a client that
+has been fenced out (`StaleToken`, `TokenMismatch`), a lease the caller no
+longer holds (`NotHolder`, `LeaseLost`), a wait that ran out (`LockTimeout`),
+a bound that was reached (`LimitExceeded`), or a backend that failed
+(`BackendUnavailable`). A broken invariant is a bug in stockade, not an
+operating error, and raises `InvariantViolation` from `invariant()`.
+
+Every class has a stable ``code`` (used as the problem type over HTTP) and
+every instance carries structured fields, so callers never parse messages.
+
+    StockadeError
+    ├── InvalidArgument          caller passed a bad value (nothing changed)
+    ├── LimitExceeded            a named bound was reached (nothing changed)
+    ├── FenceRejected            the resource refused a write (nothing changed)
+    │   ├── StaleToken           token < high-water mark
+    │   └── TokenMismatch        token for another scope or cluster
+    ├── LeaseError
+    │   ├── NotHolder            lease id is not the current holder (gone/unknown)
+    │   ├── LeaseLost            the client gave the lease up as lost (K2)
+    │   └── LockTimeout          the wait deadline passed before a grant
+    ├── BackendUnavailable       I/O failed or timed out; outcome may be unknown
+    └── InvariantViolation       a bug in stockade
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "StockadeError",
+    "InvalidArgument",
+    "LimitExceeded",
+    "FenceRejected",
+    "StaleToken",
+    "TokenMismatch",
+    "LeaseError",
+    "NotHolder",
+    "LeaseLost",
+    "LockTimeout",
+    "BackendUnavailable",
+    "InvariantViolation",
+    "invariant",
+]
+
+
+class StockadeError(Exception):
+    """Root of every error stockade raises on purpose."""
+
+    code = "stockade-error"
+
+
+class InvalidArgument(StockadeError, ValueError):
+    """The caller passed a value outside its documented domain.
+
+    Attributes:
+        field: the argument or field name.
+        reason: what is wrong with it, in words.
+    """
+
+    code = "invalid-argument"
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class LimitExceeded(StockadeError):
+    """A named limit was reached (waiters per scope, leases, token space).
+
+    Attributes:
+        limit: the limit's name in `stockade.core.limits`.
+        value: the limit's value.
+    """
+
+    code = "limit-exceeded"
+
+    def __init__(self, limit: str, value: int, detail: str = "") -> None:
+        self.limit = limit
+        self.value = value
+        super().__init__(f"{limit}={value} reached" + (f": {detail}" if detail else ""))
+
+
+class FenceRejected(StockadeError):
+    """A resource refused a write because of its fencing token. Nothing changed.
+
+    Never retry the same write with the same token (rule K3): re-acquire,
+    read, reconcile.
+    """
+
+    code = "fence-rejected"
+    reason = "rejected"
+
+
+class StaleToken(FenceRejected):
+    """The token is lower than the highest the resource has accepted (R1).
+
+    Attributes:
+        token: the rejected token (a `FencingToken`).
+        high_water: the resource's high-water mark for the scope (an int).
+    """
+
+    code = "stale-token"
+    reason = "stale"
+
+    def __init__(self, token: object, high_water: int) -> None:
+        self.token = token
+        self.high_water = high_water
+        value = getattr(token, "value", token)
+        super().__init__(f"token {value} < high-water mark {high_water}")
+
+
+class TokenMismatch(FenceRejected):
+    """The token was issued for another scope or another coordinator cluster (R2).
+
+    Attributes:
+        token: the rejected token.
+        reason: ``"wrong-scope"`` or ``"wrong-cluster"``.
+        expected: the scope or cluster the resource expected.
+    """
+
+    code = "token-mismatch"
+
+    def __init__(self, token: object, reason: str, expected: str) -> None:
+        self.token = token
+        self.reason = reason
+        self.expected = expected
+        super().__init__(f"{reason}: token {token} does not belong to {expected!r}")
+
+
+class LeaseError(StockadeError):
+    """Base for errors about holding a lease."""
+
+    code = "lease-error"
+
+
+class NotHolder(LeaseError):
+    """The lease id names no current lease: released, expired, or never granted.
+
+    Attributes:
+        lease_hint: a short, non-secret prefix of the lease id (for logs).
+    """
+
+    code = "not-holder"
+
+    def __init__(self, lease_hint: str, detail: str = "lease is not held") -> None:
+        self.lease_hint = lease_hint
+        super().__init__(f"lease {lease_hint}…: {detail}")
+
+
+class LeaseLost(LeaseError):
+    """The client marked its lease lost (renewal failed or its local deadline passed).
+
+    Attributes:
+        scope: the scope of the lost lease.
+        token: its fencing token.
+        cause: why it was marked lost.
+    """
+
+    code = "lease-lost"
+
+    def __init__(self, scope: str, token: object, cause: str) -> None:
+        self.scope = scope
+        self.token = token
+        self.cause = cause
+        super().__init__(f"lease on {scope!r} lost: {cause}")
+
+
+class LockTimeout(LeaseError):
+    """The wait deadline passed while the scope was still held or queued.
+
+    Attributes:
+        scope: the scope that was asked for.
+        wait_ms: how long the caller was prepared to wait.
+    """
+
+    code = "lock-timeout"
+
+    def __init__(self, scope: str, wait_ms: int) -> None:
+        self.scope = scope
+        self.wait_ms = wait_ms
+        super().__init__(f"scope {scope!r} still held after waiting {wait_ms} ms")
+
+
+class BackendUnavailable(StockadeError):
+    """The coordinator or resource could not be reached or failed.
+
+    The outcome of the operation is unknown unless ``certain_no_effect`` is true.
+    """
+
+    code = "backend-unavailable"
+
+    def __init__(self, detail: str, *, certain_no_effect: bool = False) -> None:
+        self.detail = detail
+        self.certain_no_effect = certain_no_effect
+        super().__init__(detail)
+
+
+class InvariantViolation(StockadeError, AssertionError):
+    """An internal invariant broke: a bug in stockade. Please report it."""
+
+    code = "invariant-violation"
+
+
+def invariant(condition: object, message: str) -> None:
+    """Raise `InvariantViolation` unless ``condition`` holds.
+
+    Unlike ``assert``, this is not stripped by ``python -O``: a coordinator
+    that has lost track of its own state must stop, not carry on.
+    """
+    if not condition:
+        raise InvariantViolation(message)

@@ -1,0 +1,422 @@
+"""The lease table: grant, renew, release, expire, FIFO waiters, lock-delay.
+
+Sans-IO. Every operation is a pure function from ``(ScopeRecord, request,
+now_ns)`` to ``(ScopeRecord, outcome)``: adapters load a scope's record,
+call the function inside one transaction, write back the new record and
+commit before they answer (that commit is what makes a token durable, C1).
+An operation that is not allowed raises and, being pure, changes nothing.
+
+A scope is in one of three named states; the transition table below is the
+specification (docs are generated from it)::
+
+    FREE     --grant-->       HELD
+    HELD     --renew-->       HELD
+    HELD     --release-->     FREE
+    HELD     --expire-->      DELAYED   (lock-delay, C5; zero delay means FREE at once)
+    DELAYED  --delay_over-->  FREE
+
+Rules kept here:
+
+- C1: the token of a grant is ``last_token + 1`` of the scope's record. The
+  record, not the lease, owns ``last_token``, so releases and expiries never
+  lower it.
+- C2: at most one unexpired lease per scope, by the coordinator's clock.
+- C3: only ``now_ns`` passed in by the coordinator decides expiry.
+- C4: waiters are served strictly first in, first out; each has a deadline
+  and a liveness deadline (``stale_ns``) so a dead waiter cannot block the queue.
+- C5: optional lock-delay after an expiry (not after a release).
+
+An acquire repeated with the lease id of the current lease (a duplicated or
+retried request) returns that lease again: it never mints a second token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from stockade.core.errors import InvalidArgument, LimitExceeded, NotHolder, invariant
+from stockade.core.limits import (
+    LOCK_DELAY_MS_MAX,
+    TOKEN_VALUE_MAX,
+    WAITERS_PER_SCOPE_MAX,
+    validate_holder,
+    validate_int,
+    validate_scope,
+    validate_ttl_ms,
+)
+from stockade.core.tokens import FencingToken, validate_cluster_id
+
+__all__ = [
+    "ScopeState",
+    "Event",
+    "TRANSITIONS",
+    "LeasePolicy",
+    "Lease",
+    "Waiter",
+    "ScopeRecord",
+    "AcquireRequest",
+    "Granted",
+    "Queued",
+    "TimedOut",
+    "Released",
+    "state_of",
+    "settle",
+    "acquire",
+    "renew",
+    "release",
+    "cancel_wait",
+    "LeaseTable",
+    "lease_hint",
+    "ScopeInfo",
+    "describe",
+]
+
+_NS_PER_MS = 1_000_000
+LEASE_ID_CHARS_MIN = 16
+LEASE_ID_CHARS_MAX = 64
+
+
+class ScopeState(enum.Enum):
+    FREE = "free"
+    HELD = "held"
+    DELAYED = "delayed"
+
+
+class Event(enum.Enum):
+    GRANT = "grant"
+    RENEW = "renew"
+    RELEASE = "release"
+    EXPIRE = "expire"
+    DELAY_OVER = "delay_over"
+
+
+TRANSITIONS: dict[tuple[ScopeState, Event], ScopeState] = {
+    (ScopeState.FREE, Event.GRANT): ScopeState.HELD,
+    (ScopeState.HELD, Event.RENEW): ScopeState.HELD,
+    (ScopeState.HELD, Event.RELEASE): ScopeState.FREE,
+    (ScopeState.HELD, Event.EXPIRE): ScopeState.DELAYED,
+    (ScopeState.DELAYED, Event.DELAY_OVER): ScopeState.FREE,
+}
+
+
+def lease_hint(lease_id: str) -> str:
+    """The non-secret prefix of a lease id that logs and errors may show."""
+    return lease_id[:6]
+
+
+def _validate_lease_id(lease_id: object) -> str:
+    if not isinstance(lease_id, str) or not LEASE_ID_CHARS_MIN <= len(lease_id) <= LEASE_ID_CHARS_MAX:
+        raise InvalidArgument("lease_id", f"must be a string of {LEASE_ID_CHARS_MIN}..{LEASE_ID_CHARS_MAX} characters")
+    if not lease_id.isascii() or not all(c.isalnum() or c in "-_" for c in lease_id):
+        raise InvalidArgument("lease_id", "may contain only A-Z a-z 0-9 - _")
+    return lease_id
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePolicy:
+    """Coordinator-wide settings, validated at construction.
+
+    Attributes:
+        lock_delay_ms: after an expiry, the scope stays ungrantable this long (C5).
+        waiters_per_scope_max: queue bound per scope; one more raises `LimitExceeded`.
+        waiter_stale_ms: a waiter not seen for this long is presumed dead and dropped.
+    """
+
+    lock_delay_ms: int = 0
+    waiters_per_scope_max: int = WAITERS_PER_SCOPE_MAX
+    waiter_stale_ms: int = 2_000
+
+    def __post_init__(self) -> None:
+        validate_int("lock_delay_ms", self.lock_delay_ms, 0, LOCK_DELAY_MS_MAX)
+        validate_int("waiters_per_scope_max", self.waiters_per_scope_max, 1, WAITERS_PER_SCOPE_MAX)
+        validate_int("waiter_stale_ms", self.waiter_stale_ms, 100, 60_000)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A granted lease. ``expires_ns`` is on the coordinator's monotonic clock."""
+
+    lease_id: str
+    holder: str
+    token: FencingToken
+    ttl_ms: int
+    granted_ns: int
+    expires_ns: int
+
+    @property
+    def scope(self) -> str:
+        return self.token.scope
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """A queued acquire. ``deadline_ns``: gives up; ``stale_ns``: presumed dead."""
+
+    lease_id: str
+    holder: str
+    deadline_ns: int
+    stale_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeRecord:
+    """Everything the coordinator knows about one scope."""
+
+    scope: str
+    last_token: int = 0
+    lease: Lease | None = None
+    delay_until_ns: int = 0
+    waiters: tuple[Waiter, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireRequest:
+    """One attempt to acquire ``scope``; repeat it (same ``lease_id``) to keep waiting.
+
+    ``lease_id`` is chosen by the caller (a secret random string): it names the
+    waiter while queued and the lease once granted.
+    """
+
+    cluster: str
+    scope: str
+    lease_id: str
+    holder: str
+    ttl_ms: int
+    wait_deadline_ns: int
+
+    def __post_init__(self) -> None:
+        validate_cluster_id(self.cluster)
+        validate_scope(self.scope)
+        _validate_lease_id(self.lease_id)
+        validate_holder(self.holder)
+        validate_ttl_ms(self.ttl_ms)
+        validate_int("wait_deadline_ns", self.wait_deadline_ns, 0, 2**63 - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """Not granted yet; ``position`` is 0 for the head of the queue."""
+
+    position: int
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """The wait deadline passed; the waiter has been removed from the queue."""
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """``released`` is False when the lease was already gone (release is idempotent)."""
+
+    released: bool
+
+
+def state_of(record: ScopeRecord, now_ns: int) -> ScopeState:
+    """The named state of a scope at ``now_ns`` (an unsettled expired lease counts as expired)."""
+    if record.lease is not None and now_ns < record.lease.expires_ns:
+        return ScopeState.HELD
+    delay_until = record.delay_until_ns
+    if record.lease is not None:
+        delay_until = max(delay_until, record.lease.expires_ns)
+    return ScopeState.DELAYED if now_ns < delay_until else ScopeState.FREE
+
+
+def _transition(state: ScopeState, event: Event) -> ScopeState:
+    next_state = TRANSITIONS.get((state, event))
+    invariant(next_state is not None, f"illegal transition {state.name} --{event.name}-->")
+    return next_state  # type: ignore[return-value]
+
+
+def settle(record: ScopeRecord, now_ns: int, policy: LeasePolicy) -> ScopeRecord:
+    """Apply what time alone decides: expire a lapsed lease, drop lapsed waiters."""
+    lease = record.lease
+    if lease is not None and now_ns >= lease.expires_ns:
+        _transition(ScopeState.HELD, Event.EXPIRE)
+        record = replace(
+            record,
+            lease=None,
+            delay_until_ns=max(record.delay_until_ns, lease.expires_ns + policy.lock_delay_ms * _NS_PER_MS),
+        )
+    if record.waiters:
+        alive = tuple(w for w in record.waiters if now_ns < w.deadline_ns and now_ns < w.stale_ns)
+        if len(alive) != len(record.waiters):
+            record = replace(record, waiters=alive)
+    return record
+
+
+def acquire(
+    record: ScopeRecord, request: AcquireRequest, now_ns: int, policy: LeasePolicy
+) -> tuple[ScopeRecord, Granted | Queued | TimedOut]:
+    """Grant the scope to ``request`` if it is free and the request heads the queue.
+
+    Otherwise queue it (or keep it queued and alive), or time it out once
+    ``now_ns`` reaches its wait deadline.
+
+    Raises:
+        LimitExceeded: the scope's queue is full, or the token space is used up.
+    """
+    invariant(record.scope == request.scope, "record and request name different scopes")
+    record = settle(record, now_ns, policy)
+    lease = record.lease
+    if lease is not None and lease.lease_id == request.lease_id:
+        return record, Granted(lease)  # a repeated request: same lease, same token
+    position = next((i for i, w in enumerate(record.waiters) if w.lease_id == request.lease_id), None)
+    free = lease is None and now_ns >= record.delay_until_ns
+    my_turn = position == 0 or (position is None and not record.waiters)
+    if free and my_turn:
+        return _grant(record, request, now_ns)
+    if now_ns >= request.wait_deadline_ns:
+        waiters = tuple(w for w in record.waiters if w.lease_id != request.lease_id)
+        return replace(record, waiters=waiters), TimedOut()
+    stale_ns = now_ns + policy.waiter_stale_ms * _NS_PER_MS
+    holder = lease.holder if lease is not None else None
+    if position is None:
+        if len(record.waiters) >= policy.waiters_per_scope_max:
+            raise LimitExceeded("waiters_per_scope_max", policy.waiters_per_scope_max, f"scope {record.scope!r}")
+        waiter = Waiter(request.lease_id, request.holder, request.wait_deadline_ns, stale_ns)
+        return replace(record, waiters=record.waiters + (waiter,)), Queued(len(record.waiters), holder)
+    waiter = record.waiters[position]
+    # Refresh liveness only when half the window is used: fewer writes while polling.
+    if waiter.stale_ns - now_ns < policy.waiter_stale_ms * _NS_PER_MS // 2:
+        waiters = list(record.waiters)
+        waiters[position] = replace(waiter, stale_ns=stale_ns)
+        record = replace(record, waiters=tuple(waiters))
+    return record, Queued(position, holder)
+
+
+def _grant(record: ScopeRecord, request: AcquireRequest, now_ns: int) -> tuple[ScopeRecord, Granted]:
+    _transition(ScopeState.FREE, Event.GRANT)
+    value = record.last_token + 1
+    if value > TOKEN_VALUE_MAX:
+        raise LimitExceeded("TOKEN_VALUE_MAX", TOKEN_VALUE_MAX, f"scope {record.scope!r} has no tokens left")
+    token = FencingToken(cluster=request.cluster, scope=request.scope, value=value)
+    lease = Lease(
+        lease_id=request.lease_id,
+        holder=request.holder,
+        token=token,
+        ttl_ms=request.ttl_ms,
+        granted_ns=now_ns,
+        expires_ns=now_ns + request.ttl_ms * _NS_PER_MS,
+    )
+    waiters = tuple(w for w in record.waiters if w.lease_id != request.lease_id)
+    new = replace(record, last_token=value, lease=lease, waiters=waiters)
+    invariant(new.last_token > record.last_token, "token did not increase")
+    return new, Granted(lease)
+
+
+def renew(record: ScopeRecord, lease_id: str, now_ns: int, policy: LeasePolicy) -> tuple[ScopeRecord, Lease]:
+    """Extend the current lease by its TTL from ``now_ns``.
+
+    Raises:
+        NotHolder: ``lease_id`` is not the scope's unexpired lease.
+    """
+    record = settle(record, now_ns, policy)
+    lease = record.lease
+    if lease is None or lease.lease_id != lease_id:
+        raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+    _transition(ScopeState.HELD, Event.RENEW)
+    lease = replace(lease, expires_ns=now_ns + lease.ttl_ms * _NS_PER_MS)
+    return replace(record, lease=lease), lease
+
+
+def release(record: ScopeRecord, lease_id: str, now_ns: int, policy: LeasePolicy) -> tuple[ScopeRecord, Released]:
+    """Give up the lease named by ``lease_id``. Idempotent; never affects another lease."""
+    record = settle(record, now_ns, policy)
+    if record.lease is None or record.lease.lease_id != lease_id:
+        return record, Released(False)
+    _transition(ScopeState.HELD, Event.RELEASE)
+    return replace(record, lease=None), Released(True)
+
+
+def cancel_wait(record: ScopeRecord, lease_id: str) -> ScopeRecord:
+    """Leave the queue (a waiter that gives up early). Idempotent."""
+    return replace(record, waiters=tuple(w for w in record.waiters if w.lease_id != lease_id))
+
+
+@dataclass
+class LeaseTable:
+    """An in-memory table of scope records (used by the simulator and by tests).
+
+    Durable adapters keep the records in storage instead and call the same
+    functions; this class is the reference for how they compose.
+    """
+
+    cluster: str
+    policy: LeasePolicy = field(default_factory=LeasePolicy)
+    records: dict[str, ScopeRecord] = field(default_factory=dict)
+
+    def record(self, scope: str) -> ScopeRecord:
+        return self.records.get(scope) or ScopeRecord(scope)
+
+    def _scope_of(self, lease_id: str) -> str | None:
+        for scope, record in self.records.items():
+            if record.lease is not None and record.lease.lease_id == lease_id:
+                return scope
+        return None
+
+    def acquire(self, request: AcquireRequest, now_ns: int) -> Granted | Queued | TimedOut:
+        invariant(request.cluster == self.cluster, "request for another cluster")
+        record, outcome = acquire(self.record(request.scope), request, now_ns, self.policy)
+        self.records[request.scope] = record
+        return outcome
+
+    def renew(self, lease_id: str, now_ns: int) -> Lease:
+        scope = self._scope_of(lease_id)
+        if scope is None:
+            raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+        record, lease = renew(self.records[scope], lease_id, now_ns, self.policy)
+        self.records[scope] = record
+        return lease
+
+    def release(self, lease_id: str, now_ns: int) -> Released:
+        scope = self._scope_of(lease_id)
+        if scope is None:
+            return Released(False)
+        record, outcome = release(self.records[scope], lease_id, now_ns, self.policy)
+        self.records[scope] = record
+        return outcome
+
+    def cancel_wait(self, scope: str, lease_id: str) -> None:
+        if scope in self.records:
+            self.records[scope] = cancel_wait(self.records[scope], lease_id)
+
+    def settle_all(self, now_ns: int) -> None:
+        for scope, record in list(self.records.items()):
+            self.records[scope] = settle(record, now_ns, self.policy)
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeInfo:
+    """A read-only view of a scope for status displays (no lease id: it is a secret)."""
+
+    scope: str
+    state: ScopeState
+    holder: str | None
+    token: FencingToken | None
+    last_token: int
+    remaining_ms: int
+    waiters: int
+
+
+def describe(record: ScopeRecord, now_ns: int, policy: LeasePolicy) -> ScopeInfo:
+    """Summarise a scope at ``now_ns``."""
+    state = state_of(record, now_ns)
+    record = settle(record, now_ns, policy)
+    lease = record.lease
+    return ScopeInfo(
+        scope=record.scope,
+        state=state,
+        holder=lease.holder if lease else None,
+        token=lease.token if lease else None,
+        last_token=record.last_token,
+        remaining_ms=max(0, (lease.expires_ns - now_ns) // _NS_PER_MS) if lease else 0,
+        waiters=len(record.waiters),
+    )

@@ -1,0 +1,141 @@
+"""Every bound in stockade, named once, with the validators that enforce them.
+
+A value outside its bound raises `InvalidArgument` naming the field and the
+bound, and changes nothing. Durations are integers in the unit their name ends
+with; `bool` is never accepted as an integer.
+"""
+
+from __future__ import annotations
+
+import re
+
+from stockade.core.errors import InvalidArgument
+
+__all__ = [
+    "TTL_MS_MIN",
+    "TTL_MS_MAX",
+    "WAIT_MS_MIN",
+    "WAIT_MS_MAX",
+    "LOCK_DELAY_MS_MAX",
+    "SCOPE_BYTES_MAX",
+    "KEY_BYTES_MAX",
+    "VALUE_BYTES_MAX",
+    "HOLDER_BYTES_MAX",
+    "IDEMPOTENCY_KEY_BYTES_MAX",
+    "TOKEN_VALUE_MIN",
+    "TOKEN_VALUE_MAX",
+    "WAITERS_PER_SCOPE_MAX",
+    "LEASES_MAX",
+    "LIST_PAGE_MAX",
+    "validate_int",
+    "validate_ttl_ms",
+    "validate_wait_ms",
+    "validate_scope",
+    "validate_key",
+    "validate_value",
+    "validate_holder",
+    "validate_idempotency_key",
+]
+
+TTL_MS_MIN = 100
+TTL_MS_MAX = 3_600_000
+WAIT_MS_MIN = 0
+WAIT_MS_MAX = 300_000
+LOCK_DELAY_MS_MAX = 60_000
+
+SCOPE_BYTES_MAX = 200
+KEY_BYTES_MAX = 1024
+VALUE_BYTES_MAX = 1024 * 1024
+HOLDER_BYTES_MAX = 200
+IDEMPOTENCY_KEY_BYTES_MAX = 200
+
+TOKEN_VALUE_MIN = 1
+TOKEN_VALUE_MAX = 2**63 - 1
+
+WAITERS_PER_SCOPE_MAX = 1024
+LEASES_MAX = 100_000
+LIST_PAGE_MAX = 1000
+
+_SCOPE_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+# Printable ASCII without space: safe in headers, logs and file names of reports.
+_PRINTABLE_RE = re.compile(r"[\x21-\x7e]+")
+
+
+def validate_int(field: str, value: object, low: int, high: int) -> int:
+    """Return ``value`` if it is an int (not bool) in ``low..high``, else raise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(field, f"must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise InvalidArgument(field, f"must be in {low}..{high}, got {value}")
+    return value
+
+
+def validate_ttl_ms(ttl_ms: object) -> int:
+    return validate_int("ttl_ms", ttl_ms, TTL_MS_MIN, TTL_MS_MAX)
+
+
+def validate_wait_ms(wait_ms: object) -> int:
+    return validate_int("wait_ms", wait_ms, WAIT_MS_MIN, WAIT_MS_MAX)
+
+
+def validate_scope(scope: object, field: str = "scope") -> str:
+    """A scope is 1..200 characters of ``[A-Za-z0-9._:-]``."""
+    if not isinstance(scope, str):
+        raise InvalidArgument(field, f"must be a string, got {type(scope).__name__}")
+    if not _SCOPE_RE.fullmatch(scope):
+        if not 1 <= len(scope) <= SCOPE_BYTES_MAX:
+            raise InvalidArgument(field, f"must be 1..{SCOPE_BYTES_MAX} bytes, got {len(scope)}")
+        raise InvalidArgument(field, "may contain only A-Z a-z 0-9 . _ : -")
+    return scope
+
+
+def _validate_text(field: str, value: object, bytes_max: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(field, f"must be a string, got {type(value).__name__}")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= bytes_max:
+        raise InvalidArgument(field, f"must be 1..{bytes_max} bytes, got {size}")
+    return value
+
+
+def validate_key(key: object) -> str:
+    """A store key: any non-empty UTF-8 string up to 1 KiB, without NUL."""
+    key = _validate_text("key", key, KEY_BYTES_MAX)
+    if "\x00" in key:
+        raise InvalidArgument("key", "must not contain NUL")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument("key", "must be valid UTF-8 (no lone surrogates)") from None
+    return key
+
+
+def validate_value(value: object, value_bytes_max: int = VALUE_BYTES_MAX) -> bytes:
+    """A store value: bytes (or str, stored as UTF-8) up to ``value_bytes_max``."""
+    if isinstance(value, str):
+        try:
+            value = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument("value", "must be valid UTF-8 (no lone surrogates)") from None
+    if isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    if not isinstance(value, bytes):
+        raise InvalidArgument("value", f"must be bytes or str, got {type(value).__name__}")
+    if len(value) > value_bytes_max:
+        raise InvalidArgument("value", f"must be at most {value_bytes_max} bytes, got {len(value)}")
+    return value
+
+
+def validate_holder(holder: object) -> str:
+    """A holder name: printable ASCII without spaces, 1..200 bytes (shown in status)."""
+    holder = _validate_text("holder", holder, HOLDER_BYTES_MAX)
+    if not _PRINTABLE_RE.fullmatch(holder):
+        raise InvalidArgument("holder", "must be printable ASCII without spaces")
+    return holder
+
+
+def validate_idempotency_key(key: object) -> str:
+    key = _validate_text("idempotency_key", key, IDEMPOTENCY_KEY_BYTES_MAX)
+    if not _PRINTABLE_RE.fullmatch(key):
+        raise InvalidArgument("idempotency_key", "must be printable ASCII without spaces")
+    return key
