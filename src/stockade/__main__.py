@@ -1,0 +1,5 @@
+import sys
+
+from stockade.cli import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""The ``stockade`` command. Each subcommand is a module with ``run(argv) -> int``.
+
+Subcommands are imported only when chosen, so ``stockade lock`` starts fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+__all__ = ["main"]
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("stockade.cli.demo", "the zombie-leader story, live, with real processes"),
+    "lock": ("stockade.cli.lock", "run a command while holding a lease (token in STOCKADE_TOKEN)"),
+    "status": ("stockade.cli.status", "leases, holders, tokens and high-water marks"),
+    "sim": ("stockade.cli.sim", "deterministic simulation of the protocol under faults"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: stockade COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<8} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    lines += ["", "'stockade COMMAND --help' describes one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"stockade: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.run(rest))

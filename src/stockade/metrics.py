@@ -1,0 +1,71 @@
+"""In-process metrics with a Prometheus text rendering. Bounded label sets.
+
+The fenced store counts rejections here (R5); the HTTP server renders
+`REGISTRY` at ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["Counter", "Registry", "REGISTRY", "LABEL_SETS_MAX"]
+
+LABEL_SETS_MAX = 10_000  # per metric; further label sets fold into one overflow series
+
+
+class Counter:
+    def __init__(self, name: str, help_text: str, labels: tuple[str, ...]) -> None:
+        self.name = name
+        self.help_text = help_text
+        self.labels = labels
+        self._values: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        key = tuple(str(labels.get(name, "")) for name in self.labels)
+        with self._lock:
+            if key not in self._values and len(self._values) >= LABEL_SETS_MAX:
+                key = tuple("_overflow" for _ in self.labels)
+            self._values[key] = self._values.get(key, 0.0) + amount
+
+    def value(self, **labels: str) -> float:
+        key = tuple(str(labels.get(name, "")) for name in self.labels)
+        with self._lock:
+            return self._values.get(key, 0.0)
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} counter"]
+        with self._lock:
+            items = sorted(self._values.items())
+        for key, value in items:
+            pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key))
+            lines.append(f"{self.name}{{{pairs}}} {value:g}" if pairs else f"{self.name} {value:g}")
+        return lines
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._metrics: dict[str, Counter] = {}
+        self._lock = threading.Lock()
+
+    def counter(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
+        with self._lock:
+            metric = self._metrics.get(name)
+            if metric is None:
+                metric = self._metrics[name] = Counter(name, help_text, labels)
+            return metric
+
+    def render(self) -> str:
+        with self._lock:
+            metrics = list(self._metrics.values())
+        return "\n".join(line for m in metrics for line in m.render()) + "\n"
+
+
+REGISTRY = Registry()
+FENCE_REJECTIONS = REGISTRY.counter(
+    "stockade_fence_rejections_total", "Writes rejected by a resource's fence rule.", ("scope", "reason")
+)
