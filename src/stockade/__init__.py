@@ -1,0 +1,80 @@
+"""stockade: distributed locks made safe with fencing tokens.
+
+A coordinator grants leases, each with a fencing token that strictly increases
+per scope; every write carries the token; the resource rejects any write whose
+token is lower than the highest it has accepted.
+
+    coord = stockade.connect("sqlite:///var/lib/stockade/coord.db")
+    store = stockade.open_store("sqlite:///var/lib/stockade/store.db", cluster_id=coord.cluster_id)
+    with coord.lock("reports", ttl_ms=10_000, wait_ms=5_000) as lease:
+        store.put("reports", "daily.csv", data, token=lease.token)
+
+This module lists the whole public API once.
+"""
+
+import logging
+
+from stockade.client import (
+    AsyncCoordinator,
+    AsyncFencedStore,
+    AsyncLease,
+    Coordinator,
+    FencedStore,
+    Lease,
+    connect,
+    connect_async,
+    open_store,
+    open_store_async,
+)
+from stockade.core.errors import (
+    BackendUnavailable,
+    FenceRejected,
+    InvalidArgument,
+    InvariantViolation,
+    LeaseError,
+    LeaseLost,
+    LimitExceeded,
+    LockTimeout,
+    NotHolder,
+    StaleToken,
+    StockadeError,
+    TokenMismatch,
+)
+from stockade.core.leases import ScopeInfo, ScopeState
+from stockade.core.tokens import FencingToken
+from stockade.resources.store import Item, WriteResult
+
+__version__ = "0.1.0"
+
+# A library logs; the application decides where logs go (R5 records included).
+logging.getLogger("stockade").addHandler(logging.NullHandler())
+
+__all__ = [
+    "connect",
+    "connect_async",
+    "open_store",
+    "open_store_async",
+    "Coordinator",
+    "AsyncCoordinator",
+    "Lease",
+    "AsyncLease",
+    "FencedStore",
+    "AsyncFencedStore",
+    "FencingToken",
+    "ScopeInfo",
+    "ScopeState",
+    "Item",
+    "WriteResult",
+    "StockadeError",
+    "InvalidArgument",
+    "LimitExceeded",
+    "FenceRejected",
+    "StaleToken",
+    "TokenMismatch",
+    "LeaseError",
+    "NotHolder",
+    "LeaseLost",
+    "LockTimeout",
+    "BackendUnavailable",
+    "InvariantViolation",
+]

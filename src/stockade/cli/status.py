@@ -1,0 +1,73 @@
+"""``stockade status``: leases, holders, tokens and high-water marks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from stockade.cli._common import add_data_dir, data_dir, fail, open_coordinator
+from stockade.core.errors import StockadeError
+from stockade.core.limits import LIST_PAGE_MAX
+from stockade.resources.store import SQLiteStore
+
+SCOPES_SHOWN_MAX = 10_000
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="stockade status", description=__doc__)
+    add_data_dir(parser)
+    parser.add_argument("--json", action="store_true", help="one JSON object per scope")
+    args = parser.parse_args(argv)
+    root = data_dir(args)
+    if not (root / "coord.db").exists():
+        return fail(f"no coordinator at {root / 'coord.db'} (use --data-dir or ${'STOCKADE_DATA'})")
+    try:
+        coord = open_coordinator(args)
+        infos = []
+        after = ""
+        while len(infos) < SCOPES_SHOWN_MAX:
+            page = coord.scopes(after=after, limit=LIST_PAGE_MAX)
+            infos += page
+            if len(page) < LIST_PAGE_MAX:
+                break
+            after = page[-1].scope
+        high_waters: dict[str, int] = {}
+        if (root / "store.db").exists():
+            with SQLiteStore(root / "store.db") as store:
+                high_waters = store.high_waters()
+    except StockadeError as exc:
+        return fail(str(exc))
+    rows = [
+        {
+            "scope": i.scope,
+            "state": i.state.value,
+            "holder": i.holder,
+            "token": i.token.value if i.token else None,
+            "last_token": i.last_token,
+            "remaining_ms": i.remaining_ms,
+            "waiters": i.waiters,
+            "high_water": high_waters.get(i.scope),
+        }
+        for i in infos
+    ]
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    print(f"coordinator {root / 'coord.db'}  cluster {coord.cluster_id}")
+    if not rows:
+        print("no scopes yet")
+        return 0
+    header = ("SCOPE", "STATE", "HOLDER", "TOKEN", "LAST", "REMAINING", "WAITERS", "HIGH-WATER")
+    table = [header] + [
+        (
+            r["scope"], r["state"], r["holder"] or "-", str(r["token"] or "-"), str(r["last_token"]),
+            f"{r['remaining_ms']} ms" if r["state"] == "held" else "-", str(r["waiters"]),
+            "-" if r["high_water"] is None else str(r["high_water"]),
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0

@@ -1,0 +1,1 @@
+"""The async client: the one source the sync client is generated from."""

@@ -1,0 +1,112 @@
+"""Ports to the embedded engines (SQLite files on this host).
+
+The engines are blocking and answer at once; waiting for a busy scope is a
+poll loop here, with a deadline and a bounded interval, so that the async
+client never blocks its event loop and the sync client never blocks forever.
+"""
+
+from __future__ import annotations
+
+from stockade.client._io import AsyncIO
+from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
+from stockade.core import leases as core_leases
+from stockade.core.errors import LockTimeout, invariant
+from stockade.core.tokens import FencingToken
+from stockade.resources.store import Item, SQLiteStore, WriteResult
+
+__all__ = ["AsyncEmbeddedCoordinatorPort", "AsyncEmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX"]
+
+POLL_INTERVAL_MS_MIN = 1
+POLL_INTERVAL_MS_MAX = 20
+
+
+class AsyncEmbeddedCoordinatorPort:
+    def __init__(self, engine: SQLiteCoordinator) -> None:
+        self.engine = engine
+        self.cluster_id = engine.cluster_id
+        self.clock = engine.clock
+
+    async def acquire(
+        self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int
+    ) -> tuple[core_leases.Lease, int]:
+        """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
+
+        Returns:
+            The lease, and the send time (``clock.now_ns()``) of the attempt that
+            was granted: the start of the client's conservative lease deadline (K2).
+
+        Raises:
+            LockTimeout: still held (or others ahead) when ``wait_ms`` ran out.
+        """
+        lease_id = new_lease_id()
+        deadline_ns = self.clock.now_ns() + wait_ms * 1_000_000
+        interval_ms = POLL_INTERVAL_MS_MIN
+        try:
+            while True:
+                sent_ns = self.clock.now_ns()
+                outcome = await AsyncIO.run_blocking(
+                    self.engine.try_acquire, scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
+                    wait_deadline_ns=deadline_ns,
+                )
+                if isinstance(outcome, core_leases.Granted):
+                    return outcome.lease, sent_ns
+                if isinstance(outcome, core_leases.TimedOut):
+                    raise LockTimeout(scope, wait_ms)
+                invariant(isinstance(outcome, core_leases.Queued), f"unexpected outcome {outcome!r}")
+                remaining_ms = (deadline_ns - self.clock.now_ns()) / 1_000_000
+                await AsyncIO.sleep(max(0.0, min(interval_ms, remaining_ms)) / 1000)
+                interval_ms = min(interval_ms * 2, POLL_INTERVAL_MS_MAX)
+        except LockTimeout:
+            raise
+        except BaseException:
+            # Interrupted (cancelled, KeyboardInterrupt, backend error): leave the
+            # queue and give back a grant that may have happened meanwhile.
+            try:
+                self.engine.cancel_wait(scope, lease_id)
+                self.engine.release(lease_id)
+            except Exception:
+                pass  # the lease, if any, expires by TTL
+            raise
+
+    async def renew(self, lease_id: str) -> core_leases.Lease:
+        return await AsyncIO.run_blocking(self.engine.renew, lease_id)
+
+    async def release(self, lease_id: str) -> core_leases.Released:
+        return await AsyncIO.run_blocking(self.engine.release, lease_id)
+
+    async def inspect(self, scope: str) -> core_leases.ScopeInfo:
+        return await AsyncIO.run_blocking(self.engine.inspect, scope)
+
+    async def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
+        return await AsyncIO.run_blocking(self.engine.scopes, after=after, limit=limit)
+
+    async def aclose(self) -> None:
+        self.engine.close()
+
+
+class AsyncEmbeddedStorePort:
+    def __init__(self, engine: SQLiteStore) -> None:
+        self.engine = engine
+        self.cluster_id = engine.cluster_id
+
+    async def put(
+        self, scope: str, key: str, value: bytes | str, *, token: FencingToken, idempotency_key: str | None
+    ) -> WriteResult:
+        return await AsyncIO.run_blocking(
+            self.engine.put, scope, key, value, token=token, idempotency_key=idempotency_key
+        )
+
+    async def delete(self, scope: str, key: str, *, token: FencingToken, idempotency_key: str | None) -> WriteResult:
+        return await AsyncIO.run_blocking(self.engine.delete, scope, key, token=token, idempotency_key=idempotency_key)
+
+    async def get(self, scope: str, key: str) -> Item | None:
+        return await AsyncIO.run_blocking(self.engine.get, scope, key)
+
+    async def list(self, scope: str, *, after: str, limit: int) -> list[Item]:
+        return await AsyncIO.run_blocking(self.engine.list, scope, after=after, limit=limit)
+
+    async def high_water(self, scope: str) -> int:
+        return await AsyncIO.run_blocking(self.engine.high_water, scope)
+
+    async def aclose(self) -> None:
+        self.engine.close()

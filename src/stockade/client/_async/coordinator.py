@@ -1,0 +1,236 @@
+"""The async client: coordinator handle, leases with keepalive, the lock block."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from stockade.client._io import AsyncIO
+from stockade.client._shared import CURRENT_LEASE, default_holder, lost_margin_ms
+from stockade.clock import SystemClock
+from stockade.core import leases as core_leases
+from stockade.core.clock import Clock
+from stockade.core.errors import LeaseLost, NotHolder, StockadeError
+from stockade.core.limits import LIST_PAGE_MAX, validate_holder, validate_int, validate_scope, validate_ttl_ms, validate_wait_ms
+from stockade.core.tokens import FencingToken
+
+__all__ = ["AsyncCoordinator", "AsyncLease"]
+
+log = logging.getLogger("stockade.client")
+
+RENEW_RETRY_MS = 50
+
+
+class AsyncLease:
+    """A held lease: its token, and a keepalive that renews it at about TTL/3 (K2).
+
+    The lease is *lost* when a renewal is refused, or when its local deadline
+    passes without a successful renewal: the send time of the last successful
+    renew (or of the acquire) plus the TTL, minus a margin for drift. Once lost
+    it stays lost; `raise_if_lost` raises `LeaseLost`, and writes through a
+    `FencedStore` that name this lease refuse to start.
+
+    Attributes:
+        scope: the scope held.
+        token: the `FencingToken` of this grant; pass it with every write.
+        ttl_ms: the lease's time to live.
+        holder: the holder name the coordinator shows.
+    """
+
+    def __init__(self, port: Any, lease: core_leases.Lease, *, sent_ns: int, clock: Clock) -> None:
+        self.scope = lease.scope
+        self.token: FencingToken = lease.token
+        self.ttl_ms = lease.ttl_ms
+        self.holder = lease.holder
+        self._lease_id = lease.lease_id
+        self._port = port
+        self._clock = clock
+        self._deadline_ns = sent_ns + (lease.ttl_ms - lost_margin_ms(lease.ttl_ms)) * 1_000_000
+        self._lost = AsyncIO.event()
+        self._stop = AsyncIO.event()
+        self._lost_cause = ""
+        self._released = False
+        self._keepalive_handle: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Lease scope={self.scope!r} token={self.token.value} lost={self.lost}>"
+
+    @property
+    def lease_id(self) -> str:
+        """The lease's secret id (needed to renew or release it elsewhere). Do not log it."""
+        return self._lease_id
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known or presumed lost. Never turns back to False."""
+        if not self._lost.is_set() and not self._released and self._clock.now_ns() >= self._deadline_ns:
+            self._mark_lost("local deadline passed without a successful renewal")
+        return self._lost.is_set()
+
+    @property
+    def lost_cause(self) -> str:
+        return self._lost_cause
+
+    @property
+    def remaining_ms(self) -> int:
+        """Milliseconds until the local deadline (0 when lost or released)."""
+        if self.lost or self._released:
+            return 0
+        return max(0, (self._deadline_ns - self._clock.now_ns()) // 1_000_000)
+
+    def raise_if_lost(self) -> None:
+        """Raises `LeaseLost` if the lease is lost or already released."""
+        if self.lost:
+            raise LeaseLost(self.scope, self.token, self._lost_cause)
+        if self._released:
+            raise LeaseLost(self.scope, self.token, "lease was released")
+
+    def _mark_lost(self, cause: str) -> None:
+        if not self._lost.is_set():
+            self._lost_cause = cause
+            self._lost.set()
+            log.warning("lease lost", extra={"scope": self.scope, "token": self.token.value, "cause": cause})
+
+    async def wait_lost(self, timeout_ms: int | None = None) -> bool:
+        """Wait until the lease is lost, at most ``timeout_ms``; returns `lost`."""
+        end_ns = None if timeout_ms is None else self._clock.now_ns() + timeout_ms * 1_000_000
+        while not self.lost and not self._released:
+            wake_ns = self._deadline_ns if end_ns is None else min(end_ns, self._deadline_ns)
+            timeout_s = max(0.0, (wake_ns - self._clock.now_ns()) / 1e9)
+            await AsyncIO.wait_event(self._lost, timeout_s + 0.001)
+            if end_ns is not None and self._clock.now_ns() >= end_ns:
+                break
+        return self.lost
+
+    async def renew(self) -> None:
+        """Renew now, moving the local deadline to send time + TTL - margin.
+
+        Raises:
+            LeaseLost: the lease is lost (including: the coordinator refused the renewal).
+            BackendUnavailable: the coordinator could not be reached; the lease is not lost yet.
+        """
+        self.raise_if_lost()
+        sent_ns = self._clock.now_ns()
+        try:
+            await self._port.renew(self._lease_id)
+        except NotHolder as exc:
+            self._mark_lost("coordinator refused renewal: lease expired or released")
+            raise LeaseLost(self.scope, self.token, self._lost_cause) from exc
+        deadline_ns = sent_ns + (self.ttl_ms - lost_margin_ms(self.ttl_ms)) * 1_000_000
+        self._deadline_ns = max(self._deadline_ns, deadline_ns)
+
+    async def release(self) -> None:
+        """Stop the keepalive and release the lease. Idempotent."""
+        self._stop.set()
+        if self._keepalive_handle is not None:
+            await AsyncIO.join(self._keepalive_handle)
+            self._keepalive_handle = None
+        if not self._released:
+            self._released = True
+            await self._port.release(self._lease_id)
+
+    def _start_keepalive(self) -> None:
+        self._keepalive_handle = AsyncIO.spawn(self._keepalive, name=f"stockade-keepalive-{self.scope}")
+
+    async def _keepalive(self) -> None:
+        interval_s = self.ttl_ms / 3 / 1000
+        while not await AsyncIO.wait_event(self._stop, interval_s):
+            while True:
+                if self.lost:
+                    return
+                try:
+                    await self.renew()
+                    break
+                except LeaseLost:
+                    return
+                except Exception as exc:  # backend trouble: retry until the local deadline
+                    log.info("renewal failed, retrying", extra={"scope": self.scope, "error": repr(exc)})
+                    retry_s = min(RENEW_RETRY_MS / 1000, max(0.0, (self._deadline_ns - self._clock.now_ns()) / 1e9))
+                    if await AsyncIO.wait_event(self._stop, retry_s):
+                        return
+
+
+class AsyncCoordinator:
+    """A handle on a coordinator: acquire leases, inspect scopes.
+
+    Create with `stockade.connect_async(url)`; use as ``async with``.
+    """
+
+    def __init__(self, port: Any, *, clock: Clock | None = None) -> None:
+        self._port = port
+        self._clock: Clock = clock or SystemClock()
+        self.cluster_id: str = port.cluster_id
+
+    async def __aenter__(self) -> AsyncCoordinator:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._port.aclose()
+
+    async def acquire(
+        self, scope: str, *, ttl_ms: int, wait_ms: int = 0, holder: str | None = None, keepalive: bool = True
+    ) -> AsyncLease:
+        """Acquire ``scope``, waiting up to ``wait_ms`` in FIFO order.
+
+        Args:
+            scope: the lock name, 1..200 of ``[A-Za-z0-9._:-]``.
+            ttl_ms: lease time to live, 100 ms .. 1 h.
+            wait_ms: how long to wait if held, 0 .. 5 min (0: try once).
+            holder: name shown in status; defaults to ``host:pid``.
+            keepalive: renew in the background at about TTL/3.
+
+        Returns:
+            The `AsyncLease`; ``lease.token`` goes with every write. Release it
+            with ``await lease.release()`` (or use `lock`).
+
+        Raises:
+            InvalidArgument: a bad argument (checked before any I/O).
+            LockTimeout: still held when ``wait_ms`` ran out.
+            LimitExceeded: the scope's queue or the lease table is full.
+            BackendUnavailable: the coordinator failed; outcome unknown.
+        """
+        validate_scope(scope)
+        validate_ttl_ms(ttl_ms)
+        validate_wait_ms(wait_ms)
+        holder = validate_holder(holder) if holder is not None else default_holder()
+        granted, sent_ns = await self._port.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
+        lease = AsyncLease(self._port, granted, sent_ns=sent_ns, clock=self._clock)
+        if keepalive:
+            lease._start_keepalive()
+        return lease
+
+    @asynccontextmanager
+    async def lock(
+        self, scope: str, *, ttl_ms: int, wait_ms: int = 0, holder: str | None = None
+    ) -> AsyncIterator[AsyncLease]:
+        """``async with coord.lock(scope, ttl_ms=...) as lease:`` — acquire, keep alive, release.
+
+        Inside the block the lease is the context's current lease, so store
+        writes without an explicit ``token=`` carry its token (K1).
+        """
+        lease = await self.acquire(scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        context_token = CURRENT_LEASE.set(lease)
+        try:
+            yield lease
+        finally:
+            CURRENT_LEASE.reset(context_token)
+            try:
+                await lease.release()
+            except StockadeError as exc:
+                # The lease expires by TTL anyway; do not hide the block's own error.
+                log.warning("release failed", extra={"scope": scope, "error": repr(exc)})
+
+    async def inspect(self, scope: str) -> core_leases.ScopeInfo:
+        """The scope's state: holder, current token, last issued token, remaining TTL, waiters."""
+        validate_scope(scope)
+        return await self._port.inspect(scope)
+
+    async def scopes(self, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[core_leases.ScopeInfo]:
+        """Known scopes in name order, a page at a time."""
+        validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        return await self._port.scopes(after=after, limit=limit)

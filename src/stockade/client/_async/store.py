@@ -1,0 +1,67 @@
+"""The async fenced-store client: every write carries a token (K1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stockade.client._shared import resolve_token
+from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
+from stockade.resources.store import Item, WriteResult
+
+__all__ = ["AsyncFencedStore"]
+
+
+class AsyncFencedStore:
+    """A fenced key-value store. Writes take ``token=`` (a token, its encoded
+    string, or a lease); without it, the lease of the enclosing ``lock()``.
+
+    A rejected write raises `StaleToken` or `TokenMismatch` and changed
+    nothing. Never retry it with the same token (K3): re-acquire, read, reconcile.
+    """
+
+    def __init__(self, port: Any) -> None:
+        self._port = port
+        self.cluster_id: str = port.cluster_id
+
+    async def __aenter__(self) -> AsyncFencedStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._port.aclose()
+
+    async def put(
+        self, scope: str, key: str, value: bytes | str, *, token: object = None, idempotency_key: str | None = None
+    ) -> WriteResult:
+        """Write ``value`` at (scope, key) if ``token`` is not stale (R1).
+
+        Raises:
+            StaleToken: token < the scope's high-water mark. Nothing changed.
+            TokenMismatch: token of another scope or cluster. Nothing changed.
+            InvalidArgument: bad scope, key, value or token. Nothing changed.
+            LeaseLost: the lease named is known to be lost. Nothing sent.
+        """
+        return await self._port.put(scope, key, value, token=resolve_token(token), idempotency_key=idempotency_key)
+
+    async def delete(
+        self, scope: str, key: str, *, token: object = None, idempotency_key: str | None = None
+    ) -> WriteResult:
+        """Delete (scope, key) under the fence rule; deleting a missing key still advances the mark."""
+        return await self._port.delete(scope, key, token=resolve_token(token), idempotency_key=idempotency_key)
+
+    async def get(self, scope: str, key: str) -> Item | None:
+        validate_scope(scope)
+        validate_key(key)
+        return await self._port.get(scope, key)
+
+    async def list(self, scope: str, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[Item]:
+        validate_scope(scope)
+        validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        return await self._port.list(scope, after=after, limit=limit)
+
+    async def high_water(self, scope: str) -> int:
+        """The scope's high-water mark: the greatest token value accepted (0 if none)."""
+        validate_scope(scope)
+        return await self._port.high_water(scope)
