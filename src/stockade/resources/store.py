@@ -235,7 +235,9 @@ def coerce_token(token: object) -> FencingToken:
         InvalidArgument: anything else, or a malformed string.
     """
     if isinstance(token, FencingToken):
-        return token
+        # Rebuild it: the constructor validates, so a token forged past it (object.__setattr__,
+        # a subclass) is caught here rather than compared.
+        return FencingToken(token.cluster, token.scope, token.value)
     if isinstance(token, str):
         return FencingToken.decode(token)
     raise InvalidArgument("token", f"must be a FencingToken or its encoded string, got {type(token).__name__}")
