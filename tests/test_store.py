@@ -581,7 +581,8 @@ _BAD_TOKENS = [
     (f"stk1.{CLUSTER}.{2**63}.a", InvalidArgument), (f"stk1.{CLUSTER}.05.a", InvalidArgument),
     (f"stk1.{CLUSTER}.5.5", TokenMismatch), ("stk1.XYZ.5.a", InvalidArgument), (f"stk2.{CLUSTER}.5.a", InvalidArgument),
     (f"stk1.{CLUSTER}.5", InvalidArgument), ("", InvalidArgument), ("x" * 10_000, InvalidArgument),
-    (f"stk1.{CLUSTER}.5.a b", InvalidArgument), (f"stk1.{CLUSTER}.1e2.a", InvalidArgument), (f"stk1.{CLUSTER}.5.0", TokenMismatch),
+    (f"stk1.{CLUSTER}.5.a b", InvalidArgument), (f"stk1.{CLUSTER}.1e2.a", InvalidArgument),
+    (f"stk1.{CLUSTER}.5.0", TokenMismatch),
     (tok(9, "b"), TokenMismatch), (tok(9, cluster=OTHER_CLUSTER), TokenMismatch),
     (tok(9, "b").encode(), TokenMismatch), (_STALE, StaleToken), (_STALE.encode(), StaleToken),
 ]

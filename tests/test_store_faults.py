@@ -251,7 +251,7 @@ def run_s20(store_class, tmp_path: Path, *, iterations: int, h_mode: str, hold_s
             step1_done, h_done = threading.Event(), threading.Event()
             h_outcome: list[tuple[str, int]] = []
 
-            def run_h() -> None:
+            def run_h(step1_done=step1_done, h_done=h_done, h_outcome=h_outcome, high=high, i=i) -> None:
                 step1_done.wait(WAIT_S)
                 h_outcome.append(h.write(scope, high, {"a": f"H{i}", "b": f"H{i}"}))
                 h_done.set()
@@ -353,11 +353,11 @@ def run_s04(store_class, tmp_path: Path, *, iterations: int, hold_s: float) -> t
             t = 2 * i + 1
             checked, h_done = threading.Event(), threading.Event()
 
-            def pause(scope, token):
+            def pause(scope, token, checked=checked, h_done=h_done):
                 checked.set()
                 h_done.wait(hold_s)
 
-            def run_h():
+            def run_h(checked=checked, h_done=h_done, i=i, t=t):
                 checked.wait(WAIT_S)
                 store_h.put("s04", "k", f"H{i}", token=FencingToken(cluster, "s04", t + 1))
                 h_done.set()

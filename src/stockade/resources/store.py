@@ -467,7 +467,11 @@ class SQLiteStore:
     # -- applying ------------------------------------------------------------------------
 
     def _next_seq(self, conn: sqlite3.Connection) -> int:
-        return conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'commit_seq' RETURNING value").fetchall()[0][0]
+        # fetchall: a RETURNING statement must run to completion before COMMIT.
+        rows = conn.execute(
+            "UPDATE counters SET value = value + 1 WHERE name = 'commit_seq' RETURNING value"
+        ).fetchall()
+        return rows[0][0]
 
     def _apply(self, conn: sqlite3.Connection, write: _Write, token_value: int, high_water: int) -> WriteResult:
         """Apply an admitted write: data, audit record, idempotency record. Same transaction."""

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from stockade.core.fence import Accept, FenceDecision, Reject
+from stockade.core.limits import validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import SQLiteStore, Tx, WriteResult, _Write, coerce_token
-from stockade.core.limits import validate_scope
 
 __all__ = ["FencingOffStore", "StrictGreaterStore", "CheckThenWriteStore", "MUTANTS"]
 
