@@ -730,3 +730,41 @@ def test_model_check_catches_the_controls():
     # The same checker must fail on the broken stores, or it proves nothing.
     assert _run_model(FencingOffStore, [("a", 5, "put", "k1", b"x", None), ("a", 4, "put", "k1", b"y", None)])
     assert _run_model(StrictGreaterStore, [("a", 5, "put", "k1", b"x", None), ("a", 5, "put", "k1", b"y", None)])
+
+
+def test_restore_over_an_unreadable_store_says_so(tmp_path):
+    path, backup_path, report_path = tmp_path / "s.db", tmp_path / "b.db", tmp_path / "r.json"
+    with SQLiteStore(path, cluster_id=CLUSTER) as s:
+        s.put("a", "k", b"v", token=tok(2))
+        s.backup(backup_path)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"this is not a database, it is what a bad disk left" * 100)
+    restore(backup_path, path, fence_floors={"a": 3}, report_path=report_path)
+    document = json.loads(report_path.read_text())
+    assert document["old_store"]["state"] == "unreadable" and document["removed_complete"] is False
+    with SQLiteStore(path) as s:
+        assert s.high_waters() == {"a": 3} and s.get("a", "k").value == b"v"
+
+
+def test_restore_refuses_a_store_in_use(tmp_path):
+    path, backup_path = tmp_path / "s.db", tmp_path / "b.db"
+    with SQLiteStore(path, cluster_id=CLUSTER, busy_timeout_ms=100) as s:
+        s.put("a", "k", b"v", token=tok(2))
+        s.backup(backup_path)
+        s.put("a", "k", b"w", token=tok(3))
+        with s.transaction("a", token=tok(3)) as tx:
+            tx.put("k", b"in flight")
+            before = dump(path)
+            with pytest.raises(BackendUnavailable, match="in use"):
+                restore(backup_path, path, fence_floors={}, report_path=tmp_path / "r.json")
+            assert dump(path) == before
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_fencing_off_control_never_lowers_the_mark_but_accepts_stale(tmp_path):
+    with FencingOffStore(tmp_path / "s.db", cluster_id=CLUSTER) as s:
+        s.put("a", "k", b"new", token=tok(5))
+        s.put("a", "k", b"stale", token=tok(1))  # the bug
+        s.put("a", "k", b"alien", token=tok(9, cluster=OTHER_CLUSTER))  # the bug
+        assert s.high_water("a") == 9

@@ -88,6 +88,7 @@ __all__ = [
     "VALUE_BYTES_CEILING",
     "BUSY_TIMEOUT_MS_DEFAULT",
     "BUSY_TIMEOUT_MS_MAX",
+    "RESTORE_BUSY_TIMEOUT_MS",
 ]
 
 STORE_KIND = "stockade-store"
@@ -101,6 +102,7 @@ TX_WRITES_MAX = 10_000
 VALUE_BYTES_CEILING = 16 * 1024 * 1024  # the most value_bytes_max may be raised to
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 BUSY_TIMEOUT_MS_MAX = 60_000
+RESTORE_BUSY_TIMEOUT_MS = 1_000  # how long restore waits for the old store to be idle
 
 Op = Literal["put", "delete"]
 
@@ -447,6 +449,8 @@ class SQLiteStore:
         return None if row is None else row[0]
 
     def _raise_high_water(self, conn: sqlite3.Connection, scope: str, old: int | None, new: int) -> None:
+        # Whatever the fence decided, a mark that would go down means the rule is broken: stop (R4).
+        invariant(new >= (old or 0), f"high-water mark of {scope!r} would go down from {old} to {new}")
         if old is None:
             if conn.execute("SELECT COUNT(*) FROM hwm").fetchone()[0] >= SCOPES_MAX:
                 raise LimitExceeded("SCOPES_MAX", SCOPES_MAX, f"store holds {SCOPES_MAX} scopes")
@@ -1017,10 +1021,15 @@ def _read_old_store(store: Path, backup_seq: int) -> dict[str, Any]:
         return {"state": "missing", "removed_complete": False,
                 "note": "old store file missing: removed writes unknown; commit_seq continues after the backup's"}
     try:
-        conn = sqlite3.connect(str(store), isolation_level=None)
+        # A short busy wait: a store that stays locked is in use, and restore is offline.
+        conn = sqlite3.connect(str(store), isolation_level=None, timeout=RESTORE_BUSY_TIMEOUT_MS / 1000)
         try:
-            # Fold the WAL into the main file first: restore deletes the WAL later.
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # Fold the WAL into the main file first: restore deletes the WAL later. A busy
+            # checkpoint means someone is using the store, and restore is offline.
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0][0]
+            if busy:
+                raise BackendUnavailable(f"{store} is in use; close it everywhere before restoring",
+                                         certain_no_effect=True)
             meta = _read_meta(conn, store)
             seq = _counter(conn, "commit_seq")
             pruned_through = _counter(conn, "audit_pruned_through")

@@ -27,10 +27,10 @@ __all__ = ["FencingOffStore", "StrictGreaterStore", "CheckThenWriteStore", "MUTA
 
 
 class FencingOffStore(SQLiteStore):
-    """Accepts every token, of any value, scope or cluster."""
+    """Accepts every token, of any value, scope or cluster (the mark only ever goes up)."""
 
     def _decide(self, token: FencingToken, scope: str, high_water: int) -> FenceDecision:
-        return Accept(token.value)
+        return Accept(max(token.value, high_water))
 
 
 class StrictGreaterStore(SQLiteStore):
@@ -63,10 +63,18 @@ class CheckThenWriteStore(SQLiteStore):
             return decision.new_high_water
         # the transaction ends here: the bug
 
+    @staticmethod
+    def _set_high_water_blindly(conn: sqlite3.Connection, scope: str, high_water: int) -> None:
+        # The check was "done" in the other transaction, so just store the mark: the bug's second half.
+        conn.execute(
+            "INSERT INTO hwm (scope, high_water) VALUES (?, ?) "
+            "ON CONFLICT (scope) DO UPDATE SET high_water = excluded.high_water",
+            (scope, high_water),
+        )
+
     def _write_unchecked(self, write: _Write, token: FencingToken, high_water: int) -> WriteResult:
         with self._write() as conn:
-            old = self._high_water(conn, write.scope)
-            self._raise_high_water(conn, write.scope, old, high_water)  # blindly: the check was "done"
+            self._set_high_water_blindly(conn, write.scope, high_water)
             return self._apply(conn, write, token.value, high_water)
 
     def _pause(self, scope: str, token: FencingToken) -> None:
@@ -87,8 +95,7 @@ class CheckThenWriteStore(SQLiteStore):
 
         def run_each_step_alone(step: Callable[[sqlite3.Connection], Any]) -> Any:
             with self._write() as conn:
-                old = self._high_water(conn, scope)
-                self._raise_high_water(conn, scope, old, high_water)
+                self._set_high_water_blindly(conn, scope, high_water)
                 return step(conn)
 
         tx = Tx(self, scope, fencing_token, high_water, run=run_each_step_alone)
