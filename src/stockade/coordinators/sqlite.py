@@ -336,7 +336,7 @@ class SQLiteCoordinator:
         with self._write() as conn:
             scope = self._scope_of_lease(conn, lease_id)
             if scope is None:
-                return Released(False)
+                return Released(False, self.clock.now_ns())
             record = self._load(conn, scope)
             new, outcome = release(record, lease_id, self.clock.now_ns(), self.policy)
             self._store(conn, record, new)

@@ -214,9 +214,14 @@ class TimedOut:
 
 @dataclass(frozen=True, slots=True)
 class Released:
-    """``released`` is False when the lease was already gone (release is idempotent)."""
+    """``released`` is False when the lease was already gone (release is idempotent).
+
+    ``at_ns`` is the coordinator time of the release: no later grant of the
+    scope can carry an earlier ``granted_ns``.
+    """
 
     released: bool
+    at_ns: int
 
 
 def state_of(record: ScopeRecord, now_ns: int) -> ScopeState:
@@ -331,9 +336,9 @@ def release(record: ScopeRecord, lease_id: str, now_ns: int, policy: LeasePolicy
     """Give up the lease named by ``lease_id``. Idempotent; never affects another lease."""
     record = settle(record, now_ns, policy)
     if record.lease is None or record.lease.lease_id != lease_id:
-        return record, Released(False)
+        return record, Released(False, now_ns)
     _transition(ScopeState.HELD, Event.RELEASE)
-    return replace(record, lease=None), Released(True)
+    return replace(record, lease=None), Released(True, now_ns)
 
 
 def cancel_wait(record: ScopeRecord, lease_id: str) -> ScopeRecord:
@@ -379,7 +384,7 @@ class LeaseTable:
     def release(self, lease_id: str, now_ns: int) -> Released:
         scope = self._scope_of(lease_id)
         if scope is None:
-            return Released(False)
+            return Released(False, now_ns)
         record, outcome = release(self.records[scope], lease_id, now_ns, self.policy)
         self.records[scope] = record
         return outcome

@@ -1,0 +1,93 @@
+"""The command line, run as a user would: real subprocesses, real signals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import python_env
+
+STOCKADE = [sys.executable, "-m", "stockade"]
+
+
+def run(args, tmp_path, **kw):
+    env = python_env()
+    env["STOCKADE_DATA"] = str(tmp_path / "data")
+    return subprocess.run(STOCKADE + args, capture_output=True, text=True, env=env, timeout=60, **kw)
+
+
+def test_demo_shows_stale_write_rejected(tmp_path):
+    result = run(["demo"], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "REJECTED: StaleToken" in result.stdout
+    assert "fencing held" in result.stdout
+
+
+def test_demo_control_without_fencing_fails(tmp_path):
+    # the same story against a store that ignores tokens must not pass
+    result = run(["demo", "--store-class", "stockade.testing.mutants:FencingOffStore"], tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ACCEPTED" in result.stdout and "did NOT play out" in result.stdout
+
+
+def test_lock_passes_token_and_exit_status(tmp_path):
+    result = run(["lock", "jobs", "--", sys.executable, "-c",
+                  "import os,sys; print(os.environ['STOCKADE_TOKEN']); sys.exit(7)"], tmp_path)
+    assert result.returncode == 7, result.stderr
+    token = result.stdout.strip()
+    assert token.startswith("stk1.") and token.endswith(".1.jobs")
+    result = run(["lock", "jobs", "--", "true"], tmp_path)
+    assert result.returncode == 0
+
+
+def test_lock_timeout_exit_75_while_held(tmp_path):
+    holder = subprocess.Popen(
+        STOCKADE + ["lock", "jobs", "--", sys.executable, "-c", "import time; print('in', flush=True); time.sleep(3)"],
+        stdout=subprocess.PIPE, text=True, env={**python_env(), "STOCKADE_DATA": str(tmp_path / "data")},
+    )
+    assert holder.stdout.readline().strip() == "in"
+    result = run(["lock", "jobs", "--wait-ms", "100", "--", "true"], tmp_path)
+    assert result.returncode == 75 and "still held" in result.stderr
+    holder.wait(timeout=30)
+
+
+def test_lock_stops_command_when_lease_lost(tmp_path):
+    # The command freezes its own `stockade lock` parent past the TTL (a real SIGSTOP),
+    # so the keepalive cannot renew; on resume the lease is lost and CMD gets SIGTERM.
+    script = "import os,signal,time; p=os.getppid(); os.kill(p, signal.SIGSTOP); time.sleep(1.0); " \
+             "os.kill(p, signal.SIGCONT); time.sleep(20); print('not stopped')"
+    result = run(["lock", "jobs", "--ttl-ms", "300", "--grace-ms", "1000", "--", sys.executable, "-c", script],
+                 tmp_path)
+    assert result.returncode == 128 + 15, (result.returncode, result.stderr)
+    assert "lost" in result.stderr and "not stopped" not in result.stdout
+
+
+def test_lock_bad_arguments(tmp_path):
+    assert run(["lock", "bad name", "--", "true"], tmp_path).returncode == 2
+    assert run(["lock", "jobs"], tmp_path).returncode == 2
+    assert run(["lock", "jobs", "--ttl-ms", "5", "--", "true"], tmp_path).returncode == 2
+
+
+def test_status_lists_scopes_tokens_and_high_water(tmp_path):
+    script = ("import os, stockade; c = stockade.connect('sqlite://' + os.environ['STOCKADE_DATA'] + '/coord.db'); "
+              "s = stockade.open_store('sqlite://' + os.environ['STOCKADE_DATA'] + '/store.db', "
+              "cluster_id=c.cluster_id); s.put('jobs', 'k', b'v', token=os.environ['STOCKADE_TOKEN'])")
+    assert run(["lock", "jobs", "--", sys.executable, "-c", script], tmp_path).returncode == 0
+    result = run(["status", "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    row = json.loads(result.stdout.splitlines()[0])
+    assert row == {"scope": "jobs", "state": "free", "holder": None, "token": None, "last_token": 1,
+                   "remaining_ms": 0, "waiters": 0, "high_water": 1}
+    table = run(["status"], tmp_path).stdout
+    assert "jobs" in table and "HIGH-WATER" in table
+
+
+def test_status_without_data_is_a_clear_error(tmp_path):
+    result = run(["status"], tmp_path)
+    assert result.returncode == 1 and "no coordinator" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_command(tmp_path):
+    result = run(["frobnicate"], tmp_path)
+    assert result.returncode == 2 and "unknown command" in result.stderr
