@@ -23,9 +23,11 @@ deadline so that no call here blocks beyond SQLite's busy timeout.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +61,8 @@ __all__ = ["SQLiteCoordinator", "new_lease_id"]
 
 SCHEMA_VERSION = "1"
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
+SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
+BUSY_RETRY_S = 0.0005  # our retry step for BEGIN IMMEDIATE (jittered)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) STRICT;
@@ -124,10 +128,11 @@ class SQLiteCoordinator:
         self.clock: Clock = clock or SystemClock()
         self.policy = policy or LeasePolicy()
         self._lock = threading.Lock()
+        self._busy_timeout_ms = busy_timeout_ms
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
-                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_WAIT_MS / 1000
             )
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
@@ -180,10 +185,7 @@ class SQLiteCoordinator:
         """One IMMEDIATE transaction; its COMMIT is fsync'd before we return."""
         with self._lock:
             conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise BackendUnavailable(f"coordinator busy or unavailable: {exc}", certain_no_effect=True) from exc
+            self._begin_immediate(conn)
             try:
                 yield conn
             except BaseException:
@@ -196,6 +198,26 @@ class SQLiteCoordinator:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise BackendUnavailable(f"coordinator commit failed: {exc}") from exc
+
+    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+        # SQLite's own busy handler sleeps in growing steps (up to 100 ms), so a
+        # process that loops on the lock starves the others. Retrying here in
+        # short, jittered steps keeps entry to the queue fair between processes.
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise BackendUnavailable(f"coordinator unavailable: {exc}", certain_no_effect=True) from exc
+                if time.monotonic() >= deadline:
+                    raise BackendUnavailable(
+                        f"coordinator busy for {self._busy_timeout_ms} ms", certain_no_effect=True
+                    ) from exc
+                time.sleep(BUSY_RETRY_S * (0.5 + random.random()))
+            except sqlite3.Error as exc:
+                raise BackendUnavailable(f"coordinator unavailable: {exc}", certain_no_effect=True) from exc
 
     # -- records ---------------------------------------------------------------------------
 
