@@ -33,7 +33,9 @@ Property by property (SCENARIOS.md):
 - **P3** every accepted token was issued for that scope (and cluster).
 - **P4** every ``ok`` write is durable (in the audit) and is in the final read
   of its key, or was superseded by a write that could have come after it, or
-  is listed by a restore as rolled back.
+  is listed by a restore as rolled back. (A rolled-back write may reappear
+  later: the restore also forgot its idempotency key, so a late copy of the
+  request applies again.)
 - **P5** after a restore the HWM is at least the fence floor; after a restart
   at least every token committed or acknowledged before the crash.
 - **P6** an idempotency key takes effect at most once (rolled back commits
@@ -342,10 +344,13 @@ def check_no_lost_writes(
                 found.append(_violation("P4", f"final value {read.value!r} of {where[0]}/{where[1]} was never written",
                                         [read]))
             continue
+        # A write a restore rolled back lost its idempotency record too: a late copy of its
+        # request may apply it again after the restore, so it may come after anything.
+        writer_done = writer.complete_ns if writer is not None and writer.idempotency_key not in rolled_back else None
         for w in candidates:
             if w.type != "ok" or w is writer or w.idempotency_key in rolled_back:
                 continue
-            if writer is None or w.invoke_ns > writer.complete_ns:
+            if writer is None or (writer_done is not None and w.invoke_ns > writer_done):
                 found.append(
                     _violation(
                         "P4",

@@ -17,7 +17,9 @@ checked alone (P-compositionality).
   (wrong scope or cluster) do not touch the model and are dropped.
 - ``info`` operations (outcome unknown) have no end: they may take effect at
   any instant after their invocation, or never. Writes a restore lists as
-  rolled back are treated as ``info``.
+  rolled back are treated as ``info``, and may take effect once more after
+  the restore (the restore forgot their idempotency keys, so a late copy of
+  the request applies again).
 - ``restore`` nemesis records set the state of each scope they name, from
   ``value["high_water"]`` and ``value["values"]``.
 
@@ -119,10 +121,11 @@ def check_linearizable(
         A `LinearizabilityResult`.
     """
     ops = pair(records)
-    rolled_back: set[Any] = set()
+    rolled_back: dict[Any, list[int]] = defaultdict(list)
     for record in records:
         if record.get("process") == "nemesis" and record.get("f") == "restore":
-            rolled_back.update((record.get("value") or {}).get("rolled_back", ()))
+            for key in (record.get("value") or {}).get("rolled_back", ()):
+                rolled_back[key].append(record["t_ns"])
     by_scope: dict[str, list[Op]] = defaultdict(list)
     for op in ops:
         if op.f in ("write", "read") and op.scope is not None:
@@ -138,7 +141,8 @@ def check_linearizable(
 
 
 def _model_ops(
-    ops: list[Op], restores: list[tuple[int, int, dict[str, Any]]], rolled_back: set[Any], keys: dict[Any, int]
+    ops: list[Op], restores: list[tuple[int, int, dict[str, Any]]], rolled_back: dict[Any, list[int]],
+    keys: dict[Any, int],
 ) -> list[_MOp]:
     def key_index(key: Any) -> int:
         if key not in keys:
@@ -163,12 +167,18 @@ def _model_ops(
         else:
             outcome = _UNKNOWN
         complete = op.complete_ns
-        if op.idempotency_key is not None and op.idempotency_key in rolled_back:
-            outcome, complete = _UNKNOWN, INFINITY_NS
+        undone = rolled_back.get(op.idempotency_key, ()) if op.idempotency_key is not None else ()
+        if undone:
+            outcome = _UNKNOWN
         if outcome == _UNKNOWN:
             complete = INFINITY_NS
         model.append(_MOp(_WRITE, op.invoke_ns, complete, key=key_index(op.key), token=op.token,
                           value=op.value, result=outcome, source=op))
+        for t_ns in undone:
+            # A restore forgot this write and its idempotency key: a late copy of the request
+            # may apply it again after the restore (P6 counts that once; so must we).
+            model.append(_MOp(_WRITE, max(t_ns, op.invoke_ns), INFINITY_NS, key=key_index(op.key), token=op.token,
+                              value=op.value, result=_UNKNOWN, source=op))
     for t_ns, high, values in restores:
         for key in values:
             key_index(key)
@@ -193,7 +203,7 @@ def _check_scope(
     scope: str,
     ops: list[Op],
     restores: list[tuple[int, int, dict[str, Any]]],
-    rolled_back: set[Any],
+    rolled_back: dict[Any, list[int]],
     initial: dict[Any, Any],
     steps_max: int,
     result: LinearizabilityResult,

@@ -1,0 +1,649 @@
+"""Deterministic simulation of the whole protocol, every knob drawn from one seed.
+
+`run_seed(seed)` builds a `World` — a coordinator running the real core lease
+table, stockade's fenced store as a model applying the real fence rule, and
+1–5 clients following the documented client protocol — over a simulated
+clock per process and a simulated network, and lets a nemesis loose on it:
+message loss, delay, duplication and reordering, partitions, crashes and
+restarts of the coordinator (with failover to a host with another clock)
+and of the resource, restores of the resource from older backups, process
+pauses past lease expiry, clock drift and forward jumps. Which faults are on,
+and how hard, is itself drawn from the seed ("swarm" testing: most runs
+switch some faults off, which finds bugs that a constant mix of every fault
+hides).
+
+At the end the faults heal, the world drains, a final read takes the store's
+contents, and the checkers judge the history: P1–P7 (`checkers.check`) and
+fenced-register linearizability (`linearizability.check_linearizable`).
+
+Only ``random.Random(seed)`` is used, never the wall clock, and nothing
+iterates a ``set`` of strings, so ``stockade sim --seed S`` replays a run
+exactly, on any machine and under any ``PYTHONHASHSEED``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from stockade.core.errors import InvalidArgument
+from stockade.core.leases import Lease, LeasePolicy
+from stockade.testing._sim_nodes import MUTANTS, Client, Coordinator, Node, Resource
+from stockade.testing.checkers import CheckResult, Violation, check
+from stockade.testing.clock import SimClock, SimTime
+from stockade.testing.history import History, pair
+from stockade.testing.linearizability import check_linearizable
+from stockade.testing.network import NetworkOptions, SimNetwork
+
+__all__ = [
+    "SimOptions",
+    "World",
+    "RunResult",
+    "Campaign",
+    "run_seed",
+    "run_campaign",
+    "narrate",
+    "replay_command",
+    "MUTANTS",
+]
+
+_MS = 1_000_000
+_S = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """Every knob of one simulated run. `SimOptions.swarm(rng)` draws them from a seed."""
+
+    clients: int = 3
+    scopes: int = 1
+    keys: int = 2
+    duration_ms: int = 5_000
+    ttl_ms: int = 500
+    lock_delay_ms: int = 0
+    drift_margin_percent: int = 10
+    think_max_ms: int = 20
+    poll_ms: int = 20
+    writes_per_lease_max: int = 8
+    write_retries: int = 2
+    read_probability: float = 0.2
+    misuse_probability: float = 0.0
+    stale_write_probability: float = 0.0
+    zombie_pause_probability: float = 0.0
+    network: NetworkOptions = field(default_factory=NetworkOptions)
+    partition_per_s: float = 0.0
+    coordinator_crash_per_s: float = 0.0
+    resource_crash_per_s: float = 0.0
+    restore_per_s: float = 0.0
+    backup_per_s: float = 0.0
+    pause_per_s: float = 0.0
+    clock_jump_per_s: float = 0.0
+    drift_ppm_max: int = 0
+    processing_max_us: int = 0
+    commit_max_us: int = 0
+    checkpoint_ms: int = 200
+
+    @classmethod
+    def swarm(cls, rng: random.Random) -> SimOptions:
+        """Draw a configuration: each fault on or off, and how hard, from ``rng``."""
+
+        def maybe(value: Any, off: Any = 0) -> Any:
+            return value if rng.random() < 0.5 else off
+
+        ttl_ms = rng.choice([200, 500, 1000])
+        network = NetworkOptions(
+            drop_probability=maybe(rng.choice([0.01, 0.05, 0.2]), 0.0),
+            duplicate_probability=maybe(rng.choice([0.02, 0.1, 0.3]), 0.0),
+            delay_min_ns=rng.choice([50_000, 500_000]),
+            delay_max_ns=rng.choice([1, 5, 30, 150]) * _MS,
+            slow_probability=maybe(rng.choice([0.01, 0.05]), 0.0),
+            slow_delay_max_ns=rng.choice([2, 4]) * ttl_ms * _MS,
+        )
+        return cls(
+            clients=rng.randint(1, 5),
+            scopes=rng.randint(1, 3),
+            keys=rng.randint(1, 3),
+            duration_ms=rng.choice([2_000, 4_000, 8_000]),
+            ttl_ms=ttl_ms,
+            lock_delay_ms=maybe(ttl_ms // 2),
+            drift_margin_percent=rng.choice([5, 10, 20]),
+            think_max_ms=rng.choice([1, 10, 50]),
+            poll_ms=rng.choice([5, 25]),
+            writes_per_lease_max=rng.choice([1, 4, 16]),
+            write_retries=rng.choice([0, 1, 3]),
+            read_probability=rng.choice([0.0, 0.2, 0.5]),
+            misuse_probability=maybe(0.02, 0.0),
+            stale_write_probability=maybe(rng.choice([0.02, 0.1]), 0.0),
+            zombie_pause_probability=maybe(rng.choice([0.01, 0.05, 0.2]), 0.0),
+            network=network,
+            partition_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
+            coordinator_crash_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
+            resource_crash_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
+            restore_per_s=maybe(rng.choice([0.2, 0.5]), 0.0),
+            backup_per_s=rng.choice([0.5, 2.0]),
+            pause_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
+            clock_jump_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
+            drift_ppm_max=maybe(rng.choice([200, 5_000, 50_000])),
+            processing_max_us=maybe(rng.choice([200, 2_000, 20_000])),
+            commit_max_us=maybe(rng.choice([500, 5_000])),
+            checkpoint_ms=rng.choice([50, 200, 1000]),
+        )
+
+    def describe(self) -> str:
+        """The knobs that are on, in one line."""
+        on = []
+        defaults = SimOptions()
+        for name, value in asdict(self).items():
+            if name == "network":
+                continue
+            if value != getattr(defaults, name) or name in ("clients", "scopes", "ttl_ms"):
+                on.append(f"{name}={value}")
+        n = self.network
+        on.append(f"drop={n.drop_probability} dup={n.duplicate_probability} delay<={n.delay_max_ns // 1000}us "
+                  f"slow={n.slow_probability}")
+        return " ".join(on)
+
+
+class World:
+    """Everything in one simulated run: true time, the event queue, the processes, the history.
+
+    Args:
+        seed: the only source of randomness.
+        options: the knobs (default: drawn from ``seed`` by `SimOptions.swarm`).
+        mutant: a name from `MUTANTS`, or None for the real protocol.
+        manual_network: messages wait for `deliver`/`drop`/`duplicate` (for stateful tests).
+        autopilot: clients run the built-in workload and the nemesis runs; off for stateful tests.
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        options: SimOptions | None = None,
+        *,
+        mutant: str | None = None,
+        manual_network: bool = False,
+        autopilot: bool = True,
+    ) -> None:
+        if mutant is not None and mutant not in MUTANTS:
+            raise InvalidArgument("mutant", f"must be one of {', '.join(MUTANTS)}, got {mutant!r}")
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.options = options if options is not None else SimOptions.swarm(self.rng)
+        self.mutant = mutant
+        self.time = SimTime()
+        self.history = History()
+        self.audit: list[tuple[str, int, str, int]] = []
+        self.issued: list[tuple[str, int]] = []
+        self.quiescing = False
+        self.steps = 0
+        self.lease_ns = 0
+        self._events: list[tuple[int, int, Node | None, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._event_seq = 0
+        self._request_seq = 0
+        self._streams: dict[str, random.Random] = {}
+        o = self.options
+        self.scopes = [f"s{i}" for i in range(o.scopes)]
+        self.keys = [f"k{i}" for i in range(o.keys)]
+        self.cluster = f"{self.rng.getrandbits(64):016x}"
+        self.network = SimNetwork(self.rng_for("network"), o.network, manual=manual_network)
+        self.nemesis_rng = self.rng_for("nemesis")
+        self.coordinator = Coordinator(self, self._new_clock(), cluster=self.cluster,
+                                       policy=LeasePolicy(lock_delay_ms=o.lock_delay_ms))
+        self.resource = Resource(self, self._new_clock(), cluster=self.cluster)
+        self.clients = [Client(self, i, self._new_clock(), autopilot=autopilot) for i in range(o.clients)]
+        self.nodes: dict[str, Node] = {"coordinator": self.coordinator, "resource": self.resource}
+        self.nodes.update((c.name, c) for c in self.clients)
+        self._held = 0
+        self._held_since = 0
+        if autopilot:
+            self._start_nemesis()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def rng_for(self, name: str) -> random.Random:
+        """An independent stream per component, derived from the seed (stable under new draws elsewhere)."""
+        if name not in self._streams:
+            self._streams[name] = random.Random(f"{self.seed}/{name}")
+        return self._streams[name]
+
+    def _new_clock(self) -> SimClock:
+        rng = self.rng_for("clocks")
+        top = self.options.drift_ppm_max
+        return SimClock(self.time, offset_ns=rng.randint(1, 10_000) * _S // 10,
+                        drift_ppm=rng.randint(-top, top) if top else 0)
+
+    def next_request_id(self) -> int:
+        self._request_seq += 1
+        return self._request_seq
+
+    def schedule(self, at_ns: int, node: Node | None, incarnation: int, fn: Callable[..., None],
+                 args: tuple[Any, ...] = ()) -> None:
+        self._event_seq += 1
+        heapq.heappush(self._events, (at_ns, self._event_seq, node, incarnation, fn, args))
+
+    def narrate(self, process: str, text: str) -> None:
+        """A protocol event worth telling in a trace (kept in the history as a nemesis-free note)."""
+        self.history.records.append({"t_ns": self.time.now_ns, "process": "note", "type": "info", "f": "note",
+                                     "value": f"{process} {text}"})
+
+    def note_grant(self, coordinator: Coordinator, lease: Lease) -> None:
+        pass
+
+    def pause(self, node: Node, duration_ns: int, *, reason: str) -> None:
+        """Stop ``node`` (GC, swap, SIGSTOP) for ``duration_ns`` of true time; its clock runs on."""
+        node.paused_until_ns = max(node.paused_until_ns, self.time.now_ns + duration_ns)
+        self.history.nemesis(self.time.now_ns, "pause", value={"process": node.name, "ms": duration_ns // _MS,
+                                                                "reason": reason})
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _account(self, now: int) -> None:
+        if self._held:
+            self.lease_ns += self._held * (now - self._held_since)
+        self._held_since = now
+        self._held = self.coordinator.held_scopes()
+
+    def step(self) -> bool:
+        """Run the earliest event (a timer or a message delivery). False when nothing is left."""
+        events = self._events
+        due_msg = self.network.next_due_ns()
+        if events and (due_msg is None or events[0][0] <= due_msg):
+            at, _, node, incarnation, fn, args = heapq.heappop(events)
+            self.time.advance_to(at)
+            self.steps += 1
+            if node is not None:
+                if node.incarnation != incarnation or not node.up:
+                    return True
+                if node.paused_until_ns > at:
+                    self.schedule(node.paused_until_ns, node, incarnation, fn, args)
+                    return True
+            fn(*args)
+        elif due_msg is not None:
+            self.time.advance_to(due_msg)
+            self.steps += 1
+            message = self.network.pop_due()
+            if message is not None:
+                self._deliver(message.dst, message.src, message.payload)
+        else:
+            return False
+        self._account(self.time.now_ns)
+        return True
+
+    def _deliver(self, dst: str, src: str, payload: tuple[Any, ...]) -> None:
+        node = self.nodes[dst]
+        if not node.up:
+            return
+        if node.paused_until_ns > self.time.now_ns:
+            # A stopped process's socket buffer holds the message until it runs again.
+            self.schedule(node.paused_until_ns, node, node.incarnation, node.receive, (src, payload))
+            return
+        node.receive(src, payload)
+
+    def next_due_ns(self) -> int | None:
+        candidates = [t for t in (self._events[0][0] if self._events else None, self.network.next_due_ns())
+                      if t is not None]
+        return min(candidates) if candidates else None
+
+    def run_until(self, t_ns: int) -> None:
+        while True:
+            due = self.next_due_ns()
+            if due is None or due > t_ns:
+                break
+            self.step()
+        if t_ns > self.time.now_ns:
+            self.time.advance_to(t_ns)
+            self._account(t_ns)
+
+    def run(self) -> None:
+        """The whole run: faults for ``duration_ms``, then heal, drain, and take the final read."""
+        o = self.options
+        end = o.duration_ms * _MS
+        self.run_until(end)
+        self.heal_all()
+        self.quiescing = True
+        drain = end + 4 * o.ttl_ms * _MS + o.network.slow_delay_max_ns + 5 * o.ttl_ms * _MS
+        while self.next_due_ns() is not None and self.time.now_ns < drain:
+            if not any(c.op is not None for c in self.clients) and self.network.in_flight() == 0:
+                break
+            self.step()
+        self.final_read()
+
+    def final_read(self) -> None:
+        resource = self.resource
+        if not resource.up:
+            resource.restart()
+        resource.fsync()
+        for scope in self.scopes:
+            for key in self.keys:
+                now = self.time.now_ns
+                self.history.invoke(now, "final", "read", scope=scope, key=key, final=True)
+                self.history.complete(now, "final", "ok", value=resource.durable.values.get((scope, key)))
+
+    # -- the nemesis ---------------------------------------------------------------------------
+
+    def _start_nemesis(self) -> None:
+        o = self.options
+        rates = {
+            "partition": o.partition_per_s,
+            "crash-coordinator": o.coordinator_crash_per_s,
+            "crash-resource": o.resource_crash_per_s,
+            "backup": o.backup_per_s if o.restore_per_s else 0.0,
+            "restore": o.restore_per_s,
+            "pause": o.pause_per_s,
+            "clock-jump": o.clock_jump_per_s,
+        }
+        for fault, rate in rates.items():
+            if rate:
+                self._arm(fault, rate)
+
+    def _arm(self, fault: str, rate: float) -> None:
+        delay = int(self.nemesis_rng.expovariate(rate) * _S)
+        if self.time.now_ns + delay < self.options.duration_ms * _MS:
+            self.schedule(self.time.now_ns + delay, None, 0, self._fault, (fault, rate))
+
+    def _fault(self, fault: str, rate: float) -> None:
+        if not self.quiescing:
+            getattr(self, "_do_" + fault.replace("-", "_"))()
+            self._arm(fault, rate)
+
+    def _outage_ns(self) -> int:
+        return self.nemesis_rng.randint(1, 3 * self.options.ttl_ms) * _MS
+
+    def _do_partition(self) -> None:
+        rng = self.nemesis_rng
+        names = list(self.nodes)
+        rng.shuffle(names)
+        cut = rng.randint(1, len(names) - 1)
+        side_a, side_b = names[:cut], names[cut:]
+        one_way = rng.random() < 0.3
+        self.network.partition(side_a, side_b, one_way=one_way)
+        self.history.nemesis(self.time.now_ns, "partition", value={"a": side_a, "b": side_b, "one_way": one_way})
+        self.schedule(self.time.now_ns + self._outage_ns(), None, 0, self._heal_partition)
+
+    def _heal_partition(self) -> None:
+        if self.network.cut:
+            self.network.heal()
+            self.history.nemesis(self.time.now_ns, "heal")
+
+    def _do_crash_coordinator(self) -> None:
+        if not self.coordinator.up:
+            return
+        self.coordinator.crash()
+        self.history.nemesis(self.time.now_ns, "crash-coordinator")
+        self.schedule(self.time.now_ns + self._outage_ns(), None, 0, self._restart_coordinator)
+
+    def _restart_coordinator(self) -> None:
+        coordinator = self.coordinator
+        if coordinator.up:
+            return
+        failover = self.nemesis_rng.random() < 0.5
+        clock = self._new_clock() if failover else coordinator.clock
+        coordinator.restart(clock)
+        self.history.nemesis(self.time.now_ns, "restart-coordinator", value={
+            "failover": failover, "last_token": {s: r.last_token for s, r in coordinator.durable.items()}})
+
+    def _do_crash_resource(self) -> None:
+        if not self.resource.up:
+            return
+        self.resource.crash()
+        self.history.nemesis(self.time.now_ns, "crash-resource", value={"commit_seq": len(self.audit)})
+        self.schedule(self.time.now_ns + self._outage_ns(), None, 0, self._restart_resource)
+
+    def _restart_resource(self) -> None:
+        resource = self.resource
+        if resource.up:
+            return
+        resource.restart()
+        self.history.nemesis(self.time.now_ns, "restart-resource", value={
+            "high_water": {s: resource.durable.high_water.get(s, 0) for s in self.scopes},
+            "commit_seq": len(self.audit)})
+
+    def _do_backup(self) -> None:
+        if self.resource.up:
+            self.resource.backup()
+
+    def _do_restore(self) -> None:
+        resource = self.resource
+        if not resource.backups or not resource.up:
+            return
+        index = self.nemesis_rng.randrange(len(resource.backups))
+        # The operator reads the coordinator's latest issued tokens: the fence floor (R4).
+        floors = {s: r.last_token for s, r in self.coordinator.durable.items()}
+        report = resource.restore(index, floors)
+        self.history.nemesis(self.time.now_ns, "restore", value=report)
+
+    def _do_pause(self) -> None:
+        rng = self.nemesis_rng
+        node = rng.choice(list(self.nodes.values()))
+        self.pause(node, rng.randint(1, 5) * self.options.ttl_ms * _MS, reason="nemesis")
+
+    def _do_clock_jump(self) -> None:
+        rng = self.nemesis_rng
+        node = rng.choice(list(self.nodes.values()))
+        delta = rng.randint(1, 2 * self.options.ttl_ms) * _MS
+        node.clock.jump(delta)
+        self.history.nemesis(self.time.now_ns, "clock-jump", value={"process": node.name, "ms": delta // _MS})
+
+    def heal_all(self) -> None:
+        self._heal_partition()
+        self._restart_coordinator()
+        self._restart_resource()
+
+    # -- manual control (stateful tests) -------------------------------------------------------
+
+    def advance(self, delta_ns: int) -> None:
+        """Let ``delta_ns`` of true time pass, firing due timers (and due messages in automatic mode)."""
+        self.run_until(self.time.now_ns + delta_ns)
+
+    def deliver(self, index: int) -> None:
+        """Manual network: deliver pending message ``index`` now."""
+        message = self.network.take(index)
+        if (message.src, message.dst) in self.network.cut:
+            return
+        self._deliver(message.dst, message.src, message.payload)
+
+    def check(self) -> CheckResult:
+        return check(self.history.records, audit=self.audit, issued=self.issued, cluster=self.cluster)
+
+
+# --- running seeds ------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """One seed's run: its size and its verdict."""
+
+    seed: int
+    mutant: str | None
+    options: SimOptions
+    steps: int
+    simulated_ns: int
+    lease_ns: int
+    operations: int
+    violations: list[Violation]
+    undecided: list[str]
+    history: list[dict[str, Any]]
+    audit: list[tuple[str, int, str, int]]
+    issued: list[tuple[str, int]]
+    figures: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def run_seed(seed: int, *, mutant: str | None = None, options: SimOptions | None = None,
+             linearizability: bool = True) -> RunResult:
+    """Simulate one seed and judge its history with every checker."""
+    world = World(seed, options, mutant=mutant)
+    world.run()
+    records = world.history.records
+    verdict = check(records, audit=world.audit, issued=world.issued, cluster=world.cluster)
+    violations = list(verdict.violations)
+    undecided: list[str] = []
+    if linearizability:
+        lin = check_linearizable(records, steps_max=200_000)
+        violations += lin.violations
+        undecided = lin.undecided
+    return RunResult(
+        seed=seed,
+        mutant=mutant,
+        options=world.options,
+        steps=world.steps,
+        simulated_ns=world.time.now_ns,
+        lease_ns=world.lease_ns,
+        operations=verdict.figures.get("operations", 0),
+        violations=violations,
+        undecided=undecided,
+        history=records,
+        audit=world.audit,
+        issued=world.issued,
+        figures=verdict.figures,
+    )
+
+
+@dataclass
+class Campaign:
+    """Many seeds: totals, and the first failing run."""
+
+    examples: int = 0
+    steps: int = 0
+    simulated_ns: int = 0
+    lease_ns: int = 0
+    operations: int = 0
+    undecided: int = 0
+    elapsed_s: float = 0.0
+    failures: list[RunResult] = field(default_factory=list)
+
+    @property
+    def lease_hours(self) -> float:
+        return self.lease_ns / 3_600 / _S
+
+    @property
+    def violations(self) -> int:
+        return sum(len(f.violations) for f in self.failures)
+
+    def summary(self) -> str:
+        rate = max(self.elapsed_s, 1e-9)
+        return (f"examples {self.examples}, steps {self.steps}, simulated lease-hours {self.lease_hours:.3f}, "
+                f"operations {self.operations}, violations {self.violations}"
+                + (f", undecided scopes {self.undecided}" if self.undecided else "")
+                + f" — {self.elapsed_s:.1f} s wall: {self.examples / rate:.1f} seeds/s, "
+                  f"{self.steps / rate:,.0f} steps/s, {self.lease_hours / rate:.4f} lease-hours/s")
+
+
+def run_campaign(
+    seeds: Any,
+    *,
+    mutant: str | None = None,
+    seconds: float | None = None,
+    stop_at_first: bool = True,
+    linearizability: bool = True,
+    on_result: Callable[[RunResult], None] | None = None,
+) -> Campaign:
+    """Run ``seeds`` (any iterable of ints) until done, out of ``seconds`` of wall time, or a failure.
+
+    The wall clock only bounds how many seeds run; it never enters a simulation.
+    """
+    campaign = Campaign()
+    started = time.monotonic()
+    for seed in seeds:
+        if seconds is not None and time.monotonic() - started >= seconds:
+            break
+        result = run_seed(seed, mutant=mutant, linearizability=linearizability)
+        campaign.examples += 1
+        campaign.steps += result.steps
+        campaign.simulated_ns += result.simulated_ns
+        campaign.lease_ns += result.lease_ns
+        campaign.operations += result.operations
+        campaign.undecided += len(result.undecided)
+        if on_result is not None:
+            on_result(result)
+        if not result.ok:
+            campaign.failures.append(result)
+            if stop_at_first:
+                break
+    campaign.elapsed_s = time.monotonic() - started
+    return campaign
+
+
+# --- telling what happened --------------------------------------------------------------------
+
+
+def replay_command(seed: int, mutant: str | None = None) -> str:
+    return f"stockade sim --seed {seed}" + (f" --mutant {mutant}" if mutant else "")
+
+
+def _seconds(t_ns: float) -> str:
+    return f"{t_ns / _S:9.6f}s"
+
+
+def narrate(result: RunResult, violation: Violation | None = None, *, context: int = 12) -> str:
+    """A minimal narrated trace of a violation: the offending operations and what led up to them.
+
+    Shows the faults, lease grants and notes of the offending scope from a
+    little before the first offending operation to the last one, and every
+    operation of the offending processes in that window.
+    """
+    violation = violation or (result.violations[0] if result.violations else None)
+    records = result.history
+    ops = pair(records)
+    by_invoke = {op.invoke_index: op for op in ops}
+    lines = [f"seed {result.seed}" + (f", mutant {result.mutant}" if result.mutant else "")]
+    lines.append(f"options: {result.options.describe()}")
+    if violation is None:
+        return "\n".join(lines + ["no violation"])
+    lines.append(str(violation))
+    offending = [by_invoke[i] for i in violation.indices if i in by_invoke]
+    if not offending:
+        return "\n".join(lines)
+    scopes = {op.scope for op in offending}
+    processes = {op.process for op in offending}
+    first = min(op.invoke_index for op in offending)
+    last = max(op.complete_index if op.complete_index is not None else op.invoke_index for op in offending)
+    # Start a few records before the first offending operation, or where its process got its lease.
+    leases = [op.invoke_index for op in ops if op.process in processes and op.f == "acquire" and op.type == "ok"
+              and op.scope in scopes and op.invoke_index < first]
+    start = max(0, min(first - context, max(leases) if leases else first))
+    lines.append("trace:")
+    shown = 0
+    for index in range(start, last + 1):
+        record = records[index]
+        process = record.get("process")
+        if process in ("nemesis", "note"):
+            value = record.get("value")
+            if process == "note" and not any(str(value).startswith(f"c{p} ") for p in processes):
+                continue
+            detail = value if isinstance(value, str) else _fault_text(record.get("f", ""), value)
+            lines.append(f"  {_seconds(record['t_ns'])}  {'~~':>4} {detail}")
+            shown += 1
+            continue
+        op = by_invoke.get(index)
+        if op is None:
+            continue
+        relevant = op.process in processes or (op.scope in scopes and op.f == "acquire" and op.type == "ok")
+        relevant = relevant or op in offending
+        if not relevant or op.final:
+            continue
+        mark = "!!" if op in offending else "  "
+        end = "  ...unknown" if op.complete_ns == float("inf") else f"→{_seconds(op.complete_ns).strip()}"
+        lines.append(f"  {_seconds(op.invoke_ns)}  {mark:>4} {op.describe()}  ({end})")
+        shown += 1
+    lines.append(f"({shown} of {last + 1 - start} records in the window shown)")
+    return "\n".join(lines)
+
+
+def _fault_text(f: str, value: Any) -> str:
+    if not isinstance(value, dict):
+        return f
+    if f == "restore":
+        return (f"restore from backup at commit {value.get('backup_commit_seq')}: floor {value.get('floor')}, "
+                f"high-water now {value.get('high_water')}, rolled back {len(value.get('rolled_back', []))} writes")
+    if f in ("pause", "clock-jump"):
+        return f"{f} {value.get('process')} {value.get('ms')} ms" + (
+            f" ({value['reason']})" if value.get("reason") else "")
+    return f"{f} {value}"
+
