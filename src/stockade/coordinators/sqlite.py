@@ -181,16 +181,29 @@ class SQLiteCoordinator:
         self.close()
 
     @contextmanager
+    def _locked(self) -> Iterator[sqlite3.Connection]:
+        """This process's connection, waited for at most the busy timeout."""
+        if not self._lock.acquire(timeout=self._busy_timeout_ms / 1000):
+            raise BackendUnavailable(f"coordinator busy for {self._busy_timeout_ms} ms", certain_no_effect=True)
+        try:
+            yield self._conn
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"coordinator read failed: {exc}", certain_no_effect=True) from exc
+        finally:
+            self._lock.release()
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction; its COMMIT is fsync'd before we return."""
-        with self._lock:
-            conn = self._conn
+        with self._locked() as conn:
             self._begin_immediate(conn)
             try:
                 yield conn
-            except BaseException:
+            except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise BackendUnavailable(f"coordinator write failed: {exc}", certain_no_effect=True) from exc
                 raise
             try:
                 conn.execute("COMMIT")
@@ -374,8 +387,8 @@ class SQLiteCoordinator:
     def inspect(self, scope: str) -> ScopeInfo:
         """The state of one scope (a never-used scope reads as free with last_token 0)."""
         validate_scope(scope)
-        with self._lock:
-            record = self._load(self._conn, scope)
+        with self._locked() as conn:
+            record = self._load(conn, scope)
         return describe(record, self.clock.now_ns(), self.policy)
 
     def scopes(self, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[ScopeInfo]:
@@ -383,10 +396,10 @@ class SQLiteCoordinator:
         validate_int("limit", limit, 1, LIST_PAGE_MAX)
         if after:
             validate_scope(after, "after")
-        with self._lock:
-            names = [r[0] for r in self._conn.execute(
+        with self._locked() as conn:
+            names = [r[0] for r in conn.execute(
                 "SELECT scope FROM scopes WHERE scope > ? ORDER BY scope LIMIT ?", (after, limit))]
-            records = [self._load(self._conn, name) for name in names]
+            records = [self._load(conn, name) for name in names]
         now_ns = self.clock.now_ns()
         return [describe(r, now_ns, self.policy) for r in records]
 
@@ -396,7 +409,7 @@ class SQLiteCoordinator:
 
     def _debug_records(self) -> dict[str, ScopeRecord]:
         """Every record, for tests that compare state before and after."""
-        with self._lock:
-            names = [r[0] for r in self._conn.execute("SELECT scope FROM scopes ORDER BY scope")]
-            return {name: self._load(self._conn, name) for name in names}
+        with self._locked() as conn:
+            names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
+            return {name: self._load(conn, name) for name in names}
 
