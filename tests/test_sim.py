@@ -1,0 +1,168 @@
+"""The deterministic simulator: a budgeted campaign finds nothing, every mutant is caught, replays repeat.
+
+``STOCKADE_SIM_SECONDS`` sets the campaign's wall-clock budget (default 80 s
+over 2 worker processes; ``0`` skips it). Each run prints one figure line.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import random
+import re
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+import stockade
+from stockade.cli import sim as sim_cli
+from stockade.core.errors import InvalidArgument
+from stockade.testing.clock import ManualClock, SimClock, SimTime
+from stockade.testing.network import NetworkOptions, SimNetwork
+from stockade.testing.sim import MUTANTS, SimOptions, World, run_campaign, run_seed
+
+SIM_SECONDS = float(os.environ.get("STOCKADE_SIM_SECONDS", "80"))
+SIM_JOBS = 2
+# A mutant must be caught within this many seeds (observed medians are 1-10; see docs/simulation.md).
+MUTANT_SEEDS_MAX = 400
+
+
+# --- the budgeted campaign ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(SIM_SECONDS <= 0, reason="STOCKADE_SIM_SECONDS=0")
+def test_simulation_campaign_finds_no_violation(capsys):
+    first = random.SystemRandom().randrange(2**32)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = sim_cli.run(["--seconds", str(SIM_SECONDS / 1), "--jobs", str(SIM_JOBS), "--first-seed", str(first),
+                            "--keep-going"])
+    text = out.getvalue()
+    with capsys.disabled():
+        print("\n" + "\n".join(text.splitlines()[:3]))
+    assert code == 0, text
+    examples = int(re.search(r"examples (\d+)", text).group(1))
+    assert examples >= 100, text
+    assert "violations 0" in text
+
+
+# --- the controls -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_every_mutant_is_caught(mutant, capsys):
+    first = 10_000
+    campaign = run_campaign(range(first, first + MUTANT_SEEDS_MAX), mutant=mutant)
+    assert campaign.failures, f"mutant {mutant} survived {campaign.examples} seeds"
+    failure = campaign.failures[0]
+    with capsys.disabled():
+        print(f"\nmutant {mutant}: caught after {campaign.examples} seeds (seed {failure.seed}): "
+              f"{failure.violations[0].property}: {failure.violations[0].message}")
+
+
+def test_unknown_mutant_is_refused():
+    with pytest.raises(InvalidArgument):
+        World(1, mutant="no-such-mutant")
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+def _cli(*argv: str, hash_seed: str = "0") -> tuple[int, str]:
+    env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+    done = subprocess.run([sys.executable, "-m", "stockade", "sim", *argv], capture_output=True, text=True, env=env,
+                          timeout=120)
+    return done.returncode, done.stdout
+
+
+def test_a_planted_failure_replays_from_the_printed_command_with_the_same_trace():
+    code, text = _cli("--seeds", "200", "--first-seed", "500", "--mutant", "check-then-write")
+    assert code == 1, text
+    command = re.search(r"^replay: (stockade sim .*)$", text, re.M).group(1)
+    trace = text[text.index("replay: ") :]
+    argv = command.split()[2:]
+    first_code, first = _cli(*argv, hash_seed="1")
+    second_code, second = _cli(*argv, hash_seed="2")
+    assert first_code == second_code == 1
+    assert first == second  # the same trace twice, under different hash seeds
+    assert first[first.index("replay: ") :] == trace  # and the same one the campaign printed
+
+
+def test_same_seed_same_history():
+    a, b = World(77), World(77)
+    a.run()
+    b.run()
+    assert a.history.records == b.history.records
+    assert a.audit == b.audit and a.steps == b.steps
+
+
+def test_a_seed_with_violations_reports_them_and_a_clean_one_does_not():
+    clean = run_seed(3)
+    assert clean.ok and clean.steps > 0 and clean.operations > 0
+
+
+# --- pieces -------------------------------------------------------------------------------------
+
+
+def test_sim_clock_drifts_jumps_forward_and_never_back():
+    true = SimTime()
+    clock = SimClock(true, offset_ns=1_000, drift_ppm=100_000)
+    true.advance_to(1_000_000_000)
+    assert clock.now_ns() == 1_000 + 1_100_000_000
+    clock.jump(5)
+    assert clock.now_ns() == 1_000 + 1_100_000_005
+    with pytest.raises(InvalidArgument):
+        clock.jump(-1)
+    clock.set_drift(0)
+    before = clock.now_ns()
+    true.advance_to(2_000_000_000)
+    assert clock.now_ns() == before + 1_000_000_000
+    with pytest.raises(InvalidArgument):
+        true.advance_to(1)
+    manual = ManualClock()
+    manual.advance(3)
+    assert manual.now_ns() == 3
+
+
+def test_network_drops_duplicates_delays_and_partitions():
+    net = SimNetwork(random.Random(1), NetworkOptions(drop_probability=0.5, duplicate_probability=0.5,
+                                                       delay_min_ns=10, delay_max_ns=1000))
+    for i in range(1000):
+        net.send(0, "a", "b", i)
+    assert 350 < net.dropped < 650 and net.duplicated > 150
+    arrived = []
+    while (m := net.pop_due()) is not None or net.next_due_ns() is not None:
+        if m is not None:
+            arrived.append(m.payload)
+    assert arrived != sorted(arrived)  # reordered
+    net.partition(["a"], ["b"], one_way=True)
+    net.send(0, "a", "b", "x")
+    assert net.next_due_ns() is None
+    net.heal()
+    with pytest.raises(InvalidArgument):
+        NetworkOptions(drop_probability=2.0)
+
+
+def test_swarm_options_come_from_the_seed_alone():
+    assert SimOptions.swarm(random.Random(5)) == SimOptions.swarm(random.Random(5))
+    assert len({SimOptions.swarm(random.Random(s)).describe() for s in range(20)}) == 20
+
+
+def test_nothing_outside_testing_imports_testing():
+    root = Path(stockade.__file__).parent
+    for path in root.rglob("*.py"):
+        if "testing" in path.relative_to(root).parts[:1] or path.parts[-2:] == ("cli", "sim.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                assert not name.startswith("stockade.testing"), f"{path} imports {name}"
