@@ -127,3 +127,23 @@ def test_four_processes_contending_fifo_no_overlap(tmp_path):
           f"{len(grants)}, FIFO violations {fifo_violations} of {len(grants)}")
     assert len(grants) > 100
     assert order_violations == 0 and overlaps == 0 and fifo_violations == 0 and timeouts == 0
+
+
+def test_holder_killed_is_expired_by_ttl(tmp_path):
+    """A process that dies holding a lease is expired by its TTL, and the next holder gets token + 1."""
+    url = f"sqlite://{tmp_path / 'coord.db'}"
+    script = ("import sys, time, stockade; lease = stockade.connect(sys.argv[1]).acquire('s', ttl_ms=400); "
+              "print(lease.token.value, flush=True); time.sleep(60)")
+    holder = subprocess.Popen([PYTHON, "-c", script, url], stdout=subprocess.PIPE, env=python_env())
+    first = int(holder.stdout.readline())
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    import stockade
+
+    coord = stockade.connect(url)
+    t0 = time.monotonic()
+    lease = coord.acquire("s", ttl_ms=1000, wait_ms=5000)
+    waited_s = time.monotonic() - t0
+    assert lease.token.value == first + 1
+    assert waited_s < 2.0, "served once the TTL lapsed, not by luck or a long timeout"
+    lease.release()
