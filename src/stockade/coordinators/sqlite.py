@@ -28,13 +28,20 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from stockade.clock import SystemClock
 from stockade.core.clock import Clock
-from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, NotHolder, invariant
+from stockade.core.errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    LimitExceeded,
+    NotHolder,
+    StockadeError,
+    invariant,
+)
 from stockade.core.leases import (
     AcquireRequest,
     Granted,
@@ -406,6 +413,50 @@ class SQLiteCoordinator:
     def last_issued(self, scope: str) -> int:
         """The greatest token value ever issued for ``scope`` (0 if none): the fence floor."""
         return self.inspect(scope).last_token
+
+    # -- group commit (for a server that keeps the lease table in memory) -------------------
+
+    def records(self) -> dict[str, ScopeRecord]:
+        """Every scope's record as stored, waiters included, in scope order.
+
+        A process that is the file's only user (``stockade serve``) loads the
+        table once, decides in memory with `stockade.core.leases`, and writes
+        the changes back with `commit_records`.
+        """
+        with self._locked() as conn:
+            names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
+            return {name: self._load(conn, name) for name in names}
+
+    def commit_records(self, changes: Sequence[tuple[ScopeRecord, ScopeRecord]]) -> list[StockadeError | None]:
+        """Write many ``(old, new)`` record changes in one transaction: one COMMIT, one fsync.
+
+        The changes are applied in order, each in its own SAVEPOINT, so one that
+        fails (its slot in the result holds the error; its change is undone)
+        does not abort the others. Each ``old`` must be what is stored for its
+        scope at that point: the previous change's ``new``, or the loaded record.
+
+        Returns:
+            One slot per change: None when written, else the error.
+
+        Raises:
+            BackendUnavailable: BEGIN or COMMIT failed; nothing of the batch is durable.
+        """
+        results: list[StockadeError | None] = []
+        with self._write() as conn:
+            for old, new in changes:
+                conn.execute("SAVEPOINT change")
+                try:
+                    self._store(conn, old, new)
+                except (StockadeError, sqlite3.Error) as exc:
+                    conn.execute("ROLLBACK TO change")
+                    conn.execute("RELEASE change")
+                    if isinstance(exc, sqlite3.Error):
+                        exc = BackendUnavailable(f"coordinator write failed: {exc}", certain_no_effect=True)
+                    results.append(exc)
+                    continue
+                conn.execute("RELEASE change")
+                results.append(None)
+        return results
 
     def _debug_records(self) -> dict[str, ScopeRecord]:
         """Every record, for tests that compare state before and after."""

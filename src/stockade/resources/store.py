@@ -50,14 +50,14 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from stockade import metrics
-from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, invariant
+from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StockadeError, invariant
 from stockade.core.fence import Accept, FenceDecision, Reject, decide, raise_for
 from stockade.core.limits import (
     LIST_PAGE_MAX,
@@ -73,6 +73,7 @@ from stockade.core.tokens import FencingToken, validate_cluster_id
 
 __all__ = [
     "SQLiteStore",
+    "BatchWrite",
     "Tx",
     "WriteResult",
     "Item",
@@ -262,6 +263,18 @@ def _fsync_path(path: Path, *, directory: bool = False) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchWrite:
+    """One write of `SQLiteStore.apply_batch`, validated there like `put` / `delete` arguments."""
+
+    op: Op
+    scope: str
+    key: str
+    value: bytes
+    token: FencingToken | str
+    idempotency_key: str | None = None
 
 
 # -- the store ----------------------------------------------------------------------------
@@ -550,19 +563,23 @@ class SQLiteStore:
     def _fenced_write(self, write: _Write, token: FencingToken) -> WriteResult:
         """R1 + R2 + R3 in one IMMEDIATE transaction."""
         with self._write() as conn:
-            old = self._high_water(conn, write.scope)
-            decision = self._decide(token, write.scope, old or 0)
-            # Provenance first (R2): another cluster's or scope's token learns nothing,
-            # not even an earlier result. Staleness after the replay lookup (R3).
-            if isinstance(decision, Reject) and decision.reason != "stale":
-                self._reject(token, decision, write.scope, write.key)
-            replayed = self._replay(conn, write)
-            if replayed is not None:
-                return replayed
-            if isinstance(decision, Reject):
-                self._reject(token, decision, write.scope, write.key)
-            self._raise_high_water(conn, write.scope, old, decision.new_high_water)
-            return self._apply(conn, write, token.value, decision.new_high_water)
+            return self._fenced_write_in(conn, write, token)
+
+    def _fenced_write_in(self, conn: sqlite3.Connection, write: _Write, token: FencingToken) -> WriteResult:
+        """R1 + R2 + R3 inside the caller's open transaction (its COMMIT makes the write durable)."""
+        old = self._high_water(conn, write.scope)
+        decision = self._decide(token, write.scope, old or 0)
+        # Provenance first (R2): another cluster's or scope's token learns nothing,
+        # not even an earlier result. Staleness after the replay lookup (R3).
+        if isinstance(decision, Reject) and decision.reason != "stale":
+            self._reject(token, decision, write.scope, write.key)
+        replayed = self._replay(conn, write)
+        if replayed is not None:
+            return replayed
+        if isinstance(decision, Reject):
+            self._reject(token, decision, write.scope, write.key)
+        self._raise_high_water(conn, write.scope, old, decision.new_high_water)
+        return self._apply(conn, write, token.value, decision.new_high_water)
 
     # -- public operations ---------------------------------------------------------------
 
@@ -640,6 +657,60 @@ class SQLiteStore:
             if tx._failed:
                 # A step failed inside SQLite and the caller carried on: commit nothing.
                 raise BackendUnavailable("a transaction step failed; rolled back", certain_no_effect=True)
+
+    def apply_batch(self, writes: Sequence[BatchWrite]) -> builtins.list[WriteResult | StockadeError]:
+        """Group commit: many fenced writes in one IMMEDIATE transaction, one COMMIT, one fsync.
+
+        Each write is validated and fenced exactly as `put` / `delete` would,
+        in order, inside its own SAVEPOINT: a write that is rejected or invalid
+        is undone alone and its slot holds the error, while the others commit.
+        Nothing is durable (and nothing may be acknowledged) before this returns.
+
+        Returns:
+            One slot per write: its `WriteResult`, or the `StockadeError` it raised
+            (`InvalidArgument`, `StaleToken`, `TokenMismatch`, `LimitExceeded`, ...).
+
+        Raises:
+            BackendUnavailable: BEGIN or COMMIT failed; nothing of the batch is durable.
+        """
+        results: builtins.list[WriteResult | StockadeError] = []
+        with self._write() as conn:
+            for batch_write in writes:
+                conn.execute("SAVEPOINT batch_write")
+                try:
+                    write = _Write(
+                        validate_scope(batch_write.scope), validate_key(batch_write.key), batch_write.op,
+                        b"" if batch_write.op == "delete" else validate_value(batch_write.value, self.value_bytes_max),
+                        None if batch_write.idempotency_key is None
+                        else validate_idempotency_key(batch_write.idempotency_key),
+                    )
+                    result: WriteResult | StockadeError = self._fenced_write_in(conn, write, coerce_token(batch_write.token))
+                except StockadeError as exc:
+                    conn.execute("ROLLBACK TO batch_write")
+                    result = exc
+                conn.execute("RELEASE batch_write")
+                results.append(result)
+        return results
+
+    def list_sizes(
+        self, scope: str, *, after: str = "", limit: int = LIST_PAGE_MAX
+    ) -> builtins.list[tuple[str, int, int, int]]:
+        """Like `list`, without the values: ``(key, token_value, commit_seq, size)`` per item.
+
+        Raises:
+            InvalidArgument: bad scope, ``after`` or ``limit`` (1..LIST_PAGE_MAX).
+        """
+        scope = validate_scope(scope)
+        if after != "":
+            validate_key(after)
+        validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT key, token_value, commit_seq, length(value) FROM kv WHERE scope = ? AND key > ? "
+                "ORDER BY key LIMIT ?",
+                (scope, after, limit),
+            ).fetchall()
+        return [(k, t, c, n) for k, t, c, n in rows]
 
     def get(self, scope: str, key: str) -> Item | None:
         """The item at ``(scope, key)``, or None.
