@@ -25,12 +25,13 @@ CONTENTION_SECONDS = 60 if LONG else 20
 
 
 def _read_lines(proc):
-    out, _ = proc.communicate(timeout=30)
+    # read() through the buffer that readline() already used (communicate() would bypass it)
+    out = proc.stdout.read()
+    proc.wait(timeout=30)
     return out.decode().splitlines()
 
 
-def test_s11_kill9_during_acquire_storm(tmp_path):
-    """Tokens never regress or repeat across ≥50 kill -9 restarts of the coordinator's processes."""
+def _s11(tmp_path, restarts, mutant=""):
     path = tmp_path / "coord.db"
     url = f"sqlite://{path}"
     rng = random.Random(11)
@@ -38,13 +39,15 @@ def test_s11_kill9_during_acquire_storm(tmp_path):
     regressions = 0
     duplicates = 0
     in_flight_at_kill = 0
-    for restart in range(S11_RESTARTS):
+    for restart in range(restarts):
         procs = [
-            subprocess.Popen([PYTHON, str(HELPERS / "storm.py"), url, str(restart * 2 + i)],
+            subprocess.Popen([PYTHON, str(HELPERS / "storm.py"), url, str(restart * 2 + i), mutant],
                              stdout=subprocess.PIPE, env=python_env())
             for i in range(2)
         ]
-        time.sleep(0.25 + rng.random() * 0.25)  # imports take ~0.2 s; then kill mid-storm
+        for proc in procs:
+            assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(0.05 + rng.random() * 0.3)  # then kill mid-storm
         for proc in procs:
             time.sleep(rng.random() * 0.02)
             proc.send_signal(signal.SIGKILL)
@@ -82,10 +85,23 @@ def test_s11_kill9_during_acquire_storm(tmp_path):
             if outcome.lease.token.value <= max(tokens):
                 regressions += 1
     total = sum(len(t) for t in acked.values())
+    return regressions, duplicates, total, in_flight_at_kill
+
+
+def test_s11_kill9_during_acquire_storm(tmp_path):
+    """Tokens never regress or repeat across ≥50 kill -9 restarts of the coordinator's processes."""
+    regressions, duplicates, total, in_flight = _s11(tmp_path, S11_RESTARTS)
     print(f"\nS11 token regressions {regressions} of {S11_RESTARTS} restarts; duplicates {duplicates} of {total} "
-          f"acknowledged grants; {in_flight_at_kill} acquires in flight at kills (counted as issued)")
+          f"acknowledged grants; {in_flight} acquires in flight at kills (counted as issued)")
     assert total > S11_RESTARTS, "the storm must actually grant between kills"
     assert regressions == 0 and duplicates == 0
+
+
+def test_s11_control_non_durable_tokens_are_caught(tmp_path):
+    """The control: tokens from a counter saved only every 8th grant must be flagged."""
+    regressions, duplicates, total, _ = _s11(tmp_path, 10, mutant="lazy-counter")
+    print(f"\nS11 control (tokens not durable) regressions {regressions}, duplicates {duplicates} of {total}: caught")
+    assert regressions + duplicates > 0
 
 
 def test_four_processes_contending_fifo_no_overlap(tmp_path):

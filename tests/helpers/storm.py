@@ -3,17 +3,25 @@
 Prints ``invoke SCOPE`` before each acquire and ``ok SCOPE TOKEN`` after the
 reply, flushed, so that the test knows which grants were acknowledged and
 which were in flight when the process died.
+
+``storm.py URL SEED lazy-counter`` is the control: it reports tokens from a
+counter that is saved only every 8th grant (tokens not durable across a
+crash), which the S11 checks must catch.
 """
 
 import random
 import sys
 import threading
+from pathlib import Path
 
 import stockade
 
 url, seed = sys.argv[1], int(sys.argv[2])
+mutant = sys.argv[3] if len(sys.argv) > 3 else ""
 coord = stockade.connect(url)
 lock = threading.Lock()
+counter_file = Path(url.removeprefix("sqlite://") + ".lazy-counter")
+counter = {"value": int(counter_file.read_text()) if counter_file.exists() else 0}
 
 
 def say(line):
@@ -22,15 +30,24 @@ def say(line):
         sys.stdout.flush()
 
 
+def lazy_token():
+    with lock:
+        counter["value"] += 1
+        if counter["value"] % 8 == 0:
+            counter_file.write_text(str(counter["value"]))
+        return counter["value"]
+
+
 def storm(rng):
     while True:
-        scope = f"s{rng.randrange(4)}"
+        scope = f"s{rng.randrange(4)}" if not mutant else "s0"
         say(f"invoke {scope}")
         lease = coord.acquire(scope, ttl_ms=200, wait_ms=5_000, keepalive=False)
-        say(f"ok {scope} {lease.token.value}")
+        say(f"ok {scope} {lazy_token() if mutant else lease.token.value}")
         lease.release()
 
 
+say("ready")
 threads = [threading.Thread(target=storm, args=(random.Random(seed * 10 + i),), daemon=True) for i in range(2)]
 for t in threads:
     t.start()
