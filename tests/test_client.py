@@ -143,7 +143,7 @@ def test_lease_repr_does_not_leak_lease_id(coord_url):
 
 
 @pytest.mark.parametrize(
-    "url", ["", "coord.db", "mysql://x", "http://127.0.0.1:1", "sqlite://", 5, None],
+    "url", ["", "coord.db", "mysql://x", "etcd://127.0.0.1:1", "http://", "http://h:1?q=1", "sqlite://", 5, None],
 )
 def test_bad_urls(url):
     with pytest.raises(InvalidArgument):

@@ -9,12 +9,15 @@ that the generated files are current). The generator renames ``AsyncIO`` to
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["AsyncIO", "SyncIO"]
+__all__ = ["AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream"]
 
 T = TypeVar("T")
 
@@ -54,6 +57,18 @@ class AsyncIO:
     async def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(function, *args, **kwargs)
 
+    @staticmethod
+    async def open_tcp(
+        host: str, port: int, *, tls: ssl.SSLContext | None, timeout_s: float
+    ) -> AsyncTCPStream:
+        """Connect within ``timeout_s``; raises `OSError` (`TimeoutError` included)."""
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=tls, server_hostname=host if tls is not None else None
+            )
+        _tune(writer.get_extra_info("socket"))
+        return AsyncTCPStream(reader, writer)
+
 
 class SyncIO:
     """Threads: a daemon thread for background work; blocking calls run in place."""
@@ -84,3 +99,92 @@ class SyncIO:
     @staticmethod
     def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return function(*args, **kwargs)
+
+    @staticmethod
+    def open_tcp(host: str, port: int, *, tls: ssl.SSLContext | None, timeout_s: float) -> TCPStream:
+        """Connect within ``timeout_s``; raises `OSError` (`TimeoutError` included)."""
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        try:
+            _tune(sock)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+        return TCPStream(sock)
+
+
+def _tune(sock: Any) -> None:
+    """Small requests go out at once (no Nagle delay); dead peers are noticed by TCP keepalive."""
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    except (OSError, AttributeError):
+        pass  # not a TCP socket (a test double); nothing to tune
+
+
+class AsyncTCPStream:
+    """A connected byte stream for the async HTTP client. Every call takes a timeout.
+
+    Raises `OSError` on failure: `TimeoutError` when the time ran out,
+    `ConnectionError` when the peer went away.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def send(self, data: bytes, timeout_s: float) -> None:
+        self._writer.write(data)
+        # A small request leaves in write() itself; only a backlog needs the loop.
+        if self._writer.transport.get_write_buffer_size():
+            async with asyncio.timeout(timeout_s):
+                await self._writer.drain()
+
+    async def receive(self, bytes_max: int, timeout_s: float) -> bytes:
+        """Up to ``bytes_max`` bytes; ``b""`` when the peer closed the connection."""
+        async with asyncio.timeout(timeout_s):
+            return await self._reader.read(bytes_max)
+
+    def is_stale(self) -> bool:
+        """True if an idle connection was closed by the peer (or sent something unasked)."""
+        return self._writer.is_closing() or self._reader.at_eof() or bool(len(self._reader._buffer))
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class TCPStream:
+    """A connected byte stream for the sync HTTP client. Every call takes a timeout.
+
+    Raises `OSError` on failure: `TimeoutError` when the time ran out,
+    `ConnectionError` when the peer went away.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def send(self, data: bytes, timeout_s: float) -> None:
+        self._sock.settimeout(timeout_s)
+        self._sock.sendall(data)
+
+    def receive(self, bytes_max: int, timeout_s: float) -> bytes:
+        """Up to ``bytes_max`` bytes; ``b""`` when the peer closed the connection."""
+        self._sock.settimeout(timeout_s)
+        return self._sock.recv(bytes_max)
+
+    def is_stale(self) -> bool:
+        """True if an idle connection was closed by the peer (or sent something unasked)."""
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass

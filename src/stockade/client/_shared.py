@@ -3,21 +3,50 @@
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import os
 import socket
+import ssl
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from stockade.core.errors import InvalidArgument
+from stockade.core.limits import validate_int
 from stockade.core.tokens import FencingToken
 
-__all__ = ["CURRENT_LEASE", "resolve_token", "default_holder", "sqlite_path", "lost_margin_ms", "SCHEMES_PLANNED"]
+__all__ = [
+    "CURRENT_LEASE",
+    "resolve_token",
+    "default_holder",
+    "sqlite_path",
+    "lost_margin_ms",
+    "SCHEMES_PLANNED",
+    "HTTPEndpoint",
+    "is_http_url",
+    "http_endpoint",
+    "TIMEOUT_MS_DEFAULT",
+    "TIMEOUT_MS_MAX",
+    "CONNECT_TIMEOUT_MS_DEFAULT",
+    "AUTH_TOKEN_ENV",
+]
 
 # The lease of the innermost `lock()` block in this thread or task (K1): writes
 # without an explicit token use it.
 CURRENT_LEASE: contextvars.ContextVar[Any] = contextvars.ContextVar("stockade_current_lease", default=None)
 
-SCHEMES_PLANNED = ("http", "https", "etcd", "zk", "postgresql")
+SCHEMES_PLANNED = ("etcd", "zk", "postgresql")
+SCHEMES_HTTP = ("http", "https")
+
+# Remote calls: every request has a deadline (STYLE 7). An acquire may take
+# its ``wait_ms`` on top, since the server long-polls.
+TIMEOUT_MS_DEFAULT = 10_000
+TIMEOUT_MS_MAX = 600_000
+CONNECT_TIMEOUT_MS_DEFAULT = 3_000
+# The bearer token, when none is passed to connect()/open_store().
+AUTH_TOKEN_ENV = "STOCKADE_AUTH_TOKEN"
+_AUTH_TOKEN_BYTES_MAX = 4096
 
 
 def resolve_token(token: object) -> FencingToken:
@@ -53,6 +82,117 @@ def lost_margin_ms(ttl_ms: int) -> int:
     return max(5, ttl_ms // 10)
 
 
+def is_http_url(url: object) -> bool:
+    return isinstance(url, str) and url.partition("://")[0] in SCHEMES_HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPEndpoint:
+    """Where and how to reach a `stockade serve`, validated at construction.
+
+    Attributes:
+        host, port: the server (``[v6]`` brackets stripped from ``host``).
+        base_path: a path prefix before ``/v1`` (for a reverse proxy), without a trailing slash.
+        tls: the TLS context for ``https://`` (None for ``http://``).
+        authority: the ``Host`` header value.
+        auth_token: the bearer token, or None.
+        timeout_ms: deadline of one request (an acquire adds its ``wait_ms``).
+        connect_timeout_ms: deadline of a TCP (and TLS) connect.
+    """
+
+    host: str
+    port: int
+    base_path: str
+    tls: ssl.SSLContext | None
+    authority: str
+    auth_token: str | None
+    timeout_ms: int
+    connect_timeout_ms: int
+
+    def __repr__(self) -> str:  # never show the bearer token
+        scheme = "https" if self.tls is not None else "http"
+        return f"<HTTPEndpoint {scheme}://{self.authority}{self.base_path}>"
+
+
+def http_endpoint(
+    url: str,
+    *,
+    timeout_ms: int | None = None,
+    connect_timeout_ms: int | None = None,
+    auth_token: str | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
+) -> HTTPEndpoint:
+    """Parse ``http://host:port[/prefix]`` or ``https://...`` and the connection options.
+
+    Args:
+        url: the server; no user info, query or fragment.
+        timeout_ms: per-request deadline, 1..600_000 (default 10_000).
+        connect_timeout_ms: connect deadline, 1..600_000 (default 3_000).
+        auth_token: bearer token; default ``$STOCKADE_AUTH_TOKEN`` if set.
+        tls_ca: a CA bundle (PEM) to verify an ``https`` server by, instead of the system's.
+
+    Raises:
+        InvalidArgument: a malformed url or option.
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidArgument("url", f"malformed: {exc}") from None
+    if parts.scheme not in SCHEMES_HTTP:
+        raise InvalidArgument("url", f"scheme must be http or https, got {parts.scheme!r}")
+    host = parts.hostname
+    if not host:
+        raise InvalidArgument("url", "needs a host: http://127.0.0.1:8470")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidArgument("url", "must not carry user info; pass auth_token= instead")
+    if parts.query or parts.fragment:
+        raise InvalidArgument("url", "must not have a query or fragment")
+    tls_on = parts.scheme == "https"
+    port = port if port is not None else (443 if tls_on else 80)
+    base_path = parts.path.rstrip("/")
+    if any(c in base_path for c in " \r\n\t") or not base_path.isascii():
+        raise InvalidArgument("url", "path prefix must be plain ASCII")
+    try:
+        bracketed = f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        bracketed = host
+    timeout_ms = validate_int("timeout_ms", TIMEOUT_MS_DEFAULT if timeout_ms is None else timeout_ms, 1, TIMEOUT_MS_MAX)
+    connect_timeout_ms = validate_int(
+        "connect_timeout_ms",
+        CONNECT_TIMEOUT_MS_DEFAULT if connect_timeout_ms is None else connect_timeout_ms,
+        1,
+        TIMEOUT_MS_MAX,
+    )
+    if auth_token is None:
+        auth_token = os.environ.get(AUTH_TOKEN_ENV) or None
+    if auth_token is not None:
+        if (
+            not isinstance(auth_token, str)
+            or not 1 <= len(auth_token) <= _AUTH_TOKEN_BYTES_MAX
+            or not all("\x21" <= c <= "\x7e" for c in auth_token)
+        ):
+            raise InvalidArgument("auth_token", "must be 1..4096 characters of printable ASCII without spaces")
+    tls: ssl.SSLContext | None = None
+    if tls_on:
+        try:
+            tls = ssl.create_default_context(cafile=None if tls_ca is None else os.fspath(tls_ca))
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidArgument("tls_ca", f"cannot load CA bundle: {exc}") from None
+    elif tls_ca is not None:
+        raise InvalidArgument("tls_ca", "only applies to https:// urls")
+    return HTTPEndpoint(
+        host=host,
+        port=port,
+        base_path=base_path,
+        tls=tls,
+        authority=f"{bracketed}:{port}",
+        auth_token=auth_token,
+        timeout_ms=timeout_ms,
+        connect_timeout_ms=connect_timeout_ms,
+    )
+
+
 def sqlite_path(url: object, field: str = "url") -> Path | None:
     """The file of a ``sqlite://PATH`` url, or None for a planned scheme not built yet.
 
@@ -72,4 +212,4 @@ def sqlite_path(url: object, field: str = "url") -> Path | None:
         return Path(rest)
     if scheme in SCHEMES_PLANNED:
         raise InvalidArgument(field, f"scheme {scheme!r} is planned but not available in this version")
-    raise InvalidArgument(field, f"unknown scheme {scheme!r}; supported: sqlite")
+    raise InvalidArgument(field, f"unknown scheme {scheme!r}; supported: sqlite, http, https")

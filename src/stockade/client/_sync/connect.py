@@ -3,41 +3,118 @@
 
 from __future__ import annotations
 
+import os
+
 from stockade.client._sync._embedded import EmbeddedCoordinatorPort, EmbeddedStorePort
+from stockade.client._sync._http import HTTPClient, HTTPCoordinatorPort, HTTPStorePort
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
-from stockade.client._shared import sqlite_path
+from stockade.client._shared import HTTPEndpoint, http_endpoint, is_http_url, sqlite_path
 from stockade.coordinators.sqlite import SQLiteCoordinator
+from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
+from stockade.core.tokens import validate_cluster_id
 from stockade.resources.store import SQLiteStore
 
 __all__ = ["connect", "open_store"]
 
 
-def connect(url: str, *, lock_delay_ms: int = 0) -> Coordinator:
+def _remote_cluster_id(endpoint: HTTPEndpoint) -> str:
+    """The server's cluster id, by one blocking round trip when the handle is opened.
+
+    Blocking on purpose, in the sync client too: ``coord.cluster_id`` must be
+    known as soon as `connect` returns, and this is one loopback-scale
+    request bounded by the connect and request timeouts.
+    """
+    from stockade.client._sync._http import HTTPClient, fetch_cluster_id
+
+    client = HTTPClient(endpoint)
+    try:
+        return fetch_cluster_id(client)
+    finally:
+        client.close()
+
+
+def connect(
+    url: str,
+    *,
+    lock_delay_ms: int = 0,
+    timeout_ms: int | None = None,
+    connect_timeout_ms: int | None = None,
+    auth_token: str | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
+) -> Coordinator:
     """Open a coordinator.
 
     Args:
-        url: ``sqlite:///path/to/coord.db`` (created, with a new cluster id, if missing).
-        lock_delay_ms: after an *expiry*, keep the scope ungrantable this long (C5).
+        url: ``sqlite:///path/to/coord.db`` (created, with a new cluster id, if
+            missing), or ``http://host:port`` / ``https://host:port`` for a
+            `stockade serve` (contacted once here, for its cluster id).
+        lock_delay_ms: after an *expiry*, keep the scope ungrantable this long
+            (C5). Embedded only: a server has its own setting.
+        timeout_ms: remote only; the deadline of each request, 1..600_000
+            (default 10_000). An acquire waits up to ``wait_ms`` on top.
+        connect_timeout_ms: remote only; the deadline of a connect (default 3_000).
+        auth_token: remote only; the bearer token (default ``$STOCKADE_AUTH_TOKEN``).
+        tls_ca: ``https`` only; a PEM CA bundle to verify the server by.
 
     Raises:
         InvalidArgument: unknown url or option.
-        BackendUnavailable: the coordinator cannot be opened.
+        BackendUnavailable: the coordinator cannot be opened or reached.
     """
+    if is_http_url(url):
+        if lock_delay_ms:
+            raise InvalidArgument("lock_delay_ms", "is a server setting; it cannot be set by a remote client")
+        endpoint = http_endpoint(
+            url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
+        )
+        cluster_id = _remote_cluster_id(endpoint)
+        return Coordinator(HTTPCoordinatorPort(HTTPClient(endpoint), cluster_id=cluster_id))
+    _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     path = sqlite_path(url)
     engine = SQLiteCoordinator(path, policy=LeasePolicy(lock_delay_ms=lock_delay_ms))
     return Coordinator(EmbeddedCoordinatorPort(engine))
 
 
-def open_store(url: str, *, cluster_id: str | None = None) -> FencedStore:
+def open_store(
+    url: str,
+    *,
+    cluster_id: str | None = None,
+    timeout_ms: int | None = None,
+    connect_timeout_ms: int | None = None,
+    auth_token: str | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
+) -> FencedStore:
     """Open a fenced store.
 
     Args:
-        url: ``sqlite:///path/to/store.db``.
+        url: ``sqlite:///path/to/store.db``, or the ``http(s)://`` url of a
+            `stockade serve` (whose store trusts that server's tokens).
         cluster_id: the coordinator cluster whose tokens the store accepts
-            (``coord.cluster_id``). Required when the store is created;
-            checked against the store's own when given for an existing one.
+            (``coord.cluster_id``). Required when an embedded store is created;
+            checked against the store's own when given.
+        timeout_ms, connect_timeout_ms, auth_token, tls_ca: as for `connect`.
+
+    Raises:
+        InvalidArgument: unknown url or option, or a ``cluster_id`` that differs from the store's.
+        BackendUnavailable: the store cannot be opened or reached.
     """
+    if is_http_url(url):
+        if cluster_id is not None:
+            validate_cluster_id(cluster_id, "cluster_id")
+        endpoint = http_endpoint(
+            url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
+        )
+        remote_cluster_id = _remote_cluster_id(endpoint)
+        if cluster_id is not None and cluster_id != remote_cluster_id:
+            raise InvalidArgument("cluster_id", f"{cluster_id!r} differs from the store's cluster {remote_cluster_id!r}")
+        return FencedStore(HTTPStorePort(HTTPClient(endpoint), cluster_id=remote_cluster_id))
+    _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     path = sqlite_path(url)
     return FencedStore(EmbeddedStorePort(SQLiteStore(path, cluster_id=cluster_id)))
+
+
+def _embedded_only(**remote_options: object) -> None:
+    for name, value in remote_options.items():
+        if value is not None:
+            raise InvalidArgument(name, "applies only to http:// and https:// urls")

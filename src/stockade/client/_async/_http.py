@@ -1,0 +1,448 @@
+"""Ports to a remote `stockade serve` over HTTP/1.1 keep-alive (docs/http-api.md).
+
+The ports have the methods and return types of the embedded ones, and raise
+the same exceptions: a problem document becomes its typed error (``raise …
+from`` the `RemoteProblem`), and a connection that fails or times out becomes
+`BackendUnavailable`. Every request has a deadline; an acquire gets its
+``wait_ms`` on top, since the server long-polls.
+
+Connections are kept open and reused (one per concurrent request, up to
+`IDLE_CONNECTIONS_MAX` kept idle). An idle connection the server has closed is
+noticed before use; a reused one that fails before any byte of the answer
+arrived is retried once on a fresh connection (the server closed it between
+our check and our send, so it saw nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from stockade.client._io import AsyncIO
+from stockade.client._shared import HTTPEndpoint
+from stockade.client._wire import (
+    RESPONSE_HEAD_BYTES_MAX,
+    HTTPResponse,
+    ProtocolError,
+    build_request,
+    error_for,
+    item_from,
+    json_body,
+    lease_from,
+    parse_head,
+    quote_segment,
+    scope_info_from,
+    write_result_from,
+)
+from stockade.clock import SystemClock
+from stockade.core import leases as core_leases
+from stockade.core.errors import BackendUnavailable, InvalidArgument
+from stockade.core.limits import validate_idempotency_key, validate_key, validate_scope, validate_value
+from stockade.core.tokens import FencingToken, validate_cluster_id
+from stockade.resources.store import Item, WriteResult
+
+__all__ = [
+    "AsyncHTTPClient",
+    "AsyncHTTPConnection",
+    "AsyncHTTPCoordinatorPort",
+    "AsyncHTTPStorePort",
+    "IDLE_CONNECTIONS_MAX",
+]
+
+IDLE_CONNECTIONS_MAX = 8
+RECEIVE_BYTES = 65536
+# A renewal must come back in time to matter: at most a third of the TTL.
+RENEW_TIMEOUT_MS_MIN = 50
+
+
+class _PeerClosed(ConnectionError):
+    """The server closed the connection before the answer was complete."""
+
+
+class AsyncHTTPConnection:
+    """One keep-alive HTTP/1.1 connection; one request at a time."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._buffer = b""
+        self.received_any = False
+        self.reusable = False
+
+    def is_stale(self) -> bool:
+        return bool(self._buffer) or self._stream.is_stale()
+
+    def close(self) -> None:
+        self.reusable = False
+        self._stream.close()
+
+    async def _receive(self, deadline: float) -> None:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise TimeoutError("deadline passed")
+        data = await self._stream.receive(RECEIVE_BYTES, remaining_s)
+        if not data:
+            raise _PeerClosed("server closed the connection")
+        self.received_any = True
+        self._buffer += data
+
+    async def _receive_until(self, marker: bytes, deadline: float, bytes_max: int) -> bytes:
+        while True:
+            end = self._buffer.find(marker)
+            if end >= 0:
+                found, self._buffer = self._buffer[:end], self._buffer[end + len(marker):]
+                return found
+            if len(self._buffer) > bytes_max:
+                raise ProtocolError(f"no {marker!r} within {bytes_max} bytes")
+            await self._receive(deadline)
+
+    async def _receive_exactly(self, size: int, deadline: float) -> bytes:
+        while len(self._buffer) < size:
+            await self._receive(deadline)
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    async def roundtrip(self, method: str, request: bytes, deadline: float) -> HTTPResponse:
+        """Send ``request`` and read its answer by ``deadline`` (``time.monotonic()``).
+
+        Raises:
+            OSError: the connection failed or the deadline passed (`TimeoutError`).
+            ProtocolError: the answer was not HTTP/1.1 as expected.
+        """
+        self.reusable = False
+        self.received_any = False
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise TimeoutError("deadline passed")
+        await self._stream.send(request, remaining_s)
+        while True:
+            head = parse_head(await self._receive_until(b"\r\n\r\n", deadline, RESPONSE_HEAD_BYTES_MAX), method=method)
+            if head.status >= 200:
+                break  # 1xx: interim answers are skipped
+        if head.body_length >= 0:
+            body = await self._receive_exactly(head.body_length, deadline)
+        elif head.body_length == -1:
+            body = await self._receive_chunked(deadline)
+        else:
+            body = await self._receive_until_close(deadline)
+        self.reusable = head.keep_alive and not self._buffer
+        return HTTPResponse(head.status, head.headers, body)
+
+    async def _receive_chunked(self, deadline: float) -> bytes:
+        chunks = []
+        total = 0
+        while True:
+            size_line = await self._receive_until(b"\r\n", deadline, 1024)
+            try:
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
+            except ValueError as exc:
+                raise ProtocolError("bad chunk size") from exc
+            total += size
+            if size < 0 or total > RESPONSE_HEAD_BYTES_MAX * 64:
+                raise ProtocolError("chunked body too large")
+            if size == 0:
+                while await self._receive_until(b"\r\n", deadline, RESPONSE_HEAD_BYTES_MAX):
+                    pass  # trailer fields, unused
+                return b"".join(chunks)
+            chunks.append(await self._receive_exactly(size, deadline))
+            if await self._receive_exactly(2, deadline) != b"\r\n":
+                raise ProtocolError("bad chunk end")
+
+    async def _receive_until_close(self, deadline: float) -> bytes:
+        while True:
+            try:
+                await self._receive(deadline)
+            except _PeerClosed:
+                data, self._buffer = self._buffer, b""
+                return data
+            if len(self._buffer) > RESPONSE_HEAD_BYTES_MAX * 64:
+                raise ProtocolError("response body too large")
+
+
+class AsyncHTTPClient:
+    """Requests to one server over a small pool of keep-alive connections.
+
+    Safe to share between the caller and lease keepalives (tasks, or threads
+    in the sync client): each request takes a connection of its own.
+    """
+
+    def __init__(self, endpoint: HTTPEndpoint) -> None:
+        self.endpoint = endpoint
+        self._idle: list[AsyncHTTPConnection] = []
+        self._closed = False
+
+    async def _open(self) -> AsyncHTTPConnection:
+        endpoint = self.endpoint
+        try:
+            stream = await AsyncIO.open_tcp(
+                endpoint.host, endpoint.port, tls=endpoint.tls, timeout_s=endpoint.connect_timeout_ms / 1000
+            )
+        except TimeoutError as exc:
+            raise BackendUnavailable(
+                f"connect to {endpoint.authority} timed out after {endpoint.connect_timeout_ms} ms",
+                certain_no_effect=True,
+            ) from exc
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"cannot connect to stockade server at {endpoint.authority}: {exc.strerror or exc}",
+                certain_no_effect=True,
+            ) from exc
+        return AsyncHTTPConnection(stream)
+
+    def _checkout(self) -> AsyncHTTPConnection | None:
+        while True:
+            try:
+                connection = self._idle.pop()
+            except IndexError:
+                return None
+            if not connection.is_stale():
+                return connection
+            connection.close()
+
+    def _checkin(self, connection: AsyncHTTPConnection) -> None:
+        if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:
+            self._idle.append(connection)
+        else:
+            connection.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout_ms: int,
+        body: bytes = b"",
+        content_type: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> HTTPResponse:
+        """One request; any status is returned, the caller maps problems.
+
+        Raises:
+            BackendUnavailable: closed client, connect failure (``certain_no_effect``),
+                timeout or broken connection (outcome unknown), or not HTTP.
+        """
+        if self._closed:
+            raise BackendUnavailable("the client is closed", certain_no_effect=True)
+        endpoint = self.endpoint
+        request = build_request(
+            method, endpoint.base_path + path, authority=endpoint.authority, auth_token=endpoint.auth_token,
+            body=body, content_type=content_type, headers=headers,
+        )
+        deadline = time.monotonic() + timeout_ms / 1000
+        connection = self._checkout()
+        reused = connection is not None
+        for attempt in (1, 2):
+            if connection is None:
+                connection = await self._open()
+            try:
+                response = await connection.roundtrip(method, request, deadline)
+            except TimeoutError as exc:
+                connection.close()
+                raise BackendUnavailable(
+                    f"{method} {path.split('?')[0]}: no answer from {endpoint.authority} within {timeout_ms} ms"
+                ) from exc
+            except (OSError, ProtocolError) as exc:
+                connection.close()
+                if attempt == 1 and reused and not connection.received_any and not isinstance(exc, ProtocolError):
+                    connection = None
+                    continue
+                raise BackendUnavailable(f"{method} {path.split('?')[0]}: connection to {endpoint.authority} failed: {exc}") from exc
+            except BaseException:
+                connection.close()  # cancelled mid-request: the stream's state is unknown
+                raise
+            self._checkin(connection)
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def get_json(self, path: str, *, timeout_ms: int | None = None) -> tuple[HTTPResponse, Any]:
+        response = await self.request("GET", path, timeout_ms=timeout_ms or self.endpoint.timeout_ms)
+        if response.status != 200:
+            error, problem = error_for(response)
+            raise error from problem
+        return response, json_body(response)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
+
+
+def _json(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+async def fetch_cluster_id(client: AsyncHTTPClient) -> str:
+    """The server's cluster id (``GET /v1/cluster``): what its tokens carry."""
+    _, doc = await client.get_json("/v1/cluster")
+    try:
+        return validate_cluster_id(doc.get("cluster_id") if isinstance(doc, dict) else None, "cluster_id")
+    except InvalidArgument as exc:
+        raise BackendUnavailable("server sent a malformed cluster id") from exc
+
+
+class AsyncHTTPCoordinatorPort:
+    """The coordinator of a remote `stockade serve`."""
+
+    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str) -> None:
+        self._client = client
+        self.cluster_id = cluster_id
+        self.clock = SystemClock()
+        # lease id -> (holder, ttl_ms) of leases granted through this port: a renewal
+        # answer carries neither, and a renewal's deadline depends on the TTL.
+        self._held: dict[str, tuple[str, int]] = {}
+
+    async def acquire(
+        self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int
+    ) -> tuple[core_leases.Lease, int]:
+        """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.
+
+        Returns:
+            The lease, and the send time of the request (the start of the client's
+            conservative lease deadline, K2).
+
+        Raises:
+            LockTimeout: still held when ``wait_ms`` ran out.
+            BackendUnavailable: the server could not be reached or did not answer in time.
+        """
+        body = _json({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
+        sent_ns = self.clock.now_ns()
+        response = await self._client.request(
+            "POST", f"/v1/locks/{scope}/acquire", body=body, content_type="application/json",
+            timeout_ms=self._client.endpoint.timeout_ms + wait_ms,
+        )
+        if response.status != 200:
+            error, problem = error_for(response, scope=scope, wait_ms=wait_ms)
+            raise error from problem
+        doc = json_body(response)
+        lease_id = doc.get("lease_id") if isinstance(doc, dict) else None
+        if not isinstance(lease_id, str) or not lease_id:
+            raise BackendUnavailable("server acquire answer lacks a lease id")
+        lease = lease_from(doc, lease_id=lease_id, holder=holder, sent_ns=sent_ns)
+        if lease.token.scope != scope or lease.token.cluster != self.cluster_id:
+            # Never hand out a token this client did not ask for.
+            raise BackendUnavailable(f"server granted a token for another scope or cluster: {lease.token}")
+        self._held[lease_id] = (holder, lease.ttl_ms)
+        return lease, sent_ns
+
+    async def renew(self, lease_id: str) -> core_leases.Lease:
+        holder, ttl_ms = self._held.get(lease_id, ("", 0))
+        timeout_ms = self._client.endpoint.timeout_ms
+        if ttl_ms:
+            timeout_ms = min(timeout_ms, max(RENEW_TIMEOUT_MS_MIN, ttl_ms // 3))
+        sent_ns = self.clock.now_ns()
+        response = await self._client.request(
+            "POST", f"/v1/leases/{lease_id}/renew", body=b"{}", content_type="application/json", timeout_ms=timeout_ms
+        )
+        if response.status != 200:
+            error, problem = error_for(response, lease_id=lease_id)
+            raise error from problem
+        return lease_from(json_body(response), lease_id=lease_id, holder=holder or "?", sent_ns=sent_ns)
+
+    async def release(self, lease_id: str) -> core_leases.Released:
+        """Release; idempotent. ``released`` is True if this port held the lease until now."""
+        response = await self._client.request(
+            "DELETE", f"/v1/leases/{lease_id}", timeout_ms=self._client.endpoint.timeout_ms
+        )
+        if response.status not in (200, 204):
+            error, problem = error_for(response, lease_id=lease_id)
+            raise error from problem
+        return core_leases.Released(self._held.pop(lease_id, None) is not None, self.clock.now_ns())
+
+    async def inspect(self, scope: str) -> core_leases.ScopeInfo:
+        _, doc = await self._client.get_json(f"/v1/locks/{scope}")
+        return scope_info_from(doc)
+
+    async def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
+        _, doc = await self._client.get_json(f"/v1/locks?after={quote_segment(after)}&limit={limit}")
+        locks = doc.get("locks") if isinstance(doc, dict) else None
+        if not isinstance(locks, list):
+            raise BackendUnavailable("server answer lacks 'locks'")
+        return [scope_info_from(entry) for entry in locks]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class AsyncHTTPStorePort:
+    """The fenced store of a remote `stockade serve`.
+
+    Arguments are validated here, as the embedded store does, so a bad one
+    raises the same `InvalidArgument` without a round trip.
+    """
+
+    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str) -> None:
+        self._client = client
+        self.cluster_id = cluster_id
+
+    async def _write(
+        self, method: str, scope: str, key: str, body: bytes, *, token: FencingToken, idempotency_key: str | None
+    ) -> WriteResult:
+        headers: tuple[tuple[str, str], ...] = (("Fencing-Token", token.encode()),)
+        if idempotency_key is not None:
+            headers += (("Idempotency-Key", idempotency_key),)
+        response = await self._client.request(
+            method, f"/v1/kv/{scope}/{quote_segment(key)}", body=body,
+            content_type="application/octet-stream" if method == "PUT" else None,
+            headers=headers, timeout_ms=self._client.endpoint.timeout_ms,
+        )
+        if response.status != 200:
+            error, problem = error_for(response, scope=scope, token=token)
+            raise error from problem
+        return write_result_from(json_body(response))
+
+    async def put(
+        self, scope: str, key: str, value: bytes | str, *, token: FencingToken, idempotency_key: str | None
+    ) -> WriteResult:
+        scope, key, data = validate_scope(scope), validate_key(key), validate_value(value)
+        if idempotency_key is not None:
+            validate_idempotency_key(idempotency_key)
+        return await self._write("PUT", scope, key, data, token=token, idempotency_key=idempotency_key)
+
+    async def delete(self, scope: str, key: str, *, token: FencingToken, idempotency_key: str | None) -> WriteResult:
+        scope, key = validate_scope(scope), validate_key(key)
+        if idempotency_key is not None:
+            validate_idempotency_key(idempotency_key)
+        return await self._write("DELETE", scope, key, b"", token=token, idempotency_key=idempotency_key)
+
+    async def get(self, scope: str, key: str) -> Item | None:
+        response = await self._client.request(
+            "GET", f"/v1/kv/{scope}/{quote_segment(key)}", timeout_ms=self._client.endpoint.timeout_ms
+        )
+        if response.status == 404:
+            return None
+        if response.status != 200:
+            error, problem = error_for(response, scope=scope)
+            raise error from problem
+        return item_from(response, scope=scope, key=key)
+
+    async def list(self, scope: str, *, after: str, limit: int) -> list[Item]:
+        """A page of items with their values.
+
+        The list answer carries no values (docs/http-api.md), so each is fetched;
+        a key deleted in between is left out.
+        """
+        if after != "":
+            validate_key(after)
+        _, doc = await self._client.get_json(f"/v1/kv/{scope}?after={quote_segment(after)}&limit={limit}")
+        entries = doc.get("items") if isinstance(doc, dict) else None
+        if not isinstance(entries, list):
+            raise BackendUnavailable("server answer lacks 'items'")
+        items = []
+        for entry in entries:
+            key = entry.get("key") if isinstance(entry, dict) else None
+            if not isinstance(key, str):
+                raise BackendUnavailable("server list entry lacks a key")
+            item = await self.get(scope, key)
+            if item is not None:
+                items.append(item)
+        return items
+
+    async def high_water(self, scope: str) -> int:
+        _, doc = await self._client.get_json(f"/v1/hwm/{scope}")
+        high_water = doc.get("high_water") if isinstance(doc, dict) else None
+        if not isinstance(high_water, int) or isinstance(high_water, bool):
+            raise BackendUnavailable("server answer lacks 'high_water'")
+        return high_water
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
