@@ -104,25 +104,23 @@ def test_s11_control_non_durable_tokens_are_caught(tmp_path):
     assert regressions + duplicates > 0
 
 
-def test_four_processes_contending_fifo_no_overlap(tmp_path):
-    """4 processes, one scope, ≥20 s: tokens increase, grants never overlap, waiters served FIFO."""
+def _contend(tmp_path, seconds, mutant=""):
     path = tmp_path / "coord.db"
     SQLiteCoordinator(path).close()
     procs = [
-        subprocess.Popen([PYTHON, str(HELPERS / "contender.py"), str(path), str(CONTENTION_SECONDS), str(i)],
+        subprocess.Popen([PYTHON, str(HELPERS / "contender.py"), str(path), str(seconds), str(i), mutant],
                          stdout=subprocess.PIPE, env=python_env())
         for i in range(4)
     ]
     records = []
     for proc in procs:
-        out, _ = proc.communicate(timeout=CONTENTION_SECONDS + 60)
+        out, _ = proc.communicate(timeout=seconds + 60)
         assert proc.returncode == 0
         records += [json.loads(line) for line in out.decode().splitlines()]
     grants = sorted((r for r in records if "granted" in r), key=lambda r: r["granted"])
     timeouts = sum(1 for r in records if r.get("timed_out"))
     tokens = [g["token"] for g in grants]
     order_violations = sum(1 for a, b in zip(tokens, tokens[1:]) if b <= a)
-    assert tokens == list(range(1, len(tokens) + 1)), "every grant is the previous token + 1"
     overlaps = sum(1 for a, b in zip(grants, grants[1:]) if b["granted"] < a["released"])
     # FIFO: if X finished joining the queue before Y started joining, X is granted first.
     by_joined = sorted(grants, key=lambda r: r["enq1"])
@@ -138,11 +136,26 @@ def test_four_processes_contending_fifo_no_overlap(tmp_path):
         if i >= 0 and latest_grant[i] > y["granted"]:
             fifo_violations += 1
     per_proc = {p: sum(1 for g in grants if g["pid"] == p) for p in range(4)}
-    print(f"\ncontention {CONTENTION_SECONDS}s x4 procs: {len(grants)} grants {per_proc}, timeouts {timeouts}; "
-          f"token order violations {order_violations} of {len(grants)}, overlapping grants {overlaps} of "
-          f"{len(grants)}, FIFO violations {fifo_violations} of {len(grants)}")
-    assert len(grants) > 100
-    assert order_violations == 0 and overlaps == 0 and fifo_violations == 0 and timeouts == 0
+    return dict(grants=len(grants), per_proc=per_proc, timeouts=timeouts, order=order_violations,
+                overlaps=overlaps, fifo=fifo_violations, contiguous=tokens == list(range(1, len(tokens) + 1)))
+
+
+def test_four_processes_contending_fifo_no_overlap(tmp_path):
+    """4 processes, one scope, ≥20 s: tokens increase, grants never overlap, waiters served FIFO."""
+    r = _contend(tmp_path, CONTENTION_SECONDS)
+    n = r["grants"]
+    print(f"\ncontention {CONTENTION_SECONDS}s x4 procs: {n} grants {r['per_proc']}, timeouts {r['timeouts']}; "
+          f"token order violations {r['order']} of {n}, overlapping grants {r['overlaps']} of {n}, "
+          f"FIFO violations {r['fifo']} of {n}")
+    assert n > 100 and r["contiguous"], "every grant is the previous token + 1"
+    assert r["order"] == 0 and r["overlaps"] == 0 and r["fifo"] == 0 and r["timeouts"] == 0
+
+
+@pytest.mark.parametrize("mutant,check", [("barging", "fifo"), ("overlapping", "overlaps")])
+def test_contention_controls_are_caught(tmp_path, mutant, check):
+    r = _contend(tmp_path, 4, mutant)
+    print(f"\ncontention control ({mutant}): {check} violations {r[check]} of {r['grants']}: caught")
+    assert r[check] > 0
 
 
 def test_holder_killed_is_expired_by_ttl(tmp_path):

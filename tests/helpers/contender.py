@@ -13,8 +13,33 @@ import time
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
 from stockade.core.leases import Granted, Queued, TimedOut
 
+import stockade.coordinators.sqlite as sqlite_engine
+from stockade.core import leases as core_leases
+
 path, seconds, seed = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+mutant = sys.argv[4] if len(sys.argv) > 4 else ""
 rng = random.Random(seed)
+
+
+def barging_acquire(record, request, now_ns, policy):
+    # control: whoever asks while the scope is free takes it, ahead of the queue
+    mine = tuple(w for w in record.waiters if w.lease_id == request.lease_id)
+    others = tuple(w for w in record.waiters if w.lease_id != request.lease_id)
+    new, outcome = core_leases.acquire(core_leases.replace(record, waiters=mine), request, now_ns, policy)
+    return core_leases.replace(new, waiters=new.waiters + others), outcome
+
+
+def overlapping_acquire(record, request, now_ns, policy):
+    # control: grants while another lease is still held
+    if record.lease is not None and record.lease.lease_id != request.lease_id:
+        record = core_leases.replace(record, lease=None)
+    return core_leases.acquire(record, request, now_ns, policy)
+
+
+if mutant == "barging":
+    sqlite_engine.acquire = barging_acquire
+elif mutant == "overlapping":
+    sqlite_engine.acquire = overlapping_acquire
 engine = SQLiteCoordinator(path)
 end = time.monotonic() + seconds
 while time.monotonic() < end:
