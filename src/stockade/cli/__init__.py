@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "lock": ("stockade.cli.lock", "run a command while holding a lease (token in STOCKADE_TOKEN)"),
     "status": ("stockade.cli.status", "leases, holders, tokens and high-water marks"),
     "sim": ("stockade.cli.sim", "deterministic simulation of the protocol under faults"),
+    "bench": ("stockade.cli.bench", "lock cycles and fenced writes per second, p50/p99, 1 and N clients"),
 }
 
 

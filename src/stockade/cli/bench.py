@@ -1,0 +1,78 @@
+"""``stockade bench``: lock cycles and fenced writes, 1 client and N client processes.
+
+    stockade bench --url http://127.0.0.1:8470              # a running `stockade serve`
+    stockade bench                                          # the embedded coordinator in --data-dir
+    stockade bench --url http://127.0.0.1:8470 --json out.json --runs 3
+
+The workload is the one of ``shared/peers/lockbench.py`` (see `stockade.bench`),
+so the figures can be put beside the peers' in one run (benchmarks/side_by_side.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+
+from stockade.bench import WORKLOADS, format_table, run_workload
+from stockade.cli._common import add_data_dir, data_dir, fail
+
+__all__ = ["run"]
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="stockade bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="coordinator url (default: the embedded sqlite one in --data-dir)")
+    parser.add_argument("--store-url", help="store url for fenced writes (default: --url for http, else --data-dir)")
+    add_data_dir(parser)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument("--clients", type=int, default=8, help="clients in the concurrent run (default 8)")
+    parser.add_argument("--conc-mode", choices=["procs", "threads"], default="procs")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per client, per run (default 3)")
+    parser.add_argument("--iters", type=int, default=2000, help="at most this many cycles per client (default 2000)")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--json", help="write every result here")
+    args = parser.parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        return fail(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}", 2)
+    if not 1 <= args.clients <= 256 or not 0 < args.seconds <= 600 or not 1 <= args.iters <= 10_000_000:
+        return fail("--clients 1..256, --seconds 0..600, --iters 1..10000000", 2)
+    url = args.url
+    store_url = args.store_url
+    if url is None:
+        directory = data_dir(args)
+        directory.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite://{directory / 'coord.db'}"
+        store_url = store_url or f"sqlite://{directory / 'store.db'}"
+    elif url.startswith("sqlite://") and store_url is None and "write" in workloads:
+        return fail("--store-url is needed for fenced writes with a sqlite --url", 2)
+    results = []
+    rows = []
+    tag = uuid.uuid4().hex[:6]
+    print(f"stockade bench: {url}  ({args.clients} {args.conc_mode}, {args.seconds:g} s or {args.iters} cycles each)",
+          flush=True)
+    try:
+        for run_number in range(1, args.runs + 1):
+            for workload in workloads:
+                label = f"{workload} r{run_number}"
+                common = dict(seconds=args.seconds, iters=args.iters, store_url=store_url, tag=f"{tag}r{run_number}")
+                one = run_workload(workload, url, clients=1, **common)
+                many = run_workload(workload, url, clients=args.clients, conc_mode=args.conc_mode, **common)
+                rows.append((label, one, many))
+                results += [{"run": run_number, **one.as_dict()}, {"run": run_number, **many.as_dict()}]
+                print(format_table([(label, one, many)]).splitlines()[-1] if len(rows) > 1 else format_table(rows),
+                      flush=True)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        print(f"stockade bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"url": url, "args": {k: v for k, v in vars(args).items() if k != "json"}, "results": results},
+                      file, indent=1)
+    return 0
