@@ -107,16 +107,17 @@ def test_s11_control_non_durable_tokens_are_caught(tmp_path):
 def _contend(tmp_path, seconds, mutant=""):
     path = tmp_path / "coord.db"
     SQLiteCoordinator(path).close()
+    # Output goes to files: a full pipe would stall a contender and skew the figures.
+    outputs = [tmp_path / f"contender-{i}.jsonl" for i in range(4)]
     procs = [
         subprocess.Popen([PYTHON, str(HELPERS / "contender.py"), str(path), str(seconds), str(i), mutant],
-                         stdout=subprocess.PIPE, env=python_env())
+                         stdout=outputs[i].open("w"), env=python_env())
         for i in range(4)
     ]
     records = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=seconds + 60)
-        assert proc.returncode == 0
-        records += [json.loads(line) for line in out.decode().splitlines()]
+    for proc, output in zip(procs, outputs):
+        assert proc.wait(timeout=seconds + 60) == 0
+        records += [json.loads(line) for line in output.read_text().splitlines()]
     grants = sorted((r for r in records if "granted" in r), key=lambda r: r["granted"])
     timeouts = sum(1 for r in records if r.get("timed_out"))
     tokens = [g["token"] for g in grants]
