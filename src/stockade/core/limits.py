@@ -27,6 +27,11 @@ __all__ = [
     "WAITERS_PER_SCOPE_MAX",
     "LEASES_MAX",
     "LIST_PAGE_MAX",
+    "VALUE_BYTES_CEILING",
+    "AUDIT_RECORDS_MAX",
+    "IDEMPOTENCY_KEYS_MAX",
+    "STORE_SCOPES_MAX",
+    "TX_WRITES_MAX",
     "validate_int",
     "validate_ttl_ms",
     "validate_wait_ms",
@@ -55,6 +60,13 @@ TOKEN_VALUE_MAX = 2**63 - 1
 WAITERS_PER_SCOPE_MAX = 1024
 LEASES_MAX = 100_000
 LIST_PAGE_MAX = 1000
+
+# The fenced store (stockade.resources.store documents what happens at each bound).
+VALUE_BYTES_CEILING = 16 * 1024 * 1024  # the most a store's value_bytes_max may be raised to
+AUDIT_RECORDS_MAX = 100_000  # newest accepted writes kept in the audit trail
+IDEMPOTENCY_KEYS_MAX = 100_000  # idempotency keys remembered per store
+STORE_SCOPES_MAX = 100_000  # scopes (high-water marks) per store
+TX_WRITES_MAX = 10_000  # writes in one multi-step transaction
 
 _SCOPE_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 # Printable ASCII without space: safe in headers, logs and file names of reports.

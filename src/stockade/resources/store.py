@@ -60,8 +60,13 @@ from stockade import metrics
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StockadeError, invariant
 from stockade.core.fence import Accept, FenceDecision, Reject, decide, raise_for
 from stockade.core.limits import (
+    AUDIT_RECORDS_MAX,
+    IDEMPOTENCY_KEYS_MAX,
     LIST_PAGE_MAX,
+    STORE_SCOPES_MAX as SCOPES_MAX,
     TOKEN_VALUE_MAX,
+    TX_WRITES_MAX,
+    VALUE_BYTES_CEILING,
     VALUE_BYTES_MAX,
     validate_idempotency_key,
     validate_int,
@@ -96,11 +101,6 @@ STORE_KIND = "stockade-store"
 SCHEMA_VERSION = "1"
 REPORT_FORMAT = "stockade-store-restore-report/1"
 
-AUDIT_RECORDS_MAX = 100_000
-IDEMPOTENCY_KEYS_MAX = 100_000
-SCOPES_MAX = 100_000
-TX_WRITES_MAX = 10_000
-VALUE_BYTES_CEILING = 16 * 1024 * 1024  # the most value_bytes_max may be raised to
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 BUSY_TIMEOUT_MS_MAX = 60_000
 RESTORE_BUSY_TIMEOUT_MS = 1_000  # how long restore waits for the old store to be idle
