@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("stockade.cli.demo", "the zombie-leader story, live, with real processes"),
     "lock": ("stockade.cli.lock", "run a command while holding a lease (token in STOCKADE_TOKEN)"),
     "status": ("stockade.cli.status", "leases, holders, tokens and high-water marks"),
+    "serve": ("stockade.cli.serve", "the coordinator and the fenced store over HTTP"),
     "sim": ("stockade.cli.sim", "deterministic simulation of the protocol under faults"),
     "bench": ("stockade.cli.bench", "lock cycles and fenced writes per second, p50/p99, 1 and N clients"),
 }

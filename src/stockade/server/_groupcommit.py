@@ -1,0 +1,129 @@
+"""Group commit: many concurrent requests share one transaction and one fsync.
+
+One writer thread per database file owns that file's write connection. The
+event loop hands it operations (`GroupCommitter.submit`); the thread takes
+every operation queued so far, runs them as one batch (one ``BEGIN IMMEDIATE``
+… ``COMMIT``, a SAVEPOINT per operation, in the engines' ``commit_records`` /
+``apply_batch``), and only after the COMMIT has returned (the file is in WAL
+mode with ``synchronous=FULL``, so the commit is on disk) resolves the
+operations' futures on the loop. A handler answers only after its future
+resolved: nothing is acknowledged before its fsync.
+
+While one batch commits, the next one gathers, so the batch size grows with
+the load by itself and a lone request never waits for company. SQLite releases
+the GIL while it steps and syncs, so the loop keeps parsing meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+__all__ = ["GroupCommitter", "BATCH_OPS_MAX"]
+
+BATCH_OPS_MAX = 512  # operations per transaction; more wait for the next one
+
+Op = TypeVar("Op")
+
+_STOP = object()
+_log = logging.getLogger("stockade.server")
+
+
+class GroupCommitter(Generic[Op]):
+    """A writer thread that commits queued operations in batches.
+
+    Args:
+        name: for the thread and the logs.
+        run_batch: runs one batch in one transaction and returns one result per
+            operation (an error is a result); raising fails the whole batch.
+        loop: the event loop whose futures are resolved.
+    """
+
+    def __init__(self, name: str, run_batch: Callable[[Sequence[Op]], Sequence[Any]],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.name = name
+        self._run_batch = run_batch
+        self._loop = loop
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, name=f"stockade-commit-{name}", daemon=True)
+        self._last: asyncio.Future[Any] | None = None
+        self.batches = 0
+        self.ops = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Commit what is queued, then end the thread."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+
+    def submit(self, op: Op) -> asyncio.Future[Any]:
+        """Queue ``op``; the future resolves (on the loop) once its batch is durable."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        future.add_done_callback(_retrieve)
+        self._queue.put((op, future))
+        self._last = future
+        return future
+
+    def barrier(self) -> asyncio.Future[Any] | None:
+        """The future of the last operation submitted, if it is not durable yet.
+
+        Batches commit in submission order, so once it resolves, everything
+        submitted before it is durable too (a read waits on this, C1).
+        """
+        last = self._last
+        return None if last is None or last.done() else last
+
+    def _main(self) -> None:
+        stopping = False
+        while not stopping:
+            item = self._queue.get()
+            batch = []
+            while True:
+                if item is _STOP:
+                    stopping = True
+                else:
+                    batch.append(item)
+                if len(batch) >= BATCH_OPS_MAX:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if not batch:
+                continue
+            try:
+                results: Sequence[Any] | None = self._run_batch([op for op, _ in batch])
+                error: BaseException | None = None
+            except BaseException as exc:  # noqa: BLE001 - delivered to every waiting handler
+                results, error = None, exc
+                _log.error("%s batch of %d failed: %s", self.name, len(batch), exc,
+                           extra={"batch_ops": len(batch), "error": type(exc).__name__})
+            self.batches += 1
+            self.ops += len(batch)
+            try:
+                self._loop.call_soon_threadsafe(_resolve, batch, results, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+
+
+def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any] | None,
+             error: BaseException | None) -> None:
+    for index, (_, future) in enumerate(batch):
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(results[index])  # type: ignore[index]
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    # A failed batch is logged once above; futures nobody awaits (an expiry's write) stay quiet.
+    if not future.cancelled():
+        future.exception()

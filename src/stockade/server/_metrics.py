@@ -1,0 +1,90 @@
+"""The server's metrics: counters in `stockade.metrics.REGISTRY`, histograms here.
+
+Label sets are bounded: routes are templates (``/v1/locks/{scope}/acquire``),
+never raw paths, and every metric folds label sets beyond
+`stockade.metrics.LABEL_SETS_MAX` into one overflow series.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+from stockade import metrics
+
+__all__ = ["Histogram", "GRANTS", "RENEWALS", "EXPIRIES", "WAITS", "LOCK_TIMEOUTS", "PROBLEMS", "WAIT_SECONDS",
+           "REQUEST_SECONDS", "render"]
+
+BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+             30.0, 60.0, 300.0)
+
+
+class Histogram:
+    """A Prometheus histogram with fixed buckets (seconds)."""
+
+    def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = (),
+                 buckets: tuple[float, ...] = BUCKETS_S) -> None:
+        self.name = name
+        self.help_text = help_text
+        self.labels = labels
+        self.buckets = buckets
+        self._series: dict[tuple[str, ...], list[float]] = {}  # counts per bucket + [+Inf count, sum]
+        self._lock = threading.Lock()
+
+    def observe(self, value: float, *label_values: str) -> None:
+        index = bisect.bisect_left(self.buckets, value)
+        with self._lock:
+            series = self._series.get(label_values)
+            if series is None:
+                if len(self._series) >= metrics.LABEL_SETS_MAX:
+                    label_values = tuple("_overflow" for _ in self.labels)
+                series = self._series.setdefault(label_values, [0.0] * (len(self.buckets) + 2))
+            series[index] += 1
+            series[-1] += value
+
+    def count(self, *label_values: str) -> int:
+        with self._lock:
+            series = self._series.get(label_values)
+            return 0 if series is None else int(sum(series[:-1]))
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
+        with self._lock:
+            items = sorted((k, list(v)) for k, v in self._series.items())
+        for key, series in items:
+            base = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key))
+            sep = "," if base else ""
+            cumulative = 0.0
+            for bound, count in zip(self.buckets, series):
+                cumulative += count
+                lines.append(f'{self.name}_bucket{{{base}{sep}le="{bound:g}"}} {cumulative:g}')
+            cumulative += series[len(self.buckets)]
+            lines.append(f'{self.name}_bucket{{{base}{sep}le="+Inf"}} {cumulative:g}')
+            labels = f"{{{base}}}" if base else ""
+            lines.append(f"{self.name}_sum{labels} {series[-1]:.6f}")
+            lines.append(f"{self.name}_count{labels} {cumulative:g}")
+        return lines
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+GRANTS = metrics.REGISTRY.counter("stockade_grants_total", "Leases granted (each with a new fencing token).")
+RENEWALS = metrics.REGISTRY.counter("stockade_renewals_total", "Leases renewed.")
+EXPIRIES = metrics.REGISTRY.counter("stockade_expiries_total", "Leases that expired without being released.")
+WAITS = metrics.REGISTRY.counter("stockade_waits_total", "Acquires that had to wait in a scope's FIFO queue.")
+LOCK_TIMEOUTS = metrics.REGISTRY.counter("stockade_lock_timeouts_total", "Acquires whose wait deadline passed.")
+PROBLEMS = metrics.REGISTRY.counter(
+    "stockade_request_rejections_total", "Requests answered with a problem document, by problem code.", ("code",)
+)
+WAIT_SECONDS = Histogram("stockade_wait_seconds", "Time queued acquires waited, until granted or timed out.")
+REQUEST_SECONDS = Histogram(
+    "stockade_request_seconds", "HTTP request latency, from the last byte read to the response written.",
+    ("route", "method", "status"),
+)
+
+
+def render() -> str:
+    lines = [line for h in (WAIT_SECONDS, REQUEST_SECONDS) for line in h.render()]
+    return metrics.REGISTRY.render() + "\n".join(lines) + "\n"
