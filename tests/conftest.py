@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,14 +33,95 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServeProcess:
+    """A real `stockade serve` on a free loopback port, its data in ``data_dir``."""
+
+    STARTUP_S = 20
+
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data_dir / "serve.log"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, "-m", "stockade", "serve", "--data-dir", str(data_dir), "--port", str(self.port), *extra],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=python_env(),
+            )
+        deadline = time.monotonic() + self.STARTUP_S
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"stockade serve exited {self.process.returncode}: {self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"stockade serve not ready after {self.STARTUP_S} s: {self.log()}")
+            time.sleep(0.02)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
 @pytest.fixture
-def coord_url(tmp_path: Path) -> str:
+def serve(tmp_path: Path):
+    """``serve(*extra_args)`` starts a `stockade serve` (stopped after the test)."""
+    started: list[ServeProcess] = []
+
+    def start(*extra: str, data_dir: Path | None = None) -> ServeProcess:
+        server = ServeProcess(data_dir or tmp_path / f"serve{len(started)}", *extra)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(params=["embedded", "http"])
+def backend(request) -> str:
+    """Where the conformance tests run: the embedded SQLite files, or a real `stockade serve`."""
+    return request.param
+
+
+@pytest.fixture
+def coord_url(tmp_path: Path, backend: str, request) -> str:
+    if backend == "http":
+        return request.getfixturevalue("http_server").url
     return f"sqlite://{tmp_path / 'coord.db'}"
 
 
 @pytest.fixture
-def store_url(tmp_path: Path) -> str:
+def store_url(tmp_path: Path, backend: str, request) -> str:
+    if backend == "http":
+        return request.getfixturevalue("http_server").url
     return f"sqlite://{tmp_path / 'store.db'}"
+
+
+@pytest.fixture
+def http_server(serve) -> ServeProcess:
+    """The one server a test's coordinator and store urls both point at."""
+    return serve()
 
 
 class SyncRunner:

@@ -1,4 +1,9 @@
-"""The Python API, sync and async from one source: the same tests run against both."""
+"""The Python API, sync and async from one source: the same tests run against both.
+
+This is also the conformance suite of the backends: every test that takes
+``coord_url``/``store_url`` runs on the embedded SQLite files *and* against a
+real `stockade serve` subprocess (the ``backend`` fixture, tests/conftest.py).
+"""
 
 from __future__ import annotations
 
@@ -130,9 +135,114 @@ def test_lease_lost_when_coordinator_refuses_renewal(client, coord_url):
     lease = client.run(coord.acquire("k", ttl_ms=300))
     # Somebody with the lease id (an operator) releases it: the next renewal is refused.
     other = stockade.connect(coord_url)
-    other._port.engine.release(lease.lease_id)
+    other._port.release(lease.lease_id)
+    other.close()
     assert client.run(lease.wait_lost(timeout_ms=2000)) is True
     assert "refused" in lease.lost_cause
+
+
+def test_waiter_is_granted_when_holder_releases(client, coord_url):
+    coord = client.connect(coord_url)
+    held = client.run(coord.acquire("fifo", ttl_ms=5000))
+
+    async def body_async():
+        import asyncio
+
+        waiter = asyncio.ensure_future(coord.acquire("fifo", ttl_ms=5000, wait_ms=5000))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        t0 = time.monotonic()
+        await held.release()
+        lease = await waiter
+        return lease, time.monotonic() - t0
+
+    def body_sync():
+        import threading
+
+        got = {}
+        thread = threading.Thread(target=lambda: got.setdefault("lease", coord.acquire("fifo", ttl_ms=5000, wait_ms=5000)))
+        thread.start()
+        time.sleep(0.2)
+        assert thread.is_alive()
+        t0 = time.monotonic()
+        held.release()
+        thread.join(10)
+        return got["lease"], time.monotonic() - t0
+
+    lease, handoff_s = client.run(body_async() if client.mode == "async" else body_sync())
+    assert lease.token.value == held.token.value + 1
+    assert handoff_s < 1.0  # granted on release, not by TTL
+    client.run(lease.release())
+
+
+def test_inspect_and_scopes_while_held(client, coord_url):
+    coord = client.connect(coord_url)
+    lease = client.run(coord.acquire("seen", ttl_ms=5000, holder="worker-1"))
+    info = client.run(coord.inspect("seen"))
+    assert info.state is stockade.ScopeState.HELD and info.holder == "worker-1"
+    assert info.token == lease.token and info.last_token == lease.token.value
+    assert 0 < info.remaining_ms <= 5000 and info.waiters == 0
+    free = client.run(coord.inspect("never-used"))
+    assert free.state is stockade.ScopeState.FREE and free.token is None and free.last_token == 0
+    names = [i.scope for i in client.run(coord.scopes())]
+    assert "seen" in names
+    client.run(lease.release())
+    assert client.run(coord.inspect("seen")).state is stockade.ScopeState.FREE
+
+
+def test_renew_after_release_is_lease_lost(client, coord_url):
+    coord = client.connect(coord_url)
+    lease = client.run(coord.acquire("r", ttl_ms=1000, keepalive=False))
+    client.run(lease.renew())
+    client.run(lease.release())
+    with pytest.raises(LeaseLost):
+        client.run(lease.renew())
+
+
+def test_token_of_another_scope_is_mismatch(client, coord_url, store_url):
+    coord = client.connect(coord_url)
+    store = client.open_store(store_url, cluster_id=coord.cluster_id)
+    assert store.cluster_id == coord.cluster_id
+    lease = client.run(coord.acquire("a", ttl_ms=1000))
+    assert lease.token.cluster == coord.cluster_id
+    with pytest.raises(stockade.TokenMismatch):
+        client.run(store.put("b", "k", b"v", token=lease.token))
+    assert client.run(store.high_water("b")) == 0 and client.run(store.get("b", "k")) is None
+    client.run(lease.release())
+
+
+def test_idempotent_write_replays_after_token_went_stale(client, coord_url, store_url):
+    coord = client.connect(coord_url)
+    store = client.open_store(store_url, cluster_id=coord.cluster_id)
+    old = client.run(coord.acquire("i", ttl_ms=1000, keepalive=False))
+    first = client.run(store.put("i", "k", b"one", token=old.token, idempotency_key="op-1"))
+    client.run(old.release())
+    new = client.run(coord.acquire("i", ttl_ms=1000, keepalive=False))
+    client.run(store.put("i", "k", b"two", token=new.token))
+    again = client.run(store.put("i", "k", b"one", token=old.token, idempotency_key="op-1"))
+    assert again.replayed is True and again.commit_seq == first.commit_seq and first.replayed is False
+    assert client.run(store.get("i", "k")).value == b"two"
+    client.run(new.release())
+
+
+def test_store_get_list_delete(client, coord_url, store_url):
+    coord = client.connect(coord_url)
+    store = client.open_store(store_url, cluster_id=coord.cluster_id)
+    lease = client.run(coord.acquire("kv", ttl_ms=1000))
+    assert client.run(store.get("kv", "missing")) is None
+    for key in ["b", "a/1", "c d", "é"]:
+        result = client.run(store.put("kv", key, key.encode() * 2, token=lease.token))
+        assert result.key == key and result.token_value == lease.token.value == result.high_water
+    items = client.run(store.list("kv"))
+    assert [i.key for i in items] == sorted(["b", "a/1", "c d", "é"], key=lambda k: k.encode())
+    assert all(i.value == i.key.encode() * 2 and i.token_value == lease.token.value for i in items)
+    assert [i.key for i in client.run(store.list("kv", after="b", limit=1))] == ["c d"]
+    deleted = client.run(store.delete("kv", "b", token=lease.token))
+    assert deleted.high_water == lease.token.value
+    assert client.run(store.get("kv", "b")) is None
+    item = client.run(store.get("kv", "a/1"))
+    assert item.value == b"a/1a/1" and item.scope == "kv" and item.commit_seq >= 1
+    client.run(lease.release())
 
 
 def test_lease_repr_does_not_leak_lease_id(coord_url):
@@ -140,6 +250,13 @@ def test_lease_repr_does_not_leak_lease_id(coord_url):
     lease = coord.acquire("k", ttl_ms=1000)
     assert lease.lease_id not in repr(lease)
     lease.release()
+
+
+def test_remote_server_down_is_backend_unavailable():
+    from conftest import free_port
+
+    with pytest.raises(stockade.BackendUnavailable):
+        stockade.connect(f"http://127.0.0.1:{free_port()}")
 
 
 @pytest.mark.parametrize(

@@ -267,6 +267,11 @@ class AsyncHTTPClient:
             self._idle.pop().close()
 
 
+def _page_query(after: str, limit: int) -> str:
+    # An empty ``after`` is left out: the server validates any ``after`` given as a scope or key.
+    return f"after={quote_segment(after)}&limit={limit}" if after else f"limit={limit}"
+
+
 def _json(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -353,7 +358,7 @@ class AsyncHTTPCoordinatorPort:
         return scope_info_from(doc)
 
     async def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
-        _, doc = await self._client.get_json(f"/v1/locks?after={quote_segment(after)}&limit={limit}")
+        _, doc = await self._client.get_json(f"/v1/locks?{_page_query(after, limit)}")
         locks = doc.get("locks") if isinstance(doc, dict) else None
         if not isinstance(locks, list):
             raise BackendUnavailable("server answer lacks 'locks'")
@@ -423,7 +428,7 @@ class AsyncHTTPStorePort:
         """
         if after != "":
             validate_key(after)
-        _, doc = await self._client.get_json(f"/v1/kv/{scope}?after={quote_segment(after)}&limit={limit}")
+        _, doc = await self._client.get_json(f"/v1/kv/{scope}?{_page_query(after, limit)}")
         entries = doc.get("items") if isinstance(doc, dict) else None
         if not isinstance(entries, list):
             raise BackendUnavailable("server answer lacks 'items'")

@@ -268,6 +268,11 @@ class HTTPClient:
             self._idle.pop().close()
 
 
+def _page_query(after: str, limit: int) -> str:
+    # An empty ``after`` is left out: the server validates any ``after`` given as a scope or key.
+    return f"after={quote_segment(after)}&limit={limit}" if after else f"limit={limit}"
+
+
 def _json(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -354,7 +359,7 @@ class HTTPCoordinatorPort:
         return scope_info_from(doc)
 
     def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
-        _, doc = self._client.get_json(f"/v1/locks?after={quote_segment(after)}&limit={limit}")
+        _, doc = self._client.get_json(f"/v1/locks?{_page_query(after, limit)}")
         locks = doc.get("locks") if isinstance(doc, dict) else None
         if not isinstance(locks, list):
             raise BackendUnavailable("server answer lacks 'locks'")
@@ -424,7 +429,7 @@ class HTTPStorePort:
         """
         if after != "":
             validate_key(after)
-        _, doc = self._client.get_json(f"/v1/kv/{scope}?after={quote_segment(after)}&limit={limit}")
+        _, doc = self._client.get_json(f"/v1/kv/{scope}?{_page_query(after, limit)}")
         entries = doc.get("items") if isinstance(doc, dict) else None
         if not isinstance(entries, list):
             raise BackendUnavailable("server answer lacks 'items'")
