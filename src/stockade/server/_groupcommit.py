@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from stockade import metrics
+
 __all__ = ["GroupCommitter", "BATCH_OPS_MAX"]
 
 BATCH_OPS_MAX = 512  # operations per transaction; more wait for the next one
@@ -30,6 +32,10 @@ BATCH_OPS_MAX = 512  # operations per transaction; more wait for the next one
 Op = TypeVar("Op")
 
 _STOP = object()
+_BATCHES = metrics.REGISTRY.counter("stockade_commit_batches_total", "Group-commit transactions (one fsync each).",
+                                    ("file",))
+_OPS = metrics.REGISTRY.counter("stockade_commit_ops_total", "Operations committed in group-commit batches.",
+                                ("file",))
 _log = logging.getLogger("stockade.server")
 
 
@@ -106,6 +112,8 @@ class GroupCommitter(Generic[Op]):
                            extra={"batch_ops": len(batch), "error": type(exc).__name__})
             self.batches += 1
             self.ops += len(batch)
+            _BATCHES.inc(file=self.name)
+            _OPS.inc(len(batch), file=self.name)
             try:
                 self._loop.call_soon_threadsafe(_resolve, batch, results, error)
             except RuntimeError:  # the loop is closed: nobody is waiting any more

@@ -213,8 +213,13 @@ class HttpProtocol(asyncio.Protocol):
             self._fail(exc.response)
         except httptools.HttpParserUpgrade:
             self._fail(problem_response(400, "invalid-argument", "Invalid argument", "protocol upgrade is not supported"))
-        except httptools.HttpParserError:
-            self._fail(problem_response(400, "invalid-argument", "Invalid argument", "malformed HTTP request"))
+        except httptools.HttpParserError as exc:
+            # httptools wraps an exception raised in a callback: answer with the one we raised.
+            cause = exc.__context__ or exc.__cause__
+            if isinstance(cause, HttpError):
+                self._fail(cause.response)
+            else:
+                self._fail(problem_response(400, "invalid-argument", "Invalid argument", "malformed HTTP request"))
 
     def eof_received(self) -> bool | None:
         return False  # close: a half-closed peer cannot read a long-poll's answer anyway

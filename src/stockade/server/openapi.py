@@ -48,15 +48,13 @@ _LEASE_PARAM = {"name": "lease_id", "in": "path", "required": True,
                 "schema": {"type": "string", "pattern": LEASE_ID_PATTERN, "minLength": 16, "maxLength": 64}}
 _KEY_PARAM = {"name": "key", "in": "path", "required": True,
               "description": f"Percent-encoded UTF-8, 1..{KEY_BYTES_MAX} bytes, no NUL.",
-              "schema": {"type": "string", "minLength": 1, "maxLength": KEY_BYTES_MAX // 4,
-                         "pattern": "^[^\\u0000\\ud800-\\udfff]+$"}}
+              "schema": {"type": "string", "minLength": 1, "maxLength": KEY_BYTES_MAX, "pattern": "^[^\\u0000]+$"}}
 _AFTER_SCOPE = {"name": "after", "in": "query", "required": False,
                 "description": "Page after this scope (the previous page's next_after).",
                 "schema": {"type": "string", "pattern": SCOPE_PATTERN, "minLength": 1, "maxLength": SCOPE_BYTES_MAX}}
 _AFTER_KEY = {"name": "after", "in": "query", "required": False,
               "description": "Page after this key (the previous page's next_after).",
-              "schema": {"type": "string", "minLength": 1, "maxLength": KEY_BYTES_MAX // 4,
-                         "pattern": "^[^\\u0000\\ud800-\\udfff]+$"}}
+              "schema": {"type": "string", "minLength": 1, "maxLength": KEY_BYTES_MAX, "pattern": "^[^\\u0000]+$"}}
 _LIMIT = {"name": "limit", "in": "query", "required": False,
           "schema": {"type": "integer", "minimum": 1, "maximum": LIST_PAGE_MAX, "default": LIST_PAGE_MAX}}
 _TOKEN_HEADER = {"name": "Fencing-Token", "in": "header", "required": True,

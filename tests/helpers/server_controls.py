@@ -1,0 +1,90 @@
+"""Deliberately broken variants of `stockade serve`: the controls its fault tests must catch.
+
+Usage: ``python server_controls.py CONTROL [serve args...]``. Each control
+patches one rule of the real server, as small as possible:
+
+- ``ack-before-commit``: answers grants before their transaction is committed
+  (and commits only every 50 ms), so a kill -9 loses acknowledged tokens (C1).
+- ``apply-before-validate``: an acquire grants (and releases) a lease before it
+  validates its input, so rejected requests change state.
+- ``auth-after-apply``: runs the handler first and checks the bearer token
+  afterwards, so an unauthenticated request changes state but still gets 401.
+- ``crash-on-holder``: an uncaught exception (500) for holder names longer than 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+from stockade.cli import serve
+from stockade.server import _groupcommit, _leases, app
+
+CONTROL = sys.argv[1]
+
+if CONTROL == "ack-before-commit":
+    original_main_submit = _groupcommit.GroupCommitter.submit
+    original_run = _groupcommit.GroupCommitter.__init__
+
+    def init(self, name, run_batch, loop):  # type: ignore[no-untyped-def]
+        def slow(ops):  # type: ignore[no-untyped-def]
+            time.sleep(0.05)
+            return run_batch(ops)
+        original_run(self, name, slow, loop)
+
+    async def no_wait(write):  # type: ignore[no-untyped-def]
+        return None
+
+    _groupcommit.GroupCommitter.__init__ = init  # type: ignore[method-assign]
+    _leases.LeaseService._wait_durable = staticmethod(no_wait)  # type: ignore[method-assign]
+
+elif CONTROL == "apply-before-validate":
+    original_acquire = app.App.acquire
+
+    async def acquire(self, request, raw_scope):  # type: ignore[no-untyped-def]
+        try:
+            lease = await self.leases.acquire("control", holder="control", ttl_ms=100, wait_ms=0)
+            await self.leases.release(lease.lease_id)
+        except Exception:  # noqa: BLE001
+            pass
+        return await original_acquire(self, request, raw_scope)
+
+    app.App.acquire = acquire  # type: ignore[method-assign]
+
+elif CONTROL == "auth-after-apply":
+    original_dispatch = app.App.dispatch
+
+    def dispatch(self, request):  # type: ignore[no-untyped-def]
+        auth, self.auth = self.auth, None
+        try:
+            result = original_dispatch(self, request)
+        finally:
+            self.auth = auth
+        if auth is None or request.raw_path == "/healthz" or auth.allows(request.headers.get("authorization")):
+            return result
+
+        async def refuse():  # type: ignore[no-untyped-def]
+            if not isinstance(result, app.Response):
+                await result
+            return app.problem_response(401, "unauthorized", "Unauthorized",
+                                        headers=[("WWW-Authenticate", 'Bearer realm="stockade"')])
+        return refuse()
+
+    app.App.dispatch = dispatch  # type: ignore[method-assign]
+
+elif CONTROL == "crash-on-holder":
+    original_validate = app.validate_holder
+
+    def validate_holder(holder):  # type: ignore[no-untyped-def]
+        if isinstance(holder, str) and len(holder) > 3:
+            raise ZeroDivisionError("control: a bug")
+        return original_validate(holder)
+
+    app.validate_holder = validate_holder  # type: ignore[assignment]
+
+else:
+    raise SystemExit(f"unknown control {CONTROL!r}")
+
+asyncio.set_event_loop_policy(None)
+sys.exit(serve.run(sys.argv[2:]))
