@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
@@ -51,35 +51,26 @@ def machine_for(mutant: str | None) -> type[RuleBasedStateMachine]:
 
         # -- client operations -----------------------------------------------------------------
 
-        @rule(i=CLIENTS, scope=SCOPES, now=st.booleans())
-        def acquire(self, i, scope, now):
-            if (client := self.idle(i)) is not None:
+        @rule(op=st.sampled_from(["acquire", "renew", "release", "write", "write-stale", "read"]), i=CLIENTS,
+              scope=SCOPES, key=KEYS, now=st.booleans())
+        def client(self, op, i, scope, key, now):
+            """One client operation (one rule, so that hypothesis picks client steps often)."""
+            client = self.idle(i)
+            if client is None:
+                return
+            if op == "acquire":
                 client.begin_acquire(scope, 0)
-                self.settle(now)
-
-        @rule(i=CLIENTS, now=st.booleans())
-        def renew(self, i, now):
-            if (client := self.idle(i)) is not None:
+            elif op == "renew":
                 client.begin_renew()
-                self.settle(now)
-
-        @rule(i=CLIENTS, now=st.booleans())
-        def release(self, i, now):
-            if (client := self.idle(i)) is not None:
+            elif op == "release":
                 client.begin_release()
-                self.settle(now)
-
-        @rule(i=CLIENTS, key=KEYS, stale=st.booleans(), now=st.booleans())
-        def write(self, i, key, stale, now):
-            if (client := self.idle(i)) is not None:
-                client.begin_write(key, stale=stale)
-                self.settle(now)
-
-        @rule(i=CLIENTS, scope=SCOPES, key=KEYS, now=st.booleans())
-        def read(self, i, scope, key, now):
-            if (client := self.idle(i)) is not None:
+            elif op == "write":
+                client.begin_write(key)
+            elif op == "write-stale":
+                client.begin_write(key, stale=True)  # a zombie with an old token
+            else:
                 client.begin_read(scope, key)
-                self.settle(now)
+            self.settle(now)
 
         # -- time and the network --------------------------------------------------------------
 
@@ -155,23 +146,31 @@ TestProtocol.settings = settings(max_examples=300, stateful_step_count=40, deadl
                                  suppress_health_check=[HealthCheck.too_slow])
 
 
-def _hunt(mutant: str, examples: int) -> str:
+def _hunt(mutant: str, examples: int, *, shrink: bool) -> str:
+    # Not derandomized: a fixed seed can be unlucky for good; fresh seeds find this within a few
+    # hundred examples (observed: 6 of 6 runs, 0.2-9 s).
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     with pytest.raises(AssertionError) as caught:
         run_state_machine_as_test(
             machine_for(mutant),
-            settings=settings(max_examples=examples, stateful_step_count=40, deadline=None, derandomize=True,
-                              database=None, suppress_health_check=[HealthCheck.too_slow], print_blob=False),
+            settings=settings(max_examples=examples, stateful_step_count=40, deadline=None,
+                              database=None, phases=phases, suppress_health_check=[HealthCheck.too_slow],
+                              print_blob=False),
         )
     return str(caught.value)
 
 
-def test_the_machine_catches_a_mutant_and_shrinks_it():
-    message = _hunt("strict-greater", 1_000)
+def test_the_machine_catches_a_mutant():
+    # Generation only, to stay fast; the long run below also shrinks.
+    message = _hunt("strict-greater", 3_000, shrink=False)
     assert "P8" in message or "linearizability" in message
 
 
 @pytest.mark.long
 @pytest.mark.skipif(not os.environ.get("STOCKADE_LONG"), reason="long run: STOCKADE_LONG=1")
-def test_the_machine_catches_fencing_off():
-    message = _hunt("fencing-off", 5_000)
-    assert "P2" in message or "linearizability" in message
+@pytest.mark.parametrize("mutant", ["strict-greater", "fencing-off"])
+def test_the_machine_catches_a_mutant_and_shrinks_it(mutant, capsys):
+    message = _hunt(mutant, 5_000, shrink=True)
+    with capsys.disabled():
+        print(f"\n{mutant}: {message}")
+    assert any(p in message for p in ("P2", "P8", "linearizability"))

@@ -106,7 +106,6 @@ class Coordinator(Node):
                     if self.mutant == "clock-token":
                         lease = self._clock_token(scope, lease, now)
                     self.world.issued.append((scope, lease.token.value))
-                    self.world.note_grant(self, lease)
                 self._persist(scope)
                 self.send(src, ("granted", req_id, lease.token, lease_id))
             elif isinstance(outcome, Queued):
@@ -263,10 +262,12 @@ class Resource(Node):
             self.send(dst, payload)
             return
         self.waiting.append((dst, payload))
-        if not self.fsync_scheduled:
+        top = self.world.options.commit_max_us * 1000
+        if not top:
+            self.fsync()  # no group-commit window: every write is its own durable commit
+        elif not self.fsync_scheduled:
             self.fsync_scheduled = True
-            top = self.world.options.commit_max_us * 1000
-            self.timer(self.rng.randint(0, top) if top else 0, self.fsync)
+            self.timer(self.rng.randint(0, top), self.fsync)
 
     def fsync(self) -> None:
         """Make the batch durable, record it in the audit trail, then answer."""

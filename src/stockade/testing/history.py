@@ -49,12 +49,14 @@ __all__ = [
     "load_jsonl",
     "normalize_audit",
     "INFINITY_NS",
+    "RECORD_FIELDS",
 ]
 
 #: The completion time of an operation whose outcome is unknown.
 INFINITY_NS = math.inf
 
-_RECORD_FIELDS = ("t_ns", "process", "type", "f", "scope", "token", "key", "value", "idempotency_key", "error")
+#: The record fields SCENARIOS.md names (extra fields, such as ``high_water`` or ``final``, are allowed).
+RECORD_FIELDS = ("t_ns", "process", "type", "f", "scope", "token", "key", "value", "idempotency_key", "error")
 
 
 class History:
@@ -273,7 +275,3 @@ def normalize_audit(audit: Iterable[Any]) -> list[AuditEntry]:
     entries.sort(key=lambda e: e.commit_seq)
     return entries
 
-
-def record_fields() -> tuple[str, ...]:
-    """The record fields SCENARIOS.md names (extra fields are allowed)."""
-    return _RECORD_FIELDS

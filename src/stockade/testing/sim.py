@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from stockade.core.errors import InvalidArgument
-from stockade.core.leases import Lease, LeasePolicy
+from stockade.core.leases import LeasePolicy
 from stockade.testing._sim_nodes import MUTANTS, Client, Coordinator, Node, Resource
 from stockade.testing.checkers import CheckResult, Violation, check
 from stockade.testing.clock import SimClock, SimTime
@@ -228,9 +228,6 @@ class World:
         """A protocol event worth telling in a trace (kept in the history as a nemesis-free note)."""
         self.history.records.append({"t_ns": self.time.now_ns, "process": "note", "type": "info", "f": "note",
                                      "value": f"{process} {text}"})
-
-    def note_grant(self, coordinator: Coordinator, lease: Lease) -> None:
-        pass
 
     def pause(self, node: Node, duration_ns: int, *, reason: str) -> None:
         """Stop ``node`` (GC, swap, SIGSTOP) for ``duration_ns`` of true time; its clock runs on."""
