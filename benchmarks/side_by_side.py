@@ -85,8 +85,8 @@ class Servers:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         self.processes.append(process)
-        wait_until(lambda: b'"health":"true"' in urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read(),
-                   "etcd", 30, process)
+        health = f"http://127.0.0.1:{port}/health"
+        wait_until(lambda: b'"health":"true"' in urllib.request.urlopen(health, timeout=1).read(), "etcd", 30, process)
         return port
 
     def start_postgres(self) -> int:

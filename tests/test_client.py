@@ -160,7 +160,10 @@ def test_waiter_is_granted_when_holder_releases(client, coord_url):
         import threading
 
         got = {}
-        thread = threading.Thread(target=lambda: got.setdefault("lease", coord.acquire("fifo", ttl_ms=5000, wait_ms=5000)))
+        def wait() -> None:
+            got["lease"] = coord.acquire("fifo", ttl_ms=5000, wait_ms=5000)
+
+        thread = threading.Thread(target=wait)
         thread.start()
         time.sleep(0.2)
         assert thread.is_alive()

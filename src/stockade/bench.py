@@ -62,7 +62,7 @@ def _pct(values: list[float], p: float) -> float:
 
 
 def _violations(tokens: list[int]) -> int:
-    return sum(1 for a, b in zip(tokens, tokens[1:]) if not b > a)
+    return sum(1 for a, b in zip(tokens, tokens[1:], strict=False) if not b > a)
 
 
 def _open(url: str, store_url: str | None, *, need_store: bool) -> tuple[Any, Any]:

@@ -247,7 +247,9 @@ class HTTPClient:
                 if attempt == 1 and reused and not connection.received_any and not isinstance(exc, ProtocolError):
                     connection = None
                     continue
-                raise BackendUnavailable(f"{method} {path.split('?')[0]}: connection to {endpoint.authority} failed: {exc}") from exc
+                raise BackendUnavailable(
+                    f"{method} {path.split('?')[0]}: connection to {endpoint.authority} failed: {exc}"
+                ) from exc
             except BaseException:
                 connection.close()  # cancelled mid-request: the stream's state is unknown
                 raise

@@ -107,7 +107,9 @@ def open_store(
         )
         remote_cluster_id = _remote_cluster_id(endpoint)
         if cluster_id is not None and cluster_id != remote_cluster_id:
-            raise InvalidArgument("cluster_id", f"{cluster_id!r} differs from the store's cluster {remote_cluster_id!r}")
+            raise InvalidArgument(
+                "cluster_id", f"{cluster_id!r} differs from the store's cluster {remote_cluster_id!r}"
+            )
         return FencedStore(HTTPStorePort(HTTPClient(endpoint), cluster_id=remote_cluster_id))
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     path = sqlite_path(url)
