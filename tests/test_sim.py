@@ -1,6 +1,6 @@
 """The deterministic simulator: a budgeted campaign finds nothing, every mutant is caught, replays repeat.
 
-``STOCKADE_SIM_SECONDS`` sets the campaign's wall-clock budget (default 80 s
+``STOCKADE_SIM_SECONDS`` sets the campaign's wall-clock budget (default 100 s
 over 2 worker processes; ``0`` skips it). Each run prints one figure line.
 """
 
@@ -25,7 +25,7 @@ from stockade.testing.clock import ManualClock, SimClock, SimTime
 from stockade.testing.network import NetworkOptions, SimNetwork
 from stockade.testing.sim import MUTANTS, SimOptions, World, run_campaign, run_seed
 
-SIM_SECONDS = float(os.environ.get("STOCKADE_SIM_SECONDS", "80"))
+SIM_SECONDS = float(os.environ.get("STOCKADE_SIM_SECONDS", "100"))
 SIM_JOBS = 2
 # A mutant must be caught within this many seeds (observed medians are 1-10; see docs/simulation.md).
 MUTANT_SEEDS_MAX = 400
