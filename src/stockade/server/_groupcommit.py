@@ -12,6 +12,15 @@ resolved: nothing is acknowledged before its fsync.
 While one batch commits, the next one gathers, so the batch size grows with
 the load by itself and a lone request never waits for company. SQLite releases
 the GIL while it steps and syncs, so the loop keeps parsing meanwhile.
+
+A lone operation skips the hand-off: what is submitted during one turn of the
+loop gathers, and at the end of the turn, if it is a single operation and the
+thread has nothing in hand, the loop commits it itself (same ``run_batch``,
+same COMMIT and fsync) and resolves its future only afterwards. That saves the
+two thread wake-ups per write (about 60–70 µs of a lock cycle here, measured).
+Two or more operations, or any while the thread is busy, go to the thread in
+submission order, so batches still commit in submission order and the loop is
+blocked by at most one operation's commit.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ _OPS = metrics.REGISTRY.counter("stockade_commit_ops_total", "Operations committ
 _log = logging.getLogger("stockade.server")
 
 
+
 class GroupCommitter(Generic[Op]):
     """A writer thread that commits queued operations in batches.
 
@@ -50,8 +60,11 @@ class GroupCommitter(Generic[Op]):
     """
 
     def __init__(self, name: str, run_batch: Callable[[Sequence[Op]], Sequence[Any]],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, *, inline: bool = True) -> None:
         self.name = name
+        self.inline = inline
+        self._gathering: list[tuple[Op, asyncio.Future[Any]]] | None = None
+        self._in_thread = 0  # operations handed to the thread and not yet resolved on the loop
         self._run_batch = run_batch
         self._loop = loop
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -72,9 +85,45 @@ class GroupCommitter(Generic[Op]):
         """Queue ``op``; the future resolves (on the loop) once its batch is durable."""
         future: asyncio.Future[Any] = self._loop.create_future()
         future.add_done_callback(_retrieve)
-        self._queue.put((op, future))
         self._last = future
+        if self.inline and not self._in_thread:
+            gathering = self._gathering
+            if gathering is None:
+                gathering = self._gathering = []
+                self._loop.call_soon(self._flush)
+            gathering.append((op, future))
+            return future
+        self._in_thread += 1
+        self._queue.put((op, future))
         return future
+
+    def _flush(self) -> None:
+        """End of a loop turn: commit a lone operation here, hand several to the thread."""
+        batch, self._gathering = self._gathering, None
+        if not batch:
+            return
+        if len(batch) > 1 or self._in_thread:
+            self._in_thread += len(batch)
+            for item in batch:
+                self._queue.put(item)
+            return
+        results, error = self._commit(batch)
+        _resolve(batch, results, error)  # only now, after COMMIT (and its fsync) returned
+
+    def _commit(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> tuple[Sequence[Any] | None,
+                                                                              BaseException | None]:
+        try:
+            results: Sequence[Any] | None = self._run_batch([op for op, _ in batch])
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - delivered to every waiting handler
+            results, error = None, exc
+            _log.error("%s batch of %d failed: %s", self.name, len(batch), exc,
+                       extra={"batch_ops": len(batch), "error": type(exc).__name__})
+        self.batches += 1
+        self.ops += len(batch)
+        _BATCHES.inc(file=self.name)
+        _OPS.inc(len(batch), file=self.name)
+        return results, error
 
     def barrier(self) -> asyncio.Future[Any] | None:
         """The future of the last operation submitted, if it is not durable yet.
@@ -103,21 +152,16 @@ class GroupCommitter(Generic[Op]):
                     break
             if not batch:
                 continue
+            results, error = self._commit(batch)
             try:
-                results: Sequence[Any] | None = self._run_batch([op for op, _ in batch])
-                error: BaseException | None = None
-            except BaseException as exc:  # noqa: BLE001 - delivered to every waiting handler
-                results, error = None, exc
-                _log.error("%s batch of %d failed: %s", self.name, len(batch), exc,
-                           extra={"batch_ops": len(batch), "error": type(exc).__name__})
-            self.batches += 1
-            self.ops += len(batch)
-            _BATCHES.inc(file=self.name)
-            _OPS.inc(len(batch), file=self.name)
-            try:
-                self._loop.call_soon_threadsafe(_resolve, batch, results, error)
+                self._loop.call_soon_threadsafe(self._resolve_from_thread, batch, results, error)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
+
+    def _resolve_from_thread(self, batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any] | None,
+                             error: BaseException | None) -> None:
+        self._in_thread -= len(batch)
+        _resolve(batch, results, error)
 
 
 def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any] | None,

@@ -1,0 +1,114 @@
+"""The group committer's inline path: a lone write committed on the loop, never resolved before its COMMIT."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from stockade.server._groupcommit import GroupCommitter
+
+
+class _Recorder:
+    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
+        self.delay_s = delay_s
+        self.fail = fail
+        self.committed: list[object] = []  # ops, in commit order
+        self.threads: list[str] = []
+
+    def __call__(self, ops):  # type: ignore[no-untyped-def]
+        self.threads.append(threading.current_thread().name)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.fail:
+            raise RuntimeError("disk gone")
+        self.committed.extend(ops)
+        return [f"ok-{op}" for op in ops]
+
+
+def _watch(future: asyncio.Future, rec: _Recorder, op: object, seen: list[str]) -> None:
+    # Runs when the future resolves: its op must already be committed (nothing acknowledged before its fsync).
+    future.add_done_callback(lambda f: seen.append("durable" if op in rec.committed else "EARLY"))
+
+
+def test_lone_write_commits_inline_and_resolves_only_after_commit():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop)
+        committer.start()
+        try:
+            seen: list[str] = []
+            future = committer.submit("a")
+            _watch(future, rec, "a", seen)
+            assert not future.done() and rec.committed == []
+            assert await future == "ok-a"
+            assert rec.threads == [threading.current_thread().name]  # the loop's own thread
+            assert seen == ["durable"] and committer.barrier() is None
+        finally:
+            committer.stop()
+
+    asyncio.run(main())
+
+
+def test_several_writes_in_one_turn_go_to_the_thread_in_order():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder(delay_s=0.02)
+        committer = GroupCommitter("t", rec, loop)
+        committer.start()
+        try:
+            seen: list[str] = []
+            first = [committer.submit(i) for i in range(3)]
+            for i, f in enumerate(first):
+                _watch(f, rec, i, seen)
+            await asyncio.sleep(0.005)  # the thread is now committing the first batch
+            late = [committer.submit(i) for i in range(3, 5)]  # while it is busy: queued behind it
+            for i, f in zip(range(3, 5), late):
+                _watch(f, rec, i, seen)
+            barrier = committer.barrier()
+            assert barrier is late[-1]
+            assert await asyncio.gather(*first, *late) == [f"ok-{i}" for i in range(5)]
+            assert rec.committed == list(range(5))
+            assert all(name.startswith("stockade-commit-") for name in rec.threads)
+            assert seen == ["durable"] * 5
+            # Idle again: the next lone write is inline.
+            assert await committer.submit(5) == "ok-5"
+            assert rec.threads[-1] == threading.current_thread().name
+        finally:
+            committer.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("burst", [1, 3])
+def test_a_failed_commit_fails_every_write_of_the_batch(burst):
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        committer = GroupCommitter("t", _Recorder(fail=True), loop)
+        committer.start()
+        try:
+            futures = [committer.submit(i) for i in range(burst)]
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            assert all(isinstance(r, RuntimeError) for r in results)
+        finally:
+            committer.stop()
+
+    asyncio.run(main())
+
+
+def test_inline_off_uses_the_thread_for_a_lone_write():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, inline=False)
+        committer.start()
+        try:
+            assert await committer.submit("a") == "ok-a"
+            assert rec.threads == ["stockade-commit-t"]
+        finally:
+            committer.stop()
+
+    asyncio.run(main())
