@@ -99,6 +99,14 @@ CREATE TABLE IF NOT EXISTS waiters (
 """
 
 
+class _ChangeFailed(Exception):
+    """Carries the error of a single change out of its transaction (which is rolled back)."""
+
+    def __init__(self, error: StockadeError | sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def new_lease_id() -> str:
     """A fresh lease id: 192 random bits, URL-safe. Treat it as a secret."""
     return secrets.token_urlsafe(24)
@@ -441,6 +449,8 @@ class SQLiteCoordinator:
         Raises:
             BackendUnavailable: BEGIN or COMMIT failed; nothing of the batch is durable.
         """
+        if len(changes) == 1:
+            return self._commit_one(*changes[0])
         results: list[StockadeError | None] = []
         with self._write() as conn:
             for old, new in changes:
@@ -457,6 +467,22 @@ class SQLiteCoordinator:
                 conn.execute("RELEASE change")
                 results.append(None)
         return results
+
+    def _commit_one(self, old: ScopeRecord, new: ScopeRecord) -> list[StockadeError | None]:
+        # A batch of one needs no SAVEPOINT: if its change fails, rolling the whole
+        # transaction back undoes exactly that change, as ROLLBACK TO would.
+        try:
+            with self._write() as conn:
+                try:
+                    self._store(conn, old, new)
+                except (StockadeError, sqlite3.Error) as exc:
+                    raise _ChangeFailed(exc) from exc
+        except _ChangeFailed as failed:
+            error = failed.error
+            if isinstance(error, sqlite3.Error):
+                error = BackendUnavailable(f"coordinator write failed: {error}", certain_no_effect=True)
+            return [error]
+        return [None]
 
     def _debug_records(self) -> dict[str, ScopeRecord]:
         """Every record, for tests that compare state before and after."""
