@@ -27,7 +27,7 @@ def test_public_api_is_pinned():
             "Coordinator", "AsyncCoordinator", "Lease", "AsyncLease", "FencedStore", "AsyncFencedStore",
             "FencingToken", "ScopeInfo", "ScopeState", "Item", "WriteResult",
             "StockadeError", "InvalidArgument", "LimitExceeded", "FenceRejected", "StaleToken", "TokenMismatch",
-            "LeaseError", "NotHolder", "LeaseLost", "LockTimeout", "BackendUnavailable", "InvariantViolation",
+            "LeaseError", "NotHolder", "LeaseLost", "LockTimeout", "Unauthorized", "BackendUnavailable", "InvariantViolation",
         ]
     )
     for name in stockade.__all__:

@@ -39,6 +39,7 @@ from stockade.core.errors import (
     StaleToken,
     StockadeError,
     TokenMismatch,
+    Unauthorized,
 )
 from stockade.core.leases import ScopeInfo, ScopeState
 from stockade.core.tokens import FencingToken
@@ -75,6 +76,7 @@ __all__ = [
     "NotHolder",
     "LeaseLost",
     "LockTimeout",
+    "Unauthorized",
     "BackendUnavailable",
     "InvariantViolation",
 ]

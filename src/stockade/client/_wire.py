@@ -29,6 +29,7 @@ from stockade.core.errors import (
     StaleToken,
     StockadeError,
     TokenMismatch,
+    Unauthorized,
 )
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import Item, WriteResult
@@ -235,7 +236,7 @@ def error_for(
         error = LimitExceeded(str(doc.get("limit") or f"http_{status}"), value if isinstance(value, int) else 0, detail)
     elif code == "unauthorized" or status in (401, 403):
         # The caller's configuration is at fault, and the server changed nothing.
-        error = InvalidArgument("auth_token", f"the server refused the request (HTTP {status}): {detail}")
+        error = Unauthorized(f"the server refused the credentials (HTTP {status}); check auth_token")
     elif code == "invariant-violation":
         error = InvariantViolation(f"server: {detail}")
     elif code == "backend-unavailable" or status >= 500:

@@ -20,6 +20,7 @@ every instance carries structured fields, so callers never parse messages.
     │   ├── NotHolder            lease id is not the current holder (gone/unknown)
     │   ├── LeaseLost            the client gave the lease up as lost (K2)
     │   └── LockTimeout          the wait deadline passed before a grant
+    ├── Unauthorized             the server refused the credentials (nothing changed)
     ├── BackendUnavailable       I/O failed or timed out; outcome may be unknown
     └── InvariantViolation       a bug in stockade
 """
@@ -37,6 +38,7 @@ __all__ = [
     "NotHolder",
     "LeaseLost",
     "LockTimeout",
+    "Unauthorized",
     "BackendUnavailable",
     "InvariantViolation",
     "invariant",
@@ -180,6 +182,16 @@ class LockTimeout(LeaseError):
         self.scope = scope
         self.wait_ms = wait_ms
         super().__init__(f"scope {scope!r} still held after waiting {wait_ms} ms")
+
+
+class Unauthorized(StockadeError):
+    """The server refused the request's credentials (HTTP 401). Nothing changed.
+
+    The server says nothing about why, so neither does this error: check the
+    bearer token given as ``auth_token`` (or ``$STOCKADE_AUTH_TOKEN``).
+    """
+
+    code = "unauthorized"
 
 
 class BackendUnavailable(StockadeError):
