@@ -1,7 +1,10 @@
 """Every bound in stockade, named once, with the validators that enforce them.
 
 A value outside its bound raises `InvalidArgument` naming the field and the
-bound, and changes nothing. Durations are integers in the unit their name ends
+bound, and changes nothing. These are the limits of the contract, the ones a
+caller meets whatever the transport. Limits of one transport or tool (HTTP
+header sizes, connections, batch sizes) are named at the top of the module
+that enforces them, each ending in ``_MAX``. Durations are integers in the unit their name ends
 with; `bool` is never accepted as an integer.
 """
 
