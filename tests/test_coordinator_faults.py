@@ -177,3 +177,40 @@ def test_holder_killed_is_expired_by_ttl(tmp_path):
     assert lease.token.value == first + 1
     assert waited_s < 2.0, "served once the TTL lapsed, not by luck or a long timeout"
     lease.release()
+
+
+def test_server_and_embedded_users_cannot_share_a_file(tmp_path):
+    """A server keeps the lease table in memory: an embedded user beside it could repeat a token (C1)."""
+    from stockade import BackendUnavailable
+
+    path = tmp_path / "coord.db"
+    server_side = SQLiteCoordinator(path, exclusive=True)
+    with pytest.raises(BackendUnavailable, match="served by a running stockade server"):
+        SQLiteCoordinator(path)
+    with pytest.raises(BackendUnavailable, match="only user"):
+        SQLiteCoordinator(path, exclusive=True)
+    server_side.close()
+    embedded = SQLiteCoordinator(path)
+    also_embedded = SQLiteCoordinator(path)  # embedded users share the file
+    with pytest.raises(BackendUnavailable, match="only user"):
+        SQLiteCoordinator(path, exclusive=True)
+    embedded.close()
+    also_embedded.close()
+    SQLiteCoordinator(path, exclusive=True).close()
+
+
+def test_stale_write_back_is_refused_not_applied(tmp_path):
+    """Belt and braces: a change computed from an outdated record cannot overwrite last_token."""
+    from stockade.core.errors import InvariantViolation
+    from stockade.core.leases import AcquireRequest, LeasePolicy, ScopeRecord, acquire
+
+    engine = SQLiteCoordinator(tmp_path / "coord.db")
+    engine.try_acquire("s", lease_id=new_lease_id(), holder="other", ttl_ms=100, wait_deadline_ns=0)
+    old = ScopeRecord("s")  # what a writer that missed the grant above believes
+    request = AcquireRequest(cluster=engine.cluster_id, scope="s", lease_id=new_lease_id(), holder="me",
+                             ttl_ms=100, wait_deadline_ns=0)
+    new, _ = acquire(old, request, 0, LeasePolicy())
+    errors = engine.commit_records([(old, new)])
+    assert isinstance(errors[0], InvariantViolation)  # refused, in its slot: nothing written
+    assert engine.last_issued("s") == 1
+    engine.close()

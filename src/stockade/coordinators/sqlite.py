@@ -22,6 +22,7 @@ deadline so that no call here blocks beyond SQLite's busy timeout.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import secrets
@@ -128,6 +129,14 @@ class SQLiteCoordinator:
         policy: lock-delay and queue settings.
         busy_timeout_ms: how long a transaction waits for SQLite's write lock
             before failing with `BackendUnavailable`.
+        exclusive: claim the file for this object alone (``stockade serve``
+            keeps the lease table in memory, so nobody else may write the file).
+            Embedded users share the file; either kind refuses to open a file the
+            other kind holds (a lock on ``PATH.lock``), so two writers can never
+            hand out the same token.
+
+    Raises:
+        BackendUnavailable: the file cannot be opened, or is held by the other kind of user.
     """
 
     def __init__(
@@ -137,6 +146,7 @@ class SQLiteCoordinator:
         clock: Clock | None = None,
         policy: LeasePolicy | None = None,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
+        exclusive: bool = False,
     ) -> None:
         validate_int("busy_timeout_ms", busy_timeout_ms, 0, 60_000)
         self.path = Path(path)
@@ -144,18 +154,40 @@ class SQLiteCoordinator:
         self.policy = policy or LeasePolicy()
         self._lock = threading.Lock()
         self._busy_timeout_ms = busy_timeout_ms
+        self._claim = self._claim_file(exclusive)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
                 str(self.path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_WAIT_MS / 1000
             )
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
         except (sqlite3.Error, OSError) as exc:
+            os.close(self._claim)
             raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
         self.cluster_id = self._initialise()
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def _claim_file(self, exclusive: bool) -> int:
+        """Hold ``PATH.lock``: shared by embedded users, exclusive for a server."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            if exclusive:
+                raise BackendUnavailable(
+                    f"{self.path} is open in other processes; a server must be its only user", certain_no_effect=True
+                ) from None
+            raise BackendUnavailable(
+                f"{self.path} is served by a running stockade server; connect to the server over http:// instead",
+                certain_no_effect=True,
+            ) from None
+        return fd
 
     def _initialise(self) -> str:
         with self._write() as conn:
@@ -181,13 +213,20 @@ class SQLiteCoordinator:
         # full TTL from now (C3); waiters' processes did not survive the reboot.
         now_ns = self.clock.now_ns()
         conn.execute("UPDATE leases SET granted_ns = ?, expires_ns = ? + ttl_ms * 1000000", (now_ns, now_ns))
-        conn.execute("UPDATE scopes SET delay_until_ns = 0")
+        # A pending lock-delay (C5) starts again in full on the new clock.
+        conn.execute(
+            "UPDATE scopes SET delay_until_ns = CASE WHEN delay_until_ns > 0 THEN ? ELSE 0 END",
+            (now_ns + self.policy.lock_delay_ms * 1_000_000,),
+        )
         conn.execute("DELETE FROM waiters")
         conn.execute("UPDATE meta SET v = ? WHERE k = 'boot_id'", (_boot_id(),))
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._claim >= 0:
+                os.close(self._claim)  # releases the flock
+                self._claim = -1
 
     def __enter__(self) -> SQLiteCoordinator:
         return self
@@ -277,12 +316,20 @@ class SQLiteCoordinator:
         invariant(new.last_token >= old.last_token, f"last_token went back in {new.scope!r}")
         scope = new.scope
         if (new.last_token, new.delay_until_ns) != (old.last_token, old.delay_until_ns) or old.last_token == 0:
-            conn.execute(
-                "INSERT INTO scopes (scope, last_token, delay_until_ns) VALUES (?, ?, ?) "
-                "ON CONFLICT (scope) DO UPDATE SET last_token = excluded.last_token, "
-                "delay_until_ns = excluded.delay_until_ns",
-                (scope, new.last_token, new.delay_until_ns),
-            )
+            # Compare-and-set on last_token: if the stored value is not the one this
+            # change was computed from, someone else wrote the file and a token
+            # could repeat. Refuse rather than overwrite (C1).
+            updated = conn.execute(
+                "UPDATE scopes SET last_token = ?, delay_until_ns = ? WHERE scope = ? AND last_token = ?",
+                (new.last_token, new.delay_until_ns, scope, old.last_token),
+            ).rowcount
+            if updated == 0:
+                exists = conn.execute("SELECT 1 FROM scopes WHERE scope = ?", (scope,)).fetchone()
+                invariant(exists is None, f"last_token of {scope!r} changed underneath this coordinator")
+                conn.execute(
+                    "INSERT INTO scopes (scope, last_token, delay_until_ns) VALUES (?, ?, ?)",
+                    (scope, new.last_token, new.delay_until_ns),
+                )
         if new.lease != old.lease:
             if old.lease is not None:
                 conn.execute("DELETE FROM leases WHERE scope = ?", (scope,))

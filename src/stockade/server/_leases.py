@@ -160,7 +160,7 @@ class LeaseService:
         for scope, record in stored.items():
             new = replace(record, waiters=())
             lease = new.lease
-            if lease is not None and now_ns < lease.expires_ns:
+            if lease is not None:  # persisted as held, even if its deadline passed while we were down
                 new = replace(new, lease=replace(lease, expires_ns=max(lease.expires_ns,
                                                                        now_ns + lease.ttl_ms * _NS_PER_MS)))
             if new != record:

@@ -581,7 +581,9 @@ class Server:
         config = self.config
         context = self._ssl_context()
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        engine = SQLiteCoordinator(config.data_dir / "coord.db", policy=LeasePolicy(lock_delay_ms=config.lock_delay_ms))
+        engine = SQLiteCoordinator(
+            config.data_dir / "coord.db", policy=LeasePolicy(lock_delay_ms=config.lock_delay_ms), exclusive=True
+        )
         writer_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id)
         reader_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id)
         self.leases = LeaseService(engine, SystemClock(), loop)
