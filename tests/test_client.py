@@ -119,6 +119,20 @@ def test_keepalive_holds_lease_past_ttl(client, coord_url):
     client.run(lease.release())
 
 
+def test_lease_granted_after_a_long_wait_is_kept_alive(client, coord_url):
+    # The grant comes long after the request was sent (more than the TTL): the
+    # lease must not count as lost at once, and the keepalive must hold it.
+    coord = client.connect(coord_url)
+    first = client.run(coord.acquire("k", ttl_ms=300, keepalive=False))
+    lease = client.run(coord.acquire("k", ttl_ms=300, wait_ms=5000))
+    assert lease.token.value == first.token.value + 1
+    assert not lease.lost
+    time.sleep(0.7) if client.mode == "sync" else client.run(__import__("asyncio").sleep(0.7))
+    assert not lease.lost
+    assert client.run(coord.inspect("k")).token == lease.token
+    client.run(lease.release())
+
+
 def test_lease_lost_without_keepalive_by_local_deadline(client, coord_url):
     coord = client.connect(coord_url)
     lease = client.run(coord.acquire("k", ttl_ms=150, keepalive=False))

@@ -13,6 +13,7 @@ import asyncio
 import html
 import json
 import logging
+import re
 import signal
 import ssl
 import time
@@ -52,6 +53,15 @@ __all__ = ["ServerConfig", "App", "Server", "PROBLEMS", "DEFAULT_PORT", "problem
 DEFAULT_PORT = 7390
 KV_BODY_BYTES_MAX = VALUE_BYTES_MAX
 SWEEP_SECONDS = 5.0
+
+_LEASE_PATH = re.compile(r"(/v1/leases/)([^/?]{0,6})[^/?]*")
+
+
+def _loggable(raw_path: object) -> str:
+    """A request path for logs: bounded, no query, lease ids cut to their hint (they are secrets)."""
+    text = raw_path.decode("latin-1") if isinstance(raw_path, bytes) else str(raw_path)
+    return _LEASE_PATH.sub(r"\1\2…", text.split("?", 1)[0])[:100]
+
 
 _log = logging.getLogger("stockade.server")
 
@@ -319,14 +329,14 @@ class App:
             return problem_for(exc.error, body_field=True)
         if isinstance(exc, StockadeError):
             if exc.code in ("invariant-violation", "stockade-error"):
-                _log.error("bug while serving %s %s", request.method, request.raw_path[:100], exc_info=exc)
+                _log.error("bug while serving %s %s", request.method, _loggable(request.raw_path), exc_info=exc)
             elif exc.code == "backend-unavailable":
                 _log.error("backend unavailable: %s", exc, extra={"error": exc.code})
             return problem_for(exc)
         if isinstance(exc, _Problem):
             status, title = PROBLEMS[exc.code]
             return problem_response(status, exc.code, title, exc.detail, headers=exc.headers)
-        _log.error("bug while serving %s %s", request.method, request.raw_path[:100], exc_info=exc)
+        _log.error("bug while serving %s %s", request.method, _loggable(request.raw_path), exc_info=exc)
         status, title = PROBLEMS["invariant-violation"]
         return problem_response(status, "invariant-violation", title)
 

@@ -23,6 +23,7 @@ from typing import Any
 from stockade.client._io import SyncIO
 from stockade.client._shared import HTTPEndpoint
 from stockade.client._wire import (
+    redact_path,
     RESPONSE_HEAD_BYTES_MAX,
     HTTPResponse,
     ProtocolError,
@@ -38,8 +39,8 @@ from stockade.client._wire import (
 )
 from stockade.clock import SystemClock
 from stockade.core import leases as core_leases
-from stockade.core.errors import BackendUnavailable, InvalidArgument
-from stockade.core.limits import validate_idempotency_key, validate_key, validate_scope, validate_value
+from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
+from stockade.core.limits import LEASES_MAX, validate_idempotency_key, validate_key, validate_scope, validate_value
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.resources.store import Item, WriteResult
 
@@ -215,8 +216,14 @@ class HTTPClient:
         body: bytes = b"",
         content_type: str | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        idempotent: bool | None = None,
     ) -> HTTPResponse:
         """One request; any status is returned, the caller maps problems.
+
+        A reused keep-alive connection that fails before any answer byte is
+        retried once on a fresh one, but only for a request that may safely
+        arrive twice (``idempotent``, default: GET). An acquire or a store
+        write is never sent twice: the first may have been applied.
 
         Raises:
             BackendUnavailable: closed client, connect failure (``certain_no_effect``),
@@ -230,6 +237,8 @@ class HTTPClient:
             body=body, content_type=content_type, headers=headers,
         )
         deadline = time.monotonic() + timeout_ms / 1000
+        retry_safe = method == "GET" if idempotent is None else idempotent
+        shown = redact_path(path)
         connection = self._checkout()
         reused = connection is not None
         for attempt in (1, 2):
@@ -240,15 +249,16 @@ class HTTPClient:
             except TimeoutError as exc:
                 connection.close()
                 raise BackendUnavailable(
-                    f"{method} {path.split('?')[0]}: no answer from {endpoint.authority} within {timeout_ms} ms"
+                    f"{method} {shown}: no answer from {endpoint.authority} within {timeout_ms} ms"
                 ) from exc
             except (OSError, ProtocolError) as exc:
                 connection.close()
-                if attempt == 1 and reused and not connection.received_any and not isinstance(exc, ProtocolError):
+                fresh_start = reused and not connection.received_any and not isinstance(exc, ProtocolError)
+                if attempt == 1 and fresh_start and retry_safe:
                     connection = None
                     continue
                 raise BackendUnavailable(
-                    f"{method} {path.split('?')[0]}: connection to {endpoint.authority} failed: {exc}"
+                    f"{method} {shown}: connection to {endpoint.authority} failed: {exc}"
                 ) from exc
             except BaseException:
                 connection.close()  # cancelled mid-request: the stream's state is unknown
@@ -329,6 +339,8 @@ class HTTPCoordinatorPort:
         if lease.token.scope != scope or lease.token.cluster != self.cluster_id:
             # Never hand out a token this client did not ask for.
             raise BackendUnavailable(f"server granted a token for another scope or cluster: {lease.token}")
+        if len(self._held) >= LEASES_MAX:  # leases never released nor renewed: forget the oldest
+            self._held.pop(next(iter(self._held)))
         self._held[lease_id] = (holder, lease.ttl_ms)
         return lease, sent_ns
 
@@ -339,17 +351,20 @@ class HTTPCoordinatorPort:
             timeout_ms = min(timeout_ms, max(RENEW_TIMEOUT_MS_MIN, ttl_ms // 3))
         sent_ns = self.clock.now_ns()
         response = self._client.request(
-            "POST", f"/v1/leases/{lease_id}/renew", body=b"{}", content_type="application/json", timeout_ms=timeout_ms
+            "POST", f"/v1/leases/{lease_id}/renew", body=b"{}", content_type="application/json", timeout_ms=timeout_ms,
+            idempotent=True,
         )
         if response.status != 200:
             error, problem = error_for(response, lease_id=lease_id)
+            if isinstance(error, NotHolder):
+                self._held.pop(lease_id, None)
             raise error from problem
         return lease_from(json_body(response), lease_id=lease_id, holder=holder or "?", sent_ns=sent_ns)
 
     def release(self, lease_id: str) -> core_leases.Released:
         """Release; idempotent. ``released`` is True if this port held the lease until now."""
         response = self._client.request(
-            "DELETE", f"/v1/leases/{lease_id}", timeout_ms=self._client.endpoint.timeout_ms
+            "DELETE", f"/v1/leases/{lease_id}", timeout_ms=self._client.endpoint.timeout_ms, idempotent=True
         )
         if response.status not in (200, 204):
             error, problem = error_for(response, lease_id=lease_id)

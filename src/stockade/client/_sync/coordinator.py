@@ -113,6 +113,9 @@ class Lease:
             BackendUnavailable: the coordinator could not be reached; the lease is not lost yet.
         """
         self.raise_if_lost()
+        self._renew_now()
+
+    def _renew_now(self) -> None:
         sent_ns = self._clock.now_ns()
         try:
             self._port.renew(self._lease_id)
@@ -201,6 +204,14 @@ class Coordinator:
         holder = validate_holder(holder) if holder is not None else default_holder()
         granted, sent_ns = self._port.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
         lease = Lease(self._port, granted, sent_ns=sent_ns, clock=self._clock)
+        if self._clock.now_ns() - sent_ns > ttl_ms * 1_000_000 // 3:
+            # A long-polled grant: the local deadline counts from the request's send
+            # time, so it may already be near or past. Renew once now, to count from here.
+            try:
+                lease._renew_now()
+            except BaseException:
+                lease.release()
+                raise
         if keepalive:
             lease._start_keepalive()
         return lease
