@@ -27,12 +27,11 @@ Bounds (each named below, each a constructor argument that may only be lowered):
 - `AUDIT_RECORDS_MAX`: the audit trail keeps the newest N accepted writes and
   prunes older ones in the same transaction. A restore report can only list
   removed writes that are still retained; it says when it is incomplete.
-- `IDEMPOTENCY_KEYS_MAX`: at most N idempotency keys per store. Beyond that,
-  the oldest keys whose token is *below* their scope's HWM are pruned: a retry
-  of such a key is rejected by the fence as stale, so forgetting it can never
-  apply an operation twice (P6). A key whose token is still current is never
-  pruned; if all N are current, a write with a new key raises `LimitExceeded`
-  (nothing changed) until a newer token supersedes some of them.
+- `IDEMPOTENCY_KEYS_MAX`: the store remembers the newest N idempotency keys
+  (by commit order) and forgets older ones in the same transaction. R3 holds
+  within that window: a retry of a forgotten key is a new operation. (Forgetting
+  only keys below their scope's HWM would not be safe either: a retry made
+  after re-acquiring carries a newer token and would apply again.)
 - `SCOPES_MAX`: scopes per store (the HWM table, and `high_waters()`, stay bounded).
 - `TX_WRITES_MAX`: writes in one `transaction`.
 
@@ -527,22 +526,13 @@ class SQLiteStore:
         ).fetchall()[0][0]
         if count <= self.idempotency_keys_max:
             return
-        # Forget only keys whose token is below their scope's HWM: a retry of one
-        # is rejected as stale, so it can never apply twice (P6). Oldest first.
+        # Keep the newest keys: R3 holds within a window of IDEMPOTENCY_KEYS_MAX keys.
         excess = count - self.idempotency_keys_max
         pruned = conn.execute(
-            "DELETE FROM idempotency WHERE rowid IN ("
-            " SELECT i.rowid FROM idempotency AS i JOIN hwm AS h ON h.scope = i.scope"
-            " WHERE i.token_value < h.high_water ORDER BY i.commit_seq LIMIT ?)",
+            "DELETE FROM idempotency WHERE rowid IN (SELECT rowid FROM idempotency ORDER BY commit_seq LIMIT ?)",
             (excess,),
         ).rowcount
         conn.execute("UPDATE counters SET value = value - ? WHERE name = 'idempotency_keys'", (pruned,))
-        if pruned < excess:
-            raise LimitExceeded(
-                "IDEMPOTENCY_KEYS_MAX",
-                self.idempotency_keys_max,
-                "every retained idempotency key is still under its scope's current token",
-            )
 
     @staticmethod
     def _replay(conn: sqlite3.Connection, write: _Write) -> WriteResult | None:
@@ -603,7 +593,7 @@ class SQLiteStore:
                 different operation. Nothing changed.
             StaleToken: ``token`` is below the scope's HWM. Nothing changed; do not retry (K3).
             TokenMismatch: ``token`` is for another scope or cluster. Nothing changed.
-            LimitExceeded: `SCOPES_MAX` or `IDEMPOTENCY_KEYS_MAX` reached. Nothing changed.
+            LimitExceeded: `SCOPES_MAX` reached. Nothing changed.
             BackendUnavailable: SQLite failed or stayed busy; see ``certain_no_effect``.
         """
         write = _Write(
