@@ -87,6 +87,7 @@ def run(argv: list[str]) -> int:
                 _stop(child, args.grace_ms)
                 break
         returncode = child.wait()
+        lost = lost or lease.lost  # lost while CMD was finishing: still not a success
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -149,7 +149,7 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = (
         "_dispatch", "_observe", "_body_limit", "_limits", "_loop", "_transport", "_parser", "_url", "_headers",
         "_repeated", "_header_bytes", "_body", "_body_size", "_body_max", "_pending", "_current", "_closing",
-        "_discarding", "_discarded", "_request_started", "_last_active", "_header_name", "_keep_alive_flags",
+        "_write_paused", "_discarding", "_discarded", "_request_started", "_last_active", "_header_name", "_keep_alive_flags",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
@@ -164,6 +164,7 @@ class HttpProtocol(asyncio.Protocol):
         self._pending: deque[tuple[Request, bool]] = deque()
         self._current: asyncio.Task[None] | None = None
         self._closing = False
+        self._write_paused = False  # the peer is not reading its answers: stop taking requests
         self._discarding = False
         self._discarded = 0
         self._request_started = 0.0
@@ -190,6 +191,21 @@ class HttpProtocol(asyncio.Protocol):
             self._closing = True
             return
         self._limits.open.add(self)
+
+    def pause_writing(self) -> None:
+        # The send buffer passed its high-water mark: stop reading and stop answering
+        # queued requests until the peer drains it, so memory stays bounded.
+        self._write_paused = True
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._transport is not None and not self._closing:
+            self._transport.resume_reading()
+        if self._current is None and self._pending and not self._closing:
+            next_request, next_keep_alive = self._pending.popleft()
+            self._start(next_request, next_keep_alive)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -277,7 +293,7 @@ class HttpProtocol(asyncio.Protocol):
         )
         keep_alive = self._parser.should_keep_alive()
         self._request_started = 0.0
-        if self._current is None and not self._pending:
+        if self._current is None and not self._pending and not self._write_paused:
             self._start(request, keep_alive)
             return
         if len(self._pending) >= PIPELINED_MAX:
@@ -307,7 +323,7 @@ class HttpProtocol(asyncio.Protocol):
         if not keep_alive:
             self._close()
             return
-        if self._pending:
+        if self._pending and not self._write_paused:
             next_request, next_keep_alive = self._pending.popleft()
             self._start(next_request, next_keep_alive)
 
