@@ -112,3 +112,44 @@ def test_inline_off_uses_the_thread_for_a_lone_write():
             committer.stop()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["batch raises", "one op fails"])
+def test_a_failed_coordinator_commit_is_reported_so_the_server_stops(how):
+    # The server's in-memory lease table may then differ from coord.db: it must fail-stop.
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        if how == "batch raises":
+            run = _Recorder(fail=True)
+        else:
+            def run(ops):  # type: ignore[no-untyped-def]
+                return [RuntimeError("constraint") if op == "b" else None for op in ops]
+        committer = GroupCommitter("coordinator", run, loop)
+        reports: list[str] = []
+        committer.on_failure = reports.append
+        committer.start()
+        try:
+            futures = [committer.submit(op) for op in ("a", "b")]
+            await asyncio.gather(*futures, return_exceptions=True)
+            ok = committer.submit("c")  # a healthy commit reports nothing more
+            await asyncio.gather(ok, return_exceptions=True)
+            await asyncio.sleep(0.05)
+        finally:
+            committer.stop()
+        return reports
+
+    reports = asyncio.run(main())
+    assert reports and all("coordinator" in r for r in reports)
+
+
+def test_server_stops_with_an_io_error_status_when_told_a_commit_failed(tmp_path):
+    from stockade.server.app import EXIT_COMMIT_FAILED, Server, ServerConfig
+
+    async def main() -> int:
+        server = Server(ServerConfig(data_dir=tmp_path, port=0))
+        await server.start()
+        server.leases.committer.on_failure("coordinator batch failed: disk gone")
+        await asyncio.wait_for(server.serve_until_stopped(), 10)
+        return server.exit_status
+
+    assert asyncio.run(main()) == EXIT_COMMIT_FAILED

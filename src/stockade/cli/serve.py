@@ -47,12 +47,14 @@ def run(argv: list[str]) -> int:
             tls_key=Path(args.tls_key) if args.tls_key else None,
             lock_delay_ms=args.lock_delay_ms, wait_ms_cap=args.wait_ms_cap,
         )
-        run_server(config, ready=lambda server: print(f"stockade serve: listening on {server.url}", flush=True))
+        status = run_server(
+            config, ready=lambda server: print(f"stockade serve: listening on {server.url}", flush=True)
+        )
     except StockadeError as exc:
         return fail(str(exc))
     except OSError as exc:
         return fail(f"cannot serve: {exc}")
     except KeyboardInterrupt:
-        pass
+        status = 0
     sys.stdout.flush()
-    return 0
+    return status

@@ -72,6 +72,8 @@ class GroupCommitter(Generic[Op]):
         self._last: asyncio.Future[Any] | None = None
         self.batches = 0
         self.ops = 0
+        # Called on the loop when a batch, or one operation in it, failed to commit.
+        self.on_failure: Callable[[str], None] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -109,6 +111,17 @@ class GroupCommitter(Generic[Op]):
             return
         results, error = self._commit(batch)
         _resolve(batch, results, error)  # only now, after COMMIT (and its fsync) returned
+        self._report(results, error)
+
+    def _report(self, results: Sequence[Any] | None, error: BaseException | None) -> None:
+        if self.on_failure is None:
+            return
+        if error is not None:
+            self.on_failure(f"{self.name} batch failed: {error}")
+        elif results is not None:
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                self.on_failure(f"{self.name}: {len(failed)} operation(s) failed to commit: {failed[0]}")
 
     def _commit(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> tuple[Sequence[Any] | None,
                                                                               BaseException | None]:
@@ -162,6 +175,7 @@ class GroupCommitter(Generic[Op]):
                              error: BaseException | None) -> None:
         self._in_thread -= len(batch)
         _resolve(batch, results, error)
+        self._report(results, error)
 
 
 def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any] | None,

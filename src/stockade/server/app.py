@@ -53,6 +53,7 @@ __all__ = ["ServerConfig", "App", "Server", "PROBLEMS", "DEFAULT_PORT", "problem
 DEFAULT_PORT = 7390
 KV_BODY_BYTES_MAX = VALUE_BYTES_MAX
 SWEEP_SECONDS = 5.0
+EXIT_COMMIT_FAILED = 74  # EX_IOERR: coord.db could not be written; restart to reload it
 
 _LEASE_PATH = re.compile(r"(/v1/leases/)([^/?]{0,6})[^/?]*")
 
@@ -567,6 +568,7 @@ class Server:
         if (config.tls_cert is None) != (config.tls_key is None):
             raise InvalidArgument("tls", "--tls-cert and --tls-key go together")
         self.config = config
+        self.exit_status = 0
         self.app: App | None = None
         self.leases: LeaseService | None = None
         self.store_writer: GroupCommitter[BatchWrite] | None = None
@@ -597,6 +599,7 @@ class Server:
         writer_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id)
         reader_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id)
         self.leases = LeaseService(engine, SystemClock(), loop)
+        self.leases.committer.on_failure = self._coordinator_failed
         self.leases.load()
         self.store_writer = GroupCommitter("store", writer_store.apply_batch, loop)
         self.store_writer.start()
@@ -630,6 +633,13 @@ class Server:
         if self._stopping is not None:
             self._stopping.set()
 
+    def _coordinator_failed(self, detail: str) -> None:
+        # The lease table in memory may now differ from coord.db. Like PostgreSQL and
+        # etcd on a failed fsync, stop: a restart reloads the durable state (C1, C3).
+        _log.critical("coordinator commit failed; stopping so that a restart reloads coord.db: %s", detail)
+        self.exit_status = EXIT_COMMIT_FAILED
+        self.stop()
+
     async def serve_until_stopped(self) -> None:
         assert self._stopping is not None
         await self._stopping.wait()
@@ -653,8 +663,12 @@ class Server:
         _log.info("stopped")
 
 
-def run(config: ServerConfig, *, ready: Callable[[Server], None] | None = None) -> None:
-    """Run a server until SIGTERM or SIGINT (uvloop when installed)."""
+def run(config: ServerConfig, *, ready: Callable[[Server], None] | None = None) -> int:
+    """Run a server until SIGTERM or SIGINT (uvloop when installed).
+
+    Returns:
+        0, or `EXIT_COMMIT_FAILED` when it stopped because a coordinator commit failed.
+    """
     try:
         import uvloop
     except ImportError:  # optional: the server works on the standard loop, somewhat slower
@@ -671,3 +685,4 @@ def run(config: ServerConfig, *, ready: Callable[[Server], None] | None = None) 
         loop.run_until_complete(server.serve_until_stopped())
     finally:
         loop.close()
+    return server.exit_status
