@@ -14,7 +14,6 @@ server in a few µs (measured figures in benchmarks/README.md).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -36,7 +35,6 @@ from stockade.core.tokens import FencingToken
 from stockade.resources.store import Item, WriteResult
 
 __all__ = [
-    "redact_path",
     "HTTPResponse",
     "ProtocolError",
     "RemoteProblem",
@@ -322,11 +320,3 @@ def item_from(response: HTTPResponse, *, scope: str, key: str) -> Item:
     except (KeyError, ValueError) as exc:
         raise BackendUnavailable("server response lacks Token-Value or Commit-Seq") from exc
     return Item(scope=scope, key=key, value=response.body, token_value=token_value, commit_seq=commit_seq)
-
-
-_LEASE_PATH = re.compile(r"(/v1/leases/)([^/?]{0,6})[^/?]*")
-
-
-def redact_path(path: str) -> str:
-    """A request path fit for messages and logs: no query, lease ids cut to their hint."""
-    return _LEASE_PATH.sub(r"\1\2…", path.split("?", 1)[0])

@@ -33,6 +33,7 @@ retried request) returns that lease again: it never mints a second token.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field, replace
 
 from stockade.core.errors import InvalidArgument, LimitExceeded, NotHolder, invariant
@@ -68,6 +69,7 @@ __all__ = [
     "cancel_wait",
     "LeaseTable",
     "lease_hint",
+    "redact_lease_path",
     "ScopeInfo",
     "describe",
 ]
@@ -103,6 +105,14 @@ TRANSITIONS: dict[tuple[ScopeState, Event], ScopeState] = {
 def lease_hint(lease_id: str) -> str:
     """The non-secret prefix of a lease id that logs and errors may show."""
     return lease_id[:6]
+
+
+_LEASE_PATH = re.compile(r"(/v1/leases/)([^/?]{0,6})[^/?]*")
+
+
+def redact_lease_path(path: str) -> str:
+    """A request path fit for messages and logs: no query, lease ids cut to their hint."""
+    return _LEASE_PATH.sub(r"\1\2…", path.split("?", 1)[0])
 
 
 def _validate_lease_id(lease_id: object) -> str:

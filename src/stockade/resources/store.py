@@ -690,16 +690,7 @@ class SQLiteStore:
         Raises:
             InvalidArgument: bad scope, ``after`` or ``limit`` (1..LIST_PAGE_MAX).
         """
-        scope = validate_scope(scope)
-        if after != "":
-            validate_key(after)
-        validate_int("limit", limit, 1, LIST_PAGE_MAX)
-        with self._read() as conn:
-            rows = conn.execute(
-                "SELECT key, token_value, commit_seq, length(value) FROM kv WHERE scope = ? AND key > ? "
-                "ORDER BY key LIMIT ?",
-                (scope, after, limit),
-            ).fetchall()
+        rows = self._page("key, token_value, commit_seq, length(value)", scope, after, limit)
         return [(k, t, c, n) for k, t, c, n in rows]
 
     def get(self, scope: str, key: str) -> Item | None:
@@ -719,16 +710,19 @@ class SQLiteStore:
         Raises:
             InvalidArgument: bad scope, ``after`` or ``limit`` (1..LIST_PAGE_MAX).
         """
+        rows = self._page("key, value, token_value, commit_seq", scope, after, limit)
+        return [Item(scope, k, v, t, s) for k, v, t, s in rows]
+
+    def _page(self, columns: str, scope: str, after: str, limit: int) -> builtins.list[tuple[Any, ...]]:
+        """One page of ``scope``'s rows in key order, after validating the arguments."""
         scope = validate_scope(scope)
         if after != "":
             validate_key(after)
         validate_int("limit", limit, 1, LIST_PAGE_MAX)
         with self._read() as conn:
-            rows = conn.execute(
-                "SELECT key, value, token_value, commit_seq FROM kv WHERE scope = ? AND key > ? ORDER BY key LIMIT ?",
-                (scope, after, limit),
+            return conn.execute(
+                f"SELECT {columns} FROM kv WHERE scope = ? AND key > ? ORDER BY key LIMIT ?", (scope, after, limit)
             ).fetchall()
-        return [Item(scope, k, v, t, s) for k, v, t, s in rows]
 
     def high_water(self, scope: str) -> int:
         """The scope's high-water mark; 0 if it was never written."""

@@ -13,7 +13,6 @@ import asyncio
 import html
 import json
 import logging
-import re
 import signal
 import ssl
 import time
@@ -26,7 +25,7 @@ from urllib.parse import unquote_to_bytes
 from stockade.clock import SystemClock
 from stockade.coordinators.sqlite import SQLiteCoordinator
 from stockade.core.errors import InvalidArgument, LimitExceeded, StaleToken, StockadeError, TokenMismatch
-from stockade.core.leases import LeasePolicy, ScopeInfo, lease_hint
+from stockade.core.leases import LeasePolicy, ScopeInfo, lease_hint, redact_lease_path
 from stockade.core.limits import (
     LIST_PAGE_MAX,
     LOCK_DELAY_MS_MAX,
@@ -55,13 +54,10 @@ KV_BODY_BYTES_MAX = VALUE_BYTES_MAX
 SWEEP_SECONDS = 5.0
 EXIT_COMMIT_FAILED = 74  # EX_IOERR: coord.db could not be written; restart to reload it
 
-_LEASE_PATH = re.compile(r"(/v1/leases/)([^/?]{0,6})[^/?]*")
-
-
 def _loggable(raw_path: object) -> str:
-    """A request path for logs: bounded, no query, lease ids cut to their hint (they are secrets)."""
+    """A request path for logs: bounded, lease ids cut to their hint (they are secrets)."""
     text = raw_path.decode("latin-1") if isinstance(raw_path, bytes) else str(raw_path)
-    return _LEASE_PATH.sub(r"\1\2…", text.split("?", 1)[0])[:100]
+    return redact_lease_path(text)[:100]
 
 
 _log = logging.getLogger("stockade.server")

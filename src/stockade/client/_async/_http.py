@@ -22,7 +22,6 @@ from typing import Any
 from stockade.client._io import AsyncIO
 from stockade.client._shared import HTTPEndpoint
 from stockade.client._wire import (
-    redact_path,
     RESPONSE_HEAD_BYTES_MAX,
     HTTPResponse,
     ProtocolError,
@@ -237,7 +236,7 @@ class AsyncHTTPClient:
         )
         deadline = time.monotonic() + timeout_ms / 1000
         retry_safe = method == "GET" if idempotent is None else idempotent
-        shown = redact_path(path)
+        shown = core_leases.redact_lease_path(path)
         connection = self._checkout()
         reused = connection is not None
         for attempt in (1, 2):

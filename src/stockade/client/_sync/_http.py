@@ -23,7 +23,6 @@ from typing import Any
 from stockade.client._io import SyncIO
 from stockade.client._shared import HTTPEndpoint
 from stockade.client._wire import (
-    redact_path,
     RESPONSE_HEAD_BYTES_MAX,
     HTTPResponse,
     ProtocolError,
@@ -238,7 +237,7 @@ class HTTPClient:
         )
         deadline = time.monotonic() + timeout_ms / 1000
         retry_safe = method == "GET" if idempotent is None else idempotent
-        shown = redact_path(path)
+        shown = core_leases.redact_lease_path(path)
         connection = self._checkout()
         reused = connection is not None
         for attempt in (1, 2):
