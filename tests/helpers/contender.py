@@ -13,7 +13,6 @@ import time
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
 from stockade.core.leases import Granted, Queued, TimedOut
 
-import stockade.coordinators.sqlite as sqlite_engine
 from stockade.core import leases as core_leases
 
 path, seconds, seed = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
@@ -36,11 +35,11 @@ def overlapping_acquire(record, request, now_ns, policy):
     return core_leases.acquire(record, request, now_ns, policy)
 
 
-if mutant == "barging":
-    sqlite_engine.acquire = barging_acquire
-elif mutant == "overlapping":
-    sqlite_engine.acquire = overlapping_acquire
 engine = SQLiteCoordinator(path)
+if mutant == "barging":
+    engine.acquire_rule = barging_acquire
+elif mutant == "overlapping":
+    engine.acquire_rule = overlapping_acquire
 end = time.monotonic() + seconds
 while time.monotonic() < end:
     lease_id = new_lease_id()

@@ -1,7 +1,9 @@
 """The embedded coordinator: the lease table kept in one SQLite file.
 
-Every operation is one ``BEGIN IMMEDIATE`` transaction: load the scope's
-record, apply the pure function from `stockade.core.leases`, write back what
+This module is a record store (`SQLiteRecords`, the port of
+`stockade.core.engine`); the coordinator is the one lease engine over it
+(`SQLiteCoordinator`). Every engine operation is one ``BEGIN IMMEDIATE``
+transaction: load the scope's record, apply the rule, write back what
 changed, ``COMMIT``. The file is in WAL mode with ``synchronous=FULL``, so a
 commit has reached the disk before the call returns: a token is durable
 before anyone sees it (C1).
@@ -15,7 +17,7 @@ again, so on first open after a boot every held lease is given a full TTL
 from now (C3) and queued waiters, whose deadlines meant the old clock, are
 dropped.
 
-This class offers non-blocking primitives only (`try_acquire` answers at
+The engine offers non-blocking primitives only (`try_acquire` answers at
 once). Waiting is the client's job (`stockade.client`), which polls with a
 deadline so that no call here blocks beyond SQLite's busy timeout.
 """
@@ -29,43 +31,20 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from stockade.clock import SystemClock
 from stockade.core.clock import Clock
-from stockade.core.errors import (
-    BackendUnavailable,
-    InvalidArgument,
-    LimitExceeded,
-    NotHolder,
-    StockadeError,
-    invariant,
-)
-from stockade.core.leases import (
-    AcquireRequest,
-    Granted,
-    Lease,
-    LeasePolicy,
-    Queued,
-    Released,
-    ScopeInfo,
-    ScopeRecord,
-    TimedOut,
-    Waiter,
-    acquire,
-    cancel_wait,
-    describe,
-    lease_hint,
-    release,
-    renew,
-    settle,
-)
-from stockade.core.limits import LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
+from stockade.core.engine import LeaseEngine, RecordTx, recover_records
+from stockade.core.errors import BackendUnavailable, StockadeError, invariant
+from stockade.core.leases import Lease, LeasePolicy, ScopeRecord, Waiter
+from stockade.core.limits import validate_int
 from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, FencingToken
 
-__all__ = ["SQLiteCoordinator", "new_lease_id"]
+__all__ = ["SQLiteCoordinator", "SQLiteRecords", "new_lease_id"]
 
 SCHEMA_VERSION = "1"
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
@@ -120,20 +99,29 @@ def _boot_id() -> str:
         return "unknown"
 
 
-class SQLiteCoordinator:
-    """A coordinator in one SQLite file. Thread-safe; shareable across processes.
+class SQLiteRecords:
+    """A record store (`stockade.core.engine.RecordStore`) in one SQLite file.
+
+    Thread-safe (one connection behind a lock); shareable across processes on
+    one host (SQLite's write lock serialises the transactions).
 
     Args:
-        path: the database file (created with its cluster id if missing).
-        clock: monotonic clock; defaults to the host's.
-        policy: lock-delay and queue settings.
-        busy_timeout_ms: how long a transaction waits for SQLite's write lock
-            before failing with `BackendUnavailable`.
-        exclusive: claim the file for this object alone (``stockade serve``
-            keeps the lease table in memory, so nobody else may write the file).
-            Embedded users share the file; either kind refuses to open a file the
-            other kind holds (a lock on ``PATH.lock``), so two writers can never
-            hand out the same token.
+        path: the database file (created with a new cluster id if missing).
+        busy_timeout_ms: how long a unit waits for the connection and for
+            SQLite's write lock before failing with `BackendUnavailable`.
+        exclusive: claim the file for this process alone (``stockade serve``
+            keeps the table in memory, so nobody else may write the file).
+            Embedded users share the file; either kind refuses to open a file
+            the other kind holds (a lock on ``PATH.lock``), so two writers can
+            never hand out the same token.
+
+        on_reboot: called with the opening transaction when the host rebooted
+            since the file was last opened (its stored times are on a clock that
+            is gone): the coordinator applies the restart rule there, so that
+            exactly one opener applies it, atomically with noticing the reboot.
+
+    Attributes:
+        cluster_id: the file's cluster id.
 
     Raises:
         BackendUnavailable: the file cannot be opened, or is held by the other kind of user.
@@ -143,15 +131,13 @@ class SQLiteCoordinator:
         self,
         path: str | os.PathLike[str],
         *,
-        clock: Clock | None = None,
-        policy: LeasePolicy | None = None,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
         exclusive: bool = False,
+        on_reboot: Callable[[RecordTx], object] | None = None,
     ) -> None:
         validate_int("busy_timeout_ms", busy_timeout_ms, 0, 60_000)
+        self._on_reboot = on_reboot
         self.path = Path(path)
-        self.clock: Clock = clock or SystemClock()
-        self.policy = policy or LeasePolicy()
         self._lock = threading.Lock()
         self._busy_timeout_ms = busy_timeout_ms
         self._claim = self._claim_file(exclusive)
@@ -159,12 +145,22 @@ class SQLiteCoordinator:
             self._conn = sqlite3.connect(
                 str(self.path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_WAIT_MS / 1000
             )
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            # Switching to WAL needs a moment of exclusive access: another process
+            # opening or recovering the file at the same time makes it fail with
+            # "locked", so retry it like BEGIN IMMEDIATE, within the busy timeout.
+            self._retry_busy(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
             self._conn.execute("PRAGMA synchronous=FULL")
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, BackendUnavailable) as exc:
             os.close(self._claim)
+            if isinstance(exc, BackendUnavailable):
+                raise
             raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
-        self.cluster_id = self._initialise()
+        self.cluster_id = ""
+        try:
+            self.cluster_id = self._initialise()
+        except BaseException:
+            self.close()
+            raise
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -204,22 +200,15 @@ class SQLiteCoordinator:
                 return cluster
             if meta.get("schema_version") != SCHEMA_VERSION:
                 raise BackendUnavailable(f"{self.path}: schema version {meta.get('schema_version')!r} is not supported")
+            self.cluster_id = meta["cluster_id"]
             if meta.get("boot_id") != _boot_id():
-                self._rebase_after_reboot(conn)
+                # In the same transaction that notices the reboot: of several
+                # processes opening the file after a boot, exactly one applies
+                # the restart rule, and a crash in between applies none of it.
+                if self._on_reboot is not None:
+                    self._on_reboot(_SQLiteTx(self, conn))
+                conn.execute("UPDATE meta SET v = ? WHERE k = 'boot_id'", (_boot_id(),))
             return meta["cluster_id"]
-
-    def _rebase_after_reboot(self, conn: sqlite3.Connection) -> None:
-        # Deadlines were on the previous boot's monotonic clock. Held leases get a
-        # full TTL from now (C3); waiters' processes did not survive the reboot.
-        now_ns = self.clock.now_ns()
-        conn.execute("UPDATE leases SET granted_ns = ?, expires_ns = ? + ttl_ms * 1000000", (now_ns, now_ns))
-        # A pending lock-delay (C5) starts again in full on the new clock.
-        conn.execute(
-            "UPDATE scopes SET delay_until_ns = CASE WHEN delay_until_ns > 0 THEN ? ELSE 0 END",
-            (now_ns + self.policy.lock_delay_ms * 1_000_000,),
-        )
-        conn.execute("DELETE FROM waiters")
-        conn.execute("UPDATE meta SET v = ? WHERE k = 'boot_id'", (_boot_id(),))
 
     def close(self) -> None:
         with self._lock:
@@ -227,12 +216,6 @@ class SQLiteCoordinator:
             if self._claim >= 0:
                 os.close(self._claim)  # releases the flock
                 self._claim = -1
-
-    def __enter__(self) -> SQLiteCoordinator:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     @contextmanager
     def _locked(self) -> Iterator[sqlite3.Connection]:
@@ -250,7 +233,7 @@ class SQLiteCoordinator:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction; its COMMIT is fsync'd before we return."""
         with self._locked() as conn:
-            self._begin_immediate(conn)
+            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
             try:
                 yield conn
             except BaseException as exc:
@@ -266,14 +249,14 @@ class SQLiteCoordinator:
                     conn.execute("ROLLBACK")
                 raise BackendUnavailable(f"coordinator commit failed: {exc}") from exc
 
-    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+    def _retry_busy(self, statement: Any) -> None:
         # SQLite's own busy handler sleeps in growing steps (up to 100 ms), so a
         # process that loops on the lock starves the others. Retrying here in
         # short, jittered steps keeps entry to the queue fair between processes.
         deadline = time.monotonic() + self._busy_timeout_ms / 1000
         while True:
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                statement()
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
@@ -286,7 +269,17 @@ class SQLiteCoordinator:
             except sqlite3.Error as exc:
                 raise BackendUnavailable(f"coordinator unavailable: {exc}", certain_no_effect=True) from exc
 
-    # -- records ---------------------------------------------------------------------------
+    # -- the record store port -------------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator[_SQLiteTx]:
+        with self._write() as conn:
+            yield _SQLiteTx(self, conn)
+
+    @contextmanager
+    def read(self) -> Iterator[_SQLiteTx]:
+        with self._locked() as conn:
+            yield _SQLiteTx(self, conn)
 
     def _load(self, conn: sqlite3.Connection, scope: str) -> ScopeRecord:
         row = conn.execute("SELECT last_token, delay_until_ns FROM scopes WHERE scope = ?", (scope,)).fetchone()
@@ -309,7 +302,8 @@ class SQLiteCoordinator:
         )
         return ScopeRecord(scope, last_token=row[0], lease=lease, delay_until_ns=row[1], waiters=waiters)
 
-    def _store(self, conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord) -> None:
+    @staticmethod
+    def _store(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord) -> None:
         """Write back the difference between two records of one scope."""
         if new == old:
             return
@@ -358,125 +352,14 @@ class SQLiteCoordinator:
                 elif before != w:
                     conn.execute("UPDATE waiters SET stale_ns = ? WHERE lease_id = ?", (w.stale_ns, w.lease_id))
 
-    def _scope_of_lease(self, conn: sqlite3.Connection, lease_id: object) -> str | None:
-        if not isinstance(lease_id, str):
-            raise InvalidArgument("lease_id", f"must be a string, got {type(lease_id).__name__}")
-        row = conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
-        return row[0] if row else None
-
-    def _sweep_expired(self, conn: sqlite3.Connection, now_ns: int) -> None:
-        # Called only when the lease bound is hit: settle every lapsed lease.
-        scopes = [r[0] for r in conn.execute("SELECT scope FROM leases WHERE expires_ns <= ?", (now_ns,))]
-        for scope in scopes:
-            record = self._load(conn, scope)
-            self._store(conn, record, settle(record, now_ns, self.policy))
-
-    # -- operations ------------------------------------------------------------------------
-
-    def try_acquire(
-        self, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_deadline_ns: int
-    ) -> Granted | Queued | TimedOut:
-        """One non-blocking acquire attempt; call again with the same ``lease_id`` to keep waiting.
-
-        Returns:
-            `Granted` (durable before return), `Queued` (still waiting, position
-            in the FIFO queue), or `TimedOut` (``wait_deadline_ns`` passed; dequeued).
-
-        Raises:
-            InvalidArgument: bad scope, holder, ttl or lease id. Nothing changed.
-            LimitExceeded: queue or lease bound reached. Nothing changed.
-            BackendUnavailable: the file could not be written; outcome unknown.
-        """
-        request = AcquireRequest(
-            cluster=self.cluster_id, scope=scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
-            wait_deadline_ns=wait_deadline_ns,
-        )
-        with self._write() as conn:
-            now_ns = self.clock.now_ns()
-            record = self._load(conn, scope)
-            new, outcome = acquire(record, request, now_ns, self.policy)
-            if isinstance(outcome, Granted) and record.lease is None and self._lease_count(conn) >= LEASES_MAX:
-                self._sweep_expired(conn, now_ns)
-                if self._lease_count(conn) >= LEASES_MAX:
-                    raise LimitExceeded("LEASES_MAX", LEASES_MAX)
-                record = self._load(conn, scope)
-                new, outcome = acquire(record, request, now_ns, self.policy)
-            self._store(conn, record, new)
-        return outcome
-
-    @staticmethod
-    def _lease_count(conn: sqlite3.Connection) -> int:
-        return conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
-
-    def renew(self, lease_id: str) -> Lease:
-        """Extend a held lease by its TTL from now.
-
-        Raises:
-            NotHolder: the lease expired, was released, or never existed.
-        """
-        with self._write() as conn:
-            scope = self._scope_of_lease(conn, lease_id)
-            if scope is None:
-                raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
-            record = self._load(conn, scope)
-            try:
-                new, lease = renew(record, lease_id, self.clock.now_ns(), self.policy)
-            except NotHolder:
-                # Expired: record the expiry so the scope's state is settled on disk.
-                self._store(conn, record, settle(record, self.clock.now_ns(), self.policy))
-                raise
-            self._store(conn, record, new)
-        return lease
-
-    def release(self, lease_id: str) -> Released:
-        """Release a lease. Idempotent: an unknown or expired lease id is not an error."""
-        with self._write() as conn:
-            scope = self._scope_of_lease(conn, lease_id)
-            if scope is None:
-                return Released(False, self.clock.now_ns())
-            record = self._load(conn, scope)
-            new, outcome = release(record, lease_id, self.clock.now_ns(), self.policy)
-            self._store(conn, record, new)
-        return outcome
-
-    def cancel_wait(self, scope: str, lease_id: str) -> None:
-        """Leave the queue of ``scope`` early. Idempotent."""
-        validate_scope(scope)
-        with self._write() as conn:
-            record = self._load(conn, scope)
-            self._store(conn, record, cancel_wait(record, lease_id))
-
-    def inspect(self, scope: str) -> ScopeInfo:
-        """The state of one scope (a never-used scope reads as free with last_token 0)."""
-        validate_scope(scope)
-        with self._locked() as conn:
-            record = self._load(conn, scope)
-        return describe(record, self.clock.now_ns(), self.policy)
-
-    def scopes(self, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[ScopeInfo]:
-        """Scopes in name order after ``after``, at most ``limit`` of them."""
-        validate_int("limit", limit, 1, LIST_PAGE_MAX)
-        if after:
-            validate_scope(after, "after")
-        with self._locked() as conn:
-            names = [r[0] for r in conn.execute(
-                "SELECT scope FROM scopes WHERE scope > ? ORDER BY scope LIMIT ?", (after, limit))]
-            records = [self._load(conn, name) for name in names]
-        now_ns = self.clock.now_ns()
-        return [describe(r, now_ns, self.policy) for r in records]
-
-    def last_issued(self, scope: str) -> int:
-        """The greatest token value ever issued for ``scope`` (0 if none): the fence floor."""
-        return self.inspect(scope).last_token
-
     # -- group commit (for a server that keeps the lease table in memory) -------------------
 
     def records(self) -> dict[str, ScopeRecord]:
         """Every scope's record as stored, waiters included, in scope order.
 
         A process that is the file's only user (``stockade serve``) loads the
-        table once, decides in memory with `stockade.core.leases`, and writes
-        the changes back with `commit_records`.
+        table once, decides in memory, and writes the changes back with
+        `commit_records`.
         """
         with self._locked() as conn:
             names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
@@ -531,9 +414,85 @@ class SQLiteCoordinator:
             return [error]
         return [None]
 
+
+class _SQLiteTx:
+    """One unit of `SQLiteRecords`: a transaction on its connection (`stockade.core.engine.RecordTx`)."""
+
+    __slots__ = ("_records", "_conn")
+
+    def __init__(self, records: SQLiteRecords, conn: sqlite3.Connection) -> None:
+        self._records = records
+        self._conn = conn
+
+    def load(self, scope: str) -> ScopeRecord:
+        return self._records._load(self._conn, scope)
+
+    def scope_of_lease(self, lease_id: str) -> str | None:
+        row = self._conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+        return row[0] if row else None
+
+    def lease_count(self) -> int:
+        count: int = self._conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
+        return count
+
+    def lapsed_scopes(self, now_ns: int) -> list[str]:
+        return [r[0] for r in self._conn.execute("SELECT scope FROM leases WHERE expires_ns <= ?", (now_ns,))]
+
+    def names(self, *, after: str, limit: int) -> list[str]:
+        return [r[0] for r in self._conn.execute(
+            "SELECT scope FROM scopes WHERE scope > ? ORDER BY scope LIMIT ?", (after, limit))]
+
+    def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
+        self._records._store(self._conn, old, new)
+
+
+class SQLiteCoordinator(LeaseEngine):
+    """The embedded coordinator: the lease engine over a `SQLiteRecords` file.
+
+    Thread-safe; shareable across processes on one host. After a reboot (the
+    file's boot id differs) the restart rule is applied once, on open: every
+    held lease gets a full TTL from now (C3), a recorded lock-delay starts
+    again (C5), queued waiters are dropped.
+
+    Args:
+        path, busy_timeout_ms, exclusive: as for `SQLiteRecords`.
+        clock: monotonic clock; defaults to the host's.
+        policy: lock-delay and queue settings.
+
+    Raises:
+        BackendUnavailable: the file cannot be opened, or is held by the other kind of user.
+    """
+
+    records: SQLiteRecords
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        policy: LeasePolicy | None = None,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
+        exclusive: bool = False,
+    ) -> None:
+        clock = clock or SystemClock()
+        policy = policy or LeasePolicy()
+
+        def after_reboot(tx: RecordTx) -> int:
+            return recover_records(tx, clock.now_ns(), policy, same_clock=False)
+
+        records = SQLiteRecords(path, busy_timeout_ms=busy_timeout_ms, exclusive=exclusive, on_reboot=after_reboot)
+        super().__init__(records, cluster_id=records.cluster_id, clock=clock, policy=policy)
+        self.path = records.path
+
+    def close(self) -> None:
+        self.records.close()
+
+    def __enter__(self) -> SQLiteCoordinator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def _debug_records(self) -> dict[str, ScopeRecord]:
         """Every record, for tests that compare state before and after."""
-        with self._locked() as conn:
-            names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
-            return {name: self._load(conn, name) for name in names}
-
+        return self.records.records()

@@ -67,8 +67,10 @@ __all__ = [
     "renew",
     "release",
     "cancel_wait",
+    "recover",
     "LeaseTable",
     "lease_hint",
+    "validate_lease_id",
     "redact_lease_path",
     "ScopeInfo",
     "describe",
@@ -113,6 +115,20 @@ _LEASE_PATH = re.compile(r"(/v1/leases/)([^/?]{0,6})[^/?]*")
 def redact_lease_path(path: str) -> str:
     """A request path fit for messages and logs: no query, lease ids cut to their hint."""
     return _LEASE_PATH.sub(r"\1\2…", path.split("?", 1)[0])
+
+
+_LEASE_ID_SHAPE = re.compile(f"[A-Za-z0-9_-]{{{LEASE_ID_CHARS_MIN},{LEASE_ID_CHARS_MAX}}}")
+
+
+def validate_lease_id(lease_id: object) -> str:
+    """Raise `InvalidArgument` unless ``lease_id`` has the shape of a lease id.
+
+    ASCII letters, digits, ``-`` and ``_``; 16..64 of them. The common case is
+    one regular-expression match (the server checks every renew and release).
+    """
+    if type(lease_id) is str and _LEASE_ID_SHAPE.fullmatch(lease_id):
+        return lease_id
+    return _validate_lease_id(lease_id)
 
 
 def _validate_lease_id(lease_id: object) -> str:
@@ -185,7 +201,10 @@ class AcquireRequest:
     """One attempt to acquire ``scope``; repeat it (same ``lease_id``) to keep waiting.
 
     ``lease_id`` is chosen by the caller (a secret random string): it names the
-    waiter while queued and the lease once granted.
+    waiter while queued and the lease once granted. ``live_until_ns``: until
+    when a queued request counts as alive without being repeated (None: the
+    policy's ``waiter_stale_ms`` from now; a server holding the request open
+    vouches for it until its wait deadline).
     """
 
     cluster: str
@@ -194,14 +213,17 @@ class AcquireRequest:
     holder: str
     ttl_ms: int
     wait_deadline_ns: int
+    live_until_ns: int | None = None
 
     def __post_init__(self) -> None:
         validate_cluster_id(self.cluster)
         validate_scope(self.scope)
-        _validate_lease_id(self.lease_id)
+        validate_lease_id(self.lease_id)
         validate_holder(self.holder)
         validate_ttl_ms(self.ttl_ms)
         validate_int("wait_deadline_ns", self.wait_deadline_ns, 0, 2**63 - 1)
+        if self.live_until_ns is not None:
+            validate_int("live_until_ns", self.live_until_ns, 0, 2**63 - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +314,8 @@ def acquire(
         waiters = tuple(w for w in record.waiters if w.lease_id != request.lease_id)
         return replace(record, waiters=waiters), TimedOut()
     stale_ns = now_ns + policy.waiter_stale_ms * _NS_PER_MS
+    if request.live_until_ns is not None:
+        stale_ns = request.live_until_ns
     holder = lease.holder if lease is not None else None
     if position is None:
         if len(record.waiters) >= policy.waiters_per_scope_max:
@@ -354,6 +378,41 @@ def release(record: ScopeRecord, lease_id: str, now_ns: int, policy: LeasePolicy
 def cancel_wait(record: ScopeRecord, lease_id: str) -> ScopeRecord:
     """Leave the queue (a waiter that gives up early). Idempotent."""
     return replace(record, waiters=tuple(w for w in record.waiters if w.lease_id != lease_id))
+
+
+def recover(record: ScopeRecord, now_ns: int, policy: LeasePolicy, *, same_clock: bool) -> ScopeRecord:
+    """The restart rule: what a coordinator coming back from its durable records must assume.
+
+    This is the one copy of the rule; every backend, the server and the
+    simulator call it when they reload (C3, C5):
+
+    - A lease persisted as held stays held a full TTL from ``now_ns``, even if
+      its deadline passed while the coordinator was down: its holder may still
+      be working and cannot have learned otherwise (C3).
+    - Queued waiters are dropped: their requests died with the process, and
+      their deadlines may be on another clock.
+    - A pending lock-delay is kept (C5). When the clock did not continue (a
+      reboot, a failover to another host) nobody can tell whether a recorded
+      delay is still pending, so any recorded delay starts again in full.
+
+    Args:
+        same_clock: ``now_ns`` is on the clock the record's times were written
+            on (a process restart on the same boot). False after a reboot or
+            when the times came from another host's clock.
+    """
+    lease = record.lease
+    if lease is not None:
+        expires_ns = now_ns + lease.ttl_ms * _NS_PER_MS
+        granted_ns = now_ns
+        if same_clock:
+            expires_ns = max(expires_ns, lease.expires_ns)
+            granted_ns = min(lease.granted_ns, now_ns)
+        lease = replace(lease, granted_ns=granted_ns, expires_ns=expires_ns)
+    delay_until_ns = record.delay_until_ns
+    if not same_clock and delay_until_ns > 0:
+        delay_until_ns = now_ns + policy.lock_delay_ms * _NS_PER_MS
+    new = replace(record, lease=lease, waiters=(), delay_until_ns=delay_until_ns)
+    return record if new == record else new
 
 
 @dataclass

@@ -1,0 +1,217 @@
+"""Scope records in memory: the record store of the server and the simulator, and the ``memory://`` backend.
+
+`MemoryRecords` is the `stockade.core.engine.RecordStore` port over plain
+dictionaries. It is not durable by itself: whoever needs durability hangs a
+hook on it (``on_commit``) that receives every committed unit's changes in
+order. ``stockade serve`` hands them to its group committer and answers only
+once they are on disk; the simulator copies them into the node's "disk" (or,
+as a control, forgets to).
+
+`MemoryCoordinator` is the lease engine over it with the host's clock: a
+coordinator that lives as long as its process. ``connect("memory://NAME")``
+opens the process's coordinator called NAME; it exists to prove that a new
+backend is one module, one registry entry and one conformance parameter, and
+for tests of code that uses stockade. Its tokens do not survive the process
+(C1 holds only within it): never use it to protect durable data.
+"""
+
+from __future__ import annotations
+
+import bisect
+import secrets
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from stockade.clock import SystemClock
+from stockade.core.clock import Clock
+from stockade.core.engine import LeaseEngine
+from stockade.core.errors import InvalidArgument, LimitExceeded, invariant
+from stockade.core.leases import LeasePolicy, ScopeRecord
+from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS
+
+__all__ = ["MemoryRecords", "MemoryCoordinator", "Change", "SCOPES_MAX_DEFAULT"]
+
+#: Scopes kept in memory; a change that would add one more raises `LimitExceeded`.
+SCOPES_MAX_DEFAULT = 100_000
+
+Change = tuple[ScopeRecord, ScopeRecord]
+
+
+class MemoryRecords:
+    """Scope records in dictionaries, with the indexes the engine asks for.
+
+    Args:
+        records: records to start from (e.g. loaded from disk).
+        scopes_max: bound on stored scopes.
+        on_commit: called with the ``(old, new)`` changes of each committed
+            unit, in order, before the unit's operation returns.
+
+    Thread-safe: a unit holds a lock from start to commit.
+    """
+
+    def __init__(
+        self,
+        records: dict[str, ScopeRecord] | None = None,
+        *,
+        scopes_max: int = SCOPES_MAX_DEFAULT,
+        on_commit: Callable[[Sequence[Change]], object] | None = None,
+    ) -> None:
+        self.scopes_max = scopes_max
+        self.on_commit = on_commit
+        self._records: dict[str, ScopeRecord] = {}
+        self._names: list[str] = []
+        self._scope_of_lease: dict[str, str] = {}
+        self._lock = threading.RLock()
+        for record in (records or {}).values():
+            self._put(record.scope, None, record)
+
+    # -- the port ------------------------------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator[_MemoryTx]:
+        with self._lock:
+            tx = _MemoryTx(self)
+            try:
+                yield tx
+            except BaseException:
+                tx.undo()
+                raise
+            if tx.changes and self.on_commit is not None:
+                self.on_commit(tx.changes)
+
+    @contextmanager
+    def read(self) -> Iterator[_MemoryTx]:
+        with self._lock:
+            yield _MemoryTx(self)
+
+    # -- direct reads (no unit needed: one dictionary lookup) ----------------------------------
+
+    def peek(self, scope: str) -> ScopeRecord | None:
+        """The stored record of ``scope``, or None."""
+        return self._records.get(scope)
+
+    def snapshot(self) -> dict[str, ScopeRecord]:
+        """A copy of every stored record."""
+        with self._lock:
+            return dict(self._records)
+
+    @property
+    def lease_count(self) -> int:
+        return len(self._scope_of_lease)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def _put(self, scope: str, old: ScopeRecord | None, new: ScopeRecord | None) -> None:
+        """Make ``new`` the stored record of ``scope`` (None: forget it), keeping the indexes."""
+        old_lease = old.lease if old is not None else None
+        new_lease = new.lease if new is not None else None
+        if old_lease is not None and (new_lease is None or new_lease.lease_id != old_lease.lease_id):
+            self._scope_of_lease.pop(old_lease.lease_id, None)
+        if new_lease is not None and (old_lease is None or old_lease.lease_id != new_lease.lease_id):
+            self._scope_of_lease[new_lease.lease_id] = scope
+        if new is None:
+            del self._records[scope]
+            del self._names[bisect.bisect_left(self._names, scope)]
+            return
+        if old is None:
+            bisect.insort(self._names, scope)
+        self._records[scope] = new
+
+
+class _MemoryTx:
+    """One unit of `MemoryRecords`: changes apply at once and are undone if the unit fails."""
+
+    __slots__ = ("_store", "changes")
+
+    def __init__(self, store: MemoryRecords) -> None:
+        self._store = store
+        self.changes: list[Change] = []
+
+    def load(self, scope: str) -> ScopeRecord:
+        return self._store._records.get(scope) or ScopeRecord(scope)
+
+    def scope_of_lease(self, lease_id: str) -> str | None:
+        return self._store._scope_of_lease.get(lease_id)
+
+    def lease_count(self) -> int:
+        return len(self._store._scope_of_lease)
+
+    def lapsed_scopes(self, now_ns: int) -> list[str]:
+        records = self._store._records
+        return [scope for scope in self._store._scope_of_lease.values()
+                if (lease := records[scope].lease) is not None and now_ns >= lease.expires_ns]
+
+    def names(self, *, after: str, limit: int) -> list[str]:
+        names = self._store._names
+        start = bisect.bisect_right(names, after) if after else 0
+        return names[start:start + limit]
+
+    def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
+        if new is old or new == old:
+            return
+        store = self._store
+        scope = new.scope
+        current = store._records.get(scope)
+        invariant((current or ScopeRecord(scope)) == old, f"record of {scope!r} changed underneath this unit")
+        invariant(new.last_token >= old.last_token, f"last_token went back in {scope!r}")
+        if current is None and len(store._records) >= store.scopes_max:
+            raise LimitExceeded("scopes_max", store.scopes_max, "scopes kept in memory")
+        store._put(scope, current, new)
+        self.changes.append((old, new))
+
+    def undo(self) -> None:
+        store = self._store
+        for old, new in reversed(self.changes):
+            before = None if old == ScopeRecord(old.scope) else old
+            store._put(new.scope, new, before)
+        self.changes.clear()
+
+
+class MemoryCoordinator(LeaseEngine):
+    """The lease engine over `MemoryRecords`: a coordinator that lives as long as its process.
+
+    Args:
+        cluster_id: the id its tokens carry (default: a new random one).
+        clock: monotonic clock; defaults to the host's.
+        policy: lock-delay and queue settings.
+    """
+
+    records: MemoryRecords
+
+    def __init__(
+        self, *, cluster_id: str | None = None, clock: Clock | None = None, policy: LeasePolicy | None = None
+    ) -> None:
+        super().__init__(
+            MemoryRecords(), cluster_id=cluster_id or secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2),
+            clock=clock or SystemClock(), policy=policy,
+        )
+
+    def close(self) -> None:
+        """Nothing to release: the records live as long as the object."""
+
+
+_NAMED: dict[str, MemoryCoordinator] = {}
+_NAMED_LOCK = threading.Lock()
+NAMED_MAX = 1_000
+
+
+def named(name: str, *, policy: LeasePolicy | None = None) -> MemoryCoordinator:
+    """The process's coordinator called ``name`` (created on first use).
+
+    Raises:
+        InvalidArgument: it exists already with another policy.
+        LimitExceeded: ``NAMED_MAX`` coordinators exist already.
+    """
+    with _NAMED_LOCK:
+        coordinator = _NAMED.get(name)
+        if coordinator is not None and policy is not None and policy != coordinator.policy:
+            raise InvalidArgument("lock_delay_ms", f"memory://{name} is open already with {coordinator.policy}")
+        if coordinator is None:
+            if len(_NAMED) >= NAMED_MAX:
+                raise LimitExceeded("NAMED_MAX", NAMED_MAX, "in-memory coordinators in this process")
+            coordinator = _NAMED[name] = MemoryCoordinator(policy=policy)
+        return coordinator

@@ -1,0 +1,295 @@
+"""The lease engine: the rules of `stockade.core.leases` over a record store.
+
+Every coordinator in stockade is this one engine with a different record
+store underneath: the embedded SQLite file (`stockade.coordinators.sqlite`),
+memory (`stockade.coordinators.memory`; the server keeps its table there and
+makes it durable by group commit, the simulator runs it under faults). Each
+operation is the same four steps, written once, here:
+
+    open a write unit → load the scope's record → apply the pure rule → save (old, new) → commit
+
+The engine does no I/O of its own: time comes from the `Clock` it is given,
+and everything durable goes through the `RecordStore`, whose write unit must
+be atomic (all of its saves commit, or none) and durable at commit (C1: a
+token is durable before the engine returns it). A rule that refuses raises
+inside the unit, so nothing of that operation is saved.
+
+The record store port is shaped like raft's ``Storage``: the engine loads what
+it needs, decides, and hands back the changes; the store never decides.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from stockade.core import leases as rules
+from stockade.core.clock import Clock
+from stockade.core.errors import InvalidArgument, LimitExceeded, NotHolder
+from stockade.core.leases import (
+    AcquireRequest,
+    Granted,
+    Lease,
+    LeasePolicy,
+    Queued,
+    Released,
+    ScopeInfo,
+    ScopeRecord,
+    TimedOut,
+    lease_hint,
+)
+from stockade.core.limits import LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
+
+__all__ = ["RecordTx", "RecordStore", "LeaseEngine", "Outcome", "recover_records"]
+
+Outcome = Granted | Queued | TimedOut
+
+_RECOVER_PAGE = 1_000
+
+
+def _lease_id_arg(lease_id: object) -> str:
+    # Any string may be asked about: an unknown or malformed id is simply not held.
+    if not isinstance(lease_id, str):
+        raise InvalidArgument("lease_id", f"must be a string, got {type(lease_id).__name__}")
+    return lease_id
+
+
+class RecordTx(Protocol):
+    """One unit of work on the stored records (see `RecordStore`)."""
+
+    def load(self, scope: str) -> ScopeRecord:
+        """The scope's record; a scope never seen reads as ``ScopeRecord(scope)``."""
+        ...
+
+    def scope_of_lease(self, lease_id: str) -> str | None:
+        """The scope whose stored lease has this id, or None."""
+        ...
+
+    def lease_count(self) -> int:
+        """How many leases are stored (expired ones that were not settled included)."""
+        ...
+
+    def lapsed_scopes(self, now_ns: int) -> list[str]:
+        """Scopes whose stored lease expired by ``now_ns``."""
+        ...
+
+    def names(self, *, after: str, limit: int) -> list[str]:
+        """Stored scope names in order, after ``after``, at most ``limit``."""
+        ...
+
+    def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
+        """Replace ``old`` (what this unit loaded or last saved) by ``new``.
+
+        A store may refuse (raise) when what it holds is not ``old``: someone
+        else wrote it, and a token could repeat (C1).
+        """
+        ...
+
+
+class RecordStore(Protocol):
+    """Where a coordinator keeps its scope records (the durable half of a coordinator)."""
+
+    def write(self) -> AbstractContextManager[RecordTx]:
+        """A unit whose saves all commit, durably, when the block ends without an error.
+
+        An exception inside the block discards every save of the unit.
+        """
+        ...
+
+    def read(self) -> AbstractContextManager[RecordTx]:
+        """A unit for reading a consistent view; saving in it is a bug."""
+        ...
+
+
+def recover_records(tx: RecordTx, now_ns: int, policy: LeasePolicy, *, same_clock: bool) -> int:
+    """Apply the restart rule to every record in ``tx``; returns how many changed.
+
+    For a store that must apply it inside a unit of its own (the SQLite file
+    does it in the transaction that notices the reboot, so that exactly one
+    opener applies it); everyone else calls `LeaseEngine.recover`.
+    """
+    changed = 0
+    after = ""
+    while names := tx.names(after=after, limit=_RECOVER_PAGE):
+        for name in names:
+            record = tx.load(name)
+            new = rules.recover(record, now_ns, policy, same_clock=same_clock)
+            if new is not record:
+                tx.save(record, new)
+                changed += 1
+        after = names[-1]
+    return changed
+
+
+class LeaseEngine:
+    """A coordinator: the core lease rules applied to a record store.
+
+    Non-blocking: every method answers at once (bounded by the record store).
+    Waiting for a busy scope is the caller's loop (the embedded client polls,
+    the server parks a long poll and calls `try_acquire` again when the head of
+    the queue may go).
+
+    Args:
+        records: where the records live.
+        cluster_id: the id every token of this coordinator carries.
+        clock: the coordinator's monotonic clock; the only judge of expiry (C3).
+        policy: lock-delay and queue settings.
+        leases_max: bound on stored leases; a grant beyond it raises `LimitExceeded`.
+    """
+
+    def __init__(
+        self,
+        records: RecordStore,
+        *,
+        cluster_id: str,
+        clock: Clock,
+        policy: LeasePolicy | None = None,
+        leases_max: int = LEASES_MAX,
+    ) -> None:
+        validate_int("leases_max", leases_max, 1, LEASES_MAX)
+        self.records = records
+        self.cluster_id = cluster_id
+        self.clock = clock
+        self.policy = policy or LeasePolicy()
+        self.leases_max = leases_max
+
+    #: The grant rule; a seam for the controls of the test suite (a barging or
+    #: overlapping rule must be caught), never changed in production.
+    acquire_rule = staticmethod(rules.acquire)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def try_acquire(
+        self,
+        scope: str,
+        *,
+        lease_id: str,
+        holder: str,
+        ttl_ms: int,
+        wait_deadline_ns: int,
+        live_until_ns: int | None = None,
+    ) -> Outcome:
+        """One non-blocking acquire attempt; call again with the same ``lease_id`` to keep waiting.
+
+        Args:
+            live_until_ns: how long a queued attempt counts as alive without
+                being repeated (None: the policy's ``waiter_stale_ms`` from now;
+                a server that holds the request open passes its wait deadline).
+
+        Returns:
+            `Granted` (durable before return), `Queued` (position in the FIFO
+            queue), or `TimedOut` (``wait_deadline_ns`` passed; dequeued).
+
+        Raises:
+            InvalidArgument: bad scope, holder, ttl or lease id. Nothing changed.
+            LimitExceeded: the queue or the lease table is full. Nothing changed.
+        """
+        request = AcquireRequest(
+            cluster=self.cluster_id, scope=scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
+            wait_deadline_ns=wait_deadline_ns, live_until_ns=live_until_ns,
+        )
+        with self.records.write() as tx:
+            now_ns = self.clock.now_ns()
+            record = tx.load(scope)
+            new, outcome = self.acquire_rule(record, request, now_ns, self.policy)
+            if isinstance(outcome, Granted) and record.lease is None and tx.lease_count() >= self.leases_max:
+                for lapsed in tx.lapsed_scopes(now_ns):  # settle lapsed leases so they stop counting
+                    old = tx.load(lapsed)
+                    tx.save(old, rules.settle(old, now_ns, self.policy))
+                if tx.lease_count() >= self.leases_max:
+                    raise LimitExceeded("LEASES_MAX", self.leases_max)
+                record = tx.load(scope)
+                new, outcome = self.acquire_rule(record, request, now_ns, self.policy)
+            tx.save(record, new)
+        return outcome
+
+    def renew(self, lease_id: str) -> Lease:
+        """Extend a held lease by its TTL from now.
+
+        Raises:
+            NotHolder: the lease expired, was released, or never existed. An
+                expiry found here is recorded (the scope's state is settled).
+        """
+        expired = False
+        with self.records.write() as tx:
+            scope = tx.scope_of_lease(_lease_id_arg(lease_id))
+            if scope is None:
+                raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+            record = tx.load(scope)
+            now_ns = self.clock.now_ns()
+            try:
+                new, lease = rules.renew(record, lease_id, now_ns, self.policy)
+            except NotHolder:
+                tx.save(record, rules.settle(record, now_ns, self.policy))
+                expired = True
+            else:
+                tx.save(record, new)
+        if expired:
+            raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+        return lease
+
+    def release(self, lease_id: str) -> Released:
+        """Release a lease. Idempotent: an unknown or expired lease id is not an error."""
+        with self.records.write() as tx:
+            scope = tx.scope_of_lease(_lease_id_arg(lease_id))
+            now_ns = self.clock.now_ns()
+            if scope is None:
+                return Released(False, now_ns)
+            record = tx.load(scope)
+            new, outcome = rules.release(record, lease_id, now_ns, self.policy)
+            tx.save(record, new)
+        return outcome
+
+    def cancel_wait(self, scope: str, lease_id: str) -> None:
+        """Leave the queue of ``scope`` early. Idempotent."""
+        validate_scope(scope)
+        with self.records.write() as tx:
+            record = tx.load(scope)
+            tx.save(record, rules.cancel_wait(record, lease_id))
+
+    def settle(self, scope: str) -> ScopeRecord:
+        """Apply what time alone decides to ``scope`` (expire, drop lapsed waiters); returns the record."""
+        with self.records.write() as tx:
+            record = tx.load(scope)
+            new = rules.settle(record, self.clock.now_ns(), self.policy)
+            tx.save(record, new)
+        return new
+
+    def recover(self, *, same_clock: bool) -> int:
+        """Apply the restart rule (`stockade.core.leases.recover`) to every stored record, in one unit.
+
+        Call it once when a coordinator comes back from its durable records,
+        before it answers anything.
+
+        Args:
+            same_clock: the stored times are on the clock this engine reads
+                (a process restart on the same boot).
+
+        Returns:
+            How many records changed.
+        """
+        with self.records.write() as tx:
+            return recover_records(tx, self.clock.now_ns(), self.policy, same_clock=same_clock)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def inspect(self, scope: str) -> ScopeInfo:
+        """The state of one scope (a never-used scope reads as free with last_token 0)."""
+        validate_scope(scope)
+        with self.records.read() as tx:
+            record = tx.load(scope)
+        return rules.describe(record, self.clock.now_ns(), self.policy)
+
+    def scopes(self, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[ScopeInfo]:
+        """Scopes in name order after ``after``, at most ``limit`` of them."""
+        validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        if after:
+            validate_scope(after, "after")
+        with self.records.read() as tx:
+            records = [tx.load(name) for name in tx.names(after=after, limit=limit)]
+        now_ns = self.clock.now_ns()
+        return [rules.describe(r, now_ns, self.policy) for r in records]
+
+    def last_issued(self, scope: str) -> int:
+        """The greatest token value ever issued for ``scope`` (0 if none): its fence floor."""
+        return self.inspect(scope).last_token
