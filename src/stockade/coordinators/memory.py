@@ -20,8 +20,9 @@ from __future__ import annotations
 import bisect
 import secrets
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 
 from stockade.clock import SystemClock
 from stockade.core.clock import Clock
@@ -90,6 +91,20 @@ class MemoryRecords:
     def peek(self, scope: str) -> ScopeRecord | None:
         """The stored record of ``scope``, or None."""
         return self._records.get(scope)
+
+    def scope_of_lease(self, lease_id: str) -> str | None:
+        """The scope whose lease has this id, or None."""
+        return self._scope_of_lease.get(lease_id)
+
+    @property
+    def records(self) -> Mapping[str, ScopeRecord]:
+        """The stored records (a live, read-only view)."""
+        return MappingProxyType(self._records)
+
+    @property
+    def names(self) -> Sequence[str]:
+        """The stored scope names in order (a live view; do not modify)."""
+        return self._names
 
     def snapshot(self) -> dict[str, ScopeRecord]:
         """A copy of every stored record."""
