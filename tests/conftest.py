@@ -98,9 +98,17 @@ def serve(tmp_path: Path):
         server.stop()
 
 
-@pytest.fixture(params=["embedded", "http"])
+#: The conformance parameters, and the registered schemes each one runs (https: test_server's TLS test).
+BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https")}
+
+
+@pytest.fixture(params=list(BACKENDS))
 def backend(request) -> str:
-    """Where the conformance tests run: the embedded SQLite files, or a real `stockade serve`."""
+    """Where the conformance tests run: every registered coordinator scheme.
+
+    ``embedded``: the SQLite files; ``memory``: the in-process engine; ``http``:
+    a real `stockade serve` subprocess. A new backend adds one parameter here.
+    """
     return request.param
 
 
@@ -108,6 +116,8 @@ def backend(request) -> str:
 def coord_url(tmp_path: Path, backend: str, request) -> str:
     if backend == "http":
         return request.getfixturevalue("http_server").url
+    if backend == "memory":
+        return f"memory://{tmp_path.name}"
     return f"sqlite://{tmp_path / 'coord.db'}"
 
 

@@ -282,3 +282,36 @@ def test_remote_server_down_is_backend_unavailable():
 def test_bad_urls(url):
     with pytest.raises(InvalidArgument):
         stockade.connect(url)
+
+
+def test_every_registered_coordinator_runs_the_conformance_suite():
+    """A new backend is one registry entry plus one ``backend`` parameter (tests/conftest.py)."""
+    from stockade.coordinators.registry import COORDINATORS
+
+    from conftest import BACKENDS
+
+    assert set(COORDINATORS) <= {scheme for schemes in BACKENDS.values() for scheme in schemes}
+
+
+def test_capabilities_are_declared_and_checked(tmp_path):
+    from stockade.coordinators.registry import Capability
+
+    coord = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}", lock_delay_ms=200)
+    assert Capability.CLIENT_LOCK_DELAY in coord.capabilities and Capability.DURABLE_TOKENS in coord.capabilities
+    coord.close()
+    memory = stockade.connect(f"memory://{tmp_path.name}")
+    assert Capability.DURABLE_TOKENS not in memory.capabilities
+    with pytest.raises(InvalidArgument, match="lock_delay_ms"):
+        stockade.connect("http://127.0.0.1:9", lock_delay_ms=100)  # refused before any I/O
+    for url in ["etcd://h:2379", "zk://h:2181", "postgresql://h/db", "nope://x", "memory://", "sqlite://", 5]:
+        with pytest.raises(InvalidArgument):
+            stockade.connect(url)
+
+
+def test_last_issued_is_the_fence_floor(client, coord_url):
+    coord = client.connect(coord_url)
+    assert client.run(coord.last_issued("floors")) == 0
+    for _ in range(3):
+        client.run(client.run(coord.acquire("floors", ttl_ms=1000)).release())
+    assert client.run(coord.last_issued("floors")) == 3
+    client.run(coord.aclose() if client.mode == "async" else coord.close())

@@ -16,13 +16,15 @@ from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_int
 from stockade.core.tokens import FencingToken
 
+SCHEMES_PLANNED = ("etcd", "zk", "zookeeper", "postgresql")
+
 __all__ = [
+    "Grant",
+    "sqlite_path",
     "CURRENT_LEASE",
     "resolve_token",
     "default_holder",
-    "sqlite_path",
     "lost_margin_ms",
-    "SCHEMES_PLANNED",
     "HTTPEndpoint",
     "is_http_url",
     "http_endpoint",
@@ -36,7 +38,6 @@ __all__ = [
 # without an explicit token use it.
 CURRENT_LEASE: contextvars.ContextVar[Any] = contextvars.ContextVar("stockade_current_lease", default=None)
 
-SCHEMES_PLANNED = ("etcd", "zk", "postgresql")
 SCHEMES_HTTP = ("http", "https")
 
 # Remote calls: every request has a deadline (STYLE 7). An acquire may take
@@ -47,6 +48,29 @@ CONNECT_TIMEOUT_MS_DEFAULT = 3_000
 # The bearer token, when none is passed to connect()/open_store().
 AUTH_TOKEN_ENV = "STOCKADE_AUTH_TOKEN"
 _AUTH_TOKEN_BYTES_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a coordinator port answers to a granted acquire, as the client sees it.
+
+    Not the coordinator's `stockade.core.leases.Lease`: the client never sees
+    the coordinator's clock (C3), only its own. Its lease deadline counts from
+    ``sent_ns``, the send time of the attempt that was granted (K2).
+
+    Attributes:
+        lease_id: the lease's secret id (renew and release name it).
+        holder: the holder name the coordinator shows.
+        token: the fencing token of the grant.
+        ttl_ms: the lease's time to live.
+        sent_ns: the client's monotonic clock when the granted attempt was sent.
+    """
+
+    lease_id: str
+    holder: str
+    token: FencingToken
+    ttl_ms: int
+    sent_ns: int
 
 
 def resolve_token(token: object) -> FencingToken:

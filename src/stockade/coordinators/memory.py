@@ -86,6 +86,9 @@ class MemoryRecords:
         with self._lock:
             yield _MemoryTx(self)
 
+    def close(self) -> None:
+        """Nothing to release: the records live as long as the object."""
+
     # -- direct reads (no unit needed: one dictionary lookup) ----------------------------------
 
     def peek(self, scope: str) -> ScopeRecord | None:
@@ -204,9 +207,6 @@ class MemoryCoordinator(LeaseEngine):
             MemoryRecords(), cluster_id=cluster_id or secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2),
             clock=clock or SystemClock(), policy=policy,
         )
-
-    def close(self) -> None:
-        """Nothing to release: the records live as long as the object."""
 
 
 _NAMED: dict[str, MemoryCoordinator] = {}

@@ -484,9 +484,6 @@ class SQLiteCoordinator(LeaseEngine):
         super().__init__(records, cluster_id=records.cluster_id, clock=clock, policy=policy)
         self.path = records.path
 
-    def close(self) -> None:
-        self.records.close()
-
     def __enter__(self) -> SQLiteCoordinator:
         return self
 

@@ -100,6 +100,10 @@ class RecordStore(Protocol):
         """A unit for reading a consistent view; saving in it is a bug."""
         ...
 
+    def close(self) -> None:
+        """Release files, connections and locks (a store that holds none does nothing)."""
+        ...
+
 
 def recover_records(tx: RecordTx, now_ns: int, policy: LeasePolicy, *, same_clock: bool) -> int:
     """Apply the restart rule to every record in ``tx``; returns how many changed.
@@ -156,6 +160,10 @@ class LeaseEngine:
     #: The grant rule; a seam for the controls of the test suite (a barging or
     #: overlapping rule must be caught), never changed in production.
     acquire_rule = staticmethod(rules.acquire)
+
+    def close(self) -> None:
+        """Release what the record store holds (files, locks)."""
+        self.records.close()
 
     # -- writes ------------------------------------------------------------------------------
 

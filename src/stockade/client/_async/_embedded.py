@@ -1,6 +1,7 @@
-"""Ports to the embedded engines (SQLite files on this host).
+"""Ports to the in-process lease engines (a SQLite file on this host, memory).
 
-The engines are blocking and answer at once; waiting for a busy scope is a
+Any `stockade.core.engine.LeaseEngine` serves here, whatever its record
+store. The engines are blocking and answer at once; waiting for a busy scope is a
 poll loop here, with a deadline and a bounded interval, so that the async
 client never blocks its event loop and the sync client never blocks forever.
 """
@@ -8,8 +9,11 @@ client never blocks its event loop and the sync client never blocks forever.
 from __future__ import annotations
 
 from stockade.client._io import AsyncIO
-from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
+from stockade.client._shared import Grant
+from stockade.coordinators.registry import Capability
+from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
+from stockade.core.engine import LeaseEngine
 from stockade.core.errors import LockTimeout, invariant
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import Item, SQLiteStore, WriteResult
@@ -21,19 +25,26 @@ POLL_INTERVAL_MS_MAX = 20
 
 
 class AsyncEmbeddedCoordinatorPort:
-    def __init__(self, engine: SQLiteCoordinator) -> None:
+    """The coordinator port (`AsyncCoordinatorPort`) over an in-process lease engine.
+
+    Args:
+        engine: the engine; closed with the port.
+        capabilities: what its backend declares (`stockade.coordinators.registry`).
+    """
+
+    def __init__(self, engine: LeaseEngine, *, capabilities: frozenset[Capability]) -> None:
         self.engine = engine
         self.cluster_id = engine.cluster_id
         self.clock = engine.clock
+        self.capabilities = capabilities
 
-    async def acquire(
-        self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int
-    ) -> tuple[core_leases.Lease, int]:
+    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
 
         Returns:
-            The lease, and the send time (``clock.now_ns()``) of the attempt that
-            was granted: the start of the client's conservative lease deadline (K2).
+            The grant; its ``sent_ns`` is the send time (``clock.now_ns()``) of the
+            attempt that was granted: the start of the client's conservative
+            lease deadline (K2). The engine shares the client's clock here.
 
         Raises:
             LockTimeout: still held (or others ahead) when ``wait_ms`` ran out.
@@ -49,7 +60,8 @@ class AsyncEmbeddedCoordinatorPort:
                     wait_deadline_ns=deadline_ns,
                 )
                 if isinstance(outcome, core_leases.Granted):
-                    return outcome.lease, sent_ns
+                    lease = outcome.lease
+                    return Grant(lease.lease_id, lease.holder, lease.token, lease.ttl_ms, sent_ns)
                 if isinstance(outcome, core_leases.TimedOut):
                     raise LockTimeout(scope, wait_ms)
                 invariant(isinstance(outcome, core_leases.Queued), f"unexpected outcome {outcome!r}")
@@ -68,17 +80,21 @@ class AsyncEmbeddedCoordinatorPort:
                 pass  # the lease, if any, expires by TTL
             raise
 
-    async def renew(self, lease_id: str) -> core_leases.Lease:
-        return await AsyncIO.run_blocking(self.engine.renew, lease_id)
+    async def renew(self, lease_id: str) -> None:
+        await AsyncIO.run_blocking(self.engine.renew, lease_id)
 
-    async def release(self, lease_id: str) -> core_leases.Released:
-        return await AsyncIO.run_blocking(self.engine.release, lease_id)
+    async def release(self, lease_id: str) -> bool:
+        outcome = await AsyncIO.run_blocking(self.engine.release, lease_id)
+        return outcome.released
 
     async def inspect(self, scope: str) -> core_leases.ScopeInfo:
         return await AsyncIO.run_blocking(self.engine.inspect, scope)
 
     async def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
         return await AsyncIO.run_blocking(self.engine.scopes, after=after, limit=limit)
+
+    async def last_issued(self, scope: str) -> int:
+        return await AsyncIO.run_blocking(self.engine.last_issued, scope)
 
     async def aclose(self) -> None:
         self.engine.close()

@@ -7,9 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from stockade.client._async.port import AsyncCoordinatorPort
 from stockade.client._io import AsyncIO
-from stockade.client._shared import CURRENT_LEASE, default_holder, lost_margin_ms
+from stockade.client._shared import CURRENT_LEASE, Grant, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
+from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
 from stockade.core.errors import LeaseLost, NotHolder, StockadeError
@@ -39,15 +41,15 @@ class AsyncLease:
         holder: the holder name the coordinator shows.
     """
 
-    def __init__(self, port: Any, lease: core_leases.Lease, *, sent_ns: int, clock: Clock) -> None:
-        self.scope = lease.scope
-        self.token: FencingToken = lease.token
-        self.ttl_ms = lease.ttl_ms
-        self.holder = lease.holder
-        self._lease_id = lease.lease_id
+    def __init__(self, port: AsyncCoordinatorPort, grant: Grant, *, clock: Clock) -> None:
+        self.scope = grant.token.scope
+        self.token: FencingToken = grant.token
+        self.ttl_ms = grant.ttl_ms
+        self.holder = grant.holder
+        self._lease_id = grant.lease_id
         self._port = port
         self._clock = clock
-        self._deadline_ns = sent_ns + (lease.ttl_ms - lost_margin_ms(lease.ttl_ms)) * 1_000_000
+        self._deadline_ns = grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000
         self._lost = AsyncIO.event()
         self._stop = AsyncIO.event()
         self._lost_cause = ""
@@ -159,12 +161,18 @@ class AsyncCoordinator:
     """A handle on a coordinator: acquire leases, inspect scopes.
 
     Create with `stockade.connect_async(url)`; use as ``async with``.
+
+    Attributes:
+        cluster_id: the id every token of this coordinator carries.
+        capabilities: what the backend guarantees or accepts
+            (`stockade.coordinators.registry.Capability`).
     """
 
-    def __init__(self, port: Any, *, clock: Clock | None = None) -> None:
+    def __init__(self, port: AsyncCoordinatorPort, *, clock: Clock | None = None) -> None:
         self._port = port
         self._clock: Clock = clock or SystemClock()
         self.cluster_id: str = port.cluster_id
+        self.capabilities: frozenset[Capability] = port.capabilities
 
     async def __aenter__(self) -> AsyncCoordinator:
         return self
@@ -201,9 +209,9 @@ class AsyncCoordinator:
         validate_ttl_ms(ttl_ms)
         validate_wait_ms(wait_ms)
         holder = validate_holder(holder) if holder is not None else default_holder()
-        granted, sent_ns = await self._port.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
-        lease = AsyncLease(self._port, granted, sent_ns=sent_ns, clock=self._clock)
-        if self._clock.now_ns() - sent_ns > ttl_ms * 1_000_000 // 3:
+        grant = await self._port.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
+        lease = AsyncLease(self._port, grant, clock=self._clock)
+        if self._clock.now_ns() - grant.sent_ns > ttl_ms * 1_000_000 // 3:
             # A long-polled grant: the local deadline counts from the request's send
             # time, so it may already be near or past. Renew once now, to count from here.
             try:
@@ -245,3 +253,12 @@ class AsyncCoordinator:
         """Known scopes in name order, a page at a time."""
         validate_int("limit", limit, 1, LIST_PAGE_MAX)
         return await self._port.scopes(after=after, limit=limit)
+
+    async def last_issued(self, scope: str) -> int:
+        """The greatest token value issued for ``scope`` so far (0 if none).
+
+        This is the scope's fence floor: after restoring a resource from a
+        backup, raise its high-water mark to at least this (R4).
+        """
+        validate_scope(scope)
+        return await self._port.last_issued(scope)

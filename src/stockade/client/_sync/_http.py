@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from stockade.client._io import SyncIO
-from stockade.client._shared import HTTPEndpoint
+from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.client._wire import (
     RESPONSE_HEAD_BYTES_MAX,
     HTTPResponse,
@@ -37,6 +37,7 @@ from stockade.client._wire import (
     write_result_from,
 )
 from stockade.clock import SystemClock
+from stockade.coordinators.registry import COORDINATORS
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
 from stockade.core.limits import LEASES_MAX, validate_idempotency_key, validate_key, validate_scope, validate_value
@@ -303,19 +304,18 @@ class HTTPCoordinatorPort:
     def __init__(self, client: HTTPClient, *, cluster_id: str) -> None:
         self._client = client
         self.cluster_id = cluster_id
+        self.capabilities = COORDINATORS["https" if client.endpoint.tls is not None else "http"].capabilities
         self.clock = SystemClock()
         # lease id -> (holder, ttl_ms) of leases granted through this port: a renewal
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
 
-    def acquire(
-        self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int
-    ) -> tuple[core_leases.Lease, int]:
+    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.
 
         Returns:
-            The lease, and the send time of the request (the start of the client's
-            conservative lease deadline, K2).
+            The grant; ``sent_ns`` is the send time of the request (the start of
+            the client's conservative lease deadline, K2).
 
         Raises:
             LockTimeout: still held when ``wait_ms`` ran out.
@@ -341,9 +341,9 @@ class HTTPCoordinatorPort:
         if len(self._held) >= LEASES_MAX:  # leases never released nor renewed: forget the oldest
             self._held.pop(next(iter(self._held)))
         self._held[lease_id] = (holder, lease.ttl_ms)
-        return lease, sent_ns
+        return Grant(lease_id, holder, lease.token, lease.ttl_ms, sent_ns)
 
-    def renew(self, lease_id: str) -> core_leases.Lease:
+    def renew(self, lease_id: str) -> None:
         holder, ttl_ms = self._held.get(lease_id, ("", 0))
         timeout_ms = self._client.endpoint.timeout_ms
         if ttl_ms:
@@ -358,9 +358,9 @@ class HTTPCoordinatorPort:
             if isinstance(error, NotHolder):
                 self._held.pop(lease_id, None)
             raise error from problem
-        return lease_from(json_body(response), lease_id=lease_id, holder=holder or "?", sent_ns=sent_ns)
+        lease_from(json_body(response), lease_id=lease_id, holder=holder or "?", sent_ns=sent_ns)  # validates it
 
-    def release(self, lease_id: str) -> core_leases.Released:
+    def release(self, lease_id: str) -> bool:
         """Release; idempotent. ``released`` is True if this port held the lease until now."""
         response = self._client.request(
             "DELETE", f"/v1/leases/{lease_id}", timeout_ms=self._client.endpoint.timeout_ms, idempotent=True
@@ -368,7 +368,7 @@ class HTTPCoordinatorPort:
         if response.status not in (200, 204):
             error, problem = error_for(response, lease_id=lease_id)
             raise error from problem
-        return core_leases.Released(self._held.pop(lease_id, None) is not None, self.clock.now_ns())
+        return self._held.pop(lease_id, None) is not None
 
     def inspect(self, scope: str) -> core_leases.ScopeInfo:
         _, doc = self._client.get_json(f"/v1/locks/{scope}")
@@ -380,6 +380,9 @@ class HTTPCoordinatorPort:
         if not isinstance(locks, list):
             raise BackendUnavailable("server answer lacks 'locks'")
         return [scope_info_from(entry) for entry in locks]
+
+    def last_issued(self, scope: str) -> int:
+        return (self.inspect(scope)).last_token
 
     def close(self) -> None:
         self._client.close()

@@ -10,7 +10,7 @@ from stockade.client._sync._http import HTTPClient, HTTPCoordinatorPort, HTTPSto
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
 from stockade.client._shared import HTTPEndpoint, http_endpoint, is_http_url, sqlite_path
-from stockade.coordinators.sqlite import SQLiteCoordinator
+from stockade.coordinators.registry import Capability, coordinator_backend
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import validate_cluster_id
@@ -46,12 +46,16 @@ def connect(
 ) -> Coordinator:
     """Open a coordinator.
 
+    The url's scheme picks the backend (`stockade.coordinators.registry`).
+
     Args:
         url: ``sqlite:///path/to/coord.db`` (created, with a new cluster id, if
-            missing), or ``http://host:port`` / ``https://host:port`` for a
-            `stockade serve` (contacted once here, for its cluster id).
+            missing), ``http://host:port`` / ``https://host:port`` for a
+            `stockade serve` (contacted once here, for its cluster id), or
+            ``memory://NAME`` (this process only; for tests and examples).
         lock_delay_ms: after an *expiry*, keep the scope ungrantable this long
-            (C5). Embedded only: a server has its own setting.
+            (C5). Only where the backend declares `Capability.CLIENT_LOCK_DELAY`
+            (a server has its own setting).
         timeout_ms: remote only; the deadline of each request, 1..600_000
             (default 10_000). An acquire waits up to ``wait_ms`` on top.
         connect_timeout_ms: remote only; the deadline of a connect (default 3_000).
@@ -62,18 +66,19 @@ def connect(
         InvalidArgument: unknown url or option.
         BackendUnavailable: the coordinator cannot be opened or reached.
     """
-    if is_http_url(url):
-        if lock_delay_ms:
-            raise InvalidArgument("lock_delay_ms", "is a server setting; it cannot be set by a remote client")
+    backend, location = coordinator_backend(url)
+    if lock_delay_ms and Capability.CLIENT_LOCK_DELAY not in backend.capabilities:
+        raise InvalidArgument("lock_delay_ms", f"{backend.scheme}:// does not take it from the client "
+                                               "(a server has its own setting)")
+    if backend.open_engine is None:
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
         )
         cluster_id = _remote_cluster_id(endpoint)
         return Coordinator(HTTPCoordinatorPort(HTTPClient(endpoint), cluster_id=cluster_id))
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
-    path = sqlite_path(url)
-    engine = SQLiteCoordinator(path, policy=LeasePolicy(lock_delay_ms=lock_delay_ms))
-    return Coordinator(EmbeddedCoordinatorPort(engine))
+    engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
+    return Coordinator(EmbeddedCoordinatorPort(engine, capabilities=backend.capabilities))
 
 
 def open_store(
