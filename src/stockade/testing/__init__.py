@@ -10,6 +10,8 @@
 - `history`: Jepsen-style histories in the JSON-lines form of SCENARIOS.md.
 - `checkers`: P1–P7 over a history and the resource's audit trail (`check`).
 - `linearizability`: a fenced-register linearizability check, per scope.
+- `faults`: fault-injecting wrappers over the ports (`FaultyRecords` fails a
+  record store's units before or after their commit), for every backend.
 - `mutants`: deliberately broken fenced stores. Every fault test runs once
   against one of them and must fail there, because a test that cannot fail
   proves nothing.
