@@ -20,8 +20,7 @@ from __future__ import annotations
 import bisect
 import secrets
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from stockade.clock import SystemClock
@@ -69,22 +68,11 @@ class MemoryRecords:
 
     # -- the port ------------------------------------------------------------------------------
 
-    @contextmanager
-    def write(self) -> Iterator[_MemoryTx]:
-        with self._lock:
-            tx = _MemoryTx(self)
-            try:
-                yield tx
-            except BaseException:
-                tx.undo()
-                raise
-            if tx.changes and self.on_commit is not None:
-                self.on_commit(tx.changes)
+    def write(self) -> _MemoryTx:
+        return _MemoryTx(self, writing=True)
 
-    @contextmanager
-    def read(self) -> Iterator[_MemoryTx]:
-        with self._lock:
-            yield _MemoryTx(self)
+    def read(self) -> _MemoryTx:
+        return _MemoryTx(self, writing=False)
 
     def close(self) -> None:
         """Nothing to release: the records live as long as the object."""
@@ -141,13 +129,32 @@ class MemoryRecords:
 
 
 class _MemoryTx:
-    """One unit of `MemoryRecords`: changes apply at once and are undone if the unit fails."""
+    """One unit of `MemoryRecords`, its own context manager (the server runs one per request).
 
-    __slots__ = ("_store", "changes")
+    Changes apply at once and are undone if the unit fails; a write unit hands
+    its changes to ``on_commit`` when it ends without an error.
+    """
 
-    def __init__(self, store: MemoryRecords) -> None:
+    __slots__ = ("_store", "_writing", "changes")
+
+    def __init__(self, store: MemoryRecords, *, writing: bool) -> None:
         self._store = store
+        self._writing = writing
         self.changes: list[Change] = []
+
+    def __enter__(self) -> _MemoryTx:
+        self._store._lock.acquire()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        store = self._store
+        try:
+            if exc_type is not None:
+                self.undo()
+            elif self.changes and store.on_commit is not None:
+                store.on_commit(self.changes)
+        finally:
+            store._lock.release()
 
     def load(self, scope: str) -> ScopeRecord:
         return self._store._records.get(scope) or ScopeRecord(scope)
@@ -169,12 +176,14 @@ class _MemoryTx:
         return names[start:start + limit]
 
     def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
+        invariant(self._writing, "save in a read unit")
         if new is old or new == old:
             return
         store = self._store
         scope = new.scope
         current = store._records.get(scope)
-        invariant((current or ScopeRecord(scope)) == old, f"record of {scope!r} changed underneath this unit")
+        if current is not old:
+            invariant((current or ScopeRecord(scope)) == old, f"record of {scope!r} changed underneath this unit")
         invariant(new.last_token >= old.last_token, f"last_token went back in {scope!r}")
         if current is None and len(store._records) >= store.scopes_max:
             raise LimitExceeded("scopes_max", store.scopes_max, "scopes kept in memory")
