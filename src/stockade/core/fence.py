@@ -1,25 +1,53 @@
-"""The fence rule (R1, R2): the one comparison every resource makes.
+"""The fence rule (R1, R2) and the order of a write's checks (R2 -> R3 -> R1).
 
-A resource that keeps a high-water mark (HWM) per scope calls `decide` inside
-the same transaction that applies the write, and applies the write only on
-`Accept`. The rule itself has no I/O: the atomicity is the adapter's job.
+A resource that keeps a high-water mark (HWM) per scope calls `check_write`
+(or, with no idempotency key in play, `decide`) inside the same transaction
+that applies the write, and applies the write only on `Accept`. The rule
+itself has no I/O: the atomicity is the adapter's job.
+
+`decide`, the comparison:
 
     token for another cluster or scope   -> Reject("wrong-cluster" | "wrong-scope")
     token.value <  HWM                   -> Reject("stale")
     token.value >= HWM                   -> Accept(new_high_water=token.value)
 
 Equal tokens are accepted: one lease may write many times.
+
+`check_write`, the order every adapter follows for one write:
+
+    1. token for another cluster or scope             -> Reject (R2; nothing else is looked at)
+    2. idempotency key recorded, same operation       -> Replay(original result) (R3, even if stale)
+       idempotency key recorded, another operation    -> raise InvalidArgument
+    3. token.value <  HWM                             -> Reject("stale") (R1)
+    4. otherwise                                      -> Accept(new_high_water=token.value)
+
+Provenance comes first so that a token of another cluster or scope learns
+nothing, not even an earlier result; staleness comes after the replay so that
+a retry of an acknowledged write still gets its answer after a newer holder
+wrote.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
-from stockade.core.errors import StaleToken, TokenMismatch
+from stockade.core.errors import InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.tokens import FencingToken
+from stockade.core.values import WriteResult
 
-__all__ = ["Accept", "Reject", "FenceDecision", "decide", "raise_for"]
+__all__ = [
+    "Accept",
+    "Reject",
+    "Replay",
+    "Recorded",
+    "FenceDecision",
+    "WriteDecision",
+    "FenceRule",
+    "decide",
+    "check_write",
+    "raise_for",
+]
 
 RejectReason = Literal["stale", "wrong-scope", "wrong-cluster"]
 
@@ -39,7 +67,38 @@ class Reject:
     high_water: int
 
 
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Apply nothing and answer ``result``: the idempotency key was already applied (R3)."""
+
+    result: WriteResult
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What a resource remembers under one (scope, idempotency key).
+
+    Attributes:
+        fingerprint: `stockade.core.values.Write.fingerprint` of the write applied then.
+        result: that write's result, as it is to be replayed (``replayed=True``).
+    """
+
+    fingerprint: str
+    result: WriteResult
+
+
 FenceDecision = Accept | Reject
+WriteDecision = Replay | Accept | Reject
+
+
+class FenceRule(Protocol):
+    """The signature of `decide`: what an adapter calls to compare a token with a mark.
+
+    Adapters hold their rule as an attribute so that the controls in
+    ``stockade.testing.mutants`` can swap in a broken one.
+    """
+
+    def __call__(self, token: FencingToken, *, cluster: str, scope: str, high_water: int) -> FenceDecision: ...
 
 
 def decide(token: FencingToken, *, cluster: str, scope: str, high_water: int) -> FenceDecision:
@@ -61,6 +120,47 @@ def decide(token: FencingToken, *, cluster: str, scope: str, high_water: int) ->
     if token.value < high_water:
         return Reject("stale", high_water)
     return Accept(token.value)
+
+
+def check_write(
+    token: FencingToken,
+    *,
+    scope: str,
+    cluster: str,
+    high_water: int,
+    fingerprint: str | None,
+    recorded: Recorded | None,
+    rule: FenceRule = decide,
+) -> WriteDecision:
+    """Judge one write in the order R2 -> R3 -> R1 (the table in this module's docstring).
+
+    The adapter reads the scope's mark and the record of the write's
+    idempotency key (None without a key, or when none is kept) in its atomic
+    unit, calls this, and in the same unit applies the write only on `Accept`.
+
+    Args:
+        token: the token the writer carries.
+        scope: the scope being written.
+        cluster: the coordinator cluster this resource trusts.
+        high_water: the scope's current HWM (0 if never written).
+        fingerprint: the write's fingerprint (None without an idempotency key).
+        recorded: what the resource remembers under the write's idempotency key.
+        rule: the comparison; `decide` unless a control swaps it.
+
+    Returns:
+        `Replay`, `Reject` or `Accept`.
+
+    Raises:
+        InvalidArgument: the idempotency key was applied to a different operation.
+    """
+    decision = rule(token, cluster=cluster, scope=scope, high_water=high_water)
+    if isinstance(decision, Reject) and decision.reason != "stale":
+        return decision
+    if recorded is not None:
+        if recorded.fingerprint != fingerprint:
+            raise InvalidArgument("idempotency_key", "already used in this scope for a different operation")
+        return Replay(recorded.result)
+    return decision
 
 
 def raise_for(token: FencingToken, decision: Reject, *, cluster: str, scope: str) -> None:
