@@ -145,9 +145,9 @@ def _orchestrate(root: Path, store_class: str | None) -> int:
                 worker.kill()
                 worker.wait()
 
-    from stockade.resources.store import SQLiteStore
+    import stockade
 
-    with SQLiteStore(root / "store.db") as store:
+    with stockade.open_store(f"sqlite://{root / 'store.db'}") as store:
         item = store.get(SCOPE, KEY)
         high_water = store.high_water(SCOPE)
     final = item.value.decode() if item else None

@@ -8,7 +8,7 @@ import json
 from stockade.cli._common import add_data_dir, data_dir, fail, open_coordinator
 from stockade.core.errors import StockadeError
 from stockade.core.limits import LIST_PAGE_MAX
-from stockade.resources.store import SQLiteStore
+from stockade.resources.registry import open_resource
 
 SCOPES_SHOWN_MAX = 10_000
 
@@ -33,8 +33,11 @@ def run(argv: list[str]) -> int:
             after = page[-1].scope
         high_waters: dict[str, int] = {}
         if (root / "store.db").exists():
-            with SQLiteStore(root / "store.db") as store:
+            store = open_resource(f"sqlite://{root / 'store.db'}")
+            try:
                 high_waters = store.high_waters()
+            finally:
+                store.close()
     except StockadeError as exc:
         return fail(str(exc))
     rows = [

@@ -14,9 +14,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from stockade.core.errors import LimitExceeded, NotHolder
-from stockade.core.fence import Accept, Reject, decide
+from stockade.core.fence import Accept, FenceDecision, FenceRule, Recorded, Reject, Replay, check_write, decide
 from stockade.core.leases import AcquireRequest, Granted, LeasePolicy, LeaseTable, Queued, ScopeRecord
 from stockade.core.tokens import FencingToken
+from stockade.core.values import WriteResult
 from stockade.testing.clock import SimClock
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ class ResourceState:
     def __init__(self) -> None:
         self.high_water: dict[str, int] = {}
         self.values: dict[tuple[str, str], str] = {}
-        self.applied: dict[str, bool] = {}
+        self.applied: dict[str, Recorded] = {}  # idempotency key -> what a retry is answered with (R3)
         self.lineage: list[int] = []
 
     def copy(self) -> ResourceState:
@@ -226,14 +227,23 @@ class Resource(Node):
         else:
             self._process(src, payload, early)
 
-    def _decide(self, token: FencingToken, scope: str) -> Accept | Reject:
-        high = self.live.high_water.get(scope, 0)
+    def _rule(self, token: FencingToken, *, cluster: str, scope: str, high_water: int) -> FenceDecision:
+        """The comparison, as the mutant (if any) breaks it."""
         if self.mutant == "fencing-off":
             return Accept(token.value)
-        decision = decide(token, cluster=self.cluster, scope=scope, high_water=high)
-        if self.mutant == "strict-greater" and isinstance(decision, Accept) and token.value == high:
-            return Reject("stale", high)
+        decision = decide(token, cluster=cluster, scope=scope, high_water=high_water)
+        if self.mutant == "strict-greater" and isinstance(decision, Accept) and token.value == high_water:
+            return Reject("stale", high_water)
         return decision
+
+    def _decide(self, token: FencingToken, scope: str) -> FenceDecision:
+        high = self.live.high_water.get(scope, 0)
+        return self._rule(token, cluster=self.cluster, scope=scope, high_water=high)
+
+    @staticmethod
+    def _recorded(scope: str, key: str, idempotency_key: str, token_value: int, high_water: int) -> Recorded:
+        # The model's requests carry one idempotency key per operation, so the key is its own fingerprint.
+        return Recorded(idempotency_key, WriteResult(scope, key, token_value, high_water, 0, replayed=True))
 
     def _process(self, src: str, payload: tuple[Any, ...], early: Accept | Reject | None) -> None:
         kind, req_id = payload[0], payload[1]
@@ -243,17 +253,25 @@ class Resource(Node):
             self._answer(src, ("value", req_id, live.values.get((scope, key))))
             return
         _, _, scope, key, value, idempotency_key, token = payload
-        if idempotency_key in live.applied:
+        rule: FenceRule = self._rule
+        if early is not None:
+            def rule(token: FencingToken, *, cluster: str, scope: str, high_water: int) -> FenceDecision:
+                return early  # the check made on arrival, trusted now: the check-then-write bug
+        # The store's order, R2 -> R3 -> R1, from the one function every adapter calls.
+        decision = check_write(
+            token, scope=scope, cluster=self.cluster, high_water=live.high_water.get(scope, 0),
+            fingerprint=idempotency_key, recorded=live.applied.get(idempotency_key), rule=rule,
+        )
+        if isinstance(decision, Replay):
             self._answer(src, ("ok", req_id))  # R3: the original result, nothing applied again
             return
-        decision = early if early is not None else self._decide(token, scope)
         if isinstance(decision, Reject):
             self._answer(src, ("rejected", req_id, decision.reason, decision.high_water))
             return
         new_high = token.value if self.mutant in ("check-then-write", "fencing-off") else decision.new_high_water
         live.high_water[scope] = new_high
         live.values[(scope, key)] = value
-        live.applied[idempotency_key] = True
+        live.applied[idempotency_key] = self._recorded(scope, key, idempotency_key, token.value, new_high)
         self.batch.append((scope, key, value, new_high, idempotency_key, token.value))
         self._answer(src, ("ok", req_id))
 
@@ -277,7 +295,7 @@ class Resource(Node):
         for scope, key, value, new_high, idempotency_key, token_value in self.batch:
             durable.high_water[scope] = new_high
             durable.values[(scope, key)] = value
-            durable.applied[idempotency_key] = True
+            durable.applied[idempotency_key] = self._recorded(scope, key, idempotency_key, token_value, new_high)
             seq = len(world.audit) + 1
             world.audit.append((scope, token_value, idempotency_key, seq))
             durable.lineage.append(seq)

@@ -16,7 +16,8 @@ from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import LockTimeout, invariant
 from stockade.core.tokens import FencingToken
-from stockade.resources.store import Item, SQLiteStore, WriteResult
+from stockade.core.values import Item, WriteResult
+from stockade.resources.port import FencedStorePort
 
 __all__ = ["AsyncEmbeddedCoordinatorPort", "AsyncEmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX"]
 
@@ -101,7 +102,9 @@ class AsyncEmbeddedCoordinatorPort:
 
 
 class AsyncEmbeddedStorePort:
-    def __init__(self, engine: SQLiteStore) -> None:
+    """Any in-process fenced store (`FencedStorePort`: SQLite, memory, ...) behind the async client."""
+
+    def __init__(self, engine: FencedStorePort) -> None:
         self.engine = engine
         self.cluster_id = engine.cluster_id
 

@@ -14,7 +14,7 @@ from stockade.coordinators.registry import Capability, coordinator_backend
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import validate_cluster_id
-from stockade.resources.store import SQLiteStore
+from stockade.resources.registry import SCHEMES as STORE_SCHEMES, open_resource, scheme_of
 
 __all__ = ["connect", "open_store"]
 
@@ -93,8 +93,10 @@ def open_store(
     """Open a fenced store.
 
     Args:
-        url: ``sqlite:///path/to/store.db``, or the ``http(s)://`` url of a
-            `stockade serve` (whose store trusts that server's tokens).
+        url: ``sqlite:///path/to/store.db``, ``memory://name`` (a store shared by
+            name in this process), another scheme of `stockade.resources.registry`,
+            or the ``http(s)://`` url of a `stockade serve` (whose store trusts
+            that server's tokens).
         cluster_id: the coordinator cluster whose tokens the store accepts
             (``coord.cluster_id``). Required when an embedded store is created;
             checked against the store's own when given.
@@ -117,8 +119,9 @@ def open_store(
             )
         return FencedStore(HTTPStorePort(HTTPClient(endpoint), cluster_id=remote_cluster_id))
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
-    path = sqlite_path(url)
-    return FencedStore(EmbeddedStorePort(SQLiteStore(path, cluster_id=cluster_id)))
+    if scheme_of(url) not in STORE_SCHEMES:
+        sqlite_path(url)  # raises the client's one message for a bad, unknown or planned url
+    return FencedStore(EmbeddedStorePort(open_resource(url, cluster_id=cluster_id)))
 
 
 def _embedded_only(**remote_options: object) -> None:

@@ -1,0 +1,80 @@
+"""Argument checks every adapter makes the same way, before it touches its resource.
+
+Bad input raises `InvalidArgument` here, so no adapter can change state for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from stockade.core.errors import InvalidArgument
+from stockade.core.limits import (
+    LIST_PAGE_MAX,
+    TOKEN_VALUE_MAX,
+    validate_idempotency_key,
+    validate_int,
+    validate_key,
+    validate_scope,
+    validate_value,
+)
+from stockade.core.tokens import FencingToken
+from stockade.core.values import Op, Write
+
+__all__ = ["coerce_token", "make_write", "check_page", "check_audit_page", "check_floors"]
+
+
+def coerce_token(token: object) -> FencingToken:
+    """Accept a `FencingToken` or its encoded string (K1: never an int, a float or a bool).
+
+    Raises:
+        InvalidArgument: anything else, or a malformed string.
+    """
+    if isinstance(token, FencingToken):
+        # Rebuild it: the constructor validates, so a token forged past it (object.__setattr__,
+        # a subclass) is caught here rather than compared.
+        return FencingToken(token.cluster, token.scope, token.value)
+    if isinstance(token, str):
+        return FencingToken.decode(token)
+    raise InvalidArgument("token", f"must be a FencingToken or its encoded string, got {type(token).__name__}")
+
+
+def make_write(
+    scope: object, key: object, op: Op, value: object, idempotency_key: object, *, value_bytes_max: int
+) -> Write:
+    """A validated `Write` (a delete's value is ignored and stored as ``b""``).
+
+    Raises:
+        InvalidArgument: a bad scope, key, value or idempotency key.
+    """
+    return Write(
+        validate_scope(scope), validate_key(key), op,
+        b"" if op == "delete" else validate_value(value, value_bytes_max),
+        None if idempotency_key is None else validate_idempotency_key(idempotency_key),
+    )
+
+
+def check_page(scope: object, after: object, limit: object) -> tuple[str, str, int]:
+    """Validate the arguments of a ``list`` page: ``after`` is ``""`` or a key, ``limit`` 1..LIST_PAGE_MAX."""
+    scope = validate_scope(scope)
+    if after != "":
+        after = validate_key(after)
+    return scope, str(after), validate_int("limit", limit, 1, LIST_PAGE_MAX)
+
+
+def check_audit_page(scope: object, after_seq: object, limit: object) -> tuple[str | None, int, int]:
+    """Validate the arguments of an ``audit`` page."""
+    return (
+        None if scope is None else validate_scope(scope),
+        validate_int("after_seq", after_seq, 0, TOKEN_VALUE_MAX),
+        validate_int("limit", limit, 1, LIST_PAGE_MAX),
+    )
+
+
+def check_floors(floors: object) -> dict[str, int]:
+    """Validate fence floors: a mapping of scope to a token value in 0..2**63-1."""
+    if not isinstance(floors, Mapping):
+        raise InvalidArgument("floors", "must be a mapping of scope to token value")
+    return {
+        validate_scope(scope, "floors"): validate_int(f"floors[{scope}]", value, 0, TOKEN_VALUE_MAX)
+        for scope, value in floors.items()
+    }

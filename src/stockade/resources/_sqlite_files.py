@@ -1,0 +1,192 @@
+"""The SQLite store's file format, and the file-level helpers its store and its backup share.
+
+Tables (all ``STRICT``)::
+
+    meta         kind, schema_version, cluster_id
+    counters     commit_seq, idempotency_keys, audit_pruned_through
+    hwm          scope -> high_water
+    kv           (scope, key) -> value, token_value, commit_seq
+    audit        commit_seq -> scope, key, op, token_value, idempotency_key
+    idempotency  (scope, idempotency_key) -> the original WriteResult
+
+``commit_seq`` numbers accepted writes in one total order per store file. It
+never goes back and is never reused, also across `stockade.resources.backup.restore`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from stockade.core.errors import BackendUnavailable, InvalidArgument, invariant
+from stockade.core.values import AuditRecord, Item
+
+__all__: list[str] = []  # private to the SQLite adapter and its backup
+
+STORE_KIND = "stockade-store"
+SCHEMA_VERSION = "1"
+
+BUSY_TIMEOUT_MS_DEFAULT = 5_000
+BUSY_TIMEOUT_MS_MAX = 60_000
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS hwm (scope TEXT PRIMARY KEY, high_water INTEGER NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS kv (
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    token_value INTEGER NOT NULL,
+    commit_seq INTEGER NOT NULL,
+    PRIMARY KEY (scope, key)
+) STRICT;
+CREATE TABLE IF NOT EXISTS audit (
+    commit_seq INTEGER PRIMARY KEY,
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    op TEXT NOT NULL,
+    token_value INTEGER NOT NULL,
+    idempotency_key TEXT
+) STRICT;
+CREATE INDEX IF NOT EXISTS audit_by_scope ON audit (scope, commit_seq);
+CREATE TABLE IF NOT EXISTS idempotency (
+    scope TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    key TEXT NOT NULL,
+    token_value INTEGER NOT NULL,
+    high_water INTEGER NOT NULL,
+    commit_seq INTEGER NOT NULL UNIQUE,
+    PRIMARY KEY (scope, idempotency_key)
+) STRICT;
+"""
+COUNTERS = ("commit_seq", "idempotency_keys", "audit_pruned_through")
+
+
+def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+    except sqlite3.Error:
+        conn.close()
+        raise
+    return conn
+
+
+def fsync_path(path: Path, *, directory: bool = False) -> None:
+    fd = os.open(str(path), os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rollback(conn: sqlite3.Connection) -> bool:
+    """Roll back if a transaction is open; True if nothing of it remains."""
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        return True
+    except sqlite3.Error:
+        return False
+
+
+def get_item(conn: sqlite3.Connection, scope: str, key: str) -> Item | None:
+    row = conn.execute(
+        "SELECT value, token_value, commit_seq FROM kv WHERE scope = ? AND key = ?", (scope, key)
+    ).fetchone()
+    return None if row is None else Item(scope, key, row[0], row[1], row[2])
+
+
+def counter(conn: sqlite3.Connection, name: str) -> int:
+    row = conn.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+    invariant(row is not None, f"store counter {name!r} missing")
+    return row[0]
+
+
+def audit_after(conn: sqlite3.Connection, scope: str | None, after_seq: int, limit: int) -> list[AuditRecord]:
+    if scope is None:
+        rows = conn.execute(
+            "SELECT commit_seq, scope, key, op, token_value, idempotency_key FROM audit "
+            "WHERE commit_seq > ? ORDER BY commit_seq LIMIT ?", (after_seq, limit),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT commit_seq, scope, key, op, token_value, idempotency_key FROM audit "
+            "WHERE scope = ? AND commit_seq > ? ORDER BY commit_seq LIMIT ?", (scope, after_seq, limit),
+        ).fetchall()
+    return [AuditRecord(*row) for row in rows]
+
+
+def read_meta(conn: sqlite3.Connection, path: Path) -> dict[str, str]:
+    meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+    if meta.get("kind") != STORE_KIND:
+        raise InvalidArgument("path", f"{path} is not a stockade store file (kind {meta.get('kind')!r})")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise BackendUnavailable(f"{path}: store schema version {meta.get('schema_version')!r} is not supported")
+    return meta
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    cluster_id: str
+    commit_seq: int
+    audit_pruned_through: int
+    high_waters: dict[str, int]
+
+
+def inspect_file(path: Path) -> FileInfo:
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            raise InvalidArgument("path", f"{path} is not a stockade store file")
+        meta = read_meta(conn, path)
+        return FileInfo(
+            meta["cluster_id"],
+            counter(conn, "commit_seq"),
+            counter(conn, "audit_pruned_through"),
+            dict(conn.execute("SELECT scope, high_water FROM hwm").fetchall()),
+        )
+    finally:
+        conn.close()
+
+
+def remove_side_files(path: Path) -> None:
+    """Remove a database's WAL, shared-memory and journal files (a stale WAL must never meet a new file)."""
+    for suffix in ("-wal", "-shm", "-journal"):
+        try:
+            os.remove(f"{path}{suffix}")
+        except FileNotFoundError:
+            pass
+
+
+def remove_database(path: Path) -> None:
+    """Remove a database file and its side files."""
+    remove_side_files(path)
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def copy_database(source_path: Path, target_path: Path, source: sqlite3.Connection | None = None) -> None:
+    """Copy a database with the SQLite backup API into a self-contained file (rollback journal, no WAL)."""
+    own_source = source is None
+    if own_source:
+        source = sqlite3.connect(str(source_path), isolation_level=None)
+    try:
+        target = sqlite3.connect(str(target_path), isolation_level=None)
+        try:
+            source.backup(target)  # pages=-1: every page in one step, under one read snapshot
+            target.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            target.close()
+    finally:
+        if own_source:
+            source.close()
+

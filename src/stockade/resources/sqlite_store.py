@@ -1,0 +1,637 @@
+"""stockade's own fenced key-value store, in one SQLite file.
+
+The store keeps, per scope, a high-water mark (HWM): the greatest token value
+it has accepted. Every write runs in one ``BEGIN IMMEDIATE`` transaction that
+reads the HWM and the write's idempotency record, judges the write with
+`stockade.core.fence.check_write` (R2 -> R3 -> R1), and on `Accept` raises the
+HWM and applies the write before ``COMMIT`` (R1). A rejected write changes
+nothing, is logged and counted by `stockade.resources._observe.reject` (R5),
+and raises `StaleToken` or `TokenMismatch` (R2). The file is in WAL mode with
+``synchronous=FULL``: a write has reached the disk before it is acknowledged,
+so the HWM survives a crash (R4). The file format is in
+`stockade.resources._sqlite_files`; backup and restore in `stockade.resources.backup`.
+
+Bounds (each named below, each a constructor argument that may only be lowered):
+
+- `AUDIT_RECORDS_MAX`: the audit trail keeps the newest N accepted writes and
+  prunes older ones in the same transaction. A restore report can only list
+  removed writes that are still retained; it says when it is incomplete.
+- `IDEMPOTENCY_KEYS_MAX`: the store remembers the newest N idempotency keys
+  (by commit order) and forgets older ones in the same transaction. R3 holds
+  within that window: a retry of a forgotten key is a new operation. (Forgetting
+  only keys below their scope's HWM would not be safe either: a retry made
+  after re-acquiring carries a newer token and would apply again.)
+- `SCOPES_MAX`: scopes per store (the HWM table, and `high_waters()`, stay bounded).
+- `TX_WRITES_MAX`: writes in one `transaction`.
+
+Several threads may share one `SQLiteStore` (one connection behind a lock),
+and several processes on one host may open the same file: SQLite's write lock
+serialises the transactions. Every wait is bounded by ``busy_timeout_ms``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StockadeError, invariant
+from stockade.core.fence import Accept, FenceRule, Recorded, Reject, Replay, check_write, decide
+from stockade.core.limits import (
+    AUDIT_RECORDS_MAX,
+    IDEMPOTENCY_KEYS_MAX,
+    LIST_PAGE_MAX,
+    STORE_SCOPES_MAX as SCOPES_MAX,
+    TX_WRITES_MAX,
+    VALUE_BYTES_CEILING,
+    VALUE_BYTES_MAX,
+    validate_int,
+    validate_key,
+    validate_scope,
+)
+from stockade.core.tokens import FencingToken, validate_cluster_id
+from stockade.core.values import AuditRecord, BackupInfo, Item, Op, Write, WriteResult
+from stockade.resources import backup as _backup
+from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
+from stockade.resources._observe import reject
+from stockade.resources._sqlite_files import (
+    BUSY_TIMEOUT_MS_DEFAULT,
+    BUSY_TIMEOUT_MS_MAX,
+    COUNTERS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    STORE_KIND,
+    audit_after,
+    connect,
+    counter,
+    get_item,
+    read_meta,
+    rollback,
+)
+from stockade.resources._tx import Tx
+
+__all__ = [
+    "SQLiteStore",
+    "BatchWrite",
+    "SCOPES_MAX",
+    "AUDIT_RECORDS_MAX",
+    "IDEMPOTENCY_KEYS_MAX",
+    "TX_WRITES_MAX",
+    "VALUE_BYTES_CEILING",
+    "BUSY_TIMEOUT_MS_DEFAULT",
+    "BUSY_TIMEOUT_MS_MAX",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchWrite:
+    """One write of `SQLiteStore.apply_batch`, validated there like `put` / `delete` arguments."""
+
+    op: Op
+    scope: str
+    key: str
+    value: bytes
+    token: FencingToken | str
+    idempotency_key: str | None = None
+
+
+class SQLiteStore:
+    """A fenced key-value store in one SQLite file. Thread-safe; shareable across processes.
+
+    Args:
+        path: the database file.
+        cluster_id: the coordinator cluster whose tokens this store trusts (R2).
+            Required to create a new file; checked against an existing one.
+        value_bytes_max: the largest value accepted (at most `VALUE_BYTES_CEILING`).
+        busy_timeout_ms: how long an operation waits for the write lock (another
+            thread's transaction on this object, or another connection's) before
+            failing with `BackendUnavailable` (``certain_no_effect=True``).
+        audit_records_max: audit records kept (newest first); at most `AUDIT_RECORDS_MAX`.
+        idempotency_keys_max: idempotency keys kept; at most `IDEMPOTENCY_KEYS_MAX`.
+
+    Raises:
+        InvalidArgument: bad argument; a new file without ``cluster_id``; a
+            ``cluster_id`` that differs from the file's; a file that is not a store.
+        BackendUnavailable: the file cannot be opened or has another schema version.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        cluster_id: str | None = None,
+        value_bytes_max: int = VALUE_BYTES_MAX,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
+        audit_records_max: int = AUDIT_RECORDS_MAX,
+        idempotency_keys_max: int = IDEMPOTENCY_KEYS_MAX,
+    ) -> None:
+        if cluster_id is not None:
+            validate_cluster_id(cluster_id, "cluster_id")
+        self.value_bytes_max = validate_int("value_bytes_max", value_bytes_max, 0, VALUE_BYTES_CEILING)
+        self.busy_timeout_ms = validate_int("busy_timeout_ms", busy_timeout_ms, 0, BUSY_TIMEOUT_MS_MAX)
+        self.audit_records_max = validate_int("audit_records_max", audit_records_max, 1, AUDIT_RECORDS_MAX)
+        self.idempotency_keys_max = validate_int("idempotency_keys_max", idempotency_keys_max, 1, IDEMPOTENCY_KEYS_MAX)
+        self.path = Path(path)
+        # Refuse before touching the disk: opening a missing file would create it.
+        if cluster_id is None and not self.path.exists():
+            raise InvalidArgument("cluster_id", f"required to create a new store file ({self.path} does not exist)")
+        self.resource = f"sqlite-store:{self.path}"
+        self._lock = threading.Lock()
+        self._owner: int | None = None  # thread id holding _lock (detects re-entry from an open transaction)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn: sqlite3.Connection | None = connect(self.path, self.busy_timeout_ms)
+        except (sqlite3.Error, OSError) as exc:
+            raise BackendUnavailable(f"cannot open store file {self.path}: {exc}") from exc
+        try:
+            self.cluster_id: str = self._initialise(cluster_id)
+        except BaseException:
+            self._conn.close()
+            self._conn = None
+            raise
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _initialise(self, cluster_id: str | None) -> str:
+        with self._write() as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "meta" not in tables:
+                if tables:
+                    raise InvalidArgument("path", f"{self.path} is an SQLite file but not a stockade store")
+                if cluster_id is None:
+                    raise InvalidArgument("cluster_id", "required to create a new store file")
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.executemany(
+                    "INSERT INTO meta (k, v) VALUES (?, ?)",
+                    [("kind", STORE_KIND), ("schema_version", SCHEMA_VERSION), ("cluster_id", cluster_id)],
+                )
+                conn.executemany("INSERT INTO counters (name, value) VALUES (?, 0)", [(n,) for n in COUNTERS])
+                return cluster_id
+            meta = read_meta(conn, self.path)
+            if cluster_id is not None and cluster_id != meta["cluster_id"]:
+                raise InvalidArgument(
+                    "cluster_id", f"{cluster_id!r} differs from the store's cluster {meta['cluster_id']!r}"
+                )
+            return meta["cluster_id"]
+
+    def close(self) -> None:
+        """Close the connection. Idempotent. Waits (bounded) for an open transaction."""
+        if not self._lock.acquire(timeout=self.busy_timeout_ms / 1000):
+            raise BackendUnavailable("store busy: cannot close while a transaction is open", certain_no_effect=True)
+        try:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """Hold this object's lock (bounded wait) and hand out the connection."""
+        me = threading.get_ident()
+        if self._owner == me:
+            # Only this thread can have set _owner to its own id, so this read is race-free.
+            raise InvalidArgument("store", "this thread has a transaction open on this store; use its Tx object")
+        if not self._lock.acquire(timeout=self.busy_timeout_ms / 1000):
+            raise BackendUnavailable(
+                f"store busy: lock not free within {self.busy_timeout_ms} ms", certain_no_effect=True
+            )
+        self._owner = me
+        try:
+            if self._conn is None:
+                raise BackendUnavailable("store is closed", certain_no_effect=True)
+            yield self._conn
+        finally:
+            self._owner = None
+            self._lock.release()
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._connection() as conn:
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise BackendUnavailable(f"store read failed: {exc}", certain_no_effect=True) from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction, held from the fence check to the fsync'd COMMIT.
+
+        Any exception inside rolls everything back, so a rejected or invalid
+        write changes nothing.
+        """
+        with self._connection() as conn:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                rolled_back = rollback(conn)
+                raise BackendUnavailable(f"store write failed: {exc}", certain_no_effect=rolled_back) from exc
+            except BaseException:
+                rollback(conn)
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                rollback(conn)
+                raise BackendUnavailable(f"store commit failed: {exc}") from exc
+
+    # -- the fence (R1, R2, R5) ----------------------------------------------------------
+
+    # -- the fence (R1, R2, R3, R5): the order is core.fence.check_write's -------------------
+
+    # The comparison handed to check_write. An attribute so that the controls in
+    # stockade.testing.mutants can swap it, on this adapter or any other.
+    fence_rule: FenceRule = staticmethod(decide)
+
+    def _reject(self, token: FencingToken, decision: Reject, scope: str, key: str | None) -> None:
+        """Make a rejection observable (R5), then raise its typed error."""
+        reject(decision, resource=self.resource, cluster=self.cluster_id, token=token, scope=scope, key=key)
+
+    @staticmethod
+    def _high_water(conn: sqlite3.Connection, scope: str) -> int | None:
+        row = conn.execute("SELECT high_water FROM hwm WHERE scope = ?", (scope,)).fetchone()
+        return None if row is None else row[0]
+
+    def _raise_high_water(self, conn: sqlite3.Connection, scope: str, old: int | None, new: int) -> None:
+        # Whatever the fence decided, a mark that would go down means the rule is broken: stop (R4).
+        invariant(new >= (old or 0), f"high-water mark of {scope!r} would go down from {old} to {new}")
+        if old is None:
+            if conn.execute("SELECT COUNT(*) FROM hwm").fetchone()[0] >= SCOPES_MAX:
+                raise LimitExceeded("SCOPES_MAX", SCOPES_MAX, f"store holds {SCOPES_MAX} scopes")
+            conn.execute("INSERT INTO hwm (scope, high_water) VALUES (?, ?)", (scope, new))
+        elif new != old:
+            conn.execute("UPDATE hwm SET high_water = ? WHERE scope = ?", (new, scope))
+
+    def _admit(
+        self, conn: sqlite3.Connection, token: FencingToken, scope: str, key: str | None, rule: FenceRule
+    ) -> int:
+        """Check ``token`` against the scope's HWM and raise the HWM; the caller applies in this transaction."""
+        old = self._high_water(conn, scope)
+        decision = check_write(
+            token, scope=scope, cluster=self.cluster_id, high_water=old or 0, fingerprint=None, recorded=None,
+            rule=rule,
+        )
+        if isinstance(decision, Reject):
+            self._reject(token, decision, scope, key)
+        invariant(isinstance(decision, Accept), "fence decision is neither Accept nor Reject")
+        assert isinstance(decision, Accept)  # for the type checker; invariant() above is the real check
+        self._raise_high_water(conn, scope, old, decision.new_high_water)
+        return decision.new_high_water
+
+    @staticmethod
+    def _recorded(conn: sqlite3.Connection, write: Write) -> Recorded | None:
+        """What this store remembers under the write's idempotency key (R3), if anything."""
+        if write.idempotency_key is None:
+            return None
+        row = conn.execute(
+            "SELECT fingerprint, key, token_value, high_water, commit_seq FROM idempotency "
+            "WHERE scope = ? AND idempotency_key = ?",
+            (write.scope, write.idempotency_key),
+        ).fetchone()
+        if row is None:
+            return None
+        fingerprint, key, token_value, high_water, seq = row
+        return Recorded(fingerprint, WriteResult(write.scope, key, token_value, high_water, seq, replayed=True))
+
+    def _fenced_write_in(
+        self, conn: sqlite3.Connection, write: Write, token: FencingToken, rule: FenceRule
+    ) -> WriteResult:
+        """R2 -> R3 -> R1 inside the caller's open transaction (its COMMIT makes the write durable)."""
+        old = self._high_water(conn, write.scope)
+        decision = check_write(
+            token, scope=write.scope, cluster=self.cluster_id, high_water=old or 0,
+            fingerprint=None if write.idempotency_key is None else write.fingerprint(),
+            recorded=self._recorded(conn, write), rule=rule,
+        )
+        if isinstance(decision, Replay):
+            return decision.result
+        if isinstance(decision, Reject):
+            self._reject(token, decision, write.scope, write.key)
+        assert isinstance(decision, Accept)
+        self._raise_high_water(conn, write.scope, old, decision.new_high_water)
+        return self._apply(conn, write, token.value, decision.new_high_water)
+
+    # -- the fence-adapter port (stockade.resources.port.FenceAdapterPort) -------------------
+
+    def write_once(self, write: Write, token: FencingToken, *, rule: FenceRule | None = None) -> WriteResult:
+        """Judge and apply one validated write in one IMMEDIATE transaction (see `FenceAdapterPort`)."""
+        with self._write() as conn:
+            return self._fenced_write_in(conn, write, token, self.fence_rule if rule is None else rule)
+
+    @contextmanager
+    def admitted(
+        self, token: FencingToken, scope: str, *, rule: FenceRule | None = None
+    ) -> Iterator[_SQLiteUnit]:
+        """Admit ``token`` for ``scope`` in an IMMEDIATE transaction held until the block ends (R6).
+
+        The SQLite write lock is held from the fence check to the commit, so a
+        higher token's write, on this object or another connection, waits (up
+        to its busy timeout) and lands after the commit or the rollback.
+        """
+        with self._write() as conn:
+            high_water = self._admit(conn, token, scope, None, self.fence_rule if rule is None else rule)
+            unit = _SQLiteUnit(self, conn, scope, high_water)
+            yield unit
+            if unit.failed:
+                # A step failed inside SQLite and the caller carried on: commit nothing.
+                raise BackendUnavailable("a transaction step failed; rolled back", certain_no_effect=True)
+
+    def raise_high_waters(self, floors: Mapping[str, int]) -> dict[str, int]:
+        """Raise each named scope's mark to at least its floor, in one transaction (R4; see `FenceAdapterPort`)."""
+        checked = check_floors(floors)
+        marks: dict[str, int] = {}
+        with self._write() as conn:
+            for scope, floor in sorted(checked.items()):
+                old = self._high_water(conn, scope)
+                if floor > (old or 0):
+                    self._raise_high_water(conn, scope, old, floor)
+                marks[scope] = max(old or 0, floor)
+        return marks
+
+
+    # -- applying ------------------------------------------------------------------------
+
+    def _next_seq(self, conn: sqlite3.Connection) -> int:
+        # fetchall: a RETURNING statement must run to completion before COMMIT.
+        rows = conn.execute(
+            "UPDATE counters SET value = value + 1 WHERE name = 'commit_seq' RETURNING value"
+        ).fetchall()
+        return rows[0][0]
+
+    def _apply(self, conn: sqlite3.Connection, write: Write, token_value: int, high_water: int) -> WriteResult:
+        """Apply an admitted write: data, audit record, idempotency record. Same transaction."""
+        seq = self._next_seq(conn)
+        if write.op == "put":
+            conn.execute(
+                "INSERT INTO kv (scope, key, value, token_value, commit_seq) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
+                "token_value = excluded.token_value, commit_seq = excluded.commit_seq",
+                (write.scope, write.key, write.value, token_value, seq),
+            )
+        else:
+            conn.execute("DELETE FROM kv WHERE scope = ? AND key = ?", (write.scope, write.key))
+        conn.execute(
+            "INSERT INTO audit (commit_seq, scope, key, op, token_value, idempotency_key) VALUES (?, ?, ?, ?, ?, ?)",
+            (seq, write.scope, write.key, write.op, token_value, write.idempotency_key),
+        )
+        if seq > self.audit_records_max:
+            pruned_through = seq - self.audit_records_max
+            conn.execute("DELETE FROM audit WHERE commit_seq <= ?", (pruned_through,))
+            conn.execute(
+                "UPDATE counters SET value = max(value, ?) WHERE name = 'audit_pruned_through'", (pruned_through,)
+            )
+        if write.idempotency_key is not None:
+            self._remember(conn, write, token_value, high_water, seq)
+        return WriteResult(write.scope, write.key, token_value, high_water, seq, replayed=False)
+
+    def _remember(self, conn: sqlite3.Connection, write: Write, token_value: int, high_water: int, seq: int) -> None:
+        conn.execute(
+            "INSERT INTO idempotency (scope, idempotency_key, fingerprint, key, token_value, high_water, commit_seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (write.scope, write.idempotency_key, write.fingerprint(), write.key, token_value, high_water, seq),
+        )
+        count = conn.execute(
+            "UPDATE counters SET value = value + 1 WHERE name = 'idempotency_keys' RETURNING value"
+        ).fetchall()[0][0]
+        if count <= self.idempotency_keys_max:
+            return
+        # Keep the newest keys: R3 holds within a window of IDEMPOTENCY_KEYS_MAX keys.
+        excess = count - self.idempotency_keys_max
+        pruned = conn.execute(
+            "DELETE FROM idempotency WHERE rowid IN (SELECT rowid FROM idempotency ORDER BY commit_seq LIMIT ?)",
+            (excess,),
+        ).rowcount
+        conn.execute("UPDATE counters SET value = value - ? WHERE name = 'idempotency_keys'", (pruned,))
+
+    # -- public operations ---------------------------------------------------------------
+
+    def put(
+        self, scope: str, key: str, value: bytes | str, *, token: FencingToken | str, idempotency_key: str | None = None
+    ) -> WriteResult:
+        """Store ``value`` under ``(scope, key)`` if ``token`` passes the fence.
+
+        Args:
+            scope: the scope the token was issued for.
+            key: 1..1024 bytes of UTF-8, no NUL.
+            value: bytes (or str, stored as UTF-8) up to ``value_bytes_max``.
+            token: a `FencingToken` or its encoded string.
+            idempotency_key: makes a retry return the first result (R3).
+
+        Returns:
+            The `WriteResult`; ``replayed=True`` if the idempotency key was already applied.
+
+        Raises:
+            InvalidArgument: a bad argument, or an idempotency key reused for a
+                different operation. Nothing changed.
+            StaleToken: ``token`` is below the scope's HWM. Nothing changed; do not retry (K3).
+            TokenMismatch: ``token`` is for another scope or cluster. Nothing changed.
+            LimitExceeded: `SCOPES_MAX` reached. Nothing changed.
+            BackendUnavailable: SQLite failed or stayed busy; see ``certain_no_effect``.
+        """
+        write = make_write(scope, key, "put", value, idempotency_key, value_bytes_max=self.value_bytes_max)
+        return self.write_once(write, coerce_token(token))
+
+    def delete(
+        self, scope: str, key: str, *, token: FencingToken | str, idempotency_key: str | None = None
+    ) -> WriteResult:
+        """Remove ``(scope, key)`` if ``token`` passes the fence. Deleting a missing key is an accepted write.
+
+        Args, Returns and Raises: as `put`.
+        """
+        write = make_write(scope, key, "delete", b"", idempotency_key, value_bytes_max=self.value_bytes_max)
+        return self.write_once(write, coerce_token(token))
+
+    @contextmanager
+    def transaction(self, scope: str, *, token: FencingToken | str) -> Iterator[Tx]:
+        """A multi-step write on one scope, fenced once and atomic as a whole (R6).
+
+        The SQLite write lock is held from the fence check to the commit, so a
+        higher token's write waits (up to its busy timeout) and lands after this
+        transaction commits, or after it aborts. An exception inside the block
+        rolls back every step. Calling the store itself from inside the block,
+        on the same thread, raises `InvalidArgument`: use the `Tx`.
+
+        Args:
+            scope: the one scope this transaction writes.
+            token: a `FencingToken` or its encoded string.
+
+        Yields:
+            A `Tx` with ``put``, ``delete`` and ``get``.
+
+        Raises:
+            InvalidArgument, StaleToken, TokenMismatch, BackendUnavailable: as `put`.
+        """
+        scope = validate_scope(scope)
+        fencing_token = coerce_token(token)
+        with self.admitted(fencing_token, scope) as unit:
+            tx = Tx(unit, fencing_token, value_bytes_max=self.value_bytes_max)
+            try:
+                yield tx
+            finally:
+                tx.close()
+
+    def apply_batch(self, writes: Sequence[BatchWrite]) -> builtins.list[WriteResult | StockadeError]:
+        """Group commit: many fenced writes in one IMMEDIATE transaction, one COMMIT, one fsync.
+
+        Each write is validated and fenced exactly as `put` / `delete` would,
+        in order, inside its own SAVEPOINT: a write that is rejected or invalid
+        is undone alone and its slot holds the error, while the others commit.
+        Nothing is durable (and nothing may be acknowledged) before this returns.
+
+        Returns:
+            One slot per write: its `WriteResult`, or the `StockadeError` it raised
+            (`InvalidArgument`, `StaleToken`, `TokenMismatch`, `LimitExceeded`, ...).
+
+        Raises:
+            BackendUnavailable: BEGIN or COMMIT failed; nothing of the batch is durable.
+        """
+        results: builtins.list[WriteResult | StockadeError] = []
+        with self._write() as conn:
+            for batch_write in writes:
+                conn.execute("SAVEPOINT batch_write")
+                try:
+                    write = make_write(
+                        batch_write.scope, batch_write.key, batch_write.op, batch_write.value,
+                        batch_write.idempotency_key, value_bytes_max=self.value_bytes_max,
+                    )
+                    result: WriteResult | StockadeError = self._fenced_write_in(
+                        conn, write, coerce_token(batch_write.token), self.fence_rule
+                    )
+                except StockadeError as exc:
+                    conn.execute("ROLLBACK TO batch_write")
+                    result = exc
+                conn.execute("RELEASE batch_write")
+                results.append(result)
+        return results
+
+    def list_sizes(
+        self, scope: str, *, after: str = "", limit: int = LIST_PAGE_MAX
+    ) -> builtins.list[tuple[str, int, int, int]]:
+        """Like `list`, without the values: ``(key, token_value, commit_seq, size)`` per item.
+
+        Raises:
+            InvalidArgument: bad scope, ``after`` or ``limit`` (1..LIST_PAGE_MAX).
+        """
+        rows = self._page("key, token_value, commit_seq, length(value)", scope, after, limit)
+        return [(k, t, c, n) for k, t, c, n in rows]
+
+    def get(self, scope: str, key: str) -> Item | None:
+        """The item at ``(scope, key)``, or None.
+
+        Raises:
+            InvalidArgument: bad scope or key.
+            BackendUnavailable: SQLite failed.
+        """
+        scope, key = validate_scope(scope), validate_key(key)
+        with self._read() as conn:
+            return get_item(conn, scope, key)
+
+    def list(self, scope: str, *, after: str = "", limit: int = LIST_PAGE_MAX) -> builtins.list[Item]:
+        """Items of ``scope`` with keys after ``after``, in key order (UTF-8 bytes), at most ``limit``.
+
+        Raises:
+            InvalidArgument: bad scope, ``after`` or ``limit`` (1..LIST_PAGE_MAX).
+        """
+        rows = self._page("key, value, token_value, commit_seq", scope, after, limit)
+        return [Item(scope, k, v, t, s) for k, v, t, s in rows]
+
+    def _page(self, columns: str, scope: str, after: str, limit: int) -> builtins.list[tuple[Any, ...]]:
+        """One page of ``scope``'s rows in key order, after validating the arguments."""
+        scope, after, limit = check_page(scope, after, limit)
+        with self._read() as conn:
+            return conn.execute(
+                f"SELECT {columns} FROM kv WHERE scope = ? AND key > ? ORDER BY key LIMIT ?", (scope, after, limit)
+            ).fetchall()
+
+    def high_water(self, scope: str) -> int:
+        """The scope's high-water mark; 0 if it was never written."""
+        scope = validate_scope(scope)
+        with self._read() as conn:
+            return self._high_water(conn, scope) or 0
+
+    def high_waters(self) -> dict[str, int]:
+        """Every scope's high-water mark (at most `SCOPES_MAX` entries)."""
+        with self._read() as conn:
+            return dict(conn.execute("SELECT scope, high_water FROM hwm ORDER BY scope").fetchall())
+
+    def audit(
+        self, scope: str | None = None, *, after_seq: int = 0, limit: int = LIST_PAGE_MAX
+    ) -> builtins.list[AuditRecord]:
+        """Retained audit records (accepted writes) after ``after_seq``, oldest first.
+
+        Only the newest ``audit_records_max`` writes are retained.
+
+        Args:
+            scope: only this scope's records (None: all scopes).
+            after_seq: return records with ``commit_seq > after_seq`` (page with the last one seen).
+            limit: 1..LIST_PAGE_MAX.
+        """
+        scope, after_seq, limit = check_audit_page(scope, after_seq, limit)
+        with self._read() as conn:
+            return audit_after(conn, scope, after_seq, limit)
+
+    def commit_seq(self) -> int:
+        """The ``commit_seq`` of the last accepted write (0 if none)."""
+        with self._read() as conn:
+            return counter(conn, "commit_seq")
+
+    def backup(self, dest_path: str | os.PathLike[str]) -> BackupInfo:
+        """Copy the store, online, to ``dest_path`` (SQLite backup API, one consistent snapshot).
+
+        Other threads of this object wait while the pages are copied; other
+        processes keep writing (WAL). The copy is written to ``dest_path.partial``,
+        fsync'd and renamed, so ``dest_path`` is either the old file or a full backup.
+
+        Returns:
+            `BackupInfo` with the snapshot's ``commit_seq`` and HWMs (read from the copy).
+
+        Raises:
+            InvalidArgument: ``dest_path`` is the store itself.
+            BackendUnavailable: the copy failed.
+        """
+        if Path(dest_path).resolve() == self.path.resolve():
+            raise InvalidArgument("dest_path", "must not be the store file itself")
+        with self._read() as conn:
+            return _backup.backup(self.path, conn, dest_path)
+
+
+class _SQLiteUnit:
+    """The open IMMEDIATE transaction of `SQLiteStore.admitted` (a `FencedUnit`)."""
+
+    def __init__(self, store: SQLiteStore, conn: sqlite3.Connection, scope: str, high_water: int) -> None:
+        self.scope = scope
+        self.high_water = high_water
+        self.failed = False  # a step failed inside SQLite: the transaction must not commit
+        self._store = store
+        self._conn = conn
+
+    def apply(self, write: Write, *, token_value: int) -> WriteResult:
+        try:
+            return self._store._apply(self._conn, write, token_value, self.high_water)
+        except sqlite3.Error as exc:
+            self.failed = True
+            raise BackendUnavailable(f"transaction step failed: {exc}", certain_no_effect=True) from exc
+
+    def get(self, key: str) -> Item | None:
+        try:
+            return get_item(self._conn, self.scope, key)
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"transaction read failed: {exc}", certain_no_effect=True) from exc
