@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from stockade.core.errors import InvariantViolation
+
 __all__ = ["WORKLOADS", "Result", "run_workload", "format_table", "WARMUP"]
 
 WARMUP = 20
@@ -90,6 +92,8 @@ def _loop(step: Callable[[], int | None], seconds: float, iters: int, barrier: A
         started = time.perf_counter()
         try:
             token = step()
+        except InvariantViolation:
+            raise  # a bug in stockade is not a refused cycle: stop the run and show it
         except Exception:  # a refused cycle counts as an error, as in the peers' bench
             errors += 1
             continue

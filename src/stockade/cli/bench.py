@@ -17,6 +17,7 @@ import uuid
 
 from stockade.bench import WORKLOADS, format_table, run_workload
 from stockade.cli._common import add_data_dir, data_dir, fail
+from stockade.core.errors import InvariantViolation
 
 __all__ = ["run"]
 
@@ -68,6 +69,8 @@ def run(argv: list[str]) -> int:
                       flush=True)
     except KeyboardInterrupt:
         return 130
+    except InvariantViolation:
+        raise  # a bug: keep its traceback rather than a one-line message
     except Exception as exc:
         print(f"stockade bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
