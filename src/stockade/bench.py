@@ -1,7 +1,8 @@
 """Lock cycles and fenced writes against a coordinator, measured as the peers are.
 
-The workload and the arithmetic are those of the peers' benchmark
-(``shared/peers/lockbench.py``), so the two can run side by side:
+The workload and the arithmetic match those of the peer benchmark that
+benchmarks/side_by_side.py runs beside this one (a ``lockbench.py`` given with
+``--peers``; see benchmarks/README.md), so the two can be compared:
 
 * a *lock cycle* is acquire → fencing token → release, on one scope per client;
 * each client warms up with 20 cycles, then runs until ``seconds`` pass or

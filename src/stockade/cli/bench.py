@@ -4,8 +4,9 @@
     stockade bench                                          # the embedded coordinator in --data-dir
     stockade bench --url http://127.0.0.1:8470 --json out.json --runs 3
 
-The workload is the one of ``shared/peers/lockbench.py`` (see `stockade.bench`),
-so the figures can be put beside the peers' in one run (benchmarks/side_by_side.py).
+The workload matches the peer benchmark's (see `stockade.bench`), so the
+figures can be put beside etcd's and PostgreSQL's in one run
+(benchmarks/side_by_side.py, described in benchmarks/README.md).
 """
 
 from __future__ import annotations
