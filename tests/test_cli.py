@@ -91,3 +91,23 @@ def test_status_without_data_is_a_clear_error(tmp_path):
 def test_unknown_command(tmp_path):
     result = run(["frobnicate"], tmp_path)
     assert result.returncode == 2 and "unknown command" in result.stderr
+
+
+def test_version_prints_the_package_version(tmp_path):
+    import tomllib
+    from pathlib import Path
+
+    import stockade
+
+    result = run(["--version"], tmp_path)
+    assert result.returncode == 0 and result.stdout == f"stockade {stockade.__version__}\n", result
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert stockade.__version__ == pyproject["project"]["version"]  # one release number, in both places
+
+
+def test_package_ships_py_typed():
+    from pathlib import Path
+
+    import stockade
+
+    assert (Path(stockade.__file__).parent / "py.typed").is_file()

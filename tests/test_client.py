@@ -41,9 +41,12 @@ def test_sync_client_is_generated_from_async():
 
 def test_error_tree_is_one_tree():
     for name in ["InvalidArgument", "LimitExceeded", "StaleToken", "TokenMismatch", "NotHolder", "LeaseLost",
-                 "LockTimeout", "BackendUnavailable", "InvariantViolation"]:
+                 "LockTimeout", "Unauthorized", "BackendUnavailable"]:
         assert issubclass(getattr(stockade, name), stockade.StockadeError)
     assert issubclass(stockade.StaleToken, stockade.FenceRejected)
+    # A bug is not an operating error: `except StockadeError` must not catch it.
+    assert not issubclass(stockade.InvariantViolation, stockade.StockadeError)
+    assert issubclass(stockade.InvariantViolation, AssertionError)
 
 
 def test_acquire_release_tokens_increase(client, coord_url):

@@ -35,7 +35,7 @@ def test_purity_check_can_fail(tmp_path):
 
 
 def test_imports_point_one_way():
-    """core <- coordinators, resources <- client, server <- cli (DESIGN §3)."""
+    """core <- coordinators, resources <- client, server <- cli (docs/architecture.md)."""
     package = Path(stockade.core.__file__).parent.parent
     allowed = {
         "core": {"core"},

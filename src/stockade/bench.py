@@ -1,7 +1,8 @@
 """Lock cycles and fenced writes against a coordinator, measured as the peers are.
 
-The workload and the arithmetic are those of the peers' benchmark
-(``shared/peers/lockbench.py``), so the two can run side by side:
+The workload and the arithmetic match those of the peer benchmark that
+benchmarks/side_by_side.py runs beside this one (a ``lockbench.py`` given with
+``--peers``; see benchmarks/README.md), so the two can be compared:
 
 * a *lock cycle* is acquire → fencing token → release, on one scope per client;
 * each client warms up with 20 cycles, then runs until ``seconds`` pass or
@@ -27,6 +28,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from stockade.core.errors import InvariantViolation
 
 __all__ = ["WORKLOADS", "Result", "run_workload", "format_table", "WARMUP"]
 
@@ -90,6 +93,8 @@ def _loop(step: Callable[[], int | None], seconds: float, iters: int, barrier: A
         started = time.perf_counter()
         try:
             token = step()
+        except InvariantViolation:
+            raise  # a bug in stockade is not a refused cycle: stop the run and show it
         except Exception:  # a refused cycle counts as an error, as in the peers' bench
             errors += 1
             continue

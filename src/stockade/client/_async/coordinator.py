@@ -1,4 +1,4 @@
-"""The async client: coordinator handle, leases with keepalive, the lock block."""
+"""The client: coordinator handle, leases with keepalive, the lock block."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from stockade.clock import SystemClock
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
-from stockade.core.errors import LeaseLost, NotHolder, StockadeError
+from stockade.core.errors import InvariantViolation, LeaseLost, NotHolder, StockadeError
 from stockade.core.limits import LIST_PAGE_MAX, validate_holder, validate_int, validate_scope, validate_ttl_ms, validate_wait_ms
 from stockade.core.tokens import FencingToken
 
@@ -55,6 +55,7 @@ class AsyncLease:
         self._lost_cause = ""
         self._released = False
         self._keepalive_handle: Any = None
+        self._keepalive_bug: InvariantViolation | None = None
 
     def __repr__(self) -> str:
         return f"<Lease scope={self.scope!r} token={self.token.value} lost={self.lost}>"
@@ -127,7 +128,13 @@ class AsyncLease:
         self._deadline_ns = max(self._deadline_ns, deadline_ns)
 
     async def release(self) -> None:
-        """Stop the keepalive and release the lease. Idempotent."""
+        """Stop the keepalive and release the lease. Idempotent.
+
+        Raises:
+            InvariantViolation: the keepalive stopped on a bug in stockade (after
+                the lease is released), so that the bug is not lost in a background
+                task.
+        """
         self._stop.set()
         if self._keepalive_handle is not None:
             await AsyncIO.join(self._keepalive_handle)
@@ -135,6 +142,9 @@ class AsyncLease:
         if not self._released:
             self._released = True
             await self._port.release(self._lease_id)
+        bug, self._keepalive_bug = self._keepalive_bug, None
+        if bug is not None:
+            raise bug
 
     def _start_keepalive(self) -> None:
         self._keepalive_handle = AsyncIO.spawn(self._keepalive, name=f"stockade-keepalive-{self.scope}")
@@ -149,6 +159,12 @@ class AsyncLease:
                     await self.renew()
                     break
                 except LeaseLost:
+                    return
+                except InvariantViolation as exc:
+                    # A bug, not backend trouble: retrying would only hide it. Nobody can
+                    # vouch for the lease any more, so it is lost; release() raises the bug.
+                    self._keepalive_bug = exc
+                    self._mark_lost(f"bug while renewing: {exc}")
                     return
                 except Exception as exc:  # backend trouble: retry until the local deadline
                     log.info("renewal failed, retrying", extra={"scope": self.scope, "error": repr(exc)})

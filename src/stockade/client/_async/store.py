@@ -1,4 +1,4 @@
-"""The async fenced-store client: every write carries a token (K1)."""
+"""The fenced-store client: every write carries a token (K1)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ __all__ = ["connect", "open_store"]
 def _remote_cluster_id(endpoint: HTTPEndpoint) -> str:
     """The server's cluster id, by one blocking round trip when the handle is opened.
 
-    Blocking on purpose, in the sync client too: ``coord.cluster_id`` must be
+    Blocking on purpose, in the async client too: ``coord.cluster_id`` must be
     known as soon as `connect` returns, and this is one loopback-scale
     request bounded by the connect and request timeouts.
     """
