@@ -422,7 +422,7 @@ def test_s16_kill_minus_9_never_rolls_back_the_high_water_mark(tmp_path, capsys)
                                  stdout=subprocess.PIPE, text=True)
         last_acked = 0
         deadline = time.monotonic() + 0.4
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or last_acked < 2:  # two acks at least, however busy the machine
             line = child.stdout.readline()
             if not line:
                 break
@@ -430,7 +430,7 @@ def test_s16_kill_minus_9_never_rolls_back_the_high_water_mark(tmp_path, capsys)
         child.send_signal(signal.SIGKILL)
         child.wait(WAIT_S)
         child.stdout.close()
-        assert last_acked > 0, "the writer acknowledged nothing"
+        assert last_acked > 1, "the writer acknowledged fewer than two writes"
         with SQLiteStore(path) as store:
             if store.high_water("s16") < last_acked:
                 rollbacks += 1
