@@ -150,3 +150,16 @@ def test_status_on_bad_files_is_a_clear_error(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "coord.db" in result.stderr
     assert sorted(os.listdir(data)) == ["coord.db"]
+
+
+@needs_mount_namespace
+def test_demo_on_read_only_data_dir_is_a_clear_error(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", 'set -e; mount -o bind,ro "$1" "$1"; shift; exec "$@"', "sh", str(data),
+         *STOCKADE, "demo", "--data-dir", str(data)],
+        capture_output=True, text=True, env=python_env(), timeout=60,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cannot write in it" in result.stderr and "Traceback" not in result.stderr, result.stderr
