@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import python_env
 
 import stockade
-from conftest import python_env
 
 STOCKADE = [sys.executable, "-m", "stockade"]
 BOUND_S = 30.0

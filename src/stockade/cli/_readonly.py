@@ -61,10 +61,10 @@ def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tup
         raise BackendUnavailable(f"{path} is not a file")
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
     uri = "file:" + quote(str(path.absolute()))
-    attempts = []
+    attempts: list[tuple[str, str | None]] = []
     if wal.exists() and shm.exists():
         attempts.append(("mode=ro", None))
-    stale = None
+    stale: str | None = None
     if wal.exists() and wal.stat().st_size > 0:
         stale = f"{wal} could not be read; showing {path.name} as last checkpointed"
     attempts += [("immutable=1", stale), ("immutable=1", stale)]  # once more if a checkpoint raced the read

@@ -91,7 +91,8 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent())
+    # preexec_fn is safe here: `_run` spawns CMD before the keepalive thread starts.
+    return subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent())  # noqa: PLW1509
 
 
 def _spawn_error(command: list[str], exc: OSError) -> tuple[str, int]:
