@@ -57,6 +57,7 @@ class Lease:
         self._released = False
         self._keepalive_handle: Any = None
         self._keepalive_bug: InvariantViolation | None = None
+        self._enclosing: Any = None  # the lease of the enclosing lock() block, if any
 
     def __repr__(self) -> str:
         return f"<Lease scope={self.scope!r} token={self.token.value} lost={self.lost}>"
@@ -247,9 +248,15 @@ class Coordinator:
         """``with coord.lock(scope, ttl_ms=...) as lease:`` — acquire, keep alive, release.
 
         Inside the block the lease is the context's current lease, so store
-        writes without an explicit ``token=`` carry its token (K1).
+        writes to ``scope`` without an explicit ``token=`` carry its token (K1).
+        Blocks nest: a write to the scope of an outer block uses the outer
+        block's lease, whatever is held inside it.
         """
         lease = self.acquire(scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        # The blocks open in this context form a stack: each lease links to the
+        # one it is nested in, so a write finds the lease of *its* scope, not just
+        # the innermost one (`lease_in_context`).
+        lease._enclosing = CURRENT_LEASE.get()
         context_token = CURRENT_LEASE.set(lease)
         try:
             yield lease
