@@ -51,6 +51,11 @@ def narrate(result: RunResult, violation: Violation | None = None, *, context: i
     for index in range(start, last + 1):
         record = records[index]
         process = record.get("process")
+        if process == "coordinator":
+            if violation.property == "P9" and record.get("scope") in scopes:
+                lines.append(f"  {_seconds(record['t_ns'])}  {'co':>4} {_lease_log_text(record)}")
+                shown += 1
+            continue
         if process in ("nemesis", "note"):
             value = record.get("value")
             if process == "note" and not any(str(value).startswith(f"c{p} ") for p in processes):
@@ -72,6 +77,17 @@ def narrate(result: RunResult, violation: Violation | None = None, *, context: i
         shown += 1
     lines.append(f"({shown} of {last + 1 - start} records in the window shown)")
     return "\n".join(lines)
+
+
+def _lease_log_text(record: dict[str, Any]) -> str:
+    value = record.get("value") or {}
+    text = f"coordinator {record.get('f')} {record.get('scope')}"
+    if "token" in value:
+        text += f" token {value['token']}"
+    text += f" at {_seconds(value.get('at_ns', 0)).strip()} on clock {value.get('clock')}"
+    if "expires_ns" in value:
+        text += f", expires {_seconds(value['expires_ns']).strip()}"
+    return text
 
 
 def _fault_text(f: str, value: Any) -> str:

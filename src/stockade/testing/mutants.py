@@ -41,7 +41,6 @@ from typing import Any, TypeVar
 from stockade.core import leases as rules
 from stockade.core.engine import RecordStore, RecordTx
 from stockade.core.errors import InvalidArgument
-
 from stockade.core.fence import Accept, FenceDecision, FenceRule, Reject, decide
 from stockade.core.leases import AcquireRequest, Granted, LeasePolicy, Queued, ScopeRecord, TimedOut
 from stockade.core.limits import validate_scope
