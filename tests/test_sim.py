@@ -248,3 +248,35 @@ def test_one_mutant_registry():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 assert node.value not in MUTANTS, f"{path.name} names the mutant {node.value!r}"
+
+
+def test_the_lock_delay_mutant_wraps_any_record_store_here_the_sqlite_file(tmp_path):
+    from stockade.coordinators.sqlite import SQLiteRecords
+    from stockade.core.engine import LeaseEngine
+    from stockade.core.leases import Granted, LeasePolicy, Queued
+
+    clock = ManualClock()
+    clock.advance(_S)
+    policy = LeasePolicy(lock_delay_ms=500)
+    path = tmp_path / "coord.db"
+
+    def engine(wrap=None) -> LeaseEngine:
+        records = SQLiteRecords(path)
+        return LeaseEngine(wrap(records) if wrap else records, cluster_id=records.cluster_id, clock=clock,
+                           policy=policy)
+
+    def acquire(coordinator: LeaseEngine, lease_id: str):
+        return coordinator.try_acquire("s", lease_id=lease_id, holder="p", ttl_ms=200,
+                                       wait_deadline_ns=clock.now_ns() + 10 * _S)
+
+    first = engine()
+    assert isinstance(acquire(first, "lease-a-0000000001"), Granted)
+    clock.advance(300 * _MS)  # expired unreleased: delayed until 700 ms after the grant
+    assert isinstance(acquire(first, "lease-b-0000000001"), Queued)
+    first.close()
+    real = engine()  # reopened as it is: the delay is still pending
+    assert isinstance(acquire(real, "lease-b-0000000001"), Queued)
+    real.close()
+    broken = engine(MUTANTS["lock-delay-lost-on-restart"].wrap)  # the control, over the same port
+    assert isinstance(acquire(broken, "lease-b-0000000001"), Granted)
+    broken.close()
