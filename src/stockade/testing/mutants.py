@@ -26,8 +26,9 @@ Coordinator-side controls work over the lease engine's seams:
   port; opened at a coordinator restart, it forgets the pending lock-delays.
 
 `MUTANTS` is the one registry of every control, each with the seam it breaks:
-the simulator (``stockade sim --mutant NAME``, ``--list-mutants``) and the
-real-process tests read it; nothing else names a mutant.
+the simulator (``stockade sim --mutant NAME``, ``--list-mutants``) reads it,
+and the real-process tests take their controls from it (``wrap``,
+``sqlite_class``); no simulator module names a mutant.
 """
 
 from __future__ import annotations
