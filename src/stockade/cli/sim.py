@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from stockade.testing.history import dump_jsonl
-from stockade.testing.sim import MUTANTS, Campaign, RunResult, narrate, replay_command, run_campaign, run_seed
+from stockade.testing.mutants import MUTANTS
+from stockade.testing.sim import Campaign, RunResult, narrate, replay_command, run_campaign, run_seed
 
 __all__ = ["run"]
 
@@ -53,8 +54,10 @@ def run(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_mutants:
-        for name, text in MUTANTS.items():
-            print(f"{name:<18} {text}")
+        width = max(map(len, MUTANTS))
+        for name, mutant in MUTANTS.items():
+            print(f"{name:<{width}}  {mutant.description}")
+            print(f"{'':<{width}}  seam: {mutant.seam.value}; usually caught by {mutant.caught_by}")
         return 0
     if not 1 <= args.jobs <= JOBS_MAX:
         parser.error(f"--jobs must be in 1..{JOBS_MAX}")
