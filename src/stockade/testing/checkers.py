@@ -21,7 +21,7 @@ Fault records the checkers read (``process: "nemesis"``, ``value`` a dict):
 Everything else in a history is passed over. Scopes are independent: every
 comparison of tokens is within one scope.
 
-Property by property (SCENARIOS.md):
+Property by property (defined in docs/rules.md):
 
 - **P1** ok acquires of a scope never share a token, and an acquire that
   completed before another was invoked has the smaller token; the issue log,

@@ -1,7 +1,7 @@
 """Histories: what every fault test records and every checker reads.
 
-A history is a list of plain dicts, one per event, in the JSON-lines form of
-SCENARIOS.md (Jepsen's semantics)::
+A history is a list of plain dicts, one per event, in a JSON-lines form with
+Jepsen's semantics (the properties judged on it are defined in docs/rules.md)::
 
     {"t_ns": 1200000, "process": 3, "type": "invoke", "f": "write", "scope": "a",
      "token": "stk1.<cluster>.7.a", "key": "k0", "value": "3-17", "idempotency_key": "3-17"}
@@ -55,7 +55,7 @@ __all__ = [
 #: The completion time of an operation whose outcome is unknown.
 INFINITY_NS = math.inf
 
-#: The record fields SCENARIOS.md names (extra fields, such as ``high_water`` or ``final``, are allowed).
+#: The record fields of the history form (extra fields, such as ``high_water`` or ``final``, are allowed).
 RECORD_FIELDS = ("t_ns", "process", "type", "f", "scope", "token", "key", "value", "idempotency_key", "error")
 
 
@@ -112,7 +112,7 @@ class History:
 
 
 def dump_jsonl(records: Iterable[dict[str, Any]], out: IO[str]) -> None:
-    """Write records as JSON lines (the form SCENARIOS.md fixes)."""
+    """Write records as JSON lines (the form described in docs/simulation.md)."""
     for record in records:
         out.write(json.dumps(record, sort_keys=True, separators=(",", ":")))
         out.write("\n")
