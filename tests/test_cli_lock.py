@@ -210,7 +210,8 @@ def test_command_not_executable_126_not_found_127(tmp_path):
 
 
 def test_ctrl_c_while_waiting_exits_130_without_traceback(tmp_path):
-    holder = start_lock(tmp_path, "wait", [sys.executable, "-c", "import time; print('in', flush=True); time.sleep(300)"])
+    sleeper = "import time; print('in', flush=True); time.sleep(300)"
+    holder = start_lock(tmp_path, "wait", [sys.executable, "-c", sleeper])
     waiter = None
     coord = None
     try:

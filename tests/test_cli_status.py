@@ -145,7 +145,9 @@ def test_status_on_bad_files_is_a_clear_error(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "coord.db").write_bytes(b"this is not a database" * 100)
-    result = subprocess.run(STOCKADE + ["status"], env=env_for(data), capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        STOCKADE + ["status"], env=env_for(data), capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "coord.db" in result.stderr
     assert sorted(os.listdir(data)) == ["coord.db"]

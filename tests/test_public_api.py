@@ -21,7 +21,8 @@ def test_public_api_is_pinned():
             "Coordinator", "AsyncCoordinator", "Lease", "AsyncLease", "FencedStore", "AsyncFencedStore",
             "FencingToken", "ScopeInfo", "ScopeState", "Item", "WriteResult",
             "StockadeError", "InvalidArgument", "LimitExceeded", "FenceRejected", "StaleToken", "TokenMismatch",
-            "LeaseError", "NotHolder", "LeaseLost", "LockTimeout", "Unauthorized", "BackendUnavailable", "InvariantViolation",
+            "LeaseError", "NotHolder", "LeaseLost", "LockTimeout", "Unauthorized", "BackendUnavailable",
+            "InvariantViolation",
         ]
     )
     for name in stockade.__all__:
@@ -60,9 +61,9 @@ def test_bad_urls(url):
 
 def test_every_registered_coordinator_runs_the_conformance_suite():
     """A new backend is one registry entry plus one ``backend`` parameter (tests/conftest.py)."""
-    from stockade.coordinators.registry import COORDINATORS
-
     from conftest import BACKENDS
+
+    from stockade.coordinators.registry import COORDINATORS
 
     assert set(COORDINATORS) <= {scheme for schemes in BACKENDS.values() for scheme in schemes}
 

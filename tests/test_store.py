@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stockade import metrics
-from stockade.resources import _observe
-from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StaleToken, TokenMismatch
+from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.limits import LIST_PAGE_MAX
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
+from stockade.resources import _observe
 from stockade.resources.store import AuditRecord, SQLiteStore, WriteResult, restore
 from stockade.testing.mutants import FencingOffStore, StrictGreaterStore
 
@@ -225,7 +225,8 @@ def fresh_rejection_log(monkeypatch):
 
 @pytest.mark.parametrize(
     "token, reason",
-    [(tok(3), "stale"), (tok(9, scope="other"), "wrong-scope"), (tok(9, scope="r5", cluster=OTHER_CLUSTER), "wrong-cluster")],
+    [(tok(3), "stale"), (tok(9, scope="other"), "wrong-scope"),
+     (tok(9, scope="r5", cluster=OTHER_CLUSTER), "wrong-cluster")],
 )
 def test_rejection_is_logged_and_counted(store, caplog, fresh_rejection_log, token, reason):
     store.put("r5", "k", b"v", token=tok(5, "r5"))
@@ -524,7 +525,8 @@ def test_restore_refusals_change_nothing(tmp_path):
         s.put("a", "k", b"v", token=tok(1, cluster=OTHER_CLUSTER))
         s.backup(tmp_path / "other-backup.db")
     with pytest.raises(InvalidArgument):
-        restore(tmp_path / "other-backup.db", path, fence_floors={}, floors_complete=True, report_path=tmp_path / "r.json")
+        restore(tmp_path / "other-backup.db", path, fence_floors={}, floors_complete=True,
+                report_path=tmp_path / "r.json")
     assert dump(path) == before
     assert not (tmp_path / "r.json").exists()
     assert not list(tmp_path.glob("*.restoring*"))

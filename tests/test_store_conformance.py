@@ -17,6 +17,7 @@ from stockade.resources.registry import SCHEMES
 from stockade.resources.sqlite_store import SQLiteStore
 from stockade.testing.conformance.store import *  # noqa: F403 - the suite's tests and its `store` fixture
 
+
 def _fresh(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -61,7 +61,8 @@ import sys, time
 from stockade.core.errors import BackendUnavailable
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import SQLiteStore
-path, cluster, writes_min, pause_s, busy_ms = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+path, cluster = sys.argv[1], sys.argv[2]
+writes_min, pause_s, busy_ms = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 ok = failed = 0
 with SQLiteStore(path, busy_timeout_ms=busy_ms) as store:
     print("ready", flush=True)
@@ -121,7 +122,8 @@ def test_a_holder_paused_inside_a_transaction_stalls_no_other_scope(tmp_path, ca
     paused = time.monotonic() - started
     with capsys.disabled():
         print(f"\n[figure] holder SIGSTOPped in a transaction for about {paused:.0f} s: writes to other scopes "
-              f"from another process failed {failed} of {ok + failed}; the holder then committed: {last == 'committed'}")
+              f"from another process failed {failed} of {ok + failed}; "
+              f"the holder then committed: {last == 'committed'}")
     assert ok + failed >= WRITES_MIN and failed == 0
     assert last == "committed"
     with SQLiteStore(tmp_path / "buffered.db") as store:

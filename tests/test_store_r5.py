@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from stockade import metrics
-from stockade.core.errors import StaleToken
+from stockade.core.errors import StaleToken, TokenMismatch
 from stockade.core.tokens import FencingToken
 from stockade.resources import _observe
 from stockade.resources.store import SQLiteStore
@@ -68,7 +68,7 @@ def test_the_rejection_metric_has_one_series_per_reason_and_no_overflow(tmp_path
     monkeypatch.setattr(_observe, "_limit", _observe.RejectionLog())
     with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER) as store:
         for i in range(50):
-            with pytest.raises(Exception):
+            with pytest.raises(TokenMismatch):
                 store.put(f"made-up-{i}", "k", b"x", token=FencingToken(CLUSTER, f"other-{i}", 1))
     lines = [line for line in metrics.REGISTRY.render().splitlines()
              if line.startswith("stockade_fence_rejections_total{")]

@@ -95,7 +95,7 @@ def _loop(step: Callable[[], int | None], seconds: float, iters: int, barrier: A
             token = step()
         except InvariantViolation:
             raise  # a bug in stockade is not a refused cycle: stop the run and show it
-        except Exception:  # a refused cycle counts as an error, as in the peers' bench
+        except Exception:  # noqa: BLE001 - a refused cycle counts as an error, as in the peers' bench
             errors += 1
             continue
         latencies.append(time.perf_counter() - started)
@@ -139,7 +139,7 @@ def _process_entry(workload: str, url: str, store_url: str | None, scope: str, s
                    barrier: Any, queue: Any) -> None:
     try:
         queue.put(_client(workload, url, store_url, scope, seconds, iters, barrier))
-    except BaseException as exc:  # tell the parent instead of leaving it waiting
+    except BaseException as exc:  # noqa: BLE001 - tell the parent instead of leaving it waiting
         barrier.abort()
         queue.put({"failed": repr(exc)})
 

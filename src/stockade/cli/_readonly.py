@@ -141,7 +141,9 @@ def read_high_waters(path: Path) -> tuple[dict[str, int], str | None]:
     def body(conn: sqlite3.Connection) -> dict[str, int]:
         meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
         if meta.get("kind") != store_files.STORE_KIND or meta.get("schema_version") != store_files.SCHEMA_VERSION:
-            raise BackendUnavailable(f"{path}: not a stockade store file of schema version {store_files.SCHEMA_VERSION}")
+            raise BackendUnavailable(
+                f"{path}: not a stockade store file of schema version {store_files.SCHEMA_VERSION}"
+            )
         return dict(conn.execute("SELECT scope, high_water FROM hwm ORDER BY scope").fetchall())
 
     return _read(path, "store", body)

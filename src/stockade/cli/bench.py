@@ -72,7 +72,7 @@ def run(argv: list[str]) -> int:
         return 130
     except InvariantViolation:
         raise  # a bug: keep its traceback rather than a one-line message
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - one line for any failure of the run, not a traceback
         print(f"stockade bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -175,5 +175,6 @@ def _print_failure(result: RunResult, save: Path | None, stream: Any = None) -> 
         with open(save / "history.jsonl", "w") as f:
             dump_jsonl(result.history, f)
         with open(save / "audit.jsonl", "w") as f:
-            dump_jsonl(({"scope": s, "token": t, "idempotency_key": k, "commit_seq": q} for s, t, k, q in result.audit), f)
+            rows = ({"scope": s, "token": t, "idempotency_key": k, "commit_seq": q} for s, t, k, q in result.audit)
+            dump_jsonl(rows, f)
         print(f"history and audit trail saved in {save}{os.sep}", file=out)

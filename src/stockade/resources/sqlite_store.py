@@ -51,7 +51,6 @@ from stockade.core.limits import (
     AUDIT_RECORDS_MAX,
     IDEMPOTENCY_KEYS_MAX,
     LIST_PAGE_MAX,
-    STORE_SCOPES_MAX as SCOPES_MAX,
     TX_WRITES_MAX,
     VALUE_BYTES_CEILING,
     VALUE_BYTES_MAX,
@@ -59,23 +58,26 @@ from stockade.core.limits import (
     validate_key,
     validate_scope,
 )
+from stockade.core.limits import (
+    STORE_SCOPES_MAX as SCOPES_MAX,
+)
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, BackupInfo, Item, Op, Write, WriteResult
 from stockade.resources import backup as _backup
 from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
 from stockade.resources._observe import reject
+from stockade.resources._sqlite_apply import apply_write
 from stockade.resources._sqlite_files import (
     BUSY_TIMEOUT_MS_DEFAULT,
     BUSY_TIMEOUT_MS_MAX,
     audit_after,
     connect,
-    initialise,
-    write_transaction,
     counter,
     default_floor,
     get_item,
+    initialise,
+    write_transaction,
 )
-from stockade.resources._sqlite_apply import apply_write
 from stockade.resources._sqlite_tx import PENDING_SEQ, TX_BUFFER_BYTES_MAX, BufferedUnit, LockedUnit
 from stockade.resources._tx import Tx
 

@@ -11,7 +11,8 @@ documented client protocol (K1–K3). A control
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from stockade.core.fence import Accept, FenceDecision, FenceRule, Recorded, Reject, Replay, check_write, decide
 from stockade.core.tokens import FencingToken

@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from stockade.testing._verdict import CheckResult, Violation
 from stockade.testing._verdict import violation as _violation

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.tokens import FencingToken

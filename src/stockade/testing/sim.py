@@ -32,8 +32,9 @@ from __future__ import annotations
 import heapq
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from stockade.core.leases import LeasePolicy
 from stockade.testing._sim_client import Client

@@ -79,8 +79,8 @@ class AsyncEmbeddedCoordinatorPort:
                 self.engine.release(lease_id)
             except InvariantViolation:
                 raise  # a bug: shown, chained to what interrupted the acquire
-            except Exception:
-                pass  # the lease, if any, expires by TTL
+            except Exception:  # noqa: BLE001 - best effort: the lease, if any, expires by TTL
+                pass
             raise
 
     async def renew(self, lease_id: str) -> None:

@@ -15,7 +15,14 @@ from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
 from stockade.core.errors import InvariantViolation, LeaseLost, NotHolder, StockadeError
-from stockade.core.limits import LIST_PAGE_MAX, validate_holder, validate_int, validate_scope, validate_ttl_ms, validate_wait_ms
+from stockade.core.limits import (
+    LIST_PAGE_MAX,
+    validate_holder,
+    validate_int,
+    validate_scope,
+    validate_ttl_ms,
+    validate_wait_ms,
+)
 from stockade.core.tokens import FencingToken
 
 __all__ = ["AsyncCoordinator", "AsyncLease"]
@@ -167,7 +174,7 @@ class AsyncLease:
                     self._keepalive_bug = exc
                     self._mark_lost(f"bug while renewing: {exc}")
                     return
-                except Exception as exc:  # backend trouble: retry until the local deadline
+                except Exception as exc:  # noqa: BLE001 - backend trouble: retry until the local deadline
                     log.info("renewal failed, retrying", extra={"scope": self.scope, "error": repr(exc)})
                     retry_s = min(RENEW_RETRY_MS / 1000, max(0.0, (self._deadline_ns - self._clock.now_ns()) / 1e9))
                     if await AsyncIO.wait_event(self._stop, retry_s):
