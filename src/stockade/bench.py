@@ -175,18 +175,19 @@ def run_workload(
         for process in processes:
             process.join(30)
     else:
-        barrier = threading.Barrier(clients)
-        results = [None] * clients
+        thread_barrier = threading.Barrier(clients)
+        slots: list[dict[str, Any]] = [{"failed": "the client thread returned nothing"} for _ in range(clients)]
 
         def run(i: int) -> None:
-            results[i] = _client(workload, url, store_url, scopes[i], seconds, iters, barrier)
+            slots[i] = _client(workload, url, store_url, scopes[i], seconds, iters, thread_barrier)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-    failed = [r["failed"] for r in results if r is None or "failed" in r]
+        results = slots
+    failed = [r["failed"] for r in results if "failed" in r]
     if failed:
         raise RuntimeError(f"{len(failed)} client(s) failed: {failed[0]}")
     latencies = [x * 1e6 for r in results for x in r["lat"]]

@@ -62,7 +62,7 @@ def _worker(name: str, root: Path, store_class: str | None) -> int:
         try:
             store.put(SCOPE, KEY, value, token=lease.token)  # the token, not the lease: A believes it leads
         except stockade.StaleToken as exc:
-            _emit(step="rejected", worker=name, token=exc.token.value, high_water=exc.high_water, value=value)
+            _emit(step="rejected", worker=name, token=lease.token.value, high_water=exc.high_water, value=value)
             return 0
         _emit(step="accepted", worker=name, token=lease.token.value, value=value, high_water=store.high_water(SCOPE))
         return 0

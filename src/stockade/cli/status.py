@@ -60,16 +60,16 @@ def run(argv: list[str]) -> int:
     if not rows:
         print("no scopes yet")
         return 0
-    header = ("SCOPE", "STATE", "HOLDER", "TOKEN", "LAST", "REMAINING", "WAITERS", "HIGH-WATER")
-    table = [header] + [
+    header: tuple[str, ...] = ("SCOPE", "STATE", "HOLDER", "TOKEN", "LAST", "REMAINING", "WAITERS", "HIGH-WATER")
+    table: list[tuple[str, ...]] = [header] + [
         (
-            r["scope"], r["state"], r["holder"] or "-", str(r["token"] or "-"), str(r["last_token"]),
+            str(r["scope"]), str(r["state"]), str(r["holder"] or "-"), str(r["token"] or "-"), str(r["last_token"]),
             f"{r['remaining_ms']} ms" if r["state"] == "held" else "-", str(r["waiters"]),
             "-" if r["high_water"] is None else str(r["high_water"]),
         )
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
     return 0

@@ -324,9 +324,9 @@ def acquire(
     waiter = record.waiters[position]
     # Refresh liveness only when half the window is used: fewer writes while polling.
     if waiter.stale_ns - now_ns < policy.waiter_stale_ms * _NS_PER_MS // 2:
-        waiters = list(record.waiters)
-        waiters[position] = replace(waiter, stale_ns=stale_ns)
-        record = replace(record, waiters=tuple(waiters))
+        refreshed = list(record.waiters)
+        refreshed[position] = replace(waiter, stale_ns=stale_ns)
+        record = replace(record, waiters=tuple(refreshed))
     return record, Queued(position, holder)
 
 

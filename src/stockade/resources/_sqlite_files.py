@@ -263,7 +263,7 @@ def remove_database(path: Path) -> None:
 def copy_database(source_path: Path, target_path: Path, source: sqlite3.Connection | None = None) -> None:
     """Copy a database with the SQLite backup API into a self-contained file (rollback journal, no WAL)."""
     own_source = source is None
-    if own_source:
+    if source is None:
         source = sqlite3.connect(str(source_path), isolation_level=None)
     try:
         create_private(target_path)

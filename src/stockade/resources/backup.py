@@ -244,7 +244,7 @@ def _read_old_store(store: Path, backup_seq: int) -> dict[str, Any]:
             meta = read_meta(conn, store)
             seq = counter(conn, "commit_seq")
             pruned_through = counter(conn, "audit_pruned_through")
-            removed = []
+            removed: list[dict[str, Any]] = []
             cursor = backup_seq
             while True:  # bounded: the audit trail holds at most AUDIT_RECORDS_MAX rows
                 page = audit_after(conn, None, cursor, LIST_PAGE_MAX)

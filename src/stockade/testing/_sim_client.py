@@ -184,7 +184,7 @@ class Client(Node):
         op = self._new_op("renew")
         op.scope, op.token, op.lease_id = lease.scope, lease.token, lease.lease_id  # type: ignore[union-attr]
         self.world.history.invoke(self.world.time.now_ns, self.index, "renew", scope=op.scope,
-                                  token=op.token.encode())  # type: ignore[union-attr]
+                                  token=op.token.encode())
         lease.renew_sent_ns = self.clock.now_ns()  # type: ignore[union-attr]
         self._request("coordinator", (op.lease_id,), "renew")
         return True

@@ -73,7 +73,7 @@ class Coordinator(Node):
             store = mutant.wrap(memory)
         engine = LeaseEngine(store, cluster_id=self.cluster, clock=self.clock, policy=self.policy)
         if mutant is not None and mutant.seam is Seam.ACQUIRE_RULE and mutant.rule is not None:
-            engine.acquire_rule = mutant.rule  # type: ignore[method-assign]
+            engine.acquire_rule = mutant.rule
         return memory, engine
 
     def _on_commit(self, changes: Sequence[Change]) -> None:

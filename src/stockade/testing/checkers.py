@@ -351,9 +351,9 @@ def check_hwm_durability(
                     break
                 if entry.token > need.get(entry.scope, (0, None))[0]:
                     need[entry.scope] = (entry.token, None)
-        for _, scope, token, op in acked[: bisect.bisect_left(acked_times, record["t_ns"])]:
-            if token > need.get(scope, (0, None))[0]:
-                need[scope] = (token, op)
+        for _, acked_scope, acked_token, acked_op in acked[: bisect.bisect_left(acked_times, record["t_ns"])]:
+            if acked_scope is not None and acked_token > need.get(acked_scope, (0, None))[0]:
+                need[acked_scope] = (acked_token, acked_op)
         for scope, (token, op) in need.items():
             if high.get(scope, 0) < token:
                 found.append(

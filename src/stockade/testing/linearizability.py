@@ -216,7 +216,7 @@ def _check_scope(
         if m.kind == _RESTORE:
             high, values = m.restore_state  # type: ignore[misc]
             vals = [None] * len(keys)
-            for key, value in values.items():  # type: ignore[attr-defined]
+            for key, value in values.items():  # type: ignore[union-attr]
                 vals[keys[key]] = value
             m.restore_state = (high, tuple(vals))
     result.scopes += 1
