@@ -57,7 +57,7 @@ def wait_until(check, what: str, timeout_s: float, process: subprocess.Popen | N
         try:
             if check():
                 return
-        except Exception:
+        except Exception:  # noqa: BLE001 - not up yet, whatever the probe says; retry until the deadline
             pass
         time.sleep(0.05)
     raise RuntimeError(f"{what} not ready after {timeout_s} s")
@@ -209,7 +209,9 @@ def table(summary: dict, clients: int, peers: list[str]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", required=True, help="directory holding the peer benchmark lockbench.py (not part of stockade)")
+    parser.add_argument(
+        "--peers", required=True, help="directory holding the peer benchmark lockbench.py (not part of stockade)"
+    )
     parser.add_argument("--peer-python", default=sys.executable, help="python with aetcd and psycopg[binary]")
     parser.add_argument("--variants", default="etcd-aetcd,pg-lease-row")
     parser.add_argument("--workloads", default="lock,write")
