@@ -249,7 +249,7 @@ def _times_pending(conn: sqlite3.Connection, now_ns: int) -> bool:
     return bool(
         conn.execute("SELECT 1 FROM leases LIMIT 1").fetchone()
         or conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone()
-        or conn.execute("SELECT 1 FROM scopes WHERE delay_until_ns > ? LIMIT 1", (now_ns,)).fetchone()
+        or conn.execute("SELECT 1 FROM scopes WHERE delay_until_ns > MAX(?, 0) LIMIT 1", (now_ns,)).fetchone()
     )
 
 

@@ -429,8 +429,10 @@ class LeaseEngine:
         forgotten = 0
         for name in tx.oldest(limit * _FORGET_SCAN):
             record = tx.load(name)
-            if is_idle(rules.settle(record, now_ns, self.policy), now_ns):
-                tx.forget(record)
+            settled = rules.settle(record, now_ns, self.policy)
+            if is_idle(settled, now_ns):
+                tx.save(record, settled)  # an expiry or a lapsed waiter is recorded first
+                tx.forget(settled)
                 forgotten += 1
                 if forgotten >= limit:
                     break
