@@ -96,6 +96,18 @@ def test_every_open_starts_a_higher_epoch_past_on_the_wall_clock(tmp_path):
     assert all(epoch_floor(e) < epoch_floor(e + 1) for e in epochs)
 
 
+def test_openers_that_join_others_keep_their_epoch(tmp_path):
+    """Only an opener that is alone starts an epoch: processes sharing the file count on contiguously."""
+    path = tmp_path / "coord.db"
+    first = SQLiteCoordinator(path)
+    a = _grant(first, "s")
+    joined = SQLiteCoordinator(path)
+    assert joined.records.epoch == first.records.epoch
+    assert _grant(joined, "s") == a + 1 and _grant(first, "s") == a + 2
+    joined.close()
+    first.close()
+
+
 def test_counter_run_out_moves_to_a_new_epoch(tmp_path):
     """A scope whose counter is used up in an epoch moves to a new epoch, never into the next one's values."""
     path = tmp_path / "coord.db"

@@ -60,6 +60,7 @@ _STORE_TABLES = frozenset({"hwm", "kv", "audit", "idempotency", "counters"})
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
 BUSY_RETRY_S = 0.0005  # our retry step for BEGIN IMMEDIATE (jittered)
+CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) STRICT;
@@ -267,9 +268,12 @@ class SQLiteRecords:
     becomes a coordinator, created mode 0600 (so are its ``-wal``, ``-shm``
     and ``.lock`` files).
 
-    Every open starts a new token epoch (`stockade.core.tokens`): every token
-    it hands out is above every token of the file's history, even of a history
-    an older copy of the file no longer remembers (docs/coordinator-files.md).
+    An opener that finds nobody else using the file (the first after a
+    restore always does; so does ``stockade serve``) starts a new token epoch
+    (`stockade.core.tokens`): every token handed out from then on is above
+    every token of the file's history, even of a history an older copy of the
+    file no longer remembers (docs/coordinator-files.md). Openers that join
+    others keep the epoch in use.
 
     Args:
         path: the database file (created with a new cluster id if missing).
@@ -288,7 +292,7 @@ class SQLiteRecords:
 
     Attributes:
         cluster_id: the file's cluster id.
-        epoch: the token epoch this opener started.
+        epoch: the token epoch this opener started or joined.
 
     Raises:
         WrongFileKind: ``path`` is not a coordinator file (nothing was touched).
@@ -315,6 +319,7 @@ class SQLiteRecords:
         self._busy_timeout_ms = busy_timeout_ms
         self.epoch = 0
         self._epoch_floor = 0
+        self._alone_at_open = False
         exists = inspect_coordinator_path(self.path)
         if not exists:
             _create_private(self.path)
@@ -364,7 +369,11 @@ class SQLiteRecords:
         except OSError as exc:
             raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
         try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            if exclusive:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._alone_at_open = True
+            else:
+                self._alone_at_open = self._claim_shared(fd)
         except OSError:
             os.close(fd)
             if exclusive:
@@ -376,6 +385,31 @@ class SQLiteRecords:
                 certain_no_effect=True,
             ) from None
         return fd, created
+
+    @staticmethod
+    def _claim_shared(fd: int) -> bool:
+        """Take the shared claim; returns whether nobody else had the file open at that moment.
+
+        Being alone is tried first (an exclusive claim, turned shared at once).
+        Another opener doing the same holds it exclusively for a moment, so a
+        refused shared claim is retried briefly before it means a server.
+        """
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass
+        else:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # raises if a server took it in between
+            return True
+        give_up = time.monotonic() + CLAIM_RETRY_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return False
+            except OSError:
+                if time.monotonic() >= give_up:
+                    raise
+                time.sleep(0.001)
 
     def _drop_claim(self, remove: bool) -> None:
         """Release ``PATH.lock``; remove it too when this open created it and nobody else holds it."""
@@ -482,9 +516,14 @@ class SQLiteRecords:
 
     def _start_epoch(self, conn: sqlite3.Connection, meta: dict[str, str]) -> None:
         """Start this opener's epoch: above every epoch the file knows of, and past on the wall clock."""
-        if not self.epochs:
-            return
         known = int(meta.get("epoch", "0"))
+        if not self.epochs or not self._alone_at_open:
+            # Others have the file open: it cannot have been replaced by an older
+            # copy under them, so their epoch stands (the first opener after a
+            # restore is alone, and starts a new one).
+            self.epoch = known
+            self._epoch_floor = epoch_floor(known) if self.epochs else 0
+            return
         highest = conn.execute("SELECT MAX(last_token) FROM scopes").fetchone()[0] or 0
         known = max(known, epoch_of(highest), epoch_of(int(meta.get("forgotten_floor", "0"))))
         self.epoch = wait_for_epoch(known, time.time_ns)
@@ -758,7 +797,8 @@ class _SQLiteTx:
         records = self._records
         if not records.epochs:
             return None
-        known = max(after, int(self._conn.execute("SELECT v FROM meta WHERE k = 'epoch'").fetchone()[0]))
+        row = self._conn.execute("SELECT v FROM meta WHERE k = 'epoch'").fetchone()
+        known = max(after, int(row[0]) if row else 0)
         epoch = wait_for_epoch(known, time.time_ns)
         _set_meta(self._conn, "epoch", str(epoch))
         return epoch
