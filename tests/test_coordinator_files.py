@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from conftest import python_env
 
 import stockade
 from stockade.coordinators.memory import MemoryRecords
@@ -32,8 +33,6 @@ from stockade.core.errors import ClockMismatch, WrongFileKind
 from stockade.core.leases import Granted
 from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX, epoch_floor, epoch_of
 from stockade.testing.clock import ManualClock as FakeClock
-
-from conftest import python_env
 
 SCOPES = [f"s{i}" for i in range(4)]
 
@@ -414,7 +413,7 @@ def test_a_file_with_leases_on_another_monotonic_clock_is_refused(tmp_path, monk
 def _can_unshare_time() -> bool:
     if sys.platform != "linux" or shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "--time", "--monotonic", "1000", "true"], capture_output=True)
+    probe = subprocess.run(["unshare", "--time", "--monotonic", "1000", "true"], capture_output=True, check=False)
     return probe.returncode == 0
 
 
@@ -432,7 +431,7 @@ def test_a_lease_from_another_time_namespace_is_refused_not_shown_wrong(tmp_path
     busy = SQLiteCoordinator(tmp_path / "coord.db")  # the host's processes are using it
     busy.try_acquire("other", lease_id=new_lease_id(), holder="h", ttl_ms=60_000, wait_deadline_ns=0)
     result = subprocess.run(["unshare", "--time", "--monotonic", "100000", sys.executable, "-c", script, url],
-                            capture_output=True, text=True, env=python_env(), timeout=60)
+                            capture_output=True, text=True, env=python_env(), timeout=60, check=False)
     busy.close()
     print(f"\nopen from another time namespace: {result.stdout.strip()}")
     assert result.stdout.startswith("ClockMismatch"), result.stdout + result.stderr

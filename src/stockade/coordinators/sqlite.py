@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
+from stockade.coordinators.memory import wait_for_epoch
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine, RecordTx, recover_records
-from stockade.coordinators.memory import wait_for_epoch
 from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind, invariant
 from stockade.core.leases import Lease, LeasePolicy, ScopeRecord, Waiter
 from stockade.core.limits import validate_int
