@@ -56,25 +56,26 @@ def test_routes_follow_the_contract(server):
     url = server.url
     status, _, grant = acquire(url, "reports", holder="worker-1")
     assert status == 200 and set(grant) == {"scope", "token", "token_value", "lease_id", "ttl_ms"}
-    assert grant["token"].startswith("stk1.") and grant["token"].endswith(".1.reports") and grant["token_value"] == 1
+    assert grant["token"].startswith("stk1.") and grant["token"].endswith(f".{grant['token_value']}.reports")
+    t1 = grant["token_value"]  # the first token of this opener's epoch; later ones count up from it
     status, _, info = call(url, "GET", "/v1/locks/reports")
     assert status == 200 and info["state"] == "held" and info["holder"] == "worker-1"
-    assert info["token"] == grant["token"] and info["last_token"] == 1 and 0 < info["remaining_ms"] <= 10_000
+    assert info["token"] == grant["token"] and info["last_token"] == t1 and 0 < info["remaining_ms"] <= 10_000
 
     status, _, result = put(url, "reports", "daily%2Fcsv", b"v1", grant["token"], idempotency_key="op-1")
-    assert status == 200 and result == {"scope": "reports", "key": "daily/csv", "token_value": 1, "high_water": 1,
+    assert status == 200 and result == {"scope": "reports", "key": "daily/csv", "token_value": t1, "high_water": t1,
                                         "commit_seq": 1, "replayed": False}
     status, _, again = put(url, "reports", "daily%2Fcsv", b"v1", grant["token"], idempotency_key="op-1")
     assert status == 200 and again["replayed"] is True and again["commit_seq"] == 1
     status, headers, value = call(url, "GET", "/v1/kv/reports/daily%2Fcsv")
-    assert status == 200 and value == b"v1" and headers["token-value"] == "1" and headers["commit-seq"] == "1"
+    assert status == 200 and value == b"v1" and headers["token-value"] == str(t1) and headers["commit-seq"] == "1"
     status, _, listing = call(url, "GET", "/v1/kv/reports")
-    assert listing == {"items": [{"key": "daily/csv", "token_value": 1, "commit_seq": 1, "size": 2}],
+    assert listing == {"items": [{"key": "daily/csv", "token_value": t1, "commit_seq": 1, "size": 2}],
                        "next_after": None}
-    assert call(url, "GET", "/v1/hwm/reports")[2] == {"scope": "reports", "high_water": 1}
+    assert call(url, "GET", "/v1/hwm/reports")[2] == {"scope": "reports", "high_water": t1}
 
     status, _, renewal = call(url, "POST", f"/v1/leases/{grant['lease_id']}/renew")
-    assert status == 200 and renewal == {"scope": "reports", "token": grant["token"], "token_value": 1,
+    assert status == 200 and renewal == {"scope": "reports", "token": grant["token"], "token_value": t1,
                                          "ttl_ms": 10_000}
     assert call(url, "DELETE", f"/v1/leases/{grant['lease_id']}")[0] == 204
     assert call(url, "DELETE", f"/v1/leases/{grant['lease_id']}")[0] == 204  # idempotent
@@ -83,11 +84,11 @@ def test_routes_follow_the_contract(server):
     assert problem["type"].endswith("/not-holder") and grant["lease_id"] not in json.dumps(problem)
 
     status, _, second = acquire(url, "reports")
-    assert second["token_value"] == 2
+    assert second["token_value"] == t1 + 1
     assert put(url, "reports", "k", b"new", second["token"])[0] == 200
     status, _, stale = put(url, "reports", "k", b"zombie", grant["token"])
     assert status == 409 and stale["type"].endswith("/stale-token")
-    assert stale["token"] == grant["token"] and stale["high_water"] == 2
+    assert stale["token"] == grant["token"] and stale["high_water"] == t1 + 1
     status, _, mismatch = put(url, "other", "k", b"x", second["token"])
     assert status == 409 and mismatch["type"].endswith("/token-mismatch") and mismatch["reason"] == "wrong-scope"
     assert call(url, "GET", "/v1/kv/reports/k")[2] == b"new"
@@ -136,7 +137,7 @@ def test_long_poll_serves_waiters_first_in_first_out(server):
         t.join(15)
     order = sorted(results, key=lambda i: results[i][1]["token_value"])
     assert order == [0, 1, 2, 3]
-    assert [results[i][1]["token_value"] for i in order] == [2, 3, 4, 5]
+    assert [results[i][1]["token_value"] for i in order] == [holder["token_value"] + k for k in (1, 2, 3, 4)]
     # The head is woken at once by a release: no polling interval in the hand-over.
     assert results[0][0] - started < 0.5
     status, _, timeout = acquire(url, "fifo-2", wait_ms=0)
@@ -146,11 +147,11 @@ def test_long_poll_serves_waiters_first_in_first_out(server):
 
 def test_expiry_wakes_the_head_waiter(server):
     url = server.url
-    acquire(url, "exp", ttl_ms=300)
+    first = acquire(url, "exp", ttl_ms=300)[2]["token_value"]
     started = time.monotonic()
     status, _, grant = acquire(url, "exp", wait_ms=5_000)
     waited = time.monotonic() - started
-    assert status == 200 and grant["token_value"] == 2 and 0.2 < waited < 1.0
+    assert status == 200 and grant["token_value"] == first + 1 and 0.2 < waited < 1.0
     assert "stockade_expiries_total 1" in call(url, "GET", "/metrics")[2].decode()
 
 
@@ -169,7 +170,7 @@ def test_disconnected_waiter_leaves_the_queue(server):
     assert call(url, "GET", "/v1/locks/gone")[2]["waiters"] == 0
     call(url, "DELETE", f"/v1/leases/{holder['lease_id']}")
     status, _, grant = acquire(url, "gone")  # no ghost holder: granted at once
-    assert status == 200 and grant["token_value"] == 2
+    assert status == 200 and grant["token_value"] == holder["token_value"] + 1
 
 
 # -- bad input changes nothing (S23 hand corpus) --------------------------------------------------
@@ -366,7 +367,7 @@ def test_tls(tmp_path):
         conn = http.client.HTTPSConnection(host, int(port), context=context)
         conn.request("POST", "/v1/locks/t/acquire", json.dumps({"ttl_ms": 1000}), {"Content-Type": "application/json"})
         response = conn.getresponse()
-        assert response.status == 200 and json.loads(response.read())["token_value"] == 1
+        assert response.status == 200 and json.loads(response.read())["token_value"] >= 1
         with pytest.raises(ssl.SSLError):
             http.client.HTTPSConnection(host, int(port), context=ssl.create_default_context()).request("GET", "/")
     finally:
@@ -467,8 +468,8 @@ def test_restart_keeps_tokens_and_state(tmp_path):
         assert info["state"] == "held" and info["token"] == grant["token"]  # C3: held leases stay held
         assert call(proc.url, "POST", f"/v1/leases/{grant['lease_id']}/renew")[0] == 200
         call(proc.url, "DELETE", f"/v1/leases/{grant['lease_id']}")
-        assert acquire(proc.url, "r")[2]["token_value"] == 2
-        assert call(proc.url, "GET", "/v1/hwm/r")[2]["high_water"] == 1
+        assert acquire(proc.url, "r")[2]["token_value"] > grant["token_value"]  # a restart starts a new epoch
+        assert call(proc.url, "GET", "/v1/hwm/r")[2]["high_water"] == grant["token_value"]
     finally:
         proc.stop()
 

@@ -18,8 +18,10 @@ for tests of code that uses stockade. Its tokens do not survive the process
 from __future__ import annotations
 
 import bisect
+import itertools
 import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -28,14 +30,33 @@ from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvalidArgument, LimitExceeded, invariant
 from stockade.core.leases import LeasePolicy, ScopeRecord
-from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS
+from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, EPOCH_TICK_NS, epoch_ready, next_epoch
 
-__all__ = ["MemoryRecords", "MemoryCoordinator", "Change", "SCOPES_MAX_DEFAULT"]
+#: Longest a new epoch waits for the wall clock to leave its tick (more: the clock is behind the file).
+EPOCH_WAIT_MAX_NS = 10 * EPOCH_TICK_NS
+
+
+def wait_for_epoch(after: int, wall_ns: Callable[[], int]) -> int:
+    """A new epoch above ``after``, once the wall clock has left its tick (at most ``EPOCH_WAIT_MAX_NS``).
+
+    When the wall clock is behind ``after`` by more than that (it was set
+    back), the epoch is ``after + 1`` at once: tokens stay unique in the file,
+    but an older copy brought back later is covered only once the clock passes
+    the epoch again (docs/coordinator-files.md).
+    """
+    epoch = next_epoch(after, wall_ns())
+    give_up_ns = wall_ns() + EPOCH_WAIT_MAX_NS
+    while not epoch_ready(epoch, now_ns := wall_ns()) and now_ns < give_up_ns:
+        time.sleep(EPOCH_TICK_NS / 1e9 / 4)
+    return epoch
+
+__all__ = ["MemoryRecords", "MemoryCoordinator", "Change", "SCOPES_MAX_DEFAULT", "wait_for_epoch"]
 
 #: Scopes kept in memory; a change that would add one more raises `LimitExceeded`.
 SCOPES_MAX_DEFAULT = 100_000
 
-Change = tuple[ScopeRecord, ScopeRecord]
+#: One committed change of a scope: ``(old, new)``; ``new`` is None when the scope was forgotten.
+Change = tuple[ScopeRecord, ScopeRecord | None]
 
 
 class MemoryRecords:
@@ -45,9 +66,17 @@ class MemoryRecords:
         records: records to start from (e.g. loaded from disk).
         scopes_max: bound on stored scopes.
         on_commit: called with the ``(old, new)`` changes of each committed
-            unit, in order, before the unit's operation returns.
+            unit, in order, before the unit's operation returns (``new`` is
+            None for a forgotten scope).
+        epoch_floor: a floor every grant counts above (the epoch of the
+            coordinator file these records were loaded from; 0: none).
+        forgotten_floor: the greatest last token of scopes forgotten before.
+        wall_ns: the wall clock, when the records' tokens carry epochs (a
+            scope whose counter runs out moves to a new epoch); None: no epochs.
 
-    Thread-safe: a unit holds a lock from start to commit.
+    Thread-safe: a unit holds a lock from start to commit. Scope names are kept
+    in the order they last changed, so the least recently changed come first
+    when the engine looks for idle scopes to forget.
     """
 
     def __init__(
@@ -56,9 +85,16 @@ class MemoryRecords:
         *,
         scopes_max: int = SCOPES_MAX_DEFAULT,
         on_commit: Callable[[Sequence[Change]], object] | None = None,
+        epoch_floor: int = 0,
+        forgotten_floor: int = 0,
+        wall_ns: Callable[[], int] | None = None,
     ) -> None:
         self.scopes_max = scopes_max
         self.on_commit = on_commit
+        self.epoch_floor = epoch_floor
+        self.forgotten_floor = forgotten_floor
+        self.wall_ns = wall_ns
+        self._recency: dict[str, None] = {}  # scope names, least recently changed first
         self._records: dict[str, ScopeRecord] = {}
         self._names: list[str] = []
         self._scope_of_lease: dict[str, str] = {}
@@ -119,6 +155,7 @@ class MemoryRecords:
             self._scope_of_lease.pop(old_lease.lease_id, None)
         if new_lease is not None and (old_lease is None or old_lease.lease_id != new_lease.lease_id):
             self._scope_of_lease[new_lease.lease_id] = scope
+        self._recency.pop(scope, None)
         if new is None:
             del self._records[scope]
             del self._names[bisect.bisect_left(self._names, scope)]
@@ -126,6 +163,7 @@ class MemoryRecords:
         if old is None:
             bisect.insort(self._names, scope)
         self._records[scope] = new
+        self._recency[scope] = None
 
 
 class _MemoryTx:
@@ -135,12 +173,13 @@ class _MemoryTx:
     its changes to ``on_commit`` when it ends without an error.
     """
 
-    __slots__ = ("_store", "_writing", "changes")
+    __slots__ = ("_store", "_writing", "changes", "_floors")
 
     def __init__(self, store: MemoryRecords, *, writing: bool) -> None:
         self._store = store
         self._writing = writing
         self.changes: list[Change] = []
+        self._floors: list[int] = []  # forgotten floors before each forget of this unit (for undo)
 
     def __enter__(self) -> _MemoryTx:
         self._store._lock.acquire()
@@ -190,9 +229,46 @@ class _MemoryTx:
         store._put(scope, current, new)
         self.changes.append((old, new))
 
+    def token_floor(self) -> int:
+        store = self._store
+        return max(store.epoch_floor, store.forgotten_floor)
+
+    def new_epoch(self, after: int) -> int | None:
+        wall_ns = self._store.wall_ns
+        if wall_ns is None:
+            return None
+        return wait_for_epoch(after, wall_ns)
+
+    def forgotten_floor(self) -> int:
+        return self._store.forgotten_floor
+
+    def forget(self, record: ScopeRecord) -> None:
+        invariant(self._writing, "forget in a read unit")
+        store = self._store
+        scope = record.scope
+        current = store._records.get(scope)
+        if current is None:
+            return
+        invariant(current == record, f"record of {scope!r} changed underneath this unit")
+        invariant(record.lease is None and not record.waiters, f"forgetting {scope!r}, which is not idle")
+        self.changes.append((current, None))
+        self._floors.append(store.forgotten_floor)
+        store.forgotten_floor = max(store.forgotten_floor, current.last_token)
+        store._put(scope, current, None)
+
+    def oldest(self, limit: int) -> list[str]:
+        return list(itertools.islice(self._store._recency, limit))
+
+    def full(self) -> bool:
+        return len(self._store._records) >= self._store.scopes_max
+
     def undo(self) -> None:
         store = self._store
         for old, new in reversed(self.changes):
+            if new is None:  # a forgotten scope comes back, and the floor with it
+                store._put(old.scope, None, old)
+                store.forgotten_floor = self._floors.pop()
+                continue
             before = None if old == ScopeRecord(old.scope) else old
             store._put(new.scope, new, before)
         self.changes.clear()

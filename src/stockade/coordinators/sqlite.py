@@ -29,27 +29,38 @@ import os
 import random
 import secrets
 import sqlite3
+import stat
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
+from stockade.coordinators.memory import wait_for_epoch
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine, RecordTx, recover_records
-from stockade.core.errors import BackendUnavailable, StockadeError, invariant
+from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind, invariant
 from stockade.core.leases import Lease, LeasePolicy, ScopeRecord, Waiter
 from stockade.core.limits import validate_int
-from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, FencingToken
+from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, FencingToken, epoch_floor, epoch_of
 
 __all__ = ["SQLiteCoordinator", "SQLiteRecords", "new_lease_id"]
 
 SCHEMA_VERSION = "1"
+#: ``PRAGMA application_id`` of a coordinator file ("STKC").
+APPLICATION_ID = 0x53544B43
+#: ``PRAGMA application_id`` a stockade store file may carry ("STKS"); refused here.
+STORE_APPLICATION_ID = 0x53544B53
+KIND = "coordinator"
+_COORDINATOR_TABLES = frozenset({"meta", "scopes", "leases", "waiters"})
+_STORE_TABLES = frozenset({"hwm", "kv", "audit", "idempotency", "counters"})
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
 BUSY_RETRY_S = 0.0005  # our retry step for BEGIN IMMEDIATE (jittered)
+CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) STRICT;
@@ -99,11 +110,170 @@ def _boot_id() -> str:
         return "unknown"
 
 
+TIMENS_OFFSETS = "/proc/self/timens_offsets"
+
+
+def monotonic_offset_ns(offsets_path: str | os.PathLike[str] = TIMENS_OFFSETS) -> int:
+    """How far this process's monotonic clock is moved from the host's (its time namespace), in ns.
+
+    Read from ``/proc/self/timens_offsets`` (Linux 5.6+); 0 where there are no
+    time namespaces (the file is missing or unreadable).
+    """
+    try:
+        text = Path(offsets_path).read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0] in ("monotonic", "1"):  # CLOCK_MONOTONIC is clock id 1
+            try:
+                return int(fields[1]) * 1_000_000_000 + int(fields[2])
+            except ValueError:
+                return 0
+    return 0
+
+
+def classify(application_id: int, tables: set[str], meta: dict[str, str]) -> str | None:
+    """None when a database may be used as a coordinator file, else what it is, in words.
+
+    A coordinator carries `APPLICATION_ID`; an empty database (no tables) may
+    become one; a file of an earlier version (the coordinator tables, no
+    application id) is adopted.
+    """
+    if application_id == APPLICATION_ID:
+        return None if meta.get("kind", KIND) == KIND else f"a {meta['kind']} file"
+    if application_id == STORE_APPLICATION_ID or tables & _STORE_TABLES:
+        return "a stockade store file"
+    if application_id != 0:
+        return f"a foreign SQLite database (application_id {application_id:#010x})"
+    if not tables:
+        return None
+    if tables == _COORDINATOR_TABLES and (not meta or "cluster_id" in meta):
+        return None
+    return "a foreign SQLite database"
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def inspect_coordinator_path(path: Path) -> bool:
+    """Check, reading only, that ``path`` may be opened as a coordinator; returns whether it exists.
+
+    Raises:
+        WrongFileKind: a directory, a device or other non-regular file, a file
+            that is not SQLite, or an SQLite database that is not a
+            coordinator's. Nothing was created or changed.
+        BackendUnavailable: it cannot be read.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot open coordinator file {path}: {exc}", certain_no_effect=True) from exc
+    if stat.S_ISDIR(st.st_mode):
+        raise WrongFileKind(str(path), "coordinator", "a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise WrongFileKind(str(path), "coordinator", "not a regular file (a device, a pipe or a socket)")
+    if st.st_size == 0:
+        return True  # an empty file becomes a coordinator
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot open coordinator file {path}: {exc}", certain_no_effect=True) from exc
+    if len(header) < 100 or not header.startswith(_SQLITE_HEADER):
+        raise WrongFileKind(str(path), "coordinator", "not an SQLite database")
+    application_id = int.from_bytes(header[68:72], "big", signed=True)
+    if application_id == APPLICATION_ID:
+        return True
+    # No marker: look at its tables through an immutable, read-only view (no
+    # locks taken, no -wal or -shm created, nothing written).
+    uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro&immutable=1"
+    try:
+        view = sqlite3.connect(uri, uri=True)
+        try:
+            tables = {r[0] for r in view.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            meta = dict(view.execute("SELECT k, v FROM meta").fetchall()) if "meta" in tables else {}
+        finally:
+            view.close()
+    except sqlite3.Error:
+        raise WrongFileKind(str(path), "coordinator", "not a readable SQLite database") from None
+    found = classify(application_id, tables, meta)
+    if found is not None:
+        raise WrongFileKind(str(path), "coordinator", found)
+    return True
+
+
+def _create_private(path: Path) -> None:
+    """Create an empty coordinator file, mode 0600 whatever the umask (an existing one is left alone)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        inspect_coordinator_path(path)  # another opener made it meanwhile: check it again
+        return
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot create coordinator file {path}: {exc}", certain_no_effect=True) from exc
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def _private_sidecars(path: Path) -> None:
+    """Give ``-wal`` and ``-shm`` no more permissions than the database file itself."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return
+    for suffix in ("-wal", "-shm"):
+        try:
+            side = os.stat(f"{path}{suffix}")
+            if stat.S_IMODE(side.st_mode) & ~mode and side.st_uid == os.geteuid():
+                os.chmod(f"{path}{suffix}", stat.S_IMODE(side.st_mode) & mode)
+        except OSError:
+            pass
+
+
+def _set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
+    conn.execute("INSERT INTO meta (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v", (key, value))
+
+
+def _forgotten(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT v FROM meta WHERE k = 'forgotten_floor'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _times_pending(conn: sqlite3.Connection, now_ns: int) -> bool:
+    """Whether the file holds a lease, a waiter, or a lock-delay not over at ``now_ns`` (the file's clock)."""
+    return bool(
+        conn.execute("SELECT 1 FROM leases LIMIT 1").fetchone()
+        or conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone()
+        or conn.execute("SELECT 1 FROM scopes WHERE delay_until_ns > MAX(?, 0) LIMIT 1", (now_ns,)).fetchone()
+    )
+
+
 class SQLiteRecords:
     """A record store (`stockade.core.engine.RecordStore`) in one SQLite file.
 
     Thread-safe (one connection behind a lock); shareable across processes on
     one host (SQLite's write lock serialises the transactions).
+
+    The file knows what it is: ``PRAGMA application_id`` is `APPLICATION_ID`
+    and ``meta`` says ``kind = coordinator``. Anything else at ``path`` (a
+    store file, a foreign SQLite database, a file that is not SQLite, a
+    directory, a device) is refused with `WrongFileKind` before anything is
+    written, and no ``PATH.lock`` is left behind. A missing or empty file
+    becomes a coordinator, created mode 0600 (so are its ``-wal``, ``-shm``
+    and ``.lock`` files).
+
+    An opener that finds nobody else using the file (the first after a
+    restore always does; so does ``stockade serve``) starts a new token epoch
+    (`stockade.core.tokens`): every token handed out from then on is above
+    every token of the file's history, even of a history an older copy of the
+    file no longer remembers (docs/coordinator-files.md). Openers that join
+    others keep the epoch in use.
 
     Args:
         path: the database file (created with a new cluster id if missing).
@@ -122,10 +292,17 @@ class SQLiteRecords:
 
     Attributes:
         cluster_id: the file's cluster id.
+        epoch: the token epoch this opener started or joined.
 
     Raises:
+        WrongFileKind: ``path`` is not a coordinator file (nothing was touched).
+        ClockMismatch: the file's leases are on a monotonic clock this process
+            does not share (another time namespace).
         BackendUnavailable: the file cannot be opened, or is held by the other kind of user.
     """
+
+    #: Whether tokens carry epochs; a seam for the controls of the test suite, never off in production.
+    epochs = True
 
     def __init__(
         self,
@@ -140,19 +317,33 @@ class SQLiteRecords:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._busy_timeout_ms = busy_timeout_ms
-        self._claim = self._claim_file(exclusive)
+        self.epoch = 0
+        self._epoch_floor = 0
+        self._alone_at_open = False
+        exists = inspect_coordinator_path(self.path)
+        if not exists:
+            _create_private(self.path)
+        self._claim, lock_created = self._claim_file(exclusive)
         try:
             self._conn = sqlite3.connect(
                 str(self.path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_WAIT_MS / 1000
             )
+        except sqlite3.Error as exc:
+            self._drop_claim(lock_created)
+            raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
+        try:
+            # Before anything is written (WAL mode rewrites the header): is it ours?
+            self._retry_busy(lambda: self._check_kind(self._conn))
             # Switching to WAL needs a moment of exclusive access: another process
             # opening or recovering the file at the same time makes it fail with
             # "locked", so retry it like BEGIN IMMEDIATE, within the busy timeout.
             self._retry_busy(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
             self._conn.execute("PRAGMA synchronous=FULL")
-        except (sqlite3.Error, OSError, BackendUnavailable) as exc:
-            os.close(self._claim)
-            if isinstance(exc, BackendUnavailable):
+            _private_sidecars(self.path)
+        except BaseException as exc:
+            self._conn.close()
+            self._drop_claim(lock_created and isinstance(exc, WrongFileKind))
+            if isinstance(exc, (BackendUnavailable, KeyboardInterrupt, SystemExit)):
                 raise
             raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
         self.cluster_id = ""
@@ -164,15 +355,25 @@ class SQLiteRecords:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _claim_file(self, exclusive: bool) -> int:
-        """Hold ``PATH.lock``: shared by embedded users, exclusive for a server."""
+    def _claim_file(self, exclusive: bool) -> tuple[int, bool]:
+        """Hold ``PATH.lock``: shared by embedded users, exclusive for a server. Returns (fd, created)."""
+        lock_path = f"{self.path}.lock"
+        created = False
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                created = True
+                os.fchmod(fd, 0o600)
+            except FileExistsError:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
             raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
         try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            if exclusive:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._alone_at_open = True
+            else:
+                self._alone_at_open = self._claim_shared(fd)
         except OSError:
             os.close(fd)
             if exclusive:
@@ -183,24 +384,93 @@ class SQLiteRecords:
                 f"{self.path} is served by a running stockade server; connect to the server over http:// instead",
                 certain_no_effect=True,
             ) from None
-        return fd
+        return fd, created
+
+    @staticmethod
+    def _claim_shared(fd: int) -> bool:
+        """Take the shared claim; returns whether nobody else had the file open at that moment.
+
+        Being alone is tried first (an exclusive claim, turned shared at once).
+        Another opener doing the same holds it exclusively for a moment, so a
+        refused shared claim is retried briefly before it means a server.
+        """
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass
+        else:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # raises if a server took it in between
+            return True
+        give_up = time.monotonic() + CLAIM_RETRY_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return False
+            except OSError:
+                if time.monotonic() >= give_up:
+                    raise
+                time.sleep(0.001)
+
+    def _drop_claim(self, remove: bool) -> None:
+        """Release ``PATH.lock``; remove it too when this open created it and nobody else holds it."""
+        fd, self._claim = self._claim, -1
+        if fd < 0:
+            return
+        try:
+            if remove:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.unlink(f"{self.path}.lock")
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+
+    def _check_kind(self, conn: sqlite3.Connection) -> None:
+        """Refuse a file that is not a coordinator, reading only (the header may not be rewritten yet)."""
+        conn.execute("BEGIN")
+        try:
+            application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            meta = dict(conn.execute("SELECT k, v FROM meta").fetchall()) if "meta" in tables else {}
+        except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise
+            raise WrongFileKind(str(self.path), "coordinator", "not an SQLite database") from None
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        found = classify(application_id, tables, meta)
+        if found is not None:
+            raise WrongFileKind(str(self.path), "coordinator", found)
 
     def _initialise(self) -> str:
         with self._write() as conn:
+            found = classify(conn.execute("PRAGMA application_id").fetchone()[0],
+                             {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")},
+                             {})
+            if found is not None:  # changed since it was checked (another opener): nothing written yet
+                raise WrongFileKind(str(self.path), "coordinator", found)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+            offset = monotonic_offset_ns()
             if "cluster_id" not in meta:
                 cluster = secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2)
                 conn.executemany(
                     "INSERT INTO meta (k, v) VALUES (?, ?)",
-                    [("cluster_id", cluster), ("schema_version", SCHEMA_VERSION), ("boot_id", _boot_id())],
+                    [("cluster_id", cluster), ("schema_version", SCHEMA_VERSION), ("boot_id", _boot_id()),
+                     ("kind", KIND), ("mono_offset_ns", str(offset))],
                 )
+                self.cluster_id = cluster
+                self._start_epoch(conn, meta)
                 return cluster
             if meta.get("schema_version") != SCHEMA_VERSION:
                 raise BackendUnavailable(f"{self.path}: schema version {meta.get('schema_version')!r} is not supported")
             self.cluster_id = meta["cluster_id"]
+            _set_meta(conn, "kind", KIND)
             if meta.get("boot_id") != _boot_id():
                 # In the same transaction that notices the reboot: of several
                 # processes opening the file after a boot, exactly one applies
@@ -208,7 +478,62 @@ class SQLiteRecords:
                 if self._on_reboot is not None:
                     self._on_reboot(_SQLiteTx(self, conn))
                 conn.execute("UPDATE meta SET v = ? WHERE k = 'boot_id'", (_boot_id(),))
+                _set_meta(conn, "mono_offset_ns", str(offset))
+            else:
+                self._check_clock(conn, meta.get("mono_offset_ns"), offset)
+            self._start_epoch(conn, meta)
             return meta["cluster_id"]
+
+    def _check_clock(self, conn: sqlite3.Connection, stored: str | None, offset: int) -> None:
+        """Same boot: refuse when the file's times are on another time namespace's monotonic clock."""
+        if stored is None or int(stored) == offset:
+            if stored is None:
+                _set_meta(conn, "mono_offset_ns", str(offset))
+            return
+        shift_ns = offset - int(stored)  # our monotonic clock reads this much more than the file's
+        busy = _times_pending(conn, time.monotonic_ns() - shift_ns)
+        if busy or not self._alone():
+            raise ClockMismatch(
+                str(self.path),
+                f"this process's monotonic clock is {shift_ns / 1e9:+.3f} s off the clock of the processes that "
+                f"use this file (another time namespace, unshare --time); its lease times cannot be compared. "
+                f"Open it from the same time namespace as the others"
+                + (" (it holds leases, waiters or a lock-delay now)" if busy else " (others have it open now)"),
+            )
+        _set_meta(conn, "mono_offset_ns", str(offset))  # idle and ours alone: adopt this clock
+
+    def _alone(self) -> bool:
+        """Whether no other process has the file open (an embedded claim is upgraded for a moment)."""
+        try:
+            fcntl.flock(self._claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(self._claim, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            pass  # keeps the exclusive claim: nobody else may open meanwhile, which is safe
+        return True
+
+    def _start_epoch(self, conn: sqlite3.Connection, meta: dict[str, str]) -> None:
+        """Start this opener's epoch: above every epoch the file knows of, and past on the wall clock."""
+        known = int(meta.get("epoch", "0"))
+        if not self.epochs or not self._alone_at_open:
+            # Others have the file open: it cannot have been replaced by an older
+            # copy under them, so their epoch stands (the first opener after a
+            # restore is alone, and starts a new one).
+            self.epoch = known
+            self._epoch_floor = epoch_floor(known) if self.epochs else 0
+            return
+        highest = conn.execute("SELECT MAX(last_token) FROM scopes").fetchone()[0] or 0
+        known = max(known, epoch_of(highest), epoch_of(int(meta.get("forgotten_floor", "0"))))
+        self.epoch = wait_for_epoch(known, time.time_ns)
+        self._epoch_floor = epoch_floor(self.epoch)
+        _set_meta(conn, "epoch", str(self.epoch))
+
+    def token_floor_now(self) -> tuple[int, int]:
+        """``(epoch floor, forgotten floor)`` as they stand (for a server loading the table)."""
+        with self._locked() as conn:
+            return self._epoch_floor, _forgotten(conn)
 
     def close(self) -> None:
         with self._lock:
@@ -303,8 +628,25 @@ class SQLiteRecords:
         return ScopeRecord(scope, last_token=row[0], lease=lease, delay_until_ns=row[1], waiters=waiters)
 
     @staticmethod
-    def _store(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord) -> None:
-        """Write back the difference between two records of one scope."""
+    def _forget(conn: sqlite3.Connection, old: ScopeRecord) -> None:
+        """Drop an idle scope's row, folding its last token into the forgotten floor (C1)."""
+        scope = old.scope
+        invariant(old.lease is None, f"forgetting {scope!r}, which holds a lease")
+        deleted = conn.execute(
+            "DELETE FROM scopes WHERE scope = ? AND last_token = ?", (scope, old.last_token)
+        ).rowcount
+        if deleted == 0:
+            exists = conn.execute("SELECT 1 FROM scopes WHERE scope = ?", (scope,)).fetchone()
+            invariant(exists is None, f"last_token of {scope!r} changed underneath this coordinator")
+        conn.execute("DELETE FROM waiters WHERE scope = ?", (scope,))
+        _set_meta(conn, "forgotten_floor", str(max(_forgotten(conn), old.last_token)))
+
+    @staticmethod
+    def _store(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None) -> None:
+        """Write back the difference between two records of one scope (``new`` None: forget it)."""
+        if new is None:
+            SQLiteRecords._forget(conn, old)
+            return
         if new == old:
             return
         invariant(new.last_token >= old.last_token, f"last_token went back in {new.scope!r}")
@@ -365,7 +707,9 @@ class SQLiteRecords:
             names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
             return {name: self._load(conn, name) for name in names}
 
-    def commit_records(self, changes: Sequence[tuple[ScopeRecord, ScopeRecord]]) -> list[StockadeError | None]:
+    def commit_records(
+        self, changes: Sequence[tuple[ScopeRecord, ScopeRecord | None]]
+    ) -> list[StockadeError | None]:
         """Write many ``(old, new)`` record changes in one transaction: one COMMIT, one fsync.
 
         The changes are applied in order, each in its own SAVEPOINT, so one that
@@ -398,7 +742,7 @@ class SQLiteRecords:
                 results.append(None)
         return results
 
-    def _commit_one(self, old: ScopeRecord, new: ScopeRecord) -> list[StockadeError | None]:
+    def _commit_one(self, old: ScopeRecord, new: ScopeRecord | None) -> list[StockadeError | None]:
         # A batch of one needs no SAVEPOINT: if its change fails, rolling the whole
         # transaction back undoes exactly that change, as ROLLBACK TO would.
         try:
@@ -444,6 +788,32 @@ class _SQLiteTx:
 
     def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
         self._records._store(self._conn, old, new)
+
+    def token_floor(self) -> int:
+        row = self._conn.execute("SELECT v FROM meta WHERE k = 'forgotten_floor'").fetchone()
+        return max(self._records._epoch_floor, int(row[0]) if row else 0)
+
+    def new_epoch(self, after: int) -> int | None:
+        records = self._records
+        if not records.epochs:
+            return None
+        row = self._conn.execute("SELECT v FROM meta WHERE k = 'epoch'").fetchone()
+        known = max(after, int(row[0]) if row else 0)
+        epoch = wait_for_epoch(known, time.time_ns)
+        _set_meta(self._conn, "epoch", str(epoch))
+        return epoch
+
+    def forgotten_floor(self) -> int:
+        return _forgotten(self._conn)
+
+    def forget(self, record: ScopeRecord) -> None:
+        self._records._forget(self._conn, record)
+
+    def oldest(self, limit: int) -> list[str]:
+        return [r[0] for r in self._conn.execute("SELECT scope FROM scopes ORDER BY rowid LIMIT ?", (limit,))]
+
+    def full(self) -> bool:
+        return False  # the file bounds its leases (LEASES_MAX), not its scopes
 
 
 class SQLiteCoordinator(LeaseEngine):

@@ -21,6 +21,7 @@ it needs, decides, and hands back the changes; the store never decides.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Protocol
 
 from stockade.core import leases as rules
@@ -39,12 +40,21 @@ from stockade.core.leases import (
     lease_hint,
 )
 from stockade.core.limits import LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
+from stockade.core.tokens import counter_exhausted, epoch_floor, epoch_of, grant_base
 
-__all__ = ["RecordTx", "RecordStore", "LeaseEngine", "Outcome", "recover_records"]
+try:  # the value type a store's restore consumes (core.values); a plain pair until it exists
+    from stockade.core.values import FenceFloors  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the version of core.values
+    FenceFloors = None
+
+__all__ = ["RecordTx", "RecordStore", "LeaseEngine", "Outcome", "recover_records", "is_idle"]
 
 Outcome = Granted | Queued | TimedOut
 
 _RECOVER_PAGE = 1_000
+#: Idle scopes one acquire on a full store forgets at most (the oldest first).
+FORGET_BATCH = 64
+_FORGET_SCAN = 4  # candidates looked at per scope to forget
 
 
 def _lease_id_arg(lease_id: object) -> str:
@@ -85,6 +95,37 @@ class RecordTx(Protocol):
         """
         ...
 
+    def token_floor(self) -> int:
+        """The store-wide floor: every grant's token is above it, whatever its scope's record says.
+
+        It covers the store's current epoch (`stockade.core.tokens`) and every
+        scope the store has forgotten (`forgotten_floor`). 0 for a store with neither.
+        """
+        ...
+
+    def new_epoch(self, after: int) -> int | None:
+        """Start an epoch above ``after`` for a scope whose counter ran out, durably with this unit.
+
+        None when the store composes no epochs into its tokens.
+        """
+        ...
+
+    def forgotten_floor(self) -> int:
+        """The greatest last token of every scope this store has forgotten (0: none)."""
+        ...
+
+    def forget(self, record: ScopeRecord) -> None:
+        """Drop an idle scope's record, raising `forgotten_floor` to its last token in the same unit."""
+        ...
+
+    def oldest(self, limit: int) -> list[str]:
+        """At most ``limit`` stored scope names, least recently changed first (candidates to forget)."""
+        ...
+
+    def full(self) -> bool:
+        """True when storing one more scope would pass the store's bound on scopes."""
+        ...
+
 
 class RecordStore(Protocol):
     """Where a coordinator keeps its scope records (the durable half of a coordinator)."""
@@ -103,6 +144,11 @@ class RecordStore(Protocol):
     def close(self) -> None:
         """Release files, connections and locks (a store that holds none does nothing)."""
         ...
+
+
+def is_idle(record: ScopeRecord, now_ns: int) -> bool:
+    """Whether a (settled) scope may be forgotten: no lease, no waiter, no lock-delay pending at ``now_ns``."""
+    return record.lease is None and not record.waiters and record.delay_until_ns <= now_ns
 
 
 def recover_records(tx: RecordTx, now_ns: int, policy: LeasePolicy, *, same_clock: bool) -> int:
@@ -139,6 +185,15 @@ class LeaseEngine:
         clock: the coordinator's monotonic clock; the only judge of expiry (C3).
         policy: lock-delay and queue settings.
         leases_max: bound on stored leases; a grant beyond it raises `LimitExceeded`.
+        forget_batch: how many idle scopes one acquire forgets, at most, when
+            the store is full (see `forget_idle`).
+
+    Forgetting: a store that bounds its scopes (the server's table) is never
+    full for good. When an acquire finds it full, the engine first forgets up to
+    ``forget_batch`` idle scopes (no lease, no waiter, no lock-delay pending),
+    least recently changed first, in the acquire's own unit. The store folds
+    each forgotten scope's last token into its floor, which every later grant,
+    of any scope, counts above: a token never goes down.
     """
 
     def __init__(
@@ -149,8 +204,11 @@ class LeaseEngine:
         clock: Clock,
         policy: LeasePolicy | None = None,
         leases_max: int = LEASES_MAX,
+        forget_batch: int = FORGET_BATCH,
     ) -> None:
         validate_int("leases_max", leases_max, 1, LEASES_MAX)
+        validate_int("forget_batch", forget_batch, 1, LIST_PAGE_MAX)
+        self.forget_batch = forget_batch
         self.records = records
         self.cluster_id = cluster_id
         self.clock = clock
@@ -199,7 +257,10 @@ class LeaseEngine:
         with self.records.write() as tx:
             now_ns = self.clock.now_ns()
             record = tx.load(scope)
-            new, outcome = self.acquire_rule(record, request, now_ns, self.policy)
+            if tx.full():
+                self._forget_idle(tx, now_ns, self.forget_batch)
+                record = tx.load(scope)
+            new, outcome = self._acquire(tx, record, request, now_ns)
             if isinstance(outcome, Granted) and record.lease is None and tx.lease_count() >= self.leases_max:
                 for lapsed in tx.lapsed_scopes(now_ns):  # settle lapsed leases so they stop counting
                     old = tx.load(lapsed)
@@ -207,9 +268,33 @@ class LeaseEngine:
                 if tx.lease_count() >= self.leases_max:
                     raise LimitExceeded("LEASES_MAX", self.leases_max)
                 record = tx.load(scope)
-                new, outcome = self.acquire_rule(record, request, now_ns, self.policy)
+                new, outcome = self._acquire(tx, record, request, now_ns)
             tx.save(record, new)
         return outcome
+
+    def _acquire(
+        self, tx: RecordTx, record: ScopeRecord, request: AcquireRequest, now_ns: int
+    ) -> tuple[ScopeRecord, Outcome]:
+        """The grant rule on ``record`` counted from the store's floor; the result replaces ``record``.
+
+        The rule counts a grant's token as ``last_token + 1``; here the count
+        starts from the store's floor when that is higher (a new epoch, a
+        forgotten scope), and moves to a new epoch when the scope's counter has
+        run out. Nothing of this is saved unless the rule grants.
+        """
+        base = grant_base(record.last_token, tx.token_floor())
+        lifted = record if base == record.last_token else replace(record, last_token=base)
+        new, outcome = self.acquire_rule(lifted, request, now_ns, self.policy)
+        if not (isinstance(outcome, Granted) and new.last_token > lifted.last_token):
+            if new.last_token != record.last_token:
+                new = replace(new, last_token=record.last_token)
+            return new, outcome
+        if counter_exhausted(base):
+            epoch = tx.new_epoch(epoch_of(base))
+            if epoch is not None:
+                lifted = replace(record, last_token=epoch_floor(epoch))
+                new, outcome = self.acquire_rule(lifted, request, now_ns, self.policy)
+        return new, outcome
 
     def renew(self, lease_id: str) -> Lease:
         """Extend a held lease by its TTL from now.
@@ -301,3 +386,54 @@ class LeaseEngine:
     def last_issued(self, scope: str) -> int:
         """The greatest token value ever issued for ``scope`` (0 if none): its fence floor."""
         return self.inspect(scope).last_token
+
+    def fence_floors(self) -> object:
+        """The fence floor of every scope, for a store's restore (R4).
+
+        Returns:
+            ``FenceFloors(floors, default)``: ``floors`` maps each stored scope
+            to its last issued token; ``default`` is the floor of every scope not
+            named (never used, or forgotten): above every token a forgotten scope
+            was issued. Where `stockade.core.values` has no ``FenceFloors`` yet,
+            the plain pair ``(floors, default)``.
+        """
+        floors: dict[str, int] = {}
+        with self.records.read() as tx:
+            after = ""
+            while names := tx.names(after=after, limit=_RECOVER_PAGE):
+                for name in names:
+                    last = tx.load(name).last_token
+                    if last:
+                        floors[name] = last
+                after = names[-1]
+            default = tx.forgotten_floor()
+        if FenceFloors is None:
+            return floors, default
+        return FenceFloors(floors, default)
+
+    # -- forgetting idle scopes -------------------------------------------------------------
+
+    def forget_idle(self, limit: int = FORGET_BATCH) -> int:
+        """Forget up to ``limit`` idle scopes, least recently changed first; returns how many.
+
+        A scope is idle when, settled at now, it has no lease, no waiter and no
+        lock-delay pending. What it had issued is folded into the store's
+        forgotten floor in the same unit, so its next grant (and every grant)
+        counts above it.
+        """
+        validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        with self.records.write() as tx:
+            return self._forget_idle(tx, self.clock.now_ns(), limit)
+
+    def _forget_idle(self, tx: RecordTx, now_ns: int, limit: int) -> int:
+        forgotten = 0
+        for name in tx.oldest(limit * _FORGET_SCAN):
+            record = tx.load(name)
+            settled = rules.settle(record, now_ns, self.policy)
+            if is_idle(settled, now_ns):
+                tx.save(record, settled)  # an expiry or a lapsed waiter is recorded first
+                tx.forget(settled)
+                forgotten += 1
+                if forgotten >= limit:
+                    break
+        return forgotten

@@ -28,6 +28,8 @@ every instance carries structured fields, so callers never parse messages.
     │   └── LockTimeout          the wait deadline passed before a grant
     ├── Unauthorized             the server refused the credentials (nothing changed)
     └── BackendUnavailable       I/O failed or timed out; outcome may be unknown
+        ├── WrongFileKind        the file is not what it was opened as (nothing touched)
+        └── ClockMismatch        the file's times are on another monotonic clock
 
     AssertionError
     └── InvariantViolation       a bug in stockade: let it propagate, report it
@@ -48,6 +50,8 @@ __all__ = [
     "LockTimeout",
     "Unauthorized",
     "BackendUnavailable",
+    "WrongFileKind",
+    "ClockMismatch",
     "InvariantViolation",
     "invariant",
 ]
@@ -214,6 +218,46 @@ class BackendUnavailable(StockadeError):
         self.detail = detail
         self.certain_no_effect = certain_no_effect
         super().__init__(detail)
+
+
+class WrongFileKind(BackendUnavailable):
+    """The path is not a file of the kind it was opened as; it was refused untouched.
+
+    Raised before anything is written: no table added, no lock file left, the
+    file's bytes and times unchanged.
+
+    Attributes:
+        path: the path that was refused.
+        expected: what it was opened as (e.g. ``"coordinator"``).
+        found: what it is (e.g. ``"stockade store"``, ``"directory"``).
+    """
+
+    code = "wrong-file-kind"
+
+    def __init__(self, path: str, expected: str, found: str) -> None:
+        self.path = path
+        self.expected = expected
+        self.found = found
+        super().__init__(f"{path} is {found}, not a stockade {expected} file; refused, nothing was changed",
+                         certain_no_effect=True)
+
+
+class ClockMismatch(BackendUnavailable):
+    """The file's lease times are on a monotonic clock this process does not share.
+
+    Processes in different time namespaces (``unshare --time``) see different
+    monotonic clocks on one boot; their lease deadlines cannot be compared.
+
+    Attributes:
+        path: the file.
+        detail: what disagrees, in words.
+    """
+
+    code = "clock-mismatch"
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {detail}", certain_no_effect=True)
 
 
 class InvariantViolation(AssertionError):

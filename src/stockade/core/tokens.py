@@ -16,10 +16,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from stockade.core.errors import InvalidArgument
+from stockade.core.errors import InvalidArgument, LimitExceeded
 from stockade.core.limits import TOKEN_VALUE_MAX, TOKEN_VALUE_MIN, validate_int, validate_scope
 
-__all__ = ["FencingToken", "validate_cluster_id", "CLUSTER_ID_HEX_DIGITS"]
+__all__ = [
+    "FencingToken",
+    "validate_cluster_id",
+    "CLUSTER_ID_HEX_DIGITS",
+    "COUNTER_BITS",
+    "COUNTER_MAX",
+    "EPOCH_BITS",
+    "EPOCH_MAX",
+    "EPOCH_TICK_NS",
+    "EPOCH_BASE_UNIX_S",
+    "epoch_of",
+    "epoch_floor",
+    "epoch_tick",
+    "next_epoch",
+    "epoch_ready",
+    "grant_base",
+    "counter_exhausted",
+]
 
 CLUSTER_ID_HEX_DIGITS = 16
 _CLUSTER_RE = re.compile(r"[0-9a-f]{16}")
@@ -77,3 +94,74 @@ class FencingToken:
 
     def __str__(self) -> str:
         return self.encode()
+
+
+# -- epochs: the high bits of a token value ------------------------------------------------------
+#
+# A coordinator that keeps its counters in a file composes every token value as
+# ``epoch << COUNTER_BITS | counter``. The epoch comes from the wall clock when
+# the file is opened (and when a scope's counter runs out), and an epoch is only
+# used once the wall clock has passed it, so an opener that comes later in real
+# time always starts above every epoch used before, even when an older copy of
+# the file was brought back in between. docs/coordinator-files.md states the
+# assumptions. These functions are pure: the wall clock is passed in.
+
+#: Low bits of a token value: grants per scope within one epoch.
+COUNTER_BITS = 22
+COUNTER_MAX = (1 << COUNTER_BITS) - 1
+#: High bits: the epoch, in ticks since ``EPOCH_BASE_UNIX_S``.
+EPOCH_BITS = 41
+EPOCH_MAX = (1 << EPOCH_BITS) - 1
+#: One epoch tick of the wall clock (1 ms): 2**41 ticks last until the year 2093.
+EPOCH_TICK_NS = 1_000_000
+#: 2024-01-01T00:00:00Z, the start of epoch tick 0.
+EPOCH_BASE_UNIX_S = 1_704_067_200
+
+assert COUNTER_BITS + EPOCH_BITS == 63  # an epoch's last token is at most TOKEN_VALUE_MAX
+
+
+def epoch_of(value: int) -> int:
+    """The epoch a token value belongs to."""
+    return value >> COUNTER_BITS
+
+
+def epoch_floor(epoch: int) -> int:
+    """The greatest value below every token of ``epoch`` (its first token is this + 1)."""
+    validate_int("epoch", epoch, 0, EPOCH_MAX)
+    return epoch << COUNTER_BITS
+
+
+def epoch_tick(unix_ns: int) -> int:
+    """The epoch tick a wall-clock time falls in (0 before the base)."""
+    return max(0, (unix_ns - EPOCH_BASE_UNIX_S * 1_000_000_000) // EPOCH_TICK_NS)
+
+
+def next_epoch(after: int, unix_ns: int) -> int:
+    """The epoch an opener starts (or a scope moves on to) at wall time ``unix_ns``.
+
+    Above ``after`` (the greatest epoch the file knows of) and at least the
+    current tick. The caller must not hand out a token of it before the wall
+    clock has left that tick (`epoch_ready`).
+
+    Raises:
+        LimitExceeded: the epoch space is used up (the year 2093).
+    """
+    epoch = max(after + 1, epoch_tick(unix_ns))
+    if epoch > EPOCH_MAX:
+        raise LimitExceeded("EPOCH_MAX", EPOCH_MAX, "token epochs are used up")
+    return epoch
+
+
+def epoch_ready(epoch: int, unix_ns: int) -> bool:
+    """Whether the wall clock has left ``epoch``'s tick: only then may its tokens be handed out."""
+    return epoch_tick(unix_ns) > epoch
+
+
+def grant_base(last_token: int, floor: int) -> int:
+    """What the next token of a scope counts up from: its last token, or the store's floor if higher."""
+    return max(last_token, floor)
+
+
+def counter_exhausted(base: int) -> bool:
+    """Whether ``base + 1`` would leave the epoch of ``base`` (a new epoch is needed first)."""
+    return (base & COUNTER_MAX) == COUNTER_MAX

@@ -26,6 +26,7 @@ import asyncio
 import base64
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,7 +52,11 @@ from stockade.server._groupcommit import GroupCommitter
 
 __all__ = ["LeaseService", "SCOPES_MAX", "validate_lease_id"]
 
-SCOPES_MAX = 100_000  # scopes the server keeps in memory; acquiring a new one beyond this gets 429
+# Scopes the server keeps in memory. At the cap, an acquire of a new scope first forgets
+# the least recently changed idle scopes (no lease, no waiter, no lock-delay pending; up
+# to `stockade.core.engine.FORGET_BATCH` of them), folding their last tokens into the
+# coordinator's forgotten floor; only when none is idle does it get 429.
+SCOPES_MAX = 100_000
 _NS_PER_MS = 1_000_000
 _NS_PER_S = 1_000_000_000
 _WAKE_SLACK_S = 0.0005  # timers fire a little late rather than a little early
@@ -144,7 +149,10 @@ class LeaseService:
         changes (held leases get a full TTL from now, C3; stored waiters go) is
         committed in one transaction before anything is answered.
         """
-        self.table = MemoryRecords(self.file.records(), scopes_max=self.scopes_max, on_commit=self._on_commit)
+        epoch_floor, forgotten_floor = self.file.token_floor_now()
+        self.table = MemoryRecords(self.file.records(), scopes_max=self.scopes_max, on_commit=self._on_commit,
+                                   epoch_floor=epoch_floor, forgotten_floor=forgotten_floor,
+                                   wall_ns=time.time_ns if self.file.epochs else None)
         self.engine = LeaseEngine(self.table, cluster_id=self.cluster_id, clock=self.clock, policy=self.policy)
         self._loading = []
         try:
@@ -172,6 +180,9 @@ class LeaseService:
             return
         now_ns = self.clock.now_ns()
         for old, new in changes:
+            if new is None:  # an idle scope forgotten at the scope cap: the file forgets it too
+                self._write = self.committer.submit((_durable(old), None))
+                continue
             old_lease = old.lease
             if old_lease is not None and (new.lease is None or new.lease.lease_id != old_lease.lease_id) \
                     and now_ns >= old_lease.expires_ns:
