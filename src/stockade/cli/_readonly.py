@@ -60,7 +60,7 @@ def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tup
     if not path.is_file():
         raise BackendUnavailable(f"{path} is not a file")
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
-    uri = "file:" + quote(str(path.absolute()))
+    uri = "file:" + quote("/" + str(path.absolute()).lstrip("/"))  # "file://x/..." would name a host x
     attempts: list[tuple[str, str | None]] = []
     if wal.exists() and shm.exists():
         attempts.append(("mode=ro", None))

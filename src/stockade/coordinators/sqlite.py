@@ -187,18 +187,26 @@ def inspect_coordinator_path(path: Path) -> bool:
     application_id = int.from_bytes(header[68:72], "big", signed=True)
     if application_id == APPLICATION_ID:
         return True
-    # No marker: look at its tables through an immutable, read-only view (no
-    # locks taken, no -wal or -shm created, nothing written).
-    uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro&immutable=1"
+    # No marker in the main file: look at its tables through a read-only view.
+    # A file with a live writer keeps its newest pages (the marker too) in its
+    # -wal: read through it, which needs -wal and -shm and creates neither.
+    # Otherwise an immutable view: no locks taken, no side file created.
+    live = os.path.exists(f"{path}-wal") and os.path.exists(f"{path}-shm")
+    # One leading slash: "file://x/..." would name a host x ("sqlite:////abs/path" gives "//abs/path").
+    absolute = "/" + str(path.absolute()).lstrip("/")
+    uri = "file:" + urllib.parse.quote(absolute) + ("?mode=ro" if live else "?mode=ro&immutable=1")
     try:
         view = sqlite3.connect(uri, uri=True)
         try:
+            application_id = view.execute("PRAGMA application_id").fetchone()[0]
             tables = {r[0] for r in view.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             meta = dict(view.execute("SELECT k, v FROM meta").fetchall()) if "meta" in tables else {}
         finally:
             view.close()
     except sqlite3.Error:
         raise WrongFileKind(str(path), "coordinator", "not a readable SQLite database") from None
+    if application_id == APPLICATION_ID:
+        return True
     found = classify(application_id, tables, meta)
     if found is not None:
         raise WrongFileKind(str(path), "coordinator", found)

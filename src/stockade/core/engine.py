@@ -41,11 +41,7 @@ from stockade.core.leases import (
 )
 from stockade.core.limits import LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
 from stockade.core.tokens import counter_exhausted, epoch_floor, epoch_of, grant_base
-
-try:  # the value type a store's restore consumes (core.values); a plain pair until it exists
-    from stockade.core.values import FenceFloors  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the version of core.values
-    FenceFloors = None
+from stockade.core.values import FenceFloors
 
 __all__ = ["RecordTx", "RecordStore", "LeaseEngine", "Outcome", "recover_records", "is_idle"]
 
@@ -384,18 +380,25 @@ class LeaseEngine:
         return [rules.describe(r, now_ns, self.policy) for r in records]
 
     def last_issued(self, scope: str) -> int:
-        """The greatest token value ever issued for ``scope`` (0 if none): its fence floor."""
-        return self.inspect(scope).last_token
+        """The scope's fence floor: no token at or below it will be issued for ``scope`` again.
 
-    def fence_floors(self) -> object:
+        For a stored scope, its last issued token; for a scope the store does
+        not hold (never used, or forgotten), the forgotten floor, which is at
+        least every token a forgotten scope was issued (0 if none was).
+        """
+        validate_scope(scope)
+        with self.records.read() as tx:
+            last = tx.load(scope).last_token
+            return last if last else tx.forgotten_floor()
+
+    def fence_floors(self) -> FenceFloors:
         """The fence floor of every scope, for a store's restore (R4).
 
         Returns:
             ``FenceFloors(floors, default)``: ``floors`` maps each stored scope
             to its last issued token; ``default`` is the floor of every scope not
             named (never used, or forgotten): above every token a forgotten scope
-            was issued. Where `stockade.core.values` has no ``FenceFloors`` yet,
-            the plain pair ``(floors, default)``.
+            was issued. Pass it to `stockade.resources.backup.restore`.
         """
         floors: dict[str, int] = {}
         with self.records.read() as tx:
@@ -407,8 +410,6 @@ class LeaseEngine:
                         floors[name] = last
                 after = names[-1]
             default = tx.forgotten_floor()
-        if FenceFloors is None:
-            return floors, default
         return FenceFloors(floors, default)
 
     # -- forgetting idle scopes -------------------------------------------------------------

@@ -16,7 +16,7 @@ from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvariantViolation, LockTimeout, invariant
 from stockade.core.tokens import FencingToken
-from stockade.core.values import Item, WriteResult
+from stockade.core.values import FenceFloors, Item, WriteResult
 from stockade.resources.port import FencedStorePort
 
 __all__ = ["AsyncEmbeddedCoordinatorPort", "AsyncEmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX"]
@@ -98,6 +98,9 @@ class AsyncEmbeddedCoordinatorPort:
 
     async def last_issued(self, scope: str) -> int:
         return await AsyncIO.run_blocking(self.engine.last_issued, scope)
+
+    async def fence_floors(self) -> FenceFloors:
+        return await AsyncIO.run_blocking(self.engine.fence_floors)
 
     async def aclose(self) -> None:
         self.engine.close()

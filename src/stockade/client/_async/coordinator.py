@@ -24,6 +24,7 @@ from stockade.core.limits import (
     validate_wait_ms,
 )
 from stockade.core.tokens import FencingToken
+from stockade.core.values import FenceFloors
 
 __all__ = ["AsyncCoordinator", "AsyncLease"]
 
@@ -292,3 +293,13 @@ class AsyncCoordinator:
         """
         validate_scope(scope)
         return await self._port.last_issued(scope)
+
+    async def fence_floors(self) -> FenceFloors:
+        """The fence floor of every scope, in one value a store's restore takes (R4).
+
+        ``floors`` maps each scope the coordinator holds to its last issued
+        token; ``default`` covers every other scope (never used, or forgotten
+        by the coordinator): it is at least every token such a scope was
+        issued. Pass it as ``restore(..., fence_floors=coord.fence_floors())``.
+        """
+        return await self._port.fence_floors()

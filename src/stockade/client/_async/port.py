@@ -14,6 +14,7 @@ from typing import Protocol
 from stockade.client._shared import Grant
 from stockade.coordinators.registry import Capability
 from stockade.core.leases import ScopeInfo
+from stockade.core.values import FenceFloors
 
 __all__ = ["AsyncCoordinatorPort"]
 
@@ -62,6 +63,10 @@ class AsyncCoordinatorPort(Protocol):
 
     async def last_issued(self, scope: str) -> int:
         """The greatest token value issued for ``scope`` (0 if none): its fence floor."""
+        ...
+
+    async def fence_floors(self) -> FenceFloors:
+        """The fence floor of every scope at once, for a store's restore (R4)."""
         ...
 
     async def aclose(self) -> None:

@@ -17,7 +17,7 @@ from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvariantViolation, LockTimeout, invariant
 from stockade.core.tokens import FencingToken
-from stockade.core.values import Item, WriteResult
+from stockade.core.values import FenceFloors, Item, WriteResult
 from stockade.resources.port import FencedStorePort
 
 __all__ = ["EmbeddedCoordinatorPort", "EmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX"]
@@ -99,6 +99,9 @@ class EmbeddedCoordinatorPort:
 
     def last_issued(self, scope: str) -> int:
         return SyncIO.run_blocking(self.engine.last_issued, scope)
+
+    def fence_floors(self) -> FenceFloors:
+        return SyncIO.run_blocking(self.engine.fence_floors)
 
     def close(self) -> None:
         self.engine.close()

@@ -25,6 +25,7 @@ from stockade.core.limits import (
     validate_wait_ms,
 )
 from stockade.core.tokens import FencingToken
+from stockade.core.values import FenceFloors
 
 __all__ = ["Coordinator", "Lease"]
 
@@ -293,3 +294,13 @@ class Coordinator:
         """
         validate_scope(scope)
         return self._port.last_issued(scope)
+
+    def fence_floors(self) -> FenceFloors:
+        """The fence floor of every scope, in one value a store's restore takes (R4).
+
+        ``floors`` maps each scope the coordinator holds to its last issued
+        token; ``default`` covers every other scope (never used, or forgotten
+        by the coordinator): it is at least every token such a scope was
+        issued. Pass it as ``restore(..., fence_floors=coord.fence_floors())``.
+        """
+        return self._port.fence_floors()

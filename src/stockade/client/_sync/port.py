@@ -15,6 +15,7 @@ from typing import Protocol
 from stockade.client._shared import Grant
 from stockade.coordinators.registry import Capability
 from stockade.core.leases import ScopeInfo
+from stockade.core.values import FenceFloors
 
 __all__ = ["CoordinatorPort"]
 
@@ -63,6 +64,10 @@ class CoordinatorPort(Protocol):
 
     def last_issued(self, scope: str) -> int:
         """The greatest token value issued for ``scope`` (0 if none): its fence floor."""
+        ...
+
+    def fence_floors(self) -> FenceFloors:
+        """The fence floor of every scope at once, for a store's restore (R4)."""
         ...
 
     def close(self) -> None:
