@@ -27,7 +27,7 @@ from typing import Any
 import httptools
 
 from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
-from stockade.wire.problems import problem_document
+from stockade.wire.problems import PROBLEM_TYPE_PREFIX, problem_document
 
 __all__ = [
     "Request",
@@ -36,6 +36,7 @@ __all__ = [
     "HttpProtocol",
     "ConnectionLimits",
     "json_response",
+    "problem",
     "problem_response",
 ]
 
@@ -104,13 +105,24 @@ def json_response(status: int, document: Any, headers: list[tuple[str, str]] | N
     return Response(status, dumps(document), JSON, headers)
 
 
-def problem_response(code: str, detail: str | None = None, *, status: int | None = None,
-                     extra: dict[str, Any] | None = None, headers: list[tuple[str, str]] | None = None) -> Response:
-    """An RFC 9457 problem document of type ``code`` (title and usual status from `stockade.wire.problems`).
+def problem(code: str, detail: str | None = None, *, status: int | None = None,
+            extra: dict[str, Any] | None = None, headers: list[tuple[str, str]] | None = None) -> Response:
+    """An RFC 9457 problem document of type ``code``: title and usual status from `stockade.wire.problems`.
 
     ``detail`` never carries a traceback or a secret.
     """
     status, document = problem_document(code, status=status, detail=detail, extra=extra)
+    return Response(status, dumps(document), PROBLEM_JSON, headers)
+
+
+def problem_response(status: int, code: str, title: str, detail: str | None = None,
+                     extra: dict[str, Any] | None = None, headers: list[tuple[str, str]] | None = None) -> Response:
+    """A problem document with an explicit title (the test controls build theirs so); prefer `problem`."""
+    document: dict[str, Any] = {"type": PROBLEM_TYPE_PREFIX + code, "title": title, "status": status}
+    if detail:
+        document["detail"] = detail
+    if extra:
+        document.update(extra)
     return Response(status, dumps(document), PROBLEM_JSON, headers)
 
 
@@ -119,7 +131,7 @@ class HttpError(Exception):
 
     def __init__(self, status: int, code: str, detail: str) -> None:
         super().__init__(detail)
-        self.response = problem_response(code, detail, status=status)
+        self.response = problem(code, detail, status=status)
 
 
 Dispatch = Callable[[Request], "Response | Awaitable[Response]"]
@@ -223,14 +235,14 @@ class HttpProtocol(asyncio.Protocol):
         except HttpError as exc:
             self._fail(exc.response)
         except httptools.HttpParserUpgrade:
-            self._fail(problem_response("invalid-argument", "protocol upgrade is not supported"))
+            self._fail(problem("invalid-argument", "protocol upgrade is not supported"))
         except httptools.HttpParserError as exc:
             # httptools wraps an exception raised in a callback: answer with the one we raised.
             cause = exc.__context__ or exc.__cause__
             if isinstance(cause, HttpError):
                 self._fail(cause.response)
             else:
-                self._fail(problem_response("invalid-argument", "malformed HTTP request"))
+                self._fail(problem("invalid-argument", "malformed HTTP request"))
 
     def eof_received(self) -> bool | None:
         return False  # close: a half-closed peer cannot read a long-poll's answer anyway
@@ -343,7 +355,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._current is not None:
             return  # a handler (maybe a long poll, bounded by its own deadline) is running
         if self._request_started and now - self._request_started > REQUEST_SECONDS:
-            self._fail(problem_response("invalid-argument",
+            self._fail(problem("invalid-argument",
                                         f"request not complete within {REQUEST_SECONDS:g} s"))
         elif now - self._last_active > IDLE_SECONDS:
             self._close()

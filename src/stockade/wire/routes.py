@@ -10,7 +10,7 @@ a route is written once (docs/http-api.md is its prose).
     method  path template                 operation id   auth  body
     GET     /healthz                      healthz        no    -
     GET     /metrics                      metrics        yes   -
-    GET     /openapi.json                 openapi        yes   -
+    GET     /openapi.json                 openapiDocument yes  -
     GET     /                             dashboard      yes   -
     GET     /v1/cluster                   cluster        yes   -
     GET     /v1/locks                     listLocks      yes   -
@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import quote
+
+from stockade.wire.codecs import FENCING_TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER
 
 __all__ = [
     "Route",
@@ -74,8 +76,9 @@ class Route:
         summary: a short phrase (OpenAPI ``summary``), or "".
         description: a longer note (OpenAPI ``description``), or "".
         path_params: the names in ``path``, in order.
-        query: query parameter names the route accepts (anything else is 400).
-        headers: request header names the route reads (``(name, required)``).
+        query: the query parameters the route accepts, ``(name, kind)`` (anything else is 400);
+            the kind names the parameter's schema (``after`` is a scope or a key).
+        headers: the request headers the route reads, ``(name, required)``.
         body: ``"json"``, ``"bytes"`` or ``""`` (none).
         body_schema: the schema name of a JSON body.
         body_required: whether the body must be present.
@@ -97,7 +100,7 @@ class Route:
     answer_schema: str = ""
     summary: str = ""
     description: str = ""
-    query: tuple[str, ...] = ()
+    query: tuple[tuple[str, str], ...] = ()
     headers: tuple[tuple[str, bool], ...] = ()
     body: str = ""
     body_schema: str = ""
@@ -140,18 +143,17 @@ _WRITE = (
     Answer(415, ("unsupported-media-type",), "Wrong content type."),
     Answer(429, ("limit-exceeded",), "A store bound was reached."),
 )
-_TOKEN_HEADERS = (("fencing-token", True), ("idempotency-key", False))
-_PAGE = ("after", "limit")
+_TOKEN_HEADERS = ((FENCING_TOKEN_HEADER, True), (IDEMPOTENCY_KEY_HEADER, False))
 
 ROUTES: tuple[Route, ...] = (
     Route("GET", "/healthz", "healthz", "Both files are open.", answer_schema="Health", summary="Liveness",
           auth=False),
     Route("GET", "/metrics", "metrics", "Prometheus text format", answer="text", summary="Prometheus metrics"),
-    Route("GET", "/openapi.json", "openapi", "This document.", answer_schema="", summary="OpenAPI document"),
+    Route("GET", "/openapi.json", "openapiDocument", "This document.", summary="OpenAPI document"),
     Route("GET", "/", "dashboard", "A page of scopes.", answer="html", summary="Dashboard"),
     Route("GET", "/v1/cluster", "cluster", "Cluster id", answer_schema="Cluster"),
     Route("GET", "/v1/locks", "listLocks", "A page of scopes in name order.", answer_schema="LockList",
-          query=_PAGE, problems=_COMMON),
+          query=(("after", "scope"), ("limit", "limit")), problems=_COMMON),
     Route("GET", "/v1/locks/{scope}", "inspectLock", "The scope's state.", answer_schema="LockInfo",
           problems=_COMMON),
     Route("POST", "/v1/locks/{scope}/acquire", "acquire", "Granted; the token is durable.", answer_schema="Grant",
@@ -164,7 +166,8 @@ ROUTES: tuple[Route, ...] = (
           problems=(*_COMMON, *_BODY, Answer(410, ("not-holder",), "not-holder: expired, released, or unknown."))),
     Route("DELETE", "/v1/leases/{lease_id}", "release", "Released, or already gone.", status=204, answer="",
           problems=_COMMON),
-    Route("GET", "/v1/kv/{scope}", "listKeys", "A page of keys in order.", answer_schema="ItemList", query=_PAGE,
+    Route("GET", "/v1/kv/{scope}", "listKeys", "A page of keys in order.", answer_schema="ItemList",
+          query=(("after", "key"), ("limit", "limit")),
           problems=_COMMON),
     Route("GET", "/v1/kv/{scope}/{key}", "get", "The value.", answer="bytes", tail=True,
           problems=(Answer(404, ("not-found",), "No such key."), *_COMMON)),
@@ -186,12 +189,12 @@ for _route in ROUTES:
 del _route
 
 
-_UNRESERVED = re.compile(r"[A-Za-z0-9._~-]*")
+_SEGMENT_SAFE = re.compile(r"[A-Za-z0-9._~:-]*")
 
 
 def _segment(value: str) -> str:
     """``value`` percent-encoded as one path segment (scopes and lease ids pass as they are)."""
-    return value if _UNRESERVED.fullmatch(value) else quote(value, safe="")
+    return value if _SEGMENT_SAFE.fullmatch(value) else quote(value, safe="")
 
 
 class Match(NamedTuple):
