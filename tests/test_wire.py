@@ -10,11 +10,12 @@ import json
 import sys
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from conftest import HELPERS
 
 import stockade.client
-from conftest import HELPERS
 from stockade.client._shared import http_endpoint
 from stockade.client._sync._http import HTTPClient, HTTPCoordinatorPort, HTTPStorePort, fetch_cluster_id
 from stockade.client._wire import HTTPResponse, error_for
@@ -136,9 +137,9 @@ def _path_literals(source: str) -> list[str]:
     heads = {route.path.split("/")[1] for route in ROUTES} - {""}
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/"):
-            if node.value.split("/")[1].split("?")[0] in heads:
-                found.append(node.value)
+        is_text = isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/")
+        if is_text and node.value.split("/")[1].split("?")[0] in heads:
+            found.append(node.value)
     return found
 
 
@@ -156,7 +157,7 @@ def test_path_literal_control_is_caught():
 
 
 class _Recording(HTTPClient):
-    sent: list[tuple[str, str]] = []
+    sent: ClassVar[list[tuple[str, str]]] = []
 
     def request(self, method, path, **kw):  # type: ignore[no-untyped-def, override]
         self.sent.append((method, path))

@@ -53,7 +53,17 @@ from stockade.server._http import (
     problem,
     problem_response,  # noqa: F401 - the test controls build their 401 with it
 )
-from stockade.server._inputs import BodyField, Problem, fields, header, json_object, media_type, page_limit, query, segment
+from stockade.server._inputs import (
+    BodyField,
+    Problem,
+    fields,
+    header,
+    json_object,
+    media_type,
+    page_limit,
+    query,
+    segment,
+)
 from stockade.server._leases import LeaseService, validate_lease_id
 from stockade.server.openapi import JSON_BODY_BYTES_MAX, openapi_document
 from stockade.wire import DEFAULT_PORT, codecs

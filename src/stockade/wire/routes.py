@@ -183,9 +183,10 @@ ROUTES: tuple[Route, ...] = (
 ROUTE: Mapping[str, Route] = {route.operation_id: route for route in ROUTES}
 
 # path template -> {method: route}, in table order (also the order of ``Allow``).
-TEMPLATES: Mapping[str, Mapping[str, Route]] = {}
+_templates: dict[str, dict[str, Route]] = {}
 for _route in ROUTES:
-    TEMPLATES.setdefault(_route.path, {})[_route.method] = _route  # type: ignore[index]
+    _templates.setdefault(_route.path, {})[_route.method] = _route
+TEMPLATES: Mapping[str, Mapping[str, Route]] = _templates
 del _route
 
 
