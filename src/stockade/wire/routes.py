@@ -210,8 +210,9 @@ class Match(NamedTuple):
 # lookup; a parametric one is indexed by its segment count and its resource
 # (``locks`` in ``/v1/locks/...``), which leaves one candidate to compare.
 _LITERAL: dict[str, str] = {}
-_PARAMETRIC: dict[tuple[int, str], list[tuple[tuple[tuple[int, str], ...], tuple[int, ...], str]]] = {}
-_TAILS: dict[str, list[tuple[tuple[tuple[int, str], ...], tuple[int, ...], str, int]]] = {}
+_Literals = tuple[tuple[int, str], ...]
+_PARAMETRIC: dict[tuple[int, str], list[tuple[_Literals, tuple[int, ...], str, Mapping[str, Route]]]] = {}
+_TAILS: dict[str, list[tuple[_Literals, tuple[int, ...], str, Mapping[str, Route], int]]] = {}
 for _path, _methods in TEMPLATES.items():
     _first = next(iter(_methods.values()))
     _shape = _first._segments
@@ -223,9 +224,9 @@ for _path, _methods in TEMPLATES.items():
     _literals = tuple((i, s) for i, s in enumerate(_shape) if s is not None and i != 2)
     _params = tuple(i for i, s in enumerate(_shape) if s is None)
     if _first.tail:
-        _TAILS.setdefault(_shape[2], []).append((_literals, _params, _path, len(_shape)))
+        _TAILS.setdefault(_shape[2], []).append((_literals, _params, _path, _methods, len(_shape)))
     else:
-        _PARAMETRIC.setdefault((len(_shape), _shape[2]), []).append((_literals, _params, _path))
+        _PARAMETRIC.setdefault((len(_shape), _shape[2]), []).append((_literals, _params, _path, _methods))
 del _path, _methods, _first, _shape, _literals, _params
 
 
@@ -242,21 +243,22 @@ def match(path: str) -> Match | None:
     if count < 4:
         return None
     head = parts[2]
-    for literals, params, template in _PARAMETRIC.get((count, head), ()):
+    for literals, params, template, methods in _PARAMETRIC.get((count, head), ()):
         for i, literal in literals:
             if parts[i] != literal:
                 break
         else:
-            return Match(template, TEMPLATES[template], tuple(parts[i] for i in params))
-    for literals, params, template, size in _TAILS.get(head, ()):
+            return Match(template, methods, tuple([parts[i] for i in params]))
+    for literals, params, template, methods, size in _TAILS.get(head, ()):
         if count < size:
             continue
         for i, literal in literals:
             if parts[i] != literal:
                 break
         else:
-            values = tuple(parts[i] for i in params[:-1]) + ("/".join(parts[size - 1:]),)
-            return Match(template, TEMPLATES[template], values)
+            values = [parts[i] for i in params[:-1]]
+            values.append("/".join(parts[size - 1:]))
+            return Match(template, methods, tuple(values))
     return None
 
 
