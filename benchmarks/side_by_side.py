@@ -13,8 +13,11 @@ fsync'd before it is returned, C1). Then, run after run, interleaved:
 
 and prints medians over the runs, with ratios to each peer.
 
-    python benchmarks/side_by_side.py --peers ../shared/peers --runs 3
-    python benchmarks/side_by_side.py --peers ../shared/peers --peer-python /tmp/venv/bin/python
+    python benchmarks/side_by_side.py --peers DIR --runs 3
+    python benchmarks/side_by_side.py --peers DIR --peer-python /tmp/venv/bin/python
+
+DIR is a directory holding the peer benchmark, ``lockbench.py``; it is not part
+of stockade (benchmarks/README.md says what it must provide).
 
 The peers' clients (``aetcd``, ``psycopg[binary]``) must be importable by
 ``--peer-python`` (default: this interpreter); they are not stockade dependencies.
@@ -206,7 +209,7 @@ def table(summary: dict, clients: int, peers: list[str]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", required=True, help="the directory of lockbench.py (shared/peers)")
+    parser.add_argument("--peers", required=True, help="directory holding the peer benchmark lockbench.py (not part of stockade)")
     parser.add_argument("--peer-python", default=sys.executable, help="python with aetcd and psycopg[binary]")
     parser.add_argument("--variants", default="etcd-aetcd,pg-lease-row")
     parser.add_argument("--workloads", default="lock,write")

@@ -125,6 +125,8 @@ def coord_url(tmp_path: Path, backend: str, request) -> str:
 def store_url(tmp_path: Path, backend: str, request) -> str:
     if backend == "http":
         return request.getfixturevalue("http_server").url
+    if backend == "memory":
+        return f"memory://{tmp_path.name}"  # the in-memory store beside the in-memory engine
     return f"sqlite://{tmp_path / 'store.db'}"
 
 

@@ -1,4 +1,4 @@
-"""The P1–P7 checkers: each passes a good history and flags the matching broken one."""
+"""The P1–P7 and P9 checkers: each passes a good history and flags the matching broken one."""
 
 from __future__ import annotations
 
@@ -162,3 +162,94 @@ def test_an_unfinished_operation_is_info():
     h.invoke(0, 1, "write", scope="a", key="k", token=1, value="x")
     (op,) = pair(h.records)
     assert op.type == "info"
+
+
+# --- P9 lock-delay (C5), on the coordinator's lease log -----------------------------------------
+
+_MS = 1_000_000
+
+
+class LeaseLog:
+    """The coordinator's lease log by hand: times in ms on the named coordinator clock."""
+
+    def __init__(self, delay_ms: int = 500) -> None:
+        self.records: list[dict] = []
+        self.delay_ms = delay_ms
+
+    def _add(self, f, at_ms, clock=0, scope="a", t_ms=None, **value):
+        record = {"t_ns": (t_ms if t_ms is not None else at_ms) * _MS, "process": "coordinator", "type": "info",
+                  "f": f, "value": dict(value, clock=clock, at_ns=at_ms * _MS)}
+        if scope is not None:
+            record["scope"] = scope
+        self.records.append(record)
+        return self
+
+    def grant(self, lease, token, at_ms, ttl_ms=1000, **kw):
+        return self._add("grant", at_ms, lease=lease, token=token, expires_ns=(at_ms + ttl_ms) * _MS,
+                         lock_delay_ms=self.delay_ms, **kw)
+
+    def renew(self, lease, at_ms, ttl_ms=1000, **kw):
+        return self._add("renew", at_ms, lease=lease, expires_ns=(at_ms + ttl_ms) * _MS, **kw)
+
+    def release(self, lease, at_ms, **kw):
+        return self._add("release", at_ms, lease=lease, **kw)
+
+    def crash(self, at_ms, clock=0, **kw):
+        return self._add("crash", at_ms, clock=clock, scope=None, **kw)
+
+    def restart(self, at_ms, clock=0, **kw):
+        return self._add("restart", at_ms, clock=clock, scope=None, **kw)
+
+
+def test_p9_control_a_grant_before_the_lock_delay_passed_is_flagged():
+    # Lease 1 expires unreleased at 1000; the delay runs to 1500; lease 2 is granted at 1200.
+    log = LeaseLog().grant("L1", 1, 0).grant("L2", 2, 1200)
+    result = check(log.records)
+    assert props(result) == ["P9"], result
+    assert "before its lock-delay of 500 ms passed" in result.violations[0].message
+    # A grant while the previous lease was unexpired is flagged too (C2 on the coordinator's clock).
+    assert props(check(LeaseLog(delay_ms=0).grant("L1", 1, 0).grant("L2", 2, 999).records)) == ["P9"]
+
+
+def test_p9_holds_after_the_delay_after_a_release_and_after_a_renew():
+    assert check(LeaseLog().grant("L1", 1, 0).grant("L2", 2, 1500).records).ok  # exactly at the end
+    assert check(LeaseLog().grant("L1", 1, 0).release("L1", 300).grant("L2", 2, 301).records).ok
+    renewed = LeaseLog().grant("L1", 1, 0).renew("L1", 900).grant("L2", 2, 1600)
+    assert props(check(renewed.records)) == ["P9"]  # the renew moved the expiry to 1900: the delay to 2400
+    assert check(LeaseLog().grant("L1", 1, 0).renew("L1", 900).grant("L2", 2, 2400).records).ok
+    # A release of another lease id does not end this one; scopes are independent.
+    other = LeaseLog().grant("L1", 1, 0).release("X", 100).grant("L2", 2, 200)
+    assert props(check(other.records)) == ["P9"]
+    assert check(LeaseLog().grant("L1", 1, 0).grant("M1", 1, 10, scope="b").records).ok
+
+
+def test_p9_is_judged_on_the_coordinator_clock_not_on_true_time():
+    # The coordinator's clock jumps forward 1588 ms (a nemesis clock jump): by its clock lease 1
+    # expired and the delay passed, though only 156 ms of true time went by. Not a violation
+    # (C3: the coordinator's clock judges expiry) -- a checker on t_ns would flag it.
+    log = LeaseLog().grant("L1", 1, 0, t_ms=286).grant("L2", 2, 1744, t_ms=442)
+    assert check(log.records).ok
+
+
+def test_p9_across_restarts_and_failovers():
+    # Same clock: the downtime counts, as the clock counted it.
+    same = LeaseLog().grant("L1", 1, 0).crash(1100).restart(1400).grant("L2", 2, 1500)
+    assert check(same.records).ok
+    early = LeaseLog().grant("L1", 1, 0).crash(1100).restart(1200).grant("L2", 2, 1300)
+    assert props(check(early.records)) == ["P9"]
+    # Failover: the new clock starts where the old one was at the crash; its downtime does not count.
+    # Lease 1 expired at 1000 (old clock), crash at 1100: 400 ms of delay are left at the restart.
+    failover = LeaseLog().grant("L1", 1, 0).crash(1100).restart(50_000, clock=1)
+    assert props(check(failover.grant("L2", 2, 50_100, clock=1).records)) == ["P9"]
+    failover = LeaseLog().grant("L1", 1, 0).crash(1100).restart(50_000, clock=1)
+    assert check(failover.grant("L2", 2, 50_500, clock=1).records).ok
+    # Readings of the old clock are never compared with the new one raw: lease 1 (held at the crash)
+    # is held a full TTL from the restart at 5, then delayed to 1505, all on the new clock.
+    assert check(LeaseLog().grant("L1", 1, 9_000).crash(9_100).restart(5, clock=1)
+                 .grant("L2", 2, 1_505, clock=1).records).ok
+
+
+def test_p9_passes_over_histories_without_a_lease_log():
+    b = Builder()
+    b.acquire(1, 0, 10, 1).acquire(2, 20, 30, 2)
+    assert check(b.records).ok

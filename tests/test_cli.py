@@ -91,3 +91,41 @@ def test_status_without_data_is_a_clear_error(tmp_path):
 def test_unknown_command(tmp_path):
     result = run(["frobnicate"], tmp_path)
     assert result.returncode == 2 and "unknown command" in result.stderr
+
+
+def test_version_prints_the_package_version(tmp_path):
+    import tomllib
+    from pathlib import Path
+
+    import stockade
+
+    result = run(["--version"], tmp_path)
+    assert result.returncode == 0 and result.stdout == f"stockade {stockade.__version__}\n", result
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert stockade.__version__ == pyproject["project"]["version"]  # one release number, in both places
+
+
+def test_package_ships_py_typed():
+    from pathlib import Path
+
+    import stockade
+
+    assert (Path(stockade.__file__).parent / "py.typed").is_file()
+
+
+def test_demo_bad_data_dir_is_a_clear_error(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    for bad in (a_file, a_file / "sub"):
+        result = run(["demo", "--data-dir", str(bad)], tmp_path)
+        assert result.returncode == 2, (bad, result.returncode, result.stderr)
+        assert "Traceback" not in result.stderr and f"--data-dir {bad}:" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert a_file.read_text() == "not a directory"
+
+
+def test_lock_bad_data_dir_is_a_clear_error(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    result = run(["lock", "jobs", "--data-dir", str(a_file), "--", "true"], tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "a-file" in result.stderr, result.stderr

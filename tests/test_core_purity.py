@@ -1,4 +1,4 @@
-"""The core and the wire contract are sans-IO: they must not import clocks, randomness, sockets, storage or concurrency."""
+"""The core and the wire contract are sans-IO: no clocks, randomness, sockets, storage or concurrency."""
 
 import ast
 from pathlib import Path
@@ -56,7 +56,7 @@ def test_wire_purity_check_can_fail(tmp_path):
 
 
 def test_imports_point_one_way():
-    """core <- wire, coordinators, resources <- client, server <- cli (DESIGN §3)."""
+    """core <- wire, coordinators, resources <- client, server <- cli (docs/architecture.md)."""
     package = Path(stockade.core.__file__).parent.parent
     allowed = {
         "core": {"core"},

@@ -66,7 +66,7 @@ def test_several_writes_in_one_turn_go_to_the_thread_in_order():
                 _watch(f, rec, i, seen)
             await asyncio.sleep(0.005)  # the thread is now committing the first batch
             late = [committer.submit(i) for i in range(3, 5)]  # while it is busy: queued behind it
-            for i, f in zip(range(3, 5), late):
+            for i, f in zip(range(3, 5), late, strict=True):
                 _watch(f, rec, i, seen)
             barrier = committer.barrier()
             assert barrier is late[-1]

@@ -2,7 +2,7 @@
 down, one that never answers, connection reuse, idle connections the server closed,
 and the translation of problem documents into stockade's exceptions.
 
-The conformance suite (tests/test_client.py) runs the same API against a real
+The coordinator conformance suite (stockade.testing.conformance.coordinator) runs the same API against a real
 `stockade serve`; this file covers what only a misbehaving server can show.
 """
 

@@ -19,9 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stockade import metrics
-from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StaleToken, TokenMismatch
+from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.limits import LIST_PAGE_MAX
 from stockade.core.tokens import FencingToken
+from stockade.core.values import FenceFloors
+from stockade.resources import _observe
 from stockade.resources.store import AuditRecord, SQLiteStore, WriteResult, restore
 from stockade.testing.mutants import FencingOffStore, StrictGreaterStore
 
@@ -215,16 +217,22 @@ def test_two_objects_on_one_file_share_the_mark(tmp_path):
 # -- R5: every rejection observable -------------------------------------------------------------------
 
 
+@pytest.fixture
+def fresh_rejection_log(monkeypatch):
+    """A rate limit of its own, so that rejections made by earlier tests cannot use up this one's lines."""
+    monkeypatch.setattr(_observe, "_limit", _observe.RejectionLog())
+
+
 @pytest.mark.parametrize(
-    "token, reason, scope_label",
-    [(tok(3), "stale", "r5"), (tok(9, scope="other"), "wrong-scope", "r5"),
-     (tok(9, scope="r5", cluster=OTHER_CLUSTER), "wrong-cluster", "r5")],
+    "token, reason",
+    [(tok(3), "stale"), (tok(9, scope="other"), "wrong-scope"),
+     (tok(9, scope="r5", cluster=OTHER_CLUSTER), "wrong-cluster")],
 )
-def test_rejection_is_logged_and_counted(store, caplog, token, reason, scope_label):
+def test_rejection_is_logged_and_counted(store, caplog, fresh_rejection_log, token, reason):
     store.put("r5", "k", b"v", token=tok(5, "r5"))
     if token.scope == "a":
         token = tok(token.value, "r5")
-    counted = metrics.FENCE_REJECTIONS.value(scope=scope_label, reason=reason)
+    counted = metrics.FENCE_REJECTIONS.value(reason=reason)
     with caplog.at_level(logging.WARNING, logger="stockade.fence"):
         with pytest.raises((StaleToken, TokenMismatch)):
             store.put("r5", "k", b"v", token=token)
@@ -234,18 +242,19 @@ def test_rejection_is_logged_and_counted(store, caplog, token, reason, scope_lab
     assert record.resource == store.resource
     assert (record.scope, record.token, record.high_water, record.reason) == ("r5", token.encode(), 5, reason)
     assert reason in record.getMessage() and "r5" in record.getMessage()
-    assert metrics.FENCE_REJECTIONS.value(scope=scope_label, reason=reason) == counted + 1
-    assert f'reason="{reason}"' in metrics.REGISTRY.render()
+    assert metrics.FENCE_REJECTIONS.value(reason=reason) == counted + 1
+    assert f'stockade_fence_rejections_total{{reason="{reason}"}}' in metrics.REGISTRY.render()
 
 
 def test_accepted_writes_and_replays_are_not_counted_as_rejections(store, caplog):
     store.put("quiet", "k", b"v", token=tok(5, "quiet"), idempotency_key="once")
+    counted = metrics.FENCE_REJECTIONS.value(reason="stale")
     with caplog.at_level(logging.DEBUG, logger="stockade.fence"):
         store.put("quiet", "k", b"v", token=tok(5, "quiet"))
         store.put("quiet", "k2", b"v", token=tok(6, "quiet"))
         store.put("quiet", "k", b"v", token=tok(5, "quiet"), idempotency_key="once")  # stale, but a replay
     assert not [r for r in caplog.records if r.name == "stockade.fence"]
-    assert metrics.FENCE_REJECTIONS.value(scope="quiet", reason="stale") == 0
+    assert metrics.FENCE_REJECTIONS.value(reason="stale") == counted
 
 
 # -- R3: idempotency ---------------------------------------------------------------------------------
@@ -348,8 +357,8 @@ def test_transaction_with_stale_token_refused_at_begin(store):
 
 def test_transaction_misuse(store):
     with store.transaction("a", token=tok(1)) as tx:
-        with pytest.raises(InvalidArgument):
-            store.put("a", "k", b"v", token=tok(1))  # same thread, same store: use the Tx
+        # The transaction holds no lock while its block runs, so the store itself stays usable.
+        store.put("a", "outside", b"v", token=tok(1))
         with pytest.raises(InvalidArgument):
             tx.put("k", b"x" * (store.value_bytes_max + 1))
         tx.put("k", b"ok")  # a refused step changed nothing and the tx goes on
@@ -358,38 +367,44 @@ def test_transaction_misuse(store):
     assert store.get("a", "k").value == b"ok" and store.get("a", "late") is None
 
 
-def test_transaction_blocks_other_threads_until_commit(tmp_path):
+def test_transaction_does_not_block_others_and_aborts_whole_under_a_higher_token(tmp_path):
     path = tmp_path / "s.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s1, SQLiteStore(path) as s2:
-        entered, done = threading.Event(), []
+    with SQLiteStore(path, cluster_id=CLUSTER) as s1, SQLiteStore(path, busy_timeout_ms=1_000) as s2:
+        before = dump(path)
+        with pytest.raises(StaleToken):
+            with s1.transaction("a", token=tok(1)) as tx:
+                tx.put("k", b"L1")
+                assert s2.get("a", "k") is None  # buffered: not visible outside before the commit
+                s2.put("other", "k", b"v", token=tok(1, "other"))  # no lock held: other writers go on
+                s2.put("a", "k", b"H", token=tok(2))  # a higher token lands meanwhile
+                tx.put("k2", b"L2")
+        # R6: the lower transaction aborted entirely (the commit re-checked the mark); H's write stands
+        assert s1.get("a", "k").value == b"H" and s1.get("a", "k2") is None
+        assert [(r.scope, r.token_value) for r in s1.audit()] == [("other", 1), ("a", 2)]
+        assert dump(path)["hwm"] == sorted(before["hwm"] + [("a", 2), ("other", 1)])
 
-        def higher():
-            entered.wait()
-            done.append(s2.put("a", "k", b"H", token=tok(2)))
 
-        thread = threading.Thread(target=higher)
-        thread.start()
-        with s1.transaction("a", token=tok(1)) as tx:
-            tx.put("k", b"L1")
-            entered.set()
-            thread.join(0.2)
-            assert not done  # still waiting for the write lock
-            tx.put("k", b"L2")
-        thread.join(5)
-        assert done and s1.get("a", "k").value == b"H"
-        assert [r.token_value for r in s1.audit("a")] == [1, 1, 2]
+def test_transaction_results_get_their_seq_at_commit(store):
+    store.put("a", "k", b"v", token=tok(1))
+    with store.transaction("a", token=tok(1)) as tx:
+        assert tx.put("x", b"1").commit_seq == 0  # pending until the commit
+        assert tx.get("k").value == b"v" and tx.get("x").value == b"1"
+        tx.delete("k")
+        assert tx.get("k") is None
+        assert tx.results is None
+    assert [(r.key, r.commit_seq) for r in tx.results] == [("x", 2), ("k", 3)]
 
 
 def test_busy_store_fails_with_certain_no_effect(tmp_path):
     path = tmp_path / "s.db"
     with SQLiteStore(path, cluster_id=CLUSTER) as s1, SQLiteStore(path, busy_timeout_ms=50) as s2:
-        with s1.transaction("a", token=tok(1)):
+        with s1.admitted(tok(1), "a"):  # the port's locked unit holds the write lock
             with pytest.raises(BackendUnavailable) as info:
                 s2.put("a", "k", b"v", token=tok(2))
         assert info.value.certain_no_effect
     with SQLiteStore(path, busy_timeout_ms=50) as shared:
         errors = []
-        with shared.transaction("a", token=tok(2)):
+        with shared.admitted(tok(2), "a"):
             t = threading.Thread(target=lambda: errors.append(_catch(lambda: shared.high_water("a"))))
             t.start()
             t.join()
@@ -424,7 +439,8 @@ def test_backup_and_restore_with_fence_floor_and_report(tmp_path):
         s.put("a", "k", b"after", token=tok(4), idempotency_key="late")
         s.put("new", "k", b"after", token=tok(2, "new"))
     # the coordinator has since issued token 6 for "a" (the current holder) and 2 for "new"
-    report = restore(backup_path, path, fence_floors={"a": 6, "new": 2}, report_path=report_path)
+    report = restore(backup_path, path, fence_floors={"a": 6, "new": 2}, floors_complete=True,
+                     report_path=report_path)
     assert report.removed == [AuditRecord(2, "a", "k", "put", 4, "late"), AuditRecord(3, "new", "k", "put", 2, None)]
     assert report.fence_floors == {"a": 6, "new": 2}
     document = json.loads(report_path.read_text())
@@ -452,14 +468,9 @@ def test_restore_takes_max_of_backup_mark_floor_and_old_store(tmp_path):
         s.put("b", "k", b"v", token=tok(2, "b"))
         s.backup(backup_path)
         s.put("b", "k", b"v", token=tok(5, "b"))
-    asked = []
-
-    def floors(scope):
-        asked.append(scope)
-        return {"a": 1, "b": 3}[scope]
-
-    restore(backup_path, path, fence_floors=floors, report_path=tmp_path / "r.json")
-    assert sorted(asked) == ["a", "b"]
+    report = restore(backup_path, path, fence_floors=FenceFloors({"a": 1}, default=3), report_path=tmp_path / "r.json")
+    assert report.fence_floors == {"a": 1, "b": 3}  # "b" is not named: the default covers it
+    assert report.raised == {"b": (2, 5)}  # only "b" ends above the backup's mark (the old store's 5)
     with SQLiteStore(path) as s:
         # a floor below the backup's mark never lowers it; the old store's 5 is kept too
         assert s.high_waters() == {"a": 8, "b": 5}
@@ -472,7 +483,8 @@ def test_restore_without_old_store_says_so(tmp_path):
         s.backup(backup_path)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
-    report = restore(backup_path, path, fence_floors={"a": 4, "gone": 7}, report_path=report_path)
+    report = restore(backup_path, path, fence_floors={"a": 4, "gone": 7}, floors_complete=True,
+                     report_path=report_path)
     assert report.removed == []
     document = json.loads(report_path.read_text())
     assert document["old_store"]["state"] == "missing" and document["removed_complete"] is False
@@ -487,7 +499,7 @@ def test_restore_report_says_when_the_audit_no_longer_covers_the_gap(tmp_path):
         s.backup(backup_path)
         for i in range(6):
             s.put("a", f"k{i}", b"v", token=tok(2))
-    report = restore(backup_path, path, fence_floors={}, report_path=report_path)
+    report = restore(backup_path, path, fence_floors={}, floors_complete=True, report_path=report_path)
     assert [r.commit_seq for r in report.removed] == [5, 6, 7]
     assert json.loads(report_path.read_text())["removed_complete"] is False
 
@@ -501,15 +513,20 @@ def test_restore_refusals_change_nothing(tmp_path):
     before = dump(path)
     for floors in ({"a": -1}, {"a": 2**63}, {"a": "7"}, {"bad scope": 1}, lambda scope: 1.5, 42):
         with pytest.raises(InvalidArgument):
+            restore(backup_path, path, fence_floors=floors, floors_complete=True, report_path=tmp_path / "r.json")
+    for floors in ({}, {"a": 9}, lambda scope: 9):  # may miss scopes: refused unless vouched complete
+        with pytest.raises(InvalidArgument) as info:
             restore(backup_path, path, fence_floors=floors, report_path=tmp_path / "r.json")
+        assert info.value.field == "fence_floors"
     with pytest.raises(InvalidArgument):
-        restore(path, path, fence_floors={}, report_path=tmp_path / "r.json")
+        restore(path, path, fence_floors={}, floors_complete=True, report_path=tmp_path / "r.json")
     other = tmp_path / "other.db"
     with SQLiteStore(other, cluster_id=OTHER_CLUSTER) as s:
         s.put("a", "k", b"v", token=tok(1, cluster=OTHER_CLUSTER))
         s.backup(tmp_path / "other-backup.db")
     with pytest.raises(InvalidArgument):
-        restore(tmp_path / "other-backup.db", path, fence_floors={}, report_path=tmp_path / "r.json")
+        restore(tmp_path / "other-backup.db", path, fence_floors={}, floors_complete=True,
+                report_path=tmp_path / "r.json")
     assert dump(path) == before
     assert not (tmp_path / "r.json").exists()
     assert not list(tmp_path.glob("*.restoring*"))
@@ -524,7 +541,7 @@ def test_restore_refuses_to_replace_a_file_that_is_not_a_store(tmp_path):
     conn.commit()
     conn.close()
     with pytest.raises(InvalidArgument):
-        restore(tmp_path / "b.db", foreign, fence_floors={}, report_path=tmp_path / "r.json")
+        restore(tmp_path / "b.db", foreign, fence_floors={}, floors_complete=True, report_path=tmp_path / "r.json")
     assert dump(foreign) == {"meta": []}
 
 
@@ -731,7 +748,7 @@ def test_restore_over_an_unreadable_store_says_so(tmp_path):
     for suffix in ("-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     path.write_bytes(b"this is not a database, it is what a bad disk left" * 100)
-    restore(backup_path, path, fence_floors={"a": 3}, report_path=report_path)
+    restore(backup_path, path, fence_floors={"a": 3}, floors_complete=True, report_path=report_path)
     document = json.loads(report_path.read_text())
     assert document["old_store"]["state"] == "unreadable" and document["removed_complete"] is False
     with SQLiteStore(path) as s:
@@ -744,12 +761,16 @@ def test_restore_refuses_a_store_in_use(tmp_path):
         s.put("a", "k", b"v", token=tok(2))
         s.backup(backup_path)
         s.put("a", "k", b"w", token=tok(3))
-        with s.transaction("a", token=tok(3)) as tx:
-            tx.put("k", b"in flight")
+        writer = sqlite3.connect(str(path), isolation_level=None)  # another process's open write
+        try:
+            writer.execute("BEGIN IMMEDIATE")
+            writer.execute("UPDATE kv SET value = x'00'")
             before = dump(path)
             with pytest.raises(BackendUnavailable, match="in use"):
-                restore(backup_path, path, fence_floors={}, report_path=tmp_path / "r.json")
+                restore(backup_path, path, fence_floors={}, floors_complete=True, report_path=tmp_path / "r.json")
             assert dump(path) == before
+        finally:
+            writer.close()
     assert not (tmp_path / "r.json").exists()
 
 

@@ -1,7 +1,8 @@
 """Lock cycles and fenced writes against a coordinator, measured as the peers are.
 
-The workload and the arithmetic are those of the peers' benchmark
-(``shared/peers/lockbench.py``), so the two can run side by side:
+The workload and the arithmetic match those of the peer benchmark that
+benchmarks/side_by_side.py runs beside this one (a ``lockbench.py`` given with
+``--peers``; see benchmarks/README.md), so the two can be compared:
 
 * a *lock cycle* is acquire → fencing token → release, on one scope per client;
 * each client warms up with 20 cycles, then runs until ``seconds`` pass or
@@ -27,6 +28,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from stockade.core.errors import InvariantViolation
 
 __all__ = ["WORKLOADS", "Result", "run_workload", "format_table", "WARMUP"]
 
@@ -90,7 +93,9 @@ def _loop(step: Callable[[], int | None], seconds: float, iters: int, barrier: A
         started = time.perf_counter()
         try:
             token = step()
-        except Exception:  # a refused cycle counts as an error, as in the peers' bench
+        except InvariantViolation:
+            raise  # a bug in stockade is not a refused cycle: stop the run and show it
+        except Exception:  # noqa: BLE001 - a refused cycle counts as an error, as in the peers' bench
             errors += 1
             continue
         latencies.append(time.perf_counter() - started)
@@ -134,7 +139,7 @@ def _process_entry(workload: str, url: str, store_url: str | None, scope: str, s
                    barrier: Any, queue: Any) -> None:
     try:
         queue.put(_client(workload, url, store_url, scope, seconds, iters, barrier))
-    except BaseException as exc:  # tell the parent instead of leaving it waiting
+    except BaseException as exc:  # noqa: BLE001 - tell the parent instead of leaving it waiting
         barrier.abort()
         queue.put({"failed": repr(exc)})
 
@@ -170,18 +175,19 @@ def run_workload(
         for process in processes:
             process.join(30)
     else:
-        barrier = threading.Barrier(clients)
-        results = [None] * clients
+        thread_barrier = threading.Barrier(clients)
+        slots: list[dict[str, Any]] = [{"failed": "the client thread returned nothing"} for _ in range(clients)]
 
         def run(i: int) -> None:
-            results[i] = _client(workload, url, store_url, scopes[i], seconds, iters, barrier)
+            slots[i] = _client(workload, url, store_url, scopes[i], seconds, iters, thread_barrier)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-    failed = [r["failed"] for r in results if r is None or "failed" in r]
+        results = slots
+    failed = [r["failed"] for r in results if "failed" in r]
     if failed:
         raise RuntimeError(f"{len(failed)} client(s) failed: {failed[0]}")
     latencies = [x * 1e6 for r in results for x in r["lat"]]

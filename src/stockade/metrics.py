@@ -38,7 +38,7 @@ class Counter:
         with self._lock:
             items = sorted(self._values.items())
         for key, value in items:
-            pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key))
+            pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key, strict=True))
             lines.append(f"{self.name}{{{pairs}}} {value:g}" if pairs else f"{self.name} {value:g}")
         return lines
 
@@ -66,6 +66,13 @@ class Registry:
 
 
 REGISTRY = Registry()
+# R5: labelled by reason only. The reasons are a short fixed list (stale, wrong-scope,
+# wrong-cluster, ...), so the series stay few however many scopes a client makes up, and
+# no rejection is ever folded into an overflow series. The scope is in the log record.
 FENCE_REJECTIONS = REGISTRY.counter(
-    "stockade_fence_rejections_total", "Writes rejected by a resource's fence rule.", ("scope", "reason")
+    "stockade_fence_rejections_total", "Writes rejected by a resource's fence rule, by reason.", ("reason",)
+)
+FENCE_REJECTION_LOGS_SUPPRESSED = REGISTRY.counter(
+    "stockade_fence_rejection_logs_suppressed_total",
+    "Fence rejections counted but not logged one by one (log rate limit; see the summary records).",
 )

@@ -11,9 +11,8 @@ import sys
 import time
 
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
-from stockade.core.leases import Granted, Queued, TimedOut
-
 from stockade.core import leases as core_leases
+from stockade.core.leases import Granted, Queued, TimedOut
 
 path, seconds, seed = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 mutant = sys.argv[4] if len(sys.argv) > 4 else ""

@@ -22,10 +22,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: stockade COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: stockade COMMAND [ARGS...]", "       stockade --version", "", "commands:"]
     lines += [f"  {name:<8} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
     lines += ["", "'stockade COMMAND --help' describes one command."]
     return "\n".join(lines)
+
+
+def _version() -> str:
+    # The version of the code that is running, not of whatever distribution
+    # metadata is installed (an editable install or PYTHONPATH may differ).
+    from stockade import __version__
+
+    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"stockade {_version()}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
         print(f"stockade: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

@@ -4,8 +4,9 @@
     stockade bench                                          # the embedded coordinator in --data-dir
     stockade bench --url http://127.0.0.1:8470 --json out.json --runs 3
 
-The workload is the one of ``shared/peers/lockbench.py`` (see `stockade.bench`),
-so the figures can be put beside the peers' in one run (benchmarks/side_by_side.py).
+The workload matches the peer benchmark's (see `stockade.bench`), so the
+figures can be put beside etcd's and PostgreSQL's in one run
+(benchmarks/side_by_side.py, described in benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uuid
 
 from stockade.bench import WORKLOADS, format_table, run_workload
 from stockade.cli._common import add_data_dir, data_dir, fail
+from stockade.core.errors import InvariantViolation
 
 __all__ = ["run"]
 
@@ -68,7 +70,9 @@ def run(argv: list[str]) -> int:
                       flush=True)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
+    except InvariantViolation:
+        raise  # a bug: keep its traceback rather than a one-line message
+    except Exception as exc:  # noqa: BLE001 - one line for any failure of the run, not a traceback
         print(f"stockade bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stockade.core.errors import StockadeError
+
 SCOPE = "reports"
 KEY = "summary"
 TTL_MS = 500
@@ -60,7 +62,7 @@ def _worker(name: str, root: Path, store_class: str | None) -> int:
         try:
             store.put(SCOPE, KEY, value, token=lease.token)  # the token, not the lease: A believes it leads
         except stockade.StaleToken as exc:
-            _emit(step="rejected", worker=name, token=exc.token.value, high_water=exc.high_water, value=value)
+            _emit(step="rejected", worker=name, token=lease.token.value, high_water=exc.high_water, value=value)
             return 0
         _emit(step="accepted", worker=name, token=lease.token.value, value=value, high_water=store.high_water(SCOPE))
         return 0
@@ -175,13 +177,42 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--store-class", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return _worker(args.worker, Path(args.data_dir), args.store_class)
-    if args.data_dir:
-        root = Path(args.data_dir)
+        try:
+            return _worker(args.worker, Path(args.data_dir), args.store_class)
+        except StockadeError as exc:
+            print(f"stockade demo: worker {args.worker}: {exc}", file=sys.stderr)
+            return 1
+    try:
+        if args.data_dir:
+            root = Path(args.data_dir)
+            problem = _unusable_data_dir(root)
+            if problem:
+                print(f"stockade demo: --data-dir {root}: {problem}", file=sys.stderr)
+                return 2
+            if (root / "coord.db").exists() or (root / "store.db").exists():
+                print(f"stockade demo: {root} already has data; give an empty directory", file=sys.stderr)
+                return 2
+            return _orchestrate(root, args.store_class)
+        with tempfile.TemporaryDirectory(prefix="stockade-demo-") as tmp:
+            return _orchestrate(Path(tmp), args.store_class)
+    except (RuntimeError, OSError, ValueError, StockadeError) as exc:
+        # A worker that could not play its part (it printed why) or a file that could not be used.
+        print(f"stockade demo: the demo could not run: {exc}", file=sys.stderr)
+        return 1
+
+
+def _unusable_data_dir(root: Path) -> str | None:
+    """Why ``root`` cannot hold the demo's files (created if missing), or None if it can."""
+    if root.exists() and not root.is_dir():
+        return "exists and is not a directory"
+    try:
         root.mkdir(parents=True, exist_ok=True)
-        if (root / "coord.db").exists() or (root / "store.db").exists():
-            print(f"stockade demo: {root} already has data; give an empty directory", file=sys.stderr)
-            return 2
-        return _orchestrate(root, args.store_class)
-    with tempfile.TemporaryDirectory(prefix="stockade-demo-") as tmp:
-        return _orchestrate(Path(tmp), args.store_class)
+    except OSError as exc:
+        return f"cannot create it: {exc.strerror or exc}"
+    try:  # the only reliable test of writability (root ignores permission bits, not read-only mounts)
+        fd, probe = tempfile.mkstemp(prefix=".stockade-demo-probe-", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write in it: {exc.strerror or exc}"
+    return None

@@ -2,33 +2,111 @@
 
 CMD gets the encoded fencing token in STOCKADE_TOKEN (and STOCKADE_SCOPE,
 STOCKADE_TOKEN_VALUE, STOCKADE_DATA). A keepalive renews the lease at about
-TTL/3. If the lease is lost, CMD's process group gets SIGTERM, then SIGKILL
-after --grace-ms.
+TTL/3. CMD runs in its own process group.
 
-Exit status: CMD's own (128+N if a signal N ended it); 75 if the lease could
-not be acquired within --wait-ms; 76 if the lease was lost and CMD still
-exited 0 (a lost lease never reads as success); 2 for bad arguments.
+Stopping: if the lease is lost, CMD's process group gets SIGTERM, then
+SIGKILL after --grace-ms. SIGTERM, SIGINT and SIGHUP sent to `stockade lock`
+are forwarded to CMD's process group; if CMD is still running --grace-ms
+after the first of them, the group gets SIGKILL. On Linux CMD also gets
+SIGKILL if `stockade lock` itself dies (even by SIGKILL): CMD never runs on
+without the lease. The lease is released only once CMD is gone.
+
+Exit status: CMD's own (128+N if a signal N ended it); 137 if CMD had to be
+killed after the grace period; 75 if the lease could not be acquired within
+--wait-ms; 76 if the lease was lost and CMD still exited 0 (a lost lease never
+reads as success); 126 if CMD cannot be executed, 127 if it is not found;
+130 if interrupted while waiting for the lease; 2 for bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from stockade.cli._common import DATA_DIR_ENV, add_data_dir, data_dir, fail, open_coordinator
 from stockade.core.errors import LockTimeout, StockadeError
 
 EXIT_LOCK_TIMEOUT = 75
 EXIT_LEASE_LOST = 76
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+EXIT_KILLED = 128 + signal.SIGKILL
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+GRACE_MS_DEFAULT = 5_000
+GRACE_MS_MAX = 600_000
 POLL_MS = 50
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
+
+
+class _Interrupted(BaseException):
+    """A forwarded signal arrived before CMD was started (a BaseException, like KeyboardInterrupt,
+    so that no ``except Exception`` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when this process dies (Linux).
+
+    ``prctl(PR_SET_PDEATHSIG)`` is resolved here, in the parent, so the child
+    only makes the foreign call. If this process died between the fork and the
+    prctl, the child has already been reparented and no signal will ever come:
+    it compares its parent with the expected pid right after setting the
+    signal, and kills itself if they differ. The signal is tied to the thread
+    that forks, so `run` spawns CMD from the main thread, which lives as long
+    as the process.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+    sigkill = int(signal.SIGKILL)
+
+    def preexec() -> None:
+        if prctl(PR_SET_PDEATHSIG, sigkill, 0, 0, 0) != 0 or os.getppid() != parent:
+            os.kill(os.getpid(), sigkill)
+
+    return preexec
+
+
+def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # preexec_fn is safe here: `_run` spawns CMD before the keepalive thread starts.
+    return subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent())  # noqa: PLW1509
+
+
+def _spawn_error(command: list[str], exc: OSError) -> tuple[str, int]:
+    name = command[0]
+    if exc.errno == errno.ENOENT:
+        if os.sep in name:
+            return f"{name}: no such file or directory", EXIT_NOT_FOUND
+        return f"{name}: command not found", EXIT_NOT_FOUND
+    reason = {
+        errno.EACCES: "permission denied",
+        errno.EISDIR: "is a directory",
+        errno.ENOEXEC: "not an executable format",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return f"{name}: cannot execute: {reason}", EXIT_CANNOT_EXECUTE
 
 
 def run(argv: list[str]) -> int:
@@ -38,7 +116,10 @@ def run(argv: list[str]) -> int:
     parser.add_argument("name", help="the scope to lock")
     parser.add_argument("--ttl-ms", type=int, default=10_000, help="lease TTL (default 10000)")
     parser.add_argument("--wait-ms", type=int, default=0, help="how long to wait for the lease (default 0)")
-    parser.add_argument("--grace-ms", type=int, default=5_000, help="SIGTERM to SIGKILL delay (default 5000)")
+    parser.add_argument(
+        "--grace-ms", type=int, default=GRACE_MS_DEFAULT,
+        help=f"how long CMD may run after SIGTERM before SIGKILL (default {GRACE_MS_DEFAULT})",
+    )
     parser.add_argument("--holder", default=None, help="holder name shown in status (default host:pid)")
     add_data_dir(parser)
     parser.usage = "stockade lock NAME [--ttl-ms MS] [--wait-ms MS] [--grace-ms MS] [--holder H] -- CMD [ARGS...]"
@@ -49,56 +130,115 @@ def run(argv: list[str]) -> int:
     command = argv[split + 1 :]
     if not command:
         parser.error("missing command after '--'")
-    if not 0 <= args.grace_ms <= 600_000:
-        parser.error("--grace-ms must be in 0..600000")
+    if not 0 <= args.grace_ms <= GRACE_MS_MAX:
+        parser.error(f"--grace-ms must be in 0..{GRACE_MS_MAX}")
+
+    # Until CMD runs, a forwarded signal just ends `stockade lock` (after releasing
+    # whatever it holds); SIGINT while waiting for the lease exits 130, no traceback.
+    def interrupt(signum: int, _frame: object) -> None:
+        raise _Interrupted(signum)
+
+    previous = {s: signal.signal(s, interrupt) for s in FORWARDED_SIGNALS}
+    try:
+        return _run(args, command)
+    except _Interrupted as exc:
+        print(f"stockade: interrupted by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return 128 + exc.signum
+    except KeyboardInterrupt:
+        print("stockade: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run(args: argparse.Namespace, command: list[str]) -> int:
     try:
         coord = open_coordinator(args)
-        lease = coord.acquire(args.name, ttl_ms=args.ttl_ms, wait_ms=args.wait_ms, holder=args.holder)
+        lease = coord.acquire(
+            args.name, ttl_ms=args.ttl_ms, wait_ms=args.wait_ms, holder=args.holder, keepalive=False
+        )
     except LockTimeout as exc:
         return fail(str(exc), EXIT_LOCK_TIMEOUT)
     except StockadeError as exc:
         return fail(str(exc), 2 if exc.code == "invalid-argument" else 1)
 
-    env = dict(os.environ)
-    env.update(
-        STOCKADE_TOKEN=lease.token.encode(),
-        STOCKADE_SCOPE=lease.scope,
-        STOCKADE_TOKEN_VALUE=str(lease.token.value),
-    )
-    env[DATA_DIR_ENV] = str(data_dir(args))
-    forwarded: list[int] = []
+    child: subprocess.Popen[bytes] | None = None
     try:
-        child = subprocess.Popen(command, env=env, start_new_session=True)
-    except OSError as exc:
-        lease.release()
-        return fail(f"cannot run {command[0]!r}: {exc}", 127)
-
-    def forward(signum: int, _frame: object) -> None:
-        forwarded.append(signum)
-        _signal_group(child, signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    lost = False
-    try:
-        while child.poll() is None:
-            if lease.wait_lost(timeout_ms=POLL_MS):
-                lost = True
-                print(f"stockade: lease on {args.name!r} lost ({lease.lost_cause}); stopping command", file=sys.stderr)
-                _stop(child, args.grace_ms)
-                break
-        returncode = child.wait()
-        lost = lost or lease.lost  # lost while CMD was finishing: still not a success
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        env = dict(os.environ)
+        env.update(
+            STOCKADE_TOKEN=lease.token.encode(),
+            STOCKADE_SCOPE=lease.scope,
+            STOCKADE_TOKEN_VALUE=str(lease.token.value),
+        )
+        env[DATA_DIR_ENV] = str(data_dir(args))
         try:
-            lease.release()
+            # Spawned before the keepalive thread starts: the fork happens while this
+            # process has one thread, which is what makes a preexec_fn safe.
+            child = _spawn(command, env)
+        except OSError as exc:
+            message, code = _spawn_error(command, exc)
+            return fail(message, code)
+        lease._start_keepalive()
+        return _supervise(args, child, lease)
+    finally:
+        if child is not None and child.poll() is None:
+            # Only on an unexpected error: CMD must not outlive the lease.
+            _signal_group(child, signal.SIGKILL)
+            child.wait()
+        try:
+            lease.release()  # only now that CMD is gone
         except StockadeError as exc:
             print(f"stockade: release failed ({exc}); the lease expires by TTL", file=sys.stderr)
+
+
+def _supervise(args: argparse.Namespace, child: subprocess.Popen[bytes], lease: object) -> int:
+    """Wait for CMD; forward signals; stop it if the lease is lost. Returns the exit status."""
+    grace_ns = args.grace_ms * 1_000_000
+    stop_by_ns: list[int] = []  # when CMD gets SIGKILL, once a stop began
+    killed = False
+
+    def forward(signum: int, _frame: object) -> None:
+        _signal_group(child, signum)
+        if not stop_by_ns:
+            stop_by_ns.append(time.monotonic_ns() + grace_ns)
+
+    for s in FORWARDED_SIGNALS:
+        signal.signal(s, forward)
+    lost = False
+    while child.poll() is None:
+        if stop_by_ns:
+            if time.monotonic_ns() >= stop_by_ns[0]:
+                print(f"stockade: command still running {args.grace_ms} ms after the signal; killing it",
+                      file=sys.stderr)
+                _signal_group(child, signal.SIGKILL)
+                killed = True
+                break
+            _wait_child(child, POLL_MS / 1000)
+        elif lease.wait_lost(timeout_ms=POLL_MS):  # type: ignore[attr-defined]
+            lost = True
+            print(f"stockade: lease on {args.name!r} lost ({lease.lost_cause}); stopping command",  # type: ignore[attr-defined]
+                  file=sys.stderr)
+            _signal_group(child, signal.SIGTERM)
+            stop_by_ns.append(time.monotonic_ns() + grace_ns)
+    returncode = child.wait()
+    # Signals that arrive now have no CMD to go to; the lease is released next.
+    for s in FORWARDED_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    lost = lost or lease.lost  # type: ignore[attr-defined]  # lost while CMD was finishing: still not a success
+    if killed:
+        return EXIT_KILLED
     status = _exit_status(returncode)
     if lost and status == 0:
         return EXIT_LEASE_LOST
     return status
+
+
+def _wait_child(child: subprocess.Popen[bytes], timeout_s: float) -> None:
+    try:
+        child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
@@ -106,12 +246,3 @@ def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(child.pid, signum)
     except ProcessLookupError:
         pass
-
-
-def _stop(child: subprocess.Popen[bytes], grace_ms: int) -> None:
-    _signal_group(child, signal.SIGTERM)
-    deadline = time.monotonic() + grace_ms / 1000
-    while child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if child.poll() is None:
-        _signal_group(child, signal.SIGKILL)

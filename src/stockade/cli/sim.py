@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from stockade.testing.history import dump_jsonl
-from stockade.testing.sim import MUTANTS, Campaign, RunResult, narrate, replay_command, run_campaign, run_seed
+from stockade.testing.mutants import MUTANTS
+from stockade.testing.sim import Campaign, RunResult, narrate, replay_command, run_campaign, run_seed
 
 __all__ = ["run"]
 
@@ -53,8 +54,10 @@ def run(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_mutants:
-        for name, text in MUTANTS.items():
-            print(f"{name:<18} {text}")
+        width = max(map(len, MUTANTS))
+        for name, mutant in MUTANTS.items():
+            print(f"{name:<{width}}  {mutant.description}")
+            print(f"{'':<{width}}  seam: {mutant.seam.value}; usually caught by {mutant.caught_by}")
         return 0
     if not 1 <= args.jobs <= JOBS_MAX:
         parser.error(f"--jobs must be in 1..{JOBS_MAX}")
@@ -172,5 +175,6 @@ def _print_failure(result: RunResult, save: Path | None, stream: Any = None) -> 
         with open(save / "history.jsonl", "w") as f:
             dump_jsonl(result.history, f)
         with open(save / "audit.jsonl", "w") as f:
-            dump_jsonl(({"scope": s, "token": t, "idempotency_key": k, "commit_seq": q} for s, t, k, q in result.audit), f)
+            rows = ({"scope": s, "token": t, "idempotency_key": k, "commit_seq": q} for s, t, k, q in result.audit)
+            dump_jsonl(rows, f)
         print(f"history and audit trail saved in {save}{os.sep}", file=out)

@@ -150,7 +150,7 @@ class AsyncTCPStream:
 
     def is_stale(self) -> bool:
         """True if an idle connection was closed by the peer (or sent something unasked)."""
-        return self._writer.is_closing() or self._reader.at_eof() or bool(len(self._reader._buffer))
+        return self._writer.is_closing() or self._reader.at_eof() or bool(len(self._reader._buffer))  # type: ignore[attr-defined]  # asyncio has no public peek
 
     def close(self) -> None:
         self._writer.close()

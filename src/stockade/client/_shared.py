@@ -40,7 +40,7 @@ CURRENT_LEASE: contextvars.ContextVar[Any] = contextvars.ContextVar("stockade_cu
 
 SCHEMES_HTTP = ("http", "https")
 
-# Remote calls: every request has a deadline (STYLE 7). An acquire may take
+# Remote calls: every request has a deadline (no unbounded waits, C4). An acquire may take
 # its ``wait_ms`` on top, since the server long-polls.
 TIMEOUT_MS_DEFAULT = 10_000
 TIMEOUT_MS_MAX = 600_000

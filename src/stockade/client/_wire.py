@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stockade.core.errors import StockadeError
+from stockade.core.errors import InvariantViolation, StockadeError
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Item
 from stockade.wire import codecs, problems
@@ -154,7 +154,7 @@ def error_for(
     wait_ms: int | None = None,
     lease_id: str | None = None,
     token: FencingToken | None = None,
-) -> tuple[StockadeError, RemoteProblem]:
+) -> tuple[StockadeError | InvariantViolation, RemoteProblem]:
     """The typed error for a problem response, and the problem to chain it from.
 
     The mapping is `stockade.wire.problems.error_for` (one catalogue with the

@@ -1,16 +1,22 @@
-"""One exception tree for all of stockade.
+"""The exceptions stockade raises: one tree for operating errors, one class for bugs.
 
 Blame is in the name: a caller's mistake (`InvalidArgument`), a client that
 has been fenced out (`StaleToken`, `TokenMismatch`), a lease the caller no
 longer holds (`NotHolder`, `LeaseLost`), a wait that ran out (`LockTimeout`),
 a bound that was reached (`LimitExceeded`), or a backend that failed
-(`BackendUnavailable`). A broken invariant is a bug in stockade, not an
-operating error, and raises `InvariantViolation` from `invariant()`.
+(`BackendUnavailable`). All of these derive from `StockadeError`, and a caller
+may handle them.
+
+A broken invariant is a bug in stockade, not an operating error: `invariant()`
+raises `InvariantViolation`, which derives from `AssertionError` and *not*
+from `StockadeError`. So ``except StockadeError`` never swallows a bug: a
+batch is not committed around one, a keepalive does not retry one, and an
+application's error handler does not mistake one for a refused write.
 
 Every class has a stable ``code`` (used as the problem type over HTTP) and
 every instance carries structured fields, so callers never parse messages.
 
-    StockadeError
+    StockadeError                operating errors: handle them
     ├── InvalidArgument          caller passed a bad value (nothing changed)
     ├── LimitExceeded            a named bound was reached (nothing changed)
     ├── FenceRejected            the resource refused a write (nothing changed)
@@ -21,8 +27,10 @@ every instance carries structured fields, so callers never parse messages.
     │   ├── LeaseLost            the client gave the lease up as lost (K2)
     │   └── LockTimeout          the wait deadline passed before a grant
     ├── Unauthorized             the server refused the credentials (nothing changed)
-    ├── BackendUnavailable       I/O failed or timed out; outcome may be unknown
-    └── InvariantViolation       a bug in stockade
+    └── BackendUnavailable       I/O failed or timed out; outcome may be unknown
+
+    AssertionError
+    └── InvariantViolation       a bug in stockade: let it propagate, report it
 """
 
 from __future__ import annotations
@@ -208,8 +216,13 @@ class BackendUnavailable(StockadeError):
         super().__init__(detail)
 
 
-class InvariantViolation(StockadeError, AssertionError):
-    """An internal invariant broke: a bug in stockade. Please report it."""
+class InvariantViolation(AssertionError):
+    """An internal invariant broke: a bug in stockade. Please report it.
+
+    Deliberately outside the `StockadeError` tree, so that code which handles
+    operating errors (retries, per-write error slots, ``except StockadeError``)
+    lets a bug through instead of carrying on around it.
+    """
 
     code = "invariant-violation"
 

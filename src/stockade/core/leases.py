@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from stockade.core.errors import InvalidArgument, LimitExceeded, NotHolder, invariant
 from stockade.core.limits import (
@@ -68,7 +68,6 @@ __all__ = [
     "release",
     "cancel_wait",
     "recover",
-    "LeaseTable",
     "lease_hint",
     "validate_lease_id",
     "redact_lease_path",
@@ -325,9 +324,9 @@ def acquire(
     waiter = record.waiters[position]
     # Refresh liveness only when half the window is used: fewer writes while polling.
     if waiter.stale_ns - now_ns < policy.waiter_stale_ms * _NS_PER_MS // 2:
-        waiters = list(record.waiters)
-        waiters[position] = replace(waiter, stale_ns=stale_ns)
-        record = replace(record, waiters=tuple(waiters))
+        refreshed = list(record.waiters)
+        refreshed[position] = replace(waiter, stale_ns=stale_ns)
+        record = replace(record, waiters=tuple(refreshed))
     return record, Queued(position, holder)
 
 
@@ -413,58 +412,6 @@ def recover(record: ScopeRecord, now_ns: int, policy: LeasePolicy, *, same_clock
         delay_until_ns = now_ns + policy.lock_delay_ms * _NS_PER_MS
     new = replace(record, lease=lease, waiters=(), delay_until_ns=delay_until_ns)
     return record if new == record else new
-
-
-@dataclass
-class LeaseTable:
-    """An in-memory table of scope records (used by the simulator and by tests).
-
-    Durable adapters keep the records in storage instead and call the same
-    functions; this class is the reference for how they compose.
-    """
-
-    cluster: str
-    policy: LeasePolicy = field(default_factory=LeasePolicy)
-    records: dict[str, ScopeRecord] = field(default_factory=dict)
-
-    def record(self, scope: str) -> ScopeRecord:
-        return self.records.get(scope) or ScopeRecord(scope)
-
-    def _scope_of(self, lease_id: str) -> str | None:
-        for scope, record in self.records.items():
-            if record.lease is not None and record.lease.lease_id == lease_id:
-                return scope
-        return None
-
-    def acquire(self, request: AcquireRequest, now_ns: int) -> Granted | Queued | TimedOut:
-        invariant(request.cluster == self.cluster, "request for another cluster")
-        record, outcome = acquire(self.record(request.scope), request, now_ns, self.policy)
-        self.records[request.scope] = record
-        return outcome
-
-    def renew(self, lease_id: str, now_ns: int) -> Lease:
-        scope = self._scope_of(lease_id)
-        if scope is None:
-            raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
-        record, lease = renew(self.records[scope], lease_id, now_ns, self.policy)
-        self.records[scope] = record
-        return lease
-
-    def release(self, lease_id: str, now_ns: int) -> Released:
-        scope = self._scope_of(lease_id)
-        if scope is None:
-            return Released(False, now_ns)
-        record, outcome = release(self.records[scope], lease_id, now_ns, self.policy)
-        self.records[scope] = record
-        return outcome
-
-    def cancel_wait(self, scope: str, lease_id: str) -> None:
-        if scope in self.records:
-            self.records[scope] = cancel_wait(self.records[scope], lease_id)
-
-    def settle_all(self, now_ns: int) -> None:
-        for scope, record in list(self.records.items()):
-            self.records[scope] = settle(record, now_ns, self.policy)
 
 
 @dataclass(frozen=True, slots=True)

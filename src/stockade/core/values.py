@@ -8,11 +8,16 @@ I/O and are built only after validation (`stockade.core.limits`).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import PurePath
+from types import MappingProxyType
 from typing import Literal
 
-__all__ = ["Op", "Write", "WriteResult", "Item", "AuditRecord", "BackupInfo", "RestoreReport"]
+from stockade.core.errors import InvalidArgument
+from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_scope
+
+__all__ = ["Op", "Write", "WriteResult", "Item", "AuditRecord", "BackupInfo", "RestoreReport", "FenceFloors"]
 
 Op = Literal["put", "delete"]
 
@@ -71,19 +76,62 @@ class BackupInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class FenceFloors:
+    """A fence floor for *every* scope, as a restore needs it (R4).
+
+    ``floors`` names scopes with a floor of their own (the coordinator's last
+    issued token for each); ``default`` is the floor of every scope not named,
+    including scopes nobody has heard of yet. A coordinator that forgets idle
+    scopes sets ``default`` above every token it ever issued for them, so a
+    value is complete by construction: no scope is left without a floor.
+
+    Attributes:
+        floors: scope -> token value in 0..2**63-1 (read-only once built).
+        default: the floor of every scope not in ``floors`` (0..2**63-1).
+
+    Raises:
+        InvalidArgument: a bad scope, floor or default.
+    """
+
+    floors: Mapping[str, int]
+    default: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.floors, Mapping):
+            raise InvalidArgument("floors", "must be a mapping of scope to token value")
+        checked = {
+            validate_scope(scope, "floors"): validate_int(f"floors[{scope}]", value, 0, TOKEN_VALUE_MAX)
+            for scope, value in self.floors.items()
+        }
+        object.__setattr__(self, "floors", MappingProxyType(dict(sorted(checked.items()))))
+        validate_int("default", self.default, 0, TOKEN_VALUE_MAX)
+
+    def floor(self, scope: str) -> int:
+        """The floor of ``scope``: its own if named, else ``default``."""
+        return self.floors.get(scope, self.default)
+
+
+@dataclass(frozen=True, slots=True)
 class RestoreReport:
     """What a restore did (also written as JSON to ``report_path``).
 
     Attributes:
         removed: acknowledged writes the old store had and the restored one does
             not (retained audit records with ``commit_seq`` beyond the backup's).
-        fence_floors: the floor applied per scope (from the coordinator).
+        fence_floors: the floor applied per scope the restore knew of (from the coordinator).
         report_path: where the JSON report was written.
+        raised: every scope whose mark the restore set above the backup's,
+            as ``scope -> (backup's mark, mark after)``.
+        default_floor: the floor kept for every scope without a mark of its own.
+        old_store: ``"present"``, ``"missing"`` or ``"unreadable"``.
     """
 
     removed: list[AuditRecord]
     fence_floors: dict[str, int]
     report_path: PurePath
+    raised: dict[str, tuple[int, int]] = field(default_factory=dict)
+    default_floor: int = 0
+    old_store: str = "missing"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,10 +65,33 @@ CREATE TABLE IF NOT EXISTS idempotency (
     PRIMARY KEY (scope, idempotency_key)
 ) STRICT;
 """
-COUNTERS = ("commit_seq", "idempotency_keys", "audit_pruned_through")
+COUNTERS = ("commit_seq", "idempotency_keys", "audit_pruned_through", "default_floor")
+# default_floor: the mark of every scope without a row in hwm (0 unless a restore set it).
+# Files made before it existed lack the row, which reads as 0.
+
+
+FILE_MODE = 0o600  # store files, their WAL and shared memory, backups, reports: owner only
+
+
+def create_private(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 unless it exists (whatever the umask).
+
+    SQLite gives the WAL, shared-memory and journal files the mode of the
+    database file, so creating the database file first keeps them all private.
+    An existing file keeps the mode its owner gave it.
+    """
+    try:
+        fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, FILE_MODE)  # the umask may have narrowed the mode, never widened it; be exact anyway
+    finally:
+        os.close(fd)
 
 
 def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    create_private(path)
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
@@ -75,6 +100,59 @@ def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def initialise(conn: sqlite3.Connection, path: Path, cluster_id: str | None) -> str:
+    """Create the tables of a new store file, or check an existing one; its cluster id.
+
+    Runs inside the caller's write transaction.
+    """
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "meta" not in tables:
+        if tables:
+            raise InvalidArgument("path", f"{path} is an SQLite file but not a stockade store")
+        if cluster_id is None:
+            raise InvalidArgument("cluster_id", "required to create a new store file")
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.executemany(
+            "INSERT INTO meta (k, v) VALUES (?, ?)",
+            [("kind", STORE_KIND), ("schema_version", SCHEMA_VERSION), ("cluster_id", cluster_id)],
+        )
+        conn.executemany("INSERT INTO counters (name, value) VALUES (?, 0)", [(n,) for n in COUNTERS])
+        return cluster_id
+    meta = read_meta(conn, path)
+    if cluster_id is not None and cluster_id != meta["cluster_id"]:
+        raise InvalidArgument("cluster_id", f"{cluster_id!r} differs from the store's cluster {meta['cluster_id']!r}")
+    return meta["cluster_id"]
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One IMMEDIATE transaction, committed (fsync'd) when the block ends, rolled back on any exception.
+
+    Raises:
+        BackendUnavailable: BEGIN, a statement or COMMIT failed (``certain_no_effect``
+            when nothing of the transaction can have landed).
+    """
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
+    try:
+        yield conn
+    except sqlite3.Error as exc:
+        rolled_back = rollback(conn)
+        raise BackendUnavailable(f"store write failed: {exc}", certain_no_effect=rolled_back) from exc
+    except BaseException:
+        rollback(conn)
+        raise
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        rollback(conn)
+        raise BackendUnavailable(f"store commit failed: {exc}") from exc
 
 
 def fsync_path(path: Path, *, directory: bool = False) -> None:
@@ -108,6 +186,12 @@ def counter(conn: sqlite3.Connection, name: str) -> int:
     return row[0]
 
 
+def default_floor(conn: sqlite3.Connection) -> int:
+    """The mark of every scope that has no row of its own (set by a restore; 0 if never set)."""
+    row = conn.execute("SELECT value FROM counters WHERE name = 'default_floor'").fetchone()
+    return 0 if row is None else row[0]
+
+
 def audit_after(conn: sqlite3.Connection, scope: str | None, after_seq: int, limit: int) -> list[AuditRecord]:
     if scope is None:
         rows = conn.execute(
@@ -137,6 +221,7 @@ class FileInfo:
     commit_seq: int
     audit_pruned_through: int
     high_waters: dict[str, int]
+    default_floor: int
 
 
 def inspect_file(path: Path) -> FileInfo:
@@ -151,6 +236,7 @@ def inspect_file(path: Path) -> FileInfo:
             counter(conn, "commit_seq"),
             counter(conn, "audit_pruned_through"),
             dict(conn.execute("SELECT scope, high_water FROM hwm").fetchall()),
+            default_floor(conn),
         )
     finally:
         conn.close()
@@ -177,9 +263,10 @@ def remove_database(path: Path) -> None:
 def copy_database(source_path: Path, target_path: Path, source: sqlite3.Connection | None = None) -> None:
     """Copy a database with the SQLite backup API into a self-contained file (rollback journal, no WAL)."""
     own_source = source is None
-    if own_source:
+    if source is None:
         source = sqlite3.connect(str(source_path), isolation_level=None)
     try:
+        create_private(target_path)
         target = sqlite3.connect(str(target_path), isolation_level=None)
         try:
             source.backup(target)  # pages=-1: every page in one step, under one read snapshot

@@ -3,8 +3,11 @@
 An adapter's ``transaction`` admits the token once (R2, R1) in its atomic
 unit and hands the caller a `Tx` over that unit: the steps validate their
 input here, count against `TX_WRITES_MAX`, and go to the unit, which holds the
-resource's lock (or write transaction) until the block ends, so a higher
-token's write waits for the whole transaction (R6).
+resource's atomic unit. Either the unit holds the resource's lock until the
+block ends, so a higher token's write waits for the whole transaction, or it
+buffers the steps and applies them with a second fence check in one short
+commit, so a higher token's write that landed meanwhile aborts the whole
+transaction (the SQLite store does this). Both keep R6.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class Tx:
         scope: the scope of every step.
         token: the token that passed the fence when the transaction began.
         high_water: the scope's HWM after the fence check (the token's value).
+        results: after a commit, the committed `WriteResult` of every step in
+            order, for adapters whose steps learn their ``commit_seq`` only then
+            (None before).
     """
 
     def __init__(self, unit: FencedUnit, token: FencingToken, *, value_bytes_max: int) -> None:
@@ -35,6 +41,7 @@ class Tx:
         self._value_bytes_max = value_bytes_max
         self._writes = 0
         self._closed = False
+        self.results: list[WriteResult] | None = None
 
     def close(self) -> None:
         """End the steps (the adapter calls this when the block ends); later steps raise."""

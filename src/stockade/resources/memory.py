@@ -32,12 +32,14 @@ from stockade.core.limits import (
     AUDIT_RECORDS_MAX,
     IDEMPOTENCY_KEYS_MAX,
     LIST_PAGE_MAX,
-    STORE_SCOPES_MAX as SCOPES_MAX,
     VALUE_BYTES_CEILING,
     VALUE_BYTES_MAX,
     validate_int,
     validate_key,
     validate_scope,
+)
+from stockade.core.limits import (
+    STORE_SCOPES_MAX as SCOPES_MAX,
 )
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, Item, Write, WriteResult
@@ -242,7 +244,10 @@ class MemoryStore:
     def put(
         self, scope: str, key: str, value: bytes | str, *, token: FencingToken | str, idempotency_key: str | None = None
     ) -> WriteResult:
-        """Store ``value`` under ``(scope, key)`` if ``token`` passes the fence. Args, Returns, Raises: as `SQLiteStore.put`."""
+        """Store ``value`` under ``(scope, key)`` if ``token`` passes the fence.
+
+        Args, Returns, Raises: as `SQLiteStore.put`.
+        """
         write = make_write(scope, key, "put", value, idempotency_key, value_bytes_max=self.value_bytes_max)
         return self.write_once(write, coerce_token(token))
 
@@ -338,7 +343,8 @@ class _MemoryUnit:
         self._audit.append(AuditRecord(seq, self.scope, write.key, write.op, token_value, write.idempotency_key))
         if write.idempotency_key is not None:
             self._remembered[(self.scope, write.idempotency_key)] = Recorded(
-                write.fingerprint(), WriteResult(self.scope, write.key, token_value, self.high_water, seq, replayed=True)
+                write.fingerprint(),
+                WriteResult(self.scope, write.key, token_value, self.high_water, seq, replayed=True),
             )
         return WriteResult(self.scope, write.key, token_value, self.high_water, seq, replayed=False)
 

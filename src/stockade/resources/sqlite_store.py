@@ -22,11 +22,15 @@ Bounds (each named below, each a constructor argument that may only be lowered):
   only keys below their scope's HWM would not be safe either: a retry made
   after re-acquiring carries a newer token and would apply again.)
 - `SCOPES_MAX`: scopes per store (the HWM table, and `high_waters()`, stay bounded).
-- `TX_WRITES_MAX`: writes in one `transaction`.
+- `TX_WRITES_MAX`: writes in one `transaction`; `TX_BUFFER_BYTES_MAX`: the
+  bytes of values it buffers in memory.
 
 Several threads may share one `SQLiteStore` (one connection behind a lock),
 and several processes on one host may open the same file: SQLite's write lock
-serialises the transactions. Every wait is bounded by ``busy_timeout_ms``.
+serialises the transactions. Every wait is bounded by ``busy_timeout_ms``, and
+no lock is ever held while the caller's code runs: a multi-step `transaction`
+buffers its steps and applies them, with the fence check, in one short commit
+at the end, so a caller paused inside one stalls nobody.
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from stockade.core.limits import (
     AUDIT_RECORDS_MAX,
     IDEMPOTENCY_KEYS_MAX,
     LIST_PAGE_MAX,
-    STORE_SCOPES_MAX as SCOPES_MAX,
     TX_WRITES_MAX,
     VALUE_BYTES_CEILING,
     VALUE_BYTES_MAX,
@@ -55,25 +58,27 @@ from stockade.core.limits import (
     validate_key,
     validate_scope,
 )
+from stockade.core.limits import (
+    STORE_SCOPES_MAX as SCOPES_MAX,
+)
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, BackupInfo, Item, Op, Write, WriteResult
 from stockade.resources import backup as _backup
 from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
 from stockade.resources._observe import reject
+from stockade.resources._sqlite_apply import apply_write
 from stockade.resources._sqlite_files import (
     BUSY_TIMEOUT_MS_DEFAULT,
     BUSY_TIMEOUT_MS_MAX,
-    COUNTERS,
-    SCHEMA,
-    SCHEMA_VERSION,
-    STORE_KIND,
     audit_after,
     connect,
     counter,
+    default_floor,
     get_item,
-    read_meta,
-    rollback,
+    initialise,
+    write_transaction,
 )
+from stockade.resources._sqlite_tx import PENDING_SEQ, TX_BUFFER_BYTES_MAX, BufferedUnit, LockedUnit
 from stockade.resources._tx import Tx
 
 __all__ = [
@@ -83,6 +88,8 @@ __all__ = [
     "AUDIT_RECORDS_MAX",
     "IDEMPOTENCY_KEYS_MAX",
     "TX_WRITES_MAX",
+    "TX_BUFFER_BYTES_MAX",
+    "PENDING_SEQ",
     "VALUE_BYTES_CEILING",
     "BUSY_TIMEOUT_MS_DEFAULT",
     "BUSY_TIMEOUT_MS_MAX",
@@ -160,27 +167,7 @@ class SQLiteStore:
 
     def _initialise(self, cluster_id: str | None) -> str:
         with self._write() as conn:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "meta" not in tables:
-                if tables:
-                    raise InvalidArgument("path", f"{self.path} is an SQLite file but not a stockade store")
-                if cluster_id is None:
-                    raise InvalidArgument("cluster_id", "required to create a new store file")
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.executemany(
-                    "INSERT INTO meta (k, v) VALUES (?, ?)",
-                    [("kind", STORE_KIND), ("schema_version", SCHEMA_VERSION), ("cluster_id", cluster_id)],
-                )
-                conn.executemany("INSERT INTO counters (name, value) VALUES (?, 0)", [(n,) for n in COUNTERS])
-                return cluster_id
-            meta = read_meta(conn, self.path)
-            if cluster_id is not None and cluster_id != meta["cluster_id"]:
-                raise InvalidArgument(
-                    "cluster_id", f"{cluster_id!r} differs from the store's cluster {meta['cluster_id']!r}"
-                )
-            return meta["cluster_id"]
+            return initialise(conn, self.path, cluster_id)
 
     def close(self) -> None:
         """Close the connection. Idempotent. Waits (bounded) for an open transaction."""
@@ -234,26 +221,8 @@ class SQLiteStore:
         Any exception inside rolls everything back, so a rejected or invalid
         write changes nothing.
         """
-        with self._connection() as conn:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
-            try:
-                yield conn
-            except sqlite3.Error as exc:
-                rolled_back = rollback(conn)
-                raise BackendUnavailable(f"store write failed: {exc}", certain_no_effect=rolled_back) from exc
-            except BaseException:
-                rollback(conn)
-                raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                rollback(conn)
-                raise BackendUnavailable(f"store commit failed: {exc}") from exc
-
-    # -- the fence (R1, R2, R5) ----------------------------------------------------------
+        with self._connection() as conn, write_transaction(conn) as open_conn:
+            yield open_conn
 
     # -- the fence (R1, R2, R3, R5): the order is core.fence.check_write's -------------------
 
@@ -267,8 +236,19 @@ class SQLiteStore:
 
     @staticmethod
     def _high_water(conn: sqlite3.Connection, scope: str) -> int | None:
+        """The scope's own row in ``hwm`` (None if it has none)."""
         row = conn.execute("SELECT high_water FROM hwm WHERE scope = ?", (scope,)).fetchone()
         return None if row is None else row[0]
+
+    @staticmethod
+    def _mark(conn: sqlite3.Connection, scope: str) -> tuple[int | None, int]:
+        """``(row, mark)``: the scope's row (None if none) and its mark, which is the
+        store's default floor for a scope without a row (R4: set by a restore)."""
+        row, floor = conn.execute(
+            "SELECT (SELECT high_water FROM hwm WHERE scope = ?), "
+            "(SELECT value FROM counters WHERE name = 'default_floor')", (scope,),
+        ).fetchone()
+        return row, (floor or 0) if row is None else row
 
     def _raise_high_water(self, conn: sqlite3.Connection, scope: str, old: int | None, new: int) -> None:
         # Whatever the fence decided, a mark that would go down means the rule is broken: stop (R4).
@@ -284,9 +264,9 @@ class SQLiteStore:
         self, conn: sqlite3.Connection, token: FencingToken, scope: str, key: str | None, rule: FenceRule
     ) -> int:
         """Check ``token`` against the scope's HWM and raise the HWM; the caller applies in this transaction."""
-        old = self._high_water(conn, scope)
+        old, mark = self._mark(conn, scope)
         decision = check_write(
-            token, scope=scope, cluster=self.cluster_id, high_water=old or 0, fingerprint=None, recorded=None,
+            token, scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
             rule=rule,
         )
         if isinstance(decision, Reject):
@@ -315,9 +295,9 @@ class SQLiteStore:
         self, conn: sqlite3.Connection, write: Write, token: FencingToken, rule: FenceRule
     ) -> WriteResult:
         """R2 -> R3 -> R1 inside the caller's open transaction (its COMMIT makes the write durable)."""
-        old = self._high_water(conn, write.scope)
+        old, mark = self._mark(conn, write.scope)
         decision = check_write(
-            token, scope=write.scope, cluster=self.cluster_id, high_water=old or 0,
+            token, scope=write.scope, cluster=self.cluster_id, high_water=mark,
             fingerprint=None if write.idempotency_key is None else write.fingerprint(),
             recorded=self._recorded(conn, write), rule=rule,
         )
@@ -339,16 +319,17 @@ class SQLiteStore:
     @contextmanager
     def admitted(
         self, token: FencingToken, scope: str, *, rule: FenceRule | None = None
-    ) -> Iterator[_SQLiteUnit]:
-        """Admit ``token`` for ``scope`` in an IMMEDIATE transaction held until the block ends (R6).
+    ) -> Iterator[LockedUnit]:
+        """Admit ``token`` for ``scope`` in an IMMEDIATE transaction held until the block ends.
 
-        The SQLite write lock is held from the fence check to the commit, so a
-        higher token's write, on this object or another connection, waits (up
-        to its busy timeout) and lands after the commit or the rollback.
+        The SQLite write lock is held from the fence check to the commit: every
+        other writer of the file, of any scope, waits (up to its busy timeout)
+        while the block runs. Keep the block short and never run caller code in
+        it; `transaction` buffers its steps instead and does not use this.
         """
         with self._write() as conn:
             high_water = self._admit(conn, token, scope, None, self.fence_rule if rule is None else rule)
-            unit = _SQLiteUnit(self, conn, scope, high_water)
+            unit = LockedUnit(self, conn, scope, high_water)
             yield unit
             if unit.failed:
                 # A step failed inside SQLite and the caller carried on: commit nothing.
@@ -360,66 +341,21 @@ class SQLiteStore:
         marks: dict[str, int] = {}
         with self._write() as conn:
             for scope, floor in sorted(checked.items()):
-                old = self._high_water(conn, scope)
-                if floor > (old or 0):
+                old, mark = self._mark(conn, scope)
+                if floor > mark:
                     self._raise_high_water(conn, scope, old, floor)
-                marks[scope] = max(old or 0, floor)
+                marks[scope] = max(mark, floor)
         return marks
 
 
     # -- applying ------------------------------------------------------------------------
 
-    def _next_seq(self, conn: sqlite3.Connection) -> int:
-        # fetchall: a RETURNING statement must run to completion before COMMIT.
-        rows = conn.execute(
-            "UPDATE counters SET value = value + 1 WHERE name = 'commit_seq' RETURNING value"
-        ).fetchall()
-        return rows[0][0]
-
     def _apply(self, conn: sqlite3.Connection, write: Write, token_value: int, high_water: int) -> WriteResult:
         """Apply an admitted write: data, audit record, idempotency record. Same transaction."""
-        seq = self._next_seq(conn)
-        if write.op == "put":
-            conn.execute(
-                "INSERT INTO kv (scope, key, value, token_value, commit_seq) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
-                "token_value = excluded.token_value, commit_seq = excluded.commit_seq",
-                (write.scope, write.key, write.value, token_value, seq),
-            )
-        else:
-            conn.execute("DELETE FROM kv WHERE scope = ? AND key = ?", (write.scope, write.key))
-        conn.execute(
-            "INSERT INTO audit (commit_seq, scope, key, op, token_value, idempotency_key) VALUES (?, ?, ?, ?, ?, ?)",
-            (seq, write.scope, write.key, write.op, token_value, write.idempotency_key),
+        return apply_write(
+            conn, write, token_value, high_water,
+            audit_records_max=self.audit_records_max, idempotency_keys_max=self.idempotency_keys_max,
         )
-        if seq > self.audit_records_max:
-            pruned_through = seq - self.audit_records_max
-            conn.execute("DELETE FROM audit WHERE commit_seq <= ?", (pruned_through,))
-            conn.execute(
-                "UPDATE counters SET value = max(value, ?) WHERE name = 'audit_pruned_through'", (pruned_through,)
-            )
-        if write.idempotency_key is not None:
-            self._remember(conn, write, token_value, high_water, seq)
-        return WriteResult(write.scope, write.key, token_value, high_water, seq, replayed=False)
-
-    def _remember(self, conn: sqlite3.Connection, write: Write, token_value: int, high_water: int, seq: int) -> None:
-        conn.execute(
-            "INSERT INTO idempotency (scope, idempotency_key, fingerprint, key, token_value, high_water, commit_seq) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (write.scope, write.idempotency_key, write.fingerprint(), write.key, token_value, high_water, seq),
-        )
-        count = conn.execute(
-            "UPDATE counters SET value = value + 1 WHERE name = 'idempotency_keys' RETURNING value"
-        ).fetchall()[0][0]
-        if count <= self.idempotency_keys_max:
-            return
-        # Keep the newest keys: R3 holds within a window of IDEMPOTENCY_KEYS_MAX keys.
-        excess = count - self.idempotency_keys_max
-        pruned = conn.execute(
-            "DELETE FROM idempotency WHERE rowid IN (SELECT rowid FROM idempotency ORDER BY commit_seq LIMIT ?)",
-            (excess,),
-        ).rowcount
-        conn.execute("UPDATE counters SET value = value - ? WHERE name = 'idempotency_keys'", (pruned,))
 
     # -- public operations ---------------------------------------------------------------
 
@@ -461,13 +397,20 @@ class SQLiteStore:
 
     @contextmanager
     def transaction(self, scope: str, *, token: FencingToken | str) -> Iterator[Tx]:
-        """A multi-step write on one scope, fenced once and atomic as a whole (R6).
+        """A multi-step write on one scope, fenced and atomic as a whole (R6), holding no lock while it runs.
 
-        The SQLite write lock is held from the fence check to the commit, so a
-        higher token's write waits (up to its busy timeout) and lands after this
-        transaction commits, or after it aborts. An exception inside the block
-        rolls back every step. Calling the store itself from inside the block,
-        on the same thread, raises `InvalidArgument`: use the `Tx`.
+        The token is checked when the block begins (a stale one raises before
+        the body runs). The steps are kept in memory, and reads through the
+        `Tx` see them; nothing in the file is locked while the caller's code
+        runs, so a paused or slow caller stalls no other writer. When the
+        block ends normally, one short write transaction checks the token
+        against the mark again and applies every step, or none: if a higher
+        token wrote to the scope meanwhile, the commit raises `StaleToken` and
+        nothing of the transaction lands (R6: it never interleaves). An
+        exception inside the block discards every step.
+
+        Each step's `WriteResult` has ``commit_seq`` `PENDING_SEQ` (0); after
+        the commit, ``tx.results`` holds the committed results in step order.
 
         Args:
             scope: the one scope this transaction writes.
@@ -477,16 +420,40 @@ class SQLiteStore:
             A `Tx` with ``put``, ``delete`` and ``get``.
 
         Raises:
-            InvalidArgument, StaleToken, TokenMismatch, BackendUnavailable: as `put`.
+            InvalidArgument, StaleToken, TokenMismatch, BackendUnavailable: as `put`,
+                at the start or at the commit.
+            LimitExceeded: a step would pass `TX_WRITES_MAX` or `TX_BUFFER_BYTES_MAX`.
         """
         scope = validate_scope(scope)
         fencing_token = coerce_token(token)
-        with self.admitted(fencing_token, scope) as unit:
-            tx = Tx(unit, fencing_token, value_bytes_max=self.value_bytes_max)
-            try:
-                yield tx
-            finally:
-                tx.close()
+        unit = BufferedUnit(self, scope, self._check_now(fencing_token, scope))
+        tx = Tx(unit, fencing_token, value_bytes_max=self.value_bytes_max)
+        try:
+            yield tx
+        finally:
+            tx.close()
+        tx.results = self._commit_buffered(fencing_token, scope, unit.writes)
+
+    def _check_now(self, token: FencingToken, scope: str) -> int:
+        """Check ``token`` against the mark in a short read, changing nothing; the mark it would set."""
+        with self._read() as conn:
+            _, mark = self._mark(conn, scope)
+        decision = check_write(
+            token, scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
+            rule=self.fence_rule,
+        )
+        if isinstance(decision, Reject):
+            self._reject(token, decision, scope, None)
+        assert isinstance(decision, Accept)
+        return decision.new_high_water
+
+    def _commit_buffered(
+        self, token: FencingToken, scope: str, writes: Sequence[Write]
+    ) -> builtins.list[WriteResult]:
+        """Fence ``token`` again and apply ``writes``, all in one short IMMEDIATE transaction."""
+        with self._write() as conn:
+            high_water = self._admit(conn, token, scope, None, self.fence_rule)
+            return [self._apply(conn, write, token.value, high_water) for write in writes]
 
     def apply_batch(self, writes: Sequence[BatchWrite]) -> builtins.list[WriteResult | StockadeError]:
         """Group commit: many fenced writes in one IMMEDIATE transaction, one COMMIT, one fsync.
@@ -565,10 +532,10 @@ class SQLiteStore:
         """The scope's high-water mark; 0 if it was never written."""
         scope = validate_scope(scope)
         with self._read() as conn:
-            return self._high_water(conn, scope) or 0
+            return self._mark(conn, scope)[1]
 
     def high_waters(self) -> dict[str, int]:
-        """Every scope's high-water mark (at most `SCOPES_MAX` entries)."""
+        """Every scope's own high-water mark (at most `SCOPES_MAX` entries); others have `default_floor`."""
         with self._read() as conn:
             return dict(conn.execute("SELECT scope, high_water FROM hwm ORDER BY scope").fetchall())
 
@@ -587,6 +554,11 @@ class SQLiteStore:
         scope, after_seq, limit = check_audit_page(scope, after_seq, limit)
         with self._read() as conn:
             return audit_after(conn, scope, after_seq, limit)
+
+    def default_floor(self) -> int:
+        """The mark of every scope not in `high_waters` (0 unless a restore raised it)."""
+        with self._read() as conn:
+            return default_floor(conn)
 
     def commit_seq(self) -> int:
         """The ``commit_seq`` of the last accepted write (0 if none)."""
@@ -611,27 +583,3 @@ class SQLiteStore:
             raise InvalidArgument("dest_path", "must not be the store file itself")
         with self._read() as conn:
             return _backup.backup(self.path, conn, dest_path)
-
-
-class _SQLiteUnit:
-    """The open IMMEDIATE transaction of `SQLiteStore.admitted` (a `FencedUnit`)."""
-
-    def __init__(self, store: SQLiteStore, conn: sqlite3.Connection, scope: str, high_water: int) -> None:
-        self.scope = scope
-        self.high_water = high_water
-        self.failed = False  # a step failed inside SQLite: the transaction must not commit
-        self._store = store
-        self._conn = conn
-
-    def apply(self, write: Write, *, token_value: int) -> WriteResult:
-        try:
-            return self._store._apply(self._conn, write, token_value, self.high_water)
-        except sqlite3.Error as exc:
-            self.failed = True
-            raise BackendUnavailable(f"transaction step failed: {exc}", certain_no_effect=True) from exc
-
-    def get(self, key: str) -> Item | None:
-        try:
-            return get_item(self._conn, self.scope, key)
-        except sqlite3.Error as exc:
-            raise BackendUnavailable(f"transaction read failed: {exc}", certain_no_effect=True) from exc

@@ -25,7 +25,7 @@ from typing import Any
 
 from stockade.clock import SystemClock
 from stockade.coordinators.sqlite import SQLiteCoordinator
-from stockade.core.errors import InvalidArgument, LimitExceeded, StockadeError
+from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
 from stockade.core.leases import LeasePolicy, lease_hint, redact_lease_path
 from stockade.core.limits import (
     LIST_PAGE_MAX,
@@ -92,7 +92,7 @@ def _loggable(raw_path: object) -> str:
 _log = logging.getLogger("stockade.server")
 
 
-def problem_for(error: StockadeError, *, body_field: bool = False) -> Response:
+def problem_for(error: StockadeError | InvariantViolation, *, body_field: bool = False) -> Response:
     """The problem document for ``error``; its status from the catalogue (`stockade.wire.problems`)."""
     status, document = problem_of(error, body_field=body_field)
     return Response(status, codecs.dumps(document), codecs.PROBLEM_JSON)

@@ -3,8 +3,9 @@
 Every path, operation, parameter, body and answer comes from the table (the
 same one the server dispatches from and the client builds its targets
 from); this module adds the JSON schemas. The bounds come from
-`stockade.core.limits`, so the schema and the validators cannot drift apart. The schema is as strict as the server: whatever it calls
-invalid, the server rejects with a 4xx (schemathesis checks both directions).
+`stockade.core.limits`, so the schema and the validators cannot drift
+apart. The schema is as strict as the server: whatever it calls invalid,
+the server rejects with a 4xx (schemathesis checks both directions).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
 - `sim`: the deterministic simulator. It drives the real sans-IO core and the
   documented client protocol, and every knob is drawn from one seed
   (`run_seed`, `run_campaign`, `replay_command`; the ``stockade sim`` command).
-- `history`: Jepsen-style histories in the JSON-lines form of SCENARIOS.md.
-- `checkers`: P1–P7 over a history and the resource's audit trail (`check`).
+- `history`: Jepsen-style histories in their JSON-lines form (docs/simulation.md).
+- `checkers`: P1–P7 and P9 over a history and the resource's audit trail (`check`).
 - `linearizability`: a fenced-register linearizability check, per scope.
 - `faults`: fault-injecting wrappers over the ports (`FaultyRecords` fails a
   record store's units before or after their commit), for every backend.

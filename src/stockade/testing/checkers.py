@@ -1,4 +1,4 @@
-"""The checkers for P1–P7: linear-time judgements over a history and the audit trail.
+"""The checkers for P1–P7 and P9: linear-time judgements over a history and the audit trail.
 
 Shared by the simulator and the real-process fault tests, so they read only
 plain data: history records (dicts, see `stockade.testing.history`), the
@@ -21,7 +21,7 @@ Fault records the checkers read (``process: "nemesis"``, ``value`` a dict):
 Everything else in a history is passed over. Scopes are independent: every
 comparison of tokens is within one scope.
 
-Property by property (SCENARIOS.md):
+Property by property (defined in docs/rules.md):
 
 - **P1** ok acquires of a scope never share a token, and an acquire that
   completed before another was invoked has the smaller token; the issue log,
@@ -41,16 +41,21 @@ Property by property (SCENARIOS.md):
 - **P6** an idempotency key takes effect at most once (rolled back commits
   excepted).
 - **P7** per scope, no accepted pattern ``A … B … A`` of tokens.
+- **P9** lock-delay (C5), judged on the coordinator's own lease log:
+  `stockade.testing.lock_delay`.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
+from stockade.testing._verdict import CheckResult, Violation
+from stockade.testing._verdict import violation as _violation
 from stockade.testing.history import AuditEntry, Op, normalize_audit, pair
+from stockade.testing.lock_delay import check_lock_delay
 
 __all__ = [
     "Violation",
@@ -63,62 +68,11 @@ __all__ = [
     "check_hwm_durability",
     "check_at_most_once",
     "check_contiguity",
+    "check_lock_delay",
     "figures",
 ]
 
 STALE_ERRORS = ("stale-token", "stale")
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    """One broken property.
-
-    Attributes:
-        property: ``"P1"`` … ``"P8"`` (or ``"linearizability"``).
-        message: what is wrong, in words.
-        ops: narrations of the offending operations (with history indices ``[#n]``).
-        indices: history indices of the offending records, for tooling.
-    """
-
-    property: str
-    message: str
-    ops: tuple[str, ...] = ()
-    indices: tuple[int, ...] = ()
-
-    def __str__(self) -> str:
-        lines = [f"{self.property}: {self.message}"]
-        lines += [f"    {op}" for op in self.ops]
-        return "\n".join(lines)
-
-
-@dataclass
-class CheckResult:
-    """The verdict over one history: violations (empty means all held) and figures."""
-
-    violations: list[Violation] = field(default_factory=list)
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def by_property(self) -> Counter[str]:
-        return Counter(v.property for v in self.violations)
-
-    def __str__(self) -> str:
-        if self.ok:
-            return "no violations"
-        return "\n".join(str(v) for v in self.violations)
-
-
-def _violation(prop: str, message: str, ops: Iterable[Op | None] = (), extra: Iterable[str] = ()) -> Violation:
-    real = [op for op in ops if op is not None]
-    return Violation(
-        prop,
-        message,
-        tuple(op.describe() for op in real) + tuple(extra),
-        tuple(op.invoke_index for op in real),
-    )
 
 
 def _nemesis(records: list[dict[str, Any]], f: str) -> list[dict[str, Any]]:
@@ -397,9 +351,9 @@ def check_hwm_durability(
                     break
                 if entry.token > need.get(entry.scope, (0, None))[0]:
                     need[entry.scope] = (entry.token, None)
-        for _, scope, token, op in acked[: bisect.bisect_left(acked_times, record["t_ns"])]:
-            if token > need.get(scope, (0, None))[0]:
-                need[scope] = (token, op)
+        for _, acked_scope, acked_token, acked_op in acked[: bisect.bisect_left(acked_times, record["t_ns"])]:
+            if acked_scope is not None and acked_token > need.get(acked_scope, (0, None))[0]:
+                need[acked_scope] = (acked_token, acked_op)
         for scope, (token, op) in need.items():
             if high.get(scope, 0) < token:
                 found.append(
@@ -485,7 +439,7 @@ def check(
     issued: Iterable[Any] | None = None,
     cluster: str | None = None,
 ) -> CheckResult:
-    """Run P1–P7 over a history (and the audit trail and issue log when given).
+    """Run P1–P7 and P9 over a history (and the audit trail and issue log when given).
 
     Args:
         records: history records (dicts in the JSON-lines form).
@@ -507,5 +461,6 @@ def check(
     violations += check_hwm_durability(ops, records, trail)
     violations += check_at_most_once(ops, records, trail)
     violations += check_contiguity(ops, trail)
+    violations += check_lock_delay(records, ops)
     return CheckResult(violations, figures(ops))
 

@@ -1,7 +1,7 @@
 """Histories: what every fault test records and every checker reads.
 
-A history is a list of plain dicts, one per event, in the JSON-lines form of
-SCENARIOS.md (Jepsen's semantics)::
+A history is a list of plain dicts, one per event, in a JSON-lines form with
+Jepsen's semantics (the properties judged on it are defined in docs/rules.md)::
 
     {"t_ns": 1200000, "process": 3, "type": "invoke", "f": "write", "scope": "a",
      "token": "stk1.<cluster>.7.a", "key": "k0", "value": "3-17", "idempotency_key": "3-17"}
@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.tokens import FencingToken
@@ -55,7 +56,7 @@ __all__ = [
 #: The completion time of an operation whose outcome is unknown.
 INFINITY_NS = math.inf
 
-#: The record fields SCENARIOS.md names (extra fields, such as ``high_water`` or ``final``, are allowed).
+#: The record fields of the history form (extra fields, such as ``high_water`` or ``final``, are allowed).
 RECORD_FIELDS = ("t_ns", "process", "type", "f", "scope", "token", "key", "value", "idempotency_key", "error")
 
 
@@ -112,7 +113,7 @@ class History:
 
 
 def dump_jsonl(records: Iterable[dict[str, Any]], out: IO[str]) -> None:
-    """Write records as JSON lines (the form SCENARIOS.md fixes)."""
+    """Write records as JSON lines (the form described in docs/simulation.md)."""
     for record in records:
         out.write(json.dumps(record, sort_keys=True, separators=(",", ":")))
         out.write("\n")
@@ -233,20 +234,27 @@ def pair(records: list[dict[str, Any]]) -> list[Op]:
             ops.append(op)
             open_by_process[process] = op
         elif kind in ("ok", "fail", "info"):
-            op = open_by_process.pop(process, None)
-            if op is None:
+            completed = open_by_process.pop(process, None)
+            if completed is None:
                 continue
-            op.type = kind
-            op.complete_index = index
+            completed.type = kind
+            completed.complete_index = index
             if kind != "info":
-                op.complete_ns = record.get("t_ns", op.invoke_ns)
+                completed.complete_ns = record.get("t_ns", completed.invoke_ns)
             if record.get("token") is not None:
-                op.cluster, op.token_scope, op.token = token_parts(record.get("token"), record.get("scope"))
-            if op.f == "read" or record.get("value") is not None:
-                op.value = record.get("value")
-            op.error = record.get("error")
-            op.high_water = record.get("high_water")
+                parts = token_parts(record.get("token"), record.get("scope"))
+                completed.cluster, completed.token_scope, completed.token = parts
+            if completed.f == "read" or record.get("value") is not None:
+                completed.value = record.get("value")
+            completed.error = record.get("error")
+            completed.high_water = record.get("high_water")
     return ops
+
+
+def _value_of(value: int | None) -> int:
+    if value is None:
+        raise ValueError("an audit record needs a token with a value")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,11 +275,12 @@ def normalize_audit(audit: Iterable[Any]) -> list[AuditEntry]:
             entries.append(item)
         elif isinstance(item, dict):
             _, _, value = token_parts(item["token"], item["scope"])
-            entries.append(AuditEntry(item["scope"], value, item.get("idempotency_key"), item["commit_seq"]))
+            key, seq = item.get("idempotency_key"), item["commit_seq"]
+            entries.append(AuditEntry(item["scope"], _value_of(value), key, seq))
         else:
             scope, token, key, seq = item
             _, _, value = token_parts(token, scope)
-            entries.append(AuditEntry(scope, value, key, seq))
+            entries.append(AuditEntry(scope, _value_of(value), key, seq))
     entries.sort(key=lambda e: e.commit_seq)
     return entries
 

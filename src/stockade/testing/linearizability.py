@@ -94,7 +94,7 @@ class _MOp:
 
 def _restores(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, int, dict[str, Any]]]]:
     found: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
-    for index, record in enumerate(records):
+    for record in records:
         if record.get("process") == "nemesis" and record.get("f") == "restore":
             value = record.get("value") or {}
             high = value.get("high_water", {})
@@ -216,7 +216,7 @@ def _check_scope(
         if m.kind == _RESTORE:
             high, values = m.restore_state  # type: ignore[misc]
             vals = [None] * len(keys)
-            for key, value in values.items():  # type: ignore[attr-defined]
+            for key, value in values.items():  # type: ignore[union-attr]
                 vals[keys[key]] = value
             m.restore_state = (high, tuple(vals))
     result.scopes += 1
@@ -399,7 +399,9 @@ def _explain(scope: str, model: list[_MOp], deepest: Any, keys: dict[Any, int]) 
     elif blocked.kind == _READ:
         key = names.get(blocked.key)
         expected = vals[blocked.key] if blocked.key < len(vals) else None
-        writers = [m for m in model if m.kind == _WRITE and m.key == blocked.key and m.value in (blocked.value, expected)]
+        writers = [
+            m for m in model if m.kind == _WRITE and m.key == blocked.key and m.value in (blocked.value, expected)
+        ]
         culprits += [m.source for m in writers if m.source is not None][:2]
         message = (f"scope {scope!r}: read of {key!r} returned {blocked.value!r}, which no order of the "
                    f"writes allows (the model had {expected!r})")

@@ -16,17 +16,34 @@ those to come), not only to the one it was first written for:
   race happen every time.
 
 `FencingOffStore`, `StrictGreaterStore` and `CheckThenWriteStore` are the same
-controls bound to `SQLiteStore`, constructed like it. `MUTANTS` lists them all.
+controls bound to `SQLiteStore`, constructed like it.
+
+Coordinator-side controls work over the lease engine's seams:
+
+- ``clock-token`` (`clock_token_acquire`): a grant rule for
+  `LeaseEngine.acquire_rule` that takes the token from the clock.
+- ``lock-delay-lost-on-restart`` (`ForgetsLockDelays`): wraps the record-store
+  port; opened at a coordinator restart, it forgets the pending lock-delays.
+
+`MUTANTS` is the one registry of every control, each with the seam it breaks:
+the simulator (``stockade sim --mutant NAME``, ``--list-mutants``) reads it,
+and the real-process tests take their controls from it (``wrap``,
+``sqlite_class``); no simulator module names a mutant.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from stockade.core import leases as rules
+from stockade.core.engine import RecordStore, RecordTx
+from stockade.core.errors import InvalidArgument
 from stockade.core.fence import Accept, FenceDecision, FenceRule, Reject, decide
+from stockade.core.leases import AcquireRequest, Granted, LeasePolicy, Queued, ScopeRecord, TimedOut
 from stockade.core.limits import validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Item, Write, WriteResult
@@ -45,11 +62,17 @@ __all__ = [
     "FencingOffStore",
     "StrictGreaterStore",
     "CheckThenWriteStore",
+    "clock_token_acquire",
+    "ForgetsLockDelays",
+    "Seam",
     "Mutant",
     "MUTANTS",
+    "mutant",
 ]
 
 AdapterT = TypeVar("AdapterT", bound=FenceAdapterPort)
+
+_NS_PER_MS = 1_000_000
 
 
 # -- broken rules: swapped into any adapter's fence_rule -----------------------------------
@@ -199,28 +222,129 @@ class CheckThenWriteStore(CheckThenWrite):
         super().__init__(SQLiteStore(path, **options))
 
 
+
+# -- coordinator-side controls: over the lease engine's seams ---------------------------------
+
+
+def clock_token_acquire(
+    record: ScopeRecord, request: AcquireRequest, now_ns: int, policy: LeasePolicy
+) -> tuple[ScopeRecord, Granted | Queued | TimedOut]:
+    """The grant rule with the token taken from the coordinator's clock (ms), not from the counter.
+
+    Two grants in one millisecond share a token, and after a failover to a host
+    whose clock is behind, tokens go back (C1). The record's counter itself
+    never goes down (the record store refuses that), only the tokens handed out.
+    """
+    new, outcome = rules.acquire(record, request, now_ns, policy)
+    if isinstance(outcome, Granted) and new.last_token > record.last_token:
+        value = max(1, now_ns // _NS_PER_MS)
+        lease = replace(outcome.lease, token=replace(outcome.lease.token, value=value))
+        new = replace(new, lease=lease, last_token=max(record.last_token, value))
+        outcome = Granted(lease)
+    return new, outcome
+
+
+class ForgetsLockDelays:
+    """A `RecordStore` wrapper that forgets every pending lock-delay when it is opened.
+
+    Opened when a coordinator comes back from its durable records (a restart or
+    a failover), it rewrites each stored record's ``delay_until_ns`` to 0
+    before the engine sees it: a scope whose lease expired just before the
+    crash can be granted at once after the restart (C5 broken). Every unit is
+    otherwise the wrapped store's.
+    """
+
+    def __init__(self, inner: RecordStore) -> None:
+        self.inner = inner
+        self.forgotten = 0
+        with inner.write() as tx:
+            after = ""
+            while names := tx.names(after=after, limit=1_000):
+                for name in names:
+                    record = tx.load(name)
+                    if record.delay_until_ns:
+                        tx.save(record, replace(record, delay_until_ns=0))
+                        self.forgotten += 1
+                after = names[-1]
+
+    def write(self) -> AbstractContextManager[RecordTx]:
+        return self.inner.write()
+
+    def read(self) -> AbstractContextManager[RecordTx]:
+        return self.inner.read()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# -- the one registry ----------------------------------------------------------------------------
+
+
+class Seam(enum.Enum):
+    """Where a control plugs in: each is a port or a seam of the real code, never a copy of it."""
+
+    FENCE_RULE = "FenceAdapterPort.fence_rule"
+    FENCE_UNIT = "FenceAdapterPort (check and write in separate atomic units)"
+    RESTORE_FLOOR = "restore: the fence floor (R4)"
+    ACQUIRE_RULE = "LeaseEngine.acquire_rule"
+    RECORD_STORE = "RecordStore (opened at a coordinator restart)"
+    COMMIT = "RecordStore commit: durable before the answer (MemoryRecords.on_commit)"
+
+
 @dataclass(frozen=True, slots=True)
 class Mutant:
-    """One control.
+    """One control: a deliberately broken variant that every fault test must catch.
 
     Attributes:
         description: what it breaks.
-        port: the port it works over.
-        wrap: makes the control from a store that is a `FenceAdapterPort`.
+        seam: where it plugs in.
+        rule: the broken rule, for `Seam.FENCE_RULE` (a `FenceRule`) and
+            `Seam.ACQUIRE_RULE` (a replacement for `LeaseEngine.acquire_rule`).
+        wrap: makes the control from the real thing: a store that is a
+            `FenceAdapterPort` (fence seams), or a `RecordStore`
+            (`Seam.RECORD_STORE`). None when only the simulator models it.
         sqlite_class: the control bound to `SQLiteStore`, constructed like it.
+        caught_by: the properties that usually catch it (for the docs and reports).
     """
 
     description: str
-    port: str
-    wrap: Callable[[Any], Any]
-    sqlite_class: type
+    seam: Seam
+    rule: Callable[..., Any] | None = None
+    wrap: Callable[[Any], Any] | None = None
+    sqlite_class: type | None = None
+    caught_by: str = ""
 
 
+#: Every control, for the simulator (``stockade sim --mutant NAME``) and the real-process tests alike.
 MUTANTS: dict[str, Mutant] = {
-    "fencing-off": Mutant("accepts every token (no fence)", "FenceAdapterPort.fence_rule", fencing_off,
-                          FencingOffStore),
-    "strict-greater": Mutant("'>' for '>=': rejects a holder's second write under one token",
-                             "FenceAdapterPort.fence_rule", strict_greater, StrictGreaterStore),
-    "check-then-write": Mutant("checks the mark in one atomic unit, writes in another",
-                               "FenceAdapterPort", CheckThenWrite, CheckThenWriteStore),
+    "fencing-off": Mutant("the resource accepts every token (no fence)", Seam.FENCE_RULE,
+                          rule=accept_everything, wrap=fencing_off, sqlite_class=FencingOffStore, caught_by="P2"),
+    "strict-greater": Mutant("'>' for '>=': rejects a holder's second write under one token", Seam.FENCE_RULE,
+                             rule=reject_equal, wrap=strict_greater, sqlite_class=StrictGreaterStore,
+                             caught_by="P8 false rejection, linearizability"),
+    "check-then-write": Mutant("the resource checks the mark in one atomic unit and writes in another",
+                               Seam.FENCE_UNIT, wrap=CheckThenWrite, sqlite_class=CheckThenWriteStore,
+                               caught_by="P2, P7"),
+    "clock-token": Mutant("the coordinator takes the token from its clock (ms) instead of the counter",
+                          Seam.ACQUIRE_RULE, rule=clock_token_acquire, caught_by="P1"),
+    "restore-no-floor": Mutant("a restore from backup keeps the backup's high-water marks (no fence floor)",
+                               Seam.RESTORE_FLOOR, caught_by="P5, P2"),
+    "volatile-tokens": Mutant("the coordinator answers before its records are durable (checkpointed now and then)",
+                              Seam.COMMIT, caught_by="P1 after a coordinator crash"),
+    "lock-delay-lost-on-restart": Mutant("a restarted coordinator forgets the pending lock-delays",
+                                         Seam.RECORD_STORE, wrap=ForgetsLockDelays, caught_by="P9"),
 }
+
+
+def mutant(name: str | None) -> Mutant | None:
+    """The control called ``name`` (None: none).
+
+    Raises:
+        InvalidArgument: no control has that name.
+    """
+    if name is None:
+        return None
+    found = MUTANTS.get(name)
+    if found is None:
+        raise InvalidArgument("mutant", f"must be one of {', '.join(MUTANTS)}, got {name!r}")
+    return found

@@ -1,7 +1,8 @@
 """Deterministic simulation of the whole protocol, every knob drawn from one seed.
 
-`run_seed(seed)` builds a `World` — a coordinator running the real core lease
-table, stockade's fenced store as a model applying the real fence rule, and
+`run_seed(seed)` builds a `World` — a coordinator running the real lease
+engine (`stockade.core.engine.LeaseEngine` over the in-memory record store),
+stockade's fenced store as a model applying the real fence rule, and
 1–5 clients following the documented client protocol — over a simulated
 clock per process and a simulated network, and lets a nemesis loose on it:
 message loss, delay, duplication and reordering, partitions, crashes and
@@ -16,6 +17,11 @@ At the end the faults heal, the world drains, a final read takes the store's
 contents, and the checkers judge the history: P1–P7 (`checkers.check`) and
 fenced-register linearizability (`linearizability.check_linearizable`).
 
+The processes live in `_sim_coordinator`, `_sim_nodes` (the resource) and
+`_sim_client`; the knobs in `_sim_options`; the narrated trace in
+`_sim_narrate`. The controls come from the one registry,
+`stockade.testing.mutants.MUTANTS`.
+
 Only ``random.Random(seed)`` is used, never the wall clock, and nothing
 iterates a ``set`` of strings, so ``stockade sim --seed S`` replays a run
 exactly, on any machine and under any ``PYTHONHASHSEED``.
@@ -26,17 +32,23 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
-from stockade.testing._sim_nodes import MUTANTS, Client, Coordinator, Node, Resource
+from stockade.testing._sim_client import Client
+from stockade.testing._sim_coordinator import Coordinator
+from stockade.testing._sim_narrate import narrate
+from stockade.testing._sim_nodes import Node, Resource
+from stockade.testing._sim_options import SimOptions
 from stockade.testing.checkers import CheckResult, Violation, check
 from stockade.testing.clock import SimClock, SimTime
-from stockade.testing.history import History, pair
+from stockade.testing.history import History
 from stockade.testing.linearizability import check_linearizable
-from stockade.testing.network import NetworkOptions, SimNetwork
+from stockade.testing.mutants import MUTANTS
+from stockade.testing.mutants import mutant as find_mutant
+from stockade.testing.network import SimNetwork
 
 __all__ = [
     "SimOptions",
@@ -54,106 +66,13 @@ _MS = 1_000_000
 _S = 1_000_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class SimOptions:
-    """Every knob of one simulated run. `SimOptions.swarm(rng)` draws them from a seed."""
-
-    clients: int = 3
-    scopes: int = 1
-    keys: int = 2
-    duration_ms: int = 5_000
-    ttl_ms: int = 500
-    lock_delay_ms: int = 0
-    drift_margin_percent: int = 10
-    think_max_ms: int = 20
-    poll_ms: int = 20
-    writes_per_lease_max: int = 8
-    write_retries: int = 2
-    read_probability: float = 0.2
-    misuse_probability: float = 0.0
-    stale_write_probability: float = 0.0
-    zombie_pause_probability: float = 0.0
-    network: NetworkOptions = field(default_factory=NetworkOptions)
-    partition_per_s: float = 0.0
-    coordinator_crash_per_s: float = 0.0
-    resource_crash_per_s: float = 0.0
-    restore_per_s: float = 0.0
-    backup_per_s: float = 0.0
-    pause_per_s: float = 0.0
-    clock_jump_per_s: float = 0.0
-    drift_ppm_max: int = 0
-    processing_max_us: int = 0
-    commit_max_us: int = 0
-    checkpoint_ms: int = 200
-
-    @classmethod
-    def swarm(cls, rng: random.Random) -> SimOptions:
-        """Draw a configuration: each fault on or off, and how hard, from ``rng``."""
-
-        def maybe(value: Any, off: Any = 0) -> Any:
-            return value if rng.random() < 0.5 else off
-
-        ttl_ms = rng.choice([200, 500, 1000])
-        network = NetworkOptions(
-            drop_probability=maybe(rng.choice([0.01, 0.05, 0.2]), 0.0),
-            duplicate_probability=maybe(rng.choice([0.02, 0.1, 0.3]), 0.0),
-            delay_min_ns=rng.choice([50_000, 500_000]),
-            delay_max_ns=rng.choice([1, 5, 30, 150]) * _MS,
-            slow_probability=maybe(rng.choice([0.01, 0.05]), 0.0),
-            slow_delay_max_ns=rng.choice([2, 4]) * ttl_ms * _MS,
-        )
-        return cls(
-            clients=rng.randint(1, 5),
-            scopes=rng.randint(1, 3),
-            keys=rng.randint(1, 3),
-            duration_ms=rng.choice([2_000, 4_000, 8_000]),
-            ttl_ms=ttl_ms,
-            lock_delay_ms=maybe(ttl_ms // 2),
-            drift_margin_percent=rng.choice([5, 10, 20]),
-            think_max_ms=rng.choice([1, 10, 50]),
-            poll_ms=rng.choice([5, 25]),
-            writes_per_lease_max=rng.choice([1, 4, 16]),
-            write_retries=rng.choice([0, 1, 3]),
-            read_probability=rng.choice([0.0, 0.2, 0.5]),
-            misuse_probability=maybe(0.02, 0.0),
-            stale_write_probability=maybe(rng.choice([0.02, 0.1]), 0.0),
-            zombie_pause_probability=maybe(rng.choice([0.01, 0.05, 0.2]), 0.0),
-            network=network,
-            partition_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
-            coordinator_crash_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
-            resource_crash_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
-            restore_per_s=maybe(rng.choice([0.2, 0.5]), 0.0),
-            backup_per_s=rng.choice([0.5, 2.0]),
-            pause_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
-            clock_jump_per_s=maybe(rng.choice([0.2, 1.0]), 0.0),
-            drift_ppm_max=maybe(rng.choice([200, 5_000, 50_000])),
-            processing_max_us=maybe(rng.choice([200, 2_000, 20_000])),
-            commit_max_us=maybe(rng.choice([500, 5_000])),
-            checkpoint_ms=rng.choice([50, 200, 1000]),
-        )
-
-    def describe(self) -> str:
-        """The knobs that are on, in one line."""
-        on = []
-        defaults = SimOptions()
-        for name, value in asdict(self).items():
-            if name == "network":
-                continue
-            if value != getattr(defaults, name) or name in ("clients", "scopes", "ttl_ms"):
-                on.append(f"{name}={value}")
-        n = self.network
-        on.append(f"drop={n.drop_probability} dup={n.duplicate_probability} delay<={n.delay_max_ns // 1000}us "
-                  f"slow={n.slow_probability}")
-        return " ".join(on)
-
-
 class World:
     """Everything in one simulated run: true time, the event queue, the processes, the history.
 
     Args:
         seed: the only source of randomness.
         options: the knobs (default: drawn from ``seed`` by `SimOptions.swarm`).
-        mutant: a name from `MUTANTS`, or None for the real protocol.
+        mutant: a name from `stockade.testing.mutants.MUTANTS`, or None for the real protocol.
         manual_network: messages wait for `deliver`/`drop`/`duplicate` (for stateful tests).
         autopilot: clients run the built-in workload and the nemesis runs; off for stateful tests.
     """
@@ -167,8 +86,7 @@ class World:
         manual_network: bool = False,
         autopilot: bool = True,
     ) -> None:
-        if mutant is not None and mutant not in MUTANTS:
-            raise InvalidArgument("mutant", f"must be one of {', '.join(MUTANTS)}, got {mutant!r}")
+        find_mutant(mutant)  # refuses an unknown name
         self.seed = seed
         self.rng = random.Random(seed)
         self.options = options if options is not None else SimOptions.swarm(self.rng)
@@ -378,7 +296,7 @@ class World:
             return
         failover = self.nemesis_rng.random() < 0.5
         clock = self._new_clock() if failover else coordinator.clock
-        coordinator.restart(clock)
+        coordinator.restart(clock, same_clock=not failover)
         self.history.nemesis(self.time.now_ns, "restart-coordinator", value={
             "failover": failover, "last_token": {s: r.last_token for s, r in coordinator.durable.items()}})
 
@@ -572,75 +490,3 @@ def run_campaign(
 
 def replay_command(seed: int, mutant: str | None = None) -> str:
     return f"stockade sim --seed {seed}" + (f" --mutant {mutant}" if mutant else "")
-
-
-def _seconds(t_ns: float) -> str:
-    return f"{t_ns / _S:9.6f}s"
-
-
-def narrate(result: RunResult, violation: Violation | None = None, *, context: int = 12) -> str:
-    """A minimal narrated trace of a violation: the offending operations and what led up to them.
-
-    Shows the faults, lease grants and notes of the offending scope from a
-    little before the first offending operation to the last one, and every
-    operation of the offending processes in that window.
-    """
-    violation = violation or (result.violations[0] if result.violations else None)
-    records = result.history
-    ops = pair(records)
-    by_invoke = {op.invoke_index: op for op in ops}
-    lines = [f"seed {result.seed}" + (f", mutant {result.mutant}" if result.mutant else "")]
-    lines.append(f"options: {result.options.describe()}")
-    if violation is None:
-        return "\n".join(lines + ["no violation"])
-    lines.append(str(violation))
-    offending = [by_invoke[i] for i in violation.indices if i in by_invoke]
-    if not offending:
-        return "\n".join(lines)
-    scopes = {op.scope for op in offending}
-    processes = {op.process for op in offending}
-    first = min(op.invoke_index for op in offending)
-    last = max(op.complete_index if op.complete_index is not None else op.invoke_index for op in offending)
-    # Start a few records before the first offending operation, or where its process got its lease.
-    leases = [op.invoke_index for op in ops if op.process in processes and op.f == "acquire" and op.type == "ok"
-              and op.scope in scopes and op.invoke_index < first]
-    start = max(0, min(first - context, max(leases) if leases else first))
-    lines.append("trace:")
-    shown = 0
-    for index in range(start, last + 1):
-        record = records[index]
-        process = record.get("process")
-        if process in ("nemesis", "note"):
-            value = record.get("value")
-            if process == "note" and not any(str(value).startswith(f"c{p} ") for p in processes):
-                continue
-            detail = value if isinstance(value, str) else _fault_text(record.get("f", ""), value)
-            lines.append(f"  {_seconds(record['t_ns'])}  {'~~':>4} {detail}")
-            shown += 1
-            continue
-        op = by_invoke.get(index)
-        if op is None:
-            continue
-        relevant = op.process in processes or (op.scope in scopes and op.f == "acquire" and op.type == "ok")
-        relevant = relevant or op in offending
-        if not relevant or op.final:
-            continue
-        mark = "!!" if op in offending else "  "
-        end = "  ...unknown" if op.complete_ns == float("inf") else f"→{_seconds(op.complete_ns).strip()}"
-        lines.append(f"  {_seconds(op.invoke_ns)}  {mark:>4} {op.describe()}  ({end})")
-        shown += 1
-    lines.append(f"({shown} of {last + 1 - start} records in the window shown)")
-    return "\n".join(lines)
-
-
-def _fault_text(f: str, value: Any) -> str:
-    if not isinstance(value, dict):
-        return f
-    if f == "restore":
-        return (f"restore from backup at commit {value.get('backup_commit_seq')}: floor {value.get('floor')}, "
-                f"high-water now {value.get('high_water')}, rolled back {len(value.get('rolled_back', []))} writes")
-    if f in ("pause", "clock-jump"):
-        return f"{f} {value.get('process')} {value.get('ms')} ms" + (
-            f" ({value['reason']})" if value.get("reason") else "")
-    return f"{f} {value}"
-

@@ -16,7 +16,7 @@ turns a document back into the same exception with `error_for`. Both read
     lease-error, lease-lost  410     -
     unauthorized             401     Unauthorized
     backend-unavailable      503     BackendUnavailable
-    invariant-violation      500     InvariantViolation (a bug; the body has no detail)
+    invariant-violation      500     InvariantViolation (a bug, outside the StockadeError tree; no detail)
     stockade-error           500     -
     not-found                404     InvalidArgument   (protocol-level: no exception class on the server)
     method-not-allowed       405     InvalidArgument
@@ -134,7 +134,7 @@ def problem_document(code: str, *, status: int | None = None, detail: str | None
     return status, document
 
 
-def problem_of(error: StockadeError, *, body_field: bool = False) -> tuple[int, dict[str, Any]]:
+def problem_of(error: StockadeError | InvariantViolation, *, body_field: bool = False) -> tuple[int, dict[str, Any]]:
     """The status and document for ``error``, by its ``code``; a 5xx has no detail.
 
     Args:
@@ -180,7 +180,7 @@ def error_for(
     wait_ms: int | None = None,
     lease_id: str | None = None,
     token: FencingToken | None = None,
-) -> tuple[StockadeError, RemoteProblem]:
+) -> tuple[StockadeError | InvariantViolation, RemoteProblem]:
     """The typed error for a problem answer, and the problem to chain it from.
 
     Mapped by the code of the problem ``type`` (`PROBLEM_TYPES`); an answer
@@ -192,7 +192,7 @@ def error_for(
     problem = RemoteProblem(status, doc)
     code = code_of(doc)
     detail = str(doc.get("detail") or doc.get("title") or f"HTTP {status}")
-    error: StockadeError
+    error: StockadeError | InvariantViolation
     if code == "stale-token":
         high_water = doc.get("high_water")
         rejected: object = token

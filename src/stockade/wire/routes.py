@@ -138,7 +138,8 @@ _BODY = (
     Answer(422, ("invalid-argument",), "Well-formed JSON body with a bad field."),
 )
 _WRITE = (
-    Answer(409, ("stale-token", "token-mismatch"), "stale-token (with token and high_water) or token-mismatch (with reason)."),
+    Answer(409, ("stale-token", "token-mismatch"),
+           "stale-token (with token and high_water) or token-mismatch (with reason)."),
     Answer(413, ("limit-exceeded",), "Value too large."),
     Answer(415, ("unsupported-media-type",), "Wrong content type."),
     Answer(429, ("limit-exceeded",), "A store bound was reached."),

@@ -1,1 +1,1 @@
-"""The async client: the one source the sync client is generated from."""
+"""The client, written once as async code; the sync client in _sync/ is generated from it."""

@@ -14,7 +14,7 @@ from stockade.coordinators.registry import Capability
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine
-from stockade.core.errors import LockTimeout, invariant
+from stockade.core.errors import InvariantViolation, LockTimeout, invariant
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Item, WriteResult
 from stockade.resources.port import FencedStorePort
@@ -77,8 +77,10 @@ class AsyncEmbeddedCoordinatorPort:
             try:
                 self.engine.cancel_wait(scope, lease_id)
                 self.engine.release(lease_id)
-            except Exception:
-                pass  # the lease, if any, expires by TTL
+            except InvariantViolation:
+                raise  # a bug: shown, chained to what interrupted the acquire
+            except Exception:  # noqa: BLE001 - best effort: the lease, if any, expires by TTL
+                pass
             raise
 
     async def renew(self, lease_id: str) -> None:
@@ -102,7 +104,7 @@ class AsyncEmbeddedCoordinatorPort:
 
 
 class AsyncEmbeddedStorePort:
-    """Any in-process fenced store (`FencedStorePort`: SQLite, memory, ...) behind the async client."""
+    """Any in-process fenced store (`FencedStorePort`: SQLite, memory, ...) behind the client."""
 
     def __init__(self, engine: FencedStorePort) -> None:
         self.engine = engine

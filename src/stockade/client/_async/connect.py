@@ -13,7 +13,8 @@ from stockade.coordinators.registry import Capability, coordinator_backend
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import validate_cluster_id
-from stockade.resources.registry import SCHEMES as STORE_SCHEMES, open_resource, scheme_of
+from stockade.resources.registry import SCHEMES as STORE_SCHEMES
+from stockade.resources.registry import open_resource, scheme_of
 
 __all__ = ["connect_async", "open_store_async"]
 

@@ -1,4 +1,4 @@
-"""The async client: coordinator handle, leases with keepalive, the lock block."""
+"""The client: coordinator handle, leases with keepalive, the lock block."""
 
 from __future__ import annotations
 
@@ -14,8 +14,15 @@ from stockade.clock import SystemClock
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
-from stockade.core.errors import LeaseLost, NotHolder, StockadeError
-from stockade.core.limits import LIST_PAGE_MAX, validate_holder, validate_int, validate_scope, validate_ttl_ms, validate_wait_ms
+from stockade.core.errors import InvariantViolation, LeaseLost, NotHolder, StockadeError
+from stockade.core.limits import (
+    LIST_PAGE_MAX,
+    validate_holder,
+    validate_int,
+    validate_scope,
+    validate_ttl_ms,
+    validate_wait_ms,
+)
 from stockade.core.tokens import FencingToken
 
 __all__ = ["AsyncCoordinator", "AsyncLease"]
@@ -55,6 +62,8 @@ class AsyncLease:
         self._lost_cause = ""
         self._released = False
         self._keepalive_handle: Any = None
+        self._keepalive_bug: InvariantViolation | None = None
+        self._enclosing: Any = None  # the lease of the enclosing lock() block, if any
 
     def __repr__(self) -> str:
         return f"<Lease scope={self.scope!r} token={self.token.value} lost={self.lost}>"
@@ -127,7 +136,13 @@ class AsyncLease:
         self._deadline_ns = max(self._deadline_ns, deadline_ns)
 
     async def release(self) -> None:
-        """Stop the keepalive and release the lease. Idempotent."""
+        """Stop the keepalive and release the lease. Idempotent.
+
+        Raises:
+            InvariantViolation: the keepalive stopped on a bug in stockade (after
+                the lease is released), so that the bug is not lost in a background
+                task.
+        """
         self._stop.set()
         if self._keepalive_handle is not None:
             await AsyncIO.join(self._keepalive_handle)
@@ -135,6 +150,9 @@ class AsyncLease:
         if not self._released:
             self._released = True
             await self._port.release(self._lease_id)
+        bug, self._keepalive_bug = self._keepalive_bug, None
+        if bug is not None:
+            raise bug
 
     def _start_keepalive(self) -> None:
         self._keepalive_handle = AsyncIO.spawn(self._keepalive, name=f"stockade-keepalive-{self.scope}")
@@ -150,7 +168,13 @@ class AsyncLease:
                     break
                 except LeaseLost:
                     return
-                except Exception as exc:  # backend trouble: retry until the local deadline
+                except InvariantViolation as exc:
+                    # A bug, not backend trouble: retrying would only hide it. Nobody can
+                    # vouch for the lease any more, so it is lost; release() raises the bug.
+                    self._keepalive_bug = exc
+                    self._mark_lost(f"bug while renewing: {exc}")
+                    return
+                except Exception as exc:  # noqa: BLE001 - backend trouble: retry until the local deadline
                     log.info("renewal failed, retrying", extra={"scope": self.scope, "error": repr(exc)})
                     retry_s = min(RENEW_RETRY_MS / 1000, max(0.0, (self._deadline_ns - self._clock.now_ns()) / 1e9))
                     if await AsyncIO.wait_event(self._stop, retry_s):
@@ -230,9 +254,15 @@ class AsyncCoordinator:
         """``async with coord.lock(scope, ttl_ms=...) as lease:`` — acquire, keep alive, release.
 
         Inside the block the lease is the context's current lease, so store
-        writes without an explicit ``token=`` carry its token (K1).
+        writes to ``scope`` without an explicit ``token=`` carry its token (K1).
+        Blocks nest: a write to the scope of an outer block uses the outer
+        block's lease, whatever is held inside it.
         """
         lease = await self.acquire(scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        # The blocks open in this context form a stack: each lease links to the
+        # one it is nested in, so a write finds the lease of *its* scope, not just
+        # the innermost one (`lease_in_context`).
+        lease._enclosing = CURRENT_LEASE.get()
         context_token = CURRENT_LEASE.set(lease)
         try:
             yield lease

@@ -1,19 +1,48 @@
-"""The async fenced-store client: every write carries a token (K1)."""
+"""The fenced-store client: every write carries a token (K1)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from stockade.client._shared import resolve_token
+from stockade.client._shared import CURRENT_LEASE, resolve_token
+from stockade.core.errors import InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
 from stockade.resources.store import Item, WriteResult
 
-__all__ = ["AsyncFencedStore"]
+__all__ = ["AsyncFencedStore", "lease_in_context"]
+
+
+def lease_in_context(scope: str) -> Any:
+    """The lease of the innermost ``lock()`` block on ``scope`` open in this context.
+
+    `lock()` blocks nest as a stack per context (thread or task): each lease
+    links to the one it is nested in. The search walks that stack from the
+    innermost block out, so a write to an outer block's scope carries the
+    outer lease even while an inner block on another scope is open.
+
+    Raises:
+        InvalidArgument: no ``lock()`` block on ``scope`` is open in this context.
+    """
+    lease = CURRENT_LEASE.get()
+    while lease is not None:
+        if getattr(lease, "scope", None) == scope:
+            return lease
+        lease = getattr(lease, "_enclosing", None)
+    raise InvalidArgument("token", f"no token given and no lease on {scope!r} held in this context")
+
+
+def _token_for(scope: str, token: object) -> object:
+    if token is not None:
+        return resolve_token(token)
+    if not isinstance(scope, str):
+        return resolve_token(None)  # the port reports the bad scope; no lease can match it
+    return resolve_token(lease_in_context(scope))
 
 
 class AsyncFencedStore:
     """A fenced key-value store. Writes take ``token=`` (a token, its encoded
-    string, or a lease); without it, the lease of the enclosing ``lock()``.
+    string, or a lease); without it, the lease of the innermost enclosing
+    ``lock()`` block on the write's scope.
 
     A rejected write raises `StaleToken` or `TokenMismatch` and changed
     nothing. Never retry it with the same token (K3): re-acquire, read, reconcile.
@@ -43,13 +72,13 @@ class AsyncFencedStore:
             InvalidArgument: bad scope, key, value or token. Nothing changed.
             LeaseLost: the lease named is known to be lost. Nothing sent.
         """
-        return await self._port.put(scope, key, value, token=resolve_token(token), idempotency_key=idempotency_key)
+        return await self._port.put(scope, key, value, token=_token_for(scope, token), idempotency_key=idempotency_key)
 
     async def delete(
         self, scope: str, key: str, *, token: object = None, idempotency_key: str | None = None
     ) -> WriteResult:
         """Delete (scope, key) under the fence rule; deleting a missing key still advances the mark."""
-        return await self._port.delete(scope, key, token=resolve_token(token), idempotency_key=idempotency_key)
+        return await self._port.delete(scope, key, token=_token_for(scope, token), idempotency_key=idempotency_key)
 
     async def get(self, scope: str, key: str) -> Item | None:
         validate_scope(scope)

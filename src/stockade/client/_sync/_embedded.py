@@ -3,7 +3,7 @@
 
 Any `stockade.core.engine.LeaseEngine` serves here, whatever its record
 store. The engines are blocking and answer at once; waiting for a busy scope is a
-poll loop here, with a deadline and a bounded interval, so that the sync
+poll loop here, with a deadline and a bounded interval, so that the async
 client never blocks its event loop and the sync client never blocks forever.
 """
 
@@ -15,7 +15,7 @@ from stockade.coordinators.registry import Capability
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine
-from stockade.core.errors import LockTimeout, invariant
+from stockade.core.errors import InvariantViolation, LockTimeout, invariant
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Item, WriteResult
 from stockade.resources.port import FencedStorePort
@@ -78,8 +78,10 @@ class EmbeddedCoordinatorPort:
             try:
                 self.engine.cancel_wait(scope, lease_id)
                 self.engine.release(lease_id)
-            except Exception:
-                pass  # the lease, if any, expires by TTL
+            except InvariantViolation:
+                raise  # a bug: shown, chained to what interrupted the acquire
+            except Exception:  # noqa: BLE001 - best effort: the lease, if any, expires by TTL
+                pass
             raise
 
     def renew(self, lease_id: str) -> None:
@@ -103,7 +105,7 @@ class EmbeddedCoordinatorPort:
 
 
 class EmbeddedStorePort:
-    """Any in-process fenced store (`FencedStorePort`: SQLite, memory, ...) behind the sync client."""
+    """Any in-process fenced store (`FencedStorePort`: SQLite, memory, ...) behind the client."""
 
     def __init__(self, engine: FencedStorePort) -> None:
         self.engine = engine

@@ -14,7 +14,8 @@ from stockade.coordinators.registry import Capability, coordinator_backend
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import validate_cluster_id
-from stockade.resources.registry import SCHEMES as STORE_SCHEMES, open_resource, scheme_of
+from stockade.resources.registry import SCHEMES as STORE_SCHEMES
+from stockade.resources.registry import open_resource, scheme_of
 
 __all__ = ["connect", "open_store"]
 
@@ -22,7 +23,7 @@ __all__ = ["connect", "open_store"]
 def _remote_cluster_id(endpoint: HTTPEndpoint) -> str:
     """The server's cluster id, by one blocking round trip when the handle is opened.
 
-    Blocking on purpose, in the sync client too: ``coord.cluster_id`` must be
+    Blocking on purpose, in the async client too: ``coord.cluster_id`` must be
     known as soon as `connect` returns, and this is one loopback-scale
     request bounded by the connect and request timeouts.
     """

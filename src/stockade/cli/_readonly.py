@@ -1,0 +1,149 @@
+"""Reading the coordinator and store files without writing or creating anything (``stockade status``).
+
+`status` must work where the data directory cannot be written: a read-only
+mount, a directory the user may only read, a full disk. Opening the files the
+normal way writes (the ``.lock`` claim file, the WAL switch, the boot-id check
+and the restart rule), so `status` reads them here instead:
+
+- If the file's ``-wal`` and ``-shm`` both exist (a process has it open, or
+  one crashed), it is opened with SQLite's ``mode=ro``: a read-only
+  connection that still sees the live WAL and takes the shared read lock, and
+  creates no file because both already exist.
+- Otherwise (no WAL: every change is in the main file, or the directory does
+  not let SQLite use the WAL) it is opened with ``immutable=1``: no lock, no
+  side file. A change committed at the same moment can make that read fail;
+  it is retried once. A ``-wal`` that exists but cannot be read this way is
+  reported as such: what is shown then is the last checkpointed state.
+
+The rows are read in one read transaction per file, and the coordinator's
+leases are judged by the same rules the coordinator applies (including the
+restart rule when the host rebooted since the file was last opened).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import quote
+
+from stockade.coordinators import sqlite as coordinator_files
+from stockade.core import leases as rules
+from stockade.core.errors import BackendUnavailable
+from stockade.core.tokens import FencingToken
+from stockade.resources import _sqlite_files as store_files
+
+__all__ = ["CoordinatorSnapshot", "read_coordinator", "read_high_waters"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSnapshot:
+    cluster_id: str
+    scopes: list[rules.ScopeInfo]
+    note: str | None  # set when the live WAL could not be read
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tuple[T, str | None]:
+    """``body(conn)`` on a read-only connection to ``path``, in one read transaction."""
+    if not path.is_file():
+        raise BackendUnavailable(f"{path} is not a file")
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    uri = "file:" + quote(str(path.absolute()))
+    attempts: list[tuple[str, str | None]] = []
+    if wal.exists() and shm.exists():
+        attempts.append(("mode=ro", None))
+    stale: str | None = None
+    if wal.exists() and wal.stat().st_size > 0:
+        stale = f"{wal} could not be read; showing {path.name} as last checkpointed"
+    attempts += [("immutable=1", stale), ("immutable=1", stale)]  # once more if a checkpoint raced the read
+    error: Exception | None = None
+    for i, (mode, note) in enumerate(attempts):
+        try:
+            conn = sqlite3.connect(f"{uri}?{mode}", uri=True, isolation_level=None)
+        except sqlite3.Error as exc:
+            error = exc
+            continue
+        try:
+            conn.execute("BEGIN")
+            return body(conn), note
+        except sqlite3.Error as exc:
+            error = exc
+            if i + 1 < len(attempts) and attempts[i + 1][0] == mode:
+                time.sleep(0.05)
+        finally:
+            conn.close()
+    raise BackendUnavailable(f"cannot read the {what} file {path}: {error}")
+
+
+def read_coordinator(path: Path, now_ns: int, limit: int) -> CoordinatorSnapshot:
+    """The first ``limit`` scopes of the coordinator file at ``path``, as ``status`` shows it, read-only.
+
+    Raises:
+        BackendUnavailable: not a readable coordinator file of a supported version.
+    """
+    policy = rules.LeasePolicy()
+
+    def body(conn: sqlite3.Connection) -> tuple[str, list[rules.ScopeInfo]]:
+        meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+        if "cluster_id" not in meta or meta.get("schema_version") != coordinator_files.SCHEMA_VERSION:
+            raise BackendUnavailable(
+                f"{path}: not a stockade coordinator file of schema version {coordinator_files.SCHEMA_VERSION}"
+            )
+        cluster = meta["cluster_id"]
+        rebooted = meta.get("boot_id") != _boot_id()
+        leases = {
+            row[0]: rules.Lease(row[1], row[2], FencingToken(cluster, row[0], row[3]), *row[4:])
+            for row in conn.execute(
+                "SELECT scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM leases"
+            )
+        }
+        waiters: dict[str, list[rules.Waiter]] = {}
+        for scope, *waiter in conn.execute(
+            "SELECT scope, lease_id, holder, deadline_ns, stale_ns FROM waiters ORDER BY scope, seq"
+        ):
+            waiters.setdefault(scope, []).append(rules.Waiter(*waiter))
+        infos = []
+        for scope, last_token, delay_until_ns in conn.execute(
+            "SELECT scope, last_token, delay_until_ns FROM scopes ORDER BY scope LIMIT ?", (limit,)
+        ):
+            record = rules.ScopeRecord(
+                scope, last_token=last_token, lease=leases.get(scope), delay_until_ns=delay_until_ns,
+                waiters=tuple(waiters.get(scope, ())),
+            )
+            if rebooted:  # what the next opener will do (C3): the stored times are on a clock that is gone
+                record = rules.recover(record, now_ns, policy, same_clock=False)
+            infos.append(rules.describe(record, now_ns, policy))
+        return cluster, infos
+
+    (cluster, infos), note = _read(path, "coordinator", body)
+    return CoordinatorSnapshot(cluster, infos, note)
+
+
+def read_high_waters(path: Path) -> tuple[dict[str, int], str | None]:
+    """Every scope's high-water mark in the store file at ``path``, read-only.
+
+    Raises:
+        BackendUnavailable: not a readable store file of a supported version.
+    """
+
+    def body(conn: sqlite3.Connection) -> dict[str, int]:
+        meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+        if meta.get("kind") != store_files.STORE_KIND or meta.get("schema_version") != store_files.SCHEMA_VERSION:
+            raise BackendUnavailable(
+                f"{path}: not a stockade store file of schema version {store_files.SCHEMA_VERSION}"
+            )
+        return dict(conn.execute("SELECT scope, high_water FROM hwm ORDER BY scope").fetchall())
+
+    return _read(path, "store", body)

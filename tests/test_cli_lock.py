@@ -1,0 +1,235 @@
+"""``stockade lock -- CMD`` under real signals: CMD never outlives the lock, the lease outlives CMD.
+
+Everything here is judged by counts and order, never by sleeping a fixed time:
+conditions are polled with generous bounds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import python_env
+
+import stockade
+
+STOCKADE = [sys.executable, "-m", "stockade"]
+BOUND_S = 30.0
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    return {**python_env(), "STOCKADE_DATA": str(tmp_path / "data")}
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody reaps, e.g. under a PID 1 that does not reap, is dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def poll(condition, bound_s: float = BOUND_S) -> bool:
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def start_lock(tmp_path: Path, scope: str, cmd: list[str], *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        STOCKADE + ["lock", scope, *extra, "--", *cmd],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path),
+    )
+
+
+def run_lock(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(STOCKADE + ["lock", *args], capture_output=True, text=True, env=env_for(tmp_path),
+                          timeout=60)
+
+
+def test_cmd_dies_when_stockade_lock_is_sigkilled(tmp_path):
+    runs = 20
+    locks = [start_lock(tmp_path, f"kill{i}", ["sh", "-c", "echo $$; exec sleep 300"]) for i in range(runs)]
+    children: list[int] = []
+    try:
+        for lock in locks:
+            children.append(int(lock.stdout.readline()))  # CMD runs (it is exec'd sleep under this pid)
+        assert all(alive(pid) for pid in children)
+        for lock in locks:
+            lock.send_signal(signal.SIGKILL)
+        for lock in locks:
+            assert lock.wait(timeout=BOUND_S) == -signal.SIGKILL
+        poll(lambda: not any(alive(pid) for pid in children))
+        survived = sum(alive(pid) for pid in children)
+        print(f"\nCMD survived {survived} of {runs} SIGKILLs of stockade lock")
+        assert survived == 0
+    finally:
+        for pid in children:
+            kill_quietly(pid)
+        for lock in locks:
+            kill_quietly(lock.pid)
+            lock.wait()
+            lock.stdout.close()
+            lock.stderr.close()
+
+
+IGNORES_SIGTERM = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: print('term', flush=True))\n"
+    "print(os.getpid(), flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_sigterm_ignoring_cmd_is_killed_after_grace_and_lease_released(tmp_path):
+    runs = 10
+    locks = [start_lock(tmp_path, f"term{i}", [sys.executable, "-c", IGNORES_SIGTERM], "--grace-ms", "300")
+             for i in range(runs)]
+    children: list[int] = []
+    try:
+        for lock in locks:
+            children.append(int(lock.stdout.readline()))
+        for lock in locks:
+            lock.send_signal(signal.SIGTERM)
+        statuses = []
+        deadline = time.monotonic() + BOUND_S
+        for lock in locks:
+            try:
+                statuses.append(lock.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                statuses.append(None)
+        running = sum(alive(pid) for pid in children)
+        print(f"\n{running} of {runs} SIGTERM-ignoring CMDs still running after grace; exit statuses {statuses}")
+        assert running == 0
+        assert statuses == [137] * runs
+        for lock in locks:
+            assert lock.stdout.readline().strip() == "term"  # SIGTERM was forwarded first
+            assert "killing it" in lock.stderr.read()
+        # the lease was released: the scopes are free at once
+        for i in range(runs):
+            assert run_lock(tmp_path, f"term{i}", "--", "true").returncode == 0
+    finally:
+        for pid in children:
+            kill_quietly(pid)
+        for lock in locks:
+            kill_quietly(lock.pid)
+            lock.wait()
+            lock.stdout.close()
+            lock.stderr.close()
+
+
+# On SIGTERM, CMD itself tries to take its own scope: it must find it still held
+# (the lease is released only once CMD is gone), then it goes on ignoring SIGTERM.
+CHECKS_LEASE_ON_SIGTERM = (
+    "import os, signal, time, stockade\n"
+    "coord = stockade.connect('sqlite://' + os.environ['STOCKADE_DATA'] + '/coord.db')\n"
+    "def on_term(*_):\n"
+    "    try:\n"
+    "        coord.acquire(os.environ['STOCKADE_SCOPE'], ttl_ms=1000).release(); print('free', flush=True)\n"
+    "    except stockade.LockTimeout:\n"
+    "        print('held', flush=True)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_lease_is_released_only_after_cmd_is_gone(tmp_path):
+    lock = start_lock(tmp_path, "order", [sys.executable, "-c", CHECKS_LEASE_ON_SIGTERM], "--grace-ms", "5000")
+    try:
+        assert lock.stdout.readline().strip() == "ready"
+        lock.send_signal(signal.SIGTERM)
+        assert lock.stdout.readline().strip() == "held"
+        assert lock.wait(timeout=BOUND_S) == 137
+        coord = stockade.connect(f"sqlite://{tmp_path / 'data' / 'coord.db'}")
+        try:
+            info = coord.inspect("order")
+            assert info.state.value == "free" and info.last_token == 1
+        finally:
+            coord.close()
+    finally:
+        kill_quietly(lock.pid)
+        lock.wait()
+        lock.stdout.close()
+        lock.stderr.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT])
+def test_signals_are_forwarded_to_cmd(tmp_path, signum):
+    script = ("import signal, sys, time\n"
+              f"signal.signal({int(signum)}, lambda *_: sys.exit(0))\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(300)\n")
+    lock = start_lock(tmp_path, "fwd", [sys.executable, "-c", script])
+    try:
+        assert lock.stdout.readline().strip() == "ready"
+        lock.send_signal(signum)
+        assert lock.wait(timeout=BOUND_S) == 0  # CMD handled it and exited 0
+    finally:
+        kill_quietly(lock.pid)
+        lock.wait()
+        lock.stdout.close()
+        lock.stderr.close()
+
+
+def test_command_not_executable_126_not_found_127(tmp_path):
+    not_executable = tmp_path / "script.sh"
+    not_executable.write_text("#!/bin/sh\necho hi\n")
+    not_executable.chmod(0o644)
+    cases = [
+        ([str(not_executable)], 126, "cannot execute"),
+        ([str(tmp_path)], 126, "cannot execute"),
+        (["stockade-no-such-command-xyz"], 127, "command not found"),
+        ([str(tmp_path / "missing")], 127, "no such file"),
+    ]
+    for cmd, expected, message in cases:
+        result = run_lock(tmp_path, "exec", "--", *cmd)
+        assert result.returncode == expected, (cmd, result.returncode, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # nothing was left held
+    assert run_lock(tmp_path, "exec", "--", "true").returncode == 0
+
+
+def test_ctrl_c_while_waiting_exits_130_without_traceback(tmp_path):
+    sleeper = "import time; print('in', flush=True); time.sleep(300)"
+    holder = start_lock(tmp_path, "wait", [sys.executable, "-c", sleeper])
+    waiter = None
+    coord = None
+    try:
+        assert holder.stdout.readline().strip() == "in"
+        waiter = start_lock(tmp_path, "wait", ["true"], "--wait-ms", "120000")
+        coord = stockade.connect(f"sqlite://{tmp_path / 'data' / 'coord.db'}")
+        assert poll(lambda: coord.inspect("wait").waiters == 1), "the waiter never queued"
+        waiter.send_signal(signal.SIGINT)
+        assert waiter.wait(timeout=BOUND_S) == 130
+        stderr = waiter.stderr.read()
+        assert "Traceback" not in stderr and "interrupted" in stderr, stderr
+        assert holder.poll() is None  # the holder is untouched
+    finally:
+        if coord is not None:
+            coord.close()
+        for proc in (holder, waiter):
+            if proc is not None:
+                kill_quietly(proc.pid)
+                proc.wait()
+                proc.stdout.close()
+                proc.stderr.close()
