@@ -345,8 +345,8 @@ class HTTPCoordinatorPort:
             timeout_ms = min(timeout_ms, max(RENEW_TIMEOUT_MS_MIN, ttl_ms // 3))
         sent_ns = self.clock.now_ns()
         response = self._client.request(
-            _RENEW.method, _RENEW.target(lease_id=lease_id), body=b"{}", content_type=codecs.JSON, timeout_ms=timeout_ms,
-            idempotent=True,
+            _RENEW.method, _RENEW.target(lease_id=lease_id), body=b"{}", content_type=codecs.JSON,
+            timeout_ms=timeout_ms, idempotent=True,
         )
         if response.status != 200:
             error, problem = error_for(response, lease_id=lease_id)
@@ -358,7 +358,8 @@ class HTTPCoordinatorPort:
     def release(self, lease_id: str) -> bool:
         """Release; idempotent. ``released`` is True if this port held the lease until now."""
         response = self._client.request(
-            _RELEASE.method, _RELEASE.target(lease_id=lease_id), timeout_ms=self._client.endpoint.timeout_ms, idempotent=True
+            _RELEASE.method, _RELEASE.target(lease_id=lease_id), timeout_ms=self._client.endpoint.timeout_ms,
+            idempotent=True,
         )
         if response.status not in (200, 204):
             error, problem = error_for(response, lease_id=lease_id)
