@@ -18,7 +18,6 @@ long-polling acquire drops its place in the queue).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
@@ -27,6 +26,9 @@ from typing import Any
 
 import httptools
 
+from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
+from stockade.wire.problems import PROBLEM_TYPE_PREFIX, problem_document
+
 __all__ = [
     "Request",
     "Response",
@@ -34,11 +36,9 @@ __all__ = [
     "HttpProtocol",
     "ConnectionLimits",
     "json_response",
+    "problem",
     "problem_response",
-    "PROBLEM_BASE",
 ]
-
-PROBLEM_BASE = "https://stockade.invalid/problems/"
 
 URL_BYTES_MAX = 8 * 1024
 HEADERS_MAX = 64
@@ -101,30 +101,37 @@ class Response:
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (b"" if self.status == 204 else self.body)
 
 
-_dumps = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
-
-
 def json_response(status: int, document: Any, headers: list[tuple[str, str]] | None = None) -> Response:
-    return Response(status, _dumps(document).encode("ascii"), "application/json", headers)
+    return Response(status, dumps(document), JSON, headers)
+
+
+def problem(code: str, detail: str | None = None, *, status: int | None = None,
+            extra: dict[str, Any] | None = None, headers: list[tuple[str, str]] | None = None) -> Response:
+    """An RFC 9457 problem document of type ``code``: title and usual status from `stockade.wire.problems`.
+
+    ``detail`` never carries a traceback or a secret.
+    """
+    status, document = problem_document(code, status=status, detail=detail, extra=extra)
+    return Response(status, dumps(document), PROBLEM_JSON, headers)
 
 
 def problem_response(status: int, code: str, title: str, detail: str | None = None,
                      extra: dict[str, Any] | None = None, headers: list[tuple[str, str]] | None = None) -> Response:
-    """An RFC 9457 problem document. ``detail`` never carries a traceback or a secret."""
-    document: dict[str, Any] = {"type": PROBLEM_BASE + code, "title": title, "status": status}
+    """A problem document with an explicit title (the test controls build theirs so); prefer `problem`."""
+    document: dict[str, Any] = {"type": PROBLEM_TYPE_PREFIX + code, "title": title, "status": status}
     if detail:
         document["detail"] = detail
     if extra:
         document.update(extra)
-    return Response(status, _dumps(document).encode("ascii"), "application/problem+json", headers)
+    return Response(status, dumps(document), PROBLEM_JSON, headers)
 
 
 class HttpError(Exception):
     """Raised by the transport layer itself (size, framing); carries the problem to send."""
 
-    def __init__(self, status: int, code: str, title: str, detail: str) -> None:
+    def __init__(self, status: int, code: str, detail: str) -> None:
         super().__init__(detail)
-        self.response = problem_response(status, code, title, detail)
+        self.response = problem(code, detail, status=status)
 
 
 Dispatch = Callable[[Request], "Response | Awaitable[Response]"]
@@ -228,14 +235,14 @@ class HttpProtocol(asyncio.Protocol):
         except HttpError as exc:
             self._fail(exc.response)
         except httptools.HttpParserUpgrade:
-            self._fail(problem_response(400, "invalid-argument", "Invalid argument", "protocol upgrade is not supported"))
+            self._fail(problem("invalid-argument", "protocol upgrade is not supported"))
         except httptools.HttpParserError as exc:
             # httptools wraps an exception raised in a callback: answer with the one we raised.
             cause = exc.__context__ or exc.__cause__
             if isinstance(cause, HttpError):
                 self._fail(cause.response)
             else:
-                self._fail(problem_response(400, "invalid-argument", "Invalid argument", "malformed HTTP request"))
+                self._fail(problem("invalid-argument", "malformed HTTP request"))
 
     def eof_received(self) -> bool | None:
         return False  # close: a half-closed peer cannot read a long-poll's answer anyway
@@ -249,12 +256,12 @@ class HttpProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > URL_BYTES_MAX:
-            raise HttpError(414, "limit-exceeded", "Limit exceeded", f"URL longer than {URL_BYTES_MAX} bytes")
+            raise HttpError(414, "limit-exceeded", f"URL longer than {URL_BYTES_MAX} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > HEADER_BYTES_MAX or len(self._headers) >= HEADERS_MAX:
-            raise HttpError(431, "limit-exceeded", "Limit exceeded",
+            raise HttpError(431, "limit-exceeded",
                             f"at most {HEADERS_MAX} headers and {HEADER_BYTES_MAX} bytes of them")
         key = name.decode("latin-1").lower()
         if key in self._headers:
@@ -265,19 +272,19 @@ class HttpProtocol(asyncio.Protocol):
         try:
             parsed = httptools.parse_url(self._url)
         except httptools.HttpParserInvalidURLError:
-            raise HttpError(400, "invalid-argument", "Invalid argument", "malformed request target") from None
+            raise HttpError(400, "invalid-argument", "malformed request target") from None
         path = (parsed.path or b"/").decode("latin-1")
         self._body_max = self._body_limit(path)
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self._body_max:
             # Answer before reading the body (the bound is enforced, not merely checked afterwards).
-            raise HttpError(413, "limit-exceeded", "Limit exceeded",
+            raise HttpError(413, "limit-exceeded",
                             f"request body larger than {self._body_max} bytes")
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
         if self._body_size > self._body_max:
-            raise HttpError(413, "limit-exceeded", "Limit exceeded", f"request body larger than {self._body_max} bytes")
+            raise HttpError(413, "limit-exceeded", f"request body larger than {self._body_max} bytes")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -297,7 +304,7 @@ class HttpProtocol(asyncio.Protocol):
             self._start(request, keep_alive)
             return
         if len(self._pending) >= PIPELINED_MAX:
-            raise HttpError(429, "limit-exceeded", "Limit exceeded", f"more than {PIPELINED_MAX} pipelined requests")
+            raise HttpError(429, "limit-exceeded", f"more than {PIPELINED_MAX} pipelined requests")
         self._pending.append((request, keep_alive))
 
     # -- running handlers ------------------------------------------------------------------
@@ -348,7 +355,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._current is not None:
             return  # a handler (maybe a long poll, bounded by its own deadline) is running
         if self._request_started and now - self._request_started > REQUEST_SECONDS:
-            self._fail(problem_response(400, "invalid-argument", "Invalid argument",
+            self._fail(problem("invalid-argument",
                                         f"request not complete within {REQUEST_SECONDS:g} s"))
         elif now - self._last_active > IDLE_SECONDS:
             self._close()

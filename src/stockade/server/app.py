@@ -1,10 +1,12 @@
-"""``stockade serve``: routes, strict input parsing, the error table, and the server's lifecycle.
+"""``stockade serve``: the application (routes to handlers, the error table) and the server's lifecycle.
 
-The wire contract is docs/http-api.md. Every handler validates its whole input
-before it touches state, so a rejected request changes nothing; every error
-leaves as an RFC 9457 problem document whose status comes from `PROBLEMS`,
-one table keyed by `StockadeError.code`. An unexpected exception is a bug: it
-is logged with its traceback and answered with a bare 500 (no detail).
+The wire contract is docs/http-api.md, and its data is `stockade.wire`: the
+route table this module dispatches from, the problem catalogue its statuses
+come from, and the codecs of its answers. Every handler validates its whole
+input (`stockade.server._inputs`) before it touches state, so a rejected
+request changes nothing; every error leaves as an RFC 9457 problem document.
+An unexpected exception is a bug: it is logged with its traceback and
+answered with a bare 500 (no detail).
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ import logging
 import signal
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 from stockade.clock import SystemClock
 from stockade.coordinators.sqlite import SQLiteCoordinator
-from stockade.core.errors import InvalidArgument, LimitExceeded, StaleToken, StockadeError, TokenMismatch
-from stockade.core.leases import LeasePolicy, ScopeInfo, lease_hint, redact_lease_path
+from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
+from stockade.core.leases import LeasePolicy, lease_hint, redact_lease_path
 from stockade.core.limits import (
     LIST_PAGE_MAX,
     LOCK_DELAY_MS_MAX,
@@ -39,20 +40,48 @@ from stockade.core.limits import (
     validate_wait_ms,
 )
 from stockade.core.tokens import FencingToken
-from stockade.resources.store import BatchWrite, SQLiteStore, WriteResult
+from stockade.resources.store import BatchWrite, SQLiteStore
 from stockade.server import _metrics
 from stockade.server._auth import BearerAuth
 from stockade.server._groupcommit import GroupCommitter
-from stockade.server._http import ConnectionLimits, HttpProtocol, Request, Response, json_response, problem_response
+from stockade.server._http import (
+    ConnectionLimits,
+    HttpProtocol,
+    Request,
+    Response,
+    json_response,
+    problem,
+    problem_response,  # noqa: F401 - the test controls build their 401 with it
+)
+from stockade.server._inputs import (
+    BodyField,
+    Problem,
+    fields,
+    header,
+    json_object,
+    media_type,
+    page_limit,
+    query,
+    segment,
+)
 from stockade.server._leases import LeaseService, validate_lease_id
 from stockade.server.openapi import JSON_BODY_BYTES_MAX, openapi_document
+from stockade.wire import DEFAULT_PORT, codecs
+from stockade.wire.problems import PROBLEM_TYPES, code_of, problem_of
+from stockade.wire.routes import ROUTES, STORE_PREFIX, allowed_methods, match, missing_handlers
 
 __all__ = ["ServerConfig", "App", "Server", "PROBLEMS", "DEFAULT_PORT", "problem_for"]
 
-DEFAULT_PORT = 7390
 KV_BODY_BYTES_MAX = VALUE_BYTES_MAX
 SWEEP_SECONDS = 5.0
 EXIT_COMMIT_FAILED = 74  # EX_IOERR: coord.db could not be written; restart to reload it
+
+# code -> (status, title): the problem catalogue of `stockade.wire.problems`, in the shape it always had here.
+PROBLEMS: Mapping[str, tuple[int, str]] = {code: (p.status, p.title) for code, p in PROBLEM_TYPES.items()}
+# Paths answered without a bearer token even when auth is on (checked before routing, so that
+# an unknown path does not tell an unauthenticated caller whether it exists).
+_OPEN_PATHS = frozenset(route.path for route in ROUTES if not route.auth)
+
 
 def _loggable(raw_path: object) -> str:
     """A request path for logs: bounded, lease ids cut to their hint (they are secrets)."""
@@ -62,182 +91,11 @@ def _loggable(raw_path: object) -> str:
 
 _log = logging.getLogger("stockade.server")
 
-# code -> (status, title). The one table from errors to statuses (docs/http-api.md).
-PROBLEMS: dict[str, tuple[int, str]] = {
-    "invalid-argument": (400, "Invalid argument"),
-    "limit-exceeded": (429, "Limit exceeded"),
-    "stale-token": (409, "Stale fencing token"),
-    "token-mismatch": (409, "Fencing token for another scope or cluster"),
-    "fence-rejected": (409, "Fencing token rejected"),
-    "lock-timeout": (409, "Lock still held at the deadline"),
-    "not-holder": (410, "Lease not held"),
-    "lease-error": (410, "Lease not held"),
-    "lease-lost": (410, "Lease not held"),
-    "backend-unavailable": (503, "Backend unavailable"),
-    "unauthorized": (401, "Unauthorized"),
-    "invariant-violation": (500, "Internal error"),
-    "stockade-error": (500, "Internal error"),
-    # Protocol-level problems that no StockadeError stands for.
-    "not-found": (404, "Not found"),
-    "method-not-allowed": (405, "Method not allowed"),
-    "unsupported-media-type": (415, "Unsupported media type"),
-}
-# Where one code has a second status: a bad field of a well-formed JSON body, and size limits.
-_BODY_FIELD_STATUS = 422
-_SIZE_STATUS = 413
 
-
-class _Problem(Exception):
-    """A protocol-level problem raised by a handler (404, 405, 415)."""
-
-    def __init__(self, code: str, detail: str, headers: list[tuple[str, str]] | None = None) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
-        self.headers = headers
-
-
-class _BodyField(Exception):
-    """Wraps an `InvalidArgument` about a field of a well-formed JSON body (answered 422)."""
-
-    def __init__(self, error: InvalidArgument) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def problem_for(error: StockadeError, *, body_field: bool = False) -> Response:
-    """The problem document for ``error``; its status from `PROBLEMS`."""
-    status, title = PROBLEMS.get(error.code, PROBLEMS["stockade-error"])
-    if body_field and error.code == "invalid-argument":
-        status = _BODY_FIELD_STATUS
-    extra: dict[str, Any] = {}
-    if isinstance(error, InvalidArgument):
-        extra["field"] = error.field
-    elif isinstance(error, LimitExceeded):
-        extra["limit"] = error.limit
-    elif isinstance(error, StaleToken):
-        token = error.token
-        extra["token"] = token.encode() if isinstance(token, FencingToken) else str(token)
-        extra["high_water"] = error.high_water
-    elif isinstance(error, TokenMismatch):
-        extra["reason"] = error.reason
-    detail = None if status >= 500 else str(error)
-    return problem_response(status, error.code, title, detail, extra)
-
-
-# -- strict input ---------------------------------------------------------------------------------
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise InvalidArgument("body", f"duplicate key {key!r}")
-        result[key] = value
-    return result
-
-
-def _no_constants(name: str) -> Any:
-    raise InvalidArgument("body", f"{name} is not JSON")
-
-
-def _json_object(request: Request, *, optional: bool) -> dict[str, Any]:
-    """Parse a JSON object body strictly (no duplicate keys, no NaN/Infinity, UTF-8 only).
-
-    Raises:
-        _Problem: wrong content type (415).
-        InvalidArgument: not a well-formed JSON object (400).
-    """
-    body = request.body
-    content_type = request.headers.get("content-type")
-    if "content-type" in request.repeated:
-        raise InvalidArgument("content-type", "must be given once")
-    if not body and optional:
-        if content_type is not None and _media_type(content_type) != "application/json":
-            raise _Problem("unsupported-media-type", "the body must be application/json")
-        return {}
-    if content_type is None or _media_type(content_type) != "application/json":
-        raise _Problem("unsupported-media-type", "the body must be application/json")
-    try:
-        document = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-    except InvalidArgument:
-        raise
-    except (ValueError, RecursionError) as exc:
-        raise InvalidArgument("body", f"not well-formed JSON: {type(exc).__name__}") from None
-    if not isinstance(document, dict):
-        raise InvalidArgument("body", "must be a JSON object")
-    return document
-
-
-def _media_type(content_type: str) -> str:
-    return content_type.split(";", 1)[0].strip().lower()
-
-
-def _fields(document: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    unknown = sorted(set(document) - set(allowed))
-    if unknown:
-        raise _BodyField(InvalidArgument(unknown[0][:40], f"unknown field; allowed: {', '.join(allowed)}"))
-
-
-def _segment(raw: str, field: str) -> str:
-    """Percent-decode one path segment (or query value) as strict UTF-8."""
-    try:
-        return unquote_to_bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidArgument(field, "must be percent-encoded UTF-8") from None
-
-
-def _query(request: Request, allowed: tuple[str, ...]) -> dict[str, str]:
-    params: dict[str, str] = {}
-    if not request.query:
-        return params
-    for part in request.query.split("&"):
-        if not part:
-            continue
-        name, _, value = part.partition("=")
-        name = _segment(name.replace("+", " "), "query")
-        if name not in allowed:
-            raise InvalidArgument("query", f"unknown parameter {name[:40]!r}; allowed: {', '.join(allowed)}")
-        if name in params:
-            raise InvalidArgument(name, "given more than once")
-        params[name] = _segment(value.replace("+", " "), name)
-    return params
-
-
-def _limit(params: dict[str, str]) -> int:
-    raw = params.get("limit")
-    if raw is None:
-        return LIST_PAGE_MAX
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 7:
-        raise InvalidArgument("limit", f"must be an integer in 1..{LIST_PAGE_MAX}")
-    return validate_int("limit", int(raw), 1, LIST_PAGE_MAX)
-
-
-def _header(request: Request, name: str) -> str | None:
-    if name in request.repeated:
-        raise InvalidArgument(name, "must be given once")
-    return request.headers.get(name)
-
-
-def _lock_doc(info: ScopeInfo) -> dict[str, Any]:
-    return {
-        "scope": info.scope,
-        "state": info.state.value,
-        "holder": info.holder,
-        "token": info.token.encode() if info.token else None,
-        "token_value": info.token.value if info.token else None,
-        "last_token": info.last_token,
-        "remaining_ms": info.remaining_ms,
-        "waiters": info.waiters,
-    }
-
-
-def _write_doc(result: WriteResult) -> dict[str, Any]:
-    return {"scope": result.scope, "key": result.key, "token_value": result.token_value,
-            "high_water": result.high_water, "commit_seq": result.commit_seq, "replayed": result.replayed}
-
-
-# -- the application ------------------------------------------------------------------------------
+def problem_for(error: StockadeError | InvariantViolation, *, body_field: bool = False) -> Response:
+    """The problem document for ``error``; its status from the catalogue (`stockade.wire.problems`)."""
+    status, document = problem_of(error, body_field=body_field)
+    return Response(status, codecs.dumps(document), codecs.PROBLEM_JSON)
 
 
 @dataclass
@@ -259,7 +117,12 @@ Handler = Callable[..., "Response | Awaitable[Response]"]
 
 
 class App:
-    """Routes requests to the lease service and the store."""
+    """Routes requests to the lease service and the store, by the route table of `stockade.wire.routes`.
+
+    Each route's handler is the method named by its operation id (``listLocks``
+    -> ``list_locks``); construction fails if one is missing, so a route added
+    to the table cannot go unserved.
+    """
 
     def __init__(self, leases: LeaseService, store_writer: GroupCommitter[BatchWrite], store_reader: SQLiteStore,
                  *, auth: BearerAuth | None, wait_ms_cap: int | None, value_bytes_max: int) -> None:
@@ -271,12 +134,28 @@ class App:
         self.value_bytes_max = value_bytes_max
         self.cluster_id = leases.cluster_id
         self.openapi = json.dumps(openapi_document(auth=auth is not None, value_bytes_max=value_bytes_max)).encode()
+        self.handlers = self.handlers_of(self)
+
+    @staticmethod
+    def handlers_of(target: object) -> dict[str, Handler]:
+        """``{operation id: bound handler}`` for every route of the table.
+
+        Raises:
+            TypeError: a route has no handler (the dispatcher would answer it 404).
+        """
+        handlers = {route.operation_id: getattr(target, _handler_name(route.operation_id), None)
+                    for route in ROUTES}
+        found = {op: handler for op, handler in handlers.items() if handler is not None}
+        missing = missing_handlers(found)
+        if missing:
+            raise TypeError(f"no handler for the routes {missing}")
+        return found
 
     # -- transport hooks -----------------------------------------------------------------------
 
     @staticmethod
     def body_limit(path: str) -> int:
-        return KV_BODY_BYTES_MAX if path.startswith("/v1/kv/") else JSON_BODY_BYTES_MAX
+        return KV_BODY_BYTES_MAX if path.startswith(STORE_PREFIX) else JSON_BODY_BYTES_MAX
 
     @staticmethod
     def observe(request: Request, response: Response) -> None:
@@ -292,15 +171,21 @@ class App:
     def dispatch(self, request: Request) -> Response | Awaitable[Response]:
         route = "unmatched"
         try:
-            if self.auth is not None and request.raw_path != "/healthz" and not self.auth.allows(
+            if self.auth is not None and request.raw_path not in _OPEN_PATHS and not self.auth.allows(
                 request.headers.get("authorization")
             ):
-                response = problem_response(401, "unauthorized", "Unauthorized",
-                                            headers=[("WWW-Authenticate", 'Bearer realm="stockade"')])
+                response = problem("unauthorized", headers=[("WWW-Authenticate", 'Bearer realm="stockade"')])
                 response.route = "unauthorized"
                 return response
-            route, handler, args = self._route(request)
-            result = handler(request, *args)
+            found = match(request.raw_path)
+            if found is None:
+                raise Problem("not-found", "no such route")
+            route = found.template
+            operation = found.methods.get(request.method)
+            if operation is None:
+                raise Problem("method-not-allowed", f"{request.method} not allowed",
+                              [("Allow", allowed_methods(route))])
+            result = self.handlers[operation.operation_id](request, *found.params)
         except Exception as exc:  # noqa: BLE001 - every error becomes a problem document
             response = self._error(exc, request)
             response.route = route
@@ -322,7 +207,7 @@ class App:
 
     @staticmethod
     def _error(exc: Exception, request: Request) -> Response:
-        if isinstance(exc, _BodyField):
+        if isinstance(exc, BodyField):
             return problem_for(exc.error, body_field=True)
         if isinstance(exc, StockadeError):
             if exc.code in ("invariant-violation", "stockade-error"):
@@ -330,65 +215,12 @@ class App:
             elif exc.code == "backend-unavailable":
                 _log.error("backend unavailable: %s", exc, extra={"error": exc.code})
             return problem_for(exc)
-        if isinstance(exc, _Problem):
-            status, title = PROBLEMS[exc.code]
-            return problem_response(status, exc.code, title, exc.detail, headers=exc.headers)
+        if isinstance(exc, Problem):
+            return problem(exc.code, exc.detail, headers=exc.headers)
         _log.error("bug while serving %s %s", request.method, _loggable(request.raw_path), exc_info=exc)
-        status, title = PROBLEMS["invariant-violation"]
-        return problem_response(status, "invariant-violation", title)
+        return problem("invariant-violation")
 
-    # -- routing -------------------------------------------------------------------------------
-
-    def _route(self, request: Request) -> tuple[str, Handler, tuple[Any, ...]]:
-        path, method = request.raw_path, request.method
-        if path == "/healthz":
-            return "/healthz", self._only(method, "GET", self.healthz), ()
-        if path == "/metrics":
-            return "/metrics", self._only(method, "GET", self.metrics), ()
-        if path == "/openapi.json":
-            return "/openapi.json", self._only(method, "GET", self.openapi_json), ()
-        if path == "/":
-            return "/", self._only(method, "GET", self.dashboard), ()
-        if not path.startswith("/v1/"):
-            raise _Problem("not-found", "no such route")
-        parts = path[4:].split("/")
-        head, count = parts[0], len(parts)
-        if head == "locks":
-            if count == 1:
-                return "/v1/locks", self._only(method, "GET", self.list_locks), ()
-            if count == 2:
-                return "/v1/locks/{scope}", self._only(method, "GET", self.inspect), (parts[1],)
-            if count == 3 and parts[2] == "acquire":
-                return "/v1/locks/{scope}/acquire", self._only(method, "POST", self.acquire), (parts[1],)
-        elif head == "leases":
-            if count == 2:
-                return "/v1/leases/{lease_id}", self._only(method, "DELETE", self.release), (parts[1],)
-            if count == 3 and parts[2] == "renew":
-                return "/v1/leases/{lease_id}/renew", self._only(method, "POST", self.renew), (parts[1],)
-        elif head == "kv":
-            if count == 2:
-                return "/v1/kv/{scope}", self._only(method, "GET", self.list_keys), (parts[1],)
-            if count >= 3:
-                raw_key = "/".join(parts[2:])  # a key may hold '/', encoded or not
-                handlers = {"GET": self.get_key, "PUT": self.put_key, "DELETE": self.delete_key}
-                handler = handlers.get(method)
-                if handler is None:
-                    raise _Problem("method-not-allowed", f"{method} not allowed",
-                                   [("Allow", "GET, PUT, DELETE")])
-                return "/v1/kv/{scope}/{key}", handler, (parts[1], raw_key)
-        elif head == "hwm" and count == 2:
-            return "/v1/hwm/{scope}", self._only(method, "GET", self.high_water), (parts[1],)
-        elif head == "cluster" and count == 1:
-            return "/v1/cluster", self._only(method, "GET", self.cluster), ()
-        raise _Problem("not-found", "no such route")
-
-    @staticmethod
-    def _only(method: str, allowed: str, handler: Handler) -> Handler:
-        if method != allowed:
-            raise _Problem("method-not-allowed", f"{method} not allowed", [("Allow", allowed)])
-        return handler
-
-    # -- operations ----------------------------------------------------------------------------
+    # -- operations (one per route; the name is the operation id in snake case) ----------------
 
     def healthz(self, request: Request) -> Response:
         return json_response(200, {"status": "ok"})
@@ -396,12 +228,12 @@ class App:
     def metrics(self, request: Request) -> Response:
         return Response(200, _metrics.render().encode(), "text/plain; version=0.0.4")
 
-    def openapi_json(self, request: Request) -> Response:
-        return Response(200, self.openapi, "application/json")
+    def openapi_document(self, request: Request) -> Response:
+        return Response(200, self.openapi, codecs.JSON)
 
     def cluster(self, request: Request) -> Response:
-        _query(request, ())
-        return json_response(200, {"cluster_id": self.cluster_id})
+        query(request, ())
+        return json_response(200, codecs.cluster_doc(self.cluster_id))
 
     def dashboard(self, request: Request) -> Response:
         rows = "".join(
@@ -419,10 +251,10 @@ class App:
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
     async def acquire(self, request: Request, raw_scope: str) -> Response:
-        scope = validate_scope(_segment(raw_scope, "scope"))
-        _query(request, ())
-        document = _json_object(request, optional=False)
-        _fields(document, ("ttl_ms", "wait_ms", "holder"))
+        scope = validate_scope(segment(raw_scope, "scope"))
+        query(request, ())
+        document = json_object(request, optional=False)
+        fields(document, ("ttl_ms", "wait_ms", "holder"))
         try:
             if "ttl_ms" not in document:
                 raise InvalidArgument("ttl_ms", "is required")
@@ -430,25 +262,23 @@ class App:
             wait_ms = validate_wait_ms(document.get("wait_ms", 0))
             holder = validate_holder(document["holder"]) if "holder" in document else "anonymous"
         except InvalidArgument as exc:
-            raise _BodyField(exc) from None
+            raise BodyField(exc) from None
         if self.wait_ms_cap is not None:
             wait_ms = min(wait_ms, self.wait_ms_cap)
         lease = await self.leases.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
-        return json_response(200, {"scope": scope, "token": lease.token.encode(), "token_value": lease.token.value,
-                                   "lease_id": lease.lease_id, "ttl_ms": lease.ttl_ms})
+        return json_response(200, codecs.grant_doc(lease, scope))
 
     async def renew(self, request: Request, raw_lease_id: str) -> Response:
-        lease_id = validate_lease_id(_segment(raw_lease_id, "lease_id"))
-        _query(request, ())
-        document = _json_object(request, optional=True)
-        _fields(document, ())
+        lease_id = validate_lease_id(segment(raw_lease_id, "lease_id"))
+        query(request, ())
+        document = json_object(request, optional=True)
+        fields(document, ())
         lease = await self.leases.renew(lease_id)
-        return json_response(200, {"scope": lease.scope, "token": lease.token.encode(),
-                                   "token_value": lease.token.value, "ttl_ms": lease.ttl_ms})
+        return json_response(200, codecs.renewal_doc(lease))
 
     async def release(self, request: Request, raw_lease_id: str) -> Response:
-        lease_id = validate_lease_id(_segment(raw_lease_id, "lease_id"))
-        _query(request, ())
+        lease_id = validate_lease_id(segment(raw_lease_id, "lease_id"))
+        query(request, ())
         if request.body:
             raise InvalidArgument("body", "must be empty")
         released = await self.leases.release(lease_id)
@@ -456,34 +286,34 @@ class App:
             _log.debug("lease %s… released", lease_hint(lease_id), extra={"lease": lease_hint(lease_id)})
         return Response(204)
 
-    async def inspect(self, request: Request, raw_scope: str) -> Response:
-        scope = validate_scope(_segment(raw_scope, "scope"))
-        _query(request, ())
-        return json_response(200, _lock_doc(await self.leases.inspect(scope)))
+    async def inspect_lock(self, request: Request, raw_scope: str) -> Response:
+        scope = validate_scope(segment(raw_scope, "scope"))
+        query(request, ())
+        return json_response(200, codecs.lock_doc(await self.leases.inspect(scope)))
 
     async def list_locks(self, request: Request) -> Response:
-        params = _query(request, ("after", "limit"))
+        params = query(request, ("after", "limit"))
         after = params.get("after", "")
         if "after" in params:
             validate_scope(after, "after")
-        infos, next_after = await self.leases.list(after=after, limit=_limit(params))
-        return json_response(200, {"locks": [_lock_doc(i) for i in infos], "next_after": next_after})
+        infos, next_after = await self.leases.list(after=after, limit=page_limit(params))
+        return json_response(200, codecs.lock_list_doc(infos, next_after))
 
     def _write(self, request: Request, raw_scope: str, raw_key: str, op: str) -> Awaitable[Response]:
-        scope = validate_scope(_segment(raw_scope, "scope"))
-        key = validate_key(_segment(raw_key, "key"))
-        _query(request, ())
-        raw_token = _header(request, "fencing-token")
+        scope = validate_scope(segment(raw_scope, "scope"))
+        key = validate_key(segment(raw_key, "key"))
+        query(request, ())
+        raw_token = header(request, "fencing-token")
         if raw_token is None:
-            raise InvalidArgument("Fencing-Token", "header is required")
+            raise InvalidArgument(codecs.FENCING_TOKEN_HEADER, "header is required")
         token = FencingToken.decode(raw_token)
-        idempotency_key = _header(request, "idempotency-key")
+        idempotency_key = header(request, "idempotency-key")
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
         if op == "put":
-            content_type = _header(request, "content-type")
-            if content_type is not None and _media_type(content_type) != "application/octet-stream":
-                raise _Problem("unsupported-media-type", "the value must be application/octet-stream")
+            content_type = header(request, "content-type")
+            if content_type is not None and media_type(content_type) != codecs.OCTETS:
+                raise Problem("unsupported-media-type", "the value must be application/octet-stream")
             if len(request.body) > self.value_bytes_max:
                 raise LimitExceeded("value_bytes_max", self.value_bytes_max)
             value = request.body
@@ -499,48 +329,51 @@ class App:
         result = await asyncio.shield(future)  # a disconnect does not undo a queued write
         if isinstance(result, StockadeError):
             raise result
-        return json_response(200, _write_doc(result))
+        return json_response(200, codecs.write_doc(result))
 
-    def put_key(self, request: Request, raw_scope: str, raw_key: str) -> Awaitable[Response]:
+    def put(self, request: Request, raw_scope: str, raw_key: str) -> Awaitable[Response]:
         return self._write(request, raw_scope, raw_key, "put")
 
     def delete_key(self, request: Request, raw_scope: str, raw_key: str) -> Awaitable[Response]:
         return self._write(request, raw_scope, raw_key, "delete")
 
-    def get_key(self, request: Request, raw_scope: str, raw_key: str) -> Response:
-        scope = validate_scope(_segment(raw_scope, "scope"))
-        key = validate_key(_segment(raw_key, "key"))
-        _query(request, ())
+    def get(self, request: Request, raw_scope: str, raw_key: str) -> Response:
+        scope = validate_scope(segment(raw_scope, "scope"))
+        key = validate_key(segment(raw_key, "key"))
+        query(request, ())
         item = self.store_reader.get(scope, key)
         if item is None:
-            raise _Problem("not-found", "no such key")
-        return Response(200, item.value, "application/octet-stream",
-                        [("Token-Value", str(item.token_value)), ("Commit-Seq", str(item.commit_seq))])
+            raise Problem("not-found", "no such key")
+        return Response(200, item.value, codecs.OCTETS, codecs.item_headers(item))
 
     def list_keys(self, request: Request, raw_scope: str) -> Response:
-        scope = validate_scope(_segment(raw_scope, "scope"))
-        params = _query(request, ("after", "limit"))
+        scope = validate_scope(segment(raw_scope, "scope"))
+        params = query(request, ("after", "limit"))
         after = params.get("after", "")
         if "after" in params:
             validate_key(after)
-        limit = _limit(params)
+        limit = page_limit(params)
         rows = self.store_reader.list_sizes(scope, after=after, limit=limit)
         more = len(rows) == limit and bool(self.store_reader.list_sizes(scope, after=rows[-1][0], limit=1))
-        items = [{"key": k, "token_value": t, "commit_seq": c, "size": n} for k, t, c, n in rows]
-        return json_response(200, {"items": items, "next_after": rows[-1][0] if more and rows else None})
+        return json_response(200, codecs.key_list_doc(rows, rows[-1][0] if more and rows else None))
 
     def high_water(self, request: Request, raw_scope: str) -> Response:
-        scope = validate_scope(_segment(raw_scope, "scope"))
-        _query(request, ())
-        return json_response(200, {"scope": scope, "high_water": self.store_reader.high_water(scope)})
+        scope = validate_scope(segment(raw_scope, "scope"))
+        query(request, ())
+        return json_response(200, codecs.high_water_doc(scope, self.store_reader.high_water(scope)))
+
+
+def _handler_name(operation_id: str) -> str:
+    """``listLocks`` -> ``list_locks``."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in operation_id)
 
 
 def _code_of(response: Response) -> str:
-    if response.content_type != "application/problem+json":
+    if response.content_type != codecs.PROBLEM_JSON:
         return "other"
     try:
-        return str(json.loads(response.body)["type"]).rsplit("/", 1)[-1][:40]
-    except (ValueError, KeyError, TypeError):
+        return code_of(json.loads(response.body))[:40] or "other"
+    except ValueError:
         return "other"
 
 

@@ -1,8 +1,11 @@
-"""The OpenAPI 3.1 document served at ``/openapi.json``: docs/http-api.md as a schema.
+"""The OpenAPI 3.1 document served at ``/openapi.json``: the route table of `stockade.wire.routes` as a schema.
 
-The bounds come from `stockade.core.limits`, so the schema and the validators
-cannot drift apart. The schema is as strict as the server: whatever it calls
-invalid, the server rejects with a 4xx (schemathesis checks both directions).
+Every path, operation, parameter, body and answer comes from the table (the
+same one the server dispatches from and the client builds its targets
+from); this module adds the JSON schemas. The bounds come from
+`stockade.core.limits`, so the schema and the validators cannot drift
+apart. The schema is as strict as the server: whatever it calls invalid,
+the server rejects with a 4xx (schemathesis checks both directions).
 """
 
 from __future__ import annotations
@@ -21,6 +24,17 @@ from stockade.core.limits import (
     WAIT_MS_MAX,
     WAIT_MS_MIN,
 )
+from stockade.wire import API_VERSION
+from stockade.wire.codecs import (
+    COMMIT_SEQ_HEADER,
+    FENCING_TOKEN_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    JSON,
+    OCTETS,
+    PROBLEM_JSON,
+    TOKEN_VALUE_HEADER,
+)
+from stockade.wire.routes import ROUTES, Route
 
 __all__ = ["openapi_document", "JSON_BODY_BYTES_MAX"]
 
@@ -34,11 +48,11 @@ PRINTABLE_PATTERN = "^[\\x21-\\x7e]+$"
 
 def _problem(description: str) -> dict[str, Any]:
     return {"description": description,
-            "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
 
 
 def _json(description: str, ref: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}}
+    return {"description": description, "content": {JSON: {"schema": {"$ref": f"#/components/schemas/{ref}"}}}}
 
 
 _SCOPE_PARAM = {"name": "scope", "in": "path", "required": True,
@@ -57,24 +71,12 @@ _AFTER_KEY = {"name": "after", "in": "query", "required": False,
               "schema": {"type": "string", "minLength": 1, "maxLength": KEY_BYTES_MAX, "pattern": "^[^\\u0000]+$"}}
 _LIMIT = {"name": "limit", "in": "query", "required": False,
           "schema": {"type": "integer", "minimum": 1, "maximum": LIST_PAGE_MAX, "default": LIST_PAGE_MAX}}
-_TOKEN_HEADER = {"name": "Fencing-Token", "in": "header", "required": True,
+_TOKEN_HEADER = {"name": FENCING_TOKEN_HEADER, "in": "header", "required": True,
                  "description": "The encoded fencing token, verbatim from acquire.",
                  "schema": {"type": "string", "pattern": TOKEN_PATTERN}}
-_IDEMPOTENCY_HEADER = {"name": "Idempotency-Key", "in": "header", "required": False,
+_IDEMPOTENCY_HEADER = {"name": IDEMPOTENCY_KEY_HEADER, "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": PRINTABLE_PATTERN, "minLength": 1,
                                   "maxLength": IDEMPOTENCY_KEY_BYTES_MAX}}
-
-_COMMON_ERRORS = {"400": _problem("Malformed request (bad path, query or header)."),
-                  "503": _problem("The coordinator or store file could not be written.")}
-_BODY_ERRORS = {"413": _problem("Request body too large."), "415": _problem("Wrong content type."),
-                "422": _problem("Well-formed JSON body with a bad field.")}
-_WRITE_RESULT_ERRORS = {
-    "409": _problem("stale-token (with token and high_water) or token-mismatch (with reason)."),
-    "413": _problem("Value too large."),
-    "415": _problem("Wrong content type."),
-    "429": _problem("A store bound was reached."),
-}
-
 
 def _schemas() -> dict[str, Any]:
     int64 = {"type": "integer", "minimum": 1, "maximum": TOKEN_VALUE_MAX}
@@ -163,69 +165,66 @@ def _schemas() -> dict[str, Any]:
     }
 
 
+_PATH_PARAMS = {"scope": _SCOPE_PARAM, "lease_id": _LEASE_PARAM, "key": _KEY_PARAM}
+_QUERY_PARAMS = {("after", "scope"): _AFTER_SCOPE, ("after", "key"): _AFTER_KEY, ("limit", "limit"): _LIMIT}
+_HEADER_PARAMS = {FENCING_TOKEN_HEADER: _TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER: _IDEMPOTENCY_HEADER}
+
+
+def _success(route: Route) -> dict[str, Any]:
+    description = route.answer_description
+    if route.answer == "json":
+        if route.answer_schema:
+            return _json(description, route.answer_schema)
+        return {"description": description, "content": {JSON: {"schema": {"type": "object"}}}}
+    if route.answer == "text":
+        return {"description": description, "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}}}
+    if route.answer == "html":
+        return {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}}
+    if route.answer == "bytes":
+        return {"description": description,
+                "headers": {TOKEN_VALUE_HEADER: {"required": True, "schema": {"type": "integer"}},
+                            COMMIT_SEQ_HEADER: {"required": True, "schema": {"type": "integer"}}},
+                "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}
+    return {"description": description}
+
+
+def _operation(route: Route, *, auth: bool, value_bytes_max: int) -> dict[str, Any]:
+    operation: dict[str, Any] = {"operationId": route.operation_id}
+    if route.summary:
+        operation["summary"] = route.summary
+    if route.description:
+        operation["description"] = route.description
+    if not route.auth:
+        operation["security"] = []
+    parameters = [_PATH_PARAMS[name] for name in route.path_params]
+    parameters += [_QUERY_PARAMS[name_kind] for name_kind in route.query]
+    parameters += [_HEADER_PARAMS[name] for name, _ in route.headers]
+    if parameters:
+        operation["parameters"] = parameters
+    if route.body == "json":
+        operation["requestBody"] = {"required": route.body_required, "content": {JSON: {
+            "schema": {"$ref": f"#/components/schemas/{route.body_schema}"}}}}
+    elif route.body == "bytes":
+        operation["requestBody"] = {"required": route.body_required, "content": {OCTETS: {
+            "schema": {"type": "string", "format": "binary", "maxLength": value_bytes_max}}}}
+    responses = {str(route.status): _success(route)}
+    for answer in route.problems:
+        responses[str(answer.status)] = _problem(answer.description)
+    if auth and route.auth:
+        responses["401"] = _problem("Missing or wrong bearer token.")
+    operation["responses"] = responses
+    return operation
+
+
 def openapi_document(*, auth: bool, value_bytes_max: int) -> dict[str, Any]:
-    """The document for a server with or without bearer-token auth."""
-    value_body = {"required": True, "content": {"application/octet-stream": {
-        "schema": {"type": "string", "format": "binary", "maxLength": value_bytes_max}}}}
-    paths: dict[str, Any] = {
-        "/healthz": {"get": {"operationId": "healthz", "security": [], "summary": "Liveness",
-                             "responses": {"200": _json("Both files are open.", "Health")}}},
-        "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics", "responses": {
-            "200": {"description": "Prometheus text format",
-                    "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}}}}}},
-        "/v1/cluster": {"get": {"operationId": "cluster", "responses": {"200": _json("Cluster id", "Cluster")}}},
-        "/v1/locks": {"get": {
-            "operationId": "listLocks", "parameters": [_AFTER_SCOPE, _LIMIT],
-            "responses": {"200": _json("A page of scopes in name order.", "LockList"), **_COMMON_ERRORS}}},
-        "/v1/locks/{scope}": {"get": {
-            "operationId": "inspectLock", "parameters": [_SCOPE_PARAM],
-            "responses": {"200": _json("The scope's state.", "LockInfo"), **_COMMON_ERRORS}}},
-        "/v1/locks/{scope}/acquire": {"post": {
-            "operationId": "acquire", "parameters": [_SCOPE_PARAM],
-            "description": "Long-polls up to wait_ms; waiters are served first in, first out.",
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/AcquireRequest"}}}},
-            "responses": {"200": _json("Granted; the token is durable.", "Grant"), **_COMMON_ERRORS, **_BODY_ERRORS,
-                          "409": _problem("lock-timeout: still held at the deadline."),
-                          "429": _problem("limit-exceeded: queue or lease bound reached.")}}},
-        "/v1/leases/{lease_id}/renew": {"post": {
-            "operationId": "renew", "parameters": [_LEASE_PARAM],
-            "requestBody": {"required": False, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/RenewRequest"}}}},
-            "responses": {"200": _json("Renewed for its TTL from now.", "Renewal"), **_COMMON_ERRORS, **_BODY_ERRORS,
-                          "410": _problem("not-holder: expired, released, or unknown.")}}},
-        "/v1/leases/{lease_id}": {"delete": {
-            "operationId": "release", "parameters": [_LEASE_PARAM],
-            "responses": {"204": {"description": "Released, or already gone."}, **_COMMON_ERRORS}}},
-        "/v1/kv/{scope}": {"get": {
-            "operationId": "listKeys", "parameters": [_SCOPE_PARAM, _AFTER_KEY, _LIMIT],
-            "responses": {"200": _json("A page of keys in order.", "ItemList"), **_COMMON_ERRORS}}},
-        "/v1/kv/{scope}/{key}": {
-            "put": {"operationId": "put", "parameters": [_SCOPE_PARAM, _KEY_PARAM, _TOKEN_HEADER, _IDEMPOTENCY_HEADER],
-                    "requestBody": value_body,
-                    "responses": {"200": _json("Accepted and durable.", "WriteResult"), **_COMMON_ERRORS,
-                                  **_WRITE_RESULT_ERRORS}},
-            "delete": {"operationId": "deleteKey",
-                       "parameters": [_SCOPE_PARAM, _KEY_PARAM, _TOKEN_HEADER, _IDEMPOTENCY_HEADER],
-                       "responses": {"200": _json("Accepted and durable.", "WriteResult"), **_COMMON_ERRORS,
-                                     **_WRITE_RESULT_ERRORS}},
-            "get": {"operationId": "get", "parameters": [_SCOPE_PARAM, _KEY_PARAM],
-                    "responses": {
-                        "200": {"description": "The value.",
-                                "headers": {"Token-Value": {"required": True, "schema": {"type": "integer"}},
-                                            "Commit-Seq": {"required": True, "schema": {"type": "integer"}}},
-                                "content": {"application/octet-stream": {"schema": {"type": "string",
-                                                                                    "format": "binary"}}}},
-                        "404": _problem("No such key."), **_COMMON_ERRORS}},
-        },
-        "/v1/hwm/{scope}": {"get": {
-            "operationId": "highWater", "parameters": [_SCOPE_PARAM],
-            "responses": {"200": _json("The scope's high-water mark (0 if never written).", "HighWater"),
-                          **_COMMON_ERRORS}}},
-    }
+    """The document for a server with or without bearer-token auth: every route of `ROUTES`, in table order."""
+    paths: dict[str, Any] = {}
+    for route in ROUTES:
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(
+            route, auth=auth, value_bytes_max=value_bytes_max)
     document: dict[str, Any] = {
         "openapi": "3.1.0",
-        "info": {"title": "stockade", "version": "1",
+        "info": {"title": "stockade", "version": API_VERSION,
                  "description": "Leases with fencing tokens, and a fenced key-value store. See docs/http-api.md."},
         "paths": paths,
         "components": {"schemas": _schemas()},
@@ -233,8 +232,4 @@ def openapi_document(*, auth: bool, value_bytes_max: int) -> dict[str, Any]:
     if auth:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]
-        for path, item in paths.items():
-            for operation in item.values():
-                if path != "/healthz":
-                    operation["responses"]["401"] = _problem("Missing or wrong bearer token.")
     return document

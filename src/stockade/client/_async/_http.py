@@ -15,7 +15,6 @@ our check and our send, so it saw nothing).
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -31,17 +30,18 @@ from stockade.client._wire import (
     json_body,
     lease_from,
     parse_head,
-    quote_segment,
     scope_info_from,
     write_result_from,
 )
 from stockade.clock import SystemClock
 from stockade.coordinators.registry import COORDINATORS
 from stockade.core import leases as core_leases
-from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
+from stockade.core.errors import BackendUnavailable, NotHolder
 from stockade.core.limits import LEASES_MAX, validate_idempotency_key, validate_key, validate_scope, validate_value
-from stockade.core.tokens import FencingToken, validate_cluster_id
+from stockade.core.tokens import FencingToken
 from stockade.resources.store import Item, WriteResult
+from stockade.wire import codecs
+from stockade.wire.routes import ROUTE, Route, page_query
 
 __all__ = [
     "AsyncHTTPClient",
@@ -279,22 +279,17 @@ class AsyncHTTPClient:
             self._idle.pop().close()
 
 
-def _page_query(after: str, limit: int) -> str:
-    # An empty ``after`` is left out: the server validates any ``after`` given as a scope or key.
-    return f"after={quote_segment(after)}&limit={limit}" if after else f"limit={limit}"
-
-
-def _json(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode()
+# The routes this client calls, from the one table (`stockade.wire.routes`): no path is written here.
+_CLUSTER, _ACQUIRE, _RENEW, _RELEASE = ROUTE["cluster"], ROUTE["acquire"], ROUTE["renew"], ROUTE["release"]
+_INSPECT, _LIST_LOCKS = ROUTE["inspectLock"], ROUTE["listLocks"]
+_PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER = (
+    ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"])
 
 
 async def fetch_cluster_id(client: AsyncHTTPClient) -> str:
-    """The server's cluster id (``GET /v1/cluster``): what its tokens carry."""
-    _, doc = await client.get_json("/v1/cluster")
-    try:
-        return validate_cluster_id(doc.get("cluster_id") if isinstance(doc, dict) else None, "cluster_id")
-    except InvalidArgument as exc:
-        raise BackendUnavailable("server sent a malformed cluster id") from exc
+    """The server's cluster id (the ``cluster`` route): what its tokens carry."""
+    _, doc = await client.get_json(_CLUSTER.target())
+    return codecs.cluster_id_from(doc)
 
 
 class AsyncHTTPCoordinatorPort:
@@ -320,10 +315,10 @@ class AsyncHTTPCoordinatorPort:
             LockTimeout: still held when ``wait_ms`` ran out.
             BackendUnavailable: the server could not be reached or did not answer in time.
         """
-        body = _json({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
+        body = codecs.dumps({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
         sent_ns = self.clock.now_ns()
         response = await self._client.request(
-            "POST", f"/v1/locks/{scope}/acquire", body=body, content_type="application/json",
+            _ACQUIRE.method, _ACQUIRE.target(scope=scope), body=body, content_type=codecs.JSON,
             timeout_ms=self._client.endpoint.timeout_ms + wait_ms,
         )
         if response.status != 200:
@@ -349,8 +344,8 @@ class AsyncHTTPCoordinatorPort:
             timeout_ms = min(timeout_ms, max(RENEW_TIMEOUT_MS_MIN, ttl_ms // 3))
         sent_ns = self.clock.now_ns()
         response = await self._client.request(
-            "POST", f"/v1/leases/{lease_id}/renew", body=b"{}", content_type="application/json", timeout_ms=timeout_ms,
-            idempotent=True,
+            _RENEW.method, _RENEW.target(lease_id=lease_id), body=b"{}", content_type=codecs.JSON,
+            timeout_ms=timeout_ms, idempotent=True,
         )
         if response.status != 200:
             error, problem = error_for(response, lease_id=lease_id)
@@ -362,7 +357,8 @@ class AsyncHTTPCoordinatorPort:
     async def release(self, lease_id: str) -> bool:
         """Release; idempotent. ``released`` is True if this port held the lease until now."""
         response = await self._client.request(
-            "DELETE", f"/v1/leases/{lease_id}", timeout_ms=self._client.endpoint.timeout_ms, idempotent=True
+            _RELEASE.method, _RELEASE.target(lease_id=lease_id), timeout_ms=self._client.endpoint.timeout_ms,
+            idempotent=True,
         )
         if response.status not in (200, 204):
             error, problem = error_for(response, lease_id=lease_id)
@@ -370,15 +366,12 @@ class AsyncHTTPCoordinatorPort:
         return self._held.pop(lease_id, None) is not None
 
     async def inspect(self, scope: str) -> core_leases.ScopeInfo:
-        _, doc = await self._client.get_json(f"/v1/locks/{scope}")
+        _, doc = await self._client.get_json(_INSPECT.target(scope=scope))
         return scope_info_from(doc)
 
     async def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
-        _, doc = await self._client.get_json(f"/v1/locks?{_page_query(after, limit)}")
-        locks = doc.get("locks") if isinstance(doc, dict) else None
-        if not isinstance(locks, list):
-            raise BackendUnavailable("server answer lacks 'locks'")
-        return [scope_info_from(entry) for entry in locks]
+        _, doc = await self._client.get_json(_LIST_LOCKS.target(page_query(after, limit)))
+        return codecs.scope_infos_from(doc)
 
     async def last_issued(self, scope: str) -> int:
         return (await self.inspect(scope)).last_token
@@ -399,14 +392,14 @@ class AsyncHTTPStorePort:
         self.cluster_id = cluster_id
 
     async def _write(
-        self, method: str, scope: str, key: str, body: bytes, *, token: FencingToken, idempotency_key: str | None
+        self, route: Route, scope: str, key: str, body: bytes, *, token: FencingToken, idempotency_key: str | None
     ) -> WriteResult:
-        headers: tuple[tuple[str, str], ...] = (("Fencing-Token", token.encode()),)
+        headers: tuple[tuple[str, str], ...] = ((codecs.FENCING_TOKEN_HEADER, token.encode()),)
         if idempotency_key is not None:
-            headers += (("Idempotency-Key", idempotency_key),)
+            headers += ((codecs.IDEMPOTENCY_KEY_HEADER, idempotency_key),)
         response = await self._client.request(
-            method, f"/v1/kv/{scope}/{quote_segment(key)}", body=body,
-            content_type="application/octet-stream" if method == "PUT" else None,
+            route.method, route.target(scope=scope, key=key), body=body,
+            content_type=codecs.OCTETS if route.body == "bytes" else None,
             headers=headers, timeout_ms=self._client.endpoint.timeout_ms,
         )
         if response.status != 200:
@@ -420,17 +413,17 @@ class AsyncHTTPStorePort:
         scope, key, data = validate_scope(scope), validate_key(key), validate_value(value)
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
-        return await self._write("PUT", scope, key, data, token=token, idempotency_key=idempotency_key)
+        return await self._write(_PUT, scope, key, data, token=token, idempotency_key=idempotency_key)
 
     async def delete(self, scope: str, key: str, *, token: FencingToken, idempotency_key: str | None) -> WriteResult:
         scope, key = validate_scope(scope), validate_key(key)
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
-        return await self._write("DELETE", scope, key, b"", token=token, idempotency_key=idempotency_key)
+        return await self._write(_DELETE, scope, key, b"", token=token, idempotency_key=idempotency_key)
 
     async def get(self, scope: str, key: str) -> Item | None:
         response = await self._client.request(
-            "GET", f"/v1/kv/{scope}/{quote_segment(key)}", timeout_ms=self._client.endpoint.timeout_ms
+            _GET.method, _GET.target(scope=scope, key=key), timeout_ms=self._client.endpoint.timeout_ms
         )
         if response.status == 404:
             return None
@@ -447,26 +440,17 @@ class AsyncHTTPStorePort:
         """
         if after != "":
             validate_key(after)
-        _, doc = await self._client.get_json(f"/v1/kv/{scope}?{_page_query(after, limit)}")
-        entries = doc.get("items") if isinstance(doc, dict) else None
-        if not isinstance(entries, list):
-            raise BackendUnavailable("server answer lacks 'items'")
+        _, doc = await self._client.get_json(_LIST_KEYS.target(page_query(after, limit), scope=scope))
         items = []
-        for entry in entries:
-            key = entry.get("key") if isinstance(entry, dict) else None
-            if not isinstance(key, str):
-                raise BackendUnavailable("server list entry lacks a key")
+        for key in codecs.keys_from(doc):
             item = await self.get(scope, key)
             if item is not None:
                 items.append(item)
         return items
 
     async def high_water(self, scope: str) -> int:
-        _, doc = await self._client.get_json(f"/v1/hwm/{scope}")
-        high_water = doc.get("high_water") if isinstance(doc, dict) else None
-        if not isinstance(high_water, int) or isinstance(high_water, bool):
-            raise BackendUnavailable("server answer lacks 'high_water'")
-        return high_water
+        _, doc = await self._client.get_json(_HIGH_WATER.target(scope=scope))
+        return codecs.high_water_from(doc)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -1,0 +1,248 @@
+"""The documents of the HTTP API, both directions: what the server writes is what the client reads.
+
+Encoders (server side) turn core values into JSON-ready dicts; decoders
+(client side) check every field they read and raise `BackendUnavailable` for
+an answer that is not what docs/http-api.md says (a proxy's page, a wrong
+port, an incompatible server), never a bare ``KeyError``.
+
+    document     encoder            decoder              schema (OpenAPI)
+    grant        grant_doc          lease_from           Grant
+    renewal      renewal_doc        lease_from           Renewal
+    lock info    lock_doc           scope_info_from      LockInfo
+    lock list    lock_list_doc      scope_infos_from     LockList
+    write        write_doc          write_result_from    WriteResult
+    key list     key_list_doc       keys_from            ItemList
+    value        item_headers       item_from            (raw bytes + headers)
+    high water   high_water_doc     high_water_from      HighWater
+    cluster      cluster_doc        cluster_id_from      Cluster
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stockade.core import leases as core_leases
+from stockade.core.errors import BackendUnavailable, InvalidArgument
+from stockade.core.tokens import FencingToken, validate_cluster_id
+from stockade.core.values import Item, WriteResult
+
+__all__ = [
+    "FENCING_TOKEN_HEADER",
+    "IDEMPOTENCY_KEY_HEADER",
+    "TOKEN_VALUE_HEADER",
+    "COMMIT_SEQ_HEADER",
+    "JSON",
+    "PROBLEM_JSON",
+    "OCTETS",
+    "dumps",
+    "grant_doc",
+    "renewal_doc",
+    "lock_doc",
+    "lock_list_doc",
+    "write_doc",
+    "key_list_doc",
+    "item_headers",
+    "high_water_doc",
+    "cluster_doc",
+    "decode_json",
+    "lease_from",
+    "scope_info_from",
+    "scope_infos_from",
+    "write_result_from",
+    "keys_from",
+    "item_from",
+    "high_water_from",
+    "cluster_id_from",
+]
+
+FENCING_TOKEN_HEADER = "Fencing-Token"
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+TOKEN_VALUE_HEADER = "Token-Value"
+COMMIT_SEQ_HEADER = "Commit-Seq"
+JSON = "application/json"
+PROBLEM_JSON = "application/problem+json"
+OCTETS = "application/octet-stream"
+
+_encode = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
+
+
+def dumps(document: Any) -> bytes:
+    """Compact ASCII JSON; NaN and Infinity refused (they are not JSON)."""
+    return _encode(document).encode("ascii")
+
+
+# -- encoders (the server's answers) --------------------------------------------------------------
+
+
+def grant_doc(lease: core_leases.Lease, scope: str) -> dict[str, Any]:
+    return {"scope": scope, "token": lease.token.encode(), "token_value": lease.token.value,
+            "lease_id": lease.lease_id, "ttl_ms": lease.ttl_ms}
+
+
+def renewal_doc(lease: core_leases.Lease) -> dict[str, Any]:
+    return {"scope": lease.scope, "token": lease.token.encode(), "token_value": lease.token.value,
+            "ttl_ms": lease.ttl_ms}
+
+
+def lock_doc(info: core_leases.ScopeInfo) -> dict[str, Any]:
+    """A scope's state. ``token`` is the current holder's token, or None when free."""
+    return {
+        "scope": info.scope,
+        "state": info.state.value,
+        "holder": info.holder,
+        "token": info.token.encode() if info.token else None,
+        "token_value": info.token.value if info.token else None,
+        "last_token": info.last_token,
+        "remaining_ms": info.remaining_ms,
+        "waiters": info.waiters,
+    }
+
+
+def lock_list_doc(infos: Sequence[core_leases.ScopeInfo], next_after: str | None) -> dict[str, Any]:
+    return {"locks": [lock_doc(info) for info in infos], "next_after": next_after}
+
+
+def write_doc(result: WriteResult) -> dict[str, Any]:
+    return {"scope": result.scope, "key": result.key, "token_value": result.token_value,
+            "high_water": result.high_water, "commit_seq": result.commit_seq, "replayed": result.replayed}
+
+
+def key_list_doc(rows: Sequence[tuple[str, int, int, int]], next_after: str | None) -> dict[str, Any]:
+    """A page of keys from ``(key, token_value, commit_seq, size)`` rows."""
+    items = [{"key": k, "token_value": t, "commit_seq": c, "size": n} for k, t, c, n in rows]
+    return {"items": items, "next_after": next_after}
+
+
+def item_headers(item: Item) -> list[tuple[str, str]]:
+    """The headers that go with a value's raw bytes."""
+    return [(TOKEN_VALUE_HEADER, str(item.token_value)), (COMMIT_SEQ_HEADER, str(item.commit_seq))]
+
+
+def high_water_doc(scope: str, high_water: int) -> dict[str, Any]:
+    return {"scope": scope, "high_water": high_water}
+
+
+def cluster_doc(cluster_id: str) -> dict[str, Any]:
+    return {"cluster_id": cluster_id}
+
+
+# -- decoders (the client's reading) --------------------------------------------------------------
+
+
+def decode_json(body: bytes, status: int) -> Any:
+    """The JSON document of a success answer.
+
+    Raises:
+        BackendUnavailable: the body is not JSON (a proxy's error page, a wrong port).
+    """
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise BackendUnavailable(f"server sent a malformed JSON body (HTTP {status})") from exc
+
+
+def _field(doc: Any, name: str, kind: type) -> Any:
+    value = doc.get(name) if isinstance(doc, dict) else None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BackendUnavailable(f"server response lacks a valid {name!r}")
+    return value
+
+
+def _token(doc: Any, name: str = "token") -> FencingToken:
+    try:
+        return FencingToken.decode(_field(doc, name, str))
+    except InvalidArgument as exc:
+        raise BackendUnavailable(f"server sent a malformed {name!r}") from exc
+
+
+def lease_from(doc: Any, *, lease_id: str, holder: str, sent_ns: int) -> core_leases.Lease:
+    """A core `Lease` from a grant or renewal.
+
+    ``granted_ns``/``expires_ns`` are on *this* host's monotonic clock (the send
+    time, and send time + TTL): the server's clock is never seen (C3).
+    """
+    token = _token(doc)
+    ttl_ms = _field(doc, "ttl_ms", int)
+    return core_leases.Lease(
+        lease_id=lease_id,
+        holder=holder,
+        token=token,
+        ttl_ms=ttl_ms,
+        granted_ns=sent_ns,
+        expires_ns=sent_ns + ttl_ms * 1_000_000,
+    )
+
+
+def scope_info_from(doc: Any) -> core_leases.ScopeInfo:
+    try:
+        state = core_leases.ScopeState(_field(doc, "state", str))
+    except ValueError as exc:
+        raise BackendUnavailable("server sent an unknown scope state") from exc
+    holder = doc.get("holder")
+    return core_leases.ScopeInfo(
+        scope=_field(doc, "scope", str),
+        state=state,
+        holder=holder if isinstance(holder, str) else None,
+        token=_token(doc) if doc.get("token") is not None else None,
+        last_token=_field(doc, "last_token", int),
+        remaining_ms=_field(doc, "remaining_ms", int),
+        waiters=_field(doc, "waiters", int),
+    )
+
+
+def scope_infos_from(doc: Any) -> list[core_leases.ScopeInfo]:
+    locks = doc.get("locks") if isinstance(doc, dict) else None
+    if not isinstance(locks, list):
+        raise BackendUnavailable("server answer lacks 'locks'")
+    return [scope_info_from(entry) for entry in locks]
+
+
+def write_result_from(doc: Any) -> WriteResult:
+    return WriteResult(
+        scope=_field(doc, "scope", str),
+        key=_field(doc, "key", str),
+        token_value=_field(doc, "token_value", int),
+        high_water=_field(doc, "high_water", int),
+        commit_seq=_field(doc, "commit_seq", int),
+        replayed=bool(doc.get("replayed", False)),
+    )
+
+
+def keys_from(doc: Any) -> list[str]:
+    """The keys of a key-list page, in order."""
+    entries = doc.get("items") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise BackendUnavailable("server answer lacks 'items'")
+    keys = []
+    for entry in entries:
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if not isinstance(key, str):
+            raise BackendUnavailable("server list entry lacks a key")
+        keys.append(key)
+    return keys
+
+
+def item_from(headers: Mapping[str, str], body: bytes, *, scope: str, key: str) -> Item:
+    """An `Item` from a value's answer; ``headers`` keys are lowercase."""
+    try:
+        token_value = int(headers[TOKEN_VALUE_HEADER.lower()])
+        commit_seq = int(headers[COMMIT_SEQ_HEADER.lower()])
+    except (KeyError, ValueError) as exc:
+        raise BackendUnavailable("server response lacks Token-Value or Commit-Seq") from exc
+    return Item(scope=scope, key=key, value=body, token_value=token_value, commit_seq=commit_seq)
+
+
+def high_water_from(doc: Any) -> int:
+    high_water = doc.get("high_water") if isinstance(doc, dict) else None
+    if not isinstance(high_water, int) or isinstance(high_water, bool):
+        raise BackendUnavailable("server answer lacks 'high_water'")
+    return high_water
+
+
+def cluster_id_from(doc: Any) -> str:
+    try:
+        return validate_cluster_id(doc.get("cluster_id") if isinstance(doc, dict) else None, "cluster_id")
+    except InvalidArgument as exc:
+        raise BackendUnavailable("server sent a malformed cluster id") from exc
