@@ -14,8 +14,8 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import HELPERS, PYTHON, python_env
+
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
 from stockade.core.leases import Granted, Queued
 
@@ -115,14 +115,14 @@ def _contend(tmp_path, seconds, mutant=""):
         for i in range(4)
     ]
     records = []
-    for proc, output in zip(procs, outputs):
+    for proc, output in zip(procs, outputs, strict=True):
         assert proc.wait(timeout=seconds + 60) == 0
         records += [json.loads(line) for line in output.read_text().splitlines()]
     grants = sorted((r for r in records if "granted" in r), key=lambda r: r["granted"])
     timeouts = sum(1 for r in records if r.get("timed_out"))
     tokens = [g["token"] for g in grants]
-    order_violations = sum(1 for a, b in zip(tokens, tokens[1:]) if b <= a)
-    overlaps = sum(1 for a, b in zip(grants, grants[1:]) if b["granted"] < a["released"])
+    order_violations = sum(1 for a, b in zip(tokens, tokens[1:], strict=False) if b <= a)
+    overlaps = sum(1 for a, b in zip(grants, grants[1:], strict=False) if b["granted"] < a["released"])
     # FIFO: if X finished joining the queue before Y started joining, X is granted first.
     by_joined = sorted(grants, key=lambda r: r["enq1"])
     joined_at = [r["enq1"] for r in by_joined]
@@ -143,7 +143,7 @@ def _contend(tmp_path, seconds, mutant=""):
 
 def _contiguous_but_epochs(tokens: list[int], *, processes: int) -> bool:
     """Each grant is the previous token + 1, except where an opener's new epoch starts (one per process)."""
-    steps = list(zip(tokens, tokens[1:]))
+    steps = list(zip(tokens, tokens[1:], strict=False))
     return all(b > a for a, b in steps) and sum(1 for a, b in steps if b != a + 1) <= processes
 
 

@@ -56,16 +56,16 @@ def test_bad_acquire_changes_nothing(world, bad):
 def bad_tokens(lease, other):
     t = lease.token
     return {
-        "zero": "stk1.%s.0.held" % t.cluster,
-        "negative": "stk1.%s.-3.held" % t.cluster,
-        "2**63": "stk1.%s.%d.held" % (t.cluster, 2**63),
+        "zero": f"stk1.{t.cluster}.0.held",
+        "negative": f"stk1.{t.cluster}.-3.held",
+        "2**63": f"stk1.{t.cluster}.{2**63}.held",
         "float": 1.0,
         "int": 5,
         "bool": True,
         "bytes": t.encode().encode(),
         "nan": math.nan,
         "garbage": "not-a-token",
-        "leading-zero": "stk1.%s.01.held" % t.cluster,
+        "leading-zero": f"stk1.{t.cluster}.01.held",
         "empty": "",
         "dict": {"value": 1},
     }

@@ -15,7 +15,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import HELPERS
 
 sys.path.insert(0, str(HELPERS))
@@ -194,7 +193,8 @@ def _corpus(grant):
     octet = {"Content-Type": "application/octet-stream"}
     bad_tokens = ["-1", "0", str(2**63), "1.5", "NaN", "abc", f"stk1.{cluster}.0.s", f"stk1.{cluster}.-1.s",
                   f"stk1.{cluster}.{2**63}.s", f"stk1.{cluster}.1.5.s", f"stk1.{cluster}.NaN.s",
-                  f"stk1.{cluster}.01.s", f"stk1.{cluster}.1.bad scope", "stk1..1.s", "", token.replace("stk1", "stk2"), token.upper()]
+                  f"stk1.{cluster}.01.s", f"stk1.{cluster}.1.bad scope", "stk1..1.s", "",
+                  token.replace("stk1", "stk2"), token.upper()]
     cases = []
     for bad in bad_tokens:
         cases.append(("PUT", "/v1/kv/s/k", {**octet, "Fencing-Token": bad}, b"x"))
@@ -270,7 +270,7 @@ def _corpus_run(url):
 
 def test_s23_hand_corpus_gets_4xx_and_changes_nothing(server):
     cases, statuses, before, after = _corpus_run(server.url)
-    errors = [(c[0], c[1][:60], s) for c, s in zip(cases, statuses) if not 400 <= s < 500]
+    errors = [(c[0], c[1][:60], s) for c, s in zip(cases, statuses, strict=True) if not 400 <= s < 500]
     changed = int(before != after)
     print(f"\nS23 hand corpus: non-4xx {len(errors)} of {len(cases)} requests; state changed {changed}")
     assert errors == [], errors

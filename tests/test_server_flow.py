@@ -7,8 +7,9 @@ import socket
 import subprocess
 import time
 
-import stockade
 from conftest import PYTHON, python_env
+
+import stockade
 
 
 def _rss_mb(pid: int) -> int:

@@ -90,7 +90,8 @@ class FencingToken:
         _, cluster, value, scope = parts
         if not _VALUE_RE.fullmatch(value):
             raise InvalidArgument("token", "value must be a decimal integer in 1..2**63-1")
-        return cls(cluster=validate_cluster_id(cluster, "token"), scope=validate_scope(scope, "token"), value=int(value))
+        cluster, scope = validate_cluster_id(cluster, "token"), validate_scope(scope, "token")
+        return cls(cluster=cluster, scope=scope, value=int(value))
 
     def __str__(self) -> str:
         return self.encode()

@@ -156,7 +156,8 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = (
         "_dispatch", "_observe", "_body_limit", "_limits", "_loop", "_transport", "_parser", "_url", "_headers",
         "_repeated", "_header_bytes", "_body", "_body_size", "_body_max", "_pending", "_current", "_closing",
-        "_write_paused", "_discarding", "_discarded", "_request_started", "_last_active", "_header_name", "_keep_alive_flags",
+        "_write_paused", "_discarding", "_discarded", "_request_started", "_last_active", "_header_name",
+        "_keep_alive_flags",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],

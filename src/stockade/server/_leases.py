@@ -221,8 +221,8 @@ class LeaseService:
         deadline_ns = now_ns + wait_ms * _NS_PER_MS
         # The client's open connection is the waiter's liveness, not polling: it
         # counts as alive until its deadline.
-        attempt = {"lease_id": self._new_lease_id(), "holder": holder, "ttl_ms": ttl_ms,
-                   "wait_deadline_ns": deadline_ns, "live_until_ns": deadline_ns}
+        attempt: dict[str, Any] = {"lease_id": self._new_lease_id(), "holder": holder, "ttl_ms": ttl_ms,
+                                   "wait_deadline_ns": deadline_ns, "live_until_ns": deadline_ns}
         self._write = None
         try:
             outcome = self.engine.try_acquire(scope, **attempt)
@@ -366,6 +366,10 @@ class LeaseService:
         return outcome.released
 
     # -- reads -------------------------------------------------------------------------------
+
+    async def inspect_barrier(self) -> None:
+        """Wait until what a read just saw is durable (nothing is answered that a crash could take back)."""
+        await self._barrier()
 
     async def inspect(self, scope: str) -> ScopeInfo:
         info = self.engine.inspect(scope)

@@ -235,6 +235,12 @@ class App:
         query(request, ())
         return json_response(200, codecs.cluster_doc(self.cluster_id))
 
+    async def fence_floors(self, request: Request) -> Response:
+        query(request, ())
+        floors = self.leases.engine.fence_floors()
+        await self.leases.inspect_barrier()
+        return json_response(200, codecs.fence_floors_doc(floors))
+
     def dashboard(self, request: Request) -> Response:
         rows = "".join(
             f"<tr><td>{html.escape(name)}</td><td>{record.last_token}</td>"

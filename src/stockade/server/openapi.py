@@ -80,6 +80,7 @@ _IDEMPOTENCY_HEADER = {"name": IDEMPOTENCY_KEY_HEADER, "in": "header", "required
 
 def _schemas() -> dict[str, Any]:
     int64 = {"type": "integer", "minimum": 1, "maximum": TOKEN_VALUE_MAX}
+    floor = {"type": "integer", "minimum": 0, "maximum": TOKEN_VALUE_MAX}
     lock_info = {
         "type": "object",
         "required": ["scope", "state", "holder", "token", "token_value", "last_token", "remaining_ms", "waiters"],
@@ -162,6 +163,9 @@ def _schemas() -> dict[str, Any]:
         "Cluster": {"type": "object", "required": ["cluster_id"],
                     "properties": {"cluster_id": {"type": "string", "pattern": "^[0-9a-f]{16}$"}}},
         "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+        "FenceFloors": {"type": "object", "required": ["floors", "default"],
+                        "properties": {"floors": {"type": "object", "additionalProperties": floor},
+                                       "default": floor}},
     }
 
 

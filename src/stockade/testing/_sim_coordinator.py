@@ -80,8 +80,12 @@ class Coordinator(Node):
         # C1: the committed unit is on disk before the engine returns (the control forgets to).
         if not self.volatile:
             durable = self.durable
-            for _, new in changes:
-                durable[new.scope] = new
+            for old, new in changes:
+                if new is None:  # a forgotten scope
+                    if old is not None:
+                        durable.pop(old.scope, None)
+                else:
+                    durable[new.scope] = new
 
     def _checkpoint(self) -> None:
         self.durable = self.memory.snapshot()

@@ -26,7 +26,7 @@ from typing import Any
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.tokens import FencingToken, validate_cluster_id
-from stockade.core.values import Item, WriteResult
+from stockade.core.values import FenceFloors, Item, WriteResult
 
 __all__ = [
     "FENCING_TOKEN_HEADER",
@@ -128,6 +128,10 @@ def cluster_doc(cluster_id: str) -> dict[str, Any]:
     return {"cluster_id": cluster_id}
 
 
+def fence_floors_doc(floors: FenceFloors) -> dict[str, Any]:
+    return {"floors": dict(floors.floors), "default": floors.default}
+
+
 # -- decoders (the client's reading) --------------------------------------------------------------
 
 
@@ -173,6 +177,16 @@ def lease_from(doc: Any, *, lease_id: str, holder: str, sent_ns: int) -> core_le
         granted_ns=sent_ns,
         expires_ns=sent_ns + ttl_ms * 1_000_000,
     )
+
+
+def fence_floors_from(doc: Any) -> FenceFloors:
+    floors = doc.get("floors") if isinstance(doc, dict) else None
+    if not isinstance(floors, dict):
+        raise BackendUnavailable("server sent fence floors without a floors object")
+    try:
+        return FenceFloors(floors, _field(doc, "default", int))
+    except InvalidArgument as exc:
+        raise BackendUnavailable(f"server sent bad fence floors: {exc}") from exc
 
 
 def scope_info_from(doc: Any) -> core_leases.ScopeInfo:

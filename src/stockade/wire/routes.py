@@ -23,6 +23,7 @@ a route is written once (docs/http-api.md is its prose).
     PUT     /v1/kv/{scope}/{key}          put            yes   raw bytes
     DELETE  /v1/kv/{scope}/{key}          deleteKey      yes   -
     GET     /v1/hwm/{scope}               highWater      yes   -
+    GET     /v1/fence-floors              fenceFloors    yes   -
 
 ``{key}`` is the rest of the path: a store key may hold ``/``, encoded or not.
 """
@@ -153,6 +154,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/openapi.json", "openapiDocument", "This document.", summary="OpenAPI document"),
     Route("GET", "/", "dashboard", "A page of scopes.", answer="html", summary="Dashboard"),
     Route("GET", "/v1/cluster", "cluster", "Cluster id", answer_schema="Cluster"),
+    Route("GET", "/v1/fence-floors", "fenceFloors",
+          "Every scope's fence floor, for a store's restore (R4): the last issued token of each scope the "
+          "coordinator holds, and a default above every token of the scopes it forgot.",
+          answer_schema="FenceFloors"),
     Route("GET", "/v1/locks", "listLocks", "A page of scopes in name order.", answer_schema="LockList",
           query=(("after", "scope"), ("limit", "limit")), problems=_COMMON),
     Route("GET", "/v1/locks/{scope}", "inspectLock", "The scope's state.", answer_schema="LockInfo",

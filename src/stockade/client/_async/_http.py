@@ -39,6 +39,7 @@ from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, NotHolder
 from stockade.core.limits import LEASES_MAX, validate_idempotency_key, validate_key, validate_scope, validate_value
 from stockade.core.tokens import FencingToken
+from stockade.core.values import FenceFloors
 from stockade.resources.store import Item, WriteResult
 from stockade.wire import codecs
 from stockade.wire.routes import ROUTE, Route, page_query
@@ -130,7 +131,7 @@ class AsyncHTTPConnection:
         return HTTPResponse(head.status, head.headers, body)
 
     async def _receive_chunked(self, deadline: float) -> bytes:
-        chunks = []
+        chunks: list[bytes] = []
         total = 0
         while True:
             size_line = await self._receive_until(b"\r\n", deadline, 1024)
@@ -281,7 +282,7 @@ class AsyncHTTPClient:
 
 # The routes this client calls, from the one table (`stockade.wire.routes`): no path is written here.
 _CLUSTER, _ACQUIRE, _RENEW, _RELEASE = ROUTE["cluster"], ROUTE["acquire"], ROUTE["renew"], ROUTE["release"]
-_INSPECT, _LIST_LOCKS = ROUTE["inspectLock"], ROUTE["listLocks"]
+_INSPECT, _LIST_LOCKS, _FENCE_FLOORS = ROUTE["inspectLock"], ROUTE["listLocks"], ROUTE["fenceFloors"]
 _PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER = (
     ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"])
 
@@ -374,7 +375,12 @@ class AsyncHTTPCoordinatorPort:
         return codecs.scope_infos_from(doc)
 
     async def last_issued(self, scope: str) -> int:
-        return (await self.inspect(scope)).last_token
+        last = (await self.inspect(scope)).last_token
+        return last if last else (await self.fence_floors()).default  # not held: never used, or forgotten
+
+    async def fence_floors(self) -> FenceFloors:
+        _, doc = await self._client.get_json(_FENCE_FLOORS.target())
+        return codecs.fence_floors_from(doc)
 
     async def aclose(self) -> None:
         await self._client.aclose()
