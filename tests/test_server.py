@@ -15,6 +15,8 @@ import threading
 import time
 
 import pytest
+
+from stockade.core.tokens import FencingToken
 from conftest import HELPERS
 
 sys.path.insert(0, str(HELPERS))
@@ -55,7 +57,9 @@ def test_routes_follow_the_contract(server):
     url = server.url
     status, _, grant = acquire(url, "reports", holder="worker-1")
     assert status == 200 and set(grant) == {"scope", "token", "token_value", "lease_id", "ttl_ms"}
-    assert grant["token"].startswith("stk1.") and grant["token"].endswith(f".{grant['token_value']}.reports")
+    # signed: stk2.<cluster>.<value>.<kid>.<mac>.<scope> (docs/tokens.md)
+    assert grant["token"].startswith("stk2.") and grant["token"].endswith(".reports")
+    assert grant["token"].split(".")[2] == str(grant["token_value"])
     t1 = grant["token_value"]  # the first token of this opener's epoch; later ones count up from it
     status, _, info = call(url, "GET", "/v1/locks/reports")
     assert status == 200 and info["state"] == "held" and info["holder"] == "worker-1"
@@ -194,7 +198,7 @@ def _corpus(grant):
     bad_tokens = ["-1", "0", str(2**63), "1.5", "NaN", "abc", f"stk1.{cluster}.0.s", f"stk1.{cluster}.-1.s",
                   f"stk1.{cluster}.{2**63}.s", f"stk1.{cluster}.1.5.s", f"stk1.{cluster}.NaN.s",
                   f"stk1.{cluster}.01.s", f"stk1.{cluster}.1.bad scope", "stk1..1.s", "",
-                  token.replace("stk1", "stk2"), token.upper()]
+                  token.replace("stk2", "stk3"), token.upper()]
     cases = []
     for bad in bad_tokens:
         cases.append(("PUT", "/v1/kv/s/k", {**octet, "Fencing-Token": bad}, b"x"))
@@ -465,7 +469,8 @@ def test_restart_keeps_tokens_and_state(tmp_path):
     proc = start_server(data)
     try:
         info = call(proc.url, "GET", "/v1/locks/r")[2]
-        assert info["state"] == "held" and info["token"] == grant["token"]  # C3: held leases stay held
+        # C3: held leases stay held; a read shows the token without its MAC (never a write capability)
+        assert info["state"] == "held" and info["token"] == FencingToken.decode(grant["token"]).unsigned().encode()
         assert call(proc.url, "POST", f"/v1/leases/{grant['lease_id']}/renew")[0] == 200
         call(proc.url, "DELETE", f"/v1/leases/{grant['lease_id']}")
         assert acquire(proc.url, "r")[2]["token_value"] > grant["token_value"]  # a restart starts a new epoch

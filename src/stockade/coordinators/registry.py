@@ -16,14 +16,16 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stockade.coordinators import memory
 from stockade.coordinators.sqlite import SQLiteCoordinator
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
+from stockade.keys import FixedKeys, KeyFile, create_keyring, ephemeral_keyring, keyring_path
 
-__all__ = ["Capability", "CoordinatorBackend", "COORDINATORS", "SCHEMES_PLANNED", "coordinator_backend"]
+__all__ = ["open_signed_sqlite", "Capability", "CoordinatorBackend", "COORDINATORS", "SCHEMES_PLANNED", "coordinator_backend"]
 
 
 class Capability(enum.Enum):
@@ -59,16 +61,37 @@ class CoordinatorBackend:
             raise ValueError(f"backend {self.scheme!r} must serve waiters in FIFO order")
 
 
+def open_signed_sqlite(path: Path, policy: LeasePolicy, **options: Any) -> SQLiteCoordinator:
+    """A `SQLiteCoordinator` that signs its tokens with the keyring next to its file (created with it).
+
+    ``dir/coord.db`` signs with ``dir/coord.keys`` (`stockade.keys`; docs/tokens.md).
+
+    Raises:
+        BackendUnavailable: the keyring cannot be created or read, or is another cluster's.
+    """
+    coordinator = SQLiteCoordinator(path, policy=policy, **options)
+    try:
+        keyring = create_keyring(keyring_path(path), coordinator.cluster_id)
+        coordinator.signer = KeyFile(keyring_path(path), keyring.cluster_id)
+    except BaseException:
+        coordinator.close()
+        raise
+    return coordinator
+
+
 def _open_sqlite(location: str, policy: LeasePolicy) -> LeaseEngine:
     if not location or "\x00" in location:
         raise InvalidArgument("url", "sqlite url needs a file path: sqlite:///path/to/file.db")
-    return SQLiteCoordinator(Path(location), policy=policy)
+    return open_signed_sqlite(Path(location), policy)
 
 
 def _open_memory(location: str, policy: LeasePolicy) -> LeaseEngine:
     if not location or not location.isascii() or not location.isprintable() or len(location) > 200:
         raise InvalidArgument("url", "memory url needs a name: memory://NAME (1..200 printable ASCII)")
-    return memory.named(location, policy=policy)
+    coordinator = memory.named(location, policy=policy)
+    if coordinator.signer is None:  # in-process keys: they live and die with the coordinator
+        coordinator.signer = FixedKeys(ephemeral_keyring(coordinator.cluster_id))
+    return coordinator
 
 
 _DURABLE_REMOTE = frozenset({Capability.FIFO_WAIT, Capability.DURABLE_TOKENS, Capability.NATIVE_WAIT})

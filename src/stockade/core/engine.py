@@ -40,6 +40,7 @@ from stockade.core.leases import (
     lease_hint,
 )
 from stockade.core.limits import LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
+from stockade.core.signing import TokenSigner
 from stockade.core.tokens import counter_exhausted, epoch_floor, epoch_of, grant_base
 from stockade.core.values import FenceFloors
 
@@ -183,6 +184,12 @@ class LeaseEngine:
         leases_max: bound on stored leases; a grant beyond it raises `LimitExceeded`.
         forget_batch: how many idle scopes one acquire forgets, at most, when
             the store is full (see `forget_idle`).
+        signer: signs every token this engine hands out (`stockade.core.signing`);
+            None: tokens go out unsigned (only a store opened without keys takes them).
+
+    Signing: the records keep token values only; a grant's and a renewal's
+    lease carry the signed token, while `inspect` and `scopes` show the
+    holder's token without its MAC (a read never returns a write capability).
 
     Forgetting: a store that bounds its scopes (the server's table) is never
     full for good. When an acquire finds it full, the engine first forgets up to
@@ -201,6 +208,7 @@ class LeaseEngine:
         policy: LeasePolicy | None = None,
         leases_max: int = LEASES_MAX,
         forget_batch: int = FORGET_BATCH,
+        signer: TokenSigner | None = None,
     ) -> None:
         validate_int("leases_max", leases_max, 1, LEASES_MAX)
         validate_int("forget_batch", forget_batch, 1, LIST_PAGE_MAX)
@@ -210,6 +218,15 @@ class LeaseEngine:
         self.clock = clock
         self.policy = policy or LeasePolicy()
         self.leases_max = leases_max
+        self.signer = signer
+
+    #: Signs the tokens handed out; set by whoever opens the coordinator with its keys.
+    signer: TokenSigner | None = None
+
+    def _signed(self, lease: Lease) -> Lease:
+        if self.signer is None:
+            return lease
+        return replace(lease, token=self.signer.sign(lease.token))
 
     #: The grant rule; a seam for the controls of the test suite (a barging or
     #: overlapping rule must be caught), never changed in production.
@@ -266,6 +283,8 @@ class LeaseEngine:
                 record = tx.load(scope)
                 new, outcome = self._acquire(tx, record, request, now_ns)
             tx.save(record, new)
+        if isinstance(outcome, Granted):
+            outcome = replace(outcome, lease=self._signed(outcome.lease))
         return outcome
 
     def _acquire(
@@ -315,7 +334,7 @@ class LeaseEngine:
                 tx.save(record, new)
         if expired:
             raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
-        return lease
+        return self._signed(lease)
 
     def release(self, lease_id: str) -> Released:
         """Release a lease. Idempotent: an unknown or expired lease id is not an error."""

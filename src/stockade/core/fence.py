@@ -15,13 +15,16 @@ Equal tokens are accepted: one lease may write many times.
 
 `check_write`, the order every adapter follows for one write:
 
+    0. token not verified by the resource's keys       -> Reject("forged") (P3; nothing else is looked at)
     1. token for another cluster or scope             -> Reject (R2; nothing else is looked at)
     2. idempotency key recorded, same operation       -> Replay(original result) (R3, even if stale)
        idempotency key recorded, another operation    -> raise InvalidArgument
     3. token.value <  HWM                             -> Reject("stale") (R1)
     4. otherwise                                      -> Accept(new_high_water=token.value)
 
-Provenance comes first so that a token of another cluster or scope learns
+Step 0 is the adapter's: it verifies the token's MAC with its keyring
+(`stockade.core.signing`; and, where the coordinator lives with it, that the
+value was issued) and passes why it failed as ``forged``. Provenance comes first so that a token of another cluster or scope learns
 nothing, not even an earlier result; staleness comes after the replay so that
 a retry of an acknowledged write still gets its answer after a newer holder
 wrote.
@@ -49,7 +52,7 @@ __all__ = [
     "raise_for",
 ]
 
-RejectReason = Literal["stale", "wrong-scope", "wrong-cluster"]
+RejectReason = Literal["stale", "wrong-scope", "wrong-cluster", "forged"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,8 @@ class Reject:
 
     reason: RejectReason
     high_water: int
+    #: For ``forged``: why verification failed (`stockade.core.signing.FORGED_DETAILS`).
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,7 @@ def check_write(
     fingerprint: str | None,
     recorded: Recorded | None,
     rule: FenceRule = decide,
+    forged: str | None = None,
 ) -> WriteDecision:
     """Judge one write in the order R2 -> R3 -> R1 (the table in this module's docstring).
 
@@ -146,6 +152,8 @@ def check_write(
         fingerprint: the write's fingerprint (None without an idempotency key).
         recorded: what the resource remembers under the write's idempotency key.
         rule: the comparison; `decide` unless a control swaps it.
+        forged: why the adapter's verification of the token failed (None: it
+            passed, or the adapter checks no keys). Refused before anything else.
 
     Returns:
         `Replay`, `Reject` or `Accept`.
@@ -153,6 +161,8 @@ def check_write(
     Raises:
         InvalidArgument: the idempotency key was applied to a different operation.
     """
+    if forged is not None:
+        return Reject("forged", high_water, forged)
     decision = rule(token, cluster=cluster, scope=scope, high_water=high_water)
     if isinstance(decision, Reject) and decision.reason != "stale":
         return decision
@@ -167,5 +177,7 @@ def raise_for(token: FencingToken, decision: Reject, *, cluster: str, scope: str
     """Raise the typed exception for a rejection (the adapters' one mapping)."""
     if decision.reason == "stale":
         raise StaleToken(token, decision.high_water)
+    if decision.reason == "forged":
+        raise TokenMismatch(token, f"forged ({decision.detail})", "a token this resource's keys verify")
     expected = cluster if decision.reason == "wrong-cluster" else scope
     raise TokenMismatch(token, decision.reason, expected)

@@ -5,16 +5,21 @@ the scope it orders, and an integer in ``1..2**63-1`` that strictly increases
 per scope. Its encoded form is what clients carry (``STOCKADE_TOKEN``, the
 ``Fencing-Token`` header)::
 
-    stk1.<cluster>.<value>.<scope>
+    stk2.<cluster>.<value>.<kid>.<mac>.<scope>     (signed: what a coordinator issues)
+    stk1.<cluster>.<value>.<scope>                 (unsigned: legacy, and what reads show)
 
 ``cluster`` is 16 lowercase hex digits and ``value`` is decimal without leading
-zeros, so neither contains a dot; the scope comes last because it may.
+zeros, so neither contains a dot; ``kid`` (8 lowercase hex digits) names the
+coordinator key that signed the token and ``mac`` is its 128-bit keyed MAC in
+unpadded base64url (`stockade.core.signing`), neither with a dot either; the
+scope comes last because it may. ``kid`` and ``mac`` are not part of a token's
+identity: two tokens are equal when cluster, scope and value are.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stockade.core.errors import InvalidArgument, LimitExceeded
 from stockade.core.limits import TOKEN_VALUE_MAX, TOKEN_VALUE_MIN, validate_int, validate_scope
@@ -42,8 +47,14 @@ CLUSTER_ID_HEX_DIGITS = 16
 _CLUSTER_RE = re.compile(r"[0-9a-f]{16}")
 _VALUE_RE = re.compile(r"[1-9][0-9]{0,18}")
 _PREFIX = "stk1"
-# prefix + cluster + max value digits + max scope + 3 dots
-ENCODED_CHARS_MAX = len(_PREFIX) + 16 + 19 + 200 + 3
+_SIGNED_PREFIX = "stk2"
+_KID_RE = re.compile(r"[0-9a-f]{8}")
+_MAC_RE = re.compile(r"[A-Za-z0-9_-]{22}")
+#: Characters of a key id and of a MAC in an encoded token.
+KID_CHARS = 8
+MAC_CHARS = 22
+# prefix + cluster + max value digits + kid + mac + max scope + 5 dots
+ENCODED_CHARS_MAX = len(_SIGNED_PREFIX) + 16 + 19 + KID_CHARS + MAC_CHARS + 200 + 5
 
 
 def validate_cluster_id(cluster: object, field: str = "cluster") -> str:
@@ -63,14 +74,34 @@ class FencingToken:
     cluster: str
     scope: str
     value: int
+    #: The id of the key that signed it ("" when unsigned).
+    kid: str = field(default="", compare=False)
+    #: Its MAC, unpadded base64url ("" when unsigned). Whether it is right is the verifier's question.
+    mac: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         validate_cluster_id(self.cluster)
         validate_scope(self.scope)
         validate_int("token", self.value, TOKEN_VALUE_MIN, TOKEN_VALUE_MAX)
+        if self.kid or self.mac:
+            if not isinstance(self.kid, str) or not _KID_RE.fullmatch(self.kid):
+                raise InvalidArgument("token", "key id must be 8 lowercase hex digits")
+            if not isinstance(self.mac, str) or not _MAC_RE.fullmatch(self.mac):
+                raise InvalidArgument("token", "mac must be 22 base64url characters")
+
+    @property
+    def signed(self) -> bool:
+        """Whether it carries a key id and a MAC (not whether they are right)."""
+        return bool(self.mac)
+
+    def unsigned(self) -> FencingToken:
+        """The same token without its MAC: safe to show, useless to write with where keys are checked."""
+        return FencingToken(self.cluster, self.scope, self.value) if self.mac else self
 
     def encode(self) -> str:
-        """The string form clients pass around; `decode` round-trips it."""
+        """The string form clients pass around; `decode` round-trips it (MAC included)."""
+        if self.mac:
+            return f"{_SIGNED_PREFIX}.{self.cluster}.{self.value}.{self.kid}.{self.mac}.{self.scope}"
         return f"{_PREFIX}.{self.cluster}.{self.value}.{self.scope}"
 
     @classmethod
@@ -84,17 +115,25 @@ class FencingToken:
             raise InvalidArgument("token", f"must be an encoded token string, got {type(text).__name__}")
         if len(text) > ENCODED_CHARS_MAX:
             raise InvalidArgument("token", f"must be at most {ENCODED_CHARS_MAX} characters")
-        parts = text.split(".", 3)
-        if len(parts) != 4 or parts[0] != _PREFIX:
-            raise InvalidArgument("token", "must look like stk1.<cluster>.<value>.<scope>")
-        _, cluster, value, scope = parts
+        kid = mac = ""
+        if text.startswith(_SIGNED_PREFIX + "."):
+            parts = text.split(".", 5)
+            if len(parts) != 6:
+                raise InvalidArgument("token", "must look like stk2.<cluster>.<value>.<kid>.<mac>.<scope>")
+            _, cluster, value, kid, mac, scope = parts
+        else:
+            parts = text.split(".", 3)
+            if len(parts) != 4 or parts[0] != _PREFIX:
+                raise InvalidArgument("token", "must look like stk2.<cluster>.<value>.<kid>.<mac>.<scope>")
+            _, cluster, value, scope = parts
         if not _VALUE_RE.fullmatch(value):
             raise InvalidArgument("token", "value must be a decimal integer in 1..2**63-1")
         cluster, scope = validate_cluster_id(cluster, "token"), validate_scope(scope, "token")
-        return cls(cluster=cluster, scope=scope, value=int(value))
+        return cls(cluster=cluster, scope=scope, value=int(value), kid=kid, mac=mac)
 
     def __str__(self) -> str:
-        return self.encode()
+        # Printing, logging and error messages never show the MAC (the write capability).
+        return self.unsigned().encode()
 
 
 # -- epochs: the high bits of a token value ------------------------------------------------------

@@ -96,7 +96,7 @@ def reject(
         StaleToken: ``decision.reason == "stale"``.
         TokenMismatch: a token of another scope or cluster.
     """
-    metrics.FENCE_REJECTIONS.inc(reason=decision.reason)
+    metrics.FENCE_REJECTIONS.inc(reason=decision.reason)  # "forged": its detail stays in the log only
     write, summary = _limit.admit(scope, decision.reason)
     if summary is not None:
         count, by_reason, sample = summary
@@ -108,13 +108,14 @@ def reject(
         )
     if write:
         _log.warning(
-            "%s rejected a write to scope %r: token %d, high-water mark %d (%s)",
+            "%s rejected a write to scope %r: token %d, high-water mark %d (%s%s)",
             resource, scope, token.value, decision.high_water, decision.reason,
+            f": {decision.detail}" if decision.detail else "",
             extra={
                 "resource": resource,
                 "scope": scope,
                 "key": key,
-                "token": token.encode(),
+                "token": str(token),  # without its MAC: logs never hold a write capability
                 "token_value": token.value,
                 "high_water": decision.high_water,
                 "reason": decision.reason,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import builtins
 import threading
 from bisect import bisect_right, insort
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, invariant
@@ -43,6 +43,7 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, Item, Write, WriteResult
+from stockade.resources._verify import Verification
 from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
 from stockade.resources._observe import reject
 from stockade.resources._tx import Tx
@@ -73,7 +74,7 @@ _named: dict[str, _State] = {}
 _named_lock = threading.Lock()
 
 
-class MemoryStore:
+class MemoryStore(Verification):
     """A fenced key-value store in memory. Thread-safe.
 
     Args:
@@ -81,7 +82,7 @@ class MemoryStore:
             None for a store of this object alone.
         cluster_id: the coordinator cluster whose tokens this store trusts (R2).
             Required to create a store; checked against a named one.
-        value_bytes_max, audit_records_max, idempotency_keys_max: as `SQLiteStore`.
+        value_bytes_max, audit_records_max, idempotency_keys_max, keys, issued: as `SQLiteStore`.
         busy_timeout_ms: how long an operation waits for the store's lock
             before failing with `BackendUnavailable` (``certain_no_effect=True``).
 
@@ -103,6 +104,8 @@ class MemoryStore:
         busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
         audit_records_max: int = AUDIT_RECORDS_MAX,
         idempotency_keys_max: int = IDEMPOTENCY_KEYS_MAX,
+        keys: object = None,
+        issued: Callable[[str], int] | None = None,
     ) -> None:
         if name is not None:
             validate_scope(name, "name")
@@ -115,6 +118,7 @@ class MemoryStore:
         self.name = name
         self._state = self._open_state(name, cluster_id)
         self.cluster_id: str = self._state.cluster_id
+        self.use_keys(keys, self.cluster_id, issued)
         self.resource = f"memory-store:{name if name is not None else hex(id(self._state))}"
         self._closed = False
 
@@ -189,7 +193,7 @@ class MemoryStore:
         with self._hold() as state:
             old = state.high_waters.get(write.scope)
             decision = check_write(
-                token, scope=write.scope, cluster=self.cluster_id, high_water=old or 0,
+                token, forged=self.forged(token), scope=write.scope, cluster=self.cluster_id, high_water=old or 0,
                 fingerprint=None if write.idempotency_key is None else write.fingerprint(),
                 recorded=None if write.idempotency_key is None
                 else state.idempotency.get((write.scope, write.idempotency_key)),
@@ -213,7 +217,7 @@ class MemoryStore:
         with self._hold() as state:
             old = state.high_waters.get(scope)
             decision = check_write(
-                token, scope=scope, cluster=self.cluster_id, high_water=old or 0, fingerprint=None, recorded=None,
+                token, forged=self.forged(token), scope=scope, cluster=self.cluster_id, high_water=old or 0, fingerprint=None, recorded=None,
                 rule=self.fence_rule if rule is None else rule,
             )
             if isinstance(decision, Reject):

@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import AUDIT_RECORDS_MAX, IDEMPOTENCY_KEYS_MAX, VALUE_BYTES_MAX
+from stockade.keys import find_keyring
 from stockade.resources.memory import MemoryStore
 from stockade.resources.port import TransactionalStorePort
 from stockade.resources.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT, SQLiteStore
@@ -31,6 +32,9 @@ class StoreOptions:
     busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT
     audit_records_max: int = AUDIT_RECORDS_MAX
     idempotency_keys_max: int = IDEMPOTENCY_KEYS_MAX
+    #: What verifies token MACs (see `SQLiteStore`). None: a sqlite store uses the keyring of its
+    #: cluster in its own directory if there is exactly one (its coordinator's), else checks none.
+    keys: object = None
 
 
 StoreFactory = Callable[[str, "str | None", StoreOptions], TransactionalStorePort]
@@ -40,18 +44,27 @@ StoreFactory = Callable[[str, "str | None", StoreOptions], TransactionalStorePor
 def _open_sqlite(target: str, cluster_id: str | None, options: StoreOptions) -> SQLiteStore:
     if not target or "\x00" in target:
         raise InvalidArgument("url", "sqlite url needs a file path: sqlite:///path/to/file.db")
-    return SQLiteStore(
+    store = SQLiteStore(
         Path(target), cluster_id=cluster_id, value_bytes_max=options.value_bytes_max,
         busy_timeout_ms=options.busy_timeout_ms, audit_records_max=options.audit_records_max,
-        idempotency_keys_max=options.idempotency_keys_max,
+        idempotency_keys_max=options.idempotency_keys_max, keys=options.keys,
     )
+    if options.keys is None:
+        found = find_keyring(Path(target).parent, store.cluster_id)
+        if found is not None:
+            try:
+                store.use_keys(found, store.cluster_id)
+            except BaseException:
+                store.close()
+                raise
+    return store
 
 
 def _open_memory(target: str, cluster_id: str | None, options: StoreOptions) -> MemoryStore:
     return MemoryStore(
         target, cluster_id=cluster_id, value_bytes_max=options.value_bytes_max,
         busy_timeout_ms=options.busy_timeout_ms, audit_records_max=options.audit_records_max,
-        idempotency_keys_max=options.idempotency_keys_max,
+        idempotency_keys_max=options.idempotency_keys_max, keys=options.keys,
     )
 
 

@@ -39,7 +39,7 @@ import builtins
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +64,7 @@ from stockade.core.limits import (
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, BackupInfo, Item, Op, Write, WriteResult
 from stockade.resources import backup as _backup
+from stockade.resources._verify import Verification
 from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
 from stockade.resources._observe import reject
 from stockade.resources._sqlite_apply import apply_write
@@ -108,7 +109,7 @@ class BatchWrite:
     idempotency_key: str | None = None
 
 
-class SQLiteStore:
+class SQLiteStore(Verification):
     """A fenced key-value store in one SQLite file. Thread-safe; shareable across processes.
 
     Args:
@@ -121,6 +122,11 @@ class SQLiteStore:
             failing with `BackendUnavailable` (``certain_no_effect=True``).
         audit_records_max: audit records kept (newest first); at most `AUDIT_RECORDS_MAX`.
         idempotency_keys_max: idempotency keys kept; at most `IDEMPOTENCY_KEYS_MAX`.
+        keys: the coordinator's keys to verify every token's MAC with (a keyring
+            path, `stockade.keys.KeyFile`, `FixedKeys` or `Keyring`); None or
+            ``"unsigned"``: no MAC check (legacy, unsafe: docs/tokens.md).
+        issued: the coordinator's last issued token of a scope, where it lives
+            in this process: a token above it is refused as forged.
 
     Raises:
         InvalidArgument: bad argument; a new file without ``cluster_id``; a
@@ -137,6 +143,8 @@ class SQLiteStore:
         busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
         audit_records_max: int = AUDIT_RECORDS_MAX,
         idempotency_keys_max: int = IDEMPOTENCY_KEYS_MAX,
+        keys: object = None,
+        issued: Callable[[str], int] | None = None,
     ) -> None:
         if cluster_id is not None:
             validate_cluster_id(cluster_id, "cluster_id")
@@ -158,6 +166,7 @@ class SQLiteStore:
             raise BackendUnavailable(f"cannot open store file {self.path}: {exc}") from exc
         try:
             self.cluster_id: str = self._initialise(cluster_id)
+            self.use_keys(keys, self.cluster_id, issued)
         except BaseException:
             self._conn.close()
             self._conn = None
@@ -266,7 +275,7 @@ class SQLiteStore:
         """Check ``token`` against the scope's HWM and raise the HWM; the caller applies in this transaction."""
         old, mark = self._mark(conn, scope)
         decision = check_write(
-            token, scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
+            token, forged=self.forged(token), scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
             rule=rule,
         )
         if isinstance(decision, Reject):
@@ -297,7 +306,7 @@ class SQLiteStore:
         """R2 -> R3 -> R1 inside the caller's open transaction (its COMMIT makes the write durable)."""
         old, mark = self._mark(conn, write.scope)
         decision = check_write(
-            token, scope=write.scope, cluster=self.cluster_id, high_water=mark,
+            token, forged=self.forged(token), scope=write.scope, cluster=self.cluster_id, high_water=mark,
             fingerprint=None if write.idempotency_key is None else write.fingerprint(),
             recorded=self._recorded(conn, write), rule=rule,
         )
@@ -439,7 +448,7 @@ class SQLiteStore:
         with self._read() as conn:
             _, mark = self._mark(conn, scope)
         decision = check_write(
-            token, scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
+            token, forged=self.forged(token), scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
             rule=self.fence_rule,
         )
         if isinstance(decision, Reject):

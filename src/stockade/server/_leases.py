@@ -119,7 +119,9 @@ class LeaseService:
         self.scopes_max = scopes_max
         self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self.file.commit_records, loop)
         self.table = MemoryRecords(scopes_max=scopes_max, on_commit=self._on_commit)
-        self.engine = LeaseEngine(self.table, cluster_id=self.cluster_id, clock=clock, policy=self.policy)
+        self.signer = coordinator.signer
+        self.engine = LeaseEngine(self.table, cluster_id=self.cluster_id, clock=clock, policy=self.policy,
+                                  signer=self.signer)
         self.waiters: dict[str, _Waiter] = {}
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self._write: asyncio.Future[Any] | None = None  # the last change handed to the committer
@@ -153,7 +155,8 @@ class LeaseService:
         self.table = MemoryRecords(self.file.records(), scopes_max=self.scopes_max, on_commit=self._on_commit,
                                    epoch_floor=epoch_floor, forgotten_floor=forgotten_floor,
                                    wall_ns=time.time_ns if self.file.epochs else None)
-        self.engine = LeaseEngine(self.table, cluster_id=self.cluster_id, clock=self.clock, policy=self.policy)
+        self.engine = LeaseEngine(self.table, cluster_id=self.cluster_id, clock=self.clock, policy=self.policy,
+                                  signer=self.signer)
         self._loading = []
         try:
             self.engine.recover(same_clock=True)

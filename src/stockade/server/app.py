@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
-from stockade.coordinators.sqlite import SQLiteCoordinator
+from stockade.coordinators.registry import open_signed_sqlite
 from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
 from stockade.core.leases import LeasePolicy, lease_hint, redact_lease_path
 from stockade.core.limits import (
@@ -39,7 +39,9 @@ from stockade.core.limits import (
     validate_ttl_ms,
     validate_wait_ms,
 )
+from stockade.core.fence import Reject
 from stockade.core.tokens import FencingToken
+from stockade.resources._observe import reject
 from stockade.resources.store import BatchWrite, SQLiteStore
 from stockade.server import _metrics
 from stockade.server._auth import BearerAuth
@@ -313,6 +315,7 @@ class App:
         if raw_token is None:
             raise InvalidArgument(codecs.FENCING_TOKEN_HEADER, "header is required")
         token = FencingToken.decode(raw_token)
+        self._refuse_unissued(token, scope, key)
         idempotency_key = header(request, "idempotency-key")
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
@@ -329,6 +332,17 @@ class App:
             value = b""
         future = self.store_writer.submit(BatchWrite(op, scope, key, value, token, idempotency_key))  # type: ignore[arg-type]
         return self._write_result(future)
+
+    def _refuse_unissued(self, token: FencingToken, scope: str, key: str) -> None:
+        """Refuse, as forged (R5), a value above the coordinator's last issued token of its scope.
+
+        The coordinator lives in this process, so this needs no key: even a
+        token signed with a leaked key cannot raise a mark above what was issued.
+        Issued values only grow, so checking before the store's commit is enough.
+        """
+        if token.cluster == self.cluster_id and token.value > self.leases.engine.last_issued(token.scope):
+            reject(Reject("forged", 0, "above-issued"), resource="stockade-serve", cluster=self.cluster_id,
+                   token=token, scope=scope, key=key)
 
     @staticmethod
     async def _write_result(future: asyncio.Future[Any]) -> Response:
@@ -428,11 +442,13 @@ class Server:
         config = self.config
         context = self._ssl_context()
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        engine = SQLiteCoordinator(
-            config.data_dir / "coord.db", policy=LeasePolicy(lock_delay_ms=config.lock_delay_ms), exclusive=True
+        # The coordinator signs with data_dir/coord.keys (created with it); the store verifies with
+        # the same keyring, and the write handler refuses a value above the last issued (docs/tokens.md).
+        engine = open_signed_sqlite(
+            config.data_dir / "coord.db", LeasePolicy(lock_delay_ms=config.lock_delay_ms), exclusive=True
         )
-        writer_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id)
-        reader_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id)
+        writer_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id, keys=engine.signer)
+        reader_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id, keys=engine.signer)
         self.leases = LeaseService(engine, SystemClock(), loop)
         self.leases.committer.on_failure = self._coordinator_failed
         self.leases.load()

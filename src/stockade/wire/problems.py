@@ -151,7 +151,7 @@ def problem_of(error: StockadeError | InvariantViolation, *, body_field: bool = 
         extra["limit"] = error.limit
     elif isinstance(error, StaleToken):
         token = error.token
-        extra["token"] = token.encode() if isinstance(token, FencingToken) else str(token)
+        extra["token"] = str(token)  # a FencingToken prints without its MAC
         extra["high_water"] = error.high_water
     elif isinstance(error, TokenMismatch):
         extra["reason"] = error.reason

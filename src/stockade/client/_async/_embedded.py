@@ -38,6 +38,7 @@ class AsyncEmbeddedCoordinatorPort:
         self.cluster_id = engine.cluster_id
         self.clock = engine.clock
         self.capabilities = capabilities
+        self.keys = engine.signer  # what a store verifies this engine's tokens with
 
     async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.

@@ -14,7 +14,7 @@ from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import validate_cluster_id
 from stockade.resources.registry import SCHEMES as STORE_SCHEMES
-from stockade.resources.registry import open_resource, scheme_of
+from stockade.resources.registry import StoreOptions, open_resource, scheme_of
 
 __all__ = ["connect_async", "open_store_async"]
 
@@ -89,6 +89,7 @@ def open_store_async(
     connect_timeout_ms: int | None = None,
     auth_token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
+    keys: object = None,
 ) -> AsyncFencedStore:
     """Open a fenced store.
 
@@ -101,12 +102,18 @@ def open_store_async(
             (``coord.cluster_id``). Required when an embedded store is created;
             checked against the store's own when given.
         timeout_ms, connect_timeout_ms, auth_token, tls_ca: as for `connect_async`.
+        keys: embedded only; what the store verifies token MACs with
+            (``coord.verify_keys()``, a keyring path; docs/tokens.md). None: a
+            ``sqlite://`` store uses its coordinator's keyring when it is in the
+            same directory, else checks no MAC; ``"unsigned"``: never (legacy, unsafe).
 
     Raises:
         InvalidArgument: unknown url or option, or a ``cluster_id`` that differs from the store's.
         BackendUnavailable: the store cannot be opened or reached.
     """
     if is_http_url(url):
+        if keys is not None:
+            raise InvalidArgument("keys", "a stockade serve verifies with its own keys")
         if cluster_id is not None:
             validate_cluster_id(cluster_id, "cluster_id")
         endpoint = http_endpoint(
@@ -121,7 +128,7 @@ def open_store_async(
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     if scheme_of(url) not in STORE_SCHEMES:
         sqlite_path(url)  # raises the client's one message for a bad, unknown or planned url
-    return AsyncFencedStore(AsyncEmbeddedStorePort(open_resource(url, cluster_id=cluster_id)))
+    return AsyncFencedStore(AsyncEmbeddedStorePort(open_resource(url, cluster_id=cluster_id, options=StoreOptions(keys=keys))))
 
 
 def _embedded_only(**remote_options: object) -> None:

@@ -275,8 +275,20 @@ class AsyncCoordinator:
                 # The lease expires by TTL anyway; do not hide the block's own error.
                 log.warning("release failed", extra={"scope": scope, "error": repr(exc)})
 
+    def verify_keys(self) -> object:
+        """What a fenced store of this coordinator verifies token MACs with (docs/tokens.md).
+
+        For an embedded coordinator: its keyring (a `stockade.keys.KeyFile`
+        following the keyring file, or the in-memory keys of ``memory://``);
+        pass it as ``open_store(url, cluster_id=..., keys=coord.verify_keys())``.
+        It can sign as well as verify: whoever holds it is trusted like the
+        coordinator. None for a remote coordinator, whose keys never leave its host.
+        """
+        return getattr(self._port, "keys", None)
+
     async def inspect(self, scope: str) -> core_leases.ScopeInfo:
-        """The scope's state: holder, current token, last issued token, remaining TTL, waiters."""
+        """The scope's state: holder, current token (without its MAC: not a write capability),
+        last issued token, remaining TTL, waiters."""
         validate_scope(scope)
         return await self._port.inspect(scope)
 

@@ -39,6 +39,7 @@ class EmbeddedCoordinatorPort:
         self.cluster_id = engine.cluster_id
         self.clock = engine.clock
         self.capabilities = capabilities
+        self.keys = engine.signer  # what a store verifies this engine's tokens with
 
     def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
