@@ -40,7 +40,6 @@ VERSION = 1
 #: How long a key replaced by `rotate` still verifies, by default: a week, well beyond how long
 #: a lease is normally held (a token is signed once, when its lease is granted).
 ROTATE_GRACE_S_DEFAULT = 7 * 24 * 3600
-_RELOAD_CHECK_S = 1.0  # how often a signer looks whether the file changed
 _FILE_BYTES_MAX = 1 << 20
 
 
@@ -188,6 +187,11 @@ def rotate(path: str | os.PathLike[str], *, grace_s: int = ROTATE_GRACE_S_DEFAUL
 class KeyFile:
     """A keyring file as a coordinator's signer and a store's verifier; follows rotations.
 
+    It looks whether the file changed at most once every `reload_check_s`
+    (one ``stat``), and at once when it meets a key id it does not know: a new
+    key is used (or accepted) as soon as it is written, a key retired or
+    dropped from the file is refused within `reload_check_s`.
+
     Args:
         path: the keyring file.
         cluster_id: the cluster it must belong to (None: whatever it says).
@@ -205,6 +209,9 @@ class KeyFile:
             raise InvalidArgument("keys", f"the keyring {self.path} belongs to cluster {self.cluster_id}, "
                                           f"not {cluster_id}")
         self._checked = time.monotonic()
+
+    #: Seconds between two looks at the file (a stat) when nothing calls for one sooner.
+    reload_check_s = 1.0
 
     def __repr__(self) -> str:
         return f"KeyFile({str(self.path)!r})"
@@ -226,14 +233,19 @@ class KeyFile:
         self.keyring, self._stamp = keyring, stamp
         return True
 
-    def sign(self, token: FencingToken) -> FencingToken:
-        if time.monotonic() - self._checked >= _RELOAD_CHECK_S:
-            self._checked = time.monotonic()
+    def _maybe_reload(self) -> None:
+        now = time.monotonic()
+        if now - self._checked >= self.reload_check_s:
+            self._checked = now
             self._reload_if_changed()
+
+    def sign(self, token: FencingToken) -> FencingToken:
+        self._maybe_reload()
         return self.keyring.sign(token)
 
     def why_forged(self, token: FencingToken) -> str | None:
         """None when the token verifies; else why not (see `Keyring.verify`)."""
+        self._maybe_reload()
         why = self.keyring.verify(token, self._now_s())
         if why == "unknown-key" and self._reload_if_changed():
             why = self.keyring.verify(token, self._now_s())

@@ -55,7 +55,7 @@ class Histogram:
             base = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key, strict=True))
             sep = "," if base else ""
             cumulative = 0.0
-            for bound, count in zip(self.buckets, series, strict=True):
+            for bound, count in zip(self.buckets, series[: len(self.buckets)], strict=True):
                 cumulative += count
                 lines.append(f'{self.name}_bucket{{{base}{sep}le="{bound:g}"}} {cumulative:g}')
             cumulative += series[len(self.buckets)]
