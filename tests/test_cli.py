@@ -37,7 +37,8 @@ def test_lock_passes_token_and_exit_status(tmp_path):
                   "import os,sys; print(os.environ['STOCKADE_TOKEN']); sys.exit(7)"], tmp_path)
     assert result.returncode == 7, result.stderr
     token = result.stdout.strip()
-    assert re.fullmatch(r"stk1\.[0-9a-f]{16}\.[1-9][0-9]*\.jobs", token), token  # value: this opener's epoch
+    # signed (docs/tokens.md); the value is this opener's epoch
+    assert re.fullmatch(r"stk2\.[0-9a-f]{16}\.[1-9][0-9]*\.[0-9a-f]{8}\.[A-Za-z0-9_-]{22}\.jobs", token), token
     result = run(["lock", "jobs", "--", "true"], tmp_path)
     assert result.returncode == 0
 

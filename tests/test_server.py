@@ -15,9 +15,9 @@ import threading
 import time
 
 import pytest
+from conftest import HELPERS
 
 from stockade.core.tokens import FencingToken
-from conftest import HELPERS
 
 sys.path.insert(0, str(HELPERS))
 from server_fixtures import request, start_server  # noqa: E402

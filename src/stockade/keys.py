@@ -170,7 +170,8 @@ def rotate(path: str | os.PathLike[str], *, grace_s: int = ROTATE_GRACE_S_DEFAUL
                 continue  # another rotation replaced it while we waited: lock the new one
             old = _parse(locked.read(_FILE_BYTES_MAX + 1), path)
             kept = [
-                SigningKey(k.kid, k.secret, k.created_s, now + grace_s if k.verify_until_s is None else k.verify_until_s)
+                SigningKey(k.kid, k.secret, k.created_s,
+                           now + grace_s if k.verify_until_s is None else k.verify_until_s)
                 for k in old.keys
                 if k.verify_until_s is None or k.verify_until_s > now
             ]

@@ -25,7 +25,9 @@ from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.keys import FixedKeys, KeyFile, create_keyring, ephemeral_keyring, keyring_path
 
-__all__ = ["open_signed_sqlite", "Capability", "CoordinatorBackend", "COORDINATORS", "SCHEMES_PLANNED", "coordinator_backend"]
+__all__ = [
+    "open_signed_sqlite", "Capability", "CoordinatorBackend", "COORDINATORS", "SCHEMES_PLANNED", "coordinator_backend",
+]
 
 
 class Capability(enum.Enum):

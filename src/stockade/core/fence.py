@@ -24,7 +24,8 @@ Equal tokens are accepted: one lease may write many times.
 
 Step 0 is the adapter's: it verifies the token's MAC with its keyring
 (`stockade.core.signing`; and, where the coordinator lives with it, that the
-value was issued) and passes why it failed as ``forged``. Provenance comes first so that a token of another cluster or scope learns
+value was issued) and passes why it failed as ``forged``. Provenance comes first
+so that a token of another cluster or scope learns
 nothing, not even an earlier result; staleness comes after the replay so that
 a retry of an acknowledged write still gets its answer after a newer holder
 wrote.

@@ -32,7 +32,9 @@ def coerce_token(token: object) -> FencingToken:
     if isinstance(token, FencingToken):
         # Rebuild it: the constructor validates, so a token forged past it (object.__setattr__,
         # a subclass) is caught here rather than compared.
-        return FencingToken(token.cluster, token.scope, token.value, getattr(token, "kid", ""), getattr(token, "mac", ""))
+        return FencingToken(
+            token.cluster, token.scope, token.value, getattr(token, "kid", ""), getattr(token, "mac", "")
+        )
     if isinstance(token, str):
         return FencingToken.decode(token)
     raise InvalidArgument("token", f"must be a FencingToken or its encoded string, got {type(token).__name__}")

@@ -43,10 +43,10 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, Item, Write, WriteResult
-from stockade.resources._verify import Verification
 from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
 from stockade.resources._observe import reject
 from stockade.resources._tx import Tx
+from stockade.resources._verify import Verification
 
 __all__ = ["MemoryStore", "NAMED_STORES_MAX", "BUSY_TIMEOUT_MS_DEFAULT", "BUSY_TIMEOUT_MS_MAX"]
 
@@ -217,7 +217,8 @@ class MemoryStore(Verification):
         with self._hold() as state:
             old = state.high_waters.get(scope)
             decision = check_write(
-                token, forged=self.forged(token), scope=scope, cluster=self.cluster_id, high_water=old or 0, fingerprint=None, recorded=None,
+                token, forged=self.forged(token),
+                scope=scope, cluster=self.cluster_id, high_water=old or 0, fingerprint=None, recorded=None,
                 rule=self.fence_rule if rule is None else rule,
             )
             if isinstance(decision, Reject):

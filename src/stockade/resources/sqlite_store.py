@@ -64,7 +64,6 @@ from stockade.core.limits import (
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, BackupInfo, Item, Op, Write, WriteResult
 from stockade.resources import backup as _backup
-from stockade.resources._verify import Verification
 from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
 from stockade.resources._observe import reject
 from stockade.resources._sqlite_apply import apply_write
@@ -81,6 +80,7 @@ from stockade.resources._sqlite_files import (
 )
 from stockade.resources._sqlite_tx import PENDING_SEQ, TX_BUFFER_BYTES_MAX, BufferedUnit, LockedUnit
 from stockade.resources._tx import Tx
+from stockade.resources._verify import Verification
 
 __all__ = [
     "SQLiteStore",
@@ -275,7 +275,8 @@ class SQLiteStore(Verification):
         """Check ``token`` against the scope's HWM and raise the HWM; the caller applies in this transaction."""
         old, mark = self._mark(conn, scope)
         decision = check_write(
-            token, forged=self.forged(token), scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
+            token, forged=self.forged(token),
+            scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
             rule=rule,
         )
         if isinstance(decision, Reject):
@@ -448,7 +449,8 @@ class SQLiteStore(Verification):
         with self._read() as conn:
             _, mark = self._mark(conn, scope)
         decision = check_write(
-            token, forged=self.forged(token), scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
+            token, forged=self.forged(token),
+            scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
             rule=self.fence_rule,
         )
         if isinstance(decision, Reject):

@@ -26,6 +26,7 @@ from typing import Any
 from stockade.clock import SystemClock
 from stockade.coordinators.registry import open_signed_sqlite
 from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
+from stockade.core.fence import Reject
 from stockade.core.leases import LeasePolicy, lease_hint, redact_lease_path
 from stockade.core.limits import (
     LIST_PAGE_MAX,
@@ -39,7 +40,6 @@ from stockade.core.limits import (
     validate_ttl_ms,
     validate_wait_ms,
 )
-from stockade.core.fence import Reject
 from stockade.core.tokens import FencingToken
 from stockade.resources._observe import reject
 from stockade.resources.store import BatchWrite, SQLiteStore

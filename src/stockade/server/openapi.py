@@ -42,7 +42,12 @@ JSON_BODY_BYTES_MAX = 8 * 1024
 
 SCOPE_PATTERN = f"^[A-Za-z0-9._:-]{{1,{SCOPE_BYTES_MAX}}}$"
 LEASE_ID_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
-TOKEN_PATTERN = f"^stk1\\.[0-9a-f]{{16}}\\.[1-9][0-9]{{0,17}}\\.[A-Za-z0-9._:-]{{1,{SCOPE_BYTES_MAX}}}$"
+# The signed form a coordinator issues (docs/tokens.md); the unsigned stk1 form only a store without keys takes.
+TOKEN_PATTERN = (
+    "^(stk2\\.[0-9a-f]{16}\\.[1-9][0-9]{0,18}\\.[0-9a-f]{8}\\.[A-Za-z0-9_-]{22}"
+    "|stk1\\.[0-9a-f]{16}\\.[1-9][0-9]{0,18})"
+    f"\\.[A-Za-z0-9._:-]{{1,{SCOPE_BYTES_MAX}}}$"
+)
 PRINTABLE_PATTERN = "^[\\x21-\\x7e]+$"
 
 

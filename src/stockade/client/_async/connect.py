@@ -128,7 +128,8 @@ def open_store_async(
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     if scheme_of(url) not in STORE_SCHEMES:
         sqlite_path(url)  # raises the client's one message for a bad, unknown or planned url
-    return AsyncFencedStore(AsyncEmbeddedStorePort(open_resource(url, cluster_id=cluster_id, options=StoreOptions(keys=keys))))
+    store = open_resource(url, cluster_id=cluster_id, options=StoreOptions(keys=keys))
+    return AsyncFencedStore(AsyncEmbeddedStorePort(store))
 
 
 def _embedded_only(**remote_options: object) -> None:
