@@ -219,3 +219,20 @@ def test_forged_tokens_accepted_0_of_1000_serve(tmp_path):
         assert f'stockade_fence_rejections_total{{reason="forged"}} {len(forgeries)}' in metrics_text
     finally:
         assert proc.stop() == 0, proc.logs()[-2000:]
+
+
+def test_cli_keys_rotate_and_show(tmp_path):
+    import subprocess
+
+    stockade.connect(f"sqlite:///{tmp_path}/coord.db").close()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = [sys.executable, "-m", "stockade", "keys", "--data-dir", str(tmp_path)]
+    first = load_keyring(tmp_path / "coord.keys").current.kid
+    result = subprocess.run([*run, "rotate", "--grace-s", "60"], capture_output=True, text=True, env=env, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert f"{first}  verifies for" in result.stdout and "signs" in result.stdout
+    assert load_keyring(tmp_path / "coord.keys").current.kid != first
+    assert stat.S_IMODE(os.stat(tmp_path / "coord.keys").st_mode) == 0o600
+    missing = subprocess.run([*run[:-1], str(tmp_path / "none"), "show"], capture_output=True, text=True, env=env,
+                             timeout=30)
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
