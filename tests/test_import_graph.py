@@ -12,7 +12,7 @@ from pathlib import Path
 import stockade
 
 PACKAGE = Path(stockade.__file__).parent
-MODULE_LINES_MAX = 700  # lowered as modules are split; the goal is ~600 (docs/architecture.md)
+MODULE_LINES_MAX = 620  # the goal is ~600 (docs/architecture.md); the largest today is coordinators/sqlite.py
 
 
 def _module_name(path: Path) -> str:

@@ -108,7 +108,9 @@ def test_routes_follow_the_contract(server):
     assert [lock["scope"] for lock in locks["locks"]] == ["reports"] and locks["next_after"] is None
     openapi = call(url, "GET", "/openapi.json")[2]
     assert openapi["openapi"].startswith("3.1") and "/v1/locks/{scope}/acquire" in openapi["paths"]
-    text = call(url, "GET", "/metrics")[2].decode()
+    metrics_answer = call(url, "GET", "/metrics")
+    assert isinstance(metrics_answer[2], bytes), metrics_answer
+    text = metrics_answer[2].decode()
     for name in ("stockade_grants_total 2", "stockade_renewals_total 1", "stockade_fence_rejections_total{",
                  'reason="stale"', "stockade_request_seconds_bucket{", "stockade_wait_seconds",
                  "stockade_expiries_total", "stockade_waits_total", 'stockade_commit_batches_total{file="store"}'):

@@ -38,7 +38,7 @@ class Counter:
         with self._lock:
             items = sorted(self._values.items())
         for key, value in items:
-            pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key, strict=True))
+            pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key, strict=False))
             lines.append(f"{self.name}{{{pairs}}} {value:g}" if pairs else f"{self.name} {value:g}")
         return lines
 

@@ -1,8 +1,8 @@
 """``stockade bench``: lock cycles and fenced writes, 1 client and N client processes.
 
-    stockade bench --url http://127.0.0.1:8470              # a running `stockade serve`
+    stockade bench --url http://127.0.0.1:7390              # a running `stockade serve`
     stockade bench                                          # the embedded coordinator in --data-dir
-    stockade bench --url http://127.0.0.1:8470 --json out.json --runs 3
+    stockade bench --url http://127.0.0.1:7390 --json out.json --runs 3
 
 The workload matches the peer benchmark's (see `stockade.bench`), so the
 figures can be put beside etcd's and PostgreSQL's in one run

@@ -7,13 +7,16 @@ import sys
 
 from stockade.cli._common import add_data_dir, data_dir, fail
 from stockade.core.errors import StockadeError
+from stockade.wire import DEFAULT_PORT
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stockade serve", description=__doc__)
     add_data_dir(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
-    parser.add_argument("--port", type=int, default=7390, help="port (default 7390; 0 picks a free one)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)"
+    )
     parser.add_argument("--auth-tokens", metavar="FILE",
                         help="bearer tokens, one per line; every route but /healthz then needs one")
     parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain (with --tls-key): serve https")

@@ -167,7 +167,7 @@ def http_endpoint(
         raise InvalidArgument("url", f"scheme must be http or https, got {parts.scheme!r}")
     host = parts.hostname
     if not host:
-        raise InvalidArgument("url", "needs a host: http://127.0.0.1:8470")
+        raise InvalidArgument("url", "needs a host: http://127.0.0.1:7390")
     if parts.username is not None or parts.password is not None:
         raise InvalidArgument("url", "must not carry user info; pass auth_token= instead")
     if parts.query or parts.fragment:

@@ -29,66 +29,55 @@ import os
 import random
 import secrets
 import sqlite3
-import stat
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
+from stockade.coordinators._sqlite_file import (
+    APPLICATION_ID,
+    KIND,
+    STORE_APPLICATION_ID,
+    TIMENS_OFFSETS,
+    boot_id,
+    classify,
+    create_private,
+    inspect_coordinator_path,
+    monotonic_offset_ns,
+    private_sidecars,
+)
+from stockade.coordinators._sqlite_rows import (
+    SCHEMA,
+    forget_record,
+    forgotten_floor,
+    load_record,
+    set_meta,
+    store_record,
+    times_pending,
+)
 from stockade.coordinators.memory import wait_for_epoch
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine, RecordTx, recover_records
-from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind, invariant
-from stockade.core.leases import Lease, LeasePolicy, ScopeRecord, Waiter
+from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind
+from stockade.core.leases import LeasePolicy, ScopeRecord
 from stockade.core.limits import validate_int
-from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, FencingToken, epoch_floor, epoch_of
+from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, epoch_floor, epoch_of
 
-__all__ = ["SQLiteCoordinator", "SQLiteRecords", "new_lease_id"]
+__all__ = [
+    "SQLiteCoordinator", "SQLiteRecords", "new_lease_id",
+    # the file's own checks, kept importable from here (stockade.coordinators._sqlite_file)
+    "APPLICATION_ID", "STORE_APPLICATION_ID", "KIND", "TIMENS_OFFSETS", "classify", "inspect_coordinator_path",
+    "monotonic_offset_ns",
+]
 
 SCHEMA_VERSION = "1"
-#: ``PRAGMA application_id`` of a coordinator file ("STKC").
-APPLICATION_ID = 0x53544B43
-#: ``PRAGMA application_id`` a stockade store file may carry ("STKS"); refused here.
-STORE_APPLICATION_ID = 0x53544B53
-KIND = "coordinator"
-_COORDINATOR_TABLES = frozenset({"meta", "scopes", "leases", "waiters"})
-_STORE_TABLES = frozenset({"hwm", "kv", "audit", "idempotency", "counters"})
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
 BUSY_RETRY_S = 0.0005  # our retry step for BEGIN IMMEDIATE (jittered)
 CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) STRICT;
-CREATE TABLE IF NOT EXISTS scopes (
-    scope TEXT PRIMARY KEY,
-    last_token INTEGER NOT NULL,
-    delay_until_ns INTEGER NOT NULL
-) STRICT;
-CREATE TABLE IF NOT EXISTS leases (
-    scope TEXT PRIMARY KEY,
-    lease_id TEXT NOT NULL UNIQUE,
-    holder TEXT NOT NULL,
-    token INTEGER NOT NULL,
-    ttl_ms INTEGER NOT NULL,
-    granted_ns INTEGER NOT NULL,
-    expires_ns INTEGER NOT NULL
-) STRICT;
-CREATE TABLE IF NOT EXISTS waiters (
-    scope TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    lease_id TEXT NOT NULL UNIQUE,
-    holder TEXT NOT NULL,
-    deadline_ns INTEGER NOT NULL,
-    stale_ns INTEGER NOT NULL,
-    PRIMARY KEY (scope, seq)
-) STRICT;
-"""
-
 
 class _ChangeFailed(Exception):
     """Carries the error of a single change out of its transaction (which is rolled back)."""
@@ -101,165 +90,6 @@ class _ChangeFailed(Exception):
 def new_lease_id() -> str:
     """A fresh lease id: 192 random bits, URL-safe. Treat it as a secret."""
     return secrets.token_urlsafe(24)
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
-
-
-TIMENS_OFFSETS = "/proc/self/timens_offsets"
-
-
-def monotonic_offset_ns(offsets_path: str | os.PathLike[str] = TIMENS_OFFSETS) -> int:
-    """How far this process's monotonic clock is moved from the host's (its time namespace), in ns.
-
-    Read from ``/proc/self/timens_offsets`` (Linux 5.6+); 0 where there are no
-    time namespaces (the file is missing or unreadable).
-    """
-    try:
-        text = Path(offsets_path).read_text()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) == 3 and fields[0] in ("monotonic", "1"):  # CLOCK_MONOTONIC is clock id 1
-            try:
-                return int(fields[1]) * 1_000_000_000 + int(fields[2])
-            except ValueError:
-                return 0
-    return 0
-
-
-def classify(application_id: int, tables: set[str], meta: dict[str, str]) -> str | None:
-    """None when a database may be used as a coordinator file, else what it is, in words.
-
-    A coordinator carries `APPLICATION_ID`; an empty database (no tables) may
-    become one; a file of an earlier version (the coordinator tables, no
-    application id) is adopted.
-    """
-    if application_id == APPLICATION_ID:
-        return None if meta.get("kind", KIND) == KIND else f"a {meta['kind']} file"
-    if application_id == STORE_APPLICATION_ID or tables & _STORE_TABLES:
-        return "a stockade store file"
-    if application_id != 0:
-        return f"a foreign SQLite database (application_id {application_id:#010x})"
-    if not tables:
-        return None
-    if tables == _COORDINATOR_TABLES and (not meta or "cluster_id" in meta):
-        return None
-    return "a foreign SQLite database"
-
-
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def inspect_coordinator_path(path: Path) -> bool:
-    """Check, reading only, that ``path`` may be opened as a coordinator; returns whether it exists.
-
-    Raises:
-        WrongFileKind: a directory, a device or other non-regular file, a file
-            that is not SQLite, or an SQLite database that is not a
-            coordinator's. Nothing was created or changed.
-        BackendUnavailable: it cannot be read.
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise BackendUnavailable(f"cannot open coordinator file {path}: {exc}", certain_no_effect=True) from exc
-    if stat.S_ISDIR(st.st_mode):
-        raise WrongFileKind(str(path), "coordinator", "a directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise WrongFileKind(str(path), "coordinator", "not a regular file (a device, a pipe or a socket)")
-    if st.st_size == 0:
-        return True  # an empty file becomes a coordinator
-    try:
-        with open(path, "rb") as f:
-            header = f.read(100)
-    except OSError as exc:
-        raise BackendUnavailable(f"cannot open coordinator file {path}: {exc}", certain_no_effect=True) from exc
-    if len(header) < 100 or not header.startswith(_SQLITE_HEADER):
-        raise WrongFileKind(str(path), "coordinator", "not an SQLite database")
-    application_id = int.from_bytes(header[68:72], "big", signed=True)
-    if application_id == APPLICATION_ID:
-        return True
-    # No marker in the main file: look at its tables through a read-only view.
-    # A file with a live writer keeps its newest pages (the marker too) in its
-    # -wal: read through it, which needs -wal and -shm and creates neither.
-    # Otherwise an immutable view: no locks taken, no side file created.
-    live = os.path.exists(f"{path}-wal") and os.path.exists(f"{path}-shm")
-    # One leading slash: "file://x/..." would name a host x ("sqlite:////abs/path" gives "//abs/path").
-    absolute = "/" + str(path.absolute()).lstrip("/")
-    uri = "file:" + urllib.parse.quote(absolute) + ("?mode=ro" if live else "?mode=ro&immutable=1")
-    try:
-        view = sqlite3.connect(uri, uri=True)
-        try:
-            application_id = view.execute("PRAGMA application_id").fetchone()[0]
-            tables = {r[0] for r in view.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            meta = dict(view.execute("SELECT k, v FROM meta").fetchall()) if "meta" in tables else {}
-        finally:
-            view.close()
-    except sqlite3.Error:
-        raise WrongFileKind(str(path), "coordinator", "not a readable SQLite database") from None
-    if application_id == APPLICATION_ID:
-        return True
-    found = classify(application_id, tables, meta)
-    if found is not None:
-        raise WrongFileKind(str(path), "coordinator", found)
-    return True
-
-
-def _create_private(path: Path) -> None:
-    """Create an empty coordinator file, mode 0600 whatever the umask (an existing one is left alone)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        inspect_coordinator_path(path)  # another opener made it meanwhile: check it again
-        return
-    except OSError as exc:
-        raise BackendUnavailable(f"cannot create coordinator file {path}: {exc}", certain_no_effect=True) from exc
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-
-
-def _private_sidecars(path: Path) -> None:
-    """Give ``-wal`` and ``-shm`` no more permissions than the database file itself."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        return
-    for suffix in ("-wal", "-shm"):
-        try:
-            side = os.stat(f"{path}{suffix}")
-            if stat.S_IMODE(side.st_mode) & ~mode and side.st_uid == os.geteuid():
-                os.chmod(f"{path}{suffix}", stat.S_IMODE(side.st_mode) & mode)
-        except OSError:
-            pass
-
-
-def _set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
-    conn.execute("INSERT INTO meta (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v", (key, value))
-
-
-def _forgotten(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT v FROM meta WHERE k = 'forgotten_floor'").fetchone()
-    return int(row[0]) if row else 0
-
-
-def _times_pending(conn: sqlite3.Connection, now_ns: int) -> bool:
-    """Whether the file holds a lease, a waiter, or a lock-delay not over at ``now_ns`` (the file's clock)."""
-    return bool(
-        conn.execute("SELECT 1 FROM leases LIMIT 1").fetchone()
-        or conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone()
-        or conn.execute("SELECT 1 FROM scopes WHERE delay_until_ns > MAX(?, 0) LIMIT 1", (now_ns,)).fetchone()
-    )
 
 
 class SQLiteRecords:
@@ -330,7 +160,7 @@ class SQLiteRecords:
         self._alone_at_open = False
         exists = inspect_coordinator_path(self.path)
         if not exists:
-            _create_private(self.path)
+            create_private(self.path)
         self._claim, lock_created = self._claim_file(exclusive)
         try:
             self._conn = sqlite3.connect(
@@ -347,7 +177,7 @@ class SQLiteRecords:
             # "locked", so retry it like BEGIN IMMEDIATE, within the busy timeout.
             self._retry_busy(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
             self._conn.execute("PRAGMA synchronous=FULL")
-            _private_sidecars(self.path)
+            private_sidecars(self.path)
         except BaseException as exc:
             self._conn.close()
             self._drop_claim(lock_created and isinstance(exc, WrongFileKind))
@@ -459,7 +289,7 @@ class SQLiteRecords:
                              {})
             if found is not None:  # changed since it was checked (another opener): nothing written yet
                 raise WrongFileKind(str(self.path), "coordinator", found)
-            for statement in _SCHEMA.split(";"):
+            for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
@@ -469,7 +299,7 @@ class SQLiteRecords:
                 cluster = secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2)
                 conn.executemany(
                     "INSERT INTO meta (k, v) VALUES (?, ?)",
-                    [("cluster_id", cluster), ("schema_version", SCHEMA_VERSION), ("boot_id", _boot_id()),
+                    [("cluster_id", cluster), ("schema_version", SCHEMA_VERSION), ("boot_id", boot_id()),
                      ("kind", KIND), ("mono_offset_ns", str(offset))],
                 )
                 self.cluster_id = cluster
@@ -478,15 +308,15 @@ class SQLiteRecords:
             if meta.get("schema_version") != SCHEMA_VERSION:
                 raise BackendUnavailable(f"{self.path}: schema version {meta.get('schema_version')!r} is not supported")
             self.cluster_id = meta["cluster_id"]
-            _set_meta(conn, "kind", KIND)
-            if meta.get("boot_id") != _boot_id():
+            set_meta(conn, "kind", KIND)
+            if meta.get("boot_id") != boot_id():
                 # In the same transaction that notices the reboot: of several
                 # processes opening the file after a boot, exactly one applies
                 # the restart rule, and a crash in between applies none of it.
                 if self._on_reboot is not None:
                     self._on_reboot(_SQLiteTx(self, conn))
-                conn.execute("UPDATE meta SET v = ? WHERE k = 'boot_id'", (_boot_id(),))
-                _set_meta(conn, "mono_offset_ns", str(offset))
+                conn.execute("UPDATE meta SET v = ? WHERE k = 'boot_id'", (boot_id(),))
+                set_meta(conn, "mono_offset_ns", str(offset))
             else:
                 self._check_clock(conn, meta.get("mono_offset_ns"), offset)
             self._start_epoch(conn, meta)
@@ -496,10 +326,10 @@ class SQLiteRecords:
         """Same boot: refuse when the file's times are on another time namespace's monotonic clock."""
         if stored is None or int(stored) == offset:
             if stored is None:
-                _set_meta(conn, "mono_offset_ns", str(offset))
+                set_meta(conn, "mono_offset_ns", str(offset))
             return
         shift_ns = offset - int(stored)  # our monotonic clock reads this much more than the file's
-        busy = _times_pending(conn, time.monotonic_ns() - shift_ns)
+        busy = times_pending(conn, time.monotonic_ns() - shift_ns)
         if busy or not self._alone():
             raise ClockMismatch(
                 str(self.path),
@@ -508,7 +338,7 @@ class SQLiteRecords:
                 f"Open it from the same time namespace as the others"
                 + (" (it holds leases, waiters or a lock-delay now)" if busy else " (others have it open now)"),
             )
-        _set_meta(conn, "mono_offset_ns", str(offset))  # idle and ours alone: adopt this clock
+        set_meta(conn, "mono_offset_ns", str(offset))  # idle and ours alone: adopt this clock
 
     def _alone(self) -> bool:
         """Whether no other process has the file open (an embedded claim is upgraded for a moment)."""
@@ -536,12 +366,12 @@ class SQLiteRecords:
         known = max(known, epoch_of(highest), epoch_of(int(meta.get("forgotten_floor", "0"))))
         self.epoch = wait_for_epoch(known, time.time_ns)
         self._epoch_floor = epoch_floor(self.epoch)
-        _set_meta(conn, "epoch", str(self.epoch))
+        set_meta(conn, "epoch", str(self.epoch))
 
     def token_floor_now(self) -> tuple[int, int]:
         """``(epoch floor, forgotten floor)`` as they stand (for a server loading the table)."""
         with self._locked() as conn:
-            return self._epoch_floor, _forgotten(conn)
+            return self._epoch_floor, forgotten_floor(conn)
 
     def close(self) -> None:
         with self._lock:
@@ -614,94 +444,6 @@ class SQLiteRecords:
         with self._locked() as conn:
             yield _SQLiteTx(self, conn)
 
-    def _load(self, conn: sqlite3.Connection, scope: str) -> ScopeRecord:
-        row = conn.execute("SELECT last_token, delay_until_ns FROM scopes WHERE scope = ?", (scope,)).fetchone()
-        if row is None:
-            return ScopeRecord(scope)
-        lease = None
-        lease_row = conn.execute(
-            "SELECT lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM leases WHERE scope = ?", (scope,)
-        ).fetchone()
-        if lease_row is not None:
-            lease_id, holder, token, ttl_ms, granted_ns, expires_ns = lease_row
-            invariant(token <= row[0], f"lease token {token} above last_token {row[0]} in {scope!r}")
-            token_obj = FencingToken(self.cluster_id, scope, token)
-            lease = Lease(lease_id, holder, token_obj, ttl_ms, granted_ns, expires_ns)
-        waiters = tuple(
-            Waiter(*w)
-            for w in conn.execute(
-                "SELECT lease_id, holder, deadline_ns, stale_ns FROM waiters WHERE scope = ? ORDER BY seq", (scope,)
-            )
-        )
-        return ScopeRecord(scope, last_token=row[0], lease=lease, delay_until_ns=row[1], waiters=waiters)
-
-    @staticmethod
-    def _forget(conn: sqlite3.Connection, old: ScopeRecord) -> None:
-        """Drop an idle scope's row, folding its last token into the forgotten floor (C1)."""
-        scope = old.scope
-        invariant(old.lease is None, f"forgetting {scope!r}, which holds a lease")
-        deleted = conn.execute(
-            "DELETE FROM scopes WHERE scope = ? AND last_token = ?", (scope, old.last_token)
-        ).rowcount
-        if deleted == 0:
-            exists = conn.execute("SELECT 1 FROM scopes WHERE scope = ?", (scope,)).fetchone()
-            invariant(exists is None, f"last_token of {scope!r} changed underneath this coordinator")
-        conn.execute("DELETE FROM waiters WHERE scope = ?", (scope,))
-        _set_meta(conn, "forgotten_floor", str(max(_forgotten(conn), old.last_token)))
-
-    @staticmethod
-    def _store(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None) -> None:
-        """Write back the difference between two records of one scope (``new`` None: forget it)."""
-        if new is None:
-            SQLiteRecords._forget(conn, old)
-            return
-        if new == old:
-            return
-        invariant(new.last_token >= old.last_token, f"last_token went back in {new.scope!r}")
-        scope = new.scope
-        if (new.last_token, new.delay_until_ns) != (old.last_token, old.delay_until_ns) or old.last_token == 0:
-            # Compare-and-set on last_token: if the stored value is not the one this
-            # change was computed from, someone else wrote the file and a token
-            # could repeat. Refuse rather than overwrite (C1).
-            updated = conn.execute(
-                "UPDATE scopes SET last_token = ?, delay_until_ns = ? WHERE scope = ? AND last_token = ?",
-                (new.last_token, new.delay_until_ns, scope, old.last_token),
-            ).rowcount
-            if updated == 0:
-                exists = conn.execute("SELECT 1 FROM scopes WHERE scope = ?", (scope,)).fetchone()
-                invariant(exists is None, f"last_token of {scope!r} changed underneath this coordinator")
-                conn.execute(
-                    "INSERT INTO scopes (scope, last_token, delay_until_ns) VALUES (?, ?, ?)",
-                    (scope, new.last_token, new.delay_until_ns),
-                )
-        if new.lease != old.lease:
-            if old.lease is not None:
-                conn.execute("DELETE FROM leases WHERE scope = ?", (scope,))
-            if new.lease is not None:
-                lease = new.lease
-                conn.execute(
-                    "INSERT INTO leases (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (scope, lease.lease_id, lease.holder, lease.token.value, lease.ttl_ms, lease.granted_ns,
-                     lease.expires_ns),
-                )
-        if new.waiters != old.waiters:
-            old_by_id = {w.lease_id: w for w in old.waiters}
-            new_ids = {w.lease_id for w in new.waiters}
-            for w in old.waiters:
-                if w.lease_id not in new_ids:
-                    conn.execute("DELETE FROM waiters WHERE lease_id = ?", (w.lease_id,))
-            for w in new.waiters:
-                before = old_by_id.get(w.lease_id)
-                if before is None:
-                    conn.execute(
-                        "INSERT INTO waiters (scope, seq, lease_id, holder, deadline_ns, stale_ns) "
-                        "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM waiters WHERE scope = ?), ?, ?, ?, ?)",
-                        (scope, scope, w.lease_id, w.holder, w.deadline_ns, w.stale_ns),
-                    )
-                elif before != w:
-                    conn.execute("UPDATE waiters SET stale_ns = ? WHERE lease_id = ?", (w.stale_ns, w.lease_id))
-
     # -- group commit (for a server that keeps the lease table in memory) -------------------
 
     def records(self) -> dict[str, ScopeRecord]:
@@ -713,7 +455,7 @@ class SQLiteRecords:
         """
         with self._locked() as conn:
             names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
-            return {name: self._load(conn, name) for name in names}
+            return {name: load_record(conn, self.cluster_id, name) for name in names}
 
     def commit_records(
         self, changes: Sequence[tuple[ScopeRecord, ScopeRecord | None]]
@@ -738,7 +480,7 @@ class SQLiteRecords:
             for old, new in changes:
                 conn.execute("SAVEPOINT change")
                 try:
-                    self._store(conn, old, new)
+                    store_record(conn, old, new)
                 except (StockadeError, sqlite3.Error) as exc:
                     conn.execute("ROLLBACK TO change")
                     conn.execute("RELEASE change")
@@ -756,7 +498,7 @@ class SQLiteRecords:
         try:
             with self._write() as conn:
                 try:
-                    self._store(conn, old, new)
+                    store_record(conn, old, new)
                 except (StockadeError, sqlite3.Error) as exc:
                     raise _ChangeFailed(exc) from exc
         except _ChangeFailed as failed:
@@ -777,7 +519,7 @@ class _SQLiteTx:
         self._conn = conn
 
     def load(self, scope: str) -> ScopeRecord:
-        return self._records._load(self._conn, scope)
+        return load_record(self._conn, self._records.cluster_id, scope)
 
     def scope_of_lease(self, lease_id: str) -> str | None:
         row = self._conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
@@ -795,7 +537,7 @@ class _SQLiteTx:
             "SELECT scope FROM scopes WHERE scope > ? ORDER BY scope LIMIT ?", (after, limit))]
 
     def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
-        self._records._store(self._conn, old, new)
+        store_record(self._conn, old, new)
 
     def token_floor(self) -> int:
         row = self._conn.execute("SELECT v FROM meta WHERE k = 'forgotten_floor'").fetchone()
@@ -808,14 +550,14 @@ class _SQLiteTx:
         row = self._conn.execute("SELECT v FROM meta WHERE k = 'epoch'").fetchone()
         known = max(after, int(row[0]) if row else 0)
         epoch = wait_for_epoch(known, time.time_ns)
-        _set_meta(self._conn, "epoch", str(epoch))
+        set_meta(self._conn, "epoch", str(epoch))
         return epoch
 
     def forgotten_floor(self) -> int:
-        return _forgotten(self._conn)
+        return forgotten_floor(self._conn)
 
     def forget(self, record: ScopeRecord) -> None:
-        self._records._forget(self._conn, record)
+        forget_record(self._conn, record)
 
     def oldest(self, limit: int) -> list[str]:
         return [r[0] for r in self._conn.execute("SELECT scope FROM scopes ORDER BY rowid LIMIT ?", (limit,))]

@@ -52,10 +52,10 @@ class Histogram:
         with self._lock:
             items = sorted((k, list(v)) for k, v in self._series.items())
         for key, series in items:
-            base = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key, strict=True))
+            base = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key, strict=False))
             sep = "," if base else ""
             cumulative = 0.0
-            for bound, count in zip(self.buckets, series[: len(self.buckets)], strict=True):
+            for bound, count in zip(self.buckets, series[: len(self.buckets)], strict=True):  # then +Inf, sum
                 cumulative += count
                 lines.append(f'{self.name}_bucket{{{base}{sep}le="{bound:g}"}} {cumulative:g}')
             cumulative += series[len(self.buckets)]
