@@ -128,16 +128,40 @@ def initialise(conn: sqlite3.Connection, path: Path, cluster_id: str | None) -> 
     return meta["cluster_id"]
 
 
+class FileBusy(BackendUnavailable):
+    """Another connection holds the file's write lock and the caller chose not to wait. Nothing happened."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, certain_no_effect=True)
+
+
 @contextmanager
-def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def write_transaction(conn: sqlite3.Connection, *, wait_ms: int | None = None) -> Iterator[sqlite3.Connection]:
     """One IMMEDIATE transaction, committed (fsync'd) when the block ends, rolled back on any exception.
 
+    Args:
+        wait_ms: wait at most this long for the file's write lock (None: the
+            connection's busy timeout; 0: not at all).
+
     Raises:
+        FileBusy: ``wait_ms`` passed and another connection holds the write lock.
         BackendUnavailable: BEGIN, a statement or COMMIT failed (``certain_no_effect``
             when nothing of the transaction can have landed).
     """
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        if wait_ms is None:
+            conn.execute("BEGIN IMMEDIATE")
+        else:
+            (usual,) = conn.execute("PRAGMA busy_timeout").fetchone()
+            conn.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(usual)}")
+    except sqlite3.OperationalError as exc:
+        if wait_ms is not None and "locked" in str(exc):
+            raise FileBusy(f"store busy: {exc}") from exc
+        raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
     except sqlite3.Error as exc:
         raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
     try:

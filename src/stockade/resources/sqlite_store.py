@@ -70,6 +70,7 @@ from stockade.resources._sqlite_apply import apply_write
 from stockade.resources._sqlite_files import (
     BUSY_TIMEOUT_MS_DEFAULT,
     BUSY_TIMEOUT_MS_MAX,
+    FileBusy,
     audit_after,
     connect,
     counter,
@@ -481,8 +482,26 @@ class SQLiteStore(Verification):
         Raises:
             BackendUnavailable: BEGIN or COMMIT failed; nothing of the batch is durable.
         """
+        return self._apply_batch(writes, wait=True)
+
+    def try_apply_batch(self, writes: Sequence[BatchWrite]) -> builtins.list[WriteResult | StockadeError] | None:
+        """`apply_batch` if the store's write lock is free right now, else None at once (nothing done).
+
+        For an event loop, which must never wait on a file lock: another process
+        holding the store (a paused writer, a backup) makes this return None, and
+        the caller hands the batch to a thread that may wait.
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        self._lock.release()
+        try:
+            return self._apply_batch(writes, wait=False)
+        except FileBusy:
+            return None
+
+    def _apply_batch(self, writes: Sequence[BatchWrite], *, wait: bool) -> builtins.list[WriteResult | StockadeError]:
         results: builtins.list[WriteResult | StockadeError] = []
-        with self._write() as conn:
+        with self._connection() as locked, write_transaction(locked, wait_ms=None if wait else 0) as conn:
             for batch_write in writes:
                 conn.execute("SAVEPOINT batch_write")
                 try:

@@ -21,6 +21,12 @@ two thread wake-ups per write (about 60–70 µs of a lock cycle here, measured)
 Two or more operations, or any while the thread is busy, go to the thread in
 submission order, so batches still commit in submission order and the loop is
 blocked by at most one operation's commit.
+
+The loop never waits on a file lock: with ``try_batch`` (the store's
+`try_apply_batch`), a lone operation is committed on the loop only if the
+file's write lock is free at that moment; if another process holds it (a
+paused writer, a backup), the operation goes to the thread, which may wait,
+and the loop goes on serving every other request.
 """
 
 from __future__ import annotations
@@ -60,9 +66,12 @@ class GroupCommitter(Generic[Op]):
     """
 
     def __init__(self, name: str, run_batch: Callable[[Sequence[Op]], Sequence[Any]],
-                 loop: asyncio.AbstractEventLoop, *, inline: bool = True) -> None:
+                 loop: asyncio.AbstractEventLoop, *, inline: bool = True,
+                 try_batch: Callable[[Sequence[Op]], Sequence[Any] | None] | None = None) -> None:
         self.name = name
         self.inline = inline
+        # Commits a batch only if that needs no waiting on a lock, else returns None (nothing done).
+        self.try_batch = try_batch
         self._gathering: list[tuple[Op, asyncio.Future[Any]]] | None = None
         self._in_thread = 0  # operations handed to the thread and not yet resolved on the loop
         self._run_batch = run_batch
@@ -109,7 +118,11 @@ class GroupCommitter(Generic[Op]):
             for item in batch:
                 self._queue.put(item)
             return
-        results, error = self._commit(batch)
+        results, error = self._commit(batch, self.try_batch)
+        if results is None and error is None:  # the file is locked by someone else: never wait on the loop
+            self._in_thread += 1
+            self._queue.put(batch[0])
+            return
         _resolve(batch, results, error)  # only now, after COMMIT (and its fsync) returned
         self._report(results, error)
 
@@ -123,11 +136,15 @@ class GroupCommitter(Generic[Op]):
             if failed:
                 self.on_failure(f"{self.name}: {len(failed)} operation(s) failed to commit: {failed[0]}")
 
-    def _commit(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> tuple[Sequence[Any] | None,
-                                                                              BaseException | None]:
+    def _commit(
+        self, batch: list[tuple[Any, asyncio.Future[Any]]],
+        run: Callable[[Sequence[Op]], Sequence[Any] | None] | None = None,
+    ) -> tuple[Sequence[Any] | None, BaseException | None]:
         try:
-            results: Sequence[Any] | None = self._run_batch([op for op, _ in batch])
+            results: Sequence[Any] | None = (run or self._run_batch)([op for op, _ in batch])
             error: BaseException | None = None
+            if results is None:
+                return None, None  # not run: nothing committed, nothing counted
         except BaseException as exc:  # noqa: BLE001 - delivered to every waiting handler
             results, error = None, exc
             _log.error("%s batch of %d failed: %s", self.name, len(batch), exc,

@@ -452,7 +452,8 @@ class Server:
         self.leases = LeaseService(engine, SystemClock(), loop)
         self.leases.committer.on_failure = self._coordinator_failed
         self.leases.load()
-        self.store_writer = GroupCommitter("store", writer_store.apply_batch, loop)
+        self.store_writer = GroupCommitter("store", writer_store.apply_batch, loop,
+                                           try_batch=writer_store.try_apply_batch)
         self.store_writer.start()
         self._files = (engine, writer_store, reader_store)
         auth = BearerAuth(config.auth_tokens) if config.auth_tokens else None
