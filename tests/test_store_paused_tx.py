@@ -91,10 +91,12 @@ def run(tmp_path: Path, mode: str) -> tuple[int, int, str]:
         [sys.executable, "-c", _WRITER, str(path), CLUSTER, str(WRITES_MIN), str(PAUSE_S), str(WRITER_BUSY_TIMEOUT_MS)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), CLUSTER, mode],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    holder = None
     try:
-        assert writer.stdout.readline().strip() == "ready"
+        assert writer.stdout.readline().strip() == "ready", writer.stderr.read() if writer.poll() is not None else ""
+        # Only now the holder: its open transaction must not race the writer's opening of the store.
+        holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), CLUSTER, mode],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         assert holder.stdout.readline().strip() == "in-transaction"
         holder.send_signal(signal.SIGSTOP)
         out, err = writer.communicate("go\n", timeout=PAUSE_S + 60)
@@ -109,7 +111,7 @@ def run(tmp_path: Path, mode: str) -> tuple[int, int, str]:
         if writer.poll() is None:
             writer.kill()
             writer.wait(WAIT_S)
-        if holder.poll() is None:
+        if holder is not None and holder.poll() is None:
             holder.send_signal(signal.SIGCONT)
             holder.kill()
             holder.wait(WAIT_S)

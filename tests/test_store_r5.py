@@ -73,7 +73,7 @@ def test_the_rejection_metric_has_one_series_per_reason_and_no_overflow(tmp_path
     lines = [line for line in metrics.REGISTRY.render().splitlines()
              if line.startswith("stockade_fence_rejections_total{")]
     assert lines and all(line.startswith('stockade_fence_rejections_total{reason="') for line in lines)
-    assert len(lines) <= 3 and "_overflow" not in metrics.REGISTRY.render()
+    assert len(lines) <= 4 and "_overflow" not in metrics.REGISTRY.render()  # stale, wrong-scope, wrong-cluster, forged
     assert metrics.FENCE_REJECTIONS.labels == ("reason",)
 
 
