@@ -27,11 +27,11 @@ if CONTROL == "ack-before-commit":
     original_main_submit = _groupcommit.GroupCommitter.submit
     original_run = _groupcommit.GroupCommitter.__init__
 
-    def init(self, name, run_batch, loop):  # type: ignore[no-untyped-def]
+    def init(self, name, run_batch, loop, **options):  # type: ignore[no-untyped-def]
         def slow(ops):  # type: ignore[no-untyped-def]
             time.sleep(0.05)
             return run_batch(ops)
-        original_run(self, name, slow, loop)
+        original_run(self, name, slow, loop, **{**options, "try_batch": None})
 
     async def no_wait(write):  # type: ignore[no-untyped-def]
         return None
