@@ -16,9 +16,12 @@ or else the oldest request that has been reading for `STALE_S` or more; if there
 is neither (every connection is serving), the new one is refused. Request bodies
 buffered in memory, across all connections, stay under ``buffer_bytes_max``
 (plus one read per connection): a body that would pass it first closes the
-stalest partial bodies, and if none is stale it is refused with 503 and
-``Retry-After``. Honest requests complete in milliseconds, so the connections
-closed to make room are the slow ones.
+oldest partial bodies that started `STALE_S` ago or more, and if there are none
+it is refused with 503 and ``Retry-After``. A small body (a JSON one, at most
+`SMALL_BODY_BYTES`) closes the oldest partial bodies however young they are:
+a flood of large bodies cannot keep acquires, renewals and releases out.
+Honest requests complete in milliseconds, so the connections closed to make
+room are the slow ones.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ __all__ = [
     "BUFFER_BYTES_MAX",
     "BODY_GRACE_S",
     "STALE_S",
+    "SMALL_BODY_BYTES",
     "RETRY_AFTER_S",
 ]
 
@@ -62,6 +66,7 @@ CONNECTIONS_MAX = 4096
 BUFFER_BYTES_MAX = 64 * 1024 * 1024  # request bytes held in memory, all connections together
 BODY_GRACE_S = 2.0
 STALE_S = 1.0  # a partial request this old may be closed to make room for others
+SMALL_BODY_BYTES = 64 * 1024  # a body this small fits in one read, and always finds room
 RETRY_AFTER_S = 1
 EVICT_SCAN = 256  # partial requests looked at, at most, to make room for one body read
 
@@ -109,6 +114,7 @@ class ConnectionLimits:
         self.open: dict[HttpProtocol, None] = {}
         self.idle: OrderedDict[HttpProtocol, float] = OrderedDict()
         self.reading: OrderedDict[HttpProtocol, float] = OrderedDict()
+        self.bodies: OrderedDict[HttpProtocol, float] = OrderedDict()  # reading ones holding body bytes
         self.buffered = 0  # request bytes held, all connections
         self.authorize: Authorize | None = None
         self.refused = 0
@@ -144,6 +150,7 @@ class ConnectionLimits:
 
     def to_idle(self, conn: HttpProtocol) -> None:
         self.reading.pop(conn, None)
+        self.bodies.pop(conn, None)
         if conn in self.open:
             self.idle[conn] = time.monotonic()
             self.idle.move_to_end(conn)
@@ -157,31 +164,37 @@ class ConnectionLimits:
     def to_serving(self, conn: HttpProtocol) -> None:
         self.idle.pop(conn, None)
         self.reading.pop(conn, None)
+        self.bodies.pop(conn, None)
 
     def forget(self, conn: HttpProtocol) -> None:
         self.open.pop(conn, None)
         self.idle.pop(conn, None)
         self.reading.pop(conn, None)
+        self.bodies.pop(conn, None)
 
     # -- the byte budget ------------------------------------------------------------------------
 
-    def reserve(self, conn: HttpProtocol, size: int) -> bool:
+    def reserve(self, conn: HttpProtocol, size: int, small: bool = False) -> bool:
         """Count ``size`` more buffered bytes for ``conn``; False if the budget has no room even
-        after closing stale partial bodies (the caller answers 503)."""
-        if not self.room(conn, size):
+        after closing partial bodies (the caller answers 503). See `room`."""
+        if not self.room(conn, size, small):
             return False
         self.buffered += size
+        if conn not in self.bodies and conn in self.reading:
+            self.bodies[conn] = self.reading[conn]
         return True
 
-    def room(self, conn: HttpProtocol, size: int) -> bool:
-        """Whether ``size`` more bytes fit, after closing stale partial bodies if they must."""
+    def room(self, conn: HttpProtocol, size: int, small: bool = False) -> bool:
+        """Whether ``size`` more bytes fit, after closing partial bodies if they must: the oldest
+        first, and only those that started `STALE_S` ago or more, unless ``conn``'s body is small
+        (at most `SMALL_BODY_BYTES`: every JSON body), which any partial body makes room for."""
         limit = self.settings.buffer_bytes_max
         if self.buffered + size > limit:
             now = time.monotonic()
             victims: list[HttpProtocol] = []
             needed = self.buffered + size - limit
-            for scanned, (victim, started) in enumerate(self.reading.items()):
-                if needed <= 0 or scanned >= EVICT_SCAN or now - started < STALE_S:
+            for scanned, (victim, started) in enumerate(self.bodies.items()):
+                if needed <= 0 or scanned >= EVICT_SCAN or (now - started < STALE_S and not small):
                     break
                 held = victim.holds_bytes()
                 if victim is not conn and held:

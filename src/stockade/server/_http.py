@@ -37,7 +37,13 @@ from typing import Any
 
 import httptools
 
-from stockade.server._guard import BODY_GRACE_S, RETRY_AFTER_S, ConnectionLimits, TransportSettings
+from stockade.server._guard import (
+    BODY_GRACE_S,
+    RETRY_AFTER_S,
+    SMALL_BODY_BYTES,
+    ConnectionLimits,
+    TransportSettings,
+)
 from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
 from stockade.wire.problems import PROBLEM_TYPE_PREFIX, problem_document
 
@@ -157,7 +163,7 @@ class HttpProtocol(asyncio.Protocol):
         "_dispatch", "_observe", "_body_limit", "_limits", "_loop", "_transport", "_parser", "_url", "_headers",
         "_repeated", "_header_bytes", "_body", "_body_size", "_body_max", "_pending", "_current", "_closing",
         "_write_paused", "_discarding", "_discarded", "_request_started", "_header_name", "_held", "_raw",
-        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal",
+        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
@@ -194,6 +200,7 @@ class HttpProtocol(asyncio.Protocol):
         self._body_max = 0
         self._body_started = 0.0  # when the headers were complete (0: not yet)
         self._refusal: Response | None = None
+        self._small = False  # the body's Content-Length is at most SMALL_BODY_BYTES
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -348,6 +355,7 @@ class HttpProtocol(asyncio.Protocol):
             raise HttpError(413, "limit-exceeded",
                             f"request body larger than {self._body_max} bytes")
         has_body = (length is not None and length != "0") or "transfer-encoding" in self._headers
+        self._small = length is not None and length.isdigit() and int(length) <= SMALL_BODY_BYTES
         authorize = self._limits.authorize
         if authorize is not None:
             refusal = authorize(self._parser.get_method().decode("latin-1"), path, self._headers, has_body)
@@ -364,7 +372,7 @@ class HttpProtocol(asyncio.Protocol):
         self._body_size += len(body)
         if self._body_size > self._body_max:
             raise HttpError(413, "limit-exceeded", f"request body larger than {self._body_max} bytes")
-        if not self._limits.reserve(self, len(body)):
+        if not self._limits.reserve(self, len(body), self._small):
             raise HttpError(503, "backend-unavailable", "request bodies in memory are at their bound; retry",
                             headers=[("Retry-After", str(RETRY_AFTER_S))])
         self._held += len(body)
