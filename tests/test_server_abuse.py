@@ -332,3 +332,21 @@ def test_honest_clients_are_served_under_the_full_flood(serve, tmp_path, auth):
                                      auth=auth)
     assert median_ms < 1000
     assert peak < 256  # MB: the bound stated in docs/http-api.md
+
+
+def test_a_peer_that_never_reads_its_answers_is_cut_off(serve):
+    server = serve("--idle-timeout-s", "1")
+    sock = socket.create_connection(address(server), timeout=5)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    asked = 300
+    try:
+        sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * asked)
+    except OSError:
+        pass
+    time.sleep(3)  # the server's send buffer is full: it stops taking requests, then cuts the peer off
+    data, closed_at = recv_until_closed(sock, 5)
+    sock.close()
+    answered = data.count(b"HTTP/1.1 200")
+    print(f"\npeer that never reads: {answered} of {asked} answers delivered, then cut off")
+    assert closed_at < 5 and answered < asked
+    assert request(server.url, "GET", "/healthz")[0] == 200

@@ -11,6 +11,10 @@ and the guard keeps the first two in order of age:
 - *serving*: a handler runs (a long poll may wait minutes, bounded by its own
   ``wait_ms``); never timed out, never evicted.
 
+Apart from these, a connection whose peer stops reading its answers (the send
+buffer is full, or the connection is closing with bytes still unsent) is cut
+off once it has stayed so for ``idle_timeout_s``.
+
 When ``connections_max`` are open, a new connection closes the oldest idle one,
 or else the oldest request that has been reading for `STALE_S` or more; if there
 is neither (every connection is serving), the new one is refused. Request bodies
@@ -115,6 +119,7 @@ class ConnectionLimits:
         self.idle: OrderedDict[HttpProtocol, float] = OrderedDict()
         self.reading: OrderedDict[HttpProtocol, float] = OrderedDict()
         self.bodies: OrderedDict[HttpProtocol, float] = OrderedDict()  # reading ones holding body bytes
+        self.stalled: dict[HttpProtocol, float] = {}  # answers not read by the peer, or closing with unsent bytes
         self.buffered = 0  # request bytes held, all connections
         self.authorize: Authorize | None = None
         self.refused = 0
@@ -166,7 +171,15 @@ class ConnectionLimits:
         self.reading.pop(conn, None)
         self.bodies.pop(conn, None)
 
+    def stall(self, conn: HttpProtocol) -> None:
+        """``conn``'s peer has stopped reading its answers (or it is closing with bytes unsent)."""
+        self.stalled.setdefault(conn, time.monotonic())
+
+    def unstall(self, conn: HttpProtocol) -> None:
+        self.stalled.pop(conn, None)
+
     def forget(self, conn: HttpProtocol) -> None:
+        self.stalled.pop(conn, None)
         self.open.pop(conn, None)
         self.idle.pop(conn, None)
         self.reading.pop(conn, None)
@@ -239,6 +252,10 @@ class ConnectionLimits:
             conn.close_idle()
         for conn in list(self.reading):
             conn.check_timeouts(now, settings)
+        for conn, since in list(self.stalled.items()):
+            if since <= deadline:  # a peer that has not read its answers for idle_timeout_s
+                self.forget(conn)
+                conn.abort()
 
 
 def raise_file_limit(connections_max: int) -> None:

@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -64,6 +67,7 @@ HEADER_BYTES_MAX = 16 * 1024
 PIPELINED_MAX = 16
 DISCARD_BYTES_MAX = 4 * 1024 * 1024  # after an early 413, drain this much so the client reads the answer
 DISCARD_SECONDS = 1.0
+_LINGER_RESET = struct.pack("ii", 1, 0)  # close with a reset, dropping unsent bytes
 RAW_BYTES_MAX = 64 * 1024  # unparsed bytes kept while a handler runs; then reading pauses
 
 _log = logging.getLogger("stockade.server")
@@ -214,11 +218,14 @@ class HttpProtocol(asyncio.Protocol):
         # The send buffer passed its high-water mark: stop reading and stop answering
         # queued requests until the peer drains it, so memory stays bounded.
         self._write_paused = True
+        self._limits.stall(self)
         if self._transport is not None:
             self._transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if not self._closing:
+            self._limits.unstall(self)
         if self._transport is not None and not self._closing and not self._reading_paused:
             self._transport.resume_reading()
         if self._current is None and self._pending and not self._closing:
@@ -294,6 +301,14 @@ class HttpProtocol(asyncio.Protocol):
         self._closing = True
         self._release_all()
         if self._transport is not None:
+            # Drop unsent answers too: once close() has begun, abort() alone may still flush them.
+            sock = self._transport.get_extra_info("socket")
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+                with socket.socket(fileno=os.dup(sock.fileno())) as dup:  # uvloop's own socket has no shutdown()
+                    dup.shutdown(socket.SHUT_RDWR)  # pending writes now fail: the transport closes
+            except (OSError, AttributeError, TypeError, ValueError):
+                pass
             self._transport.abort()
 
     def close_idle(self) -> None:
@@ -452,6 +467,8 @@ class HttpProtocol(asyncio.Protocol):
     def _close(self) -> None:
         self._closing = True
         if self._transport is not None:
+            if self._transport.get_write_buffer_size():
+                self._limits.stall(self)  # still sending: cut off if the peer never reads it
             self._transport.close()
 
     def check_timeouts(self, now: float, settings: TransportSettings) -> None:
