@@ -144,13 +144,15 @@ class ConnectionLimits:
     def _evict_one(self) -> bool:
         if self.idle:
             victim = next(iter(self.idle))
+            self.forget(victim)
+            victim.close_idle()
         elif self.reading and time.monotonic() - next(iter(self.reading.values())) >= STALE_S:
             victim = next(iter(self.reading))
+            self.forget(victim)
+            victim.abort()
         else:
             return False
         self.evicted += 1
-        self.forget(victim)
-        victim.abort()
         return True
 
     def to_idle(self, conn: HttpProtocol) -> None:

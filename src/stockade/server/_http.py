@@ -312,7 +312,11 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.abort()
 
     def close_idle(self) -> None:
-        self._close()
+        """Close an idle connection: gracefully, unless answers are still unsent (then reset)."""
+        if self._transport is not None and self._transport.get_write_buffer_size():
+            self.abort()
+        else:
+            self._close()
 
     def _feed(self, data: bytes) -> None:
         self._feeding = True
