@@ -18,13 +18,30 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)"
     )
     parser.add_argument("--auth-tokens", metavar="FILE",
-                        help="bearer tokens, one per line; every route but /healthz then needs one")
+                        help="bearer tokens, one per line, each optionally followed by the scopes it may touch "
+                             "('TOKEN reports.* billing'); every route but /healthz then needs one")
     parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain (with --tls-key): serve https")
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     parser.add_argument("--lock-delay-ms", type=int, default=0,
                         help="after a lease expires (not released), keep its scope ungrantable this long")
     parser.add_argument("--wait-ms-cap", type=int, default=None,
                         help="answer long polls by this many ms at most (default: the client's wait_ms)")
+    limits = parser.add_argument_group("connection bounds (against slow or idle peers)")
+    limits.add_argument("--idle-timeout-s", type=float, default=60.0,
+                        help="close a keep-alive connection with no request after this long (default 60)")
+    limits.add_argument("--header-timeout-s", type=float, default=10.0,
+                        help="close a request whose headers are not complete this long after its first byte "
+                             "(default 10)")
+    limits.add_argument("--body-timeout-s", type=float, default=30.0,
+                        help="close a request whose body is not complete this long after its headers (default 30)")
+    limits.add_argument("--body-rate-min", type=int, default=16384, metavar="BYTES_PER_S",
+                        help="close a request whose body arrives slower than this on average, after 2 s "
+                             "(default 16384)")
+    limits.add_argument("--connections-max", type=int, default=4096,
+                        help="open connections at most; at the cap the oldest idle one is closed (default 4096)")
+    limits.add_argument("--buffer-bytes-max", type=int, default=64 * 1024 * 1024,
+                        help="request bytes held in memory, all connections together; past it a body is "
+                             "refused with 503 and Retry-After (default 67108864: 64 MiB)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="JSON logs on stderr; debug adds one line per request")
     return parser
@@ -49,6 +66,9 @@ def run(argv: list[str]) -> int:
             tls_cert=Path(args.tls_cert) if args.tls_cert else None,
             tls_key=Path(args.tls_key) if args.tls_key else None,
             lock_delay_ms=args.lock_delay_ms, wait_ms_cap=args.wait_ms_cap,
+            idle_timeout_s=args.idle_timeout_s, header_timeout_s=args.header_timeout_s,
+            body_timeout_s=args.body_timeout_s, body_rate_min=args.body_rate_min,
+            connections_max=args.connections_max, buffer_bytes_max=args.buffer_bytes_max,
         )
         status = run_server(
             config, ready=lambda server: print(f"stockade serve: listening on {server.url}", flush=True)

@@ -8,15 +8,106 @@ problem types, documents), shared with the remote client. OpenAPI at
 - `_inputs`: strict input parsing (JSON bodies, query, headers, path segments).
 - `openapi`: the OpenAPI 3.1 document, rendered from the route table and `stockade.core.limits`.
 - `_http`: a lean HTTP/1.1 server on asyncio + httptools, with its bounds.
+- `_guard`: bounds across connections: timeouts, the connection cap, request bytes in memory.
 - `_leases`: the lease table in memory, FIFO long-poll waits, durable writes.
 - `_groupcommit`: one writer thread per file; one transaction and fsync per batch.
-- `_auth`, `_metrics`, `_logging`: bearer tokens, Prometheus, JSON logs.
+- `_auth`, `_metrics`, `_logging`: bearer tokens (limited to scopes), Prometheus, JSON logs.
+
+`ServerConfig` and `Server` here are those of `app` with the transport's
+numbers (`stockade.server._guard.TransportSettings`) added; `run` serves one.
 
 Needs the ``server`` extra (``pip install 'stockade[server]'``).
 """
 
 from __future__ import annotations
 
-from stockade.server.app import DEFAULT_PORT, PROBLEMS, Server, ServerConfig, run
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stockade.server import app as _app
+from stockade.server._auth import BearerAuth
+from stockade.server._guard import (
+    BODY_RATE_MIN,
+    BODY_TIMEOUT_S,
+    BUFFER_BYTES_MAX,
+    CONNECTIONS_MAX,
+    HEADER_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    ConnectionLimits,
+    TransportSettings,
+    raise_file_limit,
+)
+from stockade.server.app import DEFAULT_PORT, PROBLEMS
 
 __all__ = ["Server", "ServerConfig", "run", "PROBLEMS", "DEFAULT_PORT"]
+
+
+@dataclass
+class ServerConfig(_app.ServerConfig):
+    """Everything ``stockade serve`` is configured with (validated by `Server`).
+
+    The transport's numbers (defaults in `stockade.server._guard`): ``idle_timeout_s``
+    (a keep-alive connection with no request), ``header_timeout_s`` (a request's
+    first byte to the end of its headers), ``body_timeout_s`` and ``body_rate_min``
+    (bytes/s on average after 2 s) for its body, ``connections_max``, and
+    ``buffer_bytes_max`` (request bytes in memory, all connections together).
+    """
+
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
+    body_rate_min: int = BODY_RATE_MIN
+    connections_max: int = CONNECTIONS_MAX
+    buffer_bytes_max: int = BUFFER_BYTES_MAX
+
+    def transport(self) -> TransportSettings:
+        """The transport settings (raises InvalidArgument for a bad one)."""
+        return TransportSettings(
+            idle_timeout_s=self.idle_timeout_s, header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s, body_rate_min=self.body_rate_min,
+            connections_max=self.connections_max, buffer_bytes_max=self.buffer_bytes_max,
+        )
+
+
+class Server(_app.Server):
+    """`stockade.server.app.Server`, its connections bounded by the config's transport settings,
+    and bearer tokens (with their scopes) checked before a request's body is read."""
+
+    def __init__(self, config: _app.ServerConfig) -> None:
+        super().__init__(config)
+        settings = config.transport() if isinstance(config, ServerConfig) else TransportSettings()
+        self._limits = ConnectionLimits(settings=settings)
+        if config.auth_tokens:
+            self._limits.authorize = BearerAuth(config.auth_tokens).refusal
+        raise_file_limit(settings.connections_max)
+
+    async def close(self) -> None:
+        self._limits.stop()
+        await super().close()
+
+
+def run(config: _app.ServerConfig, *, ready: Callable[[_app.Server], None] | None = None) -> int:
+    """Run a `Server` until SIGTERM or SIGINT (uvloop when installed).
+
+    Returns:
+        0, or `stockade.server.app.EXIT_COMMIT_FAILED` when it stopped because a coordinator commit failed.
+    """
+    try:
+        import uvloop
+    except ImportError:  # optional: the server works on the standard loop, somewhat slower
+        uvloop = None  # type: ignore[assignment]
+    loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    server = Server(config)
+    try:
+        loop.run_until_complete(server.start())
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, server.stop)
+        if ready is not None:
+            ready(server)
+        loop.run_until_complete(server.serve_until_stopped())
+    finally:
+        loop.close()
+    return server.exit_status

@@ -8,17 +8,31 @@ contract (docs/http-api.md) is the product; the framework is not.
 What this layer enforces before an application sees a request (each bound named):
 URL length, header count and bytes, body size by route (checked against
 ``Content-Length`` before the body is read, and while reading a chunked one),
-pipelined requests per connection, connections per server, and idle / slow
-request timeouts. A request that breaks one is answered with a problem document
-and the connection is closed. Handlers run one at a time per connection, in
-order; when the peer disconnects, the running handler is cancelled (a
-long-polling acquire drops its place in the queue).
+pipelined requests per connection, and, through `stockade.server._guard`,
+connections per server, request bytes in memory across connections, and idle /
+slow request timeouts. A request that breaks one is answered with a problem
+document and the connection is closed.
+
+Authentication comes before the body: once a request's headers are complete,
+the guard's ``authorize`` hook may refuse it (401 without a valid bearer token,
+403 for a scope the token does not cover). A refused request with a body is
+answered at once and its body is never buffered: the connection drains it
+briefly, without keeping it, and closes.
+
+Handlers run one at a time per connection, in order. While one runs, bytes of a
+next (pipelined) request are kept unparsed, up to `RAW_BYTES_MAX`, and then the
+connection stops reading until the handler ends: a connection buffers at most
+one request body at a time. When the peer disconnects, the running handler is
+cancelled (a long-polling acquire drops its place in the queue).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -26,6 +40,13 @@ from typing import Any
 
 import httptools
 
+from stockade.server._guard import (
+    BODY_GRACE_S,
+    RETRY_AFTER_S,
+    SMALL_BODY_BYTES,
+    ConnectionLimits,
+    TransportSettings,
+)
 from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
 from stockade.wire.problems import PROBLEM_TYPE_PREFIX, problem_document
 
@@ -46,15 +67,15 @@ HEADER_BYTES_MAX = 16 * 1024
 PIPELINED_MAX = 16
 DISCARD_BYTES_MAX = 4 * 1024 * 1024  # after an early 413, drain this much so the client reads the answer
 DISCARD_SECONDS = 1.0
-IDLE_SECONDS = 60.0  # keep-alive connection without a request
-REQUEST_SECONDS = 30.0  # from a request's first byte to its last
-CONNECTIONS_MAX = 4096
+_LINGER_RESET = struct.pack("ii", 1, 0)  # close with a reset, dropping unsent bytes
+RAW_BYTES_MAX = 64 * 1024  # unparsed bytes kept while a handler runs; then reading pauses
 
 _log = logging.getLogger("stockade.server")
 
 _REASONS = {
-    200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-    405: "Method Not Allowed", 409: "Conflict", 410: "Gone", 413: "Content Too Large", 414: "URI Too Long",
+    200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+    405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 410: "Gone", 413: "Content Too Large",
+    414: "URI Too Long",
     415: "Unsupported Media Type", 422: "Unprocessable Content", 429: "Too Many Requests",
     431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable",
 }
@@ -64,10 +85,10 @@ class Request:
     """One parsed request. ``headers`` keys are lowercase; a repeated header keeps its last value
     and is noted in ``repeated`` (the application rejects repeats of the headers it reads)."""
 
-    __slots__ = ("method", "raw_path", "query", "headers", "repeated", "body", "started")
+    __slots__ = ("method", "raw_path", "query", "headers", "repeated", "body", "started", "refusal")
 
     def __init__(self, method: str, raw_path: str, query: str, headers: dict[str, str], repeated: set[str],
-                 body: bytes, started: float) -> None:
+                 body: bytes, started: float, refusal: Response | None = None) -> None:
         self.method = method
         self.raw_path = raw_path
         self.query = query
@@ -75,6 +96,7 @@ class Request:
         self.repeated = repeated
         self.body = body
         self.started = started
+        self.refusal = refusal  # answered without the application (a bodyless request refused by scope)
 
 
 class Response:
@@ -129,25 +151,13 @@ def problem_response(status: int, code: str, title: str, detail: str | None = No
 class HttpError(Exception):
     """Raised by the transport layer itself (size, framing); carries the problem to send."""
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+    def __init__(self, status: int, code: str, detail: str, headers: list[tuple[str, str]] | None = None,
+                 response: Response | None = None) -> None:
         super().__init__(detail)
-        self.response = problem(code, detail, status=status)
+        self.response = response or problem(code, detail, status=status, headers=headers)
 
 
 Dispatch = Callable[[Request], "Response | Awaitable[Response]"]
-
-
-class ConnectionLimits:
-    """Server-wide connection bookkeeping, and the sweeper that closes idle or slow ones."""
-
-    def __init__(self, connections_max: int = CONNECTIONS_MAX) -> None:
-        self.connections_max = connections_max
-        self.open: set[HttpProtocol] = set()
-
-    def sweep(self) -> None:
-        now = time.monotonic()
-        for conn in list(self.open):
-            conn.check_timeouts(now)
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -156,8 +166,8 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = (
         "_dispatch", "_observe", "_body_limit", "_limits", "_loop", "_transport", "_parser", "_url", "_headers",
         "_repeated", "_header_bytes", "_body", "_body_size", "_body_max", "_pending", "_current", "_closing",
-        "_write_paused", "_discarding", "_discarded", "_request_started", "_last_active", "_header_name",
-        "_keep_alive_flags",
+        "_write_paused", "_discarding", "_discarded", "_request_started", "_header_name", "_held", "_raw",
+        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
@@ -176,7 +186,11 @@ class HttpProtocol(asyncio.Protocol):
         self._discarding = False
         self._discarded = 0
         self._request_started = 0.0
-        self._last_active = time.monotonic()
+        self._held = 0  # request bytes of this connection counted in the server's budget
+        self._raw: list[bytes] = []  # received while a handler runs; parsed once it ends
+        self._raw_size = 0
+        self._feeding = False
+        self._reading_paused = False
         self._reset()
 
     def _reset(self) -> None:
@@ -188,42 +202,46 @@ class HttpProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._body_max = 0
+        self._body_started = 0.0  # when the headers were complete (0: not yet)
+        self._refusal: Response | None = None
+        self._small = False  # the body's Content-Length is at most SMALL_BODY_BYTES
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        if len(self._limits.open) >= self._limits.connections_max:
-            _log.warning("connection refused: %d connections open", len(self._limits.open))
-            transport.close()
+        if not self._limits.admit(self):
             self._closing = True
-            return
-        self._limits.open.add(self)
+            self._transport.abort()  # type: ignore[union-attr]
 
     def pause_writing(self) -> None:
         # The send buffer passed its high-water mark: stop reading and stop answering
         # queued requests until the peer drains it, so memory stays bounded.
         self._write_paused = True
+        self._limits.stall(self)
         if self._transport is not None:
             self._transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if self._transport is not None and not self._closing:
+        if not self._closing:
+            self._limits.unstall(self)
+        if self._transport is not None and not self._closing and not self._reading_paused:
             self._transport.resume_reading()
         if self._current is None and self._pending and not self._closing:
             next_request, next_keep_alive = self._pending.popleft()
             self._start(next_request, next_keep_alive)
+        self._drain_raw()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self._limits.open.discard(self)
+        self._limits.forget(self)
         self._pending.clear()
+        self._release_all()
         if self._current is not None and not self._current.done():
             self._current.cancel()  # the peer is gone: a waiting acquire leaves the queue
 
     def data_received(self, data: bytes) -> None:
-        self._last_active = time.monotonic()
         if self._discarding:
             self._discarded += len(data)
             if self._discarded > DISCARD_BYTES_MAX:
@@ -231,6 +249,77 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self._closing:
             return
+        if self._busy():
+            # A request is being answered: keep the next one unparsed (its body is not read
+            # into memory), and stop reading once RAW_BYTES_MAX are kept.
+            self._raw.append(data)
+            self._raw_size += len(data)
+            self._hold(len(data))
+            if self._raw_size >= RAW_BYTES_MAX and self._transport is not None:
+                self._reading_paused = True
+                self._transport.pause_reading()
+            return
+        self._feed(data)
+
+    def _busy(self) -> bool:
+        return self._current is not None or bool(self._pending) or self._write_paused
+
+    def _drain_raw(self) -> None:
+        """Parse what came while a handler ran, now that none runs."""
+        while self._raw and not self._busy() and not self._closing and not self._feeding:
+            data = b"".join(self._raw)
+            self._raw.clear()
+            self._raw_size = 0
+            self._release(len(data))
+            self._feed(data)
+        if not self._raw and self._reading_paused and not self._closing and self._transport is not None:
+            self._reading_paused = False
+            if not self._write_paused:
+                self._transport.resume_reading()
+
+    def _hold(self, size: int) -> None:
+        self._held += size
+        self._limits.buffered += size
+
+    def _release(self, size: int) -> None:
+        size = min(size, self._held)
+        self._held -= size
+        self._limits.release(size)
+
+    def _release_all(self) -> None:
+        self._body = []
+        self._raw = []
+        self._raw_size = 0
+        self._release(self._held)
+
+    def holds_bytes(self) -> int:
+        """The request bytes this connection holds in memory (the guard's eviction reads it)."""
+        return self._held
+
+    def abort(self) -> None:
+        """Close at once, giving back every byte held (evicted to make room for others)."""
+        self._closing = True
+        self._release_all()
+        if self._transport is not None:
+            # Drop unsent answers too: once close() has begun, abort() alone may still flush them.
+            sock = self._transport.get_extra_info("socket")
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+                with socket.socket(fileno=os.dup(sock.fileno())) as dup:  # uvloop's own socket has no shutdown()
+                    dup.shutdown(socket.SHUT_RDWR)  # pending writes now fail: the transport closes
+            except (OSError, AttributeError, TypeError, ValueError):
+                pass
+            self._transport.abort()
+
+    def close_idle(self) -> None:
+        """Close an idle connection: gracefully, unless answers are still unsent (then reset)."""
+        if self._transport is not None and self._transport.get_write_buffer_size():
+            self.abort()
+        else:
+            self._close()
+
+    def _feed(self, data: bytes) -> None:
+        self._feeding = True
         try:
             self._parser.feed_data(data)
         except HttpError as exc:
@@ -244,6 +333,8 @@ class HttpProtocol(asyncio.Protocol):
                 self._fail(cause.response)
             else:
                 self._fail(problem("invalid-argument", "malformed HTTP request"))
+        finally:
+            self._feeding = False
 
     def eof_received(self) -> bool | None:
         return False  # close: a half-closed peer cannot read a long-poll's answer anyway
@@ -253,6 +344,7 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._reset()
         self._request_started = time.monotonic()
+        self._limits.to_reading(self, self._request_started)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -281,11 +373,28 @@ class HttpProtocol(asyncio.Protocol):
             # Answer before reading the body (the bound is enforced, not merely checked afterwards).
             raise HttpError(413, "limit-exceeded",
                             f"request body larger than {self._body_max} bytes")
+        has_body = (length is not None and length != "0") or "transfer-encoding" in self._headers
+        self._small = length is not None and length.isdigit() and int(length) <= SMALL_BODY_BYTES
+        authorize = self._limits.authorize
+        if authorize is not None:
+            refusal = authorize(self._parser.get_method().decode("latin-1"), path, self._headers, has_body)
+            if refusal is not None:
+                if has_body:
+                    raise HttpError(refusal.status, "unauthorized", "", response=refusal)  # the body is not read
+                self._refusal = refusal
+        if has_body and not self._limits.room(self, 0):
+            raise HttpError(503, "backend-unavailable", "request bodies in memory are at their bound; retry",
+                            headers=[("Retry-After", str(RETRY_AFTER_S))])
+        self._body_started = time.monotonic()
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
         if self._body_size > self._body_max:
             raise HttpError(413, "limit-exceeded", f"request body larger than {self._body_max} bytes")
+        if not self._limits.reserve(self, len(body), self._small):
+            raise HttpError(503, "backend-unavailable", "request bodies in memory are at their bound; retry",
+                            headers=[("Retry-After", str(RETRY_AFTER_S))])
+        self._held += len(body)
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -298,9 +407,12 @@ class HttpProtocol(asyncio.Protocol):
             repeated=self._repeated,
             body=b"".join(self._body),
             started=self._request_started,
+            refusal=self._refusal,
         )
+        self._body = []
         keep_alive = self._parser.should_keep_alive()
         self._request_started = 0.0
+        self._limits.to_serving(self)
         if self._current is None and not self._pending and not self._write_paused:
             self._start(request, keep_alive)
             return
@@ -311,6 +423,9 @@ class HttpProtocol(asyncio.Protocol):
     # -- running handlers ------------------------------------------------------------------
 
     def _start(self, request: Request, keep_alive: bool) -> None:
+        if request.refusal is not None:
+            self._send(request, request.refusal, keep_alive)
+            return
         result = self._dispatch(request)
         if isinstance(result, Response):
             self._send(request, result, keep_alive)
@@ -326,7 +441,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._closing or self._transport is None:
             return
         self._transport.write(response.encode(keep_alive))
-        self._last_active = time.monotonic()
+        self._release(len(request.body))
         self._observe(request, response)
         if not keep_alive:
             self._close()
@@ -334,29 +449,45 @@ class HttpProtocol(asyncio.Protocol):
         if self._pending and not self._write_paused:
             next_request, next_keep_alive = self._pending.popleft()
             self._start(next_request, next_keep_alive)
+            return
+        if self._current is None and not self._pending and not self._request_started:
+            self._limits.to_idle(self)
+        self._drain_raw()
 
     def _fail(self, response: Response) -> None:
         """Answer a request the transport refused, then drain briefly and close."""
         if self._transport is None or self._closing:
             return
+        self._limits.to_serving(self)  # neither idle nor reading: it closes shortly
         if self._current is not None or self._pending:
             self._close()  # an earlier request is still being answered; do not interleave
             return
         self._transport.write(response.encode(False))
         self._closing = True
         self._discarding = True
+        self._release_all()
         self._loop.call_later(DISCARD_SECONDS, self._close)
 
     def _close(self) -> None:
         self._closing = True
         if self._transport is not None:
+            if self._transport.get_write_buffer_size():
+                self._limits.stall(self)  # still sending: cut off if the peer never reads it
             self._transport.close()
 
-    def check_timeouts(self, now: float) -> None:
-        if self._current is not None:
+    def check_timeouts(self, now: float, settings: TransportSettings) -> None:
+        """Close a request whose headers or body are too slow (the guard calls it for reading ones)."""
+        if self._current is not None or self._closing or not self._request_started:
             return  # a handler (maybe a long poll, bounded by its own deadline) is running
-        if self._request_started and now - self._request_started > REQUEST_SECONDS:
-            self._fail(problem("invalid-argument",
-                                        f"request not complete within {REQUEST_SECONDS:g} s"))
-        elif now - self._last_active > IDLE_SECONDS:
-            self._close()
+        if not self._body_started:
+            if now - self._request_started > settings.header_timeout_s:
+                self._timed_out("header_timeout_s", f"headers not complete within {settings.header_timeout_s:g} s")
+            return
+        elapsed = now - self._body_started
+        if elapsed > settings.body_timeout_s:
+            self._timed_out("body_timeout_s", f"body not complete within {settings.body_timeout_s:g} s")
+        elif elapsed > BODY_GRACE_S and self._body_size < settings.body_rate_min * (elapsed - BODY_GRACE_S):
+            self._timed_out("body_rate_min", f"body slower than {settings.body_rate_min} bytes/s")
+
+    def _timed_out(self, limit: str, detail: str) -> None:
+        self._fail(problem("limit-exceeded", detail, status=408, extra={"limit": limit}))

@@ -1,0 +1,274 @@
+"""The server's bounds across connections: timeouts, the connection cap, the buffered-bytes budget.
+
+One `ConnectionLimits` per server. Each connection is in one of three states,
+and the guard keeps the first two in order of age:
+
+- *idle*: open, no request started, nothing running or queued. Closed after
+  ``idle_timeout_s``; the oldest is closed first when the connection cap is reached.
+- *reading*: a request has started and is not complete. Its headers must be
+  complete within ``header_timeout_s`` and its body within ``body_timeout_s``,
+  at ``body_rate_min`` bytes/s on average once `BODY_GRACE_S` have passed.
+- *serving*: a handler runs (a long poll may wait minutes, bounded by its own
+  ``wait_ms``); never timed out, never evicted.
+
+Apart from these, a connection whose peer stops reading its answers (the send
+buffer is full, or the connection is closing with bytes still unsent) is cut
+off once it has stayed so for ``idle_timeout_s``.
+
+When ``connections_max`` are open, a new connection closes the oldest idle one,
+or else the oldest request that has been reading for `STALE_S` or more; if there
+is neither (every connection is serving), the new one is refused. Request bodies
+buffered in memory, across all connections, stay under ``buffer_bytes_max``
+(plus one read per connection): a body that would pass it first closes the
+oldest partial bodies that started `STALE_S` ago or more, and if there are none
+it is refused with 503 and ``Retry-After``. A small body (a JSON one, at most
+`SMALL_BODY_BYTES`) closes the oldest partial bodies however young they are:
+a flood of large bodies cannot keep acquires, renewals and releases out.
+Honest requests complete in milliseconds, so the connections closed to make
+room are the slow ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from stockade.core.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from stockade.server._http import HttpProtocol, Response
+
+    # (method, raw path, headers, has a body) -> the refusal to send, or None
+    Authorize = Callable[[str, str, dict[str, str], bool], "Response | None"]
+
+__all__ = [
+    "TransportSettings",
+    "ConnectionLimits",
+    "IDLE_TIMEOUT_S",
+    "HEADER_TIMEOUT_S",
+    "BODY_TIMEOUT_S",
+    "BODY_RATE_MIN",
+    "CONNECTIONS_MAX",
+    "BUFFER_BYTES_MAX",
+    "BODY_GRACE_S",
+    "STALE_S",
+    "SMALL_BODY_BYTES",
+    "RETRY_AFTER_S",
+]
+
+IDLE_TIMEOUT_S = 60.0  # a keep-alive connection with no request
+HEADER_TIMEOUT_S = 10.0  # from a request's first byte to the end of its headers
+BODY_TIMEOUT_S = 30.0  # from the end of the headers to the end of the body
+BODY_RATE_MIN = 16 * 1024  # bytes/s, on average, once BODY_GRACE_S have passed
+CONNECTIONS_MAX = 4096
+BUFFER_BYTES_MAX = 64 * 1024 * 1024  # request bytes held in memory, all connections together
+BODY_GRACE_S = 2.0
+STALE_S = 1.0  # a partial request this old may be closed to make room for others
+SMALL_BODY_BYTES = 64 * 1024  # a body this small fits in one read, and always finds room
+RETRY_AFTER_S = 1
+EVICT_SCAN = 256  # partial requests looked at, at most, to make room for one body read
+
+_log = logging.getLogger("stockade.server")
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """The transport's numbers (`stockade serve` flags of the same names)."""
+
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
+    body_rate_min: int = BODY_RATE_MIN
+    connections_max: int = CONNECTIONS_MAX
+    buffer_bytes_max: int = BUFFER_BYTES_MAX
+
+    def __post_init__(self) -> None:
+        for name in ("idle_timeout_s", "header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.05 <= value <= 86_400:
+                raise InvalidArgument(name, "must be 0.05..86400 seconds")
+        for name, low, high in (("body_rate_min", 0, 1 << 30), ("connections_max", 1, 1_000_000),
+                                ("buffer_bytes_max", 1 << 20, 1 << 40)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidArgument(name, f"must be an integer in {low}..{high}")
+
+    @property
+    def sweep_s(self) -> float:
+        """How often the timeouts are checked: a quarter of the shortest, within 0.05..1 s."""
+        return min(1.0, max(0.05, min(self.idle_timeout_s, self.header_timeout_s, self.body_timeout_s) / 4))
+
+
+class ConnectionLimits:
+    """Server-wide connection bookkeeping: states in age order, the byte budget, the sweeper.
+
+    ``authorize(method, raw_path, headers, has_body)``, when set, is asked once a
+    request's headers are complete: it returns the refusal to send (401, 403), or None.
+    """
+
+    def __init__(self, connections_max: int | None = None, settings: TransportSettings | None = None) -> None:
+        self.settings = settings or TransportSettings()
+        self.connections_max = connections_max or self.settings.connections_max
+        self.open: dict[HttpProtocol, None] = {}
+        self.idle: OrderedDict[HttpProtocol, float] = OrderedDict()
+        self.reading: OrderedDict[HttpProtocol, float] = OrderedDict()
+        self.bodies: OrderedDict[HttpProtocol, float] = OrderedDict()  # reading ones holding body bytes
+        self.stalled: dict[HttpProtocol, float] = {}  # answers not read by the peer, or closing with unsent bytes
+        self.buffered = 0  # request bytes held, all connections
+        self.authorize: Authorize | None = None
+        self.refused = 0
+        self.evicted = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- connection states ----------------------------------------------------------------------
+
+    def admit(self, conn: HttpProtocol) -> bool:
+        """Make room for ``conn`` if the cap is reached; False if there is none (refuse it)."""
+        if len(self.open) >= self.connections_max and not self._evict_one():
+            self.refused += 1
+            if self.refused & (self.refused - 1) == 0:  # 1, 2, 4, ...: the log stays small under attack
+                _log.warning("connection refused: %d open, all serving (%d refused so far)",
+                             len(self.open), self.refused)
+            return False
+        self.open[conn] = None
+        self.idle[conn] = time.monotonic()
+        self._start_sweeping()
+        return True
+
+    def _evict_one(self) -> bool:
+        if self.idle:
+            victim = next(iter(self.idle))
+            self.forget(victim)
+            victim.close_idle()
+        elif self.reading and time.monotonic() - next(iter(self.reading.values())) >= STALE_S:
+            victim = next(iter(self.reading))
+            self.forget(victim)
+            victim.abort()
+        else:
+            return False
+        self.evicted += 1
+        return True
+
+    def to_idle(self, conn: HttpProtocol) -> None:
+        self.reading.pop(conn, None)
+        self.bodies.pop(conn, None)
+        if conn in self.open:
+            self.idle[conn] = time.monotonic()
+            self.idle.move_to_end(conn)
+
+    def to_reading(self, conn: HttpProtocol, started: float) -> None:
+        self.idle.pop(conn, None)
+        if conn in self.open:
+            self.reading[conn] = started
+            self.reading.move_to_end(conn)
+
+    def to_serving(self, conn: HttpProtocol) -> None:
+        self.idle.pop(conn, None)
+        self.reading.pop(conn, None)
+        self.bodies.pop(conn, None)
+
+    def stall(self, conn: HttpProtocol) -> None:
+        """``conn``'s peer has stopped reading its answers (or it is closing with bytes unsent)."""
+        self.stalled.setdefault(conn, time.monotonic())
+
+    def unstall(self, conn: HttpProtocol) -> None:
+        self.stalled.pop(conn, None)
+
+    def forget(self, conn: HttpProtocol) -> None:
+        self.stalled.pop(conn, None)
+        self.open.pop(conn, None)
+        self.idle.pop(conn, None)
+        self.reading.pop(conn, None)
+        self.bodies.pop(conn, None)
+
+    # -- the byte budget ------------------------------------------------------------------------
+
+    def reserve(self, conn: HttpProtocol, size: int, small: bool = False) -> bool:
+        """Count ``size`` more buffered bytes for ``conn``; False if the budget has no room even
+        after closing partial bodies (the caller answers 503). See `room`."""
+        if not self.room(conn, size, small):
+            return False
+        self.buffered += size
+        if conn not in self.bodies and conn in self.reading:
+            self.bodies[conn] = self.reading[conn]
+        return True
+
+    def room(self, conn: HttpProtocol, size: int, small: bool = False) -> bool:
+        """Whether ``size`` more bytes fit, after closing partial bodies if they must: the oldest
+        first, and only those that started `STALE_S` ago or more, unless ``conn``'s body is small
+        (at most `SMALL_BODY_BYTES`: every JSON body), which any partial body makes room for."""
+        limit = self.settings.buffer_bytes_max
+        if self.buffered + size > limit:
+            now = time.monotonic()
+            victims: list[HttpProtocol] = []
+            needed = self.buffered + size - limit
+            for scanned, (victim, started) in enumerate(self.bodies.items()):
+                if needed <= 0 or scanned >= EVICT_SCAN or (now - started < STALE_S and not small):
+                    break
+                held = victim.holds_bytes()
+                if victim is not conn and held:
+                    victims.append(victim)
+                    needed -= held
+            for victim in victims:
+                self.evicted += 1
+                self.forget(victim)
+                victim.abort()  # gives its bytes back through release()
+        return self.buffered + size <= limit
+
+    def release(self, size: int) -> None:
+        self.buffered -= size
+
+    # -- timeouts -------------------------------------------------------------------------------
+
+    def _start_sweeping(self) -> None:
+        if self._timer is None:
+            loop = asyncio.get_event_loop()
+            self._timer = loop.call_later(self.settings.sweep_s, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.sweep()
+        if self.open:
+            self._start_sweeping()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def sweep(self) -> None:
+        now = time.monotonic()
+        settings = self.settings
+        deadline = now - settings.idle_timeout_s
+        while self.idle:
+            conn, since = next(iter(self.idle.items()))
+            if since > deadline:
+                break
+            self.forget(conn)
+            conn.close_idle()
+        for conn in list(self.reading):
+            conn.check_timeouts(now, settings)
+        for conn, since in list(self.stalled.items()):
+            if since <= deadline:  # a peer that has not read its answers for idle_timeout_s
+                self.forget(conn)
+                conn.abort()
+
+
+def raise_file_limit(connections_max: int) -> None:
+    """Raise the soft limit on open files to fit ``connections_max`` (up to the hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections_max + 256  # the listening socket, the files, the executor, some slack
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):  # pragma: no cover - a platform that refuses
+            return
+        if new < wanted:
+            _log.warning("open-file limit %d is below connections_max %d", new, connections_max)
