@@ -43,9 +43,12 @@ JSON_BODY_BYTES_MAX = 8 * 1024
 SCOPE_PATTERN = f"^[A-Za-z0-9._:-]{{1,{SCOPE_BYTES_MAX}}}$"
 LEASE_ID_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
 # The signed form a coordinator issues (docs/tokens.md); the unsigned stk1 form only a store without keys takes.
+# A value of at most 18 digits, or 19 starting 1-8: always within 1..2**63-1 (the few values above
+# 8999999999999999999 that the server also takes are left out of the pattern, never let in).
+_VALUE = "(?:[1-9][0-9]{0,17}|[1-8][0-9]{18})"
 TOKEN_PATTERN = (
-    "^(stk2\\.[0-9a-f]{16}\\.[1-9][0-9]{0,18}\\.[0-9a-f]{8}\\.[A-Za-z0-9_-]{22}"
-    "|stk1\\.[0-9a-f]{16}\\.[1-9][0-9]{0,18})"
+    f"^(stk2\\.[0-9a-f]{{16}}\\.{_VALUE}\\.[0-9a-f]{{8}}\\.[A-Za-z0-9_-]{{22}}"
+    f"|stk1\\.[0-9a-f]{{16}}\\.{_VALUE})"
     f"\\.[A-Za-z0-9._:-]{{1,{SCOPE_BYTES_MAX}}}$"
 )
 PRINTABLE_PATTERN = "^[\\x21-\\x7e]+$"
