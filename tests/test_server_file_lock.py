@@ -109,3 +109,71 @@ def test_serve_keeps_granting_while_another_process_holds_the_store(server, caps
         print(f"\n[figure] store write lock held by another process: lock cycles completed {cycles} of 20 "
               f"meanwhile; the waiting PUT then answered {answers}")
     assert answers == [200]
+
+
+_PAUSED_HOLDER = """
+import sys
+from stockade.resources.store import SQLiteStore
+path, token = sys.argv[1], sys.argv[2]
+with SQLiteStore(path) as store:
+    with store.transaction("held", token=token) as tx:
+        tx.put("step-1", b"before the pause")
+        print("in-transaction", flush=True)
+        sys.stdin.readline()  # the test freezes this process here
+        tx.put("step-2", b"after the pause")
+print("committed", flush=True)
+"""
+
+
+def test_a_holder_paused_in_a_transaction_on_the_servers_store_costs_no_one_a_lease(serve, capsys):
+    """Finding 6 end to end: an embedded holder of the server's store, frozen inside a transaction."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import stockade
+
+    pause_s = 30.0 if os.environ.get("STOCKADE_LONG") else 3.0
+    server = serve()
+    coord = stockade.connect(server.url)
+    store = stockade.open_store(server.url)
+    honest = coord.acquire("honest", ttl_ms=1_000)  # renewed by its keepalive every ~1/3 TTL
+    held = json.loads(request(server.url, "POST", "/v1/locks/held/acquire",
+                              json_body={"ttl_ms": 120_000, "wait_ms": 0})[2])["token"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen([sys.executable, "-c", _PAUSED_HOLDER, str(server.data_dir / "store.db"), held],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    ok = failed = 0
+    try:
+        assert holder.stdout.readline().strip() == "in-transaction"
+        holder.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        while time.monotonic() - started < pause_s:
+            lease = coord.acquire(f"other-{ok % 8}", ttl_ms=5_000, wait_ms=5_000)
+            try:
+                store.put(lease.scope, "k", b"v", token=lease.token)
+                ok += 1
+            except stockade.StockadeError:
+                failed += 1
+            finally:
+                lease.release()
+        lost = honest.lost
+        holder.send_signal(signal.SIGCONT)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "committed"
+    finally:
+        if holder.poll() is None:
+            holder.send_signal(signal.SIGCONT)
+            holder.kill()
+        holder.wait(60)
+        honest.release()
+        coord.close()
+        store.close()
+    with capsys.disabled():
+        print(f"\n[figure] embedded holder SIGSTOPped {pause_s:.0f} s inside a transaction on the server's store: "
+              f"lock-and-write cycles on other scopes failed {failed} of {ok + failed}; honest lease lost: {lost}")
+    assert failed == 0 and ok > 0 and not lost
