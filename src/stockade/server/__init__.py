@@ -21,8 +21,6 @@ Needs the ``server`` extra (``pip install 'stockade[server]'``).
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,25 +87,5 @@ class Server(_app.Server):
 
 
 def run(config: _app.ServerConfig, *, ready: Callable[[_app.Server], None] | None = None) -> int:
-    """Run a `Server` until SIGTERM or SIGINT (uvloop when installed).
-
-    Returns:
-        0, or `stockade.server.app.EXIT_COMMIT_FAILED` when it stopped because a coordinator commit failed.
-    """
-    try:
-        import uvloop
-    except ImportError:  # optional: the server works on the standard loop, somewhat slower
-        uvloop = None  # type: ignore[assignment]
-    loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    server = Server(config)
-    try:
-        loop.run_until_complete(server.start())
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, server.stop)
-        if ready is not None:
-            ready(server)
-        loop.run_until_complete(server.serve_until_stopped())
-    finally:
-        loop.close()
-    return server.exit_status
+    """Run a `Server` (transport bounds included) until SIGTERM or SIGINT; see `stockade.server.app.run`."""
+    return _app.run(config, ready=ready, server_class=Server)

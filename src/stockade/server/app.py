@@ -515,8 +515,9 @@ class Server:
         _log.info("stopped")
 
 
-def run(config: ServerConfig, *, ready: Callable[[Server], None] | None = None) -> int:
-    """Run a server until SIGTERM or SIGINT (uvloop when installed).
+def run(config: ServerConfig, *, ready: Callable[[Server], None] | None = None,
+        server_class: Callable[[ServerConfig], Server] = Server) -> int:
+    """Run a server (of ``server_class``) until SIGTERM or SIGINT (uvloop when installed).
 
     Returns:
         0, or `EXIT_COMMIT_FAILED` when it stopped because a coordinator commit failed.
@@ -527,7 +528,7 @@ def run(config: ServerConfig, *, ready: Callable[[Server], None] | None = None) 
         uvloop = None  # type: ignore[assignment]
     loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    server = Server(config)
+    server = server_class(config)
     try:
         loop.run_until_complete(server.start())
         for signum in (signal.SIGTERM, signal.SIGINT):
