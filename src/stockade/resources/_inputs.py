@@ -9,8 +9,11 @@ from collections.abc import Mapping
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import (
+    AUDIT_RECORDS_MAX,
+    IDEMPOTENCY_KEYS_MAX,
     LIST_PAGE_MAX,
     TOKEN_VALUE_MAX,
+    VALUE_BYTES_CEILING,
     validate_idempotency_key,
     validate_int,
     validate_key,
@@ -20,7 +23,29 @@ from stockade.core.limits import (
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Op, Write
 
-__all__ = ["coerce_token", "make_write", "check_page", "check_audit_page", "check_floors"]
+__all__ = [
+    "coerce_token", "make_write", "check_page", "check_audit_page", "check_floors", "check_bounds",
+    "BUSY_TIMEOUT_MS_DEFAULT", "BUSY_TIMEOUT_MS_MAX",
+]
+
+BUSY_TIMEOUT_MS_DEFAULT = 5_000  # how long a store operation waits for the store's lock, by default
+BUSY_TIMEOUT_MS_MAX = 60_000
+
+
+def check_bounds(
+    value_bytes_max: object, busy_timeout_ms: object, audit_records_max: object, idempotency_keys_max: object
+) -> tuple[int, int, int, int]:
+    """The bounds every store adapter is opened with, checked alike; returned in the same order.
+
+    Raises:
+        InvalidArgument: one is not an integer in its range.
+    """
+    return (
+        validate_int("value_bytes_max", value_bytes_max, 0, VALUE_BYTES_CEILING),
+        validate_int("busy_timeout_ms", busy_timeout_ms, 0, BUSY_TIMEOUT_MS_MAX),
+        validate_int("audit_records_max", audit_records_max, 1, AUDIT_RECORDS_MAX),
+        validate_int("idempotency_keys_max", idempotency_keys_max, 1, IDEMPOTENCY_KEYS_MAX),
+    )
 
 
 def coerce_token(token: object) -> FencingToken:

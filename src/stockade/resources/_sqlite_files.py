@@ -30,8 +30,6 @@ __all__: list[str] = []  # private to the SQLite adapter and its backup
 STORE_KIND = "stockade-store"
 SCHEMA_VERSION = "1"
 
-BUSY_TIMEOUT_MS_DEFAULT = 5_000
-BUSY_TIMEOUT_MS_MAX = 60_000
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) STRICT;

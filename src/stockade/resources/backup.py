@@ -25,8 +25,8 @@ from typing import Any
 from stockade.core.errors import BackendUnavailable, InvalidArgument, invariant
 from stockade.core.limits import LIST_PAGE_MAX
 from stockade.core.values import AuditRecord, BackupInfo, FenceFloors, RestoreReport
+from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT
 from stockade.resources._sqlite_files import (
-    BUSY_TIMEOUT_MS_DEFAULT,
     audit_after,
     connect,
     copy_database,

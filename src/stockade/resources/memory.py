@@ -32,9 +32,7 @@ from stockade.core.limits import (
     AUDIT_RECORDS_MAX,
     IDEMPOTENCY_KEYS_MAX,
     LIST_PAGE_MAX,
-    VALUE_BYTES_CEILING,
     VALUE_BYTES_MAX,
-    validate_int,
     validate_key,
     validate_scope,
 )
@@ -43,7 +41,16 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, Item, Write, WriteResult
-from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
+from stockade.resources._inputs import (
+    BUSY_TIMEOUT_MS_DEFAULT,
+    BUSY_TIMEOUT_MS_MAX,
+    check_audit_page,
+    check_bounds,
+    check_floors,
+    check_page,
+    coerce_token,
+    make_write,
+)
 from stockade.resources._observe import reject
 from stockade.resources._tx import Tx
 from stockade.resources._verify import Verification
@@ -51,8 +58,6 @@ from stockade.resources._verify import Verification
 __all__ = ["MemoryStore", "NAMED_STORES_MAX", "BUSY_TIMEOUT_MS_DEFAULT", "BUSY_TIMEOUT_MS_MAX"]
 
 NAMED_STORES_MAX = 1_000  # named stores (memory://name) per process
-BUSY_TIMEOUT_MS_DEFAULT = 5_000
-BUSY_TIMEOUT_MS_MAX = 60_000
 
 
 class _State:
@@ -111,10 +116,9 @@ class MemoryStore(Verification):
             validate_scope(name, "name")
         if cluster_id is not None:
             validate_cluster_id(cluster_id, "cluster_id")
-        self.value_bytes_max = validate_int("value_bytes_max", value_bytes_max, 0, VALUE_BYTES_CEILING)
-        self.busy_timeout_ms = validate_int("busy_timeout_ms", busy_timeout_ms, 0, BUSY_TIMEOUT_MS_MAX)
-        self.audit_records_max = validate_int("audit_records_max", audit_records_max, 1, AUDIT_RECORDS_MAX)
-        self.idempotency_keys_max = validate_int("idempotency_keys_max", idempotency_keys_max, 1, IDEMPOTENCY_KEYS_MAX)
+        self.value_bytes_max, self.busy_timeout_ms, self.audit_records_max, self.idempotency_keys_max = check_bounds(
+            value_bytes_max, busy_timeout_ms, audit_records_max, idempotency_keys_max
+        )
         self.name = name
         self._state = self._open_state(name, cluster_id)
         self.cluster_id: str = self._state.cluster_id

@@ -54,7 +54,6 @@ from stockade.core.limits import (
     TX_WRITES_MAX,
     VALUE_BYTES_CEILING,
     VALUE_BYTES_MAX,
-    validate_int,
     validate_key,
     validate_scope,
 )
@@ -64,12 +63,19 @@ from stockade.core.limits import (
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, BackupInfo, Item, Op, Write, WriteResult
 from stockade.resources import backup as _backup
-from stockade.resources._inputs import check_audit_page, check_floors, check_page, coerce_token, make_write
+from stockade.resources._inputs import (
+    BUSY_TIMEOUT_MS_DEFAULT,
+    BUSY_TIMEOUT_MS_MAX,
+    check_audit_page,
+    check_bounds,
+    check_floors,
+    check_page,
+    coerce_token,
+    make_write,
+)
 from stockade.resources._observe import reject
 from stockade.resources._sqlite_apply import apply_write
 from stockade.resources._sqlite_files import (
-    BUSY_TIMEOUT_MS_DEFAULT,
-    BUSY_TIMEOUT_MS_MAX,
     FileBusy,
     audit_after,
     connect,
@@ -149,10 +155,9 @@ class SQLiteStore(Verification):
     ) -> None:
         if cluster_id is not None:
             validate_cluster_id(cluster_id, "cluster_id")
-        self.value_bytes_max = validate_int("value_bytes_max", value_bytes_max, 0, VALUE_BYTES_CEILING)
-        self.busy_timeout_ms = validate_int("busy_timeout_ms", busy_timeout_ms, 0, BUSY_TIMEOUT_MS_MAX)
-        self.audit_records_max = validate_int("audit_records_max", audit_records_max, 1, AUDIT_RECORDS_MAX)
-        self.idempotency_keys_max = validate_int("idempotency_keys_max", idempotency_keys_max, 1, IDEMPOTENCY_KEYS_MAX)
+        self.value_bytes_max, self.busy_timeout_ms, self.audit_records_max, self.idempotency_keys_max = check_bounds(
+            value_bytes_max, busy_timeout_ms, audit_records_max, idempotency_keys_max
+        )
         self.path = Path(path)
         # Refuse before touching the disk: opening a missing file would create it.
         if cluster_id is None and not self.path.exists():

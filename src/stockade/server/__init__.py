@@ -22,7 +22,7 @@ Needs the ``server`` extra (``pip install 'stockade[server]'``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from stockade.server import app as _app
 from stockade.server._auth import BearerAuth
@@ -62,11 +62,7 @@ class ServerConfig(_app.ServerConfig):
 
     def transport(self) -> TransportSettings:
         """The transport settings (raises InvalidArgument for a bad one)."""
-        return TransportSettings(
-            idle_timeout_s=self.idle_timeout_s, header_timeout_s=self.header_timeout_s,
-            body_timeout_s=self.body_timeout_s, body_rate_min=self.body_rate_min,
-            connections_max=self.connections_max, buffer_bytes_max=self.buffer_bytes_max,
-        )
+        return TransportSettings(**{f.name: getattr(self, f.name) for f in fields(TransportSettings)})
 
 
 class Server(_app.Server):
