@@ -94,9 +94,15 @@ def validate_wait_ms(wait_ms: object) -> int:
 
 
 def validate_scope(scope: object, field: str = "scope") -> str:
-    """A scope is 1..200 characters of ``[A-Za-z0-9._:-]``."""
+    """A scope is 1..200 characters of ``[A-Za-z0-9._:-]``, and not ``.`` or ``..``.
+
+    ``.`` and ``..`` are refused because a proxy normalises them out of a URL
+    path (``/v1/locks/../acquire``) and a file adapter must never resolve them.
+    """
     if not isinstance(scope, str):
         raise InvalidArgument(field, f"must be a string, got {type(scope).__name__}")
+    if scope in (".", ".."):
+        raise InvalidArgument(field, f"must not be {scope!r} (a path step, not a name)")
     if not _SCOPE_RE.fullmatch(scope):
         if not 1 <= len(scope) <= SCOPE_BYTES_MAX:
             raise InvalidArgument(field, f"must be 1..{SCOPE_BYTES_MAX} bytes, got {len(scope)}")

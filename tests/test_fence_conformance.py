@@ -1,0 +1,74 @@
+"""The fence-adapter conformance suite (`stockade.testing.conformance.fence`) over every adapter.
+
+A new adapter adds one entry to `TARGETS`: a factory ``(tmp_path, cluster_id,
+keys, mutant) -> harness`` on a fresh resource. `test_the_suite_catches_every_control`
+runs the suite's own tests against each control on each adapter and requires
+a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.fence_store import make_memory_harness
+
+import stockade.testing.conformance.fence as suite
+from stockade.keys import FixedKeys
+from stockade.testing.conformance.fence import *  # noqa: F403 - the suite's tests and its `fence` fixture
+
+Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
+
+TARGETS: dict[str, Factory] = {
+    "store-memory": lambda tmp_path, cluster_id, keys, mutant: make_memory_harness(cluster_id, keys, mutant),
+}
+
+
+@pytest.fixture(params=sorted(TARGETS))
+def make_harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    opened: list[Any] = []
+
+    def make(cluster_id: str, keys: FixedKeys, mutant: str | None) -> Any:
+        opened.append(TARGETS[request.param](tmp_path / f"r{len(opened)}", cluster_id, keys, mutant))
+        return opened[-1]
+
+    yield make
+    for harness in opened:
+        harness.close()
+
+
+# Which of the suite's tests each control must fail. The suite's numbers are cut down here so
+# that a control fails fast; the full-size runs above are the figures.
+CAUGHT_BY = {
+    "fencing-off": [
+        "test_r1_equal_accepted_higher_raises_lower_rejected",
+        "test_s05_delayed_writes_are_refused_and_apply_nothing",
+    ],
+    "strict-greater": [
+        "test_r1_equal_accepted_higher_raises_lower_rejected",
+        "test_s19_one_token_from_eight_threads_is_never_falsely_rejected",
+    ],
+    "check-then-write": ["test_s20_a_higher_token_never_interleaves_with_an_open_lower_unit"],
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_the_suite_catches_every_control(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, mutant: str
+) -> None:
+    monkeypatch.setattr(suite, "RACES", 40)
+    monkeypatch.setattr(suite, "DELAYED_WRITES", 20)
+    monkeypatch.setattr(suite, "SAME_TOKEN_WRITES", 400)
+    for name in CAUGHT_BY[mutant]:
+        harness = TARGETS[target](tmp_path / name, suite.CLUSTER, suite.KEYS, mutant)
+        try:
+            getattr(suite, name)(harness)
+        except (Exception, pytest.fail.Exception):  # noqa: BLE001 - any failure of the test counts
+            continue
+        finally:
+            harness.close()
+        pytest.fail(f"{name} passed on {target} with {mutant}")
+
