@@ -57,13 +57,15 @@ class StoreHarness:
     def high_water(self, scope: str) -> int:
         return self.store.high_water(scope)
 
-    def raise_high_waters(self, floors: Mapping[str, int]) -> dict[str, int]:
-        for scope, floor in floors.items():
+    def raise_high_waters(self, floors: Mapping[str, int], *, default: int = 0) -> dict[str, int]:
+        for scope, floor in [*floors.items(), ("a", default)]:
             validate_scope(scope)
-            if not isinstance(floor, int) or not 0 <= floor < 2**63:
+            if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**63:
                 raise InvalidArgument("floors", "must be token values")
         adapter = self.store.adapter if isinstance(self.store, CheckThenWrite) else self.store
-        return adapter.raise_high_waters(floors)
+        # The memory store has no default floor: this reference harness knows its only scopes.
+        marks = adapter.raise_high_waters({s: max(floors.get(s, 0), default) for s in {*floors, *SCOPES}})
+        return {s: marks[s] for s in floors}
 
     def state(self) -> Any:
         return (self.store.high_waters(),

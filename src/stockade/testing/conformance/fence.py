@@ -116,8 +116,16 @@ class FenceHarness(Protocol):
         """The scope's mark (0 if never written)."""
         ...
 
-    def raise_high_waters(self, floors: Mapping[str, int]) -> dict[str, int]:
-        """The adapter's floor operation (R4): raise, never lower; the marks of the named scopes after."""
+    def raise_high_waters(self, floors: Mapping[str, int], *, default: int = 0) -> dict[str, int]:
+        """The adapter's floor operation (R4): raise, never lower; the marks of the named scopes after.
+
+        ``default`` is the floor of every scope *not* named, including scopes
+        the resource has never seen (a restored backup may predate them): the
+        adapter keeps it durably, and a scope's mark is at least it.
+
+        Raises:
+            InvalidArgument: a bad scope or floor (nothing changes).
+        """
         ...
 
     def state(self) -> Any:
@@ -356,12 +364,27 @@ def test_r4_raise_high_waters_raises_and_never_lowers(fence: FenceHarness) -> No
     assert fence.read("a", "k") == b"new"
 
 
+def test_r4_the_default_floor_covers_scopes_the_resource_never_saw(fence: FenceHarness) -> None:
+    write(fence, tok(5), k=b"v")
+    fence.raise_high_waters({"a": 6}, default=20)
+    assert fence.high_water("b") == 20 and fence.high_water("a") == 20  # the default covers named scopes too
+    before = fence.state()
+    for scope in ("a", "b"):
+        with pytest.raises(StaleToken):
+            write(fence, tok(19, scope=scope), scope=scope, k=b"old")
+    assert fence.state() == before
+    write(fence, tok(20, scope="b"), scope="b", k=b"new")
+    assert fence.read("b", "k") == b"new"
+
+
 def test_r4_bad_floors_change_nothing(fence: FenceHarness) -> None:
     write(fence, tok(5), k=b"v")
     before = fence.state()
-    for floors in ({"a": -1}, {"..": 3}, {"a": 2**63}, {"": 1}):
+    for floors in ({"a": -1}, {"..": 3}, {"a": 2**63}, {"": 1}, {"a": True}):
         with pytest.raises(InvalidArgument):
             fence.raise_high_waters(floors)
+    with pytest.raises(InvalidArgument):
+        fence.raise_high_waters({}, default=-1)
     assert fence.state() == before
 
 
