@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.fence_store import make_memory_harness
+from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 
 import stockade.testing.conformance.fence as suite
 from stockade.keys import FixedKeys
@@ -23,6 +23,7 @@ Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 
 TARGETS: dict[str, Factory] = {
     "store-memory": lambda tmp_path, cluster_id, keys, mutant: make_memory_harness(cluster_id, keys, mutant),
+    "store-sqlite": make_sqlite_store_harness,
 }
 
 

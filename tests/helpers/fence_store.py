@@ -1,4 +1,4 @@
-"""The fence harness over stockade's own store (`MemoryStore`): the suite's reference target.
+"""Fence harnesses over stockade's own store (`MemoryStore`, `SQLiteStore`): the suite's reference targets.
 
 It checks the suite itself: the store already passes its own conformance
 suite, so a failure here is the fence suite's bug, not the store's.
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from stockade.core.errors import InvalidArgument
-from stockade.core.limits import validate_scope
 from stockade.keys import FixedKeys
 from stockade.resources.memory import MemoryStore
+from stockade.resources.sqlite_store import SQLiteStore
 from stockade.testing.mutants import CheckThenWrite, fencing_off, strict_greater
 
 SCOPES = ("a", "b")
@@ -58,21 +58,15 @@ class StoreHarness:
         return self.store.high_water(scope)
 
     def raise_high_waters(self, floors: Mapping[str, int], *, default: int = 0) -> dict[str, int]:
-        for scope, floor in [*floors.items(), ("a", default)]:
-            validate_scope(scope)
-            if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**63:
-                raise InvalidArgument("floors", "must be token values")
         adapter = self.store.adapter if isinstance(self.store, CheckThenWrite) else self.store
-        # The memory store has no default floor: this reference harness knows its only scopes.
-        marks = adapter.raise_high_waters({s: max(floors.get(s, 0), default) for s in {*floors, *SCOPES}})
-        return {s: marks[s] for s in floors}
+        return adapter.raise_high_waters(floors, default=default)
 
     def state(self) -> Any:
         return (self.store.high_waters(),
                 {s: [(i.key, i.value) for i in self.store.list(s)] for s in SCOPES})
 
     def clone(self) -> StoreHarness:
-        return self  # one in-process store; its own lock serialises the threads
+        return self  # one store object is safe to share between threads
 
     def close(self) -> None:
         pass
@@ -80,6 +74,17 @@ class StoreHarness:
 
 def make_memory_harness(cluster_id: str, keys: FixedKeys, mutant: str | None) -> StoreHarness:
     store = MemoryStore(cluster_id=cluster_id, keys=keys, value_bytes_max=StoreHarness.value_bytes_max)
+    return _with_control(store, mutant)
+
+
+def make_sqlite_store_harness(path: Path, cluster_id: str, keys: FixedKeys, mutant: str | None) -> StoreHarness:
+    path.mkdir(parents=True, exist_ok=True)
+    store = SQLiteStore(path / "store.db", cluster_id=cluster_id, keys=keys,
+                        value_bytes_max=StoreHarness.value_bytes_max)
+    return _with_control(store, mutant)
+
+
+def _with_control(store: Any, mutant: str | None) -> StoreHarness:
     if mutant == "fencing-off":
         return StoreHarness(fencing_off(store))
     if mutant == "strict-greater":

@@ -21,7 +21,7 @@ from stockade.core.limits import (
     validate_value,
 )
 from stockade.core.tokens import FencingToken
-from stockade.core.values import Op, Write
+from stockade.core.values import FenceFloors, Op, Write
 
 __all__ = [
     "coerce_token", "make_write", "check_page", "check_audit_page", "check_floors", "check_bounds",
@@ -95,6 +95,18 @@ def check_audit_page(scope: object, after_seq: object, limit: object) -> tuple[s
         validate_int("after_seq", after_seq, 0, TOKEN_VALUE_MAX),
         validate_int("limit", limit, 1, LIST_PAGE_MAX),
     )
+
+
+def check_floors_and_default(floors: object, default: object = 0) -> tuple[dict[str, int], int]:
+    """Validate fence floors and the default floor of every scope not named (R4).
+
+    ``floors`` may be a `FenceFloors` (its own default counts too) or a mapping
+    of scope to a token value in 0..2**63-1.
+    """
+    checked_default = validate_int("default", default, 0, TOKEN_VALUE_MAX)
+    if isinstance(floors, FenceFloors):
+        return dict(floors.floors), max(checked_default, floors.default)
+    return check_floors(floors), checked_default
 
 
 def check_floors(floors: object) -> dict[str, int]:

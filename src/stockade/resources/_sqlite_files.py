@@ -214,6 +214,16 @@ def default_floor(conn: sqlite3.Connection) -> int:
     return 0 if row is None else row[0]
 
 
+def raise_default_floor(conn: sqlite3.Connection, floor: int) -> None:
+    """Raise the default floor, and every scope's row below it, to ``floor`` (R4; never lowers)."""
+    if floor > default_floor(conn):
+        conn.execute("UPDATE hwm SET high_water = ? WHERE high_water < ?", (floor, floor))
+        conn.execute(
+            "INSERT INTO counters (name, value) VALUES ('default_floor', ?) "
+            "ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)", (floor,),
+        )
+
+
 def audit_after(conn: sqlite3.Connection, scope: str | None, after_seq: int, limit: int) -> list[AuditRecord]:
     if scope is None:
         rows = conn.execute(

@@ -40,13 +40,13 @@ from stockade.core.limits import (
     STORE_SCOPES_MAX as SCOPES_MAX,
 )
 from stockade.core.tokens import FencingToken, validate_cluster_id
-from stockade.core.values import AuditRecord, Item, Write, WriteResult
+from stockade.core.values import AuditRecord, FenceFloors, Item, Write, WriteResult
 from stockade.resources._inputs import (
     BUSY_TIMEOUT_MS_DEFAULT,
     BUSY_TIMEOUT_MS_MAX,
     check_audit_page,
     check_bounds,
-    check_floors,
+    check_floors_and_default,
     check_page,
     coerce_token,
     make_write,
@@ -68,6 +68,7 @@ class _State:
         self.lock = threading.Lock()
         self.owner: int | None = None  # thread id holding lock (detects re-entry from an open transaction)
         self.high_waters: dict[str, int] = {}
+        self.default_floor = 0  # the mark of every scope without one of its own (R4: raised by a floor)
         self.items: dict[str, dict[str, Item]] = {}
         self.keys: dict[str, list[str]] = {}  # per scope, sorted: code-point order is UTF-8 byte order
         self.audit: list[AuditRecord] = []  # by commit_seq
@@ -197,7 +198,8 @@ class MemoryStore(Verification):
         with self._hold() as state:
             old = state.high_waters.get(write.scope)
             decision = check_write(
-                token, forged=self.forged(token), scope=write.scope, cluster=self.cluster_id, high_water=old or 0,
+                token, forged=self.forged(token), scope=write.scope, cluster=self.cluster_id,
+                high_water=state.default_floor if old is None else old,
                 fingerprint=None if write.idempotency_key is None else write.fingerprint(),
                 recorded=None if write.idempotency_key is None
                 else state.idempotency.get((write.scope, write.idempotency_key)),
@@ -222,7 +224,8 @@ class MemoryStore(Verification):
             old = state.high_waters.get(scope)
             decision = check_write(
                 token, forged=self.forged(token),
-                scope=scope, cluster=self.cluster_id, high_water=old or 0, fingerprint=None, recorded=None,
+                scope=scope, cluster=self.cluster_id, high_water=state.default_floor if old is None else old,
+                fingerprint=None, recorded=None,
                 rule=self.fence_rule if rule is None else rule,
             )
             if isinstance(decision, Reject):
@@ -233,16 +236,20 @@ class MemoryStore(Verification):
             yield unit
             unit.commit()  # only when the block ended normally: an exception skips this
 
-    def raise_high_waters(self, floors: Mapping[str, int]) -> dict[str, int]:
-        """Raise each named scope's mark to at least its floor, all or none (R4; see `FenceAdapterPort`)."""
-        checked = check_floors(floors)
+    def raise_high_waters(self, floors: Mapping[str, int] | FenceFloors, *, default: int = 0) -> dict[str, int]:
+        """Raise each named scope's mark, and every other's to ``default``, all or none (R4)."""
+        checked, default = check_floors_and_default(floors, default)
         with self._hold() as state:
+            if default > state.default_floor:
+                state.default_floor = default
+                for scope, mark in state.high_waters.items():
+                    state.high_waters[scope] = max(mark, default)
             new_scopes = sum(1 for s, f in checked.items() if f > 0 and s not in state.high_waters)
             if new_scopes and len(state.high_waters) + new_scopes > SCOPES_MAX:
                 raise LimitExceeded("SCOPES_MAX", SCOPES_MAX, f"store holds {SCOPES_MAX} scopes")
             marks: dict[str, int] = {}
             for scope, floor in sorted(checked.items()):
-                old = state.high_waters.get(scope, 0)
+                old = state.high_waters.get(scope, state.default_floor)
                 if floor > old:
                     state.high_waters[scope] = floor
                 marks[scope] = max(old, floor)
@@ -298,7 +305,7 @@ class MemoryStore(Verification):
         """The scope's high-water mark; 0 if it was never written."""
         scope = validate_scope(scope)
         with self._hold() as state:
-            return state.high_waters.get(scope, 0)
+            return state.high_waters.get(scope, state.default_floor)
 
     def high_waters(self) -> dict[str, int]:
         """Every scope's high-water mark (at most `SCOPES_MAX` entries)."""

@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 from stockade.core.fence import FenceRule
 from stockade.core.limits import LIST_PAGE_MAX
 from stockade.core.tokens import FencingToken
-from stockade.core.values import AuditRecord, Item, Write, WriteResult
+from stockade.core.values import AuditRecord, FenceFloors, Item, Write, WriteResult
 
 __all__ = ["FencedStorePort", "TransactionPort", "TransactionalStorePort", "FencedUnit", "FenceAdapterPort"]
 
@@ -173,8 +173,12 @@ class FenceAdapterPort(Protocol):
         """The scope's mark (0 if never written)."""
         ...
 
-    def raise_high_waters(self, floors: Mapping[str, int]) -> dict[str, int]:
+    def raise_high_waters(self, floors: Mapping[str, int] | FenceFloors, *, default: int = 0) -> dict[str, int]:
         """Raise each scope's mark to at least its floor, atomically; never lower one (R4).
+
+        ``default`` (and a `FenceFloors`' own default) is the floor of every
+        scope not named, including scopes the resource never saw: kept durably,
+        and every scope's mark is at least it.
 
         Returns:
             The marks of the named scopes afterwards.

@@ -61,14 +61,14 @@ from stockade.core.limits import (
     STORE_SCOPES_MAX as SCOPES_MAX,
 )
 from stockade.core.tokens import FencingToken, validate_cluster_id
-from stockade.core.values import AuditRecord, BackupInfo, Item, Op, Write, WriteResult
+from stockade.core.values import AuditRecord, BackupInfo, FenceFloors, Item, Op, Write, WriteResult
 from stockade.resources import backup as _backup
 from stockade.resources._inputs import (
     BUSY_TIMEOUT_MS_DEFAULT,
     BUSY_TIMEOUT_MS_MAX,
     check_audit_page,
     check_bounds,
-    check_floors,
+    check_floors_and_default,
     check_page,
     coerce_token,
     make_write,
@@ -83,6 +83,7 @@ from stockade.resources._sqlite_files import (
     default_floor,
     get_item,
     initialise,
+    raise_default_floor,
     write_transaction,
 )
 from stockade.resources._sqlite_tx import PENDING_SEQ, TX_BUFFER_BYTES_MAX, BufferedUnit, LockedUnit
@@ -257,8 +258,7 @@ class SQLiteStore(Verification):
 
     @staticmethod
     def _mark(conn: sqlite3.Connection, scope: str) -> tuple[int | None, int]:
-        """``(row, mark)``: the scope's row (None if none) and its mark, which is the
-        store's default floor for a scope without a row (R4: set by a restore)."""
+        """``(row, mark)``: the scope's row (None if none) and its mark (the default floor if none: R4)."""
         row, floor = conn.execute(
             "SELECT (SELECT high_water FROM hwm WHERE scope = ?), "
             "(SELECT value FROM counters WHERE name = 'default_floor')", (scope,),
@@ -351,18 +351,18 @@ class SQLiteStore(Verification):
                 # A step failed inside SQLite and the caller carried on: commit nothing.
                 raise BackendUnavailable("a transaction step failed; rolled back", certain_no_effect=True)
 
-    def raise_high_waters(self, floors: Mapping[str, int]) -> dict[str, int]:
-        """Raise each named scope's mark to at least its floor, in one transaction (R4; see `FenceAdapterPort`)."""
-        checked = check_floors(floors)
+    def raise_high_waters(self, floors: Mapping[str, int] | FenceFloors, *, default: int = 0) -> dict[str, int]:
+        """Raise each named scope's mark, and every other's to ``default``, in one transaction (R4)."""
+        checked, default = check_floors_and_default(floors, default)
         marks: dict[str, int] = {}
         with self._write() as conn:
+            raise_default_floor(conn, default)
             for scope, floor in sorted(checked.items()):
                 old, mark = self._mark(conn, scope)
                 if floor > mark:
                     self._raise_high_water(conn, scope, old, floor)
                 marks[scope] = max(mark, floor)
         return marks
-
 
     # -- applying ------------------------------------------------------------------------
 
