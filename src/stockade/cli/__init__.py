@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("stockade.cli.status", "leases, holders, tokens and high-water marks"),
     "serve": ("stockade.cli.serve", "the coordinator and the fenced store over HTTP"),
     "sim": ("stockade.cli.sim", "deterministic simulation of the protocol under faults"),
+    "floor": ("stockade.cli.floor", "after a resource failover or restore, raise its marks to the issued tokens"),
     "keys": ("stockade.cli.keys", "show or rotate the keys that sign tokens (docs/tokens.md)"),
     "bench": ("stockade.cli.bench", "lock cycles and fenced writes per second, p50/p99, 1 and N clients"),
 }
