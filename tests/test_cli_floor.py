@@ -132,13 +132,13 @@ def test_a_store_of_another_cluster_is_refused(restored: tuple[Path, list[str]],
     coord = stockade.connect(f"sqlite://{other / 'coord.db'}")
     coord.close()
     before = (data / "store.db").read_bytes()
-    done = floor(f"sqlite://{data / 'store.db'}", "--coordinator", f"sqlite://{other / 'coord.db'}")
+    done = floor(f"sqlite://{data / 'store.db'}", "--url", f"sqlite://{other / 'coord.db'}")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert (data / "store.db").read_bytes() == before
 
 
 def test_a_missing_coordinator_is_refused_not_created(tmp_path: Path) -> None:
-    done = floor("sqlite:///x.db", "--coordinator", f"sqlite://{tmp_path / 'typo.db'}")
+    done = floor("sqlite:///x.db", "--url", f"sqlite://{tmp_path / 'typo.db'}")
     assert done.returncode == 1 and "no coordinator" in done.stderr
     assert not (tmp_path / "typo.db").exists()
 

@@ -6,7 +6,7 @@ step, then prints what it raised. Marks only ever go up: running it twice is
 harmless. Run it before the promoted replica or the restored copy takes
 writes again.
 
-The coordinator is ``--coordinator URL`` (sqlite:///..., http://...), else
+The coordinator is ``--url URL`` (sqlite:///..., http://...), else
 $STOCKADE_URL, else ``coord.db`` in the data directory. Resources:
 sqlite:///path (stockade's store or your own fenced database),
 postgresql://..., redis://..., file:///dir (a fenced directory).
@@ -29,7 +29,7 @@ RAISED_SHOWN_MAX = 1_000
 
 
 def _coordinator_url(args: argparse.Namespace) -> str:
-    url: str | None = args.coordinator or os.environ.get(URL_ENV)
+    url: str | None = args.url or os.environ.get(URL_ENV)
     if url:
         return url
     return f"sqlite://{data_dir(args) / 'coord.db'}"
@@ -40,14 +40,14 @@ def run(argv: list[str]) -> int:
         prog="stockade floor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("resource", help="the resource to raise, e.g. postgresql://db1/app or sqlite:///srv/app.db")
-    parser.add_argument("--coordinator", default=None, help=f"coordinator url (default: ${URL_ENV}, else the data dir)")
+    parser.add_argument("--url", default=None, help=f"coordinator url (default: ${URL_ENV}, else the data dir)")
     add_data_dir(parser)
     parser.add_argument("--dry-run", action="store_true", help="print what would be raised; change nothing")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     url = _coordinator_url(args)
     if url.startswith("sqlite://") and not Path(url.partition("://")[2]).is_file():
-        return fail(f"no coordinator at {url.partition('://')[2]} (use --coordinator, ${URL_ENV} or --data-dir)")
+        return fail(f"no coordinator at {url.partition('://')[2]} (use --url, ${URL_ENV} or --data-dir)")
     try:
         coord = connect(url)
         try:
