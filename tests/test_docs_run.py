@@ -1,0 +1,71 @@
+"""Every code block in README.md and docs/ runs, as written, in a fresh directory (tests/helpers/docblocks.py).
+
+A block that is deliberately not run carries ``<!-- doc: skip REASON -->`` in
+the file itself. `test_a_broken_example_fails` is the control: the same runner
+fails on a block that is wrong.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import ServeProcess
+from helpers.docblocks import blocks, environment, run_file
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+ENV_BIN = Path(sys.executable).parent
+
+
+def _serve(workdir: Path) -> tuple[int, Callable[[], None]]:
+    server = ServeProcess(workdir / "stockade-data")
+    return server.port, server.stop
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[p.name for p in DOCS])
+def test_every_code_block_runs(doc: Path, tmp_path: Path) -> None:
+    run_file(doc, tmp_path, environment(ENV_BIN), _serve)
+
+
+def test_every_document_is_checked_and_blocks_are_run() -> None:
+    runnable = [b for doc in DOCS for b in blocks(doc) if b.lang and b.directive not in ("skip", "file")]
+    assert len(runnable) >= 4, [b.where for b in runnable]
+
+
+BROKEN = """# A page
+
+```python
+x = 1
+```
+
+<!-- doc: skip it needs a cluster of 40 machines -->
+```sh
+exit 3
+```
+
+```python
+assert x == 2, "the example is out of date"
+```
+"""
+
+
+def test_a_broken_example_fails(tmp_path: Path) -> None:
+    doc = tmp_path / "broken.md"
+    doc.write_text(BROKEN)
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(AssertionError, match="the example is out of date"):
+        run_file(doc, work, environment(ENV_BIN), _serve)
+    fixed = tmp_path / "fixed.md"
+    fixed.write_text(BROKEN.replace("x == 2", "x == 1"))
+    assert run_file(fixed, tmp_path / "work", environment(ENV_BIN), _serve) == ["fixed.md:3", "fixed.md:12"]
+
+
+def test_a_skip_needs_its_reason(tmp_path: Path) -> None:
+    doc = tmp_path / "bad.md"
+    doc.write_text("<!-- doc: skip -->\n```sh\ntrue\n```\n")
+    with pytest.raises(ValueError, match="needs a reason"):
+        blocks(doc)
