@@ -159,7 +159,9 @@ class Runner:
         log = (self.workdir / ".doc-python.log").read_text(errors="replace")[-4000:]
         assert answer_line, f"{block.where}: the Python process died\n--- output\n{log}"
         answer = json.loads(answer_line)
-        assert answer["ok"], f"{block.where}: failed\n--- block\n{block.code}\n--- error\n{answer['error']}\n--- output\n{log}"
+        assert answer["ok"], (
+            f"{block.where}: failed\n--- block\n{block.code}\n--- error\n{answer['error']}\n--- output\n{log}"
+        )
 
     def _end_python(self) -> None:
         if self._python is not None:
