@@ -20,14 +20,17 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ENV_BIN = Path(sys.executable).parent
 
 
-def _serve(workdir: Path) -> tuple[int, Callable[[], None]]:
+def _serve(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
     server = ServeProcess(workdir / "stockade-data")
-    return server.port, server.stop
+    return {"127.0.0.1:7390": f"127.0.0.1:{server.port}"}, server.stop
+
+
+SERVICES = {"serve": _serve}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[p.name for p in DOCS])
 def test_every_code_block_runs(doc: Path, tmp_path: Path) -> None:
-    run_file(doc, tmp_path, environment(ENV_BIN), _serve)
+    run_file(doc, tmp_path, environment(ENV_BIN), SERVICES)
 
 
 def test_every_document_is_checked_and_blocks_are_run() -> None:
@@ -58,10 +61,10 @@ def test_a_broken_example_fails(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     with pytest.raises(AssertionError, match="the example is out of date"):
-        run_file(doc, work, environment(ENV_BIN), _serve)
+        run_file(doc, work, environment(ENV_BIN), SERVICES)
     fixed = tmp_path / "fixed.md"
     fixed.write_text(BROKEN.replace("x == 2", "x == 1"))
-    assert run_file(fixed, tmp_path / "work", environment(ENV_BIN), _serve) == ["fixed.md:3", "fixed.md:12"]
+    assert run_file(fixed, tmp_path / "work", environment(ENV_BIN), SERVICES) == ["fixed.md:3", "fixed.md:12"]
 
 
 def test_a_skip_needs_its_reason(tmp_path: Path) -> None:

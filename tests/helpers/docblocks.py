@@ -21,6 +21,10 @@ ones under test). A comment on the line just before a block changes how it runs:
   before, points at it. The
   Python session of the earlier blocks ends first (as a reader's would), so
   it holds no file the server needs for itself.
+- ``<!-- doc: postgres -->``, ``<!-- doc: redis -->``: a real PostgreSQL or
+  Redis runs for the rest of the file, and the addresses the docs use
+  (``postgresql://postgres@127.0.0.1:5432/postgres``, ``redis://127.0.0.1:6379``)
+  point at it.
 """
 
 from __future__ import annotations
@@ -35,12 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUN_LANGUAGES = {"python": "python", "sh": "sh", "bash": "sh"}
-DEFAULT_PORT = 7390
 BLOCK_TIMEOUT_S = 180
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[A-Za-z0-9_+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
                     re.M | re.S)
-_DIRECTIVE = re.compile(r"<!--\s*doc:\s*(?P<what>skip|file|serve)\b\s*(?P<arg>.*?)\s*-->\s*$")
+_DIRECTIVE = re.compile(r"<!--\s*doc:\s*(?P<what>skip|file|serve|postgres|redis)\b\s*(?P<arg>.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class Block:
     line: int
     lang: str  # "python", "sh", or "" (not run)
     code: str
-    directive: str = ""  # "", "skip", "file", "serve"
+    directive: str = ""  # "", "skip", "file", or a service: "serve", "postgres", "redis"
     arg: str = ""
 
     @property
@@ -96,24 +99,28 @@ for line in sys.stdin:
 """
 
 
-class Runner:
-    """Runs one file's blocks in ``workdir``; ``start_server(workdir) -> (port, stop)`` serves ``doc: serve``."""
+#: ``start(workdir) -> (substitutions, stop)``: a service a block needs, and the text to rewrite in blocks.
+Service = Callable[[Path], tuple[dict[str, str], Callable[[], None]]]
 
-    def __init__(self, workdir: Path, env: dict[str, str],
-                 start_server: Callable[[Path], tuple[int, Callable[[], None]]]) -> None:
+
+class Runner:
+    """Runs one file's blocks in ``workdir``; ``services[name]`` starts what ``doc: NAME`` needs."""
+
+    def __init__(self, workdir: Path, env: dict[str, str], services: dict[str, Service]) -> None:
         self.workdir = workdir
         self.env = env
-        self.start_server = start_server
-        self.port: int | None = None
-        self._stop_server: Callable[[], None] | None = None
+        self.services = services
+        self.substitutions: dict[str, str] = {}
+        self._started: dict[str, Callable[[], None]] = {}
         self._python: subprocess.Popen[str] | None = None
         self.ran: list[str] = []
         self._saved: list[Block] = []
 
     def _code(self, block: Block) -> str:
-        if self.port is None:
-            return block.code
-        return block.code.replace(f"127.0.0.1:{DEFAULT_PORT}", f"127.0.0.1:{self.port}")
+        code = block.code
+        for old, new in self.substitutions.items():
+            code = code.replace(old, new)
+        return code
 
     def run(self, block: Block) -> None:
         """Run (or save, or skip) one block.
@@ -123,10 +130,13 @@ class Runner:
         """
         if block.directive == "skip" or not block.lang and block.directive != "file":
             return
-        if block.directive == "serve" and self.port is None:
-            self._end_python()  # a reader's Python session is over by now, and its files are closed
-            self.port, self._stop_server = self.start_server(self.workdir)
-            for saved in self._saved:  # files saved earlier point at the server too
+        if block.directive in self.services and block.directive not in self._started:
+            if block.directive == "serve":
+                self._end_python()  # a reader's Python session is over by now, and its files are closed
+            substitutions, stop = self.services[block.directive](self.workdir)
+            self._started[block.directive] = stop
+            self.substitutions.update(substitutions)
+            for saved in self._saved:  # files saved earlier point at the service too
                 (self.workdir / saved.arg).write_text(self._code(saved), encoding="utf-8")
         if block.directive == "file":
             (self.workdir / block.arg).write_text(self._code(block), encoding="utf-8")
@@ -176,14 +186,13 @@ class Runner:
 
     def close(self) -> None:
         self._end_python()
-        if self._stop_server is not None:
-            self._stop_server()
+        for stop in reversed(list(self._started.values())):
+            stop()
 
 
-def run_file(path: Path, workdir: Path, env: dict[str, str],
-             start_server: Callable[[Path], tuple[int, Callable[[], None]]]) -> list[str]:
+def run_file(path: Path, workdir: Path, env: dict[str, str], services: dict[str, Service]) -> list[str]:
     """Run every block of ``path`` in order; returns where the run blocks are. Fails at the first failure."""
-    runner = Runner(workdir, env, start_server)
+    runner = Runner(workdir, env, services)
     try:
         for block in blocks(path):
             runner.run(block)
