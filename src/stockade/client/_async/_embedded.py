@@ -40,6 +40,9 @@ class AsyncEmbeddedCoordinatorPort:
         self.capabilities = capabilities
         self.keys = engine.signer  # what a store verifies this engine's tokens with
 
+    async def open(self) -> None:
+        pass  # an engine is open once constructed
+
     async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
 

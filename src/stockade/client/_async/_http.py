@@ -294,9 +294,14 @@ async def fetch_cluster_id(client: AsyncHTTPClient) -> str:
 
 
 class AsyncHTTPCoordinatorPort:
-    """The coordinator of a remote `stockade serve`."""
+    """The coordinator of a remote `stockade serve`.
 
-    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str) -> None:
+    Args:
+        client: the connection pool.
+        cluster_id: the server's, if known; None to fetch it on `open` (or before the first grant).
+    """
+
+    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str | None) -> None:
         self._client = client
         self.cluster_id = cluster_id
         self.capabilities = COORDINATORS["https" if client.endpoint.tls is not None else "http"].capabilities
@@ -304,6 +309,10 @@ class AsyncHTTPCoordinatorPort:
         # lease id -> (holder, ttl_ms) of leases granted through this port: a renewal
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
+
+    async def open(self) -> None:
+        if self.cluster_id is None:
+            self.cluster_id = await fetch_cluster_id(self._client)
 
     async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.
@@ -316,6 +325,7 @@ class AsyncHTTPCoordinatorPort:
             LockTimeout: still held when ``wait_ms`` ran out.
             BackendUnavailable: the server could not be reached or did not answer in time.
         """
+        await self.open()  # a grant is checked against the cluster id
         body = codecs.dumps({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
         sent_ns = self.clock.now_ns()
         response = await self._client.request(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from stockade.client._hooks import Hooks, rejected, validate_hooks
 from stockade.client._shared import CURRENT_LEASE, resolve_token
-from stockade.core.errors import InvalidArgument
+from stockade.core.errors import FenceRejected, InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
 from stockade.resources.store import Item, WriteResult
 
@@ -46,10 +47,12 @@ class AsyncFencedStore:
 
     A rejected write raises `StaleToken` or `TokenMismatch` and changed
     nothing. Never retry it with the same token (K3): re-acquire, read, reconcile.
+    Each rejection is reported to ``hooks.on_reject`` first (`stockade.client.Hooks`).
     """
 
-    def __init__(self, port: Any) -> None:
+    def __init__(self, port: Any, *, hooks: Hooks | None = None) -> None:
         self._port = port
+        self._hooks = validate_hooks(hooks)
         self.cluster_id: str = port.cluster_id
 
     async def __aenter__(self) -> AsyncFencedStore:
@@ -72,13 +75,23 @@ class AsyncFencedStore:
             InvalidArgument: bad scope, key, value or token. Nothing changed.
             LeaseLost: the lease named is known to be lost. Nothing sent.
         """
-        return await self._port.put(scope, key, value, token=_token_for(scope, token), idempotency_key=idempotency_key)
+        token = _token_for(scope, token)
+        try:
+            return await self._port.put(scope, key, value, token=token, idempotency_key=idempotency_key)
+        except FenceRejected as exc:
+            rejected(self._hooks, exc)
+            raise
 
     async def delete(
         self, scope: str, key: str, *, token: object = None, idempotency_key: str | None = None
     ) -> WriteResult:
         """Delete (scope, key) under the fence rule; deleting a missing key still advances the mark."""
-        return await self._port.delete(scope, key, token=_token_for(scope, token), idempotency_key=idempotency_key)
+        token = _token_for(scope, token)
+        try:
+            return await self._port.delete(scope, key, token=token, idempotency_key=idempotency_key)
+        except FenceRejected as exc:
+            rejected(self._hooks, exc)
+            raise
 
     async def get(self, scope: str, key: str) -> Item | None:
         validate_scope(scope)

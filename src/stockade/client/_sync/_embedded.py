@@ -41,6 +41,9 @@ class EmbeddedCoordinatorPort:
         self.capabilities = capabilities
         self.keys = engine.signer  # what a store verifies this engine's tokens with
 
+    def open(self) -> None:
+        pass  # an engine is open once constructed
+
     def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
 

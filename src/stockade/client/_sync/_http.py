@@ -295,9 +295,14 @@ def fetch_cluster_id(client: HTTPClient) -> str:
 
 
 class HTTPCoordinatorPort:
-    """The coordinator of a remote `stockade serve`."""
+    """The coordinator of a remote `stockade serve`.
 
-    def __init__(self, client: HTTPClient, *, cluster_id: str) -> None:
+    Args:
+        client: the connection pool.
+        cluster_id: the server's, if known; None to fetch it on `open` (or before the first grant).
+    """
+
+    def __init__(self, client: HTTPClient, *, cluster_id: str | None) -> None:
         self._client = client
         self.cluster_id = cluster_id
         self.capabilities = COORDINATORS["https" if client.endpoint.tls is not None else "http"].capabilities
@@ -305,6 +310,10 @@ class HTTPCoordinatorPort:
         # lease id -> (holder, ttl_ms) of leases granted through this port: a renewal
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
+
+    def open(self) -> None:
+        if self.cluster_id is None:
+            self.cluster_id = fetch_cluster_id(self._client)
 
     def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.
@@ -317,6 +326,7 @@ class HTTPCoordinatorPort:
             LockTimeout: still held when ``wait_ms`` ran out.
             BackendUnavailable: the server could not be reached or did not answer in time.
         """
+        self.open()  # a grant is checked against the cluster id
         body = codecs.dumps({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
         sent_ns = self.clock.now_ns()
         response = self._client.request(
