@@ -35,7 +35,7 @@ def test_await_and_async_with(tmp_path, serve):
         with stockade.connect(url) as sync_coord:
             expected = sync_coord.cluster_id
 
-        async def main():
+        async def main(url=url, expected=expected):
             coord = await stockade.connect_async(url)
             assert isinstance(coord, AsyncCoordinator) and coord.cluster_id == expected
             assert await coord is coord  # awaiting again is harmless
@@ -55,7 +55,7 @@ def test_inside_a_loop_the_cluster_id_comes_with_the_first_await(serve):
     async def main():
         coord = stockade.connect_async(server.url)  # no I/O yet
         with pytest.raises(InvalidArgument, match="await"):
-            coord.cluster_id
+            _ = coord.cluster_id
         lease = await coord.acquire("s", ttl_ms=1000)  # a first use opens it too
         assert coord.cluster_id == lease.token.cluster
         await lease.release()
@@ -115,6 +115,29 @@ def test_connect_async_does_not_block_the_loop_on_a_frozen_server(serve):
     assert elapsed_s >= TIMEOUT_MS / 1000 * 0.9
     assert control_ticks == 0  # the control must fail the property
     assert ticks >= 10  # ~100 on an idle machine; a busy one still ticks
+
+
+def test_open_store_async_inside_a_loop(serve):
+    server = serve()
+    with stockade.connect(server.url) as coord:
+        cluster_id = coord.cluster_id
+
+    async def main():
+        store = stockade.open_store_async(server.url)  # no I/O yet
+        with pytest.raises(InvalidArgument, match="await"):
+            _ = store.cluster_id
+        assert (await store).cluster_id == cluster_id
+        await store.aclose()
+        async with stockade.open_store_async(server.url, cluster_id=cluster_id) as store:
+            assert await store.high_water("s") == 0
+        with pytest.raises(InvalidArgument, match="differs"):
+            await stockade.open_store_async(server.url, cluster_id="fedcba9876543210")
+        wrong = stockade.open_store_async(server.url, cluster_id="fedcba9876543210")
+        with pytest.raises(InvalidArgument, match="differs"):
+            await wrong.high_water("s")  # a first use checks it too
+        await wrong.aclose()
+
+    asyncio.run(main())
 
 
 def test_outside_a_loop_connect_async_still_opens_at_once(serve):

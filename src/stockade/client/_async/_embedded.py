@@ -117,6 +117,9 @@ class AsyncEmbeddedStorePort:
         self.engine = engine
         self.cluster_id = engine.cluster_id
 
+    async def open(self) -> None:
+        pass  # a store is open once constructed
+
     async def put(
         self, scope: str, key: str, value: bytes | str, *, token: FencingToken, idempotency_key: str | None
     ) -> WriteResult:

@@ -36,7 +36,7 @@ from stockade.client._wire import (
 from stockade.clock import SystemClock
 from stockade.coordinators.registry import COORDINATORS
 from stockade.core import leases as core_leases
-from stockade.core.errors import BackendUnavailable, NotHolder
+from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
 from stockade.core.limits import LEASES_MAX, validate_idempotency_key, validate_key, validate_scope, validate_value
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -287,6 +287,12 @@ _PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER = (
     ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"])
 
 
+def check_store_cluster(expected: str | None, remote: str) -> None:
+    """Raises `InvalidArgument` when a store was opened for another cluster than the server's."""
+    if expected is not None and expected != remote:
+        raise InvalidArgument("cluster_id", f"{expected!r} differs from the store's cluster {remote!r}")
+
+
 async def fetch_cluster_id(client: AsyncHTTPClient) -> str:
     """The server's cluster id (the ``cluster`` route): what its tokens carry."""
     _, doc = await client.get_json(_CLUSTER.target())
@@ -403,9 +409,25 @@ class AsyncHTTPStorePort:
     raises the same `InvalidArgument` without a round trip.
     """
 
-    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str) -> None:
+    def __init__(
+        self, client: AsyncHTTPClient, *, cluster_id: str | None, expected_cluster_id: str | None = None
+    ) -> None:
+        """``cluster_id``: the server's, if known; None to fetch it on `open`, and then
+        check it against ``expected_cluster_id`` (the caller's, if given)."""
         self._client = client
         self.cluster_id = cluster_id
+        self._expected_cluster_id = expected_cluster_id
+
+    async def open(self) -> None:
+        """Fetch the server's cluster id if not known yet.
+
+        Raises:
+            InvalidArgument: it differs from the cluster id the store was opened for.
+        """
+        if self.cluster_id is None:
+            cluster_id = await fetch_cluster_id(self._client)
+            check_store_cluster(self._expected_cluster_id, cluster_id)
+            self.cluster_id = cluster_id
 
     async def _write(
         self, route: Route, scope: str, key: str, body: bytes, *, token: FencingToken, idempotency_key: str | None

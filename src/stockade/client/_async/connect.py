@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 
 from stockade.client._async._embedded import AsyncEmbeddedCoordinatorPort, AsyncEmbeddedStorePort
-from stockade.client._async._http import AsyncHTTPClient, AsyncHTTPCoordinatorPort, AsyncHTTPStorePort
+from stockade.client._async._http import (
+    AsyncHTTPClient,
+    AsyncHTTPCoordinatorPort,
+    AsyncHTTPStorePort,
+    check_store_cluster,
+)
 from stockade.client._async.coordinator import AsyncCoordinator
 from stockade.client._async.store import AsyncFencedStore
 from stockade.client._hooks import Hooks, validate_hooks
@@ -103,7 +108,11 @@ def open_store_async(
     keys: object = None,
     hooks: Hooks | None = None,
 ) -> AsyncFencedStore:
-    """Open a fenced store.
+    """Open a fenced store: ``store = await open_store_async(url, ...)`` or ``async with``.
+
+    As for `connect_async`, nothing blocks inside a running event loop: a
+    remote store's cluster id is fetched (and checked) on the first ``await``
+    or use of the handle.
 
     Args:
         url: ``sqlite:///path/to/store.db``, ``memory://name`` (a store shared by
@@ -133,12 +142,13 @@ def open_store_async(
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
         )
-        remote_cluster_id = _remote_cluster_id(endpoint)
-        if cluster_id is not None and cluster_id != remote_cluster_id:
-            raise InvalidArgument(
-                "cluster_id", f"{cluster_id!r} differs from the store's cluster {remote_cluster_id!r}"
-            )
-        port = AsyncHTTPStorePort(AsyncHTTPClient(endpoint), cluster_id=remote_cluster_id)
+        client = AsyncHTTPClient(endpoint)
+        if AsyncIO.loop_running():  # checked on the first await or use, without blocking the loop
+            port = AsyncHTTPStorePort(client, cluster_id=None, expected_cluster_id=cluster_id)
+        else:
+            remote_cluster_id = _remote_cluster_id(endpoint)
+            check_store_cluster(cluster_id, remote_cluster_id)
+            port = AsyncHTTPStorePort(client, cluster_id=remote_cluster_id)
         return AsyncFencedStore(port, hooks=hooks)
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     if scheme_of(url) not in STORE_SCHEMES:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stockade.client._hooks import Hooks, rejected, validate_hooks
+from stockade.client._io import AsyncHandle
 from stockade.client._shared import CURRENT_LEASE, resolve_token
 from stockade.core.errors import FenceRejected, InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
@@ -40,7 +41,7 @@ def _token_for(scope: str, token: object) -> object:
     return resolve_token(lease_in_context(scope))
 
 
-class AsyncFencedStore:
+class AsyncFencedStore(AsyncHandle):
     """A fenced key-value store. Writes take ``token=`` (a token, its encoded
     string, or a lease); without it, the lease of the innermost enclosing
     ``lock()`` block on the write's scope.
@@ -53,9 +54,25 @@ class AsyncFencedStore:
     def __init__(self, port: Any, *, hooks: Hooks | None = None) -> None:
         self._port = port
         self._hooks = validate_hooks(hooks)
-        self.cluster_id: str = port.cluster_id
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster whose tokens the store accepts.
+
+        Raises:
+            InvalidArgument: not known yet: a remote store opened inside a running
+                event loop tells it on the first ``await`` of the handle.
+        """
+        cluster_id: str | None = self._port.cluster_id
+        if cluster_id is None:
+            raise InvalidArgument("cluster_id", "not known yet: await stockade.open_store_async(url) first")
+        return cluster_id
+
+    async def _open(self) -> None:
+        await self._port.open()  # every call opens first, as the coordinator's do
 
     async def __aenter__(self) -> AsyncFencedStore:
+        await self._open()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -76,6 +93,7 @@ class AsyncFencedStore:
             LeaseLost: the lease named is known to be lost. Nothing sent.
         """
         token = _token_for(scope, token)
+        await self._open()
         try:
             return await self._port.put(scope, key, value, token=token, idempotency_key=idempotency_key)
         except FenceRejected as exc:
@@ -87,6 +105,7 @@ class AsyncFencedStore:
     ) -> WriteResult:
         """Delete (scope, key) under the fence rule; deleting a missing key still advances the mark."""
         token = _token_for(scope, token)
+        await self._open()
         try:
             return await self._port.delete(scope, key, token=token, idempotency_key=idempotency_key)
         except FenceRejected as exc:
@@ -96,14 +115,17 @@ class AsyncFencedStore:
     async def get(self, scope: str, key: str) -> Item | None:
         validate_scope(scope)
         validate_key(key)
+        await self._open()
         return await self._port.get(scope, key)
 
     async def list(self, scope: str, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[Item]:
         validate_scope(scope)
         validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        await self._open()
         return await self._port.list(scope, after=after, limit=limit)
 
     async def high_water(self, scope: str) -> int:
         """The scope's high-water mark: the greatest token value accepted (0 if none)."""
         validate_scope(scope)
+        await self._open()
         return await self._port.high_water(scope)

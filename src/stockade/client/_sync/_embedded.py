@@ -118,6 +118,9 @@ class EmbeddedStorePort:
         self.engine = engine
         self.cluster_id = engine.cluster_id
 
+    def open(self) -> None:
+        pass  # a store is open once constructed
+
     def put(
         self, scope: str, key: str, value: bytes | str, *, token: FencingToken, idempotency_key: str | None
     ) -> WriteResult:

@@ -6,7 +6,12 @@ from __future__ import annotations
 import os
 
 from stockade.client._sync._embedded import EmbeddedCoordinatorPort, EmbeddedStorePort
-from stockade.client._sync._http import HTTPClient, HTTPCoordinatorPort, HTTPStorePort
+from stockade.client._sync._http import (
+    HTTPClient,
+    HTTPCoordinatorPort,
+    HTTPStorePort,
+    check_store_cluster,
+)
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
 from stockade.client._hooks import Hooks, validate_hooks
@@ -104,7 +109,11 @@ def open_store(
     keys: object = None,
     hooks: Hooks | None = None,
 ) -> FencedStore:
-    """Open a fenced store.
+    """Open a fenced store: ``store = open_store(url, ...)`` or ``with``.
+
+    As for `connect`, nothing blocks inside a running event loop: a
+    remote store's cluster id is fetched (and checked) on the first ``await``
+    or use of the handle.
 
     Args:
         url: ``sqlite:///path/to/store.db``, ``memory://name`` (a store shared by
@@ -134,12 +143,13 @@ def open_store(
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
         )
-        remote_cluster_id = _remote_cluster_id(endpoint)
-        if cluster_id is not None and cluster_id != remote_cluster_id:
-            raise InvalidArgument(
-                "cluster_id", f"{cluster_id!r} differs from the store's cluster {remote_cluster_id!r}"
-            )
-        port = HTTPStorePort(HTTPClient(endpoint), cluster_id=remote_cluster_id)
+        client = HTTPClient(endpoint)
+        if SyncIO.loop_running():  # checked on the first await or use, without blocking the loop
+            port = HTTPStorePort(client, cluster_id=None, expected_cluster_id=cluster_id)
+        else:
+            remote_cluster_id = _remote_cluster_id(endpoint)
+            check_store_cluster(cluster_id, remote_cluster_id)
+            port = HTTPStorePort(client, cluster_id=remote_cluster_id)
         return FencedStore(port, hooks=hooks)
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     if scheme_of(url) not in STORE_SCHEMES:
