@@ -64,14 +64,14 @@ def test_grant_renew_release_and_reject(hooked, coord_url, store_url):
     recorder = Recorder()
     coord = client.run(client.connect_hooks(coord_url, recorder.hooks()))
     store = client.open_store(store_url, cluster_id=coord.cluster_id, hooks=recorder.hooks())
-    first = client.run(coord.acquire("s", ttl_ms=300))
+    first = client.run(coord.acquire("s", ttl_ms=1000))
     if client.mode == "async":
         client.run(_wait_async(recorder.renewed))  # the keepalive task runs while the loop does
     else:
         assert recorder.renewed.wait(5)
     client.run(store.put("s", "k", b"v", token=first.token))
     client.run(first.release())
-    second = client.run(coord.acquire("s", ttl_ms=300, keepalive=False))
+    second = client.run(coord.acquire("s", ttl_ms=1000, keepalive=False))
     client.run(store.put("s", "k", b"w", token=second.token))
     with pytest.raises(StaleToken):
         client.run(store.put("s", "k", b"zombie", token=first.token))
@@ -101,7 +101,7 @@ def test_a_raising_hook_is_logged_and_the_lease_goes_on(tmp_path, caplog, raisin
     recorder = Recorder(raising=raising)
     coord = stockade.connect(url, hooks=recorder.hooks())
     store = stockade.open_store(url, cluster_id=coord.cluster_id, hooks=recorder.hooks())
-    with coord.lock("s", ttl_ms=150) as lease:
+    with coord.lock("s", ttl_ms=300) as lease:
         assert recorder.renewed.wait(5)
         store.put("s", "k", b"v")
         assert not lease.lost  # renewals went on after a raising on_renew
@@ -186,7 +186,7 @@ def test_opentelemetry_spans(tmp_path, otel):
         store.put("s", "k", b"v")
         coord._port.release(first.lease_id)
         assert first.wait_lost(timeout_ms=5000)
-    with coord.lock("s", ttl_ms=150):
+    with coord.lock("s", ttl_ms=1000):
         store.put("s", "k", b"w")
     with pytest.raises(StaleToken):
         store.put("s", "k", b"zombie", token=first.token)

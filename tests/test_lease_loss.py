@@ -184,9 +184,9 @@ def test_outside_cancellation_still_propagates_as_cancellation(tmp_path):
 def test_a_body_that_ends_before_the_loss_is_not_touched(tmp_path):
     async def main():
         async with await stockade.connect_async(_memory_url(tmp_path)) as coord:
-            async with coord.lock("s", ttl_ms=150) as lease:
+            async with coord.lock("s", ttl_ms=300) as lease:
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.4)  # well past the lease's deadline: nothing is cancelled late
+            await asyncio.sleep(0.5)  # well past the lease's deadline: nothing is cancelled late
             assert not lease.lost
 
     asyncio.run(main())
@@ -214,11 +214,11 @@ def test_max_hold_ms_frees_a_scope_whose_sync_holder_is_stuck(tmp_path, max_hold
     # runs: with max_hold_ms, another holder gets the scope; without it (the control), nobody.
     coord = stockade.connect(_memory_url(tmp_path))
     calls = []
-    with coord.lock("s", ttl_ms=150, max_hold_ms=max_hold_ms,
+    with coord.lock("s", ttl_ms=1000, max_hold_ms=max_hold_ms,
                     on_lost=lambda lease: calls.append((lease.lost_cause, threading.current_thread().name))):
         other = stockade.connect(_memory_url(tmp_path))
         try:
-            lease = other.acquire("s", ttl_ms=150, wait_ms=1500)
+            lease = other.acquire("s", ttl_ms=1000, wait_ms=3000)
         except LockTimeout:
             granted = False
         else:

@@ -50,8 +50,9 @@ class Lease:
     `raise_if_lost` raises `LeaseLost`, and writes through a `FencedStore` that
     name this lease refuse to start. A deadline watcher marks the loss at the
     deadline itself, even while a renewal hangs on a coordinator that stopped
-    answering; then ``on_lost`` and the hooks are called, and the body of the
-    ``with coord.lock(...)`` block is cancelled (docs/leases.md).
+    answering. Then, in the async client, the body of the lease's ``lock()``
+    block is cancelled; in both clients the hooks and ``on_lost`` are called
+    (docs/leases.md).
 
     Attributes:
         scope: the scope held.
