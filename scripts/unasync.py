@@ -48,6 +48,8 @@ NAME_RULES = [
 
 # Syntax: applied to code, and to code spans inside prose.
 SYNTAX_RULES = [
+    (r"\bAwaitable\[T\]", "T"),
+    (r"\bAwaitable, ", ""),  # the import, unused once the annotations are rewritten
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),
     (r"\bawait ", ""),

@@ -6,6 +6,7 @@ Written once in ``_async/``; ``_sync/`` is generated from it (scripts/unasync.py
 from stockade.client._async.connect import connect_async, open_store_async
 from stockade.client._async.coordinator import AsyncCoordinator, AsyncLease
 from stockade.client._async.store import AsyncFencedStore
+from stockade.client._hooks import Hooks
 from stockade.client._sync.connect import connect, open_store
 from stockade.client._sync.coordinator import Coordinator, Lease
 from stockade.client._sync.store import FencedStore
@@ -21,4 +22,5 @@ __all__ = [
     "AsyncLease",
     "FencedStore",
     "AsyncFencedStore",
+    "Hooks",
 ]

@@ -17,7 +17,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream"]
+__all__ = [
+    "AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream", "AsyncBodyGuard", "BodyGuard", "AsyncHandle", "Handle",
+]
 
 T = TypeVar("T")
 
@@ -56,6 +58,19 @@ class AsyncIO:
     @staticmethod
     async def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(function, *args, **kwargs)
+
+    @staticmethod
+    def loop_running() -> bool:
+        """True when called from inside a running event loop, where nothing may block."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    @staticmethod
+    def body_guard() -> AsyncBodyGuard:
+        return AsyncBodyGuard()
 
     @staticmethod
     async def open_tcp(
@@ -101,6 +116,14 @@ class SyncIO:
         return function(*args, **kwargs)
 
     @staticmethod
+    def loop_running() -> bool:
+        return False  # blocking is what the sync client does
+
+    @staticmethod
+    def body_guard() -> BodyGuard:
+        return BodyGuard()
+
+    @staticmethod
     def open_tcp(host: str, port: int, *, tls: ssl.SSLContext | None, timeout_s: float) -> TCPStream:
         """Connect within ``timeout_s``; raises `OSError` (`TimeoutError` included)."""
         sock = socket.create_connection((host, port), timeout=timeout_s)
@@ -112,6 +135,92 @@ class SyncIO:
             sock.close()
             raise
         return TCPStream(sock)
+
+
+class AsyncBodyGuard:
+    """Cancels the task that runs a ``lock()`` body when the body's lease is lost.
+
+    Armed while the body runs. `interrupt` may be called from any thread (the
+    lease is marked lost by its deadline watcher or its keepalive); the cancel
+    is delivered on the task's loop. When the body's `CancelledError` reaches
+    the ``lock()`` block, `caused` tells it apart from a cancellation from
+    outside, as ``asyncio.timeout`` does: it withdraws its own request with
+    ``uncancel()``, and reports True only if no other request is pending.
+    """
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._armed = False
+        self._requested = False
+
+    def arm(self) -> None:
+        self._armed = True
+
+    def interrupt(self, cause: str) -> None:
+        if self._task is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._cancel(cause)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._cancel, cause)
+
+    def _cancel(self, cause: str) -> None:
+        if self._armed and not self._requested and self._task is not None and not self._task.done():
+            self._requested = True
+            self._task.cancel(f"stockade: lease lost: {cause}")
+
+    def disarm(self, exc: BaseException | None) -> bool:
+        """Stop interrupting; True if ``exc`` is the cancellation this guard requested, and the only one."""
+        self._armed = False
+        if not self._requested or self._task is None:
+            return False
+        self._requested = False
+        others = self._task.uncancel()
+        return isinstance(exc, asyncio.CancelledError) and others == 0
+
+
+class BodyGuard:
+    """The sync twin of `AsyncBodyGuard`: a thread cannot be interrupted safely, so it never is.
+
+    The sync client reports a loss through ``lease.lost``, ``on_lost`` and
+    `raise_if_lost` (docs/leases.md) instead.
+    """
+
+    def arm(self) -> None:
+        pass
+
+    def interrupt(self, cause: str) -> None:
+        pass
+
+    def disarm(self, exc: BaseException | None) -> bool:
+        return False
+
+
+class AsyncHandle:
+    """A handle that ``await handle`` (or ``async with handle``) finishes opening.
+
+    `stockade.connect_async` returns at once, without I/O, from inside a
+    running loop; the first ``await`` (or use) fetches what the handle needs.
+    """
+
+    async def _open(self) -> None:
+        raise NotImplementedError
+
+    async def _opened(self) -> Any:
+        await self._open()
+        return self
+
+    def __await__(self) -> Any:
+        return self._opened().__await__()
+
+
+class Handle:
+    """The sync twin of `AsyncHandle`: a sync handle is open when it is returned."""
+
+    def _open(self) -> None:
+        raise NotImplementedError
 
 
 def _tune(sock: Any) -> None:

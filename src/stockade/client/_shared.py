@@ -32,6 +32,7 @@ __all__ = [
     "TIMEOUT_MS_MAX",
     "CONNECT_TIMEOUT_MS_DEFAULT",
     "AUTH_TOKEN_ENV",
+    "MAX_HOLD_MS_MAX",
 ]
 
 # The lease of the innermost `lock()` block in this thread or task (K1): writes
@@ -45,6 +46,8 @@ SCHEMES_HTTP = ("http", "https")
 TIMEOUT_MS_DEFAULT = 10_000
 TIMEOUT_MS_MAX = 600_000
 CONNECT_TIMEOUT_MS_DEFAULT = 3_000
+# The longest a lease's keepalive may be told to renew it (max_hold_ms): a week.
+MAX_HOLD_MS_MAX = 7 * 24 * 3_600_000
 # The bearer token, when none is passed to connect()/open_store().
 AUTH_TOKEN_ENV = "STOCKADE_AUTH_TOKEN"
 _AUTH_TOKEN_BYTES_MAX = 4096

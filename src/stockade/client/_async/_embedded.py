@@ -40,6 +40,9 @@ class AsyncEmbeddedCoordinatorPort:
         self.capabilities = capabilities
         self.keys = engine.signer  # what a store verifies this engine's tokens with
 
+    async def open(self) -> None:
+        pass  # an engine is open once constructed
+
     async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
 
@@ -113,6 +116,9 @@ class AsyncEmbeddedStorePort:
     def __init__(self, engine: FencedStorePort) -> None:
         self.engine = engine
         self.cluster_id = engine.cluster_id
+
+    async def open(self) -> None:
+        pass  # a store is open once constructed
 
     async def put(
         self, scope: str, key: str, value: bytes | str, *, token: FencingToken, idempotency_key: str | None

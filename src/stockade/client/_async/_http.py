@@ -36,7 +36,7 @@ from stockade.client._wire import (
 from stockade.clock import SystemClock
 from stockade.coordinators.registry import COORDINATORS
 from stockade.core import leases as core_leases
-from stockade.core.errors import BackendUnavailable, NotHolder
+from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
 from stockade.core.limits import LEASES_MAX, validate_idempotency_key, validate_key, validate_scope, validate_value
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -287,6 +287,12 @@ _PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER = (
     ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"])
 
 
+def check_store_cluster(expected: str | None, remote: str) -> None:
+    """Raises `InvalidArgument` when a store was opened for another cluster than the server's."""
+    if expected is not None and expected != remote:
+        raise InvalidArgument("cluster_id", f"{expected!r} differs from the store's cluster {remote!r}")
+
+
 async def fetch_cluster_id(client: AsyncHTTPClient) -> str:
     """The server's cluster id (the ``cluster`` route): what its tokens carry."""
     _, doc = await client.get_json(_CLUSTER.target())
@@ -294,9 +300,14 @@ async def fetch_cluster_id(client: AsyncHTTPClient) -> str:
 
 
 class AsyncHTTPCoordinatorPort:
-    """The coordinator of a remote `stockade serve`."""
+    """The coordinator of a remote `stockade serve`.
 
-    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str) -> None:
+    Args:
+        client: the connection pool.
+        cluster_id: the server's, if known; None to fetch it on `open` (or before the first grant).
+    """
+
+    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str | None) -> None:
         self._client = client
         self.cluster_id = cluster_id
         self.capabilities = COORDINATORS["https" if client.endpoint.tls is not None else "http"].capabilities
@@ -304,6 +315,10 @@ class AsyncHTTPCoordinatorPort:
         # lease id -> (holder, ttl_ms) of leases granted through this port: a renewal
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
+
+    async def open(self) -> None:
+        if self.cluster_id is None:
+            self.cluster_id = await fetch_cluster_id(self._client)
 
     async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.
@@ -316,6 +331,7 @@ class AsyncHTTPCoordinatorPort:
             LockTimeout: still held when ``wait_ms`` ran out.
             BackendUnavailable: the server could not be reached or did not answer in time.
         """
+        await self.open()  # a grant is checked against the cluster id
         body = codecs.dumps({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
         sent_ns = self.clock.now_ns()
         response = await self._client.request(
@@ -393,9 +409,25 @@ class AsyncHTTPStorePort:
     raises the same `InvalidArgument` without a round trip.
     """
 
-    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str) -> None:
+    def __init__(
+        self, client: AsyncHTTPClient, *, cluster_id: str | None, expected_cluster_id: str | None = None
+    ) -> None:
+        """``cluster_id``: the server's, if known; None to fetch it on `open`, and then
+        check it against ``expected_cluster_id`` (the caller's, if given)."""
         self._client = client
         self.cluster_id = cluster_id
+        self._expected_cluster_id = expected_cluster_id
+
+    async def open(self) -> None:
+        """Fetch the server's cluster id if not known yet.
+
+        Raises:
+            InvalidArgument: it differs from the cluster id the store was opened for.
+        """
+        if self.cluster_id is None:
+            cluster_id = await fetch_cluster_id(self._client)
+            check_store_cluster(self._expected_cluster_id, cluster_id)
+            self.cluster_id = cluster_id
 
     async def _write(
         self, route: Route, scope: str, key: str, body: bytes, *, token: FencingToken, idempotency_key: str | None

@@ -5,9 +5,16 @@ from __future__ import annotations
 import os
 
 from stockade.client._async._embedded import AsyncEmbeddedCoordinatorPort, AsyncEmbeddedStorePort
-from stockade.client._async._http import AsyncHTTPClient, AsyncHTTPCoordinatorPort, AsyncHTTPStorePort
+from stockade.client._async._http import (
+    AsyncHTTPClient,
+    AsyncHTTPCoordinatorPort,
+    AsyncHTTPStorePort,
+    check_store_cluster,
+)
 from stockade.client._async.coordinator import AsyncCoordinator
 from stockade.client._async.store import AsyncFencedStore
+from stockade.client._hooks import Hooks, validate_hooks
+from stockade.client._io import AsyncIO
 from stockade.client._shared import HTTPEndpoint, http_endpoint, is_http_url, sqlite_path
 from stockade.coordinators.registry import Capability, coordinator_backend
 from stockade.core.errors import InvalidArgument
@@ -22,9 +29,9 @@ __all__ = ["connect_async", "open_store_async"]
 def _remote_cluster_id(endpoint: HTTPEndpoint) -> str:
     """The server's cluster id, by one blocking round trip when the handle is opened.
 
-    Blocking on purpose, in the async client too: ``coord.cluster_id`` must be
-    known as soon as `connect_async` returns, and this is one loopback-scale
-    request bounded by the connect and request timeouts.
+    Only where nothing can be blocked: in the sync client, or when the async
+    client is opened outside a running event loop. Inside a loop the async
+    handle fetches it on its first ``await`` instead (`AsyncHTTPCoordinatorPort.open`).
     """
     from stockade.client._sync._http import HTTPClient, fetch_cluster_id
 
@@ -43,10 +50,14 @@ def connect_async(
     connect_timeout_ms: int | None = None,
     auth_token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
+    hooks: Hooks | None = None,
 ) -> AsyncCoordinator:
-    """Open a coordinator.
+    """Open a coordinator: ``coord = await connect_async(url)`` or ``async with connect_async(url) as coord``.
 
     The url's scheme picks the backend (`stockade.coordinators.registry`).
+    Inside a running event loop nothing blocks: a remote coordinator's cluster
+    id is fetched on the first ``await`` of the handle (or ``async with``, or
+    the first acquire); outside a loop, and in the sync client, it is fetched here.
 
     Args:
         url: ``sqlite:///path/to/coord.db`` (created, with a new cluster id, if
@@ -61,10 +72,12 @@ def connect_async(
         connect_timeout_ms: remote only; the deadline of a connect (default 3_000).
         auth_token: remote only; the bearer token (default ``$STOCKADE_AUTH_TOKEN``).
         tls_ca: ``https`` only; a PEM CA bundle to verify the server by.
+        hooks: the user's telemetry callbacks on every lease (`stockade.client.Hooks`).
 
     Raises:
         InvalidArgument: unknown url or option.
-        BackendUnavailable: the coordinator cannot be opened or reached.
+        BackendUnavailable: the coordinator cannot be opened or reached (when
+            opened inside an event loop: raised by the first ``await``).
     """
     backend, location = coordinator_backend(url)
     if lock_delay_ms and Capability.CLIENT_LOCK_DELAY not in backend.capabilities:
@@ -74,11 +87,14 @@ def connect_async(
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
         )
-        cluster_id = _remote_cluster_id(endpoint)
-        return AsyncCoordinator(AsyncHTTPCoordinatorPort(AsyncHTTPClient(endpoint), cluster_id=cluster_id))
+        hooks = validate_hooks(hooks)
+        cluster_id = None if AsyncIO.loop_running() else _remote_cluster_id(endpoint)
+        port = AsyncHTTPCoordinatorPort(AsyncHTTPClient(endpoint), cluster_id=cluster_id)
+        return AsyncCoordinator(port, hooks=hooks)
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
+    hooks = validate_hooks(hooks)
     engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
-    return AsyncCoordinator(AsyncEmbeddedCoordinatorPort(engine, capabilities=backend.capabilities))
+    return AsyncCoordinator(AsyncEmbeddedCoordinatorPort(engine, capabilities=backend.capabilities), hooks=hooks)
 
 
 def open_store_async(
@@ -90,8 +106,13 @@ def open_store_async(
     auth_token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     keys: object = None,
+    hooks: Hooks | None = None,
 ) -> AsyncFencedStore:
-    """Open a fenced store.
+    """Open a fenced store: ``store = await open_store_async(url, ...)`` or ``async with``.
+
+    As for `connect_async`, nothing blocks inside a running event loop: a
+    remote store's cluster id is fetched (and checked) on the first ``await``
+    or use of the handle.
 
     Args:
         url: ``sqlite:///path/to/store.db``, ``memory://name`` (a store shared by
@@ -106,11 +127,13 @@ def open_store_async(
             (``coord.verify_keys()``, a keyring path; docs/tokens.md). None: a
             ``sqlite://`` store uses its coordinator's keyring when it is in the
             same directory, else checks no MAC; ``"unsigned"``: never (legacy, unsafe).
+        hooks: the user's telemetry; ``hooks.on_reject`` sees every fence rejection.
 
     Raises:
         InvalidArgument: unknown url or option, or a ``cluster_id`` that differs from the store's.
         BackendUnavailable: the store cannot be opened or reached.
     """
+    hooks = validate_hooks(hooks)
     if is_http_url(url):
         if keys is not None:
             raise InvalidArgument("keys", "a stockade serve verifies with its own keys")
@@ -119,17 +142,19 @@ def open_store_async(
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
         )
-        remote_cluster_id = _remote_cluster_id(endpoint)
-        if cluster_id is not None and cluster_id != remote_cluster_id:
-            raise InvalidArgument(
-                "cluster_id", f"{cluster_id!r} differs from the store's cluster {remote_cluster_id!r}"
-            )
-        return AsyncFencedStore(AsyncHTTPStorePort(AsyncHTTPClient(endpoint), cluster_id=remote_cluster_id))
+        client = AsyncHTTPClient(endpoint)
+        if AsyncIO.loop_running():  # checked on the first await or use, without blocking the loop
+            port = AsyncHTTPStorePort(client, cluster_id=None, expected_cluster_id=cluster_id)
+        else:
+            remote_cluster_id = _remote_cluster_id(endpoint)
+            check_store_cluster(cluster_id, remote_cluster_id)
+            port = AsyncHTTPStorePort(client, cluster_id=remote_cluster_id)
+        return AsyncFencedStore(port, hooks=hooks)
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     if scheme_of(url) not in STORE_SCHEMES:
         sqlite_path(url)  # raises the client's one message for a bad, unknown or planned url
     store = open_resource(url, cluster_id=cluster_id, options=StoreOptions(keys=keys))
-    return AsyncFencedStore(AsyncEmbeddedStorePort(store))
+    return AsyncFencedStore(AsyncEmbeddedStorePort(store), hooks=hooks)
 
 
 def _embedded_only(**remote_options: object) -> None:

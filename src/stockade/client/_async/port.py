@@ -23,12 +23,23 @@ class AsyncCoordinatorPort(Protocol):
     """A coordinator as the client sees it.
 
     Attributes:
-        cluster_id: the id every token of this coordinator carries.
+        cluster_id: the id every token of this coordinator carries; None until
+            `open` has fetched it (a remote coordinator opened inside an event loop).
         capabilities: what the backend guarantees or accepts.
     """
 
-    cluster_id: str
     capabilities: frozenset[Capability]
+
+    @property
+    def cluster_id(self) -> str | None: ...
+
+    async def open(self) -> None:
+        """Fetch what the port needs before its first grant (the cluster id); idempotent.
+
+        Raises:
+            BackendUnavailable: the backend could not be reached.
+        """
+        ...
 
     async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms`` (C4).

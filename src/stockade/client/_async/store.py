@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from stockade.client._hooks import Hooks, rejected, validate_hooks
+from stockade.client._io import AsyncHandle
 from stockade.client._shared import CURRENT_LEASE, resolve_token
-from stockade.core.errors import InvalidArgument
+from stockade.core.errors import FenceRejected, InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
 from stockade.resources.store import Item, WriteResult
 
@@ -39,20 +41,38 @@ def _token_for(scope: str, token: object) -> object:
     return resolve_token(lease_in_context(scope))
 
 
-class AsyncFencedStore:
+class AsyncFencedStore(AsyncHandle):
     """A fenced key-value store. Writes take ``token=`` (a token, its encoded
     string, or a lease); without it, the lease of the innermost enclosing
     ``lock()`` block on the write's scope.
 
     A rejected write raises `StaleToken` or `TokenMismatch` and changed
     nothing. Never retry it with the same token (K3): re-acquire, read, reconcile.
+    Each rejection is reported to ``hooks.on_reject`` first (`stockade.client.Hooks`).
     """
 
-    def __init__(self, port: Any) -> None:
+    def __init__(self, port: Any, *, hooks: Hooks | None = None) -> None:
         self._port = port
-        self.cluster_id: str = port.cluster_id
+        self._hooks = validate_hooks(hooks)
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster whose tokens the store accepts.
+
+        Raises:
+            InvalidArgument: not known yet: a remote store opened inside a running
+                event loop tells it on the first ``await`` of the handle.
+        """
+        cluster_id: str | None = self._port.cluster_id
+        if cluster_id is None:
+            raise InvalidArgument("cluster_id", "not known yet: await stockade.open_store_async(url) first")
+        return cluster_id
+
+    async def _open(self) -> None:
+        await self._port.open()  # every call opens first, as the coordinator's do
 
     async def __aenter__(self) -> AsyncFencedStore:
+        await self._open()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -72,25 +92,40 @@ class AsyncFencedStore:
             InvalidArgument: bad scope, key, value or token. Nothing changed.
             LeaseLost: the lease named is known to be lost. Nothing sent.
         """
-        return await self._port.put(scope, key, value, token=_token_for(scope, token), idempotency_key=idempotency_key)
+        token = _token_for(scope, token)
+        await self._open()
+        try:
+            return await self._port.put(scope, key, value, token=token, idempotency_key=idempotency_key)
+        except FenceRejected as exc:
+            rejected(self._hooks, exc)
+            raise
 
     async def delete(
         self, scope: str, key: str, *, token: object = None, idempotency_key: str | None = None
     ) -> WriteResult:
         """Delete (scope, key) under the fence rule; deleting a missing key still advances the mark."""
-        return await self._port.delete(scope, key, token=_token_for(scope, token), idempotency_key=idempotency_key)
+        token = _token_for(scope, token)
+        await self._open()
+        try:
+            return await self._port.delete(scope, key, token=token, idempotency_key=idempotency_key)
+        except FenceRejected as exc:
+            rejected(self._hooks, exc)
+            raise
 
     async def get(self, scope: str, key: str) -> Item | None:
         validate_scope(scope)
         validate_key(key)
+        await self._open()
         return await self._port.get(scope, key)
 
     async def list(self, scope: str, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[Item]:
         validate_scope(scope)
         validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        await self._open()
         return await self._port.list(scope, after=after, limit=limit)
 
     async def high_water(self, scope: str) -> int:
         """The scope's high-water mark: the greatest token value accepted (0 if none)."""
         validate_scope(scope)
+        await self._open()
         return await self._port.high_water(scope)

@@ -41,6 +41,9 @@ class EmbeddedCoordinatorPort:
         self.capabilities = capabilities
         self.keys = engine.signer  # what a store verifies this engine's tokens with
 
+    def open(self) -> None:
+        pass  # an engine is open once constructed
+
     def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
 
@@ -114,6 +117,9 @@ class EmbeddedStorePort:
     def __init__(self, engine: FencedStorePort) -> None:
         self.engine = engine
         self.cluster_id = engine.cluster_id
+
+    def open(self) -> None:
+        pass  # a store is open once constructed
 
     def put(
         self, scope: str, key: str, value: bytes | str, *, token: FencingToken, idempotency_key: str | None

@@ -37,7 +37,7 @@ from stockade.client._wire import (
 from stockade.clock import SystemClock
 from stockade.coordinators.registry import COORDINATORS
 from stockade.core import leases as core_leases
-from stockade.core.errors import BackendUnavailable, NotHolder
+from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
 from stockade.core.limits import LEASES_MAX, validate_idempotency_key, validate_key, validate_scope, validate_value
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -288,6 +288,12 @@ _PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER = (
     ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"])
 
 
+def check_store_cluster(expected: str | None, remote: str) -> None:
+    """Raises `InvalidArgument` when a store was opened for another cluster than the server's."""
+    if expected is not None and expected != remote:
+        raise InvalidArgument("cluster_id", f"{expected!r} differs from the store's cluster {remote!r}")
+
+
 def fetch_cluster_id(client: HTTPClient) -> str:
     """The server's cluster id (the ``cluster`` route): what its tokens carry."""
     _, doc = client.get_json(_CLUSTER.target())
@@ -295,9 +301,14 @@ def fetch_cluster_id(client: HTTPClient) -> str:
 
 
 class HTTPCoordinatorPort:
-    """The coordinator of a remote `stockade serve`."""
+    """The coordinator of a remote `stockade serve`.
 
-    def __init__(self, client: HTTPClient, *, cluster_id: str) -> None:
+    Args:
+        client: the connection pool.
+        cluster_id: the server's, if known; None to fetch it on `open` (or before the first grant).
+    """
+
+    def __init__(self, client: HTTPClient, *, cluster_id: str | None) -> None:
         self._client = client
         self.cluster_id = cluster_id
         self.capabilities = COORDINATORS["https" if client.endpoint.tls is not None else "http"].capabilities
@@ -305,6 +316,10 @@ class HTTPCoordinatorPort:
         # lease id -> (holder, ttl_ms) of leases granted through this port: a renewal
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
+
+    def open(self) -> None:
+        if self.cluster_id is None:
+            self.cluster_id = fetch_cluster_id(self._client)
 
     def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.
@@ -317,6 +332,7 @@ class HTTPCoordinatorPort:
             LockTimeout: still held when ``wait_ms`` ran out.
             BackendUnavailable: the server could not be reached or did not answer in time.
         """
+        self.open()  # a grant is checked against the cluster id
         body = codecs.dumps({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
         sent_ns = self.clock.now_ns()
         response = self._client.request(
@@ -394,9 +410,25 @@ class HTTPStorePort:
     raises the same `InvalidArgument` without a round trip.
     """
 
-    def __init__(self, client: HTTPClient, *, cluster_id: str) -> None:
+    def __init__(
+        self, client: HTTPClient, *, cluster_id: str | None, expected_cluster_id: str | None = None
+    ) -> None:
+        """``cluster_id``: the server's, if known; None to fetch it on `open`, and then
+        check it against ``expected_cluster_id`` (the caller's, if given)."""
         self._client = client
         self.cluster_id = cluster_id
+        self._expected_cluster_id = expected_cluster_id
+
+    def open(self) -> None:
+        """Fetch the server's cluster id if not known yet.
+
+        Raises:
+            InvalidArgument: it differs from the cluster id the store was opened for.
+        """
+        if self.cluster_id is None:
+            cluster_id = fetch_cluster_id(self._client)
+            check_store_cluster(self._expected_cluster_id, cluster_id)
+            self.cluster_id = cluster_id
 
     def _write(
         self, route: Route, scope: str, key: str, body: bytes, *, token: FencingToken, idempotency_key: str | None

@@ -6,9 +6,16 @@ from __future__ import annotations
 import os
 
 from stockade.client._sync._embedded import EmbeddedCoordinatorPort, EmbeddedStorePort
-from stockade.client._sync._http import HTTPClient, HTTPCoordinatorPort, HTTPStorePort
+from stockade.client._sync._http import (
+    HTTPClient,
+    HTTPCoordinatorPort,
+    HTTPStorePort,
+    check_store_cluster,
+)
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
+from stockade.client._hooks import Hooks, validate_hooks
+from stockade.client._io import SyncIO
 from stockade.client._shared import HTTPEndpoint, http_endpoint, is_http_url, sqlite_path
 from stockade.coordinators.registry import Capability, coordinator_backend
 from stockade.core.errors import InvalidArgument
@@ -23,9 +30,9 @@ __all__ = ["connect", "open_store"]
 def _remote_cluster_id(endpoint: HTTPEndpoint) -> str:
     """The server's cluster id, by one blocking round trip when the handle is opened.
 
-    Blocking on purpose, in the async client too: ``coord.cluster_id`` must be
-    known as soon as `connect` returns, and this is one loopback-scale
-    request bounded by the connect and request timeouts.
+    Only where nothing can be blocked: in the sync client, or when the async
+    client is opened outside a running event loop. Inside a loop the async
+    handle fetches it on its first ``await`` instead (`HTTPCoordinatorPort.open`).
     """
     from stockade.client._sync._http import HTTPClient, fetch_cluster_id
 
@@ -44,10 +51,14 @@ def connect(
     connect_timeout_ms: int | None = None,
     auth_token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
+    hooks: Hooks | None = None,
 ) -> Coordinator:
-    """Open a coordinator.
+    """Open a coordinator: ``coord = connect(url)`` or ``with connect(url) as coord``.
 
     The url's scheme picks the backend (`stockade.coordinators.registry`).
+    Inside a running event loop nothing blocks: a remote coordinator's cluster
+    id is fetched on the first ``await`` of the handle (or ``with``, or
+    the first acquire); outside a loop, and in the sync client, it is fetched here.
 
     Args:
         url: ``sqlite:///path/to/coord.db`` (created, with a new cluster id, if
@@ -62,10 +73,12 @@ def connect(
         connect_timeout_ms: remote only; the deadline of a connect (default 3_000).
         auth_token: remote only; the bearer token (default ``$STOCKADE_AUTH_TOKEN``).
         tls_ca: ``https`` only; a PEM CA bundle to verify the server by.
+        hooks: the user's telemetry callbacks on every lease (`stockade.client.Hooks`).
 
     Raises:
         InvalidArgument: unknown url or option.
-        BackendUnavailable: the coordinator cannot be opened or reached.
+        BackendUnavailable: the coordinator cannot be opened or reached (when
+            opened inside an event loop: raised by the first ``await``).
     """
     backend, location = coordinator_backend(url)
     if lock_delay_ms and Capability.CLIENT_LOCK_DELAY not in backend.capabilities:
@@ -75,11 +88,14 @@ def connect(
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
         )
-        cluster_id = _remote_cluster_id(endpoint)
-        return Coordinator(HTTPCoordinatorPort(HTTPClient(endpoint), cluster_id=cluster_id))
+        hooks = validate_hooks(hooks)
+        cluster_id = None if SyncIO.loop_running() else _remote_cluster_id(endpoint)
+        port = HTTPCoordinatorPort(HTTPClient(endpoint), cluster_id=cluster_id)
+        return Coordinator(port, hooks=hooks)
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
+    hooks = validate_hooks(hooks)
     engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
-    return Coordinator(EmbeddedCoordinatorPort(engine, capabilities=backend.capabilities))
+    return Coordinator(EmbeddedCoordinatorPort(engine, capabilities=backend.capabilities), hooks=hooks)
 
 
 def open_store(
@@ -91,8 +107,13 @@ def open_store(
     auth_token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     keys: object = None,
+    hooks: Hooks | None = None,
 ) -> FencedStore:
-    """Open a fenced store.
+    """Open a fenced store: ``store = open_store(url, ...)`` or ``with``.
+
+    As for `connect`, nothing blocks inside a running event loop: a
+    remote store's cluster id is fetched (and checked) on the first ``await``
+    or use of the handle.
 
     Args:
         url: ``sqlite:///path/to/store.db``, ``memory://name`` (a store shared by
@@ -107,11 +128,13 @@ def open_store(
             (``coord.verify_keys()``, a keyring path; docs/tokens.md). None: a
             ``sqlite://`` store uses its coordinator's keyring when it is in the
             same directory, else checks no MAC; ``"unsigned"``: never (legacy, unsafe).
+        hooks: the user's telemetry; ``hooks.on_reject`` sees every fence rejection.
 
     Raises:
         InvalidArgument: unknown url or option, or a ``cluster_id`` that differs from the store's.
         BackendUnavailable: the store cannot be opened or reached.
     """
+    hooks = validate_hooks(hooks)
     if is_http_url(url):
         if keys is not None:
             raise InvalidArgument("keys", "a stockade serve verifies with its own keys")
@@ -120,17 +143,19 @@ def open_store(
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
         )
-        remote_cluster_id = _remote_cluster_id(endpoint)
-        if cluster_id is not None and cluster_id != remote_cluster_id:
-            raise InvalidArgument(
-                "cluster_id", f"{cluster_id!r} differs from the store's cluster {remote_cluster_id!r}"
-            )
-        return FencedStore(HTTPStorePort(HTTPClient(endpoint), cluster_id=remote_cluster_id))
+        client = HTTPClient(endpoint)
+        if SyncIO.loop_running():  # checked on the first await or use, without blocking the loop
+            port = HTTPStorePort(client, cluster_id=None, expected_cluster_id=cluster_id)
+        else:
+            remote_cluster_id = _remote_cluster_id(endpoint)
+            check_store_cluster(cluster_id, remote_cluster_id)
+            port = HTTPStorePort(client, cluster_id=remote_cluster_id)
+        return FencedStore(port, hooks=hooks)
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     if scheme_of(url) not in STORE_SCHEMES:
         sqlite_path(url)  # raises the client's one message for a bad, unknown or planned url
     store = open_resource(url, cluster_id=cluster_id, options=StoreOptions(keys=keys))
-    return FencedStore(EmbeddedStorePort(store))
+    return FencedStore(EmbeddedStorePort(store), hooks=hooks)
 
 
 def _embedded_only(**remote_options: object) -> None:

@@ -3,19 +3,22 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Callable
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from stockade.client._sync.port import CoordinatorPort
-from stockade.client._io import SyncIO
-from stockade.client._shared import CURRENT_LEASE, Grant, default_holder, lost_margin_ms
+from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
+from stockade.client._io import Handle, SyncIO
+from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
-from stockade.core.errors import InvariantViolation, LeaseLost, NotHolder, StockadeError
+from stockade.core.errors import InvalidArgument, InvariantViolation, LeaseLost, NotHolder, StockadeError
 from stockade.core.limits import (
     LIST_PAGE_MAX,
     validate_holder,
@@ -33,42 +36,72 @@ log = logging.getLogger("stockade.client")
 
 RENEW_RETRY_MS = 50
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 
 class Lease:
     """A held lease: its token, and a keepalive that renews it at about TTL/3 (K2).
 
-    The lease is *lost* when a renewal is refused, or when its local deadline
-    passes without a successful renewal: the send time of the last successful
-    renew (or of the acquire) plus the TTL, minus a margin for drift. Once lost
-    it stays lost; `raise_if_lost` raises `LeaseLost`, and writes through a
-    `FencedStore` that name this lease refuse to start.
+    The lease is *lost* when a renewal is refused, when its local deadline
+    passes without a successful renewal (the send time of the last successful
+    renew, or of the acquire, plus the TTL, minus a margin for drift), or when
+    ``max_hold_ms`` has passed since the grant. Once lost it stays lost;
+    `raise_if_lost` raises `LeaseLost`, and writes through a `FencedStore` that
+    name this lease refuse to start. A deadline watcher marks the loss at the
+    deadline itself, even while a renewal hangs on a coordinator that stopped
+    answering. Then, in the async client, the body of the lease's ``lock()``
+    block is cancelled; in both clients the hooks and ``on_lost`` are called
+    (docs/leases.md).
 
     Attributes:
         scope: the scope held.
         token: the `FencingToken` of this grant; pass it with every write.
         ttl_ms: the lease's time to live.
         holder: the holder name the coordinator shows.
+        max_hold_ms: the longest the keepalive renews this lease, or None.
     """
 
-    def __init__(self, port: CoordinatorPort, grant: Grant, *, clock: Clock) -> None:
+    def __init__(
+        self,
+        port: CoordinatorPort,
+        grant: Grant,
+        *,
+        clock: Clock,
+        max_hold_ms: int | None = None,
+        hooks: Hooks = NO_HOOKS,
+        on_lost: Callable[[Any], None] | None = None,
+    ) -> None:
         self.scope = grant.token.scope
         self.token: FencingToken = grant.token
         self.ttl_ms = grant.ttl_ms
         self.holder = grant.holder
+        self.max_hold_ms = max_hold_ms
         self._lease_id = grant.lease_id
         self._port = port
         self._clock = clock
-        self._deadline_ns = grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000
+        # Past this the keepalive stops: the lease is lost here at the latest.
+        self._hold_end_ns = None if max_hold_ms is None else grant.sent_ns + max_hold_ms * 1_000_000
+        self._deadline_ns = self._capped(grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000)
         self._lost = SyncIO.event()
-        self._stop = SyncIO.event()
+        self._stop = SyncIO.event()  # set on release and on loss: the background work ends
         self._lost_cause = ""
+        # Marking a loss runs once, whichever of the keepalive, the deadline watcher
+        # or a reader of `lost` (any thread, in the sync client) gets there first.
+        self._loss_once = threading.Lock()
         self._released = False
-        self._keepalive_handle: Any = None
+        self._background: list[Any] = []
         self._keepalive_bug: InvariantViolation | None = None
         self._enclosing: Any = None  # the lease of the enclosing lock() block, if any
+        self._telemetry = LeaseTelemetry(hooks)
+        self._on_lost = on_lost
+        self._guard: Any = None  # the lock() block's body guard, while its body runs
 
     def __repr__(self) -> str:
         return f"<Lease scope={self.scope!r} token={self.token.value} lost={self.lost}>"
+
+    def _capped(self, deadline_ns: int) -> int:
+        return deadline_ns if self._hold_end_ns is None else min(deadline_ns, self._hold_end_ns)
 
     @property
     def lease_id(self) -> str:
@@ -79,7 +112,7 @@ class Lease:
     def lost(self) -> bool:
         """True once the lease is known or presumed lost. Never turns back to False."""
         if not self._lost.is_set() and not self._released and self._clock.now_ns() >= self._deadline_ns:
-            self._mark_lost("local deadline passed without a successful renewal")
+            self._mark_lost(self._deadline_cause())
         return self._lost.is_set()
 
     @property
@@ -100,11 +133,24 @@ class Lease:
         if self._released:
             raise LeaseLost(self.scope, self.token, "lease was released")
 
+    def _deadline_cause(self) -> str:
+        if self._hold_end_ns is not None and self._deadline_ns >= self._hold_end_ns:
+            return f"max_hold_ms={self.max_hold_ms} reached"
+        return "local deadline passed without a successful renewal"
+
     def _mark_lost(self, cause: str) -> None:
-        if not self._lost.is_set():
+        with self._loss_once:
+            if self._lost.is_set():
+                return
             self._lost_cause = cause
             self._lost.set()
-            log.warning("lease lost", extra={"scope": self.scope, "token": self.token.value, "cause": cause})
+        self._stop.set()
+        log.warning("lease lost", extra={"scope": self.scope, "token": self.token.value, "cause": cause})
+        guard = self._guard
+        if guard is not None:
+            guard.interrupt(cause)  # first: the work the lease guards stops
+        self._telemetry.lost(self)
+        call_hook("on_lost", self._on_lost, self)
 
     def wait_lost(self, timeout_ms: int | None = None) -> bool:
         """Wait until the lease is lost, at most ``timeout_ms``; returns `lost`."""
@@ -118,7 +164,7 @@ class Lease:
         return self.lost
 
     def renew(self) -> None:
-        """Renew now, moving the local deadline to send time + TTL - margin.
+        """Renew now, moving the local deadline to send time + TTL - margin (never past ``max_hold_ms``).
 
         Raises:
             LeaseLost: the lease is lost (including: the coordinator refused the renewal).
@@ -134,8 +180,10 @@ class Lease:
         except NotHolder as exc:
             self._mark_lost("coordinator refused renewal: lease expired or released")
             raise LeaseLost(self.scope, self.token, self._lost_cause) from exc
-        deadline_ns = sent_ns + (self.ttl_ms - lost_margin_ms(self.ttl_ms)) * 1_000_000
+        deadline_ns = self._capped(sent_ns + (self.ttl_ms - lost_margin_ms(self.ttl_ms)) * 1_000_000)
         self._deadline_ns = max(self._deadline_ns, deadline_ns)
+        if not self._lost.is_set():
+            self._telemetry.renewed(self)
 
     def release(self) -> None:
         """Stop the keepalive and release the lease. Idempotent.
@@ -146,18 +194,38 @@ class Lease:
                 task.
         """
         self._stop.set()
-        if self._keepalive_handle is not None:
-            SyncIO.join(self._keepalive_handle)
-            self._keepalive_handle = None
+        while self._background:
+            SyncIO.join(self._background.pop())
         if not self._released:
             self._released = True
-            self._port.release(self._lease_id)
+            try:
+                self._port.release(self._lease_id)
+            finally:
+                self._telemetry.released(self)
         bug, self._keepalive_bug = self._keepalive_bug, None
         if bug is not None:
             raise bug
 
     def _start_keepalive(self) -> None:
-        self._keepalive_handle = SyncIO.spawn(self._keepalive, name=f"stockade-keepalive-{self.scope}")
+        self._background = [
+            SyncIO.spawn(self._keepalive, name=f"stockade-keepalive-{self.scope}"),
+            SyncIO.spawn(self._watch_deadline, name=f"stockade-deadline-{self.scope}"),
+        ]
+
+    def _watch_deadline(self) -> None:
+        """Mark the lease lost at its local deadline, whatever the keepalive is doing.
+
+        A renewal may hang on a coordinator that stopped answering (up to its
+        request timeout); the deadline does not wait for it.
+        """
+        while True:
+            remaining_s = (self._deadline_ns - self._clock.now_ns()) / 1e9
+            if remaining_s <= 0:
+                if not self._released:
+                    self._mark_lost(self._deadline_cause())
+                return
+            if SyncIO.wait_event(self._stop, remaining_s):
+                return
 
     def _keepalive(self) -> None:
         interval_s = self.ttl_ms / 3 / 1000
@@ -165,6 +233,8 @@ class Lease:
             while True:
                 if self.lost:
                     return
+                if self._hold_end_ns is not None and self._clock.now_ns() >= self._hold_end_ns:
+                    return  # max_hold_ms: no more renewals; the deadline watcher marks the loss
                 try:
                     self.renew()
                     break
@@ -183,10 +253,11 @@ class Lease:
                         return
 
 
-class Coordinator:
+class Coordinator(Handle):
     """A handle on a coordinator: acquire leases, inspect scopes.
 
-    Create with `stockade.connect(url)`; use as ``with``.
+    Create with ``stockade.connect(url)``, or use as ``async with
+    stockade.connect(url) as coord``.
 
     Attributes:
         cluster_id: the id every token of this coordinator carries.
@@ -194,13 +265,36 @@ class Coordinator:
             (`stockade.coordinators.registry.Capability`).
     """
 
-    def __init__(self, port: CoordinatorPort, *, clock: Clock | None = None) -> None:
+    # A private seam for the tests' control: with False, a lost lease no longer
+    # cancels the body of its lock() block (tests/test_lease_loss.py).
+    _interrupt_body_on_loss = True
+
+    def __init__(self, port: CoordinatorPort, *, clock: Clock | None = None, hooks: Hooks | None = None) -> None:
         self._port = port
         self._clock: Clock = clock or SystemClock()
-        self.cluster_id: str = port.cluster_id
+        self._hooks = validate_hooks(hooks)
         self.capabilities: frozenset[Capability] = port.capabilities
 
+    @property
+    def cluster_id(self) -> str:
+        """The coordinator's cluster id.
+
+        Raises:
+            InvalidArgument: not known yet: a remote coordinator opened inside a
+                running event loop tells it on the first ``await`` of the handle.
+        """
+        cluster_id = self._port.cluster_id
+        if cluster_id is None:
+            raise InvalidArgument("cluster_id", "not known yet: await stockade.connect(url) first")
+        return cluster_id
+
+    def _open(self) -> None:
+        # Every call opens first: a handle made inside an event loop is opened by
+        # its first use if nobody awaited it (the same requests, in the same order).
+        self._port.open()
+
     def __enter__(self) -> Coordinator:
+        self._open()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -210,7 +304,15 @@ class Coordinator:
         self._port.close()
 
     def acquire(
-        self, scope: str, *, ttl_ms: int, wait_ms: int = 0, holder: str | None = None, keepalive: bool = True
+        self,
+        scope: str,
+        *,
+        ttl_ms: int,
+        wait_ms: int = 0,
+        holder: str | None = None,
+        keepalive: bool = True,
+        max_hold_ms: int | None = None,
+        on_lost: Callable[[Any], None] | None = None,
     ) -> Lease:
         """Acquire ``scope``, waiting up to ``wait_ms`` in FIFO order.
 
@@ -219,7 +321,12 @@ class Coordinator:
             ttl_ms: lease time to live, 100 ms .. 1 h.
             wait_ms: how long to wait if held, 0 .. 5 min (0: try once).
             holder: name shown in status; defaults to ``host:pid``.
-            keepalive: renew in the background at about TTL/3.
+            keepalive: renew in the background at about TTL/3, and watch the local deadline.
+            max_hold_ms: stop renewing this long after the grant, 1 .. 7 days
+                (None: no bound); the lease is lost then at the latest.
+            on_lost: ``on_lost(lease)``, called once when the lease is marked lost,
+                on the thread or task that noticed (docs/leases.md). An exception
+                from it is logged and ignored.
 
         Returns:
             The `Lease`; ``lease.token`` goes with every write. Release it
@@ -234,9 +341,17 @@ class Coordinator:
         validate_scope(scope)
         validate_ttl_ms(ttl_ms)
         validate_wait_ms(wait_ms)
+        if max_hold_ms is not None:
+            validate_int("max_hold_ms", max_hold_ms, 1, MAX_HOLD_MS_MAX)
+        if on_lost is not None and not callable(on_lost):
+            raise InvalidArgument("on_lost", f"must be callable or None, got {type(on_lost).__name__}")
         holder = validate_holder(holder) if holder is not None else default_holder()
+        self._open()
         grant = self._port.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
-        lease = Lease(self._port, grant, clock=self._clock)
+        lease = Lease(
+            self._port, grant, clock=self._clock, max_hold_ms=max_hold_ms, hooks=self._hooks, on_lost=on_lost
+        )
+        lease._telemetry.granted(lease)
         if self._clock.now_ns() - grant.sent_ns > ttl_ms * 1_000_000 // 3:
             # A long-polled grant: the local deadline counts from the request's send
             # time, so it may already be near or past. Renew once now, to count from here.
@@ -251,7 +366,14 @@ class Coordinator:
 
     @contextmanager
     def lock(
-        self, scope: str, *, ttl_ms: int, wait_ms: int = 0, holder: str | None = None
+        self,
+        scope: str,
+        *,
+        ttl_ms: int,
+        wait_ms: int = 0,
+        holder: str | None = None,
+        max_hold_ms: int | None = None,
+        on_lost: Callable[[Any], None] | None = None,
     ) -> Iterator[Lease]:
         """``with coord.lock(scope, ttl_ms=...) as lease:`` — acquire, keep alive, release.
 
@@ -259,15 +381,45 @@ class Coordinator:
         writes to ``scope`` without an explicit ``token=`` carry its token (K1).
         Blocks nest: a write to the scope of an outer block uses the outer
         block's lease, whatever is held inside it.
+
+        When the lease is lost while the block runs (its local deadline passed,
+        a renewal was refused, or ``max_hold_ms`` ran out), the async body is
+        cancelled at once and the block raises `LeaseLost` (its ``cause`` says
+        why), not `CancelledError`. A cancellation
+        from outside still propagates as `CancelledError`. The sync body cannot
+        be interrupted safely, so it is not: it learns of the loss through
+        ``on_lost``, ``lease.lost`` and every write naming the lease.
+
+        Args: as for `acquire`.
+
+        Raises:
+            LeaseLost: the lease was lost while the body ran (async: the body
+                was cancelled), or before it started.
+            and what `acquire` raises.
         """
-        lease = self.acquire(scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        lease = self.acquire(
+            scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder, max_hold_ms=max_hold_ms, on_lost=on_lost
+        )
         # The blocks open in this context form a stack: each lease links to the
         # one it is nested in, so a write finds the lease of *its* scope, not just
         # the innermost one (`lease_in_context`).
         lease._enclosing = CURRENT_LEASE.get()
         context_token = CURRENT_LEASE.set(lease)
+        guard = SyncIO.body_guard()
         try:
-            yield lease
+            lease.raise_if_lost()
+            if self._interrupt_body_on_loss:
+                lease._guard = guard
+                guard.arm()
+            try:
+                yield lease
+            except BaseException as exc:
+                if guard.disarm(exc):
+                    raise LeaseLost(lease.scope, lease.token, lease.lost_cause) from None
+                raise
+            finally:
+                guard.disarm(None)
+                lease._guard = None
         finally:
             CURRENT_LEASE.reset(context_token)
             try:
@@ -275,6 +427,35 @@ class Coordinator:
             except StockadeError as exc:
                 # The lease expires by TTL anyway; do not hide the block's own error.
                 log.warning("release failed", extra={"scope": scope, "error": repr(exc)})
+
+    def locked(
+        self,
+        scope: str,
+        *,
+        ttl_ms: int,
+        wait_ms: int = 0,
+        holder: str | None = None,
+        max_hold_ms: int | None = None,
+        on_lost: Callable[[Any], None] | None = None,
+    ) -> Callable[[Callable[P, T]], Callable[P, T]]:
+        """A decorator: every call of the function runs inside ``with self.lock(...)``.
+
+        ``@coord.locked("reports", ttl_ms=10_000)`` above ``def f(...)``;
+        the arguments are those of `lock`, checked at each call. Inside, store
+        writes to ``scope`` carry the lease's token without ``token=``.
+        """
+
+        def decorate(function: Callable[P, T]) -> Callable[P, T]:
+            @functools.wraps(function)
+            def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
+                with self.lock(
+                    scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder, max_hold_ms=max_hold_ms, on_lost=on_lost
+                ):
+                    return function(*args, **kwargs)
+
+            return locked_call
+
+        return decorate
 
     def verify_keys(self) -> object:
         """What a fenced store of this coordinator verifies token MACs with (docs/tokens.md).
@@ -291,11 +472,13 @@ class Coordinator:
         """The scope's state: holder, current token (without its MAC: not a write capability),
         last issued token, remaining TTL, waiters."""
         validate_scope(scope)
+        self._open()
         return self._port.inspect(scope)
 
     def scopes(self, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[core_leases.ScopeInfo]:
         """Known scopes in name order, a page at a time."""
         validate_int("limit", limit, 1, LIST_PAGE_MAX)
+        self._open()
         return self._port.scopes(after=after, limit=limit)
 
     def last_issued(self, scope: str) -> int:
@@ -305,6 +488,7 @@ class Coordinator:
         backup, raise its high-water mark to at least this (R4).
         """
         validate_scope(scope)
+        self._open()
         return self._port.last_issued(scope)
 
     def fence_floors(self) -> FenceFloors:
@@ -315,4 +499,5 @@ class Coordinator:
         by the coordinator): it is at least every token such a scope was
         issued. Pass it as ``restore(..., fence_floors=coord.fence_floors())``.
         """
+        self._open()
         return self._port.fence_floors()
