@@ -41,11 +41,11 @@ def add_data_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_url(parser: argparse.ArgumentParser) -> None:
+def add_url(parser: argparse.ArgumentParser, default: str = "the data directory's coord.db") -> None:
     parser.add_argument(
         "--url", default=None,
         help=f"the coordinator: http://HOST:PORT of a 'stockade serve' (its port is 7390 by default), or "
-             f"sqlite:///PATH/coord.db (default: ${URL_ENV}, else the data directory's coord.db); "
+             f"sqlite:///PATH/coord.db (default: ${URL_ENV}, else {default}); "
              f"a bearer token comes from $STOCKADE_AUTH_TOKEN",
     )
 
