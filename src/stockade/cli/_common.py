@@ -29,8 +29,8 @@ _LITERAL = re.compile(r"``(.+?)``|`([^`\n]+)`")
 
 
 def help_text(doc: str | None) -> str:
-    """A module docstring as argparse shows it: ``code`` and `names` without their backquotes."""
-    return _LITERAL.sub(lambda m: m.group(1) or m.group(2), doc or "")
+    """A module docstring as argparse shows it: ``code`` plain, `a name` in single quotes, no backquotes."""
+    return _LITERAL.sub(lambda m: m.group(1) or f"'{m.group(2)}'", doc or "")
 
 
 def add_data_dir(parser: argparse.ArgumentParser) -> None:
