@@ -130,10 +130,10 @@ def run(argv: list[str]) -> int:
     add_data_dir(parser)
     parser.usage = ("stockade lock NAME [--url URL] [--ttl-ms MS] [--wait-ms MS] [--grace-ms MS] [--holder H] "
                     "-- CMD [ARGS...]")
-    if "--" not in argv:
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])  # --help ends here, with or without a CMD
+    if split == len(argv):
         parser.error("missing '-- CMD [ARGS...]'")
-    split = argv.index("--")
-    args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]
     if not command:
         parser.error("missing command after '--'")
