@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["Counter", "Registry", "REGISTRY", "LABEL_SETS_MAX"]
+__all__ = ["Counter", "Gauge", "Registry", "REGISTRY", "LABEL_SETS_MAX"]
 
 LABEL_SETS_MAX = 10_000  # per metric; further label sets fold into one overflow series
 
@@ -43,13 +43,31 @@ class Counter:
         return lines
 
 
+class Gauge:
+    """A value that goes up and down, set by its owner (no labels: one series)."""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name = name
+        self.help_text = help_text
+        self._value = 0.0
+
+    def set(self, value: float) -> None:
+        self._value = float(value)  # one float store: atomic under the GIL, no lock needed
+
+    def value(self) -> float:
+        return self._value
+
+    def render(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} gauge", f"{self.name} {self._value:g}"]
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class Registry:
     def __init__(self) -> None:
-        self._metrics: dict[str, Counter] = {}
+        self._metrics: dict[str, Counter | Gauge] = {}
         self._lock = threading.Lock()
 
     def counter(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
@@ -57,6 +75,17 @@ class Registry:
             metric = self._metrics.get(name)
             if metric is None:
                 metric = self._metrics[name] = Counter(name, help_text, labels)
+            if not isinstance(metric, Counter):
+                raise TypeError(f"{name} is registered as a {type(metric).__name__}")
+            return metric
+
+    def gauge(self, name: str, help_text: str) -> Gauge:
+        with self._lock:
+            metric = self._metrics.get(name)
+            if metric is None:
+                metric = self._metrics[name] = Gauge(name, help_text)
+            if not isinstance(metric, Gauge):
+                raise TypeError(f"{name} is registered as a {type(metric).__name__}")
             return metric
 
     def render(self) -> str:

@@ -14,6 +14,7 @@ __all__ = ["main"]
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("stockade.cli.demo", "the zombie-leader story, live, with real processes"),
     "lock": ("stockade.cli.lock", "run a command while holding a lease (token in STOCKADE_TOKEN)"),
+    "kv": ("stockade.cli.kv", "get, put or delete a value of the fenced store (token from STOCKADE_TOKEN)"),
     "status": ("stockade.cli.status", "leases, holders, tokens and high-water marks"),
     "serve": ("stockade.cli.serve", "the coordinator and the fenced store over HTTP"),
     "sim": ("stockade.cli.sim", "deterministic simulation of the protocol under faults"),

@@ -9,6 +9,11 @@
 
 Exits 0 only if the story played out exactly so (the test suite also runs
 it against a store that ignores tokens, and there it must exit 1).
+
+The coordinator and store are embedded files in a temporary directory (or
+in --data-dir), or, with --url http://HOST:PORT (or $STOCKADE_URL), a running
+`stockade serve`: the workers then share it over HTTP, on a scope of their own
+(demo-<random>), so the story never touches the server's other scopes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stockade.cli._common import URL_ENV, help_text, is_remote
 from stockade.core.errors import StockadeError
 
 SCOPE = "reports"
@@ -40,31 +46,41 @@ def _emit(**event: Any) -> None:
     print(json.dumps(event), flush=True)
 
 
-def _worker(name: str, root: Path, store_class: str | None) -> int:
+def _urls(root: Path | None, url: str | None) -> tuple[str, str]:
+    if url is not None:
+        return url, url
+    assert root is not None
+    return f"sqlite://{root / 'coord.db'}", f"sqlite://{root / 'store.db'}"
+
+
+def _worker(name: str, root: Path | None, store_class: str | None, url: str | None = None,
+            scope: str = SCOPE) -> int:
     import stockade
 
-    coord = stockade.connect(f"sqlite://{root / 'coord.db'}")
+    coord_url, store_url = _urls(root, url)
+    coord = stockade.connect(coord_url)
     if store_class is None:
-        store: Any = stockade.open_store(f"sqlite://{root / 'store.db'}", cluster_id=coord.cluster_id)
+        store: Any = stockade.open_store(store_url, cluster_id=coord.cluster_id)
     else:  # a control: e.g. stockade.testing.mutants:FencingOffStore
+        assert root is not None
         module, _, attr = store_class.partition(":")
         store = getattr(importlib.import_module(module), attr)(root / "store.db", cluster_id=coord.cluster_id)
-    lease = coord.acquire(SCOPE, ttl_ms=TTL_MS, wait_ms=10_000, holder=f"worker-{name}")
+    lease = coord.acquire(scope, ttl_ms=TTL_MS, wait_ms=10_000, holder=f"worker-{name}")
     _emit(step="acquired", worker=name, token=lease.token.value, pid=os.getpid())
-    store.put(SCOPE, KEY, f"{name}: first draft", token=lease.token)
+    store.put(scope, KEY, f"{name}: first draft", token=lease.token)
     _emit(step="wrote", worker=name, token=lease.token.value, value=f"{name}: first draft",
-          high_water=store.high_water(SCOPE))
+          high_water=store.high_water(scope))
     if name == "A":
         lease.raise_if_lost()  # "am I still the leader?" — yes, right now
         _emit(step="checked", worker=name, token=lease.token.value)
         sys.stdin.readline()  # the orchestrator freezes us about here
         value = f"{name}: final (computed before the pause)"
         try:
-            store.put(SCOPE, KEY, value, token=lease.token)  # the token, not the lease: A believes it leads
+            store.put(scope, KEY, value, token=lease.token)  # the token, not the lease: A believes it leads
         except stockade.StaleToken as exc:
             _emit(step="rejected", worker=name, token=lease.token.value, high_water=exc.high_water, value=value)
             return 0
-        _emit(step="accepted", worker=name, token=lease.token.value, value=value, high_water=store.high_water(SCOPE))
+        _emit(step="accepted", worker=name, token=lease.token.value, value=value, high_water=store.high_water(scope))
         return 0
     lease.release()
     _emit(step="released", worker=name, token=lease.token.value)
@@ -82,8 +98,10 @@ class _Story:
         print(f"  +{time.monotonic() - self.t0:6.3f}s  {who:<2} {text}", flush=True)
 
 
-def _spawn(name: str, root: Path, store_class: str | None) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "stockade", "demo", "--worker", name, "--data-dir", str(root)]
+def _spawn(name: str, root: Path | None, store_class: str | None, url: str | None, scope: str
+           ) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "stockade", "demo", "--worker", name, "--scope", scope]
+    argv += ["--url", url] if url is not None else ["--data-dir", str(root)]
     if store_class:
         argv += ["--store-class", store_class]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -100,16 +118,17 @@ def _next_event(worker: subprocess.Popen[str], expected: str) -> dict[str, Any]:
     return event
 
 
-def _orchestrate(root: Path, store_class: str | None) -> int:
+def _orchestrate(root: Path | None, store_class: str | None, url: str | None = None) -> int:
     story = _Story()
+    scope = SCOPE if url is None else f"demo-{os.urandom(4).hex()}"
     print("stockade demo: a zombie leader meets a fence" + (f" (store: {store_class})" if store_class else ""))
-    print(f"  data in {root}; scope {SCOPE!r}, lease TTL {TTL_MS} ms\n")
-    a = _spawn("A", root, store_class)
+    print(f"  data {'at ' + url if url else 'in ' + str(root)}; scope {scope!r}, lease TTL {TTL_MS} ms\n")
+    a = _spawn("A", root, store_class, url, scope)
     b = None
     try:
         e = _next_event(a, "acquired")
         n = e["token"]
-        story.say("A", f"acquires {SCOPE!r}: token {n}")
+        story.say("A", f"acquires {scope!r}: token {n}")
         e = _next_event(a, "wrote")
         story.say("A", f"writes {KEY!r} = {e['value']!r} with token {n}: accepted, high-water {e['high_water']}")
         _next_event(a, "checked")
@@ -119,10 +138,10 @@ def _orchestrate(root: Path, store_class: str | None) -> int:
         assert a.stdin is not None
         a.stdin.write("go\n")  # A reads this only once it runs again
         a.stdin.flush()
-        b = _spawn("B", root, store_class)
+        b = _spawn("B", root, store_class, url, scope)
         e = _next_event(b, "acquired")
         m = e["token"]
-        story.say("B", f"acquires {SCOPE!r} once A's lease expired at the coordinator: token {m}")
+        story.say("B", f"acquires {scope!r} once A's lease expired at the coordinator: token {m}")
         e = _next_event(b, "wrote")
         story.say("B", f"writes {KEY!r} = {e['value']!r} with token {m}: accepted, high-water {e['high_water']}")
         _next_event(b, "released")
@@ -149,9 +168,9 @@ def _orchestrate(root: Path, store_class: str | None) -> int:
 
     import stockade
 
-    with stockade.open_store(f"sqlite://{root / 'store.db'}") as store:
-        item = store.get(SCOPE, KEY)
-        high_water = store.high_water(SCOPE)
+    with stockade.open_store(_urls(root, url)[1]) as store:
+        item = store.get(scope, KEY)
+        high_water = store.high_water(scope)
     final = item.value.decode() if item else None
     print(f"\n  final value: {final!r} (token {item.token_value if item else '-'}), high-water {high_water}")
     held = (
@@ -170,19 +189,31 @@ def _orchestrate(root: Path, store_class: str | None) -> int:
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="stockade demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="stockade demo", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--url", default=None,
+                        help="a running 'stockade serve' (http://HOST:PORT, its port is 7390 by default) to play the "
+                             "story on (default: $STOCKADE_URL, else embedded files)")
     parser.add_argument("--data-dir", default=None, help="where to keep the demo's files (default: a temp dir)")
+    parser.add_argument("--scope", default=SCOPE, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=("A", "B"), help=argparse.SUPPRESS)
     parser.add_argument("--store-class", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         try:
-            return _worker(args.worker, Path(args.data_dir), args.store_class)
+            return _worker(args.worker, Path(args.data_dir) if args.data_dir else None, args.store_class, args.url,
+                           args.scope)
         except StockadeError as exc:
             print(f"stockade demo: worker {args.worker}: {exc}", file=sys.stderr)
             return 1
+    url = args.url or (None if args.data_dir else os.environ.get(URL_ENV))
+    if url is not None and not is_remote(url):
+        print("stockade demo: --url takes a stockade serve (http:// or https://); use --data-dir for files",
+              file=sys.stderr)
+        return 2
     try:
+        if url is not None:
+            return _orchestrate(None, args.store_class, url)
         if args.data_dir:
             root = Path(args.data_dir)
             problem = _unusable_data_dir(root)

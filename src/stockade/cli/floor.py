@@ -16,23 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-from stockade.cli._common import add_data_dir, data_dir, fail
+from stockade.cli._common import URL_ENV, add_data_dir, fail
+from stockade.cli._common import coordinator_url as _coordinator_url
 from stockade.client import connect
 from stockade.core.errors import StockadeError
 from stockade.resources.floor import open_floor_target, raise_to_floors, redact_url
 
-URL_ENV = "STOCKADE_URL"
 RAISED_SHOWN_MAX = 1_000
-
-
-def _coordinator_url(args: argparse.Namespace) -> str:
-    url: str | None = args.url or os.environ.get(URL_ENV)
-    if url:
-        return url
-    return f"sqlite://{data_dir(args) / 'coord.db'}"
 
 
 def run(argv: list[str]) -> int:

@@ -6,6 +6,10 @@
 The keyring is ``<data-dir>/coord.keys`` (created with the coordinator). A
 running coordinator and the stores that follow the file pick a rotation up
 within a second. ``--grace-s 0`` retires the old key at once (it leaked).
+
+keys takes no --url: the keyring is a file on the coordinator's host, read
+and rotated there (on a `stockade serve` host, with its --data-dir). No HTTP
+route hands out or changes keys, on purpose.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from stockade.cli._common import add_data_dir, data_dir, fail
+from stockade.cli._common import add_data_dir, data_dir, fail, help_text
 from stockade.core.errors import StockadeError
 from stockade.keys import ROTATE_GRACE_S_DEFAULT, load_keyring, rotate
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="stockade keys", description=__doc__,
+    parser = argparse.ArgumentParser(prog="stockade keys", description=help_text(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_dir(parser)
     parser.add_argument("action", choices=("show", "rotate"))

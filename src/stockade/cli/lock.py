@@ -1,8 +1,12 @@
 """``stockade lock NAME -- CMD...``: run CMD while holding a lease on NAME.
 
-CMD gets the encoded fencing token in STOCKADE_TOKEN (and STOCKADE_SCOPE,
-STOCKADE_TOKEN_VALUE, STOCKADE_DATA). A keepalive renews the lease at about
-TTL/3. CMD runs in its own process group.
+The coordinator is --url (http://HOST:PORT of a `stockade serve`, or
+sqlite:///PATH/coord.db), else --data-dir, else $STOCKADE_URL, else the data
+directory ($STOCKADE_DATA, else ./stockade-data). CMD gets the encoded fencing
+token in STOCKADE_TOKEN (and STOCKADE_SCOPE, STOCKADE_TOKEN_VALUE, and
+STOCKADE_URL, plus STOCKADE_DATA for a local coordinator), so `stockade kv put`
+inside CMD writes to the same place with the lease's token. A keepalive renews
+the lease at about TTL/3. CMD runs in its own process group.
 
 Stopping: if the lease is lost, CMD's process group gets SIGTERM, then
 SIGKILL after --grace-ms. SIGTERM, SIGINT and SIGHUP sent to `stockade lock`
@@ -31,7 +35,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from stockade.cli._common import DATA_DIR_ENV, add_data_dir, data_dir, fail, open_coordinator
+from stockade.cli._common import add_data_dir, add_url, child_env, coordinator_url, fail, help_text
+from stockade.client import connect
 from stockade.core.errors import LockTimeout, StockadeError
 
 EXIT_LOCK_TIMEOUT = 75
@@ -111,7 +116,7 @@ def _spawn_error(command: list[str], exc: OSError) -> tuple[str, int]:
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="stockade lock", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="stockade lock", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("name", help="the scope to lock")
     parser.add_argument("--ttl-ms", type=int, default=10_000, help="lease TTL (default 10000)")
@@ -121,12 +126,14 @@ def run(argv: list[str]) -> int:
         help=f"how long CMD may run after SIGTERM before SIGKILL (default {GRACE_MS_DEFAULT})",
     )
     parser.add_argument("--holder", default=None, help="holder name shown in status (default host:pid)")
+    add_url(parser)
     add_data_dir(parser)
-    parser.usage = "stockade lock NAME [--ttl-ms MS] [--wait-ms MS] [--grace-ms MS] [--holder H] -- CMD [ARGS...]"
-    if "--" not in argv:
+    parser.usage = ("stockade lock NAME [--url URL] [--ttl-ms MS] [--wait-ms MS] [--grace-ms MS] [--holder H] "
+                    "-- CMD [ARGS...]")
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])  # --help ends here, with or without a CMD
+    if split == len(argv):
         parser.error("missing '-- CMD [ARGS...]'")
-    split = argv.index("--")
-    args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]
     if not command:
         parser.error("missing command after '--'")
@@ -153,8 +160,9 @@ def run(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace, command: list[str]) -> int:
+    url = coordinator_url(args)
     try:
-        coord = open_coordinator(args)
+        coord = connect(url)
         lease = coord.acquire(
             args.name, ttl_ms=args.ttl_ms, wait_ms=args.wait_ms, holder=args.holder, keepalive=False
         )
@@ -171,7 +179,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
             STOCKADE_SCOPE=lease.scope,
             STOCKADE_TOKEN_VALUE=str(lease.token.value),
         )
-        env[DATA_DIR_ENV] = str(data_dir(args))
+        env.update(child_env(url))
         try:
             # Spawned before the keepalive thread starts: the fork happens while this
             # process has one thread, which is what makes a preexec_fn safe.

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stockade.cli._common import add_data_dir, data_dir, fail
+from stockade.cli._common import add_data_dir, data_dir, fail, help_text
 from stockade.core.errors import StockadeError
 from stockade.wire import DEFAULT_PORT
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stockade serve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="stockade serve", description=help_text(__doc__))
     add_data_dir(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
     parser.add_argument(

@@ -2,25 +2,31 @@
 
     stockade sim --seeds 1000                 1000 seeds from a random first seed
     stockade sim --minutes 2 --jobs 2         as many seeds as fit in 2 minutes, on 2 processes
-    stockade sim --seed 912                   replay one seed (prints its trace on a violation)
+    stockade sim --seed 912                   replay one seed: its drawn options, then its trace on a violation
     stockade sim --seeds 500 --mutant strict-greater   a control: must report a violation
 
 Prints examples run, steps, simulated lease-hours and violations; on a
-violation, the command that replays it and a minimal narrated trace. Exit
-status: 0 no violation, 1 a violation, 2 bad usage.
+violation, the command that replays it and a minimal narrated trace. --json
+prints one JSON object instead (with --seed: the seed's figures and its drawn
+options). A campaign prints a progress line on stderr every --progress-s
+seconds (default 10; 0: none). Exit status: 0 no violation, 1 a violation,
+2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stockade.cli._common import help_text
 from stockade.testing.history import dump_jsonl
 from stockade.testing.mutants import MUTANTS
 from stockade.testing.sim import Campaign, RunResult, narrate, replay_command, run_campaign, run_seed
@@ -29,10 +35,11 @@ __all__ = ["run"]
 
 SEED_MAX = 2**63 - 1
 JOBS_MAX = 64
+PROGRESS_S_DEFAULT = 10.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stockade sim", description=__doc__,
+    parser = argparse.ArgumentParser(prog="stockade sim", description=help_text(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--seed", type=int, help="run exactly this seed (a replay)")
@@ -47,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-linearizability", action="store_true", help="skip the linearizability check")
     parser.add_argument("--save", type=Path, help="directory for a failing seed's history.jsonl and audit.jsonl")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--progress-s", type=float, default=PROGRESS_S_DEFAULT,
+                        help=f"a progress line on stderr this often during a campaign (default "
+                             f"{PROGRESS_S_DEFAULT:g}; 0: none)")
     return parser
 
 
@@ -61,6 +71,8 @@ def run(argv: list[str]) -> int:
         return 0
     if not 1 <= args.jobs <= JOBS_MAX:
         parser.error(f"--jobs must be in 1..{JOBS_MAX}")
+    if not 0 <= args.progress_s <= 3600:
+        parser.error("--progress-s must be in 0..3600")
     if args.seed is not None:
         if not 0 <= args.seed <= SEED_MAX:
             parser.error(f"--seed must be in 0..{SEED_MAX}")
@@ -82,32 +94,61 @@ def run(argv: list[str]) -> int:
 def _replay(args: argparse.Namespace) -> int:
     result = run_seed(args.seed, mutant=args.mutant, linearizability=not args.no_linearizability)
     lease_hours = result.lease_ns / 3600e9
-    print(f"seed {result.seed}" + (f" (mutant {result.mutant})" if result.mutant else "")
-          + f": steps {result.steps}, operations {result.operations}, simulated {result.simulated_ns / 1e9:.3f} s, "
-            f"lease-hours {lease_hours:.5f}, violations {len(result.violations)}")
+    options = dataclasses.asdict(result.options)
+    if args.json:
+        print(json.dumps({
+            "seed": result.seed, "mutant": result.mutant, "steps": result.steps, "operations": result.operations,
+            "simulated_s": round(result.simulated_ns / 1e9, 6), "simulated_lease_hours": round(lease_hours, 6),
+            "violations": len(result.violations), "undecided_scopes": len(result.undecided), "options": options,
+        }, sort_keys=True, default=str))
+    else:
+        print(f"seed {result.seed}" + (f" (mutant {result.mutant})" if result.mutant else "")
+              + f": steps {result.steps}, operations {result.operations}, simulated {result.simulated_ns / 1e9:.3f} s, "
+                f"lease-hours {lease_hours:.5f}, violations {len(result.violations)}")
+        print("options: " + ", ".join(f"{name}={value}" for name, value in options.items()))
     if result.violations:
-        _print_failure(result, args.save)
+        _print_failure(result, args.save, stream=sys.stderr if args.json else sys.stdout)
         return 1
     return 0
 
 
-def _seeds(first: int, count: int | None, job: int, jobs: int) -> Any:
+def _seeds(first: int, count: int | None, job: int, jobs: int) -> Iterator[int]:
     seed = first + job
     while count is None or seed < first + count:
         yield seed % (SEED_MAX + 1)
         seed += jobs
 
 
-def _worker(payload: tuple[int, int | None, float | None, int, int, str | None, bool, bool]) -> Campaign:
-    first, count, seconds, job, jobs, mutant, keep_going, linearizability = payload
-    return run_campaign(_seeds(first, count, job, jobs), mutant=mutant, seconds=seconds,
+def _with_progress(seeds: Iterator[int], every_s: float, budget_s: float | None, job: int, jobs: int) -> Iterator[int]:
+    """``seeds``, with a line on stderr every ``every_s`` seconds of wall clock (checked between seeds)."""
+    started = time.monotonic()
+    next_at = started + every_s
+    done = 0
+    for seed in seeds:
+        now = time.monotonic()
+        if now >= next_at:
+            next_at = now + every_s
+            of = f" of {budget_s:g} s" if budget_s is not None else ""
+            who = f" (job 1 of {jobs}; the others run alongside)" if jobs > 1 else ""
+            print(f"stockade sim: {now - started:.0f} s{of}, {done:,} seeds done{who}, up to seed {seed}",
+                  file=sys.stderr, flush=True)
+        yield seed
+        done += 1
+
+
+def _worker(payload: tuple[int, int | None, float | None, int, int, str | None, bool, bool, float]) -> Campaign:
+    first, count, seconds, job, jobs, mutant, keep_going, linearizability, progress_s = payload
+    seeds = _seeds(first, count, job, jobs)
+    if progress_s > 0 and job == 0:  # one job speaks for the campaign: one line per interval, not one per job
+        seeds = _with_progress(seeds, progress_s, seconds, job, jobs)
+    return run_campaign(seeds, mutant=mutant, seconds=seconds,
                         stop_at_first=not keep_going, linearizability=linearizability)
 
 
 def _campaign(first: int, count: int | None, seconds: float | None, args: argparse.Namespace) -> Campaign:
     jobs = args.jobs
-    payloads = [(first, count, seconds, job, jobs, args.mutant, args.keep_going, not args.no_linearizability)
-                for job in range(jobs)]
+    payloads = [(first, count, seconds, job, jobs, args.mutant, args.keep_going, not args.no_linearizability,
+                 args.progress_s) for job in range(jobs)]
     started = time.monotonic()
     if jobs == 1:
         parts = [_worker(payloads[0])]

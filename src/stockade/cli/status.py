@@ -1,7 +1,14 @@
 """``stockade status``: leases, holders, tokens and high-water marks.
 
-Reads the coordinator and store files read-only and creates no file, so it
-works on a read-only data directory and on a full disk."""
+The coordinator is --url (http://HOST:PORT of a `stockade serve`, or
+sqlite:///PATH/coord.db), else --data-dir, else $STOCKADE_URL, else the data
+directory ($STOCKADE_DATA, else ./stockade-data).
+
+A local coordinator's and store's files are read read-only and no file is
+created, so status works on a read-only data directory and on a full disk.
+A server is asked over HTTP (bearer token from $STOCKADE_AUTH_TOKEN): its
+scopes page by page, and the high-water mark of each scope shown.
+"""
 
 from __future__ import annotations
 
@@ -9,32 +16,78 @@ import argparse
 import json
 import sys
 
-from stockade.cli._common import add_data_dir, data_dir, fail
+from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, is_remote, local_dir
 from stockade.cli._readonly import read_coordinator, read_high_waters
 from stockade.clock import SystemClock
 from stockade.core.errors import StockadeError
+from stockade.core.leases import ScopeInfo
+from stockade.core.limits import LIST_PAGE_MAX
 
 SCOPES_SHOWN_MAX = 10_000
+REMOTE_HIGH_WATERS_MAX = 1_000  # one request each: beyond this many scopes, the marks are left out
+
+
+def _remote(url: str) -> tuple[str, list[ScopeInfo], dict[str, int], list[str | None]]:
+    """The cluster id, the first scopes and their marks of the server at ``url``.
+
+    Raises:
+        StockadeError: the server cannot be reached or refused the request.
+    """
+    from stockade.client import connect, open_store
+
+    coord = connect(url)
+    try:
+        infos: list[ScopeInfo] = []
+        while len(infos) < SCOPES_SHOWN_MAX:
+            page = coord.scopes(after=infos[-1].scope if infos else "",
+                                limit=min(LIST_PAGE_MAX, SCOPES_SHOWN_MAX - len(infos)))
+            infos += page
+            if not page:
+                break
+        cluster_id = coord.cluster_id
+    finally:
+        coord.close()
+    notes: list[str | None] = []
+    high_waters: dict[str, int] = {}
+    store = open_store(url)
+    try:
+        for info in infos[:REMOTE_HIGH_WATERS_MAX]:
+            high_waters[info.scope] = store.high_water(info.scope)
+    finally:
+        store.close()
+    if len(infos) > REMOTE_HIGH_WATERS_MAX:
+        notes.append(f"high-water marks shown for the first {REMOTE_HIGH_WATERS_MAX} scopes only")
+    return cluster_id, infos, high_waters, notes
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="stockade status", description=__doc__)
+    parser = argparse.ArgumentParser(prog="stockade status", description=help_text(__doc__),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_url(parser)
     add_data_dir(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per scope")
     args = parser.parse_args(argv)
-    root = data_dir(args)
-    if not (root / "coord.db").exists():
-        return fail(f"no coordinator at {root / 'coord.db'} (use --data-dir or ${'STOCKADE_DATA'})")
-    # Read-only: no file is written or created, so status works on a read-only
-    # mount, in a directory it may only read, and on a full disk.
+    url = coordinator_url(args)
+    root = local_dir(url)
+    high_waters: dict[str, int] = {}
     try:
-        snapshot = read_coordinator(root / "coord.db", SystemClock().now_ns(), SCOPES_SHOWN_MAX)
-        infos = snapshot.scopes
-        notes = [snapshot.note]
-        high_waters: dict[str, int] = {}
-        if (root / "store.db").exists():
-            high_waters, note = read_high_waters(root / "store.db")
-            notes.append(note)
+        if is_remote(url):
+            cluster_id, infos, high_waters, notes = _remote(url)
+            where = url
+        elif root is None:
+            return fail(f"status reads a stockade serve (http://...) or a sqlite:/// coordinator, not {url}", 2)
+        elif not (root / "coord.db").exists():
+            return fail(f"no coordinator at {root / 'coord.db'} (use --url, --data-dir, $STOCKADE_URL or "
+                        f"$STOCKADE_DATA)")
+        else:
+            # Read-only: no file is written or created, so status works on a read-only
+            # mount, in a directory it may only read, and on a full disk.
+            snapshot = read_coordinator(root / "coord.db", SystemClock().now_ns(), SCOPES_SHOWN_MAX)
+            cluster_id, infos, notes, where = snapshot.cluster_id, snapshot.scopes, [snapshot.note], str(
+                root / "coord.db")
+            if (root / "store.db").exists():
+                high_waters, note = read_high_waters(root / "store.db")
+                notes.append(note)
     except StockadeError as exc:
         return fail(str(exc))
     for note in filter(None, notes):
@@ -56,7 +109,7 @@ def run(argv: list[str]) -> int:
         for row in rows:
             print(json.dumps(row))
         return 0
-    print(f"coordinator {root / 'coord.db'}  cluster {snapshot.cluster_id}")
+    print(f"coordinator {where}  cluster {cluster_id}")
     if not rows:
         print("no scopes yet")
         return 0

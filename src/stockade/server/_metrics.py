@@ -12,7 +12,8 @@ import threading
 
 from stockade import metrics
 
-__all__ = ["Histogram", "GRANTS", "RENEWALS", "EXPIRIES", "WAITS", "LOCK_TIMEOUTS", "PROBLEMS", "WAIT_SECONDS",
+__all__ = ["Histogram", "LEASES_HELD", "WAITERS", "SCOPES",
+           "GRANTS", "RENEWALS", "EXPIRIES", "WAITS", "LOCK_TIMEOUTS", "PROBLEMS", "WAIT_SECONDS",
            "REQUEST_SECONDS", "render"]
 
 BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -78,6 +79,13 @@ LOCK_TIMEOUTS = metrics.REGISTRY.counter("stockade_lock_timeouts_total", "Acquir
 PROBLEMS = metrics.REGISTRY.counter(
     "stockade_request_rejections_total", "Requests answered with a problem document, by problem code.", ("code",)
 )
+# Gauges: set from counts the lease table keeps up to date anyway (lengths of its maps),
+# at each scrape, so a scrape costs O(1) however many scopes there are.
+LEASES_HELD = metrics.REGISTRY.gauge(
+    "stockade_leases_held", "Leases in the lease table (a lease past its TTL counts until it is swept or replaced)."
+)
+WAITERS = metrics.REGISTRY.gauge("stockade_waiters", "Acquires waiting in a scope's FIFO queue right now.")
+SCOPES = metrics.REGISTRY.gauge("stockade_scopes", "Scopes the coordinator keeps (each with its last issued token).")
 WAIT_SECONDS = Histogram("stockade_wait_seconds", "Time queued acquires waited, until granted or timed out.")
 REQUEST_SECONDS = Histogram(
     "stockade_request_seconds", "HTTP request latency, from the last byte read to the response written.",

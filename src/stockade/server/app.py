@@ -27,7 +27,7 @@ from stockade.clock import SystemClock
 from stockade.coordinators.registry import open_signed_sqlite
 from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
 from stockade.core.fence import Reject
-from stockade.core.leases import LeasePolicy, lease_hint, redact_lease_path
+from stockade.core.leases import LeasePolicy, describe, lease_hint, redact_lease_path
 from stockade.core.limits import (
     LIST_PAGE_MAX,
     LOCK_DELAY_MS_MAX,
@@ -61,7 +61,6 @@ from stockade.server._inputs import (
     fields,
     header,
     json_object,
-    media_type,
     page_limit,
     query,
     segment,
@@ -228,6 +227,9 @@ class App:
         return json_response(200, {"status": "ok"})
 
     def metrics(self, request: Request) -> Response:
+        _metrics.LEASES_HELD.set(self.leases.leases)
+        _metrics.WAITERS.set(len(self.leases.waiters))
+        _metrics.SCOPES.set(len(self.leases.names))
         return Response(200, _metrics.render().encode(), "text/plain; version=0.0.4")
 
     def openapi_document(self, request: Request) -> Response:
@@ -244,17 +246,29 @@ class App:
         return json_response(200, codecs.fence_floors_doc(floors))
 
     def dashboard(self, request: Request) -> Response:
+        """``GET /``: a small HTML page of the first `LIST_PAGE_MAX` scopes, as ``stockade status`` shows them.
+
+        Read from the lease table in memory (no file, no await), so it costs one
+        pass over at most a page of scopes.
+        """
+        query(request, ())
+        now_ns = self.leases.clock.now_ns()
+        names = self.leases.names
+        infos = [describe(self.leases.records[name], now_ns, self.leases.policy) for name in names[:LIST_PAGE_MAX]]
         rows = "".join(
-            f"<tr><td>{html.escape(name)}</td><td>{record.last_token}</td>"
-            f"<td>{html.escape(record.lease.holder) if record.lease else '-'}</td>"
-            f"<td>{len(record.waiters)}</td></tr>"
-            for name, record in ((n, self.leases.records[n]) for n in self.leases.names[:LIST_PAGE_MAX])
+            f"<tr><td>{html.escape(i.scope)}<td>{i.state.value}<td>{html.escape(i.holder or '-')}"
+            f"<td>{i.token.value if i.token else '-'}<td>{i.last_token}"
+            f"<td>{f'{i.remaining_ms} ms' if i.token else '-'}<td>{i.waiters}</tr>"
+            for i in infos
         )
+        shown = f"the first {len(infos)} of " if len(infos) < len(names) else ""
         page = (
             "<!doctype html><meta charset=utf-8><title>stockade</title>"
-            f"<h1>stockade</h1><p>cluster {self.cluster_id}; {len(self.leases.names)} scopes, "
-            f"{self.leases.leases} leases. <a href=/metrics>metrics</a> <a href=/openapi.json>openapi</a></p>"
-            "<table border=1><tr><th>scope<th>last token<th>holder<th>waiters</tr>" + rows + "</table>"
+            f"<h1>stockade</h1><p>cluster {html.escape(self.cluster_id)}: {shown}{len(names)} scopes, "
+            f"{self.leases.leases} leases, {len(self.leases.waiters)} waiters. "
+            "<a href=/metrics>metrics</a> <a href=/openapi.json>openapi</a></p>"
+            "<table border=1><tr><th>scope<th>state<th>holder<th>token<th>last token<th>remaining<th>waiters</tr>"
+            + rows + "</table>"
         )
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
@@ -320,9 +334,9 @@ class App:
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
         if op == "put":
-            content_type = header(request, "content-type")
-            if content_type is not None and media_type(content_type) != codecs.OCTETS:
-                raise Problem("unsupported-media-type", "the value must be application/octet-stream")
+            # The value is the body's bytes, whatever its Content-Type says: the type is not
+            # stored, and curl labels --data-binary application/x-www-form-urlencoded.
+            header(request, "content-type")  # still refused when given twice
             if len(request.body) > self.value_bytes_max:
                 raise LimitExceeded("value_bytes_max", self.value_bytes_max)
             value = request.body

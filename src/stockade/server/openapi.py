@@ -217,8 +217,11 @@ def _operation(route: Route, *, auth: bool, value_bytes_max: int) -> dict[str, A
         operation["requestBody"] = {"required": route.body_required, "content": {JSON: {
             "schema": {"$ref": f"#/components/schemas/{route.body_schema}"}}}}
     elif route.body == "bytes":
-        operation["requestBody"] = {"required": route.body_required, "content": {OCTETS: {
-            "schema": {"type": "string", "format": "binary", "maxLength": value_bytes_max}}}}
+        operation["requestBody"] = {
+            "required": route.body_required,
+            "description": "The value's bytes as they are; any Content-Type is accepted and none is stored.",
+            "content": {OCTETS: {"schema": {"type": "string", "format": "binary", "maxLength": value_bytes_max}}},
+        }
     responses = {str(route.status): _success(route)}
     for answer in route.problems:
         responses[str(answer.status)] = _problem(answer.description)

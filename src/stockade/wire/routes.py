@@ -11,7 +11,7 @@ a route is written once (docs/http-api.md is its prose).
     GET     /healthz                      healthz        no    -
     GET     /metrics                      metrics        yes   -
     GET     /openapi.json                 openapiDocument yes  -
-    GET     /                             dashboard      yes   -
+    GET     /                             dashboard      yes   -     (an HTML page of scopes)
     GET     /v1/cluster                   cluster        yes   -
     GET     /v1/locks                     listLocks      yes   -
     GET     /v1/locks/{scope}             inspectLock    yes   -
@@ -20,7 +20,7 @@ a route is written once (docs/http-api.md is its prose).
     DELETE  /v1/leases/{lease_id}         release        yes   -
     GET     /v1/kv/{scope}                listKeys       yes   -
     GET     /v1/kv/{scope}/{key}          get            yes   -
-    PUT     /v1/kv/{scope}/{key}          put            yes   raw bytes
+    PUT     /v1/kv/{scope}/{key}          put            yes   raw bytes (any Content-Type)
     DELETE  /v1/kv/{scope}/{key}          deleteKey      yes   -
     GET     /v1/hwm/{scope}               highWater      yes   -
     GET     /v1/fence-floors              fenceFloors    yes   -
@@ -142,7 +142,6 @@ _WRITE = (
     Answer(409, ("stale-token", "token-mismatch"),
            "stale-token (with token and high_water) or token-mismatch (with reason)."),
     Answer(413, ("limit-exceeded",), "Value too large."),
-    Answer(415, ("unsupported-media-type",), "Wrong content type."),
     Answer(429, ("limit-exceeded",), "A store bound was reached."),
 )
 _TOKEN_HEADERS = ((FENCING_TOKEN_HEADER, True), (IDEMPOTENCY_KEY_HEADER, False))
