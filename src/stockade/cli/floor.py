@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from stockade.cli._common import URL_ENV, add_data_dir, fail
+from stockade.cli._common import URL_ENV, add_data_dir, fail, help_text
 from stockade.cli._common import coordinator_url as _coordinator_url
 from stockade.client import connect
 from stockade.core.errors import StockadeError
@@ -29,7 +29,7 @@ RAISED_SHOWN_MAX = 1_000
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="stockade floor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="stockade floor", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("resource", help="the resource to raise, e.g. postgresql://db1/app or sqlite:///srv/app.db")
     parser.add_argument("--url", default=None, help=f"coordinator url (default: ${URL_ENV}, else the data dir)")
