@@ -280,7 +280,9 @@ def _resource_name(conn: Any) -> str:
 
 
 @contextmanager
-def _fenced_sqlalchemy(target: Any, token: object, scope: object, admission: _Admission, durable: bool) -> Iterator[Any]:
+def _fenced_sqlalchemy(
+    target: Any, token: object, scope: object, admission: _Admission, durable: bool
+) -> Iterator[Any]:
     """SQLAlchemy's pysqlite quirk: its ``begin()`` emits nothing, and the driver begins lazily (DEFERRED) at
     the first DML, too late for the check. So the session's transaction is begun, then ``BEGIN IMMEDIATE`` is
     sent explicitly on its DBAPI connection before any statement; SQLAlchemy's COMMIT/ROLLBACK end it."""
@@ -291,7 +293,7 @@ def _fenced_sqlalchemy(target: Any, token: object, scope: object, admission: _Ad
         raise ImportError("fenced_sqlalchemy needs SQLAlchemy: pip install 'stockade[sqlalchemy]'") from exc
     checked, scope_name = _arguments(token, scope)
     if not isinstance(target, (Session, Connection)):
-        raise InvalidArgument("session_or_connection", f"must be a Session or a Connection, got {type(target).__name__}")
+        raise InvalidArgument("session_or_connection", f"must be a Session or Connection, not {type(target).__name__}")
     if target.in_transaction():
         raise InvalidArgument("session_or_connection", "already inside a transaction: commit or roll it back first")
     connection: Connection = target.connection() if isinstance(target, Session) else target
