@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import os
-import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,8 @@ NAME_BYTES_MAX = 255  # a file name on the common local filesystems (NAME_MAX)
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 _POLL_S_MAX = 0.002  # the longest sleep between two tries of a busy lock
+_TEMP_TRIES = 100
+_serial = itertools.count()  # next() on it is atomic under the GIL
 
 T = TypeVar("T")
 
@@ -72,64 +75,136 @@ def io(what: str, step: Callable[[], T], *, certain_no_effect: bool = True) -> T
 
 
 def open_dir(name: str, dir_fd: int, *, create: bool) -> tuple[int, bool]:
-    """Open (creating if asked) the directory ``name`` under ``dir_fd``, refusing a link; (fd, created).
+    """Open (creating if asked and missing) the directory ``name`` under ``dir_fd``, refusing a link; (fd, created).
 
     Raises:
-        BackendUnavailable: a link or a file where the directory should be, or an I/O failure.
+        BackendUnavailable: a link or a file where the directory should be, or an I/O failure
+            (``__cause__`` is the `FileNotFoundError` when it is missing and ``create`` is false).
     """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     created = False
-    if create:
-        try:
-            os.mkdir(name, DIR_MODE, dir_fd=dir_fd)
-            created = True
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise failed(f"cannot create directory {name!r}", exc, certain_no_effect=True) from exc
     try:
-        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd), created
+        return os.open(name, flags, dir_fd=dir_fd), False
+    except FileNotFoundError as exc:
+        if not create:
+            raise failed(f"no directory {name!r}", exc, certain_no_effect=True) from exc
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise BackendUnavailable(
-                f"{name!r} is a symbolic link or not a directory: a fenced directory never follows one",
-                certain_no_effect=True) from exc
-        raise failed(f"cannot open directory {name!r}", exc, certain_no_effect=True) from exc
+        raise _not_a_directory(name, exc) from exc
+    try:
+        os.mkdir(name, DIR_MODE, dir_fd=dir_fd)
+        created = True
+    except FileExistsError:
+        pass  # another writer made it meanwhile
+    except OSError as exc:
+        raise failed(f"cannot create directory {name!r}", exc, certain_no_effect=True) from exc
+    try:
+        return os.open(name, flags, dir_fd=dir_fd), created
+    except OSError as exc:
+        raise _not_a_directory(name, exc) from exc
 
 
-@contextmanager
-def locked(dir_fd: int, *, exclusive: bool, wait_ms: int) -> Iterator[None]:
-    """Hold ``.stockade-lock`` in ``dir_fd`` with ``flock`` (shared or exclusive) for the block.
+def _not_a_directory(name: str, exc: OSError) -> BackendUnavailable:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return BackendUnavailable(
+            f"{name!r} is a symbolic link or not a directory: a fenced directory never follows one",
+            certain_no_effect=True)
+    return failed(f"cannot open directory {name!r}", exc, certain_no_effect=True)
+
+
+def flock(fd: int, *, exclusive: bool, wait_ms: int) -> None:
+    """Take ``flock`` on ``fd`` (shared or exclusive), waiting at most ``wait_ms``.
 
     ``flock`` locks belong to an open file description, so two threads of one
     process, each with its own descriptor, exclude each other like two
-    processes do. The wait is bounded: the lock is tried, then retried with
-    short sleeps until ``wait_ms`` passed.
+    processes do. The lock is tried, then retried with short sleeps until
+    ``wait_ms`` passed (a blocking ``flock`` has no deadline).
 
     Raises:
         BackendUnavailable: still held by another after ``wait_ms`` (nothing happened), or I/O failed.
     """
-    fd = io("cannot open the lock file", lambda: os.open(
+    operation = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    deadline = time.monotonic() + wait_ms / 1000
+    pause = 0.0001
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BackendUnavailable(
+                    f"the fence lock is still held after {wait_ms} ms", certain_no_effect=True) from None
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, _POLL_S_MAX)
+        except OSError as exc:
+            raise failed("cannot lock", exc, certain_no_effect=True) from exc
+
+
+def open_lock(dir_fd: int) -> int:
+    """Open (creating) ``.stockade-lock`` in ``dir_fd``."""
+    return io("cannot open the lock file", lambda: os.open(
         LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd))
+
+
+@contextmanager
+def locked(dir_fd: int, *, exclusive: bool, wait_ms: int) -> Iterator[None]:
+    """Hold ``.stockade-lock`` in ``dir_fd`` (see `flock`) for the block, with a descriptor of its own."""
+    fd = open_lock(dir_fd)
     try:
-        operation = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        deadline = time.monotonic() + wait_ms / 1000
-        pause = 0.0001
-        while True:
-            try:
-                fcntl.flock(fd, operation | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise BackendUnavailable(
-                        f"the fence lock is still held after {wait_ms} ms", certain_no_effect=True) from None
-                time.sleep(min(pause, remaining))
-                pause = min(pause * 2, _POLL_S_MAX)
-            except OSError as exc:
-                raise failed("cannot lock", exc, certain_no_effect=True) from exc
+        flock(fd, exclusive=exclusive, wait_ms=wait_ms)
         yield
     finally:
         os.close(fd)  # closing the last descriptor releases the lock
+
+
+class OpenScope:
+    """A scope's directory and lock file kept open by one `FencedDirectory` handle, for its batches.
+
+    Opening them for every batch costs four system calls; a handle keeps them
+    and checks with one ``stat`` that the name still leads to the same
+    directory (a restore may have replaced it). Threads of one handle share
+    the lock file's descriptor, on which ``flock`` does not exclude them, so a
+    thread lock comes first.
+    """
+
+    def __init__(self, root_fd: int, name: str) -> None:
+        self.name = name
+        self.fd, self.created = open_dir(name, root_fd, create=True)
+        try:
+            st = os.fstat(self.fd)
+            self.identity = (st.st_dev, st.st_ino)
+            self.lock_fd = open_lock(self.fd)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.threads = threading.Lock()
+        self.mark_cache: tuple[tuple[int, int, int, int], int | None] | None = None
+
+    def current(self, root_fd: int) -> bool:
+        """Whether ``name`` still leads to this directory."""
+        try:
+            st = os.stat(self.name, dir_fd=root_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
+
+    @contextmanager
+    def held(self, wait_ms: int) -> Iterator[None]:
+        """The scope's lock, across this handle's threads and every other descriptor (other processes)."""
+        if not self.threads.acquire(timeout=wait_ms / 1000):
+            raise BackendUnavailable(f"the fence lock is still held after {wait_ms} ms", certain_no_effect=True)
+        try:
+            flock(self.lock_fd, exclusive=True, wait_ms=wait_ms)
+            try:
+                yield
+            finally:
+                fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+        finally:
+            self.threads.release()
+
+    def close(self) -> None:
+        os.close(self.lock_fd)
+        os.close(self.fd)
 
 
 def read_small(name: str, dir_fd: int, bytes_max: int) -> bytes | None:
@@ -148,6 +223,11 @@ def read_small(name: str, dir_fd: int, bytes_max: int) -> bytes | None:
                                      certain_no_effect=True) from exc
         raise failed(f"cannot open {name!r}", exc, certain_no_effect=True) from exc
     try:
+        if bytes_max < 4096:  # a mark or the meta file: one read says all (a short read of a regular file is EOF)
+            data = os.read(fd, bytes_max + 1)
+            if len(data) > bytes_max:
+                raise BackendUnavailable(f"{name!r} is larger than {bytes_max} bytes", certain_no_effect=True)
+            return data
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -170,12 +250,19 @@ def write_temp(dir_fd: int, data: bytes) -> str:
     Raises:
         BackendUnavailable: disk full, read-only, no permission (nothing is left behind).
     """
-    name = f"{TMP_PREFIX}{secrets.token_hex(8)}"
-    try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE,
-                     dir_fd=dir_fd)
-    except OSError as exc:
-        raise failed("cannot create a temporary file", exc, certain_no_effect=True) from exc
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(_TEMP_TRIES):
+        # pid and a counter: unique among live writers; a dead writer's leftover with a reused pid is skipped.
+        name = f"{TMP_PREFIX}{os.getpid()}-{next(_serial)}"
+        try:
+            fd = os.open(name, flags, FILE_MODE, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise failed("cannot create a temporary file", exc, certain_no_effect=True) from exc
+    else:
+        raise BackendUnavailable("cannot find a free temporary file name", certain_no_effect=True)
     try:
         view = memoryview(data)
         while view:

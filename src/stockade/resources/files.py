@@ -4,7 +4,7 @@ Layout (every name is one path step; nothing resolves ``.``, ``..`` or a link)::
 
     root/
       .stockade-fence          cluster id and the default floor (JSON; replaced atomically)
-      .stockade-lock           flock: shared by every batch, exclusive by the floor
+      .stockade-lock           flock: one floor (or opening) at a time
       <scope>/                 one directory per scope (`validate_scope` refuses ``.`` and ``..``)
         .stockade-lock         flock: one batch of the scope at a time, across threads and processes
         .stockade-high-water   the scope's mark (decimal; replaced atomically)
@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,10 @@ __all__ = ["FencedDirectory", "FileBatch", "UNSIGNED", "FILE_BYTES_MAX_DEFAULT",
 FILE_BYTES_MAX_DEFAULT = VALUE_BYTES_CEILING  # 16 MiB: a file written or read in one piece
 LOCK_WAIT_MS_DEFAULT = 30_000
 LOCK_WAIT_MS_MAX = 300_000
+OPEN_SCOPES_MAX = 64  # scopes whose directory and lock a handle keeps open
 _KIND = "stockade-files"
 _VERSION = 1
-_META_BYTES_MAX = 4096
+_META_BYTES_MAX = 2048
 _MARK_BYTES_MAX = 32
 
 
@@ -183,6 +185,9 @@ class FencedDirectory:
         self.fence_rule: FenceRule = decide
         self._verification = Verification()
         self._verification.use_keys(keys, cluster)
+        self._meta_cache: tuple[tuple[int, int, int, int], dict[str, Any]] | None = None
+        self._open_scopes: dict[str, fio.OpenScope] = {}
+        self._scopes_lock = threading.Lock()
         self.path = Path(path)
         self.resource = f"files:{self.path}"
         fio.io(f"cannot create {self.path}", lambda: self.path.mkdir(mode=fio.DIR_MODE, parents=True, exist_ok=True))
@@ -264,14 +269,11 @@ class FencedDirectory:
         """
         checked = coerce_token(token)
         scope_name = _validate_scope(checked.scope if scope is None else scope)
-        with ExitStack() as stack:
-            stack.enter_context(fio.locked(self._root, exclusive=False, wait_ms=self.lock_wait_ms))
-            scope_fd, created = fio.open_dir(scope_name, self._root, create=True)
-            stack.callback(os.close, scope_fd)
-            if created:
-                fio.io("cannot sync the directory", lambda: fio.sync_dir(self._root))
-            stack.enter_context(fio.locked(scope_fd, exclusive=True, wait_ms=self.lock_wait_ms))
-            own = self._own_mark(scope_fd)
+        # The scope's directory exists before its lock is taken and the default floor read: the
+        # floor relies on it (see raise_high_waters).
+        opened = self._open_scope(scope_name)
+        with opened.held(self.lock_wait_ms):
+            own = self._cached_mark(opened)
             high_water = max(own or 0, self._default_floor())
             decision = check_write(
                 checked, scope=scope_name, cluster=self.cluster_id, high_water=high_water, fingerprint=None,
@@ -281,13 +283,57 @@ class FencedDirectory:
                 reject(decision, resource=self.resource, cluster=self.cluster_id, token=checked, scope=scope_name,
                        key=None)
             assert isinstance(decision, Accept)
-            batch = FileBatch(self, scope_name, scope_fd, decision.new_high_water, own)
+            batch = FileBatch(self, scope_name, opened.fd, decision.new_high_water, own)
             try:
                 yield batch
             except BaseException:
                 batch._discard()
                 raise
             batch._apply()
+
+    def _open_scope(self, scope: str) -> fio.OpenScope:
+        """The scope's directory and lock, kept open by this handle (reopened if the name moved)."""
+        with self._scopes_lock:
+            opened = self._open_scopes.get(scope)
+            if opened is not None and opened.current(self._root):
+                return opened
+            if opened is not None:
+                self._forget(scope)
+            if len(self._open_scopes) >= OPEN_SCOPES_MAX:
+                for name in list(self._open_scopes):  # close an idle one (one in use is left alone)
+                    if self._forget(name):
+                        break
+            opened = fio.OpenScope(self._root, scope)
+            if opened.created:
+                fio.io("cannot sync the directory", lambda: fio.sync_dir(self._root))
+            self._open_scopes[scope] = opened
+            return opened
+
+    def _forget(self, scope: str) -> bool:
+        opened = self._open_scopes[scope]
+        if not opened.threads.acquire(blocking=False):
+            return False
+        try:
+            del self._open_scopes[scope]
+            opened.close()
+        finally:
+            opened.threads.release()
+        return True
+
+    def _cached_mark(self, opened: fio.OpenScope) -> int | None:
+        # The mark is only ever replaced by a rename (a new inode), so its stat says whether it changed.
+        try:
+            st = os.stat(fio.MARK_NAME, dir_fd=opened.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise fio.failed("cannot stat a scope's mark", exc, certain_no_effect=True) from exc
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        if opened.mark_cache is not None and opened.mark_cache[0] == stamp:
+            return opened.mark_cache[1]
+        own = self._own_mark(opened.fd)
+        opened.mark_cache = (stamp, own)
+        return own
 
     # -- the marks and the floor (R4) -----------------------------------------------------------------
 
@@ -301,6 +347,21 @@ class FencedDirectory:
             raise BackendUnavailable(f"{self.path}: a scope's mark is unreadable: {raw!r}") from exc
 
     def _meta(self) -> dict[str, Any] | None:
+        # The file is only ever replaced by a rename (a new inode), so its stat says whether it changed.
+        try:
+            st = os.stat(fio.META_NAME, dir_fd=self._root, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise fio.failed("cannot stat the fence's file", exc, certain_no_effect=True) from exc
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        if self._meta_cache is not None and self._meta_cache[0] == stamp:
+            return self._meta_cache[1]
+        meta = self._read_meta()
+        self._meta_cache = None if meta is None else (stamp, meta)
+        return meta
+
+    def _read_meta(self) -> dict[str, Any] | None:
         raw = fio.read_small(fio.META_NAME, self._root, _META_BYTES_MAX)
         if raw is None:
             return None
@@ -324,10 +385,11 @@ class FencedDirectory:
         return int(meta["default_floor"])
 
     def _scopes(self) -> list[str]:
-        return sorted(
-            entry for entry in os.listdir(self._root)
-            if not entry.startswith(fio.RESERVED_PREFIX) and entry not in (".", "..")
-        )
+        with os.scandir(self._root) as entries:
+            return sorted(
+                entry.name for entry in entries
+                if not entry.name.startswith(fio.RESERVED_PREFIX) and entry.is_dir(follow_symlinks=False)
+            )
 
     def high_water(self, scope: str) -> int:
         """The scope's mark: its own, or the default floor if higher (0 if never written)."""
@@ -364,9 +426,15 @@ class FencedDirectory:
     def raise_high_waters(self, floors: Mapping[str, int] | FenceFloors, *, default: int = 0) -> dict[str, int]:
         """Raise marks to a floor (R4), never lower one; the named scopes' marks after.
 
-        Takes the directory's lock exclusively, so it waits for open batches
-        and no batch runs meanwhile. Each mark is replaced durably; a crash in
-        the middle leaves some raised, and running it again finishes the job.
+        Floors are serialised with one another by the directory's lock. A named
+        scope's mark is raised under that scope's lock (so it waits for an open
+        batch). The default floor is written to the fence's file, then every
+        scope's lock is taken once: a batch that read the old default floor
+        made its scope's directory before that read and holds the lock until
+        its last rename, so this returns only after such a batch ended, and
+        every later batch reads the new floor. Each mark is replaced durably;
+        a crash in the middle leaves some raised, and running it again
+        finishes the job.
 
         Args:
             floors: scope -> floor, or a `FenceFloors` (its ``default`` then joins ``default``).
@@ -383,22 +451,30 @@ class FencedDirectory:
         default = validate_int("default", default, 0, TOKEN_VALUE_MAX)
         with fio.locked(self._root, exclusive=True, wait_ms=self.lock_wait_ms):
             floor = max(self._default_floor(), default)
-            marks = {}
+            own_marks = {}
             for scope, value in sorted(checked.items()):
                 fd, created = fio.open_dir(scope, self._root, create=True)
                 try:
                     if created:
                         fio.io("cannot sync the directory", lambda: fio.sync_dir(self._root))
-                    own = self._own_mark(fd)
-                    if own is None or value > own:
-                        fio.replace_durably(fd, fio.MARK_NAME, b"%d\n" % value)
-                        own = value
+                    with fio.locked(fd, exclusive=True, wait_ms=self.lock_wait_ms):
+                        own = self._own_mark(fd)
+                        if own is None or value > own:
+                            fio.replace_durably(fd, fio.MARK_NAME, b"%d\n" % value)
+                            own = value
                 finally:
                     os.close(fd)
-                marks[scope] = max(own, floor)
+                own_marks[scope] = own
             if floor > self._default_floor():
                 self._write_meta(floor)
-        return marks
+                for scope in self._scopes():  # the barrier: wait out every batch that read the old floor
+                    fd, _ = fio.open_dir(scope, self._root, create=False)
+                    try:
+                        with fio.locked(fd, exclusive=True, wait_ms=self.lock_wait_ms):
+                            pass
+                    finally:
+                        os.close(fd)
+        return {scope: max(own, floor) for scope, own in own_marks.items()}
 
     def clean(self) -> int:
         """Remove temporary files left by killed writers, in every scope not busy now; how many."""
@@ -415,6 +491,10 @@ class FencedDirectory:
         return removed
 
     def close(self) -> None:
+        with self._scopes_lock:
+            for opened in self._open_scopes.values():
+                opened.close()
+            self._open_scopes.clear()
         os.close(self._root)
 
     def __enter__(self) -> FencedDirectory:
