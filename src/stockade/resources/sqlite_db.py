@@ -65,9 +65,12 @@ _SCHEMA = (
     " high_water INTEGER NOT NULL CHECK (high_water >= 0))",
 )
 
+# One statement reads the mark and the connection's settings: each statement costs ~10-20 µs.
 _READ = (
     "SELECT f.cluster_id, f.default_floor, f.schema_version,"
-    " (SELECT high_water FROM stockade_high_water WHERE scope = ?) FROM stockade_fence AS f"
+    " (SELECT high_water FROM stockade_high_water WHERE scope = ?),"
+    " (SELECT journal_mode FROM pragma_journal_mode), (SELECT synchronous FROM pragma_synchronous)"
+    " FROM stockade_fence AS f"
 )
 _RAISE = (
     "INSERT INTO stockade_high_water (scope, high_water) VALUES (?, ?)"
@@ -129,16 +132,13 @@ def _verification(keys: object, cluster_id: str) -> Verification:
 # -- the transaction -----------------------------------------------------------------------------
 
 
-def _check_settings(conn: sqlite3.Connection, durable: bool) -> None:
-    (journal,) = conn.execute("PRAGMA journal_mode").fetchone()
+def _check_settings(journal: object, synchronous: object, durable: bool) -> None:
     if str(journal).lower() not in _JOURNALS:
         raise InvalidArgument("conn", f"journal_mode={journal} cannot roll back after a crash; use WAL or DELETE")
-    if durable:
-        (synchronous,) = conn.execute("PRAGMA synchronous").fetchone()
-        if synchronous < _SYNCHRONOUS_FULL:
-            raise InvalidArgument(
-                "conn", f"PRAGMA synchronous={synchronous}: a commit is durable only with synchronous=FULL "
-                        "(set it, or pass durable=False to accept losing the last commits on power loss)")
+    if durable and not (isinstance(synchronous, int) and synchronous >= _SYNCHRONOUS_FULL):
+        raise InvalidArgument(
+            "conn", f"PRAGMA synchronous={synchronous}: a commit is durable only with synchronous=FULL "
+                    "(set it, or pass durable=False to accept losing the last commits on power loss)")
 
 
 def _begin(conn: sqlite3.Connection) -> None:
@@ -184,7 +184,10 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 class _Admission:
     """What one fenced transaction checks with: the cluster, the keys, the rule, the resource's name."""
 
-    def __init__(self, cluster_id: str, verification: Verification, rule: FenceRule, resource: str) -> None:
+    def __init__(
+        self, cluster_id: str, verification: Verification, rule: FenceRule, resource: str, durable: bool = True
+    ) -> None:
+        self.durable = durable
         self.cluster_id = cluster_id
         self.verification = verification
         self.rule = rule
@@ -201,7 +204,8 @@ class _Admission:
         row = execute(_READ, (scope,)).fetchone()
         if row is None:
             raise InvalidArgument("conn", "the database has no fence: call install(conn, cluster_id=...) first")
-        cluster, default_floor, version, own = row
+        cluster, default_floor, version, own, journal, synchronous = row
+        _check_settings(journal, synchronous, self.durable)
         if cluster != self.cluster_id:
             raise InvalidArgument("keys", f"the database is fenced for cluster {cluster}, not {self.cluster_id}")
         if version != SCHEMA_VERSION:
@@ -212,7 +216,8 @@ class _Admission:
             rule=self.rule, forged=self.verification.forged(token),
         )
         if isinstance(decision, Reject):
-            reject(decision, resource=self.resource, cluster=self.cluster_id, token=token, scope=scope, key=None)
+            resource = self.resource or _resource_name(execute)
+            reject(decision, resource=resource, cluster=self.cluster_id, token=token, scope=scope, key=None)
         assert isinstance(decision, Accept)
         if own is None or decision.new_high_water > own:
             execute(_RAISE, (scope, decision.new_high_water))
@@ -231,7 +236,7 @@ def _fenced_sqlite3(
     checked, scope_name = _arguments(token, scope)
     if not isinstance(conn, sqlite3.Connection):
         raise InvalidArgument("conn", f"must be a sqlite3.Connection, got {type(conn).__name__}")
-    _check_settings(conn, durable)
+    admission.durable = durable
     with _transaction(conn):
         admission.admit(conn.execute, checked, scope_name)
         yield conn
@@ -264,15 +269,15 @@ def fenced(
         BackendUnavailable: SQLite failed (busy past its timeout, disk full, read-only).
     """
     cluster = _cluster_of(keys, cluster_id)
-    admission = _Admission(cluster, _verification(keys, cluster), decide, _resource_name(conn))
+    admission = _Admission(cluster, _verification(keys, cluster), decide, "")  # named when it rejects
     return _fenced_sqlite3(conn, token, scope, admission, durable)
 
 
-def _resource_name(conn: Any) -> str:
+def _resource_name(execute: Any) -> str:
     try:
-        row = conn.execute("PRAGMA database_list").fetchone()
+        row = execute("PRAGMA database_list").fetchone()
         return f"sqlite-db:{row[2] or ':memory:'}"
-    except (sqlite3.Error, AttributeError, TypeError):
+    except Exception:  # noqa: BLE001 - only a name for the log; the rejection itself must go on
         return "sqlite-db"
 
 
@@ -304,8 +309,7 @@ def _fenced_sqlalchemy(
         driver = connection.connection.driver_connection
         if not isinstance(driver, sqlite3.Connection):
             raise InvalidArgument("session_or_connection", "needs the pysqlite driver (sqlite3)")
-        admission.resource = _resource_name(driver)
-        _check_settings(driver, durable)
+        admission.durable = durable
         _begin(driver)
         try:
             admission.admit(connection.exec_driver_sql, checked, scope_name)
@@ -338,7 +342,7 @@ def fenced_sqlalchemy(
     transaction that the block's end commits. Arguments and errors as `fenced`.
     """
     cluster = _cluster_of(keys, cluster_id)
-    admission = _Admission(cluster, _verification(keys, cluster), decide, "sqlite-db")
+    admission = _Admission(cluster, _verification(keys, cluster), decide, "")  # named when it rejects
     return _fenced_sqlalchemy(session_or_connection, token, scope, admission, durable)
 
 
