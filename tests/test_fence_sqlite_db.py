@@ -20,6 +20,7 @@ import pytest
 from helpers.fence_files import paused_rounds
 from helpers.fence_sqlite_db import UPSERT, USER_TABLE, user_database
 
+import stockade
 from stockade.core.errors import InvalidArgument, StaleToken
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -166,3 +167,18 @@ def test_sqlalchemy_session_and_connection(db: Path) -> None:
     finally:
         engine.dispose()
     assert rows(db) == [("a", "j", b"\x02"), ("a", "k", b"\x01")]
+
+
+@pytest.mark.parametrize("doc", ["fence-sqlite.md", "fence-files.md"])
+def test_the_docs_snippets_run(tmp_path: Path, doc: str) -> None:
+    """The usage snippets of docs/fence-*.md, run in order in one namespace, with their paths in tmp_path."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / doc).read_text()
+    namespace: dict[str, object] = {}
+    for snippet in re.findall(r"```python\n(.*?)```", text, re.DOTALL):
+        exec(compile(snippet.replace("/var/lib/app", str(tmp_path)), doc, "exec"), namespace)  # noqa: S102
+    for value in namespace.values():
+        close = getattr(value, "close", None)
+        if isinstance(value, (SQLiteFence, sqlite3.Connection, stockade.Coordinator)) and callable(close):
+            close()

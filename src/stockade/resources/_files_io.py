@@ -34,6 +34,8 @@ DIR_MODE = 0o700
 _POLL_S_MAX = 0.002  # the longest sleep between two tries of a busy lock
 _TEMP_TRIES = 100
 _serial = itertools.count()  # next() on it is atomic under the GIL
+_pid = [os.getpid()]  # a system call saved per write; a forked child learns its own
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 T = TypeVar("T")
 
@@ -253,7 +255,7 @@ def write_temp(dir_fd: int, data: bytes) -> str:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(_TEMP_TRIES):
         # pid and a counter: unique among live writers; a dead writer's leftover with a reused pid is skipped.
-        name = f"{TMP_PREFIX}{os.getpid()}-{next(_serial)}"
+        name = f"{TMP_PREFIX}{_pid[0]}-{next(_serial)}"
         try:
             fd = os.open(name, flags, FILE_MODE, dir_fd=dir_fd)
             break
