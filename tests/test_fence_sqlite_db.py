@@ -182,3 +182,15 @@ def test_the_docs_snippets_run(tmp_path: Path, doc: str) -> None:
         close = getattr(value, "close", None)
         if isinstance(value, (SQLiteFence, sqlite3.Connection, stockade.Coordinator)) and callable(close):
             close()
+
+
+def test_the_users_own_errors_pass_through_and_roll_back(db: Path) -> None:
+    conn = sqlite3.connect(str(db), isolation_level=None)
+    with pytest.raises(sqlite3.IntegrityError):
+        with fenced(conn, tok(4), keys=KEYS):
+            conn.execute(UPSERT, ("a", "k", b"v"))
+            conn.execute("INSERT INTO user_data VALUES ('a', 'k', x'00')")  # the user's constraint
+    conn.close()
+    assert rows(db) == []
+    with SQLiteFence(db, keys=KEYS) as fence:
+        assert fence.high_waters() == {}

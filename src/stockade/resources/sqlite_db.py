@@ -97,7 +97,7 @@ def install(conn: sqlite3.Connection, *, cluster_id: str) -> None:
     """
     if not isinstance(cluster_id, str) or not cluster_id:
         raise InvalidArgument("cluster_id", "must be the coordinator's cluster id")
-    with _transaction(conn):
+    with _transaction(conn), _ours("cannot install the fence"):
         for statement in _SCHEMA:
             conn.execute(statement)
         row = conn.execute("SELECT cluster_id, schema_version FROM stockade_fence").fetchone()
@@ -162,13 +162,21 @@ def _rollback(conn: sqlite3.Connection) -> bool:
 
 
 @contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolled back on any exception (SQLite errors become typed)."""
-    _begin(conn)
+def _ours(what: str) -> Iterator[None]:
+    """Translate a failure of the fence's own statements (the caller rolls back); the user's pass unchanged."""
     try:
         yield
     except sqlite3.Error as exc:
-        raise BackendUnavailable(f"database write failed: {exc}", certain_no_effect=_rollback(conn)) from exc
+        raise BackendUnavailable(f"{what}: {exc}", certain_no_effect=True) from exc
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolled back on any exception, which propagates unchanged
+    (the block's own statements are the user's: an IntegrityError stays one)."""
+    _begin(conn)
+    try:
+        yield
     except BaseException:
         _rollback(conn)
         raise
@@ -238,7 +246,8 @@ def _fenced_sqlite3(
         raise InvalidArgument("conn", f"must be a sqlite3.Connection, got {type(conn).__name__}")
     admission.durable = durable
     with _transaction(conn):
-        admission.admit(conn.execute, checked, scope_name)
+        with _ours("cannot read the fence"):
+            admission.admit(conn.execute, checked, scope_name)
         yield conn
 
 
@@ -293,6 +302,7 @@ def _fenced_sqlalchemy(
     sent explicitly on its DBAPI connection before any statement; SQLAlchemy's COMMIT/ROLLBACK end it."""
     try:
         from sqlalchemy.engine import Connection
+        from sqlalchemy.exc import DBAPIError
         from sqlalchemy.orm import Session
     except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
         raise ImportError("fenced_sqlalchemy needs SQLAlchemy: pip install 'stockade[sqlalchemy]'") from exc
@@ -301,11 +311,13 @@ def _fenced_sqlalchemy(
         raise InvalidArgument("session_or_connection", f"must be a Session or Connection, not {type(target).__name__}")
     if target.in_transaction():
         raise InvalidArgument("session_or_connection", "already inside a transaction: commit or roll it back first")
+    if isinstance(target, Connection) and target.dialect.name != "sqlite":
+        raise InvalidArgument("session_or_connection", f"is a {target.dialect.name} connection, not SQLite")
     connection: Connection = target.connection() if isinstance(target, Session) else target
-    if connection.dialect.name != "sqlite":
-        raise InvalidArgument("session_or_connection", f"is a {connection.dialect.name} connection, not SQLite")
     transaction = None if isinstance(target, Session) else connection.begin()
     try:
+        if connection.dialect.name != "sqlite":
+            raise InvalidArgument("session_or_connection", f"is a {connection.dialect.name} connection, not SQLite")
         driver = connection.connection.driver_connection
         if not isinstance(driver, sqlite3.Connection):
             raise InvalidArgument("session_or_connection", "needs the pysqlite driver (sqlite3)")
@@ -313,8 +325,8 @@ def _fenced_sqlalchemy(
         _begin(driver)
         try:
             admission.admit(connection.exec_driver_sql, checked, scope_name)
-        except sqlite3.Error as exc:
-            raise BackendUnavailable(f"database write failed: {exc}", certain_no_effect=True) from exc
+        except (sqlite3.Error, DBAPIError) as exc:
+            raise BackendUnavailable(f"cannot read the fence: {exc}", certain_no_effect=True) from exc
         yield target
         if not driver.in_transaction and not isinstance(target, Session):
             raise InvalidArgument("session_or_connection", "the block ended the fenced transaction itself")
@@ -447,7 +459,7 @@ class SQLiteFence:
             floors = floors.floors
         checked = check_floors(floors)
         default = validate_int("default", default, 0, TOKEN_VALUE_MAX)
-        with _transaction(self._conn):
+        with _transaction(self._conn), _ours("cannot raise the marks"):
             self._conn.execute("UPDATE stockade_fence SET default_floor = max(default_floor, ?)", (default,))
             self._conn.executemany(_RAISE, sorted(checked.items()))
             (floor,) = self._conn.execute("SELECT default_floor FROM stockade_fence").fetchone()
