@@ -183,3 +183,18 @@ def test_a_full_disk_is_a_typed_error_and_leaves_the_old_file(tmp_path: Path, ke
             assert sorted(os.listdir(mount / "d" / "a")) == [".stockade-high-water", ".stockade-lock", "f"]
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_remembered_token_never_vouches_for_another_mac(tmp_path: Path, keys: KeyFile) -> None:
+    """A handle remembers tokens that passed; a token differing only in its MAC (or value) is checked afresh."""
+    from stockade.core.errors import TokenMismatch
+
+    with FencedDirectory(tmp_path / "d", keys=keys) as directory:
+        good = tok(keys, 5)
+        directory.write("f", b"good", good)
+        directory.write("f", b"good", good.encode())
+        forged = FencingToken(CLUSTER, "a", 5, good.kid, good.mac[:-1] + ("A" if good.mac[-1] != "A" else "B"))
+        for bad in (forged, forged.encode(), FencingToken(CLUSTER, "a", 6, good.kid, good.mac)):
+            with pytest.raises(TokenMismatch):
+                directory.write("f", b"evil", bad)
+        assert directory.read("f", scope="a") == b"good" and directory.high_water("a") == 5

@@ -190,19 +190,34 @@ class OpenScope:
             return False
         return (st.st_dev, st.st_ino) == self.identity
 
-    @contextmanager
-    def held(self, wait_ms: int) -> Iterator[None]:
-        """The scope's lock, across this handle's threads and every other descriptor (other processes)."""
+    def acquire(self, wait_ms: int) -> None:
+        """Take the scope's lock, across this handle's threads and every other descriptor (other processes).
+
+        Raises:
+            BackendUnavailable: not free within ``wait_ms`` (nothing held).
+        """
         if not self.threads.acquire(timeout=wait_ms / 1000):
             raise BackendUnavailable(f"the fence lock is still held after {wait_ms} ms", certain_no_effect=True)
         try:
             flock(self.lock_fd, exclusive=True, wait_ms=wait_ms)
-            try:
-                yield
-            finally:
-                fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+        except BaseException:
+            self.threads.release()
+            raise
+
+    def release(self) -> None:
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
         finally:
             self.threads.release()
+
+    @contextmanager
+    def held(self, wait_ms: int) -> Iterator[None]:
+        """`acquire` ... `release` around the block."""
+        self.acquire(wait_ms)
+        try:
+            yield
+        finally:
+            self.release()
 
     def close(self) -> None:
         os.close(self.lock_fd)
