@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from helpers.fence_files import make_files_harness
-from helpers.fence_sqlite_db import make_sqlite_db_harness
+from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
 from helpers.fence_store import make_memory_harness
 
 import stockade.testing.conformance.fence as suite
@@ -25,10 +25,9 @@ Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 
 TARGETS: dict[str, Factory] = {
     "store-memory": lambda tmp_path, cluster_id, keys, mutant: make_memory_harness(cluster_id, keys, mutant),
-    "sqlite-db": lambda tmp_path, cluster_id, keys, mutant: make_sqlite_db_harness(tmp_path, cluster_id, keys, mutant),
-    "sqlite-db-sqlalchemy": lambda tmp_path, cluster_id, keys, mutant: make_sqlite_db_harness(
-        tmp_path, cluster_id, keys, mutant, sqlalchemy=True),
-    "files": lambda tmp_path, cluster_id, keys, mutant: make_files_harness(tmp_path, cluster_id, keys, mutant),
+    "sqlite-db": make_sqlite_db_harness,
+    "sqlite-db-sqlalchemy": make_sqlite_db_sqlalchemy_harness,
+    "files": make_files_harness,
 }
 
 

@@ -20,9 +20,11 @@ import pytest
 from helpers.fence_sqlite_db import UPSERT, user_database
 
 import stockade
-from stockade.core.errors import StaleToken
+from stockade.core.errors import InvalidArgument, StaleToken
 from stockade.resources.files import FencedDirectory
+from stockade.resources.files import open_floor_target as open_files_floor
 from stockade.resources.sqlite_db import SQLiteFence
+from stockade.resources.sqlite_db import open_floor_target as open_sqlite_floor
 
 SCOPE = "orders"
 OLD_TOKENS = 20  # tokens issued after the backup was taken and before the restore; the issue asks for >= 20
@@ -57,8 +59,8 @@ class SQLiteTarget:
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
         shutil.copyfile(self.copy, self.path)
 
-    def floor(self) -> dict[str, int]:
-        with self.open() as fence:
+    def floor(self) -> dict[str, int]:  # as `stockade floor sqlite:///...` opens it: by url, no keys
+        with open_sqlite_floor(f"sqlite://{self.path}", cluster_id=self.coord.cluster_id) as fence:
             return fence.raise_high_waters(self.coord.fence_floors())
 
 
@@ -80,8 +82,8 @@ class FilesTarget:
         shutil.rmtree(self.path)
         shutil.copytree(self.copy, self.path, symlinks=True)
 
-    def floor(self) -> dict[str, int]:
-        with self.open() as directory:
+    def floor(self) -> dict[str, int]:  # as `stockade floor file:///...` opens it: by url, no keys
+        with open_files_floor(f"file://{self.path}", cluster_id=self.coord.cluster_id) as directory:
             return directory.raise_high_waters(self.coord.fence_floors())
 
 
@@ -119,3 +121,17 @@ def test_a_restored_backup_accepts_old_tokens_until_the_floor_then_none(tmp_path
         assert accepted(target, [first, *old]) == 0, f"old tokens accepted after the floor (of {OLD_TOKENS + 1})"
         fresh = issue(coord)
         target.write(fresh, b"new")  # a new lease writes as usual
+
+
+def test_the_floor_never_creates_a_resource_and_refuses_another_cluster(tmp_path: Path) -> None:
+    for opener, url in ((open_sqlite_floor, f"sqlite://{tmp_path}/missing.db"),
+                        (open_files_floor, f"file://{tmp_path}/missing")):
+        with pytest.raises(InvalidArgument):
+            opener(url, cluster_id="feedfacefeedface")
+    user_database(tmp_path / "user.db")
+    open_sqlite_floor(f"sqlite://{tmp_path}/user.db", cluster_id="feedfacefeedface").close()
+    FencedDirectory(tmp_path / "files", keys="unsigned", cluster_id="feedfacefeedface").close()
+    for opener, url in ((open_sqlite_floor, f"sqlite://{tmp_path}/user.db"), (open_files_floor, f"file://{tmp_path}/files")):
+        with pytest.raises(InvalidArgument, match="cluster"):
+            opener(url, cluster_id="0000000000000001")
+    assert not (tmp_path / "missing.db").exists() and not (tmp_path / "missing").exists()

@@ -175,6 +175,14 @@ class SQLiteDbHarness:
 
 def make_sqlite_db_harness(path: Path, cluster_id: str, keys: FixedKeys, mutant: str | None,
                            *, sqlalchemy: bool = False) -> SQLiteDbHarness:
+    """The suite's factory: a fresh user database under ``path`` (stdlib sqlite3)."""
     database = path / "user.db"
     user_database(database)
     return SQLiteDbHarness(database, cluster_id, keys, mutant, sqlalchemy)
+
+
+def make_sqlite_db_sqlalchemy_harness(
+    path: Path, cluster_id: str, keys: FixedKeys, mutant: str | None
+) -> SQLiteDbHarness:
+    """The same through SQLAlchemy sessions."""
+    return make_sqlite_db_harness(path, cluster_id, keys, mutant, sqlalchemy=True)

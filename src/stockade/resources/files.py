@@ -48,7 +48,8 @@ from stockade.resources._inputs import check_floors
 from stockade.resources._observe import reject
 from stockade.resources._verify import UNSIGNED, Verification
 
-__all__ = ["FencedDirectory", "FileBatch", "UNSIGNED", "FILE_BYTES_MAX_DEFAULT", "LOCK_WAIT_MS_DEFAULT"]
+__all__ = ["FencedDirectory", "FileBatch", "open_floor_target", "UNSIGNED", "FILE_BYTES_MAX_DEFAULT",
+           "LOCK_WAIT_MS_DEFAULT"]
 
 FILE_BYTES_MAX_DEFAULT = VALUE_BYTES_CEILING  # 16 MiB: a file written or read in one piece
 LOCK_WAIT_MS_DEFAULT = 30_000
@@ -538,3 +539,21 @@ class FencedDirectory:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def open_floor_target(url: str, *, cluster_id: str) -> FencedDirectory:
+    """``file:///dir``, a fenced directory, opened for the floor (``stockade floor``; R4).
+
+    The floor verifies no token, so no keys are needed. A missing directory is
+    refused, never created: a typo must not make an empty resource that looks floored.
+
+    Raises:
+        InvalidArgument: no path, no directory there, or a directory fenced for another cluster.
+        BackendUnavailable: the directory cannot be opened.
+    """
+    path = url.partition("://")[2] if isinstance(url, str) else ""
+    if not path or "\x00" in path:
+        raise InvalidArgument("resource", "file url needs a directory: file:///path/to/dir")
+    if not Path(path).is_dir():
+        raise InvalidArgument("resource", f"no directory at {path} (a floor never creates a resource)")
+    return FencedDirectory(path, keys=UNSIGNED, cluster_id=cluster_id)

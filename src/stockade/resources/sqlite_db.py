@@ -50,7 +50,7 @@ from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_
 from stockade.resources._observe import reject
 from stockade.resources._verify import UNSIGNED, Verification
 
-__all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "UNSIGNED", "SCHEMA_VERSION"]
+__all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 
@@ -478,3 +478,22 @@ class SQLiteFence:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def open_floor_target(url: str, *, cluster_id: str) -> SQLiteFence:
+    """``sqlite:///path`` of a user's database, opened for the floor (``stockade floor``; R4).
+
+    The floor verifies no token, so no keys are needed. A database without the
+    fence (restored from before `install`) gets it; a missing file is refused,
+    never created: a typo must not make an empty resource that looks floored.
+
+    Raises:
+        InvalidArgument: no path, no file there, or a database fenced for another cluster.
+        BackendUnavailable: the file cannot be opened.
+    """
+    path = url.partition("://")[2] if isinstance(url, str) else ""
+    if not path or "\x00" in path:
+        raise InvalidArgument("resource", "sqlite url needs a file path: sqlite:///path/to/app.db")
+    if not Path(path).is_file():
+        raise InvalidArgument("resource", f"no SQLite file at {path} (a floor never creates a resource)")
+    return SQLiteFence(path, keys=UNSIGNED, cluster_id=cluster_id)
