@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.fence_files import make_files_harness
+from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
 from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 
 import stockade.testing.conformance.fence as suite
@@ -24,6 +26,9 @@ Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 TARGETS: dict[str, Factory] = {
     "store-memory": lambda tmp_path, cluster_id, keys, mutant: make_memory_harness(cluster_id, keys, mutant),
     "store-sqlite": make_sqlite_store_harness,
+    "sqlite-db": make_sqlite_db_harness,
+    "sqlite-db-sqlalchemy": make_sqlite_db_sqlalchemy_harness,
+    "files": make_files_harness,
 }
 
 
