@@ -47,7 +47,7 @@ class FloorTarget(Protocol):
     """What `raise_to_floors` needs of a resource: read its marks, raise them (R4), close."""
 
     def high_waters(self) -> dict[str, int]:
-        """Every scope's own mark (scopes without one are at the resource's default floor)."""
+        """Every scope's mark that the resource knows of (its own, or the default floor if higher)."""
         ...
 
     def raise_high_waters(self, floors: Mapping[str, int] | FenceFloors, *, default: int = 0) -> dict[str, int]:
