@@ -1,0 +1,237 @@
+"""The SQL text of the PostgreSQL fence adapter (`stockade.resources.postgres`).
+
+Kept apart from the Python so the whole server side can be read in one place:
+the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
+``stockade.fence(token, scope)`` and the trigger function of protected tables.
+
+``stockade.fence`` is the one statement a fenced transaction runs. In order:
+
+    0. parse the token (stk2 signed, stk1 unsigned)        -> SQLSTATE 22023 if malformed
+    1. verify its MAC with the keys in stockade.keys       -> reject "forged" (nothing else looked at)
+    2. cluster, then scope                                 -> reject "wrong-cluster" / "wrong-scope"
+    3. lock the scope's mark row (FOR SHARE when the token
+       equals the mark, FOR UPDATE when it would raise it)
+    4. token < max(mark, default floor)                    -> reject "stale"
+    5. raise the mark, remember the token in the
+       transaction-local setting stockade.tokens           -> return the mark
+
+A rejection is ``RAISE`` with SQLSTATE `REJECT_SQLSTATE` and a detail
+``reason=<r> high_water=<n> cluster=<c> detail=<d>`` that the Python side
+parses back into `stockade.core.fence.Reject`.
+
+Both row-lock modes conflict with the UPDATE that raises a mark, so a higher
+token's transaction waits until every open transaction admitted under the
+current mark has ended (R6), while holders of the same token share the row
+(no false waits, S19). The floor (`FLOOR_LOCK_KEY`) is a transaction-scoped
+advisory lock: each check holds it shared, `raise_high_waters` takes it
+exclusively, so a floor is never raised between a check and its commit.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
+    "STALE_WHEN", "fence_function", "guard_function",
+]
+
+#: The schema version `install` migrates to.
+SCHEMA_VERSION = 1
+#: SQLSTATE of a fence rejection (class "SK": stockade's own).
+REJECT_SQLSTATE = "SKF01"
+#: SQLSTATE of a write to a protected table in a transaction that passed no fence for its scope.
+NO_TOKEN_SQLSTATE = "SKF02"
+#: Advisory lock keys (bigint): one serialises installs, one orders checks against floors.
+INSTALL_LOCK_KEY = 0x73746B6400000001
+FLOOR_LOCK_KEY = 0x73746B6400000002
+
+#: Migration n (1-based) takes the schema from version n-1 to n. Never edit one that shipped: add one.
+MIGRATIONS = (
+    """
+    CREATE TABLE stockade.version (
+        id int PRIMARY KEY CHECK (id = 1),
+        version int NOT NULL
+    );
+    CREATE TABLE stockade.settings (
+        id int PRIMARY KEY CHECK (id = 1),
+        cluster_id text NOT NULL CHECK (cluster_id ~ '^[0-9a-f]{16}$'),
+        verify_macs boolean NOT NULL,
+        default_floor bigint NOT NULL DEFAULT 0 CHECK (default_floor >= 0)
+    );
+    CREATE TABLE stockade.high_water (
+        scope text PRIMARY KEY,
+        high_water bigint NOT NULL CHECK (high_water >= 0)
+    );
+    CREATE TABLE stockade.keys (
+        kid text PRIMARY KEY CHECK (kid ~ '^[0-9a-f]{8}$'),
+        secret bytea NOT NULL CHECK (length(secret) = 32),
+        verify_until_s bigint
+    );
+    CREATE TABLE stockade.protected (
+        relation regclass PRIMARY KEY,
+        scope text NOT NULL
+    );
+    REVOKE ALL ON ALL TABLES IN SCHEMA stockade FROM PUBLIC;
+    GRANT USAGE ON SCHEMA stockade TO PUBLIC;
+    """,
+)
+
+#: The private seam of the controls: the SQL condition under which a token is stale, on
+#: ``v_value`` (the token's) and ``v_mark`` (the effective mark). `decide`'s rule is "<".
+STALE_WHEN = {
+    "decide": "v_value < v_mark",
+    "strict-greater": "v_value <= v_mark",
+    "fencing-off": "false",
+}
+
+_FENCE = r"""
+CREATE OR REPLACE FUNCTION stockade.fence(token text, scope text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fence$
+DECLARE
+    v_parts text[];
+    v_cluster text;
+    v_value bigint;
+    v_kid text := '';
+    v_mac text := '';
+    v_scope text;
+    v_settings stockade.settings%ROWTYPE;
+    v_key stockade.keys%ROWTYPE;
+    v_message bytea;
+    v_expected text;
+    v_forged text;
+    v_own bigint;
+    v_mark bigint;
+    v_tokens jsonb;
+BEGIN
+    IF token IS NULL OR scope IS NULL OR scope !~ '^[A-Za-z0-9._:-]{1,200}$' OR scope IN ('.', '..') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: bad scope or no token';
+    END IF;
+    IF token LIKE 'stk2.%' THEN
+        v_parts := regexp_match(token,
+            '^stk2\.([0-9a-f]{16})\.([1-9][0-9]{0,18})\.([0-9a-f]{8})\.([A-Za-z0-9_-]{22})\.(.+)$');
+        v_kid := v_parts[3];
+        v_mac := v_parts[4];
+        v_scope := v_parts[5];
+    ELSE
+        v_parts := regexp_match(token, '^stk1\.([0-9a-f]{16})\.([1-9][0-9]{0,18})\.(.+)$');
+        v_scope := v_parts[3];
+    END IF;
+    IF v_parts IS NULL OR v_parts[2]::numeric > 9223372036854775807
+       OR v_scope !~ '^[A-Za-z0-9._:-]{1,200}$' OR v_scope IN ('.', '..') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: malformed token';
+    END IF;
+    v_cluster := v_parts[1];
+    v_value := v_parts[2]::bigint;
+    SELECT * INTO STRICT v_settings FROM stockade.settings WHERE id = 1;
+
+    -- 1. the MAC, before anything else is looked at (P3)
+    IF v_settings.verify_macs THEN
+        IF v_mac = '' THEN
+            v_forged := 'unsigned';
+        ELSE
+            SELECT * INTO v_key FROM stockade.keys k WHERE k.kid = v_kid;
+            IF NOT FOUND THEN
+                v_forged := 'unknown-key';
+            ELSIF v_key.verify_until_s IS NOT NULL
+                  AND extract(epoch FROM clock_timestamp()) >= v_key.verify_until_s THEN
+                v_forged := 'retired-key';
+            ELSE
+                v_message := convert_to('stk2', 'UTF8') || '\x00'::bytea || convert_to(v_kid, 'UTF8')
+                    || '\x00'::bytea || convert_to(v_cluster, 'UTF8') || '\x00'::bytea
+                    || convert_to(v_parts[2], 'UTF8') || '\x00'::bytea || convert_to(v_scope, 'UTF8');
+                v_expected := rtrim(translate(encode(substring(
+                    @PGCRYPTO@.hmac(v_message, v_key.secret, 'sha256') FROM 1 FOR 16), 'base64'), '+/', '-_'), '=');
+                IF v_expected IS DISTINCT FROM v_mac THEN
+                    v_forged := 'bad-mac';
+                END IF;
+            END IF;
+        END IF;
+        IF v_forged IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (forged)',
+                DETAIL = format('reason=forged high_water=0 cluster=%s detail=%s', v_settings.cluster_id, v_forged);
+        END IF;
+    END IF;
+
+    -- 2. R2: the cluster, then the scope
+    IF v_cluster <> v_settings.cluster_id OR v_scope <> scope THEN
+        RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (R2)',
+            DETAIL = format('reason=%s high_water=0 cluster=%s detail=',
+                            CASE WHEN v_cluster <> v_settings.cluster_id THEN 'wrong-cluster' ELSE 'wrong-scope' END,
+                            v_settings.cluster_id);
+    END IF;
+
+    -- 3. the mark, locked until the transaction ends; the floor cannot move meanwhile
+    PERFORM pg_advisory_xact_lock_shared(@FLOOR_KEY@);
+    SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
+    IF NOT FOUND THEN
+        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
+        v_own := 0;
+    END IF;
+    v_mark := greatest(v_own, (SELECT s.default_floor FROM stockade.settings s WHERE s.id = 1));
+    IF v_value > v_mark THEN
+        SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR UPDATE;
+    ELSE
+        SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
+    END IF;
+    v_mark := greatest(v_own, (SELECT s.default_floor FROM stockade.settings s WHERE s.id = 1));
+
+    -- 4. R1
+    IF @STALE_WHEN@ THEN
+        RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (stale)',
+            DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_settings.cluster_id);
+    END IF;
+
+    -- 5. raise the mark (only when it moves: an equal token writes no new row version)
+    IF v_value > v_own THEN
+        UPDATE stockade.high_water h SET high_water = v_value WHERE h.scope = fence.scope;
+    END IF;
+    v_tokens := coalesce(nullif(current_setting('stockade.tokens', true), ''), '{}')::jsonb;
+    IF v_tokens ->> scope IS DISTINCT FROM token THEN
+        PERFORM set_config('stockade.tokens', (v_tokens || jsonb_build_object(scope, token))::text, true);
+    END IF;
+    RETURN greatest(v_value, v_mark);
+END
+$fence$;
+REVOKE ALL ON FUNCTION stockade.fence(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION stockade.fence(text, text) TO PUBLIC;
+"""
+
+_GUARD = r"""
+CREATE OR REPLACE FUNCTION stockade.guard() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $guard$
+DECLARE
+    v_scope text := TG_ARGV[0];
+    v_token text;
+BEGIN
+    -- The setting is only where to find the token: anyone can SET LOCAL it, so the
+    -- token is checked again in full (MAC, scope, mark), under the same row lock.
+    BEGIN
+        v_token := nullif(current_setting('stockade.tokens', true), '')::jsonb ->> v_scope;
+    EXCEPTION WHEN others THEN
+        v_token := NULL;
+    END;
+    IF v_token IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '@NO_TOKEN@',
+            MESSAGE = format('stockade: %s on %s refused: the table is fenced (scope %s) and this transaction '
+                             'passed no stockade.fence(token, scope) for it', TG_OP, TG_TABLE_NAME, v_scope);
+    END IF;
+    PERFORM stockade.fence(v_token, v_scope);
+    RETURN NULL;
+END
+$guard$;
+"""
+
+
+def _pgcrypto_ident(schema: str) -> str:
+    return '"' + schema.replace('"', '""') + '"'
+
+
+def fence_function(*, pgcrypto_schema: str, stale_when: str) -> str:
+    """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`)."""
+    return (_FENCE.replace("@PGCRYPTO@", _pgcrypto_ident(pgcrypto_schema))
+            .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY))
+            .replace("@STALE_WHEN@", stale_when))
+
+
+def guard_function() -> str:
+    """The ``CREATE OR REPLACE`` of the protected tables' trigger function ``stockade.guard``."""
+    return _GUARD.replace("@NO_TOKEN@", NO_TOKEN_SQLSTATE)
