@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.fence_postgres import make_postgres_harness
 from helpers.fence_store import make_memory_harness
 
 import stockade.testing.conformance.fence as suite
@@ -23,6 +24,7 @@ Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 
 TARGETS: dict[str, Factory] = {
     "store-memory": lambda tmp_path, cluster_id, keys, mutant: make_memory_harness(cluster_id, keys, mutant),
+    **{kind: make_postgres_harness(kind) for kind in ("postgres", "postgres-async", "postgres-sqlalchemy")},
 }
 
 
