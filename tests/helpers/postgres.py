@@ -35,6 +35,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (our own child, not yet reaped) is gone for this purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _as_postgres() -> list[str]:
     return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
@@ -80,14 +91,20 @@ class PostgresServer:
         return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={dbname} connect_timeout=10"
 
     def start(self) -> None:
-        options = " ".join(f"-c {k}={v}" for k, v in self.settings.items())
-        options += f" -c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories=''"
-        self._run([str(BIN / "pg_ctl"), "start", "-D", str(self.datadir), "-w", "-t", str(START_TIMEOUT_S),
-                   "-l", str(self.root / "server.log"), "-o", options])
+        """Start the postmaster as our own child (so that we reap it: a zombie would hold postmaster.pid)."""
+        argv = [str(BIN / "postgres"), "-D", str(self.datadir), "-c", "listen_addresses=127.0.0.1",
+                "-c", f"port={self.port}", "-c", "unix_socket_directories="]
+        for name, value in self.settings.items():
+            argv += ["-c", f"{name}={value}"]
+        with open(self.root / "server.log", "ab") as log:
+            self._process = subprocess.Popen([*_as_postgres(), *argv], stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, cwd="/")
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            ready = subprocess.run([str(BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
-                                   capture_output=True)
+            if self._process.poll() is not None:
+                break
+            ready = subprocess.run([str(BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port),
+                                    "-U", SUPERUSER], capture_output=True)
             if ready.returncode == 0:
                 return
             time.sleep(0.05)
@@ -104,36 +121,35 @@ class PostgresServer:
         return int((self.datadir / "postmaster.pid").read_text().split("\n", 1)[0])
 
     def kill9(self) -> None:
-        """SIGKILL the postmaster and wait until its backends are gone (a crash, not a shutdown)."""
+        """SIGKILL the postmaster and wait until it and its children are gone (a crash, not a shutdown)."""
         pid = self.pid()
+        children = [int(p) for p in subprocess.run(["ps", "--ppid", str(pid), "-o", "pid="], capture_output=True,
+                                                   text=True).stdout.split()]
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:  # the children exit when they notice the postmaster died
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.02)
-        # Backends of the dead postmaster still hold the shared memory until they exit.
-        while time.monotonic() < deadline and self._children_alive():
-            time.sleep(0.05)
-
-    def _children_alive(self) -> bool:
-        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-        return f"-D {self.datadir}" in out or any(
-            "postgres:" in line and str(self.port) in line for line in out.splitlines())
+        for child in [pid, *children]:  # the children exit when they notice the postmaster died
+            while time.monotonic() < deadline and _alive(child):
+                time.sleep(0.02)
+        self._process.wait(START_TIMEOUT_S)  # reap it (runuser exits with it)
 
     def stop(self) -> None:
-        if (self.datadir / "postmaster.pid").exists():
+        process = getattr(self, "_process", None)
+        if process is not None and process.poll() is None:
             self._run([str(BIN / "pg_ctl"), "stop", "-D", str(self.datadir), "-m", "immediate", "-w"], check=False)
+            try:
+                process.wait(START_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def psql_argv(self, dbname: str = "postgres") -> list[str]:
+        """The command line of a plain psql session on ``dbname`` (its own process, no stockade code)."""
+        return [PSQL, "-X", "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER, "-d", dbname]
 
     def psql(self, sql: str, dbname: str = "postgres") -> subprocess.CompletedProcess[str]:
-        """Run ``sql`` in a plain psql session (its own process, no stockade code)."""
-        return subprocess.run(
-            [PSQL, "-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER,
-             "-d", dbname, "-c", sql],
-            capture_output=True, text=True, timeout=START_TIMEOUT_S,
-        )
+        """Run ``sql`` in a plain psql session; stops at the first error."""
+        return subprocess.run([*self.psql_argv(dbname), "-v", "ON_ERROR_STOP=1", "-c", sql],
+                              capture_output=True, text=True, timeout=START_TIMEOUT_S)
 
     def close(self) -> None:
         self.stop()

@@ -414,10 +414,12 @@ def raise_high_waters(conn: Connection, floors: Mapping[str, int] | FenceFloors,
     Raises:
         InvalidArgument: a bad scope or value (nothing changes).
     """
-    if isinstance(floors, FenceFloors):
-        floors, default = floors.floors, max(floors.default, validate_int("default", default, 0, TOKEN_VALUE_MAX))
-    checked = check_floors(floors)
     default = validate_int("default", default, 0, TOKEN_VALUE_MAX)
+    if isinstance(floors, FenceFloors):
+        default = max(default, floors.default)
+        checked = check_floors(floors.floors)
+    else:
+        checked = check_floors(floors)
     with _edge(), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.FLOOR_LOCK_KEY,))
         conn.execute("UPDATE stockade.settings SET default_floor = greatest(default_floor, %s)", (default,))
