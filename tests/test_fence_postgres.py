@@ -427,3 +427,20 @@ def test_postgres_fence_by_url_raises_floors(db: tuple[PostgresServer, str, psyc
             pass
     with pg.fenced(conn, tok(9, scope="orders")):
         pass
+
+
+def test_repeatable_read_a_mark_raised_after_the_snapshot_is_never_a_stale_admission(
+        kv_db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    server, dbname, conn = kv_db
+    with pg.fenced(conn, tok(2, scope="s")):
+        pass
+    with psycopg.connect(server.dsn_of(dbname)) as old:  # not autocommit: psycopg begins the transaction
+        old.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        old.execute("SELECT count(*) FROM kv")  # its snapshot: the mark is 2
+        with pg.fenced(conn, tok(3, scope="s")):  # a newer holder raises it and commits
+            conn.execute("INSERT INTO kv VALUES ('B', 'current')")
+        with pytest.raises((StaleToken, psycopg.errors.SerializationFailure)):
+            with pg.fenced(old, tok(2, scope="s")):
+                old.execute("INSERT INTO kv VALUES ('A', 'stale')")
+        old.rollback()
+    assert dict(conn.execute("SELECT key, value FROM kv").fetchall()) == {"B": "current"}

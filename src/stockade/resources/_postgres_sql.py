@@ -9,8 +9,9 @@ the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
     0. parse the token (stk2 signed, stk1 unsigned)        -> SQLSTATE 22023 if malformed
     1. verify its MAC with the keys in stockade.keys       -> reject "forged" (nothing else looked at)
     2. cluster, then scope                                 -> reject "wrong-cluster" / "wrong-scope"
-    3. lock the scope's mark row (FOR SHARE when the token
-       equals the mark, FOR UPDATE when it would raise it)
+    3. lock the scope until the transaction ends (shared
+       when the token equals the mark, exclusive when it
+       would raise it), then read the mark again
     4. token < max(mark, default floor)                    -> reject "stale"
     5. raise the mark, remember the token in the
        transaction-local setting stockade.tokens           -> return the mark
@@ -19,18 +20,28 @@ A rejection is ``RAISE`` with SQLSTATE `REJECT_SQLSTATE` and a detail
 ``reason=<r> high_water=<n> cluster=<c> detail=<d>`` that the Python side
 parses back into `stockade.core.fence.Reject`.
 
-Both row-lock modes conflict with the UPDATE that raises a mark, so a higher
-token's transaction waits until every open transaction admitted under the
-current mark has ended (R6), while holders of the same token share the row
-(no false waits, S19). The floor (`FLOOR_LOCK_KEY`) is a transaction-scoped
-advisory lock: each check holds it shared, `raise_high_waters` takes it
-exclusively, so a floor is never raised between a check and its commit.
+The scope's lock is a transaction-scoped advisory lock on
+``(SCOPE_LOCK_CLASS, hashtext(scope))``. Holders of the current token share it
+(no false waits, S19); a higher token takes it exclusively, so it waits until
+every open transaction admitted under the current mark has ended (R6), and a
+transaction that arrives after it reads the raised mark and is refused. An
+advisory lock writes nothing, where a row lock (``FOR SHARE``) writes a WAL
+record and dirties a page in every transaction: measured, the row lock made a
+fenced transaction about 1.5x as slow as a plain one, the advisory lock
+adds no write at all for an equal token. Two scopes whose hashes collide
+only share a lock (more waiting, never a wrong answer). Under REPEATABLE READ
+or SERIALIZABLE the row is locked as well, so that a mark raised while the
+check waited is a serialization failure (SQLSTATE 40001), not a stale admission.
+
+The floor (`FLOOR_LOCK_KEY`) is an advisory lock too: each check holds it
+shared, `raise_high_waters` takes it exclusively, so a floor is never raised
+between a check and its commit.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
+    "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY", "SCOPE_LOCK_CLASS",
     "STALE_WHEN", "fence_function", "guard_function",
 ]
 
@@ -43,6 +54,8 @@ NO_TOKEN_SQLSTATE = "SKF02"
 #: Advisory lock keys (bigint): one serialises installs, one orders checks against floors.
 INSTALL_LOCK_KEY = 0x73746B6400000001
 FLOOR_LOCK_KEY = 0x73746B6400000002
+#: The first key of the two-key advisory locks of scopes (the second is ``hashtext(scope)``).
+SCOPE_LOCK_CLASS = 0x73746B64
 
 #: Migration n (1-based) takes the schema from version n-1 to n. Never edit one that shipped: add one.
 MIGRATIONS = (
@@ -102,25 +115,35 @@ DECLARE
     v_mark bigint;
     v_tokens jsonb;
 BEGIN
-    IF token IS NULL OR scope IS NULL OR scope !~ '^[A-Za-z0-9._:-]{1,200}$' OR scope IN ('.', '..') THEN
+    -- Parsed with split_part and plain character classes: bounded repeats ({16}) make
+    -- PostgreSQL's regex engine cost ~150 us a call, more than the rest of the check.
+    IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[A-Za-z0-9._:-]+$'
+       OR scope IN ('.', '..') THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: bad scope or no token';
     END IF;
-    IF token LIKE 'stk2.%' THEN
-        v_parts := regexp_match(token,
-            '^stk2\.([0-9a-f]{16})\.([1-9][0-9]{0,18})\.([0-9a-f]{8})\.([A-Za-z0-9_-]{22})\.(.+)$');
+    IF left(token, 5) = 'stk2.' THEN
+        v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3), split_part(token, '.', 4),
+                         split_part(token, '.', 5)];
         v_kid := v_parts[3];
         v_mac := v_parts[4];
-        v_scope := v_parts[5];
-    ELSE
-        v_parts := regexp_match(token, '^stk1\.([0-9a-f]{16})\.([1-9][0-9]{0,18})\.(.+)$');
-        v_scope := v_parts[3];
+        v_scope := substr(token, 10 + length(v_parts[1]) + length(v_parts[2]) + length(v_kid) + length(v_mac));
+        IF length(v_kid) <> 8 OR v_kid !~ '^[0-9a-f]+$' OR length(v_mac) <> 22 OR v_mac !~ '^[A-Za-z0-9_-]+$' THEN
+            v_parts := NULL;
+        END IF;
+    ELSIF left(token, 5) = 'stk1.' THEN
+        v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3)];
+        v_scope := substr(token, 8 + length(v_parts[1]) + length(v_parts[2]));
     END IF;
-    IF v_parts IS NULL OR v_parts[2]::numeric > 9223372036854775807
-       OR v_scope !~ '^[A-Za-z0-9._:-]{1,200}$' OR v_scope IN ('.', '..') THEN
+    IF v_parts IS NULL OR length(v_parts[1]) <> 16 OR v_parts[1] !~ '^[0-9a-f]+$'
+       OR length(v_parts[2]) NOT BETWEEN 1 AND 19 OR v_parts[2] !~ '^[1-9][0-9]*$'
+       OR v_parts[2]::numeric > 9223372036854775807
+       OR length(v_scope) NOT BETWEEN 1 AND 200 OR v_scope !~ '^[A-Za-z0-9._:-]+$' OR v_scope IN ('.', '..') THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: malformed token';
     END IF;
     v_cluster := v_parts[1];
     v_value := v_parts[2]::bigint;
+    -- Held (shared) until the transaction ends: the default floor cannot move under this check.
+    PERFORM pg_advisory_xact_lock_shared(@FLOOR_KEY@);
     SELECT * INTO STRICT v_settings FROM stockade.settings WHERE id = 1;
 
     -- 1. the MAC, before anything else is looked at (P3)
@@ -159,20 +182,27 @@ BEGIN
                             v_settings.cluster_id);
     END IF;
 
-    -- 3. the mark, locked until the transaction ends; the floor cannot move meanwhile
-    PERFORM pg_advisory_xact_lock_shared(@FLOOR_KEY@);
+    -- 3. the scope's lock, held until the transaction ends: shared by holders of the current
+    --    token, exclusive to raise the mark.
     SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
-    IF NOT FOUND THEN
-        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
-        v_own := 0;
-    END IF;
-    v_mark := greatest(v_own, (SELECT s.default_floor FROM stockade.settings s WHERE s.id = 1));
+    v_mark := greatest(coalesce(v_own, 0), v_settings.default_floor);
+    -- An advisory lock writes nothing (no WAL, no dirty page); the mark is read again once
+    -- it is held, with a fresh snapshot (under READ COMMITTED each statement here takes one).
     IF v_value > v_mark THEN
-        SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR UPDATE;
+        PERFORM pg_advisory_xact_lock(@SCOPE_CLASS@, hashtext(fence.scope));
     ELSE
+        PERFORM pg_advisory_xact_lock_shared(@SCOPE_CLASS@, hashtext(fence.scope));
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
+    ELSE
+        -- A repeatable-read snapshot would not see a mark raised while we waited: lock the
+        -- row too, so that such a raise is a serialization failure, never a stale admission.
+        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
         SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
     END IF;
-    v_mark := greatest(v_own, (SELECT s.default_floor FROM stockade.settings s WHERE s.id = 1));
+    v_own := coalesce(v_own, 0);
+    v_mark := greatest(v_own, v_settings.default_floor);
 
     -- 4. R1
     IF @STALE_WHEN@ THEN
@@ -180,9 +210,11 @@ BEGIN
             DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_settings.cluster_id);
     END IF;
 
-    -- 5. raise the mark (only when it moves: an equal token writes no new row version)
+    -- 5. raise the mark (only when it moves: an equal token writes nothing)
     IF v_value > v_own THEN
-        UPDATE stockade.high_water h SET high_water = v_value WHERE h.scope = fence.scope;
+        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, v_value)
+            ON CONFLICT ON CONSTRAINT high_water_pkey
+            DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
     END IF;
     v_tokens := coalesce(nullif(current_setting('stockade.tokens', true), ''), '{}')::jsonb;
     IF v_tokens ->> scope IS DISTINCT FROM token THEN
@@ -228,7 +260,7 @@ def _pgcrypto_ident(schema: str) -> str:
 def fence_function(*, pgcrypto_schema: str, stale_when: str) -> str:
     """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`)."""
     return (_FENCE.replace("@PGCRYPTO@", _pgcrypto_ident(pgcrypto_schema))
-            .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY))
+            .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY)).replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
             .replace("@STALE_WHEN@", stale_when))
 
 

@@ -191,8 +191,15 @@ def _translate(error: BaseException, token: FencingToken, scope: str, resource: 
         reject(decision, resource=resource, cluster=cluster, token=token, scope=scope, key=None)
     if getattr(error, "sqlstate", None) == "22023":
         raise InvalidArgument("token", str(error).splitlines()[0]) from error
-    if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+    if _lost(error):
         raise BackendUnavailable(f"{resource}: {str(error).strip()}") from error
+
+
+def _lost(error: BaseException) -> bool:
+    """A failure of the connection or server (outcome unknown), not a serialization failure or a deadlock
+    (class 40: rolled back, for the caller to retry as PostgreSQL users do)."""
+    return (isinstance(error, psycopg.OperationalError | psycopg.InterfaceError)
+            and not (getattr(error, "sqlstate", None) or "").startswith("40"))
 
 
 @contextmanager
@@ -200,8 +207,10 @@ def _edge() -> Iterator[None]:
     """Driver failures as `BackendUnavailable` (the outcome unknown), for the non-fenced operations."""
     try:
         yield
-    except (psycopg.OperationalError, psycopg.InterfaceError) as error:
-        raise BackendUnavailable(f"postgres: {str(error).strip()}") from error
+    except psycopg.Error as error:
+        if _lost(error):
+            raise BackendUnavailable(f"postgres: {str(error).strip()}") from error
+        raise
 
 
 def _resource(info: Any) -> str:
@@ -236,17 +245,39 @@ def _check_result(error: BaseException, token: FencingToken, scope: str, resourc
 # -- fenced transactions ---------------------------------------------------------------------------
 
 
+def _begin_and_fence(token: FencingToken, scope: str) -> str:
+    """``BEGIN`` and the fence in one simple query: one round trip, as many as a plain ``BEGIN``.
+
+    The values are inlined: a validated token and scope hold only ``[A-Za-z0-9._:-]``
+    (checked again here, so no quote can ever reach the text).
+    """
+    encoded = token.encode()
+    if not (_INLINE_SAFE.fullmatch(encoded) and _INLINE_SAFE.fullmatch(scope)):
+        raise InvalidArgument("token", "holds characters a token never holds")
+    return f"BEGIN; SELECT stockade.fence('{encoded}', '{scope}')"
+
+
+_INLINE_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def _owns_transaction(conn: Any) -> bool:
+    """Whether `fenced` begins and ends the transaction itself (an idle autocommit connection)."""
+    return bool(conn.autocommit) and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 @contextmanager
 def fenced(conn: Connection, token: FencingToken | str, scope: str | None = None, *,
            keys: object = None) -> Iterator[Connection]:
     """A transaction of ``conn`` admitted by ``token``: ``with fenced(conn, token): conn.execute(...)``.
 
     Runs ``SELECT stockade.fence(token, scope)`` as the first statement of a
-    transaction (``conn.transaction()``: a new one, or a savepoint of the one
-    already open), then the body, then commits. The scope's row lock is held
-    until the commit, so a higher token waits for this transaction to end (R6).
-    A rejection or an exception in the body rolls the block back: nothing of
-    it is applied, and the mark is not raised.
+    transaction, then the body, then commits. On an idle autocommit connection
+    it sends ``BEGIN`` and the check in one round trip and commits at the end;
+    otherwise it uses ``conn.transaction()`` (a savepoint of the transaction
+    already open). The scope's row lock is held until the commit, so a higher
+    token waits for this transaction to end (R6). A rejection or an exception
+    in the body rolls the block back: nothing of it is applied, and the mark is
+    not raised.
 
     Args:
         conn: a psycopg 3 ``Connection`` to a database where `install` ran.
@@ -262,16 +293,40 @@ def fenced(conn: Connection, token: FencingToken | str, scope: str | None = None
         BackendUnavailable: the connection failed (the commit's outcome is unknown).
     """
     fencing_token, scope = _prepare(token, scope, keys)
-    resource = _resource(conn.info)
-    try:
-        with conn.transaction():
-            try:
+    if not _owns_transaction(conn):
+        try:
+            with conn.transaction():
                 conn.execute(FENCE_SQL, (fencing_token.encode(), scope))
-            except psycopg.Error as error:
-                _check_result(error, fencing_token, scope, resource)
-            yield conn
-    except psycopg.Error as error:  # the body's (a protected table's trigger) or the commit's
-        _check_result(error, fencing_token, scope, resource)
+                yield conn
+        except psycopg.Error as error:  # the check's, the body's (a protected table's trigger) or the commit's
+            _check_result(error, fencing_token, scope, _resource(conn.info))
+        return
+    try:
+        conn.execute(_begin_and_fence(fencing_token, scope))
+        yield conn
+    except BaseException as error:
+        _rollback_quietly(conn)
+        if isinstance(error, psycopg.Error):
+            _check_result(error, fencing_token, scope, _resource(conn.info))
+        raise
+    try:
+        conn.commit()
+    except psycopg.Error as error:
+        _check_result(error, fencing_token, scope, _resource(conn.info))
+
+
+def _rollback_quietly(conn: Any) -> None:
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        pass  # the connection is gone: the server rolls back by itself
+
+
+async def _arollback_quietly(aconn: Any) -> None:
+    try:
+        await aconn.rollback()
+    except psycopg.Error:
+        pass
 
 
 @asynccontextmanager
@@ -279,16 +334,26 @@ async def fenced_async(aconn: AsyncConnection, token: FencingToken | str, scope:
                        keys: object = None) -> AsyncIterator[AsyncConnection]:
     """`fenced` for a psycopg 3 ``AsyncConnection``: ``async with fenced_async(aconn, token): ...``."""
     fencing_token, scope = _prepare(token, scope, keys)
-    resource = _resource(aconn.info)
-    try:
-        async with aconn.transaction():
-            try:
+    if not _owns_transaction(aconn):
+        try:
+            async with aconn.transaction():
                 await aconn.execute(FENCE_SQL, (fencing_token.encode(), scope))
-            except psycopg.Error as error:
-                _check_result(error, fencing_token, scope, resource)
-            yield aconn
+                yield aconn
+        except psycopg.Error as error:
+            _check_result(error, fencing_token, scope, _resource(aconn.info))
+        return
+    try:
+        await aconn.execute(_begin_and_fence(fencing_token, scope))
+        yield aconn
+    except BaseException as error:
+        await _arollback_quietly(aconn)
+        if isinstance(error, psycopg.Error):
+            _check_result(error, fencing_token, scope, _resource(aconn.info))
+        raise
+    try:
+        await aconn.commit()
     except psycopg.Error as error:
-        _check_result(error, fencing_token, scope, resource)
+        _check_result(error, fencing_token, scope, _resource(aconn.info))
 
 
 def _sqlalchemy() -> Any:
