@@ -41,7 +41,8 @@ between a check and its commit.
 from __future__ import annotations
 
 __all__ = [
-    "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY", "SCOPE_LOCK_CLASS",
+    "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
+    "SCOPE_LOCK_CLASS",
     "STALE_WHEN", "fence_function", "guard_function",
 ]
 
@@ -260,7 +261,8 @@ def _pgcrypto_ident(schema: str) -> str:
 def fence_function(*, pgcrypto_schema: str, stale_when: str) -> str:
     """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`)."""
     return (_FENCE.replace("@PGCRYPTO@", _pgcrypto_ident(pgcrypto_schema))
-            .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY)).replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
+            .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY))
+            .replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
             .replace("@STALE_WHEN@", stale_when))
 
 
