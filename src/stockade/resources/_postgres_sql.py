@@ -107,11 +107,14 @@ DECLARE
     v_kid text := '';
     v_mac text := '';
     v_scope text;
-    v_settings stockade.settings%ROWTYPE;
-    v_key stockade.keys%ROWTYPE;
-    v_message bytea;
-    v_expected text;
+    v_cluster_id text;
+    v_verify boolean;
+    v_floor bigint;
+    v_key_found boolean;
+    v_secret bytea;
+    v_until bigint;
     v_forged text;
+    v_void text;
     v_own bigint;
     v_mark bigint;
     v_tokens jsonb;
@@ -143,56 +146,56 @@ BEGIN
     END IF;
     v_cluster := v_parts[1];
     v_value := v_parts[2]::bigint;
+    -- Locks are taken by assignments, not PERFORM: a simple expression needs no statement of its
+    -- own, and each SQL statement here costs a snapshot and an executor start in every transaction.
     -- Held (shared) until the transaction ends: the default floor cannot move under this check.
-    PERFORM pg_advisory_xact_lock_shared(@FLOOR_KEY@);
-    SELECT * INTO STRICT v_settings FROM stockade.settings WHERE id = 1;
+    v_void := pg_advisory_xact_lock_shared(@FLOOR_KEY@)::text;
+    -- One statement reads the settings, the token's key and the scope's mark.
+    SELECT s.cluster_id, s.verify_macs, s.default_floor, k.kid IS NOT NULL, k.secret, k.verify_until_s, h.high_water
+      INTO STRICT v_cluster_id, v_verify, v_floor, v_key_found, v_secret, v_until, v_own
+      FROM stockade.settings s
+      LEFT JOIN stockade.keys k ON k.kid = v_kid
+      LEFT JOIN stockade.high_water h ON h.scope = fence.scope
+     WHERE s.id = 1;
 
     -- 1. the MAC, before anything else is looked at (P3)
-    IF v_settings.verify_macs THEN
+    IF v_verify THEN
         IF v_mac = '' THEN
             v_forged := 'unsigned';
-        ELSE
-            SELECT * INTO v_key FROM stockade.keys k WHERE k.kid = v_kid;
-            IF NOT FOUND THEN
-                v_forged := 'unknown-key';
-            ELSIF v_key.verify_until_s IS NOT NULL
-                  AND extract(epoch FROM clock_timestamp()) >= v_key.verify_until_s THEN
-                v_forged := 'retired-key';
-            ELSE
-                v_message := convert_to('stk2', 'UTF8') || '\x00'::bytea || convert_to(v_kid, 'UTF8')
-                    || '\x00'::bytea || convert_to(v_cluster, 'UTF8') || '\x00'::bytea
-                    || convert_to(v_parts[2], 'UTF8') || '\x00'::bytea || convert_to(v_scope, 'UTF8');
-                v_expected := rtrim(translate(encode(substring(
-                    @PGCRYPTO@.hmac(v_message, v_key.secret, 'sha256') FROM 1 FOR 16), 'base64'), '+/', '-_'), '=');
-                IF v_expected IS DISTINCT FROM v_mac THEN
-                    v_forged := 'bad-mac';
-                END IF;
-            END IF;
+        ELSIF NOT v_key_found THEN
+            v_forged := 'unknown-key';
+        ELSIF v_until IS NOT NULL AND extract(epoch FROM clock_timestamp()) >= v_until THEN
+            v_forged := 'retired-key';
+        ELSIF rtrim(translate(encode(substring(@PGCRYPTO@.hmac(
+                  convert_to('stk2', 'UTF8') || '\x00'::bytea || convert_to(v_kid, 'UTF8')
+                  || '\x00'::bytea || convert_to(v_cluster, 'UTF8') || '\x00'::bytea
+                  || convert_to(v_parts[2], 'UTF8') || '\x00'::bytea || convert_to(v_scope, 'UTF8'),
+                  v_secret, 'sha256') FROM 1 FOR 16), 'base64'), '+/', '-_'), '=') IS DISTINCT FROM v_mac THEN
+            v_forged := 'bad-mac';
         END IF;
         IF v_forged IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (forged)',
-                DETAIL = format('reason=forged high_water=0 cluster=%s detail=%s', v_settings.cluster_id, v_forged);
+                DETAIL = format('reason=forged high_water=0 cluster=%s detail=%s', v_cluster_id, v_forged);
         END IF;
     END IF;
 
     -- 2. R2: the cluster, then the scope
-    IF v_cluster <> v_settings.cluster_id OR v_scope <> scope THEN
+    IF v_cluster <> v_cluster_id OR v_scope <> scope THEN
         RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (R2)',
             DETAIL = format('reason=%s high_water=0 cluster=%s detail=',
-                            CASE WHEN v_cluster <> v_settings.cluster_id THEN 'wrong-cluster' ELSE 'wrong-scope' END,
-                            v_settings.cluster_id);
+                            CASE WHEN v_cluster <> v_cluster_id THEN 'wrong-cluster' ELSE 'wrong-scope' END,
+                            v_cluster_id);
     END IF;
 
     -- 3. the scope's lock, held until the transaction ends: shared by holders of the current
-    --    token, exclusive to raise the mark.
-    SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
-    v_mark := greatest(coalesce(v_own, 0), v_settings.default_floor);
-    -- An advisory lock writes nothing (no WAL, no dirty page); the mark is read again once
-    -- it is held, with a fresh snapshot (under READ COMMITTED each statement here takes one).
+    --    token, exclusive to raise the mark. An advisory lock writes nothing (no WAL, no dirty
+    --    page); the mark is read again once it is held, with a fresh snapshot (under READ
+    --    COMMITTED each statement here takes one).
+    v_mark := greatest(coalesce(v_own, 0), v_floor);
     IF v_value > v_mark THEN
-        PERFORM pg_advisory_xact_lock(@SCOPE_CLASS@, hashtext(fence.scope));
+        v_void := pg_advisory_xact_lock(@SCOPE_CLASS@, hashtext(fence.scope))::text;
     ELSE
-        PERFORM pg_advisory_xact_lock_shared(@SCOPE_CLASS@, hashtext(fence.scope));
+        v_void := pg_advisory_xact_lock_shared(@SCOPE_CLASS@, hashtext(fence.scope))::text;
     END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
         SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
@@ -203,12 +206,12 @@ BEGIN
         SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
     END IF;
     v_own := coalesce(v_own, 0);
-    v_mark := greatest(v_own, v_settings.default_floor);
+    v_mark := greatest(v_own, v_floor);
 
     -- 4. R1
     IF @STALE_WHEN@ THEN
         RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (stale)',
-            DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_settings.cluster_id);
+            DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_cluster_id);
     END IF;
 
     -- 5. raise the mark (only when it moves: an equal token writes nothing)
@@ -219,7 +222,7 @@ BEGIN
     END IF;
     v_tokens := coalesce(nullif(current_setting('stockade.tokens', true), ''), '{}')::jsonb;
     IF v_tokens ->> scope IS DISTINCT FROM token THEN
-        PERFORM set_config('stockade.tokens', (v_tokens || jsonb_build_object(scope, token))::text, true);
+        v_void := set_config('stockade.tokens', (v_tokens || jsonb_build_object(scope, token))::text, true);
     END IF;
     RETURN greatest(v_value, v_mark);
 END
@@ -247,7 +250,7 @@ BEGIN
             MESSAGE = format('stockade: %s on %s refused: the table is fenced (scope %s) and this transaction '
                              'passed no stockade.fence(token, scope) for it', TG_OP, TG_TABLE_NAME, v_scope);
     END IF;
-    PERFORM stockade.fence(v_token, v_scope);
+    v_token := stockade.fence(v_token, v_scope)::text;  -- an assignment: no statement of its own
     RETURN NULL;
 END
 $guard$;
