@@ -325,7 +325,7 @@ def test_writer_paused_inside_its_transaction_blocks_the_higher_token_until_the_
     thread.start()
     waited = False
     deadline = time.monotonic() + WAIT_S
-    while not done.is_set() and time.monotonic() < deadline:  # B is seen waiting on the row lock (R6)
+    while not done.is_set() and time.monotonic() < deadline:  # B is seen waiting on the scope lock (R6)
         waited |= bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                     "AND datname = current_database()").fetchone()[0])
         time.sleep(0.01)
@@ -444,3 +444,27 @@ def test_repeatable_read_a_mark_raised_after_the_snapshot_is_never_a_stale_admis
                 old.execute("INSERT INTO kv VALUES ('A', 'stale')")
         old.rollback()
     assert dict(conn.execute("SELECT key, value FROM kv").fetchall()) == {"B": "current"}
+
+
+def test_sync_keys_follows_a_rotation(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    import secrets
+
+    from stockade.core.signing import Keyring, SigningKey
+    from stockade.keys import FixedKeys
+
+    _, _, conn = db
+    old = KEYS.keyring.current
+    new = SigningKey("0badc0de", secrets.token_bytes(32), 0, None)
+    rotated = FixedKeys(Keyring(CLUSTER, [SigningKey(old.kid, old.secret, 0, 1), new]))  # old retired in 1970
+    with pg.fenced(conn, tok(3)):  # the old key, before the rotation reached the database
+        pass
+    with pytest.raises(TokenMismatch, match="unknown-key"):
+        with pg.fenced(conn, rotated.sign(FencingToken(CLUSTER, "a", 4))):
+            pass
+    pg.sync_keys(conn, rotated)
+    with pg.fenced(conn, rotated.sign(FencingToken(CLUSTER, "a", 4))):
+        pass
+    with pytest.raises(TokenMismatch, match="retired-key"):  # checked by the database (no keys= here)
+        with pg.fenced(conn, tok(5)):
+            pass
+    assert pg.high_waters(conn) == {"a": 4}

@@ -239,7 +239,7 @@ DECLARE
     v_token text;
 BEGIN
     -- The setting is only where to find the token: anyone can SET LOCAL it, so the
-    -- token is checked again in full (MAC, scope, mark), under the same row lock.
+    -- token is checked again in full (MAC, scope, mark), under the same scope lock.
     BEGIN
         v_token := nullif(current_setting('stockade.tokens', true), '')::jsonb ->> v_scope;
     EXCEPTION WHEN others THEN

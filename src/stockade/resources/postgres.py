@@ -6,7 +6,7 @@ function ``stockade.fence(token, scope)`` that does the whole check in one
 statement (`stockade.resources._postgres_sql` says what it does, step by step).
 A fenced transaction runs that statement first, as a statement of the user's
 own transaction, so the mark moves in the same commit as the user's rows and
-its row lock is held until that commit (R1, R6)::
+the scope's lock is held until that commit (R1, R6)::
 
     with fenced(conn, token):              # psycopg 3 Connection
         conn.execute("UPDATE orders SET state = 'paid' WHERE id = %s", (order_id,))
@@ -20,7 +20,7 @@ SQLAlchemy ``Session``/``Connection`` (and their async twins) on PostgreSQL.
 to it from a transaction that passed no current token for its scope.
 
 **Which check is the truth.** The SQL function is: it holds the mark and the
-row lock, and it is what protected tables run. Given ``keys=``, the Python
+scope lock, and it is what protected tables run. Given ``keys=``, the Python
 side also verifies the MAC first (`Verification`), so a forged token is
 refused without a round trip; the database would refuse it anyway. Every
 rejection, from either side, goes through `stockade.resources._observe.reject`
@@ -274,7 +274,7 @@ def fenced(conn: Connection, token: FencingToken | str, scope: str | None = None
     transaction, then the body, then commits. On an idle autocommit connection
     it sends ``BEGIN`` and the check in one round trip and commits at the end;
     otherwise it uses ``conn.transaction()`` (a savepoint of the transaction
-    already open). The scope's row lock is held until the commit, so a higher
+    already open). The scope's lock is held until the commit, so a higher
     token waits for this transaction to end (R6). A rejection or an exception
     in the body rolls the block back: nothing of it is applied, and the mark is
     not raised.
@@ -419,7 +419,7 @@ def protect(conn: Connection, table: str, *, scope: str) -> None:
     A statement-level trigger runs ``stockade.fence`` again with the token this
     transaction passed for ``scope`` (the transaction-local setting only says
     where to find it; the MAC, the scope and the mark are checked again, under
-    the same row lock), so a writer that forgot its token, or carries a stale,
+    the same scope lock), so a writer that forgot its token, or carries a stale,
     forged or another scope's one, is refused by the database itself.
 
     Raises:
