@@ -250,7 +250,7 @@ from stockade.core.errors import StaleToken, BackendUnavailable
 from stockade.resources import postgres as pg
 dsn, token, mode = sys.argv[1:4]
 conn = psycopg.connect(dsn, autocommit=True)
-conn.execute("SET idle_in_transaction_session_timeout = '1s'")
+conn.execute("SET idle_in_transaction_session_timeout = '3s'")
 def out(line):
     print(line, flush=True)
 try:
