@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from helpers.fence_files import make_files_harness
 from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
+from helpers.fence_postgres import make_postgres_harness
 from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 
 import stockade.testing.conformance.fence as suite
@@ -29,6 +30,7 @@ TARGETS: dict[str, Factory] = {
     "sqlite-db": make_sqlite_db_harness,
     "sqlite-db-sqlalchemy": make_sqlite_db_sqlalchemy_harness,
     "files": make_files_harness,
+    **{kind: make_postgres_harness(kind) for kind in ("postgres", "postgres-async", "postgres-sqlalchemy")},
 }
 
 

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""A fenced single-row PostgreSQL transaction beside the plain one, in one run, on this machine.
+
+Starts PostgreSQL 15 on a free loopback port in a temporary directory with
+durable settings (fsync=on, synchronous_commit=on: the defaults; as root it
+runs as the ``postgres`` user), installs the fence, and times, round after
+round, alternated transaction by transaction (in a rotating order) so that the
+load of a shared machine hits every variant alike:
+
+* ``plain``: ``BEGIN; INSERT ... ON CONFLICT DO UPDATE (one row); COMMIT``
+* ``fenced``: the same inside ``with fenced(conn, token)`` (one more statement,
+  ``SELECT stockade.fence(...)``, in the same transaction; the MAC is checked by
+  the database)
+* ``fenced+keys``: the same with ``keys=`` (the MAC is also checked in Python first)
+* ``protected``: ``fenced`` on a table under `protect` (its trigger checks again)
+
+each transaction of one variant followed by one of each other variant, and
+prints the median over rounds of each variant's throughput and p50/p99
+latency, with the ratio to ``plain``.
+
+    PYTHONPATH=src python benchmarks/fence_postgres.py --rounds 7 --ops 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from stockade.core.tokens import FencingToken
+from stockade.keys import FixedKeys, ephemeral_keyring
+from stockade.resources import postgres as pg
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+CLUSTER = "be4c4be4c4be4c4b"
+ROWS = 1000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def as_postgres() -> list[str]:
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def start_postgres(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    shutil.chown(root, "postgres", "postgres") if os.geteuid() == 0 else None
+    data = root / "data"
+    subprocess.run([*as_postgres(), str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
+                    "-E", "UTF8", "--locale", "C"], check=True, capture_output=True, cwd="/")
+    port = free_port()
+    with open(root / "server.log", "ab") as log:
+        server = subprocess.Popen(
+            [*as_postgres(), str(PG_BIN / "postgres"), "-D", str(data), "-c", "listen_addresses=127.0.0.1",
+             "-c", f"port={port}", "-c", "unix_socket_directories=", "-c", "fsync=on",
+             "-c", "synchronous_commit=on"], stdout=log, stderr=subprocess.STDOUT, cwd="/")
+    dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            psycopg.connect(dsn).close()
+            return server, dsn
+        except psycopg.OperationalError:
+            time.sleep(0.1)
+    raise RuntimeError("PostgreSQL did not start")
+
+
+def variants(conn: psycopg.Connection, keys: FixedKeys) -> dict[str, Callable[[int], None]]:
+    token = keys.sign(FencingToken(CLUSTER, "orders", 7)).encode()
+    upsert = ("INSERT INTO {t} (id, state) VALUES (%s, 'paid') "
+              "ON CONFLICT (id) DO UPDATE SET state = excluded.state")
+
+    def plain(i: int) -> None:
+        with conn.transaction():
+            conn.execute(upsert.format(t="plain_orders"), (i % ROWS,))
+
+    def fenced(i: int) -> None:
+        with pg.fenced(conn, token):
+            conn.execute(upsert.format(t="fenced_orders"), (i % ROWS,))
+
+    def fenced_keys(i: int) -> None:
+        with pg.fenced(conn, token, keys=keys):
+            conn.execute(upsert.format(t="fenced_orders"), (i % ROWS,))
+
+    def protected(i: int) -> None:
+        with pg.fenced(conn, token):
+            conn.execute(upsert.format(t="protected_orders"), (i % ROWS,))
+
+    return {"plain": plain, "fenced": fenced, "fenced+keys": fenced_keys, "protected": protected}
+
+
+def run_round(ops: dict[str, Callable[[int], None]], count: int) -> dict[str, tuple[float, float, float]]:
+    """One round: ``count`` transactions of every variant, alternated one by one (the order rotates).
+
+    Alternating transaction by transaction puts every variant under the same load, which
+    matters on a shared machine where the load drifts within seconds.
+    """
+    names = list(ops)
+    latencies: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(count):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            t0 = time.perf_counter()
+            ops[name](i)
+            latencies[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, values in latencies.items():
+        values.sort()
+        out[name] = (count / sum(values), values[len(values) // 2] * 1e6, values[int(len(values) * 0.99)] * 1e6)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians over them); >= 5")
+    parser.add_argument("--ops", type=int, default=2000, help="transactions per variant per round")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="stockade-bench-pg-"))
+    os.chmod(root, 0o755)
+    server, dsn = start_postgres(root)
+    try:
+        keys = FixedKeys(ephemeral_keyring(CLUSTER))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            pg.install(conn, keys=keys)
+            for table in ("plain_orders", "fenced_orders", "protected_orders"):
+                conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, state text NOT NULL)")
+            pg.protect(conn, "protected_orders", scope="orders")
+            settings = conn.execute("SELECT name, setting FROM pg_settings WHERE name IN "
+                                    "('fsync', 'synchronous_commit', 'wal_sync_method')").fetchall()
+            ops = variants(conn, keys)
+            run_round(ops, 200)  # warm up (prepared statements, caches)
+            results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ops}
+            for _ in range(args.rounds):
+                for name, figures in run_round(ops, args.ops).items():
+                    results[name].append(figures)
+        print(f"PostgreSQL 15, {', '.join(f'{n}={v}' for n, v in settings)}; one client, "
+              f"{args.ops} single-row transactions per variant per round, {args.rounds} interleaved rounds "
+              f"(medians); python {sys.version.split()[0]}")
+        base = statistics.median(r[0] for r in results["plain"])
+        base_p50 = statistics.median(r[1] for r in results["plain"])
+        print("| variant | tx/s | p50 µs | p99 µs | time per tx vs plain (tx/s) | p50 vs plain |")
+        print("|---|---|---|---|---|---|")
+        for name, rounds in results.items():
+            rate = statistics.median(r[0] for r in rounds)
+            p50 = statistics.median(r[1] for r in rounds)
+            p99 = statistics.median(r[2] for r in rounds)
+            print(f"| {name} | {rate:.0f} | {p50:.0f} | {p99:.0f} | {base / rate:.3f}x | {p50 / base_p50:.3f}x |")
+    finally:
+        subprocess.run([*as_postgres(), str(PG_BIN / "pg_ctl"), "stop", "-D", str(root / "data"), "-m", "fast"],
+                       capture_output=True, cwd="/")
+        server.wait(60)
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

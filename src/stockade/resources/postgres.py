@@ -1,0 +1,549 @@
+"""Fence the user's own PostgreSQL: the high-water marks live in the user's database (docs/fence-postgres.md).
+
+`install` creates (and migrates) a schema ``stockade`` in the user's database:
+the marks, the default floor, a copy of the coordinator's keys, and the SQL
+function ``stockade.fence(token, scope)`` that does the whole check in one
+statement (`stockade.resources._postgres_sql` says what it does, step by step).
+A fenced transaction runs that statement first, as a statement of the user's
+own transaction, so the mark moves in the same commit as the user's rows and
+the scope's lock is held until that commit (R1, R6)::
+
+    with fenced(conn, token):              # psycopg 3 Connection
+        conn.execute("UPDATE orders SET state = 'paid' WHERE id = %s", (order_id,))
+
+    async with fenced_async(aconn, token): # psycopg 3 AsyncConnection
+        ...
+
+`fenced_sqlalchemy` and `fenced_sqlalchemy_async` do the same for an
+SQLAlchemy ``Session``/``Connection`` (and their async twins) on PostgreSQL.
+`protect` puts a trigger on a table so that PostgreSQL itself refuses a write
+to it from a transaction that passed no current token for its scope.
+
+**Which check is the truth.** The SQL function is: it holds the mark and the
+scope lock, and it is what protected tables run. Given ``keys=``, the Python
+side also verifies the MAC first (`Verification`), so a forged token is
+refused without a round trip; the database would refuse it anyway. Every
+rejection, from either side, goes through `stockade.resources._observe.reject`
+(R5), so it is counted, logged and raised as the same typed error.
+
+**What the key in the database trusts.** HMAC is symmetric: the keys copied
+into ``stockade.keys`` can mint tokens. The table is readable only by the
+installing role (and superusers); other roles reach it only through the
+``SECURITY DEFINER`` functions. Whoever can read it, or restore a dump of it,
+is trusted like the coordinator.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, NoReturn
+
+from stockade.core.errors import BackendUnavailable, InvalidArgument
+from stockade.core.fence import Reject
+from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_scope
+from stockade.core.signing import Keyring
+from stockade.core.tokens import FencingToken, validate_cluster_id
+from stockade.core.values import FenceFloors
+from stockade.keys import KeyFile, load_keyring, verifier_of
+from stockade.resources import _postgres_sql as q
+from stockade.resources._inputs import check_floors, coerce_token
+from stockade.resources._observe import reject
+from stockade.resources._verify import UNSIGNED, Verification
+
+try:
+    import psycopg
+    from psycopg import sql
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise ImportError("stockade.resources.postgres needs psycopg 3: pip install 'stockade[postgres]'") from exc
+
+__all__ = [
+    "install", "sync_keys", "fenced", "fenced_async", "fenced_sqlalchemy", "fenced_sqlalchemy_async",
+    "protect", "unprotect", "high_waters", "default_floor", "raise_high_waters", "PostgresFence",
+    "FENCE_SQL", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE",
+]
+
+#: The one statement of a fenced transaction (any language or ORM can run it).
+FENCE_SQL = "SELECT stockade.fence(%s, %s)"
+REJECT_SQLSTATE = q.REJECT_SQLSTATE
+NO_TOKEN_SQLSTATE = q.NO_TOKEN_SQLSTATE
+_DETAIL_RE = re.compile(
+    r"reason=(stale|wrong-scope|wrong-cluster|forged) high_water=(\d+) cluster=([0-9a-f]{16}) detail=([a-z-]*)")
+_REASONS: dict[str, Any] = {"stale": "stale", "wrong-scope": "wrong-scope", "wrong-cluster": "wrong-cluster",
+                            "forged": "forged"}
+
+Connection = Any  # psycopg.Connection[Any]; Any so that every row factory is accepted
+AsyncConnection = Any
+
+
+# -- keys ------------------------------------------------------------------------------------------
+
+
+def _keyring_of(keys: object, cluster_id: str | None) -> tuple[Keyring | None, str]:
+    """The keyring ``keys`` stand for (None: ``"unsigned"``) and the cluster it belongs to."""
+    if keys is None:
+        raise InvalidArgument("keys", "pass the coordinator's keys (a KeyFile, FixedKeys, keyring path) "
+                                      "or 'unsigned' (no MAC check: unsafe, see docs/tokens.md)")
+    if keys == UNSIGNED:
+        if cluster_id is None:
+            raise InvalidArgument("cluster_id", "is needed with keys='unsigned'")
+        return None, validate_cluster_id(cluster_id, "cluster_id")
+    verifier = verifier_of(keys, cluster_id)
+    assert verifier is not None
+    keyring = load_keyring(verifier.path) if isinstance(verifier, KeyFile) else verifier.keyring
+    return keyring, keyring.cluster_id
+
+
+def _write_keys(conn: Connection, keyring: Keyring | None) -> None:
+    conn.execute("DELETE FROM stockade.keys")
+    if keyring is not None:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO stockade.keys (kid, secret, verify_until_s) VALUES (%s, %s, %s)",
+                            [(k.kid, k.secret, k.verify_until_s) for k in keyring.keys])
+    conn.execute("UPDATE stockade.settings SET verify_macs = %s", (keyring is not None,))
+
+
+# -- install ---------------------------------------------------------------------------------------
+
+
+def install(conn: Connection, *, keys: object, cluster_id: str | None = None) -> None:
+    """Create or migrate the schema ``stockade`` and (re)define its functions; copy the keys in.
+
+    Idempotent and safe to run from several processes at once (a transaction-scoped
+    advisory lock serialises installs). Needs the right to create a schema and the
+    trusted extension pgcrypto in the database (its owner has both).
+
+    Args:
+        conn: a psycopg 3 connection to the user's database.
+        keys: the coordinator's keys (`stockade.keys.KeyFile`, `FixedKeys`, a `Keyring`,
+            a keyring path), or ``"unsigned"`` to check no MAC (unsafe; docs/tokens.md).
+        cluster_id: the coordinator cluster (needed only with ``"unsigned"``).
+
+    Raises:
+        InvalidArgument: keys of another cluster than the one already installed, or bad keys.
+        BackendUnavailable: the database cannot be reached.
+    """
+    keyring, cluster = _keyring_of(keys, cluster_id)
+    _install(conn, keyring, cluster, q.STALE_WHEN["decide"])
+
+
+def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when: str) -> None:
+    """`install` with its comparison chosen: the private seam the controls use (`q.STALE_WHEN`)."""
+    with _edge(), conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.INSTALL_LOCK_KEY,))
+        conn.execute("CREATE SCHEMA IF NOT EXISTS stockade")
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA stockade")
+        row = conn.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+                           "WHERE e.extname = 'pgcrypto'").fetchone()
+        pgcrypto_schema = row[0]
+        version = 0
+        if conn.execute("SELECT to_regclass('stockade.version')").fetchone()[0] is not None:
+            version = conn.execute("SELECT version FROM stockade.version").fetchone()[0]
+        if version > q.SCHEMA_VERSION:
+            raise InvalidArgument("install", f"the database has stockade schema {version}, newer than this "
+                                             f"library's {q.SCHEMA_VERSION}")
+        for migration in q.MIGRATIONS[version:]:
+            conn.execute(migration)
+        conn.execute("INSERT INTO stockade.version VALUES (1, %s) ON CONFLICT (id) DO UPDATE SET version = "
+                     "excluded.version", (q.SCHEMA_VERSION,))
+        conn.execute("INSERT INTO stockade.settings (id, cluster_id, verify_macs) VALUES (1, %s, true) "
+                     "ON CONFLICT (id) DO NOTHING", (cluster,))
+        installed = conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0]
+        if installed != cluster:
+            raise InvalidArgument("keys", f"this database is fenced for cluster {installed}, not {cluster}")
+        conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when))
+        conn.execute(q.guard_function())
+        _write_keys(conn, keyring)
+
+
+def sync_keys(conn: Connection, keys: object) -> None:
+    """Replace the keys in the database with ``keys`` (after `stockade keys rotate`).
+
+    Raises:
+        InvalidArgument: keys of another cluster than the installed one.
+    """
+    with _edge(), conn.transaction():
+        installed = conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0]
+        keyring, _ = _keyring_of(keys, installed)
+        _write_keys(conn, keyring)
+
+
+# -- the edge: errors of the driver, rejections of the SQL function --------------------------------
+
+
+def _rejection(error: BaseException) -> Reject | None:
+    """The `Reject` a ``stockade.fence`` error stands for, or None for any other error."""
+    if getattr(error, "sqlstate", None) != REJECT_SQLSTATE:
+        return None
+    match = _DETAIL_RE.fullmatch(error.diag.message_detail or "")  # type: ignore[attr-defined]
+    if match is None:
+        return None
+    return Reject(_REASONS[match[1]], int(match[2]), match[4])
+
+
+def _translate(error: BaseException, token: FencingToken, scope: str, resource: str) -> None:
+    """Raise the typed error for a driver error (`reject` for a fence rejection); return if it is the user's."""
+    decision = _rejection(error)
+    if decision is not None:
+        match = _DETAIL_RE.fullmatch(error.diag.message_detail)  # type: ignore[attr-defined]
+        cluster = match[3] if match else token.cluster
+        reject(decision, resource=resource, cluster=cluster, token=token, scope=scope, key=None)
+    if getattr(error, "sqlstate", None) == "22023":
+        raise InvalidArgument("token", str(error).splitlines()[0]) from error
+    if _lost(error):
+        raise BackendUnavailable(f"{resource}: {str(error).strip()}") from error
+
+
+def _lost(error: BaseException) -> bool:
+    """A failure of the connection or server (outcome unknown), not a serialization failure or a deadlock
+    (class 40: rolled back, for the caller to retry as PostgreSQL users do)."""
+    return (isinstance(error, psycopg.OperationalError | psycopg.InterfaceError)
+            and not (getattr(error, "sqlstate", None) or "").startswith("40"))
+
+
+@contextmanager
+def _edge() -> Iterator[None]:
+    """Driver failures as `BackendUnavailable` (the outcome unknown), for the non-fenced operations."""
+    try:
+        yield
+    except psycopg.Error as error:
+        if _lost(error):
+            raise BackendUnavailable(f"postgres: {str(error).strip()}") from error
+        raise
+
+
+def _resource(info: Any) -> str:
+    try:
+        return f"postgres:{info.host}:{info.port}/{info.dbname}"
+    except Exception:  # noqa: BLE001 - a name for the log only
+        return "postgres"
+
+
+def _prepare(token: object, scope: object, keys: object) -> tuple[FencingToken, str]:
+    """Validate the arguments and, with ``keys``, verify the MAC here (no round trip for a forgery)."""
+    fencing_token = coerce_token(token)
+    scope = validate_scope(fencing_token.scope if scope is None else scope)
+    if keys is not None and keys != UNSIGNED:
+        verification = Verification()
+        verifier = verifier_of(keys, None)
+        assert verifier is not None
+        verification.use_keys(verifier, verifier.cluster_id)
+        why = verification.forged(fencing_token)
+        if why is not None:
+            # Nothing was read: the mark is not known here, and a forged token learns nothing of it.
+            reject(Reject("forged", 0, why), resource="postgres", cluster=verifier.cluster_id,
+                   token=fencing_token, scope=scope, key=None)
+    return fencing_token, scope
+
+
+def _check_result(error: BaseException, token: FencingToken, scope: str, resource: str) -> NoReturn:
+    _translate(error, token, scope, resource)
+    raise error
+
+
+# -- fenced transactions ---------------------------------------------------------------------------
+
+
+def _begin_and_fence(token: FencingToken, scope: str) -> str:
+    """``BEGIN`` and the fence in one simple query: one round trip, as many as a plain ``BEGIN``.
+
+    The values are inlined: a validated token and scope hold only ``[A-Za-z0-9._:-]``
+    (checked again here, so no quote can ever reach the text).
+    """
+    encoded = token.encode()
+    if not (_INLINE_SAFE.fullmatch(encoded) and _INLINE_SAFE.fullmatch(scope)):
+        raise InvalidArgument("token", "holds characters a token never holds")
+    return f"BEGIN; SELECT stockade.fence('{encoded}', '{scope}')"
+
+
+_INLINE_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def _owns_transaction(conn: Any) -> bool:
+    """Whether `fenced` begins and ends the transaction itself (an idle autocommit connection)."""
+    return bool(conn.autocommit) and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@contextmanager
+def fenced(conn: Connection, token: FencingToken | str, scope: str | None = None, *,
+           keys: object = None) -> Iterator[Connection]:
+    """A transaction of ``conn`` admitted by ``token``: ``with fenced(conn, token): conn.execute(...)``.
+
+    Runs ``SELECT stockade.fence(token, scope)`` as the first statement of a
+    transaction, then the body, then commits. On an idle autocommit connection
+    it sends ``BEGIN`` and the check in one round trip and commits at the end;
+    otherwise it uses ``conn.transaction()`` (a savepoint of the transaction
+    already open). The scope's lock is held until the commit, so a higher
+    token waits for this transaction to end (R6). A rejection or an exception
+    in the body rolls the block back: nothing of it is applied, and the mark is
+    not raised.
+
+    Args:
+        conn: a psycopg 3 ``Connection`` to a database where `install` ran.
+        token: the lease's token (a `FencingToken` or its encoded string).
+        scope: the scope written (default: the token's own; another one is refused, R2).
+        keys: the coordinator's keys, to refuse a forged token before any round trip (optional:
+            the database checks the MAC anyway).
+
+    Raises:
+        StaleToken: the token is below the scope's mark (``.high_water``).
+        TokenMismatch: another scope's or cluster's token, or a forged one.
+        InvalidArgument: a malformed token or scope.
+        BackendUnavailable: the connection failed (the commit's outcome is unknown).
+    """
+    fencing_token, scope = _prepare(token, scope, keys)
+    if not _owns_transaction(conn):
+        try:
+            with conn.transaction():
+                conn.execute(FENCE_SQL, (fencing_token.encode(), scope))
+                yield conn
+        except psycopg.Error as error:  # the check's, the body's (a protected table's trigger) or the commit's
+            _check_result(error, fencing_token, scope, _resource(conn.info))
+        return
+    try:
+        conn.execute(_begin_and_fence(fencing_token, scope))
+        yield conn
+    except BaseException as error:
+        _rollback_quietly(conn)
+        if isinstance(error, psycopg.Error):
+            _check_result(error, fencing_token, scope, _resource(conn.info))
+        raise
+    try:
+        conn.commit()
+    except psycopg.Error as error:
+        _check_result(error, fencing_token, scope, _resource(conn.info))
+
+
+def _rollback_quietly(conn: Any) -> None:
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        pass  # the connection is gone: the server rolls back by itself
+
+
+async def _arollback_quietly(aconn: Any) -> None:
+    try:
+        await aconn.rollback()
+    except psycopg.Error:
+        pass
+
+
+@asynccontextmanager
+async def fenced_async(aconn: AsyncConnection, token: FencingToken | str, scope: str | None = None, *,
+                       keys: object = None) -> AsyncIterator[AsyncConnection]:
+    """`fenced` for a psycopg 3 ``AsyncConnection``: ``async with fenced_async(aconn, token): ...``."""
+    fencing_token, scope = _prepare(token, scope, keys)
+    if not _owns_transaction(aconn):
+        try:
+            async with aconn.transaction():
+                await aconn.execute(FENCE_SQL, (fencing_token.encode(), scope))
+                yield aconn
+        except psycopg.Error as error:
+            _check_result(error, fencing_token, scope, _resource(aconn.info))
+        return
+    try:
+        await aconn.execute(_begin_and_fence(fencing_token, scope))
+        yield aconn
+    except BaseException as error:
+        await _arollback_quietly(aconn)
+        if isinstance(error, psycopg.Error):
+            _check_result(error, fencing_token, scope, _resource(aconn.info))
+        raise
+    try:
+        await aconn.commit()
+    except psycopg.Error as error:
+        _check_result(error, fencing_token, scope, _resource(aconn.info))
+
+
+def _sqlalchemy() -> Any:
+    try:
+        import sqlalchemy
+        import sqlalchemy.exc
+    except ImportError as exc:  # pragma: no cover - the extra is not installed
+        raise ImportError("fenced_sqlalchemy needs SQLAlchemy: pip install 'stockade[sqlalchemy]'") from exc
+    return sqlalchemy
+
+
+@contextmanager
+def fenced_sqlalchemy(bind: Any, token: FencingToken | str, scope: str | None = None, *,
+                      keys: object = None) -> Iterator[Any]:
+    """`fenced` for an SQLAlchemy ``Session`` or ``Connection`` on PostgreSQL (any DBAPI driver).
+
+    Begins a transaction (a SAVEPOINT if one is already open), runs the fence
+    statement in it, yields ``bind``, and commits (releases) at the end.
+    """
+    sa = _sqlalchemy()
+    fencing_token, scope = _prepare(token, scope, keys)
+    statement = sa.text("SELECT stockade.fence(:token, :scope)")
+    try:
+        with bind.begin_nested() if bind.in_transaction() else bind.begin():
+            bind.execute(statement, {"token": fencing_token.encode(), "scope": scope})
+            yield bind
+    except sa.exc.DBAPIError as error:
+        _translate(error.orig, fencing_token, scope, "postgres")
+        raise
+
+
+@asynccontextmanager
+async def fenced_sqlalchemy_async(bind: Any, token: FencingToken | str, scope: str | None = None, *,
+                                  keys: object = None) -> AsyncIterator[Any]:
+    """`fenced_sqlalchemy` for an ``AsyncSession`` or ``AsyncConnection`` (``postgresql+psycopg``)."""
+    sa = _sqlalchemy()
+    fencing_token, scope = _prepare(token, scope, keys)
+    statement = sa.text("SELECT stockade.fence(:token, :scope)")
+    try:
+        async with bind.begin_nested() if bind.in_transaction() else bind.begin():
+            await bind.execute(statement, {"token": fencing_token.encode(), "scope": scope})
+            yield bind
+    except sa.exc.DBAPIError as error:
+        _translate(error.orig, fencing_token, scope, "postgres")
+        raise
+
+
+# -- protected tables ------------------------------------------------------------------------------
+
+
+def _relation(conn: Connection, table: str) -> str:
+    if not isinstance(table, str) or not table:
+        raise InvalidArgument("table", "must be a table name")
+    name = conn.execute("SELECT to_regclass(%s)::text", (table,)).fetchone()[0]
+    if name is None:
+        raise InvalidArgument("table", f"no table {table!r} in this database")
+    return str(name)
+
+
+def protect(conn: Connection, table: str, *, scope: str) -> None:
+    """Make PostgreSQL refuse INSERT, UPDATE, DELETE and TRUNCATE on ``table`` without a current token.
+
+    A statement-level trigger runs ``stockade.fence`` again with the token this
+    transaction passed for ``scope`` (the transaction-local setting only says
+    where to find it; the MAC, the scope and the mark are checked again, under
+    the same scope lock), so a writer that forgot its token, or carries a stale,
+    forged or another scope's one, is refused by the database itself.
+
+    Raises:
+        InvalidArgument: a bad scope or no such table.
+    """
+    scope = validate_scope(scope)
+    with _edge(), conn.transaction():
+        relation = sql.SQL(_relation(conn, table))  # regclass text: already quoted by PostgreSQL
+        conn.execute(sql.SQL("DROP TRIGGER IF EXISTS stockade_fence ON {}").format(relation))
+        conn.execute(sql.SQL("CREATE TRIGGER stockade_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {} "
+                             "FOR EACH STATEMENT EXECUTE FUNCTION stockade.guard({})")
+                     .format(relation, sql.Literal(scope)))
+        conn.execute("INSERT INTO stockade.protected (relation, scope) VALUES (to_regclass(%s), %s) "
+                     "ON CONFLICT (relation) DO UPDATE SET scope = excluded.scope", (table, scope))
+
+
+def unprotect(conn: Connection, table: str) -> None:
+    """Remove `protect`'s trigger from ``table``."""
+    with _edge(), conn.transaction():
+        relation = sql.SQL(_relation(conn, table))
+        conn.execute(sql.SQL("DROP TRIGGER IF EXISTS stockade_fence ON {}").format(relation))
+        conn.execute("DELETE FROM stockade.protected WHERE relation = to_regclass(%s)", (table,))
+
+
+# -- marks and floors (R4) -------------------------------------------------------------------------
+
+
+def high_waters(conn: Connection) -> dict[str, int]:
+    """Every scope's effective mark (its own raised to the default floor)."""
+    with _edge(), conn.transaction():
+        rows = conn.execute("SELECT h.scope, greatest(h.high_water, s.default_floor) FROM stockade.high_water h, "
+                            "stockade.settings s ORDER BY h.scope").fetchall()
+    return {scope: int(mark) for scope, mark in rows}
+
+
+def default_floor(conn: Connection) -> int:
+    """The floor of every scope the database has no mark of its own for."""
+    with _edge(), conn.transaction():
+        return int(conn.execute("SELECT default_floor FROM stockade.settings").fetchone()[0])
+
+
+def raise_high_waters(conn: Connection, floors: Mapping[str, int] | FenceFloors, *,
+                      default: int = 0) -> dict[str, int]:
+    """Raise marks to floors, never lowering one, in one transaction (R4: after a failover or a restore).
+
+    Waits for every open fenced transaction to end (they hold the floor lock
+    shared), so no check admitted below the new floor commits after it.
+
+    Args:
+        conn: a psycopg 3 connection.
+        floors: scope -> floor, or a `FenceFloors` (its ``default`` then counts too).
+        default: the floor of every scope not named, including ones never seen (kept durably).
+
+    Returns:
+        The named scopes' marks after.
+
+    Raises:
+        InvalidArgument: a bad scope or value (nothing changes).
+    """
+    default = validate_int("default", default, 0, TOKEN_VALUE_MAX)
+    if isinstance(floors, FenceFloors):
+        default = max(default, floors.default)
+        checked = check_floors(floors.floors)
+    else:
+        checked = check_floors(floors)
+    with _edge(), conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.FLOOR_LOCK_KEY,))
+        conn.execute("UPDATE stockade.settings SET default_floor = greatest(default_floor, %s)", (default,))
+        if checked:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (%s, %s) ON CONFLICT (scope) "
+                    "DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water)", list(checked.items()))
+        rows = conn.execute("SELECT h.scope, greatest(h.high_water, s.default_floor) FROM stockade.high_water h, "
+                            "stockade.settings s WHERE h.scope = ANY(%s)", (list(checked),)).fetchall()
+    return {scope: int(mark) for scope, mark in rows}
+
+
+class PostgresFence:
+    """A PostgreSQL database fenced by stockade, by its connection string (what ``stockade floor`` opens).
+
+    Each call opens its own short connection. ``dsn`` is a libpq connection
+    string or a ``postgresql://`` url.
+
+    Args:
+        dsn: where the database is.
+        keys: the coordinator's keys, for `install`, `sync_keys` and `fenced` (None: only the floors).
+        connect_timeout_s: how long a connection attempt may take.
+    """
+
+    def __init__(self, dsn: str, *, keys: object = None, connect_timeout_s: int = 10) -> None:
+        if not isinstance(dsn, str) or not dsn:
+            raise InvalidArgument("dsn", "must be a libpq connection string or a postgresql:// url")
+        self.dsn = dsn
+        self.keys = keys
+        self.connect_timeout_s = validate_int("connect_timeout_s", connect_timeout_s, 1, 3600)
+
+    def __repr__(self) -> str:
+        return "PostgresFence(<dsn>)"  # a dsn may hold a password
+
+    def connect(self) -> Any:
+        """A new psycopg connection (autocommit: each `fenced` block is its own transaction)."""
+        with _edge():
+            return psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout_s)
+
+    def install(self, *, cluster_id: str | None = None) -> None:
+        with self.connect() as conn:
+            install(conn, keys=self.keys, cluster_id=cluster_id)
+
+    def sync_keys(self) -> None:
+        with self.connect() as conn:
+            sync_keys(conn, self.keys)
+
+    def high_waters(self) -> dict[str, int]:
+        with self.connect() as conn:
+            return high_waters(conn)
+
+    def default_floor(self) -> int:
+        with self.connect() as conn:
+            return default_floor(conn)
+
+    def raise_high_waters(self, floors: Mapping[str, int] | FenceFloors, *, default: int = 0) -> dict[str, int]:
+        with self.connect() as conn:
+            return raise_high_waters(conn, floors, default=default)
+
+    def close(self) -> None:
+        """Nothing is held between calls; here for the resource protocol."""

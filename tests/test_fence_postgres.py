@@ -1,0 +1,470 @@
+"""PostgreSQL fence adapter, beyond the shared conformance suite (docs/fence-postgres.md).
+
+- Protected tables: writes with no token, a stale, forged or another scope's
+  token are refused by PostgreSQL itself, from a psycopg session with no
+  stockade code and from a plain ``psql`` process (control: the same attempts
+  on the table unprotected are all accepted).
+- S16: kill -9 of the postmaster during fenced writes, restarted each time:
+  HWM rollbacks and acknowledged writes lost (control: ``synchronous_commit=off``
+  loses acknowledged writes, which the same check sees).
+- A writer process paused with SIGSTOP: inside its fenced transaction (a
+  higher token waits; the server ends the idle transaction; the resumed commit
+  applies nothing) and before it (the resumed write is refused; control: a
+  check-then-write writer's stale write lands).
+- install twice at once, the SQLAlchemy async twin, `PostgresFence` by url.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
+
+from stockade.core.errors import BackendUnavailable, StaleToken, TokenMismatch
+from stockade.core.tokens import FencingToken
+from stockade.resources import postgres as pg
+from stockade.testing.conformance.fence import CLUSTER, KEYS, ROGUE_KEYS, tok
+
+ROOT = Path(__file__).resolve().parent.parent
+LONG = int(os.environ.get("STOCKADE_LONG", "0") or 0)
+ATTEMPTS = 100 * (10 if LONG else 1)  # per kind of bad write, per client
+RESTARTS = 10 * (5 if LONG else 1)
+WAIT_S = 30.0
+
+if not available():
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
+    pytest.skip("PostgreSQL 15 is not installed", allow_module_level=True)
+
+
+@pytest.fixture
+def db() -> Iterator[tuple[PostgresServer, str, psycopg.Connection]]:
+    server = shared_server()
+    name = fresh_database(server)
+    conn = psycopg.connect(server.dsn_of(name), autocommit=True)
+    pg.install(conn, keys=KEYS)
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, state text NOT NULL)")
+    try:
+        yield server, name, conn
+    finally:
+        conn.close()
+        drop_database(server, name)
+
+
+# -- protected tables ----------------------------------------------------------------------------------
+
+
+def _bad_transactions(current: int) -> dict[str, list[str]]:
+    """SQL transactions, by kind, that try to write to ``orders`` (scope "orders") without a current token."""
+    stale = tok(current - 1, scope="orders").encode()
+    forged = [tok(current + 5, scope="orders", keys=ROGUE_KEYS).encode(),
+              tok(current + 5, scope="orders", keys=None).encode(),
+              _bad_mac(current + 5)]
+    other = tok(current + 5, scope="other").encode()
+    writes = ["INSERT INTO orders VALUES ({i}, 'evil')", "UPDATE orders SET state = 'evil'",
+              "DELETE FROM orders", "TRUNCATE orders"]
+
+    def each(prefix: str) -> list[str]:
+        return [f"BEGIN; {prefix}{writes[i % len(writes)].format(i=1000 + i)}; COMMIT;" for i in range(ATTEMPTS)]
+
+    def setting(token: str, scope: str = "orders") -> str:
+        return f"""SET LOCAL stockade.tokens = '{{"{scope}": "{token}"}}'; """
+
+    return {
+        "no token": each(""),
+        "stale (fence)": each(f"SELECT stockade.fence('{stale}', 'orders'); "),
+        "stale (SET LOCAL)": each(setting(stale)),
+        "forged (fence)": [t for f in forged for t in each(f"SELECT stockade.fence('{f}', 'orders'); ")][:ATTEMPTS],
+        "forged (SET LOCAL)": [t for f in forged for t in each(setting(f))][:ATTEMPTS],
+        "other scope (fence)": each(f"SELECT stockade.fence('{other}', 'other'); "),
+        "other scope (SET LOCAL)": each(setting(other)),
+    }
+
+
+def _bad_mac(value: int) -> str:
+    """A token whose MAC is a real one, of another value."""
+    real = tok(value - 1, scope="orders")
+    return FencingToken(CLUSTER, "orders", value, real.kid, real.mac).encode()
+
+
+def _orders(conn: psycopg.Connection) -> list[tuple[int, str]]:
+    return conn.execute("SELECT id, state FROM orders ORDER BY id").fetchall()
+
+
+def _accepted_via_psycopg(conn: psycopg.Connection, transactions: list[str]) -> int:
+    accepted = 0
+    for text in transactions:
+        try:
+            conn.execute(text.replace("BEGIN; ", "").replace(" COMMIT;", ""))  # one implicit transaction
+            accepted += 1
+        except psycopg.Error:
+            pass
+    return accepted
+
+
+def _accepted_via_psql(server: PostgresServer, dbname: str, transactions: list[str]) -> int:
+    """Runs every transaction in one plain psql session; counts the COMMITs that committed."""
+    script = "\\set ON_ERROR_STOP 0\n" + "\n".join(transactions) + "\n"
+    result = subprocess.run(
+        [*server.psql_argv(dbname), "-f", "-"], input=script, capture_output=True, text=True, timeout=120,
+    )
+    return result.stdout.split().count("COMMIT")  # a failed transaction's COMMIT prints ROLLBACK
+
+
+def test_protected_table_refuses_writes_without_a_current_token(db: tuple[PostgresServer, str, psycopg.Connection]
+                                                                ) -> None:
+    server, dbname, conn = db
+    with pg.fenced(conn, tok(10, scope="orders")):
+        conn.execute("INSERT INTO orders VALUES (1, 'new')")
+    pg.protect(conn, "orders", scope="orders")
+    with pg.fenced(conn, tok(11, scope="orders")):  # the current holder still writes
+        conn.execute("UPDATE orders SET state = 'paid' WHERE id = 1")
+    before = _orders(conn)
+    attempts = accepted = 0
+    with psycopg.connect(server.dsn_of(dbname), autocommit=True) as plain:  # no stockade code in this session
+        for kind, transactions in _bad_transactions(11).items():
+            psql_accepted = _accepted_via_psql(server, dbname, transactions)
+            psycopg_accepted = _accepted_via_psycopg(plain, transactions)
+            print(f"protected table, {kind}: psql accepted {psql_accepted} of {len(transactions)}, "
+                  f"psycopg accepted {psycopg_accepted} of {len(transactions)}")
+            attempts += 2 * len(transactions)
+            accepted += psql_accepted + psycopg_accepted
+    assert _orders(conn) == before == [(1, "paid")]
+    assert pg.high_waters(conn) == {"orders": 11}
+    print(f"protected table: {accepted} of {attempts} bad writes accepted")
+    assert accepted == 0 and attempts >= 1400
+
+
+def test_control_the_same_writes_on_an_unprotected_table_are_accepted(
+        db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    server, dbname, conn = db
+    pg.protect(conn, "orders", scope="orders")
+    pg.unprotect(conn, "orders")
+    transactions = _bad_transactions(11)["no token"]
+    assert _accepted_via_psql(server, dbname, transactions) == len(transactions)
+
+
+def test_protected_table_a_fenced_block_of_another_scope_does_not_open_it(
+        db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    _, _, conn = db
+    pg.protect(conn, "orders", scope="orders")
+    with pytest.raises(psycopg.Error) as info:
+        with pg.fenced(conn, tok(3, scope="other")):
+            conn.execute("INSERT INTO orders VALUES (2, 'x')")
+    assert info.value.sqlstate == pg.NO_TOKEN_SQLSTATE
+    with pytest.raises(TokenMismatch):  # the database's refusal, as the typed error
+        with pg.fenced(conn, tok(3, scope="other"), "orders"):
+            conn.execute("INSERT INTO orders VALUES (2, 'x')")
+    assert _orders(conn) == []
+
+
+# -- S16: kill -9 of PostgreSQL during fenced writes ---------------------------------------------------
+
+
+def _crash_run(settings: dict[str, str], restarts: int, seed: int) -> tuple[int, int, int]:
+    """Writes under rising tokens while the postmaster is killed ``restarts`` times.
+
+    Returns (HWM rollbacks, acknowledged writes lost, acknowledged writes).
+    """
+    rng = random.Random(seed)
+    server = PostgresServer(settings)
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            pg.install(conn, keys=KEYS)
+            conn.execute("CREATE TABLE kv (key int PRIMARY KEY, token bigint NOT NULL)")
+        acknowledged: dict[int, int] = {}  # key -> token of its acknowledged commit
+        rollbacks = 0
+        lost: set[int] = set()
+        value = 0
+        for _ in range(restarts):
+            target = len(acknowledged) + rng.randint(5, 40)
+            stop = threading.Event()
+
+            def writer(stop: threading.Event = stop) -> None:
+                nonlocal value
+                try:
+                    conn = psycopg.connect(server.dsn, autocommit=True)
+                except psycopg.Error:
+                    return
+                with conn:
+                    while not stop.is_set():
+                        value += 1
+                        try:
+                            with pg.fenced(conn, tok(value, scope="s"), keys=KEYS):
+                                conn.execute("INSERT INTO kv VALUES (%s, %s)", (value, value))
+                        except (BackendUnavailable, psycopg.Error):
+                            return
+                        acknowledged[value] = value  # the commit returned
+
+            thread = threading.Thread(target=writer)
+            thread.start()
+            deadline = time.monotonic() + WAIT_S
+            while len(acknowledged) < target and thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            server.kill9()  # while the writer is in the middle of its next transactions
+            stop.set()
+            thread.join(WAIT_S)
+            server.start()
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                mark = pg.high_waters(conn).get("s", 0)
+                rows = dict(conn.execute("SELECT key, token FROM kv").fetchall())
+            last = max(acknowledged, default=0)
+            rollbacks += mark < last
+            lost |= {key for key, token in acknowledged.items() if rows.get(key) != token}
+        return rollbacks, len(lost), len(acknowledged)
+    finally:
+        server.close()
+
+
+def test_s16_kill_9_of_postgres_during_fenced_writes() -> None:
+    rollbacks, lost, acked = _crash_run({}, RESTARTS, seed=16)
+    print(f"S16 postgres: HWM rollbacks {rollbacks} of {RESTARTS} restarts, "
+          f"acknowledged writes lost {lost} of {acked}")
+    assert (rollbacks, lost) == (0, 0) and acked >= RESTARTS * 5
+
+
+def test_s16_control_asynchronous_commit_loses_acknowledged_writes() -> None:
+    # With synchronous_commit off, a commit returns before its WAL is written; the WAL writer
+    # is held back, so the last commits before each kill are in shared memory only.
+    rollbacks, lost, acked = _crash_run({"synchronous_commit": "off", "wal_writer_delay": "10000ms"}, 3, seed=17)
+    print(f"S16 control (synchronous_commit=off): HWM rollbacks {rollbacks} of 3, lost {lost} of {acked}")
+    assert lost > 0
+
+
+# -- a writer paused with SIGSTOP ----------------------------------------------------------------------
+
+WRITER = r"""
+import sys, psycopg
+from stockade.core.errors import StaleToken, BackendUnavailable
+from stockade.resources import postgres as pg
+dsn, token, mode = sys.argv[1:4]
+conn = psycopg.connect(dsn, autocommit=True)
+conn.execute("SET idle_in_transaction_session_timeout = '3s'")
+def out(line):
+    print(line, flush=True)
+try:
+    if mode == "inside":
+        with pg.fenced(conn, token):
+            conn.execute("INSERT INTO kv VALUES ('A', 'paused')")
+            out("in-transaction")
+            sys.stdin.readline()
+    elif mode == "before":
+        out("ready")
+        sys.stdin.readline()
+        with pg.fenced(conn, token):
+            conn.execute("INSERT INTO kv VALUES ('A', 'paused')")
+    else:  # check-then-write: read the mark, then write in another transaction
+        from stockade.core.fence import decide, Accept
+        from stockade.core.tokens import FencingToken
+        t = FencingToken.decode(token)
+        mark = pg.high_waters(conn).get(t.scope, 0)
+        assert isinstance(decide(t, cluster=t.cluster, scope=t.scope, high_water=mark), Accept)
+        out("ready")
+        sys.stdin.readline()
+        conn.execute("INSERT INTO kv VALUES ('A', 'paused')")
+    out("committed")
+except StaleToken as e:
+    out(f"refused stale {e.high_water}")
+except (BackendUnavailable, psycopg.Error):
+    out("connection lost")
+"""
+
+
+def _start_writer(server: PostgresServer, dbname: str, token: str, mode: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.Popen([sys.executable, "-c", WRITER, server.dsn_of(dbname), token, mode], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _resume(writer: subprocess.Popen[str]) -> str:
+    os.kill(writer.pid, signal.SIGCONT)
+    assert writer.stdin is not None and writer.stdout is not None
+    writer.stdin.write("go\n")
+    writer.stdin.flush()
+    answer = writer.stdout.readline().strip()
+    writer.wait(WAIT_S)
+    return answer
+
+
+@pytest.fixture
+def kv_db(db: tuple[PostgresServer, str, psycopg.Connection]) -> tuple[PostgresServer, str, psycopg.Connection]:
+    server, name, conn = db
+    conn.execute("CREATE TABLE kv (key text PRIMARY KEY, value text NOT NULL)")
+    with pg.fenced(conn, tok(1, scope="s")):
+        pass
+    return server, name, conn
+
+
+def test_writer_paused_inside_its_transaction_blocks_the_higher_token_until_the_server_ends_it(
+        kv_db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    server, dbname, conn = kv_db
+    writer = _start_writer(server, dbname, tok(2, scope="s").encode(), "inside")
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "in-transaction"
+    os.kill(writer.pid, signal.SIGSTOP)
+    done = threading.Event()
+
+    def higher() -> None:
+        with psycopg.connect(server.dsn_of(dbname), autocommit=True) as other:
+            with pg.fenced(other, tok(3, scope="s")):
+                other.execute("INSERT INTO kv VALUES ('B', 'current') ON CONFLICT (key) DO UPDATE SET value = "
+                              "excluded.value")
+        done.set()
+
+    thread = threading.Thread(target=higher)
+    thread.start()
+    waited = False
+    deadline = time.monotonic() + WAIT_S
+    while not done.is_set() and time.monotonic() < deadline:  # B is seen waiting on the scope lock (R6)
+        waited |= bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                    "AND datname = current_database()").fetchone()[0])
+        time.sleep(0.01)
+    thread.join(WAIT_S)
+    assert waited and done.is_set()  # B waited, then went on once the server ended A's idle transaction
+    assert _resume(writer) == "connection lost"  # A's commit applied nothing
+    assert dict(conn.execute("SELECT key, value FROM kv").fetchall()) == {"B": "current"}
+    assert pg.high_waters(conn) == {"s": 3}
+
+
+@pytest.mark.parametrize("mode, expected", [("before", "refused stale 3"), ("check-then-write", "committed")],
+                         ids=["fenced", "control-check-then-write"])
+def test_writer_paused_before_its_transaction_is_refused_on_resume(
+        kv_db: tuple[PostgresServer, str, psycopg.Connection], mode: str, expected: str) -> None:
+    server, dbname, conn = kv_db
+    writer = _start_writer(server, dbname, tok(2, scope="s").encode(), mode)
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+    os.kill(writer.pid, signal.SIGSTOP)
+    with pg.fenced(conn, tok(3, scope="s")):
+        conn.execute("INSERT INTO kv VALUES ('B', 'current')")
+    assert _resume(writer) == expected
+    rows = dict(conn.execute("SELECT key, value FROM kv").fetchall())
+    stale_applied = "A" in rows
+    assert stale_applied == (mode == "check-then-write")  # the control's stale write lands: the test sees it
+
+
+# -- install, SQLAlchemy async, the floor by url -------------------------------------------------------
+
+
+def test_install_twice_at_once_and_again_is_harmless() -> None:
+    server = shared_server()
+    name = fresh_database(server)
+    try:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
+                    pg.install(conn, keys=KEYS)
+            except BaseException as error:  # noqa: BLE001
+                errors.append(error)
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
+            assert conn.execute("SELECT version FROM stockade.version").fetchone()[0] == 1
+            with pg.fenced(conn, tok(4)):
+                pass
+            pg.install(conn, keys=KEYS)  # again, with a mark in place: it stays
+            assert pg.high_waters(conn) == {"a": 4}
+            from stockade.keys import FixedKeys, ephemeral_keyring
+
+            with pytest.raises(Exception, match="another|cluster"):
+                pg.install(conn, keys=FixedKeys(ephemeral_keyring("0123456789abcdef")))
+    finally:
+        drop_database(server, name)
+
+
+def test_sqlalchemy_async_session(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    pytest.importorskip("greenlet", reason="SQLAlchemy's asyncio needs greenlet (sqlalchemy[asyncio])")
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    server, dbname, conn = db
+
+    async def main() -> None:
+        engine = create_async_engine("postgresql+psycopg://" + server.url(dbname).removeprefix("postgresql://"))
+        async with AsyncSession(engine) as session:
+            async with pg.fenced_sqlalchemy_async(session, tok(5, scope="orders")):
+                await session.execute(text("INSERT INTO orders VALUES (1, 'new')"))
+            with pytest.raises(StaleToken):
+                async with pg.fenced_sqlalchemy_async(session, tok(4, scope="orders")):
+                    await session.execute(text("INSERT INTO orders VALUES (2, 'stale')"))
+        async with engine.connect() as aconn:
+            async with pg.fenced_sqlalchemy_async(aconn, tok(5, scope="orders")):
+                await aconn.execute(text("INSERT INTO orders VALUES (3, 'again')"))
+        await engine.dispose()
+
+    asyncio.run(main())
+    assert _orders(conn) == [(1, "new"), (3, "again")]
+
+
+def test_postgres_fence_by_url_raises_floors(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    from stockade.core.values import FenceFloors
+
+    server, dbname, conn = db
+    with pg.fenced(conn, tok(5, scope="orders")):
+        pass
+    fence = pg.PostgresFence(server.url(dbname))
+    assert fence.high_waters() == {"orders": 5}
+    assert fence.raise_high_waters(FenceFloors({"orders": 9, "new": 2}, default=3)) == {"orders": 9, "new": 3}
+    assert fence.high_waters() == {"new": 3, "orders": 9} and fence.default_floor() == 3
+    with pytest.raises(StaleToken):
+        with pg.fenced(conn, tok(8, scope="orders")):
+            pass
+    with pg.fenced(conn, tok(9, scope="orders")):
+        pass
+
+
+def test_repeatable_read_a_mark_raised_after_the_snapshot_is_never_a_stale_admission(
+        kv_db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    server, dbname, conn = kv_db
+    with pg.fenced(conn, tok(2, scope="s")):
+        pass
+    with psycopg.connect(server.dsn_of(dbname)) as old:  # not autocommit: psycopg begins the transaction
+        old.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        old.execute("SELECT count(*) FROM kv")  # its snapshot: the mark is 2
+        with pg.fenced(conn, tok(3, scope="s")):  # a newer holder raises it and commits
+            conn.execute("INSERT INTO kv VALUES ('B', 'current')")
+        with pytest.raises((StaleToken, psycopg.errors.SerializationFailure)):
+            with pg.fenced(old, tok(2, scope="s")):
+                old.execute("INSERT INTO kv VALUES ('A', 'stale')")
+        old.rollback()
+    assert dict(conn.execute("SELECT key, value FROM kv").fetchall()) == {"B": "current"}
+
+
+def test_sync_keys_follows_a_rotation(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    import secrets
+
+    from stockade.core.signing import Keyring, SigningKey
+    from stockade.keys import FixedKeys
+
+    _, _, conn = db
+    old = KEYS.keyring.current
+    new = SigningKey("0badc0de", secrets.token_bytes(32), 0, None)
+    rotated = FixedKeys(Keyring(CLUSTER, [SigningKey(old.kid, old.secret, 0, 1), new]))  # old retired in 1970
+    with pg.fenced(conn, tok(3)):  # the old key, before the rotation reached the database
+        pass
+    with pytest.raises(TokenMismatch, match="unknown-key"):
+        with pg.fenced(conn, rotated.sign(FencingToken(CLUSTER, "a", 4))):
+            pass
+    pg.sync_keys(conn, rotated)
+    with pg.fenced(conn, rotated.sign(FencingToken(CLUSTER, "a", 4))):
+        pass
+    with pytest.raises(TokenMismatch, match="retired-key"):  # checked by the database (no keys= here)
+        with pg.fenced(conn, tok(5)):
+            pass
+    assert pg.high_waters(conn) == {"a": 4}
