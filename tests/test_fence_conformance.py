@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from helpers.fence_files import make_files_harness
-from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
 from helpers.fence_postgres import make_postgres_harness
+from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
 from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 
 import stockade.testing.conformance.fence as suite
