@@ -25,7 +25,22 @@ def _serve(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
     return {"127.0.0.1:7390": f"127.0.0.1:{server.port}"}, server.stop
 
 
-SERVICES = {"serve": _serve}
+def _postgres(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
+    from helpers.postgres import PostgresServer
+
+    server = PostgresServer()
+    server.start()
+    return {"127.0.0.1:5432": f"127.0.0.1:{server.port}"}, server.close
+
+
+def _redis(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
+    from helpers.redis_server import RedisServer
+
+    server = RedisServer(workdir / "redis")
+    return {"127.0.0.1:6379": f"127.0.0.1:{server.port}"}, server.stop
+
+
+SERVICES = {"serve": _serve, "postgres": _postgres, "redis": _redis}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[p.name for p in DOCS])
