@@ -47,7 +47,16 @@ except ImportError as error:  # pragma: no cover - the extra is missing
 
 __all__ = ["RedisFence", "AsyncRedisFence", "RedisBatch", "AsyncRedisBatch"]
 
-_DOWN = (redis_py.ConnectionError, redis_py.TimeoutError)
+#: Errors the script's first pass reports before any write: the batch does not fit the data.
+_REFUSED_BY_SCRIPT = ("WRONGTYPE", "ERR INCRBY", "ERR command not allowed")
+
+
+def _translate(error: Exception, resource: str) -> Exception:
+    """A redis-py error as stockade's: the user's data refused the batch, or Redis failed."""
+    text = str(error)
+    if isinstance(error, redis_py.ResponseError) and any(m in text for m in _REFUSED_BY_SCRIPT):
+        return InvalidArgument("batch", f"refused by {resource}, nothing applied: {text}")
+    return BackendUnavailable(f"{resource}: {text}")
 
 
 def _resource_name(client: Any) -> str:
@@ -156,9 +165,13 @@ class RedisFence(_FenceBase):
         super().__init__(client, keys=keys, cluster_id=cluster_id, value_bytes_max=value_bytes_max)
 
     @classmethod
-    def from_url(cls, url: str, *, keys: object, cluster_id: str | None = None, **options: Any) -> RedisFence:
+    def from_url(
+        cls, url: str, *, keys: object, cluster_id: str | None = None, value_bytes_max: int = VALUE_BYTES_MAX,
+        **options: Any,
+    ) -> RedisFence:
         """A fence over a new client for ``url`` (``redis://host:port/db``; redis-py's options)."""
-        return cls(redis_py.Redis.from_url(url, **options), keys=keys, cluster_id=cluster_id)
+        return cls(redis_py.Redis.from_url(url, **options), keys=keys, cluster_id=cluster_id,
+                   value_bytes_max=value_bytes_max)
 
     def close(self) -> None:
         self.client.close()
@@ -224,8 +237,8 @@ class RedisFence(_FenceBase):
         scope = validate_scope(scope)
         try:
             own, floor = self.client.mget([script.hwm_key(scope), script.floor_key(scope)])
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
         return max(int(own or 0), int(floor or 0))
 
     def high_waters(self) -> dict[str, int]:
@@ -242,8 +255,8 @@ class RedisFence(_FenceBase):
                     scopes.append(scope)
                     if len(scopes) > SCAN_SCOPES_MAX:
                         raise LimitExceeded("SCAN_SCOPES_MAX", SCAN_SCOPES_MAX, "too many scopes to list")
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
         return {scope: self.high_water(scope) for scope in sorted(set(scopes))}
 
     def raise_high_waters(
@@ -273,8 +286,8 @@ class RedisFence(_FenceBase):
             for i in range(0, len(keys), 1):  # one key per call: each call stays in one slot
                 reply += self._raise(keys=[keys[i]], args=[args[i]])
             return self.marks_after(named, reply)
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
 
     # -- the I/O of a batch ----------------------------------------------------------------------
 
@@ -286,8 +299,8 @@ class RedisFence(_FenceBase):
         keys, args = commands.script_call(token, self._compare)
         try:
             reply = self._write(keys=keys, args=args)
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
         return self.judge(token, commands, reply)
 
     def _checked_read(self, token: FencingToken, commands: Commands, key: str) -> bytes | None:
@@ -296,8 +309,8 @@ class RedisFence(_FenceBase):
             self.admit(token, commands.scope, self.high_water(commands.scope))
         try:
             reply = self._read(keys=[script.hwm_key(commands.scope), script.floor_key(commands.scope), key])
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
         return self.judge_read(token, commands.scope, key, reply)
 
 
@@ -328,9 +341,13 @@ class AsyncRedisFence(_FenceBase):
         self._cluster = isinstance(client, AsyncCluster)
 
     @classmethod
-    def from_url(cls, url: str, *, keys: object, cluster_id: str | None = None, **options: Any) -> AsyncRedisFence:
+    def from_url(
+        cls, url: str, *, keys: object, cluster_id: str | None = None, value_bytes_max: int = VALUE_BYTES_MAX,
+        **options: Any,
+    ) -> AsyncRedisFence:
         """As `RedisFence.from_url`, over ``redis.asyncio``."""
-        return cls(redis_asyncio.Redis.from_url(url, **options), keys=keys, cluster_id=cluster_id)
+        return cls(redis_asyncio.Redis.from_url(url, **options), keys=keys, cluster_id=cluster_id,
+                   value_bytes_max=value_bytes_max)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -381,8 +398,8 @@ class AsyncRedisFence(_FenceBase):
         scope = validate_scope(scope)
         try:
             own, floor = await self.client.mget([script.hwm_key(scope), script.floor_key(scope)])
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
         return max(int(own or 0), int(floor or 0))
 
     async def high_waters(self) -> dict[str, int]:
@@ -394,8 +411,8 @@ class AsyncRedisFence(_FenceBase):
                     scopes.append(scope)
                     if len(scopes) > SCAN_SCOPES_MAX:
                         raise LimitExceeded("SCAN_SCOPES_MAX", SCAN_SCOPES_MAX, "too many scopes to list")
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
         return {scope: await self.high_water(scope) for scope in sorted(set(scopes))}
 
     async def raise_high_waters(
@@ -409,8 +426,8 @@ class AsyncRedisFence(_FenceBase):
             for i in range(len(keys)):
                 reply += await self._raise(keys=[keys[i]], args=[args[i]])
             return self.marks_after(named, reply)
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
 
     async def _apply(self, token: FencingToken, commands: Commands) -> list[Any]:
         if commands.scope is None:
@@ -420,8 +437,8 @@ class AsyncRedisFence(_FenceBase):
         keys, args = commands.script_call(token, self._compare)
         try:
             reply = await self._write(keys=keys, args=args)
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
         return self.judge(token, commands, reply)
 
     async def _checked_read(self, token: FencingToken, commands: Commands, key: str) -> bytes | None:
@@ -430,6 +447,6 @@ class AsyncRedisFence(_FenceBase):
             self.admit(token, commands.scope, await self.high_water(commands.scope))
         try:
             reply = await self._read(keys=[script.hwm_key(commands.scope), script.floor_key(commands.scope), key])
-        except _DOWN as error:
-            raise BackendUnavailable(f"{self.resource}: {error}") from error
+        except redis_py.RedisError as error:
+            raise _translate(error, self.resource) from error
         return self.judge_read(token, commands.scope, key, reply)
