@@ -78,22 +78,22 @@ while i <= #ARGV do
   elseif name == 'DEL' then
     kinds[key] = 'none'
   elseif name == 'HSET' then
-    if k ~= 'none' and k ~= 'hash' then return redis.error_reply('WRONGTYPE HSET on a ' .. k .. ' key') end
+    if k ~= 'none' and k ~= 'hash' then return redis.error_reply('FENCEBATCH WRONGTYPE HSET on a ' .. k .. ' key') end
     kinds[key] = 'hash'
   elseif name == 'INCRBY' then
-    if k ~= 'none' and k ~= 'string' then return redis.error_reply('WRONGTYPE INCRBY on a ' .. k .. ' key') end
+    if k ~= 'none' and k ~= 'string' then return redis.error_reply('FENCEBATCH WRONGTYPE INCRBY on a ' .. k .. ' key') end
     if k == 'string' then
       local v = redis.call('GET', key)
       if not string.match(v, integer) or #v > 18 then
-        return redis.error_reply('ERR INCRBY on a value that is not a small integer')
+        return redis.error_reply('FENCEBATCH INCRBY on a value that is not a small integer')
       end
     end
     kinds[key] = 'string'
   elseif name == 'XADD' then
-    if k ~= 'none' and k ~= 'stream' then return redis.error_reply('WRONGTYPE XADD on a ' .. k .. ' key') end
+    if k ~= 'none' and k ~= 'stream' then return redis.error_reply('FENCEBATCH WRONGTYPE XADD on a ' .. k .. ' key') end
     kinds[key] = 'stream'
   else
-    return redis.error_reply('ERR command not allowed in a fenced batch: ' .. name)
+    return redis.error_reply('FENCEBATCH command not allowed in a fenced batch: ' .. name)
   end
   i = i + 3 + n
 end

@@ -47,14 +47,14 @@ except ImportError as error:  # pragma: no cover - the extra is missing
 
 __all__ = ["RedisFence", "AsyncRedisFence", "RedisBatch", "AsyncRedisBatch"]
 
-#: Errors the script's first pass reports before any write: the batch does not fit the data.
-_REFUSED_BY_SCRIPT = ("WRONGTYPE", "ERR INCRBY", "ERR command not allowed")
+#: The code of the errors the script's first pass reports before any write: the batch does not fit the data.
+_REFUSED_BY_SCRIPT = "FENCEBATCH"
 
 
 def _translate(error: Exception, resource: str) -> Exception:
     """A redis-py error as stockade's: the user's data refused the batch, or Redis failed."""
     text = str(error)
-    if isinstance(error, redis_py.ResponseError) and any(m in text for m in _REFUSED_BY_SCRIPT):
+    if isinstance(error, redis_py.ResponseError) and _REFUSED_BY_SCRIPT in text:
         return InvalidArgument("batch", f"refused by {resource}, nothing applied: {text}")
     return BackendUnavailable(f"{resource}: {text}")
 
