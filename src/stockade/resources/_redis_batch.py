@@ -11,6 +11,7 @@ into results, or into a rejection through `stockade.resources._observe.reject`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import EllipsisType
 from typing import Any, Final
 
 from stockade.core.errors import InvalidArgument
@@ -66,7 +67,7 @@ class Commands:
         self.args: list[str | bytes] = []
         self.kinds: list[str] = []
         #: key -> the bytes a SET left (None: deleted) or ... (another command made it unknown).
-        self.written: dict[str, bytes | None | type[Ellipsis]] = {}
+        self.written: dict[str, bytes | None | EllipsisType] = {}
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -222,8 +223,10 @@ class FenceCore:
             InvalidArgument: a bad floor or default (nothing is sent).
         """
         if isinstance(floors, FenceFloors):
-            floors, default = floors.floors, max(floors.default, validate_int("default", default, 0, TOKEN_VALUE_MAX))
-        checked = check_floors(floors)
+            default = max(floors.default, validate_int("default", default, 0, TOKEN_VALUE_MAX))
+            checked = check_floors(floors.floors)
+        else:
+            checked = check_floors(floors)
         default = validate_int("default", default, 0, TOKEN_VALUE_MAX)
         keys: list[str] = []
         args: list[str] = []

@@ -81,7 +81,9 @@ while i <= #ARGV do
     if k ~= 'none' and k ~= 'hash' then return redis.error_reply('FENCEBATCH WRONGTYPE HSET on a ' .. k .. ' key') end
     kinds[key] = 'hash'
   elseif name == 'INCRBY' then
-    if k ~= 'none' and k ~= 'string' then return redis.error_reply('FENCEBATCH WRONGTYPE INCRBY on a ' .. k .. ' key') end
+    if k ~= 'none' and k ~= 'string' then
+      return redis.error_reply('FENCEBATCH WRONGTYPE INCRBY on a ' .. k .. ' key')
+    end
     if k == 'string' then
       local v = redis.call('GET', key)
       if not string.match(v, integer) or #v > 18 then

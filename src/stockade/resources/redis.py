@@ -108,7 +108,7 @@ class _Batch:
         value = self._commands.written[key]
         if value is ...:
             raise InvalidArgument("key", f"{key!r} has a buffered HSET, INCRBY or XADD: read it after the batch")
-        return True, value  # type: ignore[return-value]
+        return True, value
 
 
 class RedisBatch(_Batch):
