@@ -127,6 +127,8 @@ def test_a_batch_the_data_would_break_halfway_is_refused_whole(fence: RedisFence
         lambda b: b.hset("{a}:text", {"x": b"1"}),  # WRONGTYPE
         lambda b: b.incrby("{a}:text", 1),  # not an integer
         lambda b: (b.set("{a}:fresh", b"x"), b.xadd("{a}:fresh", {"e": b"1"})),  # a string the batch set
+        lambda b: (b.set("{a}:fresh", b"x"), b.incrby("{a}:fresh", 1)),  # a value the batch set
+        lambda b: (b.hset("{a}:fresh", {"x": b"1"}), b.incrby("{a}:fresh", 1)),  # a hash the batch made
     ]
     for step in bad:
         with pytest.raises(InvalidArgument):

@@ -55,14 +55,14 @@ end
 #: with the commands, in the same script, so both or neither are applied.
 FENCED_WRITE = _LESS + """
 local token, compare = ARGV[1], ARGV[2]
-local own = redis.call('GET', KEYS[1]) or '0'
-local floor = redis.call('GET', KEYS[2]) or '0'
+local marks = redis.call('MGET', KEYS[1], KEYS[2])
+local own, floor = marks[1] or '0', marks[2] or '0'
 local mark = own
 if less(mark, floor) then mark = floor end
 if (compare == 'ge' and less(token, mark)) or (compare == 'gt' and not less(mark, token)) then
   return {0, mark}
 end
-local kinds = {}
+local kinds, values = {}, {}  -- each key's type (and a SET's value) as the batch leaves it
 local function kind(key)
   local k = kinds[key]
   if k == nil then k = redis.call('TYPE', key)['ok']; kinds[key] = k end
@@ -72,27 +72,33 @@ local integer = '^-?%d+$'
 local i = 3
 while i <= #ARGV do
   local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
-  local k = kind(key)
   if name == 'SET' then
-    kinds[key] = 'string'
+    kinds[key], values[key] = 'string', ARGV[i + 3]
   elseif name == 'DEL' then
-    kinds[key] = 'none'
+    kinds[key], values[key] = 'none', nil
   elseif name == 'HSET' then
-    if k ~= 'none' and k ~= 'hash' then return redis.error_reply('FENCEBATCH WRONGTYPE HSET on a ' .. k .. ' key') end
+    local k = kind(key)
+    if k ~= 'none' and k ~= 'hash' then
+      return redis.error_reply('FENCEBATCH WRONGTYPE HSET on a ' .. k .. ' key')
+    end
     kinds[key] = 'hash'
   elseif name == 'INCRBY' then
+    local k = kind(key)
     if k ~= 'none' and k ~= 'string' then
       return redis.error_reply('FENCEBATCH WRONGTYPE INCRBY on a ' .. k .. ' key')
     end
     if k == 'string' then
-      local v = redis.call('GET', key)
+      local v = values[key] or redis.call('GET', key)
       if not string.match(v, integer) or #v > 18 then
         return redis.error_reply('FENCEBATCH INCRBY on a value that is not a small integer')
       end
     end
-    kinds[key] = 'string'
+    kinds[key], values[key] = 'string', '0'
   elseif name == 'XADD' then
-    if k ~= 'none' and k ~= 'stream' then return redis.error_reply('FENCEBATCH WRONGTYPE XADD on a ' .. k .. ' key') end
+    local k = kind(key)
+    if k ~= 'none' and k ~= 'stream' then
+      return redis.error_reply('FENCEBATCH WRONGTYPE XADD on a ' .. k .. ' key')
+    end
     kinds[key] = 'stream'
   else
     return redis.error_reply('FENCEBATCH command not allowed in a fenced batch: ' .. name)

@@ -144,6 +144,10 @@ class _FenceBase(FenceCore):
     def _open(self, token: object, scope: str | None) -> tuple[FencingToken, str | None]:
         return coerce_token(token), None if scope is None else validate_scope(scope)
 
+    def _single(self, token: object) -> tuple[FencingToken, Commands]:
+        # One command: a batch of one, without the context manager (the common, fast path).
+        return coerce_token(token), Commands(None, value_bytes_max=self.value_bytes_max)
+
 
 class RedisFence(_FenceBase):
     """Fenced writes to a user's Redis (redis-py ``Redis`` or ``RedisCluster``).
@@ -201,36 +205,36 @@ class RedisFence(_FenceBase):
 
     def set(self, token: FencingToken | str, key: str, value: bytes | str, *, px_ms: int | None = None) -> bool:
         """Fenced ``SET key value [PX px_ms]``; True. Raises as `batch`."""
-        with self.batch(token) as unit:
-            unit.set(key, value, px_ms=px_ms)
-        return bool(unit.results[0])
+        checked, commands = self._single(token)
+        commands.set(key, value, px_ms=px_ms)
+        return bool(self._apply(checked, commands)[0])
 
     def delete(self, token: FencingToken | str, *keys: str) -> int:
         """Fenced ``DEL``; how many of ``keys`` existed. Raises as `batch`."""
-        with self.batch(token) as unit:
-            for key in keys:
-                unit.delete(key)
-        return sum(unit.results)
+        checked, commands = self._single(token)
+        for key in keys:
+            commands.delete(key)
+        return sum(self._apply(checked, commands))
 
     def hset(self, token: FencingToken | str, key: str, mapping: Mapping[str, bytes | str]) -> int:
         """Fenced ``HSET``; how many fields were new. Raises as `batch`."""
-        with self.batch(token) as unit:
-            unit.hset(key, mapping)
-        return int(unit.results[0])
+        checked, commands = self._single(token)
+        commands.hset(key, mapping)
+        return int(self._apply(checked, commands)[0])
 
     def incrby(self, token: FencingToken | str, key: str, amount: int) -> int:
         """Fenced ``INCRBY``; the new value. Raises as `batch`."""
-        with self.batch(token) as unit:
-            unit.incrby(key, amount)
-        return int(unit.results[0])
+        checked, commands = self._single(token)
+        commands.incrby(key, amount)
+        return int(self._apply(checked, commands)[0])
 
     def xadd(
         self, token: FencingToken | str, key: str, fields: Mapping[str, bytes | str], *, maxlen: int | None = None
     ) -> str:
         """Fenced ``XADD key [MAXLEN ~ maxlen] * ...``; the entry's id. Raises as `batch`."""
-        with self.batch(token) as unit:
-            unit.xadd(key, fields, maxlen=maxlen)
-        return str(unit.results[0])
+        checked, commands = self._single(token)
+        commands.xadd(key, fields, maxlen=maxlen)
+        return str(self._apply(checked, commands)[0])
 
     def high_water(self, scope: str) -> int:
         """``scope``'s mark: its own or its slot's default floor, the greater (0 if neither)."""
@@ -367,32 +371,32 @@ class AsyncRedisFence(_FenceBase):
         unit.results = await self._apply(checked, unit._commands)
 
     async def set(self, token: FencingToken | str, key: str, value: bytes | str, *, px_ms: int | None = None) -> bool:
-        async with self.batch(token) as unit:
-            unit.set(key, value, px_ms=px_ms)
-        return bool(unit.results[0])
+        checked, commands = self._single(token)
+        commands.set(key, value, px_ms=px_ms)
+        return bool((await self._apply(checked, commands))[0])
 
     async def delete(self, token: FencingToken | str, *keys: str) -> int:
-        async with self.batch(token) as unit:
-            for key in keys:
-                unit.delete(key)
-        return sum(unit.results)
+        checked, commands = self._single(token)
+        for key in keys:
+            commands.delete(key)
+        return sum(await self._apply(checked, commands))
 
     async def hset(self, token: FencingToken | str, key: str, mapping: Mapping[str, bytes | str]) -> int:
-        async with self.batch(token) as unit:
-            unit.hset(key, mapping)
-        return int(unit.results[0])
+        checked, commands = self._single(token)
+        commands.hset(key, mapping)
+        return int((await self._apply(checked, commands))[0])
 
     async def incrby(self, token: FencingToken | str, key: str, amount: int) -> int:
-        async with self.batch(token) as unit:
-            unit.incrby(key, amount)
-        return int(unit.results[0])
+        checked, commands = self._single(token)
+        commands.incrby(key, amount)
+        return int((await self._apply(checked, commands))[0])
 
     async def xadd(
         self, token: FencingToken | str, key: str, fields: Mapping[str, bytes | str], *, maxlen: int | None = None
     ) -> str:
-        async with self.batch(token) as unit:
-            unit.xadd(key, fields, maxlen=maxlen)
-        return str(unit.results[0])
+        checked, commands = self._single(token)
+        commands.xadd(key, fields, maxlen=maxlen)
+        return str((await self._apply(checked, commands))[0])
 
     async def high_water(self, scope: str) -> int:
         scope = validate_scope(scope)
