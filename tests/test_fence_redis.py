@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import redis
 from helpers.fence_redis import redis_state
-from helpers.redis_server import RedisServer, require_redis
+from helpers.redis_server import RedisServer, free_port, require_redis
 
 import stockade
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, TokenMismatch
@@ -343,3 +343,71 @@ def test_a_promoted_replica_takes_old_tokens_until_the_floor(tmp_path: Path) -> 
         replica.stop()
         primary.stop()
         coord.close()
+
+
+# -- Redis Cluster -------------------------------------------------------------------------------------
+
+
+def _cluster(tmp_path: Path, nodes: int = 3) -> list[RedisServer]:
+    """``nodes`` primaries, the 16384 slots split between them, met and agreed (counted waits)."""
+    bus_ports = [free_port() for _ in range(nodes)]  # named: a free port + 10000 may not exist
+    servers = [
+        RedisServer(tmp_path / f"node{n}", extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                                  "--cluster-port", str(bus_ports[n])))
+        for n in range(nodes)
+    ]
+    share = 16384 // nodes
+    for n, server in enumerate(servers):
+        with redis.Redis(port=server.port) as node:
+            last = 16383 if n == nodes - 1 else (n + 1) * share - 1
+            node.execute_command("CLUSTER", "ADDSLOTSRANGE", n * share, last)
+            for m, other in enumerate(servers[:n]):
+                node.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port, bus_ports[m])
+    for server in servers:
+        with redis.Redis(port=server.port) as node:
+            for _ in range(3000):
+                info = node.cluster("info")
+                if info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == nodes:
+                    break
+                threading.Event().wait(0.01)
+            else:
+                raise AssertionError(f"cluster did not form: {node.cluster('info')}")
+    return servers
+
+
+def test_redis_cluster_scopes_in_their_slots_and_a_default_floor_in_every_slot(tmp_path: Path) -> None:
+    require_redis()
+    servers = _cluster(tmp_path)
+    try:
+        client = redis.RedisCluster(host="127.0.0.1", port=servers[0].port)
+        fence = RedisFence(client, keys=KEYS)
+        scopes = ["a", "b", "orders", "x1", "q"]  # spread over the three shards
+        assert len({client.keyslot(f"{{{s}}}") * 3 // 16384 for s in scopes}) == 3
+        for scope in scopes:
+            with fence.batch(tok(4, scope=scope)) as batch:
+                batch.set(f"{{{scope}}}:k", b"v")
+                batch.incrby(f"{{{scope}}}:n", 2)
+                batch.xadd(f"{{{scope}}}:log", {"e": b"1"})
+            assert batch.results[:2] == [True, 2]
+            with pytest.raises(StaleToken):
+                fence.set(tok(3, scope=scope), f"{{{scope}}}:k", b"old")
+        assert fence.high_waters() == dict.fromkeys(scopes, 4)
+        assert fence.raise_high_waters({"a": 9}, default=6) == {"a": 9}
+        assert fence.high_waters() == {**dict.fromkeys(scopes, 6), "a": 9}
+        for scope in ("never-seen", "n2", "n3"):  # whatever their shard, the default floor covers them
+            with pytest.raises(StaleToken):
+                fence.set(tok(5, scope=scope), f"{{{scope}}}:k", b"old")
+        fence.close()
+
+        async def twin() -> None:
+            from redis.asyncio.cluster import RedisCluster as AsyncCluster
+
+            async with AsyncRedisFence(AsyncCluster(host="127.0.0.1", port=servers[0].port), keys=KEYS) as fence:
+                assert await fence.set(tok(9), "{a}:k", b"w") is True
+                assert await fence.raise_high_waters({"b": 7}, default=8) == {"b": 8}
+                assert await fence.high_water("another") == 8
+
+        asyncio.run(twin())
+    finally:
+        for server in servers:
+            server.stop()

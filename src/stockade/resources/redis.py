@@ -269,7 +269,8 @@ class RedisFence(_FenceBase):
         """Raise each named scope's mark to its floor and every slot's default floor to ``default`` (R4).
 
         Never lowers a mark. On one Redis server it is one script call (all or
-        nothing); on Redis Cluster one call per slot (docs/fence-redis.md).
+        nothing); on Redis Cluster one pipelined call per key, each in its slot
+        (not atomic across slots; raising again completes an interrupted run).
 
         Args:
             floors: scope -> floor, or a `FenceFloors` (its default counts too).
@@ -286,10 +287,12 @@ class RedisFence(_FenceBase):
         try:
             if not self._cluster:
                 return self.marks_after(named, self._raise(keys=keys, args=args) if keys else [])
-            reply: list[Any] = []
-            for i in range(0, len(keys), 1):  # one key per call: each call stays in one slot
-                reply += self._raise(keys=[keys[i]], args=[args[i]])
-            return self.marks_after(named, reply)
+            # One call per key (each stays in its slot), pipelined: redis-py routes each by its key.
+            sha = self.client.script_load(script.RAISE_MARKS)
+            pipe = self.client.pipeline()
+            for key, floor in zip(keys, args, strict=True):
+                pipe.execute_command("EVALSHA", sha, 1, key, floor)
+            return self.marks_after(named, [marks[0] for marks in pipe.execute()])
         except redis_py.RedisError as error:
             raise _translate(error, self.resource) from error
 
@@ -426,10 +429,11 @@ class AsyncRedisFence(_FenceBase):
         try:
             if not self._cluster:
                 return self.marks_after(named, await self._raise(keys=keys, args=args) if keys else [])
-            reply: list[Any] = []
-            for i in range(len(keys)):
-                reply += await self._raise(keys=[keys[i]], args=[args[i]])
-            return self.marks_after(named, reply)
+            sha = await self.client.script_load(script.RAISE_MARKS)
+            pipe = self.client.pipeline()
+            for key, floor in zip(keys, args, strict=True):
+                pipe.execute_command("EVALSHA", sha, 1, key, floor)
+            return self.marks_after(named, [marks[0] for marks in await pipe.execute()])
         except redis_py.RedisError as error:
             raise _translate(error, self.resource) from error
 
