@@ -201,6 +201,14 @@ def test_the_async_twin(server: RedisServer) -> None:
     asyncio.run(main())
 
 
+def test_the_usage_in_the_docs_runs(server: RedisServer) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "fence-redis.md").read_text()
+    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
+    snippet = snippet.replace("port=6379", f"port={server.port}")
+    snippet = snippet.replace("redis.Redis()", f"redis.Redis(port={server.port})")
+    exec(compile(snippet, "docs/fence-redis.md", "exec"), {})  # noqa: S102 - our own documentation
+
+
 # -- S16: kill -9 of redis-server during fenced writes -------------------------------------------------
 
 
