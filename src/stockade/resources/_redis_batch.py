@@ -137,7 +137,7 @@ class Commands:
     def script_call(self, token: FencingToken, compare: str) -> tuple[list[str], list[str | bytes]]:
         """KEYS and ARGV of `FENCED_WRITE` for this batch under ``token``."""
         assert self.scope is not None
-        keys = [script.hwm_key(self.scope), script.floor_key(self.scope), *self.keys]
+        keys = [*script.mark_keys(self.scope), *self.keys]
         return keys, [str(token.value), compare, *self.args]
 
 

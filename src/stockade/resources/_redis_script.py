@@ -25,7 +25,7 @@ import functools
 
 __all__ = [
     "FENCED_WRITE", "RAISE_MARKS", "READ_CHECKED", "SLOTS", "hwm_key", "floor_key", "slot_of", "slot_tag",
-    "key_tag", "COMPARE_MODES",
+    "key_tag", "COMPARE_MODES", "mark_keys",
 ]
 
 SLOTS = 16384  # Redis Cluster's hash slots
@@ -168,6 +168,12 @@ def _slot_tags() -> tuple[str, ...]:
 def slot_tag(slot: int) -> str:
     """A hash tag whose slot is ``slot``."""
     return _slot_tags()[slot]
+
+
+@functools.lru_cache(maxsize=4096)
+def mark_keys(scope: str) -> tuple[str, str]:
+    """``(hwm_key(scope), floor_key(scope))``, kept for the scopes in use (a CRC per write saved)."""
+    return hwm_key(scope), floor_key(scope)
 
 
 def hwm_key(scope: str) -> str:
