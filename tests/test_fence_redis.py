@@ -204,9 +204,25 @@ def test_the_async_twin(server: RedisServer) -> None:
 def test_the_usage_in_the_docs_runs(server: RedisServer) -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "fence-redis.md").read_text()
     snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
-    snippet = snippet.replace("port=6379", f"port={server.port}")
-    snippet = snippet.replace("redis.Redis()", f"redis.Redis(port={server.port})")
+    snippet = snippet.replace("redis://127.0.0.1:6379/0", server.url)
     exec(compile(snippet, "docs/fence-redis.md", "exec"), {})  # noqa: S102 - our own documentation
+
+
+def test_stockade_floor_opens_a_redis_by_url(server: RedisServer) -> None:
+    from stockade.resources.floor import open_floor_target, raise_to_floors
+
+    fence = RedisFence.from_url(server.url, keys=KEYS)
+    fence.set(tok(2), "{a}:k", b"v")
+    target = open_floor_target(server.url, cluster_id=CLUSTER)
+    try:
+        report = raise_to_floors(target, FenceFloors({"a": 7, "b": 3}, default=5))
+    finally:
+        target.close()
+    assert {(c.scope, c.before, c.after) for c in report.raised} == {("a", 2, 7), ("b", 0, 5)}
+    with pytest.raises(StaleToken):
+        fence.set(tok(6), "{a}:k", b"old")
+    assert fence.high_water("unnamed") == 5
+    fence.close()
 
 
 # -- S16: kill -9 of redis-server during fenced writes -------------------------------------------------

@@ -28,7 +28,7 @@ from stockade.core.limits import (
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.resources import _redis_script as script
-from stockade.resources._inputs import check_floors
+from stockade.resources._inputs import check_floors_and_default
 from stockade.resources._observe import reject
 from stockade.resources._verify import Verification
 
@@ -222,12 +222,7 @@ class FenceCore:
         Raises:
             InvalidArgument: a bad floor or default (nothing is sent).
         """
-        if isinstance(floors, FenceFloors):
-            default = max(floors.default, validate_int("default", default, 0, TOKEN_VALUE_MAX))
-            checked = check_floors(floors.floors)
-        else:
-            checked = check_floors(floors)
-        default = validate_int("default", default, 0, TOKEN_VALUE_MAX)
+        checked, default = check_floors_and_default(floors, default)
         keys: list[str] = []
         args: list[str] = []
         named = sorted(checked)

@@ -37,6 +37,7 @@ from stockade.core.values import FenceFloors
 from stockade.resources import _redis_script as script
 from stockade.resources._inputs import coerce_token
 from stockade.resources._redis_batch import SCAN_SCOPES_MAX, Commands, FenceCore, scope_of_mark_key
+from stockade.resources._verify import UNSIGNED
 
 try:
     import redis as redis_py
@@ -45,7 +46,7 @@ try:
 except ImportError as error:  # pragma: no cover - the extra is missing
     raise ImportError("stockade.resources.redis needs redis-py: pip install 'stockade[redis]'") from error
 
-__all__ = ["RedisFence", "AsyncRedisFence", "RedisBatch", "AsyncRedisBatch"]
+__all__ = ["RedisFence", "AsyncRedisFence", "RedisBatch", "AsyncRedisBatch", "open_floor_target"]
 
 #: The code of the errors the script's first pass reports before any write: the batch does not fit the data.
 _REFUSED_BY_SCRIPT = "FENCEBATCH"
@@ -458,3 +459,13 @@ class AsyncRedisFence(_FenceBase):
         except redis_py.RedisError as error:
             raise _translate(error, self.resource) from error
         return self.judge_read(token, commands.scope, key, reply)
+
+
+def open_floor_target(url: str, *, cluster_id: str) -> RedisFence:
+    """The Redis at ``url`` as ``stockade floor`` raises it (`stockade.resources.floor`).
+
+    Raising floors writes no user data and carries no token, so no keys are
+    needed: the fence it returns is only for `RedisFence.high_waters`,
+    `RedisFence.raise_high_waters` and `RedisFence.close`.
+    """
+    return RedisFence.from_url(url, keys=UNSIGNED, cluster_id=cluster_id)
