@@ -61,7 +61,10 @@ def _translate(error: Exception, resource: str) -> Exception:
 
 
 def _resource_name(client: Any) -> str:
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    if isinstance(client, RedisCluster) or not hasattr(client, "connection_pool"):
+        node = client.get_default_node() if hasattr(client, "get_default_node") else None
+        return f"redis-cluster:{getattr(node, 'host', '?')}:{getattr(node, 'port', '?')}"
+    kwargs = getattr(client.connection_pool, "connection_kwargs", {})
     if "path" in kwargs:
         return f"redis:unix:{kwargs['path']}/{kwargs.get('db', 0)}"
     return f"redis:{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
