@@ -20,6 +20,7 @@ import pytest
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 START_TIMEOUT_S = 30.0
+STOP_TRIES = 40  # SIGTERMs, 0.5 s apart, before SIGKILL
 
 
 def free_port() -> int:
@@ -102,10 +103,15 @@ class RedisServer:
     def stop(self) -> None:
         if self.process is not None:
             self.signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-            self.signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
+            # Redis refuses a SIGTERM while it writes its first AOF (a replica after its sync): ask again.
+            for _ in range(STOP_TRIES):
+                self.signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            else:
                 self.signal(signal.SIGKILL)
                 self.process.wait()
             self.process = None
