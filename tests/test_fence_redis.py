@@ -106,7 +106,7 @@ def test_each_command_is_refused_when_stale_and_applies_nothing(fence: RedisFenc
 def test_keys_outside_the_scopes_slot_are_refused_and_apply_nothing(fence: RedisFence) -> None:
     fence.set(tok(1), "{a}:k", b"v")
     before = redis_state(fence.client)
-    for key in ("{b}:k", "a:k", "{}:k", "{a:k", "x{ab}:k"):
+    for key in ("{b}:k", "a:k", "{}:k", "{a:k", "x{ab}:k", "stockade:hwm:{a}", "stockade:floor:{a}"):
         with pytest.raises(InvalidArgument):
             with fence.batch(tok(2), scope="a") as batch:
                 batch.set("{a}:ok", b"1")

@@ -79,6 +79,8 @@ class Commands:
             InvalidArgument: a bad key, or one outside the scope's hash slot.
         """
         key = validate_key(key)
+        if key.startswith((script.HWM_PREFIX, script.FLOOR_PREFIX)):
+            raise InvalidArgument("key", f"{key!r} is a fence mark: only the fence writes it")
         tag = script.key_tag(key)
         if self.scope is None:
             if tag is None:
