@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from helpers.fence_files import make_files_harness
 from helpers.fence_postgres import make_postgres_harness
+from helpers.fence_redis import make_async_redis_harness, make_redis_harness
 from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
 from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 
@@ -31,6 +32,8 @@ TARGETS: dict[str, Factory] = {
     "sqlite-db-sqlalchemy": make_sqlite_db_sqlalchemy_harness,
     "files": make_files_harness,
     **{kind: make_postgres_harness(kind) for kind in ("postgres", "postgres-async", "postgres-sqlalchemy")},
+    "redis": make_redis_harness,
+    "redis-async": make_async_redis_harness,
 }
 
 
