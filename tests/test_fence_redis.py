@@ -201,13 +201,6 @@ def test_the_async_twin(server: RedisServer) -> None:
     asyncio.run(main())
 
 
-def test_the_usage_in_the_docs_runs(server: RedisServer) -> None:
-    text = (Path(__file__).resolve().parent.parent / "docs" / "fence-redis.md").read_text()
-    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
-    snippet = snippet.replace("redis://127.0.0.1:6379/0", server.url)
-    exec(compile(snippet, "docs/fence-redis.md", "exec"), {})  # noqa: S102 - our own documentation
-
-
 def test_stockade_floor_opens_a_redis_by_url(server: RedisServer) -> None:
     from stockade.resources.floor import open_floor_target, raise_to_floors
 
