@@ -48,6 +48,7 @@ from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, check_floors, coerce_token
 from stockade.resources._observe import reject
+from stockade.resources._sqlite_files import rollback
 from stockade.resources._verify import UNSIGNED, Verification
 
 __all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION"]
@@ -152,15 +153,6 @@ def _begin(conn: sqlite3.Connection) -> None:
         raise BackendUnavailable(f"database busy or unavailable: {exc}", certain_no_effect=True) from exc
 
 
-def _rollback(conn: sqlite3.Connection) -> bool:
-    try:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        return True
-    except sqlite3.Error:
-        return False
-
-
 @contextmanager
 def _ours(what: str) -> Iterator[None]:
     """Translate a failure of the fence's own statements (the caller rolls back); the user's pass unchanged."""
@@ -178,14 +170,14 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        _rollback(conn)
+        rollback(conn)
         raise
     if not conn.in_transaction:
         raise InvalidArgument("conn", "the block ended the fenced transaction itself (commit or rollback inside it)")
     try:
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
-        _rollback(conn)
+        rollback(conn)
         raise BackendUnavailable(f"database commit failed: {exc}") from exc
 
 

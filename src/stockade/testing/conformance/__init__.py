@@ -5,7 +5,21 @@
   R6 and bad input.
 - `stockade.testing.conformance.coordinator`: the coordinator port, the
   coordinator rules C1-C5 and the client's lease objects, sync and async.
+- `stockade.testing.conformance.fence`: the adapters that keep the mark inside
+  a user's own data (PostgreSQL, SQLite, Redis, files): R1, R2 with forged
+  tokens, R4 floors, R5, R6, S05, S19, S20 and bad input.
 
 A new backend or adapter is accepted when it passes its port's suite; the
 project's tests refuse a registered scheme that has no parameter in them.
 """
+
+from stockade import metrics
+
+
+def rejections_counted(reason: str) -> float:
+    """The sum of every R5 series with this reason, whatever other labels the metric has."""
+    total = 0.0
+    for line in metrics.REGISTRY.render().splitlines():
+        if line.startswith("stockade_fence_rejections_total") and f'reason="{reason}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total

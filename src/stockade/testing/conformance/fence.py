@@ -44,10 +44,10 @@ from typing import Any, Protocol
 
 import pytest
 
-from stockade import metrics
 from stockade.core.errors import InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring
+from stockade.testing.conformance import rejections_counted
 
 CLUSTER = "c0ffee00c0ffee00"
 OTHER_CLUSTER = "0ddba110ddba1100"
@@ -161,12 +161,6 @@ def fence(make_harness: MakeHarness) -> FenceHarness:
     return make_harness(CLUSTER, KEYS, None)
 
 
-def _rejections_counted(reason: str) -> float:
-    total = 0.0
-    for line in metrics.REGISTRY.render().splitlines():
-        if line.startswith("stockade_fence_rejections_total") and f'reason="{reason}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 # -- R1 ------------------------------------------------------------------------------------------
@@ -236,7 +230,7 @@ def test_r2_tokens_of_another_scope_or_cluster_or_not_signed_are_refused(
 
 def test_r5_every_rejection_is_counted(fence: FenceHarness) -> None:
     write(fence, tok(5), k=b"v")
-    stale, other, forged = (_rejections_counted(r) for r in ("stale", "wrong-scope", "forged"))
+    stale, other, forged = (rejections_counted(r) for r in ("stale", "wrong-scope", "forged"))
     for _ in range(3):
         with pytest.raises(StaleToken):
             write(fence, tok(4), k=b"old")
@@ -244,9 +238,9 @@ def test_r5_every_rejection_is_counted(fence: FenceHarness) -> None:
         write(fence, tok(9, scope="b"), k=b"old")
     with pytest.raises(TokenMismatch):
         write(fence, tok(9, keys=ROGUE_KEYS), k=b"old")
-    assert _rejections_counted("stale") == stale + 3
-    assert _rejections_counted("wrong-scope") == other + 1
-    assert _rejections_counted("forged") == forged + 1
+    assert rejections_counted("stale") == stale + 3
+    assert rejections_counted("wrong-scope") == other + 1
+    assert rejections_counted("forged") == forged + 1
 
 
 # -- R6 ------------------------------------------------------------------------------------------------

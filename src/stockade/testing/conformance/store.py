@@ -36,10 +36,10 @@ from typing import Any
 
 import pytest
 
-from stockade import metrics
 from stockade.core.errors import InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.tokens import FencingToken
 from stockade.resources.port import FencedStorePort, TransactionalStorePort
+from stockade.testing.conformance import rejections_counted
 
 CLUSTER = "c0ffee00c0ffee00"
 OTHER_CLUSTER = "0ddba110ddba1100"
@@ -139,25 +139,18 @@ def test_r3_retry_answers_the_original_even_after_the_token_went_stale(store: Tr
     assert snapshot(store) == before
 
 
-def _rejections_counted(reason: str) -> float:
-    """The sum of every R5 series with this reason, whatever other labels the metric has."""
-    total = 0.0
-    for line in metrics.REGISTRY.render().splitlines():
-        if line.startswith("stockade_fence_rejections_total") and f'reason="{reason}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_r5_every_rejection_is_counted(store: TransactionalStorePort) -> None:
     store.put("a", "k", b"v", token=tok(5))
-    stale, mismatched = _rejections_counted("stale"), _rejections_counted("wrong-cluster")
+    stale, mismatched = rejections_counted("stale"), rejections_counted("wrong-cluster")
     for _ in range(3):
         with pytest.raises(StaleToken):
             store.put("a", "k", b"old", token=tok(4))
     with pytest.raises(TokenMismatch):
         store.put("a", "k", b"old", token=tok(9, cluster=OTHER_CLUSTER))
-    assert _rejections_counted("stale") == stale + 3
-    assert _rejections_counted("wrong-cluster") == mismatched + 1
+    assert rejections_counted("stale") == stale + 3
+    assert rejections_counted("wrong-cluster") == mismatched + 1
 
 
 def test_r6_transaction_all_steps_or_none(store: TransactionalStorePort) -> None:
