@@ -12,7 +12,7 @@ import json
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from stockade.core.errors import InvalidArgument
+from stockade.core.errors import InvalidArgument, LimitExceeded
 from stockade.core.limits import LIST_PAGE_MAX, validate_int
 from stockade.server._http import Request
 from stockade.wire.codecs import JSON
@@ -31,9 +31,10 @@ class Problem(Exception):
 
 
 class BodyField(Exception):
-    """Wraps an `InvalidArgument` about a field of a well-formed JSON body (answered 422)."""
+    """Wraps an error about a field of a well-formed JSON body: `InvalidArgument` (answered 422),
+    or `LimitExceeded` for a field over its size bound (answered 413)."""
 
-    def __init__(self, error: InvalidArgument) -> None:
+    def __init__(self, error: InvalidArgument | LimitExceeded) -> None:
         super().__init__(str(error))
         self.error = error
 

@@ -66,10 +66,11 @@ from stockade.server._inputs import (
     segment,
 )
 from stockade.server._leases import LeaseService, validate_lease_id
+from stockade.server._store_tx import StoreOp, StoreWrites, TxWrite, parse_steps
 from stockade.server.openapi import JSON_BODY_BYTES_MAX, openapi_document
 from stockade.wire import DEFAULT_PORT, codecs
 from stockade.wire.problems import PROBLEM_TYPES, code_of, problem_of
-from stockade.wire.routes import ROUTES, STORE_PREFIX, allowed_methods, match, missing_handlers
+from stockade.wire.routes import ROUTES, STORE_PREFIX, TX_PREFIX, allowed_methods, match, missing_handlers
 
 __all__ = ["ServerConfig", "App", "Server", "PROBLEMS", "DEFAULT_PORT", "problem_for"]
 
@@ -125,7 +126,7 @@ class App:
     to the table cannot go unserved.
     """
 
-    def __init__(self, leases: LeaseService, store_writer: GroupCommitter[BatchWrite], store_reader: SQLiteStore,
+    def __init__(self, leases: LeaseService, store_writer: GroupCommitter[StoreOp], store_reader: SQLiteStore,
                  *, auth: BearerAuth | None, wait_ms_cap: int | None, value_bytes_max: int) -> None:
         self.leases = leases
         self.store_writer = store_writer
@@ -156,7 +157,9 @@ class App:
 
     @staticmethod
     def body_limit(path: str) -> int:
-        return KV_BODY_BYTES_MAX if path.startswith(STORE_PREFIX) else JSON_BODY_BYTES_MAX
+        if path.startswith(STORE_PREFIX):
+            return KV_BODY_BYTES_MAX
+        return codecs.TX_BODY_BYTES_MAX if path.startswith(TX_PREFIX) else JSON_BODY_BYTES_MAX
 
     @staticmethod
     def observe(request: Request, response: Response) -> None:
@@ -325,11 +328,7 @@ class App:
         scope = validate_scope(segment(raw_scope, "scope"))
         key = validate_key(segment(raw_key, "key"))
         query(request, ())
-        raw_token = header(request, "fencing-token")
-        if raw_token is None:
-            raise InvalidArgument(codecs.FENCING_TOKEN_HEADER, "header is required")
-        token = FencingToken.decode(raw_token)
-        self._refuse_unissued(token, scope, key)
+        token = self._token_of(request, scope, key)
         idempotency_key = header(request, "idempotency-key")
         if idempotency_key is not None:
             validate_idempotency_key(idempotency_key)
@@ -347,7 +346,16 @@ class App:
         future = self.store_writer.submit(BatchWrite(op, scope, key, value, token, idempotency_key))  # type: ignore[arg-type]
         return self._write_result(future)
 
-    def _refuse_unissued(self, token: FencingToken, scope: str, key: str) -> None:
+    def _token_of(self, request: Request, scope: str, key: str | None) -> FencingToken:
+        """The request's ``Fencing-Token``, decoded, and refused (R5) if above what was issued."""
+        raw_token = header(request, "fencing-token")
+        if raw_token is None:
+            raise InvalidArgument(codecs.FENCING_TOKEN_HEADER, "header is required")
+        token = FencingToken.decode(raw_token)
+        self._refuse_unissued(token, scope, key)
+        return token
+
+    def _refuse_unissued(self, token: FencingToken, scope: str, key: str | None) -> None:
         """Refuse, as forged (R5), a value above the coordinator's last issued token of its scope.
 
         The coordinator lives in this process, so this needs no key: even a
@@ -361,9 +369,29 @@ class App:
     @staticmethod
     async def _write_result(future: asyncio.Future[Any]) -> Response:
         result = await asyncio.shield(future)  # a disconnect does not undo a queued write
-        if isinstance(result, StockadeError):
+        if isinstance(result, Exception):  # a refusal, or a bug (answered 500 and logged)
             raise result
         return json_response(200, codecs.write_doc(result))
+
+    def transaction(self, request: Request, raw_scope: str) -> Awaitable[Response]:
+        """``POST /v1/tx/{scope}``: every step or none, in one commit that checks the token (R6).
+
+        The whole input is validated here, before anything is queued; the commit
+        runs in the store's writer thread (`stockade.server._store_tx`).
+        """
+        scope = validate_scope(segment(raw_scope, "scope"))
+        query(request, ())
+        token = self._token_of(request, scope, None)
+        steps = parse_steps(json_object(request, optional=False), value_bytes_max=self.value_bytes_max)
+        return self._transaction_result(scope, token, self.store_writer.submit(TxWrite(scope, token, steps)))
+
+    @staticmethod
+    async def _transaction_result(scope: str, token: FencingToken, future: asyncio.Future[Any]) -> Response:
+        result = await asyncio.shield(future)  # a disconnect does not undo a queued transaction
+        if isinstance(result, Exception):
+            raise result
+        high_water = result[0].high_water if result else token.value  # an accepted token is the mark
+        return json_response(200, codecs.tx_doc(scope, token.value, high_water, result))
 
     def put(self, request: Request, raw_scope: str, raw_key: str) -> Awaitable[Response]:
         return self._write(request, raw_scope, raw_key, "put")
@@ -434,7 +462,7 @@ class Server:
         self.exit_status = 0
         self.app: App | None = None
         self.leases: LeaseService | None = None
-        self.store_writer: GroupCommitter[BatchWrite] | None = None
+        self.store_writer: GroupCommitter[StoreOp] | None = None
         self.port: int | None = None
         self._server: asyncio.base_events.Server | None = None
         self._limits = ConnectionLimits()
@@ -466,8 +494,8 @@ class Server:
         self.leases = LeaseService(engine, SystemClock(), loop)
         self.leases.committer.on_failure = self._coordinator_failed
         self.leases.load()
-        self.store_writer = GroupCommitter("store", writer_store.apply_batch, loop,
-                                           try_batch=writer_store.try_apply_batch)
+        writes = StoreWrites(writer_store)  # single writes in group commits, transactions one commit each
+        self.store_writer = GroupCommitter("store", writes.run_batch, loop, try_batch=writes.try_batch)
         self.store_writer.start()
         self._files = (engine, writer_store, reader_store)
         auth = BearerAuth(config.auth_tokens) if config.auth_tokens else None

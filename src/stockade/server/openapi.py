@@ -21,6 +21,7 @@ from stockade.core.limits import (
     TOKEN_VALUE_MAX,
     TTL_MS_MAX,
     TTL_MS_MIN,
+    TX_WRITES_MAX,
     WAIT_MS_MAX,
     WAIT_MS_MIN,
 )
@@ -52,6 +53,7 @@ TOKEN_PATTERN = (
     f"\\.[A-Za-z0-9._:-]{{1,{SCOPE_BYTES_MAX}}}$"
 )
 PRINTABLE_PATTERN = "^[\\x21-\\x7e]+$"
+BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 def _problem(description: str) -> dict[str, Any]:
@@ -86,7 +88,30 @@ _IDEMPOTENCY_HEADER = {"name": IDEMPOTENCY_KEY_HEADER, "in": "header", "required
                        "schema": {"type": "string", "pattern": PRINTABLE_PATTERN, "minLength": 1,
                                   "maxLength": IDEMPOTENCY_KEY_BYTES_MAX}}
 
-def _schemas() -> dict[str, Any]:
+def _transaction_schemas(value_bytes_max: int) -> dict[str, Any]:
+    """A transaction's body and answer (docs/http-api.md, "Transactions")."""
+    key = {"type": "string", "minLength": 1, "maxLength": KEY_BYTES_MAX, "pattern": "^[^\\u0000]+$"}
+    put = {"type": "object", "additionalProperties": False, "required": ["op", "key", "value_b64"],
+           "properties": {"op": {"const": "put"}, "key": key,
+                          "value_b64": {"type": "string", "pattern": BASE64_PATTERN,
+                                        "maxLength": 4 * ((value_bytes_max + 2) // 3)}}}
+    delete = {"type": "object", "additionalProperties": False, "required": ["op", "key"],
+              "properties": {"op": {"const": "delete"}, "key": key}}
+    return {
+        "TransactionRequest": {
+            "type": "object", "additionalProperties": False, "required": ["steps"],
+            "properties": {"steps": {"type": "array", "maxItems": TX_WRITES_MAX, "items": {"oneOf": [put, delete]}}},
+        },
+        "TransactionResult": {
+            "type": "object", "required": ["scope", "token_value", "high_water", "commit_seqs"],
+            "properties": {"scope": {"type": "string"}, "token_value": {"type": "integer", "minimum": 1},
+                           "high_water": {"type": "integer", "minimum": 1},
+                           "commit_seqs": {"type": "array", "items": {"type": "integer", "minimum": 1}}},
+        },
+    }
+
+
+def _schemas(value_bytes_max: int) -> dict[str, Any]:
     int64 = {"type": "integer", "minimum": 1, "maximum": TOKEN_VALUE_MAX}
     floor = {"type": "integer", "minimum": 0, "maximum": TOKEN_VALUE_MAX}
     lock_info = {
@@ -174,6 +199,7 @@ def _schemas() -> dict[str, Any]:
         "FenceFloors": {"type": "object", "required": ["floors", "default"],
                         "properties": {"floors": {"type": "object", "additionalProperties": floor},
                                        "default": floor}},
+        **_transaction_schemas(value_bytes_max),
     }
 
 
@@ -242,7 +268,7 @@ def openapi_document(*, auth: bool, value_bytes_max: int) -> dict[str, Any]:
         "info": {"title": "stockade", "version": API_VERSION,
                  "description": "Leases with fencing tokens, and a fenced key-value store. See docs/http-api.md."},
         "paths": paths,
-        "components": {"schemas": _schemas()},
+        "components": {"schemas": _schemas(value_bytes_max)},
     }
     if auth:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -14,13 +14,16 @@ port, an incompatible server), never a bare ``KeyError``.
     key list     key_list_doc       keys_from            ItemList
     value        item_headers       item_from            (raw bytes + headers)
     high water   high_water_doc     high_water_from      HighWater
+    transaction  tx_body            (the server's)       TransactionRequest
+    tx result    tx_doc             tx_results_from      TransactionResult
     cluster      cluster_doc        cluster_id_from      Cluster
 """
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from stockade.core import leases as core_leases
@@ -55,6 +58,13 @@ __all__ = [
     "item_from",
     "high_water_from",
     "cluster_id_from",
+    "TX_BODY_BYTES_MAX",
+    "tx_step_doc",
+    "tx_step_bytes",
+    "tx_body",
+    "tx_body_bytes_max",
+    "tx_doc",
+    "tx_results_from",
 ]
 
 FENCING_TOKEN_HEADER = "Fencing-Token"
@@ -64,6 +74,14 @@ COMMIT_SEQ_HEADER = "Commit-Seq"
 JSON = "application/json"
 PROBLEM_JSON = "application/problem+json"
 OCTETS = "application/octet-stream"
+
+# A transaction's JSON body: room for a value of the default 1 MiB bound (base64: 4/3 of it) and
+# several smaller ones, yet small enough that the server's 64 MiB of request bytes hold 16 at once.
+TX_BODY_BYTES_MAX = 4 * 1024 * 1024
+_TX_OPEN, _TX_CLOSE = b'{"steps":[', b"]}"
+# The bytes of a step's document around its key and its base64 value (compact JSON, as `dumps` writes).
+_TX_PUT_FRAME = len('{"op":"put","key":,"value_b64":""}')
+_TX_DELETE_FRAME = len('{"op":"delete","key":}')
 
 _encode = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
 
@@ -130,6 +148,42 @@ def cluster_doc(cluster_id: str) -> dict[str, Any]:
 
 def fence_floors_doc(floors: FenceFloors) -> dict[str, Any]:
     return {"floors": dict(floors.floors), "default": floors.default}
+
+
+def tx_step_doc(op: str, key: str, value: bytes) -> dict[str, Any]:
+    """One step of a transaction body: ``{"op": "put", "key", "value_b64"}`` or ``{"op": "delete", "key"}``."""
+    if op == "put":
+        return {"op": "put", "key": key, "value_b64": base64.b64encode(value).decode("ascii")}
+    return {"op": "delete", "key": key}
+
+
+def tx_step_bytes(op: str, key: str, value_bytes: int) -> int:
+    """The exact length of ``dumps(tx_step_doc(op, key, value))`` plus its separating comma, for a value
+    of ``value_bytes`` bytes, without encoding the value: what a client counts against `TX_BODY_BYTES_MAX`."""
+    key_bytes = len(_encode(key))
+    if op == "put":
+        return _TX_PUT_FRAME + key_bytes + 4 * ((value_bytes + 2) // 3) + 1
+    return _TX_DELETE_FRAME + key_bytes + 1
+
+
+def tx_body_bytes_max() -> int:
+    """What the steps of one body may add up to in `tx_step_bytes` (the last step has no comma)."""
+    return TX_BODY_BYTES_MAX - len(_TX_OPEN) - len(_TX_CLOSE) + 1
+
+
+def tx_body(steps: Iterable[tuple[str, str, bytes]]) -> bytes:
+    """The body of ``POST /v1/tx/{scope}`` for ``(op, key, value)`` steps, in order."""
+    return _TX_OPEN + b",".join(dumps(tx_step_doc(op, key, value)) for op, key, value in steps) + _TX_CLOSE
+
+
+def tx_doc(scope: str, token_value: int, high_water: int, results: Sequence[WriteResult]) -> dict[str, Any]:
+    """A committed transaction: what its steps share, and each step's ``commit_seq`` in step order.
+
+    The keys are not echoed: the caller has them, and an answer of 10,000
+    steps stays small (at most 20 bytes a step) whatever the keys' length.
+    """
+    return {"scope": scope, "token_value": token_value, "high_water": high_water,
+            "commit_seqs": [result.commit_seq for result in results]}
 
 
 # -- decoders (the client's reading) --------------------------------------------------------------
@@ -222,6 +276,19 @@ def write_result_from(doc: Any) -> WriteResult:
         commit_seq=_field(doc, "commit_seq", int),
         replayed=bool(doc.get("replayed", False)),
     )
+
+
+def tx_results_from(doc: Any, *, scope: str, keys: Sequence[str]) -> list[WriteResult]:
+    """The results of a committed transaction whose steps wrote ``keys``, in step order."""
+    seqs = doc.get("commit_seqs") if isinstance(doc, dict) else None
+    if (not isinstance(seqs, list) or len(seqs) != len(keys)
+            or not all(isinstance(seq, int) and not isinstance(seq, bool) for seq in seqs)):
+        raise BackendUnavailable(f"server transaction answer lacks the commit_seq of its {len(keys)} steps")
+    if _field(doc, "scope", str) != scope:
+        raise BackendUnavailable("server transaction answer is for another scope")
+    token_value, high_water = _field(doc, "token_value", int), _field(doc, "high_water", int)
+    return [WriteResult(scope, key, token_value, high_water, seq, replayed=False)
+            for key, seq in zip(keys, seqs, strict=True)]
 
 
 def keys_from(doc: Any) -> list[str]:

@@ -138,12 +138,15 @@ def problem_of(error: StockadeError | InvariantViolation, *, body_field: bool = 
     """The status and document for ``error``, by its ``code``; a 5xx has no detail.
 
     Args:
-        body_field: the error is about a field of a well-formed JSON body (422, not 400).
+        body_field: the error is about a field of a well-formed JSON body: 422 for a bad
+            one (not 400), 413 for one over its size bound (not 429).
     """
     code = error.code if error.code in PROBLEM_TYPES else "stockade-error"
     status = PROBLEM_TYPES[code].status
     if body_field and code == "invalid-argument":
         status = BODY_FIELD_STATUS
+    elif body_field and code == "limit-exceeded":
+        status = SIZE_STATUS
     extra: dict[str, Any] = {}
     if isinstance(error, InvalidArgument):
         extra["field"] = error.field

@@ -23,6 +23,7 @@ a route is written once (docs/http-api.md is its prose).
     PUT     /v1/kv/{scope}/{key}          put            yes   raw bytes (any Content-Type)
     DELETE  /v1/kv/{scope}/{key}          deleteKey      yes   -
     GET     /v1/hwm/{scope}               highWater      yes   -
+    POST    /v1/tx/{scope}                transaction    yes   JSON (required; up to TX_BODY_BYTES_MAX)
     GET     /v1/fence-floors              fenceFloors    yes   -
 
 ``{key}`` is the rest of the path: a store key may hold ``/``, encoded or not.
@@ -45,6 +46,7 @@ __all__ = [
     "ROUTE",
     "TEMPLATES",
     "STORE_PREFIX",
+    "TX_PREFIX",
     "Match",
     "match",
     "allowed_methods",
@@ -54,6 +56,8 @@ __all__ = [
 
 # The paths whose routes take a raw value body (and so the larger body bound).
 STORE_PREFIX = "/v1/kv/"
+# The paths whose routes take a transaction's JSON body (and so `codecs.TX_BODY_BYTES_MAX`).
+TX_PREFIX = "/v1/tx/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +184,13 @@ ROUTES: tuple[Route, ...] = (
           headers=_TOKEN_HEADERS, body="bytes", body_required=True, problems=(*_COMMON, *_WRITE)),
     Route("DELETE", "/v1/kv/{scope}/{key}", "deleteKey", "Accepted and durable.", answer_schema="WriteResult",
           tail=True, headers=_TOKEN_HEADERS, problems=(*_COMMON, *_WRITE)),
+    Route("POST", "/v1/tx/{scope}", "transaction", "Every step applied, in one commit.",
+          answer_schema="TransactionResult",
+          description="A multi-step write on one scope, all or none (R6): the token is checked against the "
+                      "scope's high-water mark in the same commit that applies the steps, in order.",
+          headers=((FENCING_TOKEN_HEADER, True),), body="json", body_schema="TransactionRequest", body_required=True,
+          problems=(*_COMMON, *_BODY[1:], *_WRITE[::2],
+                    Answer(413, ("limit-exceeded",), "Body, step count or a value over its bound."))),
     Route("GET", "/v1/hwm/{scope}", "highWater", "The scope's high-water mark (0 if never written).",
           answer_schema="HighWater", problems=_COMMON),
 )

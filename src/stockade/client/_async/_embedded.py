@@ -8,6 +8,9 @@ client never blocks its event loop and the sync client never blocks forever.
 
 from __future__ import annotations
 
+import builtins
+from collections.abc import Sequence
+
 from stockade.client._io import AsyncIO
 from stockade.client._shared import Grant
 from stockade.coordinators.registry import Capability
@@ -15,9 +18,11 @@ from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvariantViolation, LockTimeout, invariant
+from stockade.core.limits import VALUE_BYTES_MAX
 from stockade.core.tokens import FencingToken
-from stockade.core.values import FenceFloors, Item, WriteResult
-from stockade.resources.port import FencedStorePort
+from stockade.core.values import FenceFloors, Item, Write, WriteResult
+from stockade.resources.port import TransactionalStorePort
+from stockade.resources.sqlite_store import TX_BUFFER_BYTES_MAX
 
 __all__ = ["AsyncEmbeddedCoordinatorPort", "AsyncEmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX"]
 
@@ -111,11 +116,20 @@ class AsyncEmbeddedCoordinatorPort:
 
 
 class AsyncEmbeddedStorePort:
-    """Any in-process fenced store (`FencedStorePort`: SQLite, memory, ...) behind the client."""
+    """Any in-process fenced store (`TransactionalStorePort`: SQLite, memory, ...) behind the client (`AsyncStorePort`).
 
-    def __init__(self, engine: FencedStorePort) -> None:
+    A transaction's steps are counted as the stores count what their own
+    `transaction` buffers: the bytes of the values, against `TX_BUFFER_BYTES_MAX`.
+    """
+
+    tx_bytes_limit = "TX_BUFFER_BYTES_MAX"
+    tx_bytes_max = TX_BUFFER_BYTES_MAX
+
+    def __init__(self, engine: TransactionalStorePort) -> None:
         self.engine = engine
         self.cluster_id = engine.cluster_id
+        # Not part of the store port: a store that does not say its bound is held to the default.
+        self.value_bytes_max: int = getattr(engine, "value_bytes_max", VALUE_BYTES_MAX)
 
     async def open(self) -> None:
         pass  # a store is open once constructed
@@ -139,5 +153,30 @@ class AsyncEmbeddedStorePort:
     async def high_water(self, scope: str) -> int:
         return await AsyncIO.run_blocking(self.engine.high_water, scope)
 
+    @staticmethod
+    def tx_bytes(write: Write) -> int:
+        return len(write.value)
+
+    async def transaction(
+        self, scope: str, writes: Sequence[Write], *, token: FencingToken
+    ) -> builtins.list[WriteResult]:
+        """The store's own `transaction`, the steps replayed into it in one blocking call."""
+        return await AsyncIO.run_blocking(_apply_transaction, self.engine, scope, writes, token)
+
     async def aclose(self) -> None:
         self.engine.close()
+
+
+def _apply_transaction(
+    engine: TransactionalStorePort, scope: str, writes: Sequence[Write], token: FencingToken
+) -> list[WriteResult]:
+    """Run ``writes`` through ``engine.transaction``: its fence check, its commit, its results.
+
+    A store whose steps learn their ``commit_seq`` only at the commit (SQLite)
+    hands them over in ``tx.results``; one that commits what it staged under
+    its lock (memory) has them in the steps' own results.
+    """
+    with engine.transaction(scope, token=token) as tx:
+        staged = [tx.put(w.key, w.value) if w.op == "put" else tx.delete(w.key) for w in writes]
+    committed: list[WriteResult] | None = getattr(tx, "results", None)
+    return list(committed) if committed is not None else staged

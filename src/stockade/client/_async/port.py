@@ -1,22 +1,27 @@
-"""The coordinator port: what the client's `AsyncCoordinator` calls, whatever the backend.
+"""The ports: what the client's `AsyncCoordinator` and `AsyncFencedStore` call, whatever the backend.
 
 `AsyncEmbeddedCoordinatorPort` serves every in-process lease engine (the
 SQLite file, memory); `AsyncHTTPCoordinatorPort` speaks to a `stockade serve`.
 A backend with a waiting mechanism of its own (a watch, a notification)
 implements this protocol directly. The one conformance suite of the tests
-runs on every implementation.
+runs on every implementation. `AsyncStorePort` is the store's side:
+`AsyncEmbeddedStorePort` over any in-process store, `AsyncHTTPStorePort` over
+a server's ``/v1/kv`` and ``/v1/tx``.
 """
 
 from __future__ import annotations
 
+import builtins
+from collections.abc import Sequence
 from typing import Protocol
 
 from stockade.client._shared import Grant
 from stockade.coordinators.registry import Capability
 from stockade.core.leases import ScopeInfo
-from stockade.core.values import FenceFloors
+from stockade.core.tokens import FencingToken
+from stockade.core.values import FenceFloors, Item, Write, WriteResult
 
-__all__ = ["AsyncCoordinatorPort"]
+__all__ = ["AsyncCoordinatorPort", "AsyncStorePort"]
 
 
 class AsyncCoordinatorPort(Protocol):
@@ -83,3 +88,64 @@ class AsyncCoordinatorPort(Protocol):
     async def aclose(self) -> None:
         """Release connections and files."""
         ...
+
+
+class AsyncStorePort(Protocol):
+    """A fenced store as the client's `AsyncFencedStore` sees it.
+
+    Attributes:
+        cluster_id: the cluster whose tokens the store trusts; None until `open`
+            has fetched it (a remote store opened inside an event loop).
+        value_bytes_max: the largest value the store takes.
+        tx_bytes_limit: the name of the bound on what one transaction carries
+            (raised as `LimitExceeded` before anything is sent).
+        tx_bytes_max: that bound, counted in `tx_bytes` of each step.
+    """
+
+    value_bytes_max: int
+    tx_bytes_limit: str
+    tx_bytes_max: int
+
+    @property
+    def cluster_id(self) -> str | None: ...
+
+    async def open(self) -> None:
+        """Fetch what the port needs (the cluster id); idempotent."""
+        ...
+
+    async def put(
+        self, scope: str, key: str, value: bytes | str, *, token: FencingToken, idempotency_key: str | None
+    ) -> WriteResult: ...
+
+    async def delete(
+        self, scope: str, key: str, *, token: FencingToken, idempotency_key: str | None
+    ) -> WriteResult: ...
+
+    async def get(self, scope: str, key: str) -> Item | None: ...
+
+    async def list(self, scope: str, *, after: str, limit: int) -> list[Item]: ...
+
+    async def high_water(self, scope: str) -> int: ...
+
+    def tx_bytes(self, write: Write) -> int:
+        """What one validated step adds up to against `tx_bytes_max` (pure; no I/O)."""
+        ...
+
+    async def transaction(
+        self, scope: str, writes: Sequence[Write], *, token: FencingToken
+    ) -> builtins.list[WriteResult]:
+        """Apply ``writes`` (validated, of ``scope``, in order) all or none, in one call that checks
+        ``token`` against the scope's high-water mark in the same commit (R1, R6).
+
+        Returns:
+            Every step's committed result, in order.
+
+        Raises:
+            StaleToken: a newer token wrote to the scope first. Nothing applied.
+            TokenMismatch: a token of another scope or cluster, or forged. Nothing applied.
+            InvalidArgument, LimitExceeded: nothing applied.
+            BackendUnavailable: the store failed; see ``certain_no_effect``.
+        """
+        ...
+
+    async def aclose(self) -> None: ...

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from stockade.client._async.port import AsyncStorePort
+from stockade.client._async.transaction import AsyncStoreTransaction
 from stockade.client._hooks import Hooks, rejected, validate_hooks
 from stockade.client._io import AsyncHandle
 from stockade.client._shared import CURRENT_LEASE, resolve_token
 from stockade.core.errors import FenceRejected, InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
+from stockade.core.tokens import FencingToken
 from stockade.resources.store import Item, WriteResult
 
 __all__ = ["AsyncFencedStore", "lease_in_context"]
@@ -33,7 +36,7 @@ def lease_in_context(scope: str) -> Any:
     raise InvalidArgument("token", f"no token given and no lease on {scope!r} held in this context")
 
 
-def _token_for(scope: str, token: object) -> object:
+def _token_for(scope: str, token: object) -> FencingToken:
     if token is not None:
         return resolve_token(token)
     if not isinstance(scope, str):
@@ -51,7 +54,7 @@ class AsyncFencedStore(AsyncHandle):
     Each rejection is reported to ``hooks.on_reject`` first (`stockade.client.Hooks`).
     """
 
-    def __init__(self, port: Any, *, hooks: Hooks | None = None) -> None:
+    def __init__(self, port: AsyncStorePort, *, hooks: Hooks | None = None) -> None:
         self._port = port
         self._hooks = validate_hooks(hooks)
 
@@ -111,6 +114,38 @@ class AsyncFencedStore(AsyncHandle):
         except FenceRejected as exc:
             rejected(self._hooks, exc)
             raise
+
+    def transaction(self, scope: str, *, token: object = None) -> AsyncStoreTransaction:
+        """A multi-step write on one scope, applied all or none (R6): ``async with
+        store.transaction("reports") as tx: tx.put(k, v); tx.delete(k2); item = await tx.get(k)``.
+
+        When the block begins, the token is judged against the scope's mark
+        (a stale one raises before the body runs). The steps are kept in this
+        process, and nothing is locked while the body runs. When the block ends
+        normally they are applied in one call that checks the token again in
+        the same commit: if a newer holder wrote to the scope meanwhile, it
+        raises `StaleToken` and none of the steps apply. If the block raises,
+        nothing is sent. ``tx.results`` then holds each step's committed
+        `WriteResult`, in step order.
+
+        Args:
+            scope: the one scope every step writes.
+            token: a token, its encoded string, or a lease; None: the lease of the
+                innermost enclosing ``lock()`` on ``scope`` (K1).
+
+        Raises:
+            StaleToken, TokenMismatch: at the start or at the commit. Nothing applied.
+            InvalidArgument: a bad scope, token, key or value (the step is refused).
+            LimitExceeded: more than `TX_WRITES_MAX` steps, or more bytes than the
+                store takes in one transaction (``TX_BUFFER_BYTES_MAX`` in process,
+                ``TX_BODY_BYTES_MAX`` over HTTP), refused at the step, before anything is sent.
+            LeaseLost: the lease given (or in context) is known to be lost, at the
+                start or at the commit. Nothing sent.
+            BackendUnavailable: the store failed; see ``certain_no_effect``.
+        """
+        validate_scope(scope)
+        source = token if token is not None else lease_in_context(scope)
+        return AsyncStoreTransaction(self._port, scope, resolve_token(source), source=source, hooks=self._hooks)
 
     async def get(self, scope: str, key: str) -> Item | None:
         validate_scope(scope)

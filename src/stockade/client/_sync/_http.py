@@ -16,7 +16,9 @@ our check and our send, so it saw nothing).
 
 from __future__ import annotations
 
+import builtins
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from stockade.client._io import SyncIO
@@ -38,9 +40,16 @@ from stockade.clock import SystemClock
 from stockade.coordinators.registry import COORDINATORS
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
-from stockade.core.limits import LEASES_MAX, validate_idempotency_key, validate_key, validate_scope, validate_value
+from stockade.core.limits import (
+    LEASES_MAX,
+    VALUE_BYTES_MAX,
+    validate_idempotency_key,
+    validate_key,
+    validate_scope,
+    validate_value,
+)
 from stockade.core.tokens import FencingToken
-from stockade.core.values import FenceFloors
+from stockade.core.values import FenceFloors, Write
 from stockade.resources.store import Item, WriteResult
 from stockade.wire import codecs
 from stockade.wire.routes import ROUTE, Route, page_query
@@ -284,8 +293,8 @@ class HTTPClient:
 # The routes this client calls, from the one table (`stockade.wire.routes`): no path is written here.
 _CLUSTER, _ACQUIRE, _RENEW, _RELEASE = ROUTE["cluster"], ROUTE["acquire"], ROUTE["renew"], ROUTE["release"]
 _INSPECT, _LIST_LOCKS, _FENCE_FLOORS = ROUTE["inspectLock"], ROUTE["listLocks"], ROUTE["fenceFloors"]
-_PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER = (
-    ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"])
+_PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER, _TRANSACTION = (
+    ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"], ROUTE["transaction"])
 
 
 def check_store_cluster(expected: str | None, remote: str) -> None:
@@ -404,11 +413,18 @@ class HTTPCoordinatorPort:
 
 
 class HTTPStorePort:
-    """The fenced store of a remote `stockade serve`.
+    """The fenced store of a remote `stockade serve` (`StorePort`).
 
     Arguments are validated here, as the embedded store does, so a bad one
-    raises the same `InvalidArgument` without a round trip.
+    raises the same `InvalidArgument` without a round trip. A transaction is
+    one request whose JSON body is bounded by `codecs.TX_BODY_BYTES_MAX`: each
+    step counts the exact bytes it adds to that body, so a transaction the
+    server would refuse for its size is refused here before anything is sent.
     """
+
+    value_bytes_max = VALUE_BYTES_MAX
+    tx_bytes_limit = "TX_BODY_BYTES_MAX"
+    tx_bytes_max = codecs.tx_body_bytes_max()
 
     def __init__(
         self, client: HTTPClient, *, cluster_id: str | None, expected_cluster_id: str | None = None
@@ -490,6 +506,24 @@ class HTTPStorePort:
     def high_water(self, scope: str) -> int:
         _, doc = self._client.get_json(_HIGH_WATER.target(scope=scope))
         return codecs.high_water_from(doc)
+
+    @staticmethod
+    def tx_bytes(write: Write) -> int:
+        return codecs.tx_step_bytes(write.op, write.key, len(write.value))
+
+    def transaction(
+        self, scope: str, writes: Sequence[Write], *, token: FencingToken
+    ) -> builtins.list[WriteResult]:
+        """One ``POST /v1/tx/{scope}``; never resent (the first may have been applied)."""
+        body = codecs.tx_body((w.op, w.key, w.value) for w in writes)
+        response = self._client.request(
+            _TRANSACTION.method, _TRANSACTION.target(scope=scope), body=body, content_type=codecs.JSON,
+            headers=((codecs.FENCING_TOKEN_HEADER, token.encode()),), timeout_ms=self._client.endpoint.timeout_ms,
+        )
+        if response.status != 200:
+            error, problem = error_for(response, scope=scope, token=token)
+            raise error from problem
+        return codecs.tx_results_from(json_body(response), scope=scope, keys=[w.key for w in writes])
 
     def close(self) -> None:
         self._client.close()
