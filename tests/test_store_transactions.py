@@ -515,3 +515,61 @@ def test_scoped_bearer_tokens_cover_transactions_as_they_cover_kv(serve, tmp_pat
     store = stockade.open_store(server.url, auth_token=scoped)
     assert store.get("reports.daily", "k").value == b"A"
     store.close()
+
+
+# -- the server's loop never waits on the store's file lock for a transaction -------------------------
+
+
+def _tx_order_while_locked(path, *, inline_control: bool):
+    """Hold the store's write lock elsewhere, submit a transaction, and record what the loop did first."""
+    import asyncio
+    import sqlite3
+
+    from stockade.core.tokens import FencingToken
+    from stockade.resources.sqlite_store import SQLiteStore
+    from stockade.server._groupcommit import GroupCommitter
+    from stockade.server._store_tx import StoreWrites, TxWrite
+
+    cluster = "0123456789abcdef"
+    store = SQLiteStore(path, cluster_id=cluster, busy_timeout_ms=1_000)
+    writes = StoreWrites(store)
+    holder = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        # The control commits whatever comes inline on the loop, transactions included.
+        committer = GroupCommitter("store", writes.run_batch, loop,
+                                   try_batch=writes.run_batch if inline_control else writes.try_batch)
+        committer.start()
+        order: list[str] = []
+        steps = (("put", "k1", b"v"), ("delete", "k2", b""))
+        pending = committer.submit(TxWrite("a", FencingToken(cluster, "a", 1), steps))
+        pending.add_done_callback(lambda _: order.append("transaction answered"))
+        for i in range(5):  # other requests the loop serves meanwhile
+            await asyncio.sleep(0)
+            order.append(f"other request {i}")
+        order.append("lock released")
+        holder.execute("ROLLBACK")
+        outcome = await pending
+        committer.stop()
+        return order, outcome
+
+    try:
+        return asyncio.run(main())
+    finally:
+        holder.close()
+        store.close()
+
+
+def test_the_loop_serves_others_while_a_transaction_waits_for_the_store_lock(tmp_path):
+    order, outcome = _tx_order_while_locked(tmp_path / "store.db", inline_control=False)
+    assert order[:6] == [f"other request {i}" for i in range(5)] + ["lock released"]
+    assert order[-1] == "transaction answered"
+    assert [r.key for r in outcome] == ["k1", "k2"] and outcome[0].commit_seq == 1
+
+
+def test_control_a_transaction_committed_inline_blocks_the_loop(tmp_path):
+    order, outcome = _tx_order_while_locked(tmp_path / "store.db", inline_control=True)
+    assert isinstance(outcome, stockade.BackendUnavailable)  # it sat in BEGIN IMMEDIATE on the loop
+    assert order.index("transaction answered") < order.index("lock released")
