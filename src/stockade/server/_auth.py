@@ -12,8 +12,8 @@ separated by spaces::
 A scope pattern ending in ``*`` covers every scope that starts with what comes
 before it; any other pattern is one scope name (the scope rules of
 `stockade.core.limits`, so ``*`` alone covers every scope). A token limited to
-scopes may call the routes of those scopes (acquire, inspect, the store,
-the high-water mark), renew and release leases by id (a lease id is itself the
+scopes may call the routes of those scopes (acquire, inspect, the store
+and its transactions, the high-water mark), renew and release leases by id (a lease id is itself the
 capability, and only an acquire on an allowed scope hands one out),
 ``/v1/cluster`` and ``/openapi.json``; it is refused (403) the routes that
 show every scope: ``/v1/locks``, ``/v1/fence-floors``, ``/metrics`` and ``/``.
