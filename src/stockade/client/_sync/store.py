@@ -117,8 +117,10 @@ class FencedStore(Handle):
             raise
 
     def transaction(self, scope: str, *, token: object = None) -> StoreTransaction:
-        """A multi-step write on one scope, applied all or none (R6): ``async with
-        store.transaction("reports") as tx: tx.put(k, v); tx.delete(k2); item = await tx.get(k)``.
+        """A multi-step write on one scope, applied all or none (R6).
+
+        ``with store.transaction("reports") as tx:``, then in the block
+        ``tx.put(k, v)``, ``tx.delete(k2)`` and ``item = tx.get(k)``.
 
         When the block begins, the token is judged against the scope's mark
         (a stale one raises before the body runs). The steps are kept in this
