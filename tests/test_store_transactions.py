@@ -183,6 +183,25 @@ def test_a_stale_token_is_refused_before_the_body_runs(opened, client):
     assert value_of(writer, "reports", "k") == b"newer"
 
 
+def test_a_refused_commit_is_reported_to_the_hooks(backend, coord_url, store_url):
+    from stockade.client import Hooks
+
+    coord = stockade.connect(coord_url)
+    cluster = None if backend == "http" else coord.cluster_id
+    seen: list = []
+    store = stockade.open_store(store_url, cluster_id=cluster, hooks=Hooks(on_reject=seen.append))
+    writer = stockade.open_store(store_url, cluster_id=cluster)
+    try:
+        zombie, newer = lease_token(coord, "hooked"), lease_token(coord, "hooked")
+        with pytest.raises(stockade.StaleToken), store.transaction("hooked", token=zombie) as tx:
+            tx.put("k", b"zombie")
+            writer.put("hooked", "k", b"newer", token=newer)
+        assert [type(e) for e in seen] == [stockade.StaleToken] and seen[0].high_water == newer.value
+        assert value_of(writer, "hooked", "k") == b"newer"
+    finally:
+        store.close(), writer.close(), coord.close()
+
+
 # -- S20: a newer holder writes while the transaction is open --------------------------------------
 
 
