@@ -99,7 +99,7 @@ def serve(tmp_path: Path):
 
 
 #: The conformance parameters, and the registered schemes each one runs (https: test_server's TLS test).
-BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https")}
+BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https"), "etcd": ("etcd",)}
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -118,6 +118,8 @@ def coord_url(tmp_path: Path, backend: str, request) -> str:
         return request.getfixturevalue("http_server").url
     if backend == "memory":
         return f"memory://{tmp_path.name}"
+    if backend == "etcd":  # one three-member cluster per session, a namespace per test
+        return f"{request.getfixturevalue('etcd_cluster').url}/{tmp_path.name}"
     return f"sqlite://{tmp_path / 'coord.db'}"
 
 
@@ -128,6 +130,18 @@ def store_url(tmp_path: Path, backend: str, request) -> str:
     if backend == "memory":
         return f"memory://{tmp_path.name}"  # the in-memory store beside the in-memory engine
     return f"sqlite://{tmp_path / 'store.db'}"
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory):
+    """Three real etcd members on loopback ports (tests/helpers/etcd_cluster.py), for the session."""
+    from helpers.etcd_cluster import EtcdCluster, etcd_available
+
+    if not etcd_available() and os.environ.get("CI") != "true":
+        pytest.skip("etcd is not installed (scripts/test.sh installs it; CI never skips)")
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def test_remote_server_down_is_backend_unavailable():
 
 
 @pytest.mark.parametrize(
-    "url", ["", "coord.db", "mysql://x", "etcd://127.0.0.1:1", "http://", "http://h:1?q=1", "sqlite://", 5, None],
+    "url", ["", "coord.db", "mysql://x", "etcd://", "http://", "http://h:1?q=1", "sqlite://", 5, None],
 )
 def test_bad_urls(url):
     with pytest.raises(InvalidArgument):
@@ -78,6 +78,6 @@ def test_capabilities_are_declared_and_checked(tmp_path):
     assert Capability.DURABLE_TOKENS not in memory.capabilities
     with pytest.raises(InvalidArgument, match="lock_delay_ms"):
         stockade.connect("http://127.0.0.1:9", lock_delay_ms=100)  # refused before any I/O
-    for url in ["etcd://h:2379", "zk://h:2181", "postgresql://h/db", "nope://x", "memory://", "sqlite://", 5]:
+    for url in ["etcd://h:x", "zk://h:2181", "postgresql://h/db", "nope://x", "memory://", "sqlite://", 5]:
         with pytest.raises(InvalidArgument):
             stockade.connect(url)

@@ -37,6 +37,9 @@ class Capability(enum.Enum):
     CLIENT_LOCK_DELAY = "client-lock-delay"  # connect(lock_delay_ms=...) is honoured (C5)
     DURABLE_TOKENS = "durable-tokens"  # tokens keep increasing across restarts of every process (C1)
     NATIVE_WAIT = "native-wait"  # a waiter is woken by the backend, not by polling
+    # Each grant's token is the scope's previous + 1. Without it tokens only strictly increase
+    # (etcd: the holder key's create revision, shared by every key of the cluster).
+    DENSE_TOKENS = "dense-tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,27 +100,31 @@ def _open_memory(location: str, policy: LeasePolicy) -> LeaseEngine:
 
 
 _DURABLE_REMOTE = frozenset({Capability.FIFO_WAIT, Capability.DURABLE_TOKENS, Capability.NATIVE_WAIT})
+_DENSE = frozenset({Capability.DENSE_TOKENS})
 
 COORDINATORS: dict[str, CoordinatorBackend] = {
     backend.scheme: backend
     for backend in (
         CoordinatorBackend(
             "sqlite", "embedded: one SQLite file shared by the processes of one host",
-            frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS}),
+            frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS}) | _DENSE,
             _open_sqlite,
         ),
         CoordinatorBackend(
             "memory", "in this process only; tokens do not survive it (tests, examples)",
-            frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY}),
+            frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY}) | _DENSE,
             _open_memory,
         ),
-        CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE),
-        CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE),
+        CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE | _DENSE),
+        # The client speaks etcd itself (client/_async/_etcd.py): no engine in process.
+        CoordinatorBackend("etcd", "an etcd 3.4+ cluster: leases and watches, tokens from create revisions",
+                           _DURABLE_REMOTE),
+        CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE | _DENSE),
     )
 }
 
 #: Schemes named in the docs whose backends are not built yet.
-SCHEMES_PLANNED = ("etcd", "zk", "zookeeper", "postgresql")
+SCHEMES_PLANNED = ("zk", "zookeeper", "postgresql")
 
 
 def coordinator_backend(url: object, field: str = "url") -> tuple[CoordinatorBackend, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from stockade.client._async._embedded import AsyncEmbeddedCoordinatorPort, AsyncEmbeddedStorePort
+from stockade.client._async._etcd import AsyncEtcdCoordinatorPort
 from stockade.client._async._http import (
     AsyncHTTPClient,
     AsyncHTTPCoordinatorPort,
@@ -19,6 +20,7 @@ from stockade.client._shared import HTTPEndpoint, http_endpoint, is_http_url, sq
 from stockade.coordinators.registry import Capability, coordinator_backend
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
+from stockade.core.limits import validate_int
 from stockade.core.tokens import validate_cluster_id
 from stockade.resources.registry import SCHEMES as STORE_SCHEMES
 from stockade.resources.registry import StoreOptions, open_resource, scheme_of
@@ -83,6 +85,9 @@ def connect_async(
     if lock_delay_ms and Capability.CLIENT_LOCK_DELAY not in backend.capabilities:
         raise InvalidArgument("lock_delay_ms", f"{backend.scheme}:// does not take it from the client "
                                                "(a server has its own setting)")
+    if backend.scheme == "etcd":
+        return _connect_etcd(location, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms,
+                             auth_token=auth_token, tls_ca=tls_ca, hooks=hooks)
     if backend.open_engine is None:
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
@@ -95,6 +100,40 @@ def connect_async(
     hooks = validate_hooks(hooks)
     engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
     return AsyncCoordinator(AsyncEmbeddedCoordinatorPort(engine, capabilities=backend.capabilities), hooks=hooks)
+
+
+def _connect_etcd(
+    location: str, *, timeout_ms: int | None, connect_timeout_ms: int | None, auth_token: str | None,
+    tls_ca: object, hooks: Hooks | None,
+) -> AsyncCoordinator:
+    """An etcd cluster's coordinator; outside a running loop its cluster id and keyring are read here."""
+    from stockade.client._shared import CONNECT_TIMEOUT_MS_DEFAULT, TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX
+    from stockade.coordinators.etcd import parse_location
+
+    if auth_token is not None or tls_ca is not None:
+        raise InvalidArgument("url", "etcd:// speaks plain HTTP without auth in this version")
+    hooks = validate_hooks(hooks)
+    members, layout = parse_location(location)
+    options = {
+        "timeout_ms": validate_int("timeout_ms", TIMEOUT_MS_DEFAULT if timeout_ms is None else timeout_ms,
+                                   1, TIMEOUT_MS_MAX),
+        "connect_timeout_ms": validate_int(
+            "connect_timeout_ms", CONNECT_TIMEOUT_MS_DEFAULT if connect_timeout_ms is None else connect_timeout_ms,
+            1, TIMEOUT_MS_MAX),
+        "capabilities": coordinator_backend("etcd://")[0].capabilities,
+    }
+    identity = None
+    if not AsyncIO.loop_running():  # one blocking read now, as for a remote server's cluster id
+        from stockade.client._sync import _etcd as sync_etcd
+
+        reader = sync_etcd.EtcdCoordinatorPort(members, layout, **options)  # type: ignore[arg-type]
+        try:
+            reader.open()
+            identity = (reader.cluster_id, reader.keys)
+        finally:
+            reader.close()
+    port = AsyncEtcdCoordinatorPort(members, layout, identity=identity, **options)  # type: ignore[arg-type]
+    return AsyncCoordinator(port, hooks=hooks)
 
 
 def open_store_async(

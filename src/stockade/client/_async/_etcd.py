@@ -1,0 +1,341 @@
+"""The coordinator port on an etcd cluster, over etcd's JSON gateway (``/v3/...``).
+
+The recipe (key layout, bodies, the TTL mapping) is sans-IO in
+`stockade.coordinators.etcd`; this module sends it. Each member is an
+`AsyncHTTPClient` (keep-alive connections, deadlines); a request that finds a
+member down, or an election under way (etcd's Unavailable, DeadlineExceeded
+or "leader changed"), is sent to the next member until its deadline. Every
+request of the recipe may be sent twice: a queue key is named after its etcd
+lease, and both transactions compare before they write.
+
+Waiting is a watch on the predecessor's key (a streamed ``/v3/watch``): one
+waiter wakes per release, in create-revision order (C4). While it waits, the
+waiter keeps its own etcd lease alive, or its place would lapse.
+
+The token is the holder key's create revision; every answer's header revision
+is remembered, and one that goes back (a snapshot restore behind this
+process's back) is refused with `BackendUnavailable` (docs/coordinator-etcd.md).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from stockade.client._async._http import AsyncHTTPClient
+from stockade.client._io import AsyncIO
+from stockade.client._shared import Grant, HTTPEndpoint
+from stockade.client._wire import build_request
+from stockade.coordinators import etcd as recipe
+from stockade.coordinators.registry import Capability
+from stockade.core import leases as core_leases
+from stockade.core.errors import BackendUnavailable, LockTimeout, NotHolder, invariant
+from stockade.core.leases import ScopeInfo, ScopeState
+from stockade.core.limits import LIST_PAGE_MAX
+from stockade.core.tokens import FencingToken
+from stockade.core.values import FenceFloors
+from stockade.keys import FixedKeys, _dump, _parse, ephemeral_keyring
+
+__all__ = ["AsyncEtcdCoordinatorPort"]
+
+#: gRPC codes worth sending to another member: Unknown ("leader changed"), DeadlineExceeded, Internal, Unavailable.
+_RETRY_CODES = frozenset({2, 4, 13, 14})
+_NOT_FOUND = 5
+_RETRY_PAUSE_S = 0.05
+_WATCH_BYTES_MAX = 1 << 16
+_FLOORS_MAX = 100_000
+
+
+class _EtcdRefused(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class AsyncEtcdCoordinatorPort:
+    """`AsyncCoordinatorPort` on etcd.
+
+    Args:
+        members: the cluster's client endpoints (`stockade.coordinators.etcd.parse_location`).
+        layout: where this stockade cluster's keys live.
+        timeout_ms: the deadline of one request, retries on other members included.
+        connect_timeout_ms: the deadline of one connect.
+        capabilities: what the registry declares for ``etcd://``.
+        identity: the cluster id and keyring, when already read (the sync open); else `open` reads them.
+    """
+
+    def __init__(
+        self,
+        members: tuple[recipe.EtcdMember, ...],
+        layout: recipe.Layout,
+        *,
+        timeout_ms: int,
+        connect_timeout_ms: int,
+        capabilities: frozenset[Capability],
+        identity: tuple[str, FixedKeys] | None = None,
+    ) -> None:
+        self.capabilities = capabilities
+        self.timeout_ms = timeout_ms
+        self._members = members
+        self._layout = layout
+        self._clients = [AsyncHTTPClient(_endpoint(m, timeout_ms, connect_timeout_ms)) for m in members]
+        self._preferred = 0
+        self._revision_seen = 0
+        self._cluster_id: str | None = None
+        self.keys: FixedKeys | None = None
+        if identity is not None:
+            self._cluster_id, self.keys = identity
+
+    @property
+    def cluster_id(self) -> str | None:
+        return self._cluster_id
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def _call(self, path: str, body: dict[str, Any], *, timeout_ms: int | None = None) -> dict[str, Any]:
+        """One gateway call, moved to the next member while the cluster cannot answer.
+
+        Raises:
+            _EtcdRefused: etcd answered with an error that another member would repeat.
+            BackendUnavailable: no member answered by the deadline.
+        """
+        deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
+        data = json.dumps(body).encode()
+        failure = "no member tried"
+        while True:
+            index = self._preferred
+            client = self._clients[index]
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                raise BackendUnavailable(f"etcd: no member answered {path} in time ({failure})")
+            try:
+                response = await client.request(
+                    "POST", path, body=data, content_type="application/json", timeout_ms=remaining_ms, idempotent=True
+                )
+                text = response.body.split(b"\n", 1)[0] if path.endswith("keepalive") else response.body
+                answer = json.loads(text or b"{}")
+            except BackendUnavailable as exc:
+                failure = str(exc)
+            except ValueError as exc:
+                failure = f"not JSON: {exc}"
+            else:
+                if response.status == 200:
+                    answer = answer.get("result", answer) if path.endswith("keepalive") else answer
+                    self._check_revision(answer)
+                    return answer
+                code = int(answer.get("code", 0)) if isinstance(answer, dict) else 0
+                message = str(answer.get("error", response.status)) if isinstance(answer, dict) else ""
+                if code not in _RETRY_CODES and response.status < 500:
+                    raise _EtcdRefused(code, message)
+                failure = f"{self._members[index].host}:{self._members[index].port}: {message}"
+            self._preferred = (index + 1) % len(self._clients)
+            if self._preferred == 0:
+                await AsyncIO.sleep(_RETRY_PAUSE_S)
+
+    def _check_revision(self, answer: dict[str, Any]) -> None:
+        header = answer.get("header")
+        if not isinstance(header, dict) or "revision" not in header:
+            return
+        revision = int(header["revision"])
+        if revision < self._revision_seen:
+            raise BackendUnavailable(
+                f"etcd's revision went back from {self._revision_seen} to {revision}: restored from a snapshot? "
+                "tokens would repeat; refusing (docs/coordinator-etcd.md)", certain_no_effect=True,
+            )
+        self._revision_seen = revision
+
+    async def _txn(self, body: dict[str, Any]) -> tuple[bool, list[dict[str, Any]]]:
+        answer = await self._call("/v3/kv/txn", body)
+        return bool(answer.get("succeeded")), list(answer.get("responses", []))
+
+    async def _range(self, key: bytes, end: bytes | None = None, **options: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": recipe.b64(key), **options}
+        if end is not None:
+            body["range_end"] = recipe.b64(end)
+        return await self._call("/v3/kv/range", body)
+
+    async def _keepalive(self, lease: int) -> bool:
+        answer = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
+        return int(answer.get("TTL", 0)) > 0
+
+    async def _revoke(self, lease: int) -> bool:
+        try:
+            await self._call("/v3/lease/revoke", {"ID": str(lease)})
+        except _EtcdRefused as exc:
+            if exc.code == _NOT_FOUND:
+                return False
+            raise BackendUnavailable(f"etcd refused to revoke a lease: {exc}") from exc
+        return True
+
+    async def _wait_deleted(self, key: bytes, start_revision: int, timeout_s: float) -> None:
+        """Return when ``key`` is deleted at or after ``start_revision``, its watch ends, or ``timeout_s`` passes."""
+        member = self._members[self._preferred]
+        body = json.dumps({"create_request": {"key": recipe.b64(key), "start_revision": str(start_revision)}}).encode()
+        request = build_request("POST", "/v3/watch", authority=f"{member.host}:{member.port}", auth_token=None,
+                                body=body, content_type="application/json")
+        deadline = time.monotonic() + timeout_s
+        try:
+            stream = await AsyncIO.open_tcp(member.host, member.port, tls=None, timeout_s=max(0.001, timeout_s))
+        except OSError:
+            self._preferred = (self._preferred + 1) % len(self._clients)
+            await AsyncIO.sleep(min(_RETRY_PAUSE_S, max(0.0, timeout_s)))
+            return
+        try:
+            await stream.send(request, max(0.001, timeout_s))
+            seen = b""
+            while True:
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    return
+                data = await stream.receive(_WATCH_BYTES_MAX, remaining_s)
+                if not data:
+                    return  # the member closed the stream: look again
+                seen = (seen + data)[-_WATCH_BYTES_MAX:]
+                # Keys and values travel in base64, so these markers cannot come from user data.
+                if b'"type":"DELETE"' in seen or b'"canceled":true' in seen or b'"error"' in seen:
+                    return
+        except OSError:
+            return
+        finally:
+            stream.close()
+
+    # -- the port ---------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._cluster_id is not None:
+            return
+        proposed = secrets.token_hex(8)
+        _, responses = await self._txn(recipe.cluster_txn(self._layout, proposed, _dump(ephemeral_keyring(proposed))))
+        cluster_kvs = recipe.kvs_of(responses[-2].get("response_range", {}))
+        keyring_kvs = recipe.kvs_of(responses[-1].get("response_range", {}))
+        if not cluster_kvs or not keyring_kvs:
+            raise BackendUnavailable("etcd holds a stockade cluster id without its keyring", certain_no_effect=True)
+        keyring = _parse(keyring_kvs[0].value, Path("etcd:stockade/meta/keyring"))
+        self.keys = FixedKeys(keyring)
+        self._cluster_id = cluster_kvs[0].value.decode()
+
+    def _grant(self, scope: str, holder: str, ttl_ms: int, lease: int, revision: int, sent_ns: int) -> Grant:
+        if self._cluster_id is None or self.keys is None:
+            raise BackendUnavailable("etcd coordinator not opened", certain_no_effect=True)
+        token = self.keys.sign(FencingToken(self._cluster_id, scope, revision))
+        return Grant(str(lease), holder, token, ttl_ms, sent_ns)
+
+    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
+        """Queue a key under a fresh etcd lease; granted when no key of the scope was created before it.
+
+        Returns:
+            The grant; ``sent_ns`` is when the etcd lease was last granted or
+            kept alive (the server's expiry counts from later than that: K2).
+        """
+        await self.open()
+        ttl_s = recipe.ttl_s_of(ttl_ms)
+        deadline_ns = time.monotonic_ns() + wait_ms * 1_000_000
+        sent_ns = time.monotonic_ns()
+        answer = await self._call("/v3/lease/grant", {"TTL": str(ttl_s)})
+        lease = int(answer["ID"])
+        try:
+            succeeded, responses = await self._txn(recipe.enqueue_txn(self._layout, scope, lease, holder, ttl_ms))
+            mine = recipe.kvs_of(responses[-1].get("response_range", {}))
+            if not mine:
+                raise BackendUnavailable("etcd lost a queue key as it was written (its lease expired)")
+            revision = mine[0].create_revision
+            if succeeded:
+                return self._grant(scope, holder, ttl_ms, lease, revision, sent_ns)
+            keepalive_ns = ttl_s * 1_000_000_000 // 3
+            while True:
+                before = await self._call("/v3/kv/range", recipe.predecessor_range(self._layout, scope, revision))
+                predecessors = recipe.kvs_of(before)
+                if not predecessors:
+                    granted, _ = await self._txn(recipe.grant_txn(self._layout, scope, lease, revision))
+                    if granted:
+                        return self._grant(scope, holder, ttl_ms, lease, revision, sent_ns)
+                    raise BackendUnavailable("the waiter's etcd lease expired while it waited")
+                now_ns = time.monotonic_ns()
+                if now_ns >= deadline_ns:
+                    raise LockTimeout(scope, wait_ms)
+                if now_ns - sent_ns >= keepalive_ns:
+                    sent_ns = now_ns
+                    if not await self._keepalive(lease):
+                        raise BackendUnavailable("the waiter's etcd lease expired while it waited")
+                wake_ns = min(deadline_ns, sent_ns + keepalive_ns)
+                await self._wait_deleted(
+                    predecessors[0].key, recipe.revision_of(before) + 1, max(0, wake_ns - now_ns) / 1e9
+                )
+        except BaseException:
+            # Timed out, cancelled or failed: leave the queue (the key goes with its lease).
+            try:
+                await self._revoke(lease)
+            except Exception:  # noqa: BLE001 - best effort: the lease expires by its TTL
+                pass
+            raise
+
+    async def renew(self, lease_id: str) -> None:
+        lease = _lease_of(lease_id)
+        if lease is None or not await self._keepalive(lease):
+            raise NotHolder(core_leases.lease_hint(lease_id), "etcd lease expired or revoked")
+
+    async def release(self, lease_id: str) -> bool:
+        lease = _lease_of(lease_id)
+        return lease is not None and await self._revoke(lease)
+
+    async def inspect(self, scope: str) -> ScopeInfo:
+        await self.open()
+        start = self._layout.queue_prefix(scope)
+        head_answer = await self._range(start, recipe.prefix_end(start), sort_order="ASCEND", sort_target="CREATE",
+                                        limit="1")
+        heads = recipe.kvs_of(head_answer)
+        last = recipe.kvs_of(await self._range(self._layout.last_key(scope)))
+        last_token = recipe.last_token_of(last[0] if last else None)
+        if not heads:
+            return ScopeInfo(scope, ScopeState.FREE, None, None, last_token, 0, 0)
+        head = heads[0]
+        try:
+            shown = json.loads(head.value)
+            holder, ttl_ms = str(shown["holder"]), int(shown["ttl_ms"])
+        except (ValueError, KeyError, TypeError):
+            holder, ttl_ms = "?", 0
+        alive = await self._call("/v3/lease/timetolive", {"ID": str(head.lease)})
+        remaining_ms = max(0, min(ttl_ms, int(alive.get("TTL", 0)) * 1000))
+        waiters = max(0, int(head_answer.get("count", 1)) - 1)
+        invariant(self._cluster_id is not None, "inspect before open")
+        token = FencingToken(str(self._cluster_id), scope, head.create_revision)
+        last_token = max(last_token, head.create_revision)
+        return ScopeInfo(scope, ScopeState.HELD, holder, token, last_token, remaining_ms, waiters)
+
+    async def _last_keys(self, after: str, limit: int) -> list[recipe.KV]:
+        start = self._layout.last_prefix
+        begin = start + after.encode() + b"\x00" if after else start
+        return recipe.kvs_of(await self._range(begin, recipe.prefix_end(start), limit=str(limit)))
+
+    async def scopes(self, *, after: str, limit: int) -> list[ScopeInfo]:
+        kvs = await self._last_keys(after, min(limit, LIST_PAGE_MAX))
+        names = [self._layout.scope_of_last_key(kv.key) for kv in kvs]
+        return [await self.inspect(name) for name in names]
+
+    async def last_issued(self, scope: str) -> int:
+        last = recipe.kvs_of(await self._range(self._layout.last_key(scope)))
+        return recipe.last_token_of(last[0] if last else None)
+
+    async def fence_floors(self) -> FenceFloors:
+        kvs = await self._last_keys("", _FLOORS_MAX)
+        if len(kvs) >= _FLOORS_MAX:
+            raise BackendUnavailable(f"more than {_FLOORS_MAX} scopes: fence floors not read in one page")
+        return FenceFloors({self._layout.scope_of_last_key(kv.key): recipe.last_token_of(kv) for kv in kvs})
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+
+
+def _endpoint(member: recipe.EtcdMember, timeout_ms: int, connect_timeout_ms: int) -> HTTPEndpoint:
+    authority = f"[{member.host}]:{member.port}" if ":" in member.host else f"{member.host}:{member.port}"
+    return HTTPEndpoint(member.host, member.port, "", None, authority, None, timeout_ms, connect_timeout_ms)
+
+
+def _lease_of(lease_id: str) -> int | None:
+    if not isinstance(lease_id, str) or not lease_id.isdigit() or len(lease_id) > 20:
+        return None
+    return int(lease_id)

@@ -1,0 +1,241 @@
+"""The etcd coordinator's recipe, sans-IO: key layout, TTL mapping, request bodies, answers.
+
+The client's port (`stockade.client._async._etcd`) sends these bodies to
+etcd 3.4's JSON gateway (``/v3/...``, keys and values in base64) and reads the
+answers with the parsers here. Everything under one prefix (``stockade/``)::
+
+    stockade/meta/cluster        the stockade cluster id (16 hex), written once by txn
+    stockade/meta/keyring        the keyring that signs tokens (written once, with the id)
+    stockade/q/<scope>/<lease>   a waiter or the holder, attached to its etcd lease
+    stockade/last/<scope>        the last token issued for the scope (its fence floor)
+
+The holder of a scope is the queue key with the lowest create revision; the
+**token is that key's create revision**: cluster-wide and strictly
+increasing, so per scope too. A waiter finds the key just before its own
+(``max_create_revision``) and watches it, so a release wakes one waiter.
+
+TTLs: etcd leases count whole seconds, and etcd raises any TTL below its
+minimum (1.5 election timeouts: 2 s with the default 1 s election) to that
+minimum. A lease of ``ttl_ms`` is an etcd lease of ``ceil(ttl_ms / 1000)``
+seconds: the server never frees a scope before the client's own deadline
+(``ttl_ms`` from the send time, K2) has passed, so the client always stops
+first. What a client's lease cannot be is shorter than the server's; the
+price is that a crashed holder's scope stays held up to ``max(ceil(ttl_ms /
+1000), etcd's minimum)`` seconds. A TTL above `TTL_S_MAX` is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from stockade.core.errors import BackendUnavailable, InvalidArgument
+from stockade.core.limits import TTL_MS_MAX, validate_int, validate_scope
+
+__all__ = [
+    "PREFIX", "TTL_S_MAX", "MEMBERS_MAX", "EtcdMember", "Layout", "parse_location", "ttl_s_of", "b64", "unb64",
+    "prefix_end", "KV", "kvs_of", "revision_of", "enqueue_txn", "predecessor_range", "grant_txn", "cluster_txn",
+    "last_token_of",
+]
+
+PREFIX = b"stockade/"
+#: etcd's own bound on a lease TTL (``MaxLeaseTTL``, seconds).
+TTL_S_MAX = 9_000_000_000
+MEMBERS_MAX = 16
+DEFAULT_PORT = 2379
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdMember:
+    host: str
+    port: int
+
+
+def parse_location(location: str) -> tuple[tuple[EtcdMember, ...], Layout]:
+    """``h1:2379,h2:2379[/namespace]`` (the url after ``etcd://``): the members, in the order given,
+    and the key layout (``stockade/`` or ``stockade/ns/<namespace>/``: one etcd may serve several
+    stockade clusters, each with its own id, keyring and tokens' fence floors).
+
+    Raises:
+        InvalidArgument: empty, too many, a malformed ``host:port`` or namespace.
+    """
+    if not isinstance(location, str) or not location or "@" in location or "?" in location:
+        raise InvalidArgument("url", "etcd url needs members: etcd://h1:2379,h2:2379,h3:2379[/namespace]")
+    hosts, _, namespace = location.partition("/")
+    namespace = namespace.rstrip("/")
+    if namespace and (len(namespace) > 100 or not _NAMESPACE_RE.fullmatch(namespace)):
+        raise InvalidArgument("url", "etcd namespace: 1..100 of [A-Za-z0-9._-]")
+    members = []
+    for part in hosts.split(","):
+        host, sep, port_text = part.rpartition(":")
+        if not sep:
+            host, port_text = part, str(DEFAULT_PORT)
+        host = host.strip("[]")
+        if not host or not host.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise InvalidArgument("url", f"bad etcd member {part!r}: want host:port")
+        members.append(EtcdMember(host, int(port_text)))
+    if len(members) > MEMBERS_MAX:
+        raise InvalidArgument("url", f"at most {MEMBERS_MAX} etcd members")
+    return tuple(members), Layout(PREFIX + b"ns/" + namespace.encode() + b"/" if namespace else PREFIX)
+
+
+def ttl_s_of(ttl_ms: int) -> int:
+    """The etcd lease TTL for ``ttl_ms``: whole seconds, rounded up (never shorter than asked).
+
+    Raises:
+        InvalidArgument: outside stockade's TTL bounds, or above etcd's.
+    """
+    validate_int("ttl_ms", ttl_ms, 1, TTL_MS_MAX)
+    seconds = -(-ttl_ms // 1000)
+    if seconds > TTL_S_MAX:  # not reachable under TTL_MS_MAX today; kept if that bound grows
+        raise InvalidArgument("ttl_ms", f"etcd leases last at most {TTL_S_MAX} s")
+    return seconds
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with ``prefix`` (etcd's ``range_end``)."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where one stockade cluster's keys live in etcd (see the module docstring)."""
+
+    prefix: bytes = PREFIX
+
+    @property
+    def cluster_key(self) -> bytes:
+        return self.prefix + b"meta/cluster"
+
+    @property
+    def keyring_key(self) -> bytes:
+        return self.prefix + b"meta/keyring"
+
+    @property
+    def last_prefix(self) -> bytes:
+        return self.prefix + b"last/"
+
+    def queue_prefix(self, scope: str) -> bytes:
+        return self.prefix + b"q/" + validate_scope(scope).encode() + b"/"
+
+    def queue_key(self, scope: str, lease: int) -> bytes:
+        return self.queue_prefix(scope) + f"{lease:016x}".encode()
+
+    def last_key(self, scope: str) -> bytes:
+        return self.last_prefix + validate_scope(scope).encode()
+
+    def scope_of_last_key(self, key: bytes) -> str:
+        return key[len(self.last_prefix):].decode()
+
+
+@dataclass(frozen=True, slots=True)
+class KV:
+    """One key as etcd's gateway shows it."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+def kvs_of(range_response: dict[str, Any]) -> list[KV]:
+    """The keys of a range answer (``kvs`` is absent when empty)."""
+    try:
+        return [
+            KV(unb64(kv["key"]), unb64(kv.get("value", "")), int(kv.get("create_revision", 0)),
+               int(kv.get("mod_revision", 0)), int(kv.get("lease", 0)))
+            for kv in range_response.get("kvs", [])
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BackendUnavailable(f"etcd answered a range that is not one: {exc}") from None
+
+
+def revision_of(answer: dict[str, Any]) -> int:
+    try:
+        return int(answer["header"]["revision"])
+    except (KeyError, TypeError, ValueError):
+        raise BackendUnavailable("etcd answered without a header revision") from None
+
+
+def _range(key: bytes, end: bytes | None = None, **options: Any) -> dict[str, Any]:
+    request: dict[str, Any] = {"key": b64(key), **options}
+    if end is not None:
+        request["range_end"] = b64(end)
+    return {"request_range": request}
+
+
+def enqueue_txn(layout: Layout, scope: str, lease: int, holder: str, ttl_ms: int) -> dict[str, Any]:
+    """Put this attempt's queue key; if the queue was empty, mark the grant in the same revision.
+
+    ``compare`` over the whole queue range holds when no key there exists (an
+    empty range compares as create revision 0), so an uncontended acquire is
+    one round trip: the key and ``last/<scope>`` share one revision, the token.
+    Both branches read the key back for its create revision (a retried put
+    keeps the first one).
+    """
+    key = layout.queue_key(scope, lease)
+    value = json.dumps({"holder": holder, "ttl_ms": ttl_ms}).encode()
+    put = {"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}}
+    end = prefix_end(layout.queue_prefix(scope))
+    return {
+        "compare": [{"key": b64(layout.queue_prefix(scope)), "range_end": b64(end), "target": "CREATE",
+                     "result": "EQUAL", "create_revision": "0"}],
+        "success": [put, {"request_put": {"key": b64(layout.last_key(scope)), "value": ""}}, _range(key)],
+        "failure": [put, _range(key)],
+    }
+
+
+def predecessor_range(layout: Layout, scope: str, create_revision: int) -> dict[str, Any]:
+    """The queue key created just before ``create_revision`` (or none: the caller is first)."""
+    return {
+        "key": b64(layout.queue_prefix(scope)), "range_end": b64(prefix_end(layout.queue_prefix(scope))),
+        "max_create_revision": str(create_revision - 1), "sort_order": "DESCEND", "sort_target": "CREATE",
+        "limit": "1", "keys_only": True,
+    }
+
+
+def grant_txn(layout: Layout, scope: str, lease: int, create_revision: int) -> dict[str, Any]:
+    """First in the queue: record the token as the scope's last, if the key is still ours (alive)."""
+    key = layout.queue_key(scope, lease)
+    return {
+        "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(create_revision)}],
+        "success": [{"request_put": {"key": b64(layout.last_key(scope)), "value": b64(str(create_revision).encode())}}],
+    }
+
+
+def last_token_of(kv: KV | None) -> int:
+    """A ``last/<scope>`` key's token: its value, or (empty: written by `enqueue_txn`) its own revision."""
+    if kv is None:
+        return 0
+    return int(kv.value) if kv.value else kv.mod_revision
+
+
+def cluster_txn(layout: Layout, cluster_id: str, keyring: bytes) -> dict[str, Any]:
+    """Write the cluster id and keyring once; either way, read back what is stored."""
+    reads = [_range(layout.cluster_key), _range(layout.keyring_key)]
+    return {
+        "compare": [{"key": b64(layout.cluster_key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+        "success": [{"request_put": {"key": b64(layout.cluster_key), "value": b64(cluster_id.encode())}},
+                    {"request_put": {"key": b64(layout.keyring_key), "value": b64(keyring)}}, *reads],
+        "failure": reads,
+    }
+

@@ -1,0 +1,154 @@
+"""A real three-member etcd 3.4 cluster on free loopback ports in a temporary directory.
+
+Each member is the Debian ``etcd`` binary, started with its own client and
+peer port; the cluster is ready when every member's ``/health`` says
+``"health":"true"``. Members are stopped by the pid this helper started, and
+may be killed (SIGKILL), paused (SIGSTOP/SIGCONT) and restarted one by one, for
+the failover tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+__all__ = ["EtcdCluster", "etcd_available", "MEMBERS"]
+
+MEMBERS = 3
+STARTUP_S = 30
+
+
+def etcd_available() -> bool:
+    return shutil.which("etcd") is not None
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class EtcdCluster:
+    """Three etcd members; ``url`` is the ``etcd://`` url of all three."""
+
+    def __init__(self, root: Path, *, members: int = MEMBERS) -> None:
+        self.root = root
+        ports = _free_ports(2 * members)
+        self.names = [f"n{i + 1}" for i in range(members)]
+        self.client_ports = dict(zip(self.names, ports[:members], strict=True))
+        self.peer_ports = dict(zip(self.names, ports[members:], strict=True))
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.initial_cluster = ",".join(f"{n}=http://127.0.0.1:{self.peer_ports[n]}" for n in self.names)
+        for name in self.names:
+            self.start(name, state="new")
+        self.wait_healthy()
+
+    @property
+    def url(self) -> str:
+        return "etcd://" + ",".join(f"127.0.0.1:{self.client_ports[n]}" for n in self.names)
+
+    def client_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.client_ports[name]}"
+
+    def start(self, name: str, *, state: str = "existing") -> None:
+        client = self.client_url(name)
+        peer = f"http://127.0.0.1:{self.peer_ports[name]}"
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        self.processes[name] = subprocess.Popen(
+            [
+                "etcd", "--name", name, "--data-dir", str(self.root / name),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", self.initial_cluster, "--initial-cluster-state", state,
+                "--initial-cluster-token", f"stockade-{os.getpid()}-{self.root.name}",
+                "--logger", "zap", "--log-level", "warn",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+
+    def _get(self, name: str, path: str, timeout_s: float = 1.0) -> dict:
+        with urllib.request.urlopen(self.client_url(name) + path, timeout=timeout_s) as response:
+            return json.loads(response.read())
+
+    def _post(self, name: str, path: str, body: dict, timeout_s: float = 1.0) -> dict:
+        request = urllib.request.Request(self.client_url(name) + path, data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+
+    def healthy(self, name: str) -> bool:
+        try:
+            return self._get(name, "/health").get("health") == "true"
+        except (OSError, ValueError):
+            return False
+
+    def wait_healthy(self, names: list[str] | None = None, timeout_s: float = STARTUP_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        for name in names or self.names:
+            while not self.healthy(name):
+                process = self.processes[name]
+                if process.poll() is not None:
+                    raise RuntimeError(f"etcd {name} exited {process.returncode}: {self.log(name)}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"etcd {name} not healthy after {timeout_s} s: {self.log(name)}")
+                time.sleep(0.05)
+
+    def leader(self, timeout_s: float = 20.0) -> str:
+        """The name of the member that is leader now (waits for one)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for name in self.names:
+                if self.processes[name].poll() is not None:
+                    continue
+                try:
+                    status = self._post(name, "/v3/maintenance/status", {}, 0.5)
+                except (OSError, ValueError):
+                    continue
+                header = status.get("header", {})
+                if status.get("leader") and status.get("leader") == header.get("member_id"):
+                    return name
+            if time.monotonic() > deadline:
+                raise RuntimeError("no etcd leader")
+            time.sleep(0.05)
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def kill(self, name: str) -> None:
+        process = self.processes[name]
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait(10)
+
+    def pause(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
