@@ -47,6 +47,7 @@ class EtcdCluster:
 
     def __init__(self, root: Path, *, members: int = MEMBERS) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(2 * members)
         self.names = [f"n{i + 1}" for i in range(members)]
         self.client_ports = dict(zip(self.names, ports[:members], strict=True))

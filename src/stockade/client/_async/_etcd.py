@@ -45,13 +45,18 @@ __all__ = ["AsyncEtcdCoordinatorPort"]
 _RETRY_CODES = frozenset({2, 4, 13, 14})
 _NOT_FOUND = 5
 _RETRY_PAUSE_S = 0.05
+#: One member's share of a request's deadline, at least this: a paused member (SIGSTOP, a long GC)
+#: must not eat the whole deadline, and an election (1 s by default) must fit in one attempt.
+_ATTEMPT_MS_MIN = 1_500
 _WATCH_BYTES_MAX = 1 << 16
 _FLOORS_MAX = 100_000
 
 
-class _EtcdRefused(Exception):
+class _EtcdRefused(BackendUnavailable):
+    """etcd refused a request (its gRPC ``code``): a backend fault where the recipe does not expect it."""
+
     def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
+        super().__init__(f"etcd refused: {message}")
         self.code = code
 
 
@@ -113,7 +118,9 @@ class AsyncEtcdCoordinatorPort:
                 raise BackendUnavailable(f"etcd: no member answered {path} in time ({failure})")
             try:
                 response = await client.request(
-                    "POST", path, body=data, content_type="application/json", timeout_ms=remaining_ms, idempotent=True
+                    "POST", path, body=data, content_type="application/json",
+                    timeout_ms=min(remaining_ms, max(_ATTEMPT_MS_MIN, (timeout_ms or self.timeout_ms) // 4)),
+                    idempotent=True,
                 )
                 text = response.body.split(b"\n", 1)[0] if path.endswith("keepalive") else response.body
                 answer = json.loads(text or b"{}")

@@ -1,0 +1,279 @@
+"""The etcd coordinator on a real three-member etcd 3.4: its own rules, and S13 (failover).
+
+The conformance suite runs on etcd from tests/test_coordinator_conformance.py;
+this file holds what is etcd's own: the TTL mapping, the url, the keyring kept
+in etcd, FIFO order among several waiters, a keepalive that fails (K2), and
+the acquire storm through leader failovers (S13) beside its control.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HELPERS, PYTHON, python_env
+from helpers.etcd_cluster import EtcdCluster, etcd_available
+
+import stockade
+from stockade.coordinators.etcd import Layout, parse_location, ttl_s_of
+from stockade.coordinators.registry import Capability
+
+LONG = os.environ.get("STOCKADE_LONG") == "1"
+FAILOVERS = 24 if LONG else 10
+STORM_PROCESSES = 4
+
+pytestmark = pytest.mark.skipif(
+    not etcd_available() and os.environ.get("CI") != "true", reason="etcd is not installed (CI never skips)"
+)
+
+
+# -- pure: url and TTL mapping ---------------------------------------------------------------------
+
+
+def test_ttl_maps_to_whole_seconds_rounded_up():
+    assert [ttl_s_of(ms) for ms in (100, 999, 1000, 1001, 2500, 3_600_000)] == [1, 1, 1, 2, 3, 3600]
+    with pytest.raises(stockade.InvalidArgument):
+        ttl_s_of(0)
+    with pytest.raises(stockade.InvalidArgument):
+        ttl_s_of(3_600_001)
+
+
+def test_url_members_and_namespace():
+    members, layout = parse_location("h1:2379,h2:2380,[::1]:2381/team-a")
+    assert [(m.host, m.port) for m in members] == [("h1", 2379), ("h2", 2380), ("::1", 2381)]
+    assert layout.prefix == b"stockade/ns/team-a/" and Layout().prefix == b"stockade/"
+    assert parse_location("h1")[0][0].port == 2379
+    for bad in ["", "h1:x", "h1:0", "h1:2379/a/b", "user@h1:2379", "h1:2379?x=1"]:
+        with pytest.raises(stockade.InvalidArgument):
+            parse_location(bad)
+    with pytest.raises(stockade.InvalidArgument, match="lock_delay_ms"):
+        stockade.connect("etcd://127.0.0.1:9", lock_delay_ms=100)  # refused before any I/O
+
+
+# -- on the session's cluster ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def url(etcd_cluster, tmp_path) -> str:
+    return f"{etcd_cluster.url}/{tmp_path.name}"
+
+
+def test_tokens_are_signed_with_the_keyring_kept_in_etcd(url, tmp_path):
+    coord = stockade.connect(url)
+    again = stockade.connect(url)
+    assert again.cluster_id == coord.cluster_id  # written once, read by every client
+    assert Capability.DENSE_TOKENS not in coord.capabilities and Capability.NATIVE_WAIT in coord.capabilities
+    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id,
+                                keys=again.verify_keys())
+    lease = coord.acquire("signed", ttl_ms=2000)
+    assert lease.token.kid and lease.token.mac
+    store.put("signed", "k", b"v", token=lease.token)  # verified with the other client's copy of the keyring
+    # Control: the same value without the MAC is refused by that store.
+    forged = stockade.FencingToken(coord.cluster_id, "signed", lease.token.value + 1)
+    with pytest.raises(stockade.TokenMismatch):
+        store.put("signed", "k", b"forged", token=forged)
+    lease.release()
+    other = stockade.connect(url + "-other")
+    assert other.cluster_id != coord.cluster_id  # another namespace, another cluster id and keyring
+    for handle in (coord, again, other):
+        handle.close()
+
+
+def test_waiters_are_served_in_arrival_order(url):
+    coord = stockade.connect(url)
+    held = coord.acquire("fifo", ttl_ms=5000)
+    order: list[int] = []
+    lock = threading.Lock()
+
+    def wait(index: int) -> None:
+        lease = coord.acquire("fifo", ttl_ms=5000, wait_ms=20_000)
+        with lock:
+            order.append(index)
+        lease.release()
+
+    threads = []
+    for index in range(4):
+        thread = threading.Thread(target=wait, args=(index,))
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 10
+        while coord.inspect("fifo").waiters < index + 1:  # queued, in this order
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    held.release()
+    for thread in threads:
+        thread.join(30)
+    assert order == [0, 1, 2, 3]
+    coord.close()
+
+
+# -- faults on a cluster of their own ------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_cluster(tmp_path):
+    cluster = EtcdCluster(tmp_path / "etcd")
+    yield cluster
+    cluster.stop()
+
+
+def test_keepalive_that_fails_marks_the_lease_lost_by_its_local_deadline(own_cluster):
+    coord = stockade.connect(own_cluster.url, timeout_ms=800)
+    lease = coord.acquire("k2", ttl_ms=1000)
+    kept = coord.acquire("control", ttl_ms=1000)
+    time.sleep(1.2)
+    assert not kept.lost  # control: with the cluster up, the keepalive holds a lease past its TTL
+    paused_ns = time.monotonic_ns()
+    for name in own_cluster.names:
+        own_cluster.pause(name)
+    try:
+        assert lease.wait_lost(timeout_ms=5000)
+        lost_after_ms = (time.monotonic_ns() - paused_ns) // 1_000_000
+        assert "deadline" in lease.lost_cause or "refused" in lease.lost_cause, lease.lost_cause
+        assert lost_after_ms <= 1000 + 400  # by the local deadline (TTL from the last renewal's send), not later
+    finally:
+        for name in own_cluster.names:
+            own_cluster.resume(name)
+    coord.close()
+
+
+def _storm(cluster: EtcdCluster, tmp_path: Path, failovers: int, mutant: str = "", grants_min: int = 8) -> dict:
+    """Run the storm through ``failovers`` leader faults; the figures of `_check`."""
+    store_url = f"sqlite://{tmp_path / 'store.db'}"
+    coord = stockade.connect(cluster.url)
+    stockade.open_store(store_url, cluster_id=coord.cluster_id).close()  # created once, before the workers
+    coord.close()
+    logs = [tmp_path / f"worker{i}.log" for i in range(STORM_PROCESSES)]
+    workers = []
+    for index, log in enumerate(logs):
+        with open(log, "wb") as out:
+            workers.append(subprocess.Popen(
+                [PYTHON, str(HELPERS / "etcd_storm.py"), cluster.url, store_url, str(index), *([mutant] if mutant else [])],
+                stdout=out, stderr=subprocess.STDOUT, env=python_env(),
+            ))
+    faults: list[int] = []
+    leaders_changed = 0
+    try:
+        for index in range(failovers):
+            _wait_grants(logs, len(faults) * 4 + 8, workers)
+            leader = cluster.leader()
+            faults.append(time.monotonic_ns())
+            if index % 2 == 0:
+                cluster.kill(leader)
+                new_leader = cluster.leader()
+                cluster.start(leader)
+                cluster.wait_healthy([leader])
+            else:
+                cluster.pause(leader)
+                time.sleep(2.5)  # past the election timeout (1 s): the others elect a new leader
+                new_leader = cluster.leader()
+                cluster.resume(leader)
+            leaders_changed += new_leader != leader
+        _wait_grants(logs, max(grants_min, len(faults) * 4 + 8), workers)
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait(10)
+    figures = _check([log.read_text() for log in logs], faults)
+    figures["leader_changes"] = leaders_changed
+    return figures
+
+
+def _grants(texts: list[str]) -> list[tuple[str, int, int, int]]:
+    """(scope, token, time, worker) of every grant."""
+    found = []
+    for worker, text in enumerate(texts):
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) == 4 and fields[0] == "grant" and fields[2].isdigit() and fields[3].isdigit():
+                found.append((fields[1], int(fields[2]), int(fields[3]), worker))
+    return found
+
+
+def _wait_grants(logs: list[Path], count: int, workers: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + 60
+    while len(_grants([log.read_text() for log in logs if log.exists()])) < count:
+        for worker in workers:
+            assert worker.poll() is None, "a storm worker died"
+        assert time.monotonic() < deadline, "the storm made no progress"
+        time.sleep(0.05)
+
+
+def _check(texts: list[str], faults: list[int]) -> dict:
+    grants = sorted(_grants(texts), key=lambda g: g[2])
+    regressions = duplicates = stale_accepted = 0
+    seen: set[int] = set()  # create revisions are unique in the whole cluster, not only per scope
+    highest: dict[str, int] = {}
+    for scope, token, _, _ in grants:
+        duplicates += token in seen
+        seen.add(token)
+        regressions += token < highest.get(scope, 0)
+        highest[scope] = max(highest.get(scope, 0), token)
+    writes = []
+    for text in texts:
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) == 5 and fields[0] == "write" and fields[4].isdigit():
+                writes.append((int(fields[4]), fields[1], int(fields[2]), fields[3]))
+    accepted: dict[str, int] = {}
+    for _, scope, token, outcome in sorted(writes):
+        if outcome == "ok":
+            stale_accepted += token < accepted.get(scope, 0)
+            accepted[scope] = max(accepted.get(scope, 0), token)
+    overlaps = _overlaps(texts)
+    times = [g[2] for g in grants]
+    to_next_ms = []
+    for fault in faults:
+        after = [t for t in times if t > fault]
+        if after:
+            to_next_ms.append((min(after) - fault) / 1e6)
+    return {
+        "grants": len(grants), "regressions": regressions, "duplicates": duplicates,
+        "stale_accepted": stale_accepted, "writes": len(writes), "overlaps": overlaps,
+        "median_to_next_grant_ms": statistics.median(to_next_ms) if to_next_ms else None,
+        "errors": sum(text.count("\nerror ") for text in texts),
+    }
+
+
+def _overlaps(texts: list[str]) -> int:
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for text in texts:
+        start: dict[tuple[str, str], int] = {}
+        for line in text.splitlines():
+            fields = line.split()
+            if fields and fields[0] == "grant":
+                start[(fields[1], fields[2])] = int(fields[3])
+            elif fields and fields[0] == "release" and (fields[1], fields[2]) in start:
+                spans.setdefault(fields[1], []).append((start.pop((fields[1], fields[2])), int(fields[3])))
+    count = 0
+    for intervals in spans.values():
+        intervals.sort()
+        end = 0
+        for begin, finish in intervals:
+            count += begin < end
+            end = max(end, finish)
+    return count
+
+
+def test_s13_acquire_storm_through_leader_failovers(own_cluster, tmp_path):
+    figures = _storm(own_cluster, tmp_path, FAILOVERS)
+    print(f"S13 etcd: {figures}")
+    assert figures["leader_changes"] >= FAILOVERS - 1, figures  # a paused leader may be re-elected, rarely
+    assert figures["regressions"] == 0 and figures["duplicates"] == 0 and figures["stale_accepted"] == 0, figures
+    assert figures["grants"] >= FAILOVERS * 4, figures
+
+
+def test_s13_control_tokens_from_a_local_counter_are_caught(own_cluster, tmp_path):
+    figures = _storm(own_cluster, tmp_path, 1, mutant="local-counter", grants_min=80)
+    print(f"S13 control: {figures}")
+    assert figures["duplicates"] > 0 and figures["regressions"] > 0, figures
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-s"]))
