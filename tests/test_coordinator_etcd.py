@@ -153,9 +153,9 @@ def _storm(cluster: EtcdCluster, tmp_path: Path, failovers: int, mutant: str = "
     workers = []
     for index, log in enumerate(logs):
         with open(log, "wb") as out:
+            argv = [PYTHON, str(HELPERS / "etcd_storm.py"), cluster.url, store_url, str(index)]
             workers.append(subprocess.Popen(
-                [PYTHON, str(HELPERS / "etcd_storm.py"), cluster.url, store_url, str(index), *([mutant] if mutant else [])],
-                stdout=out, stderr=subprocess.STDOUT, env=python_env(),
+                argv + ([mutant] if mutant else []), stdout=out, stderr=subprocess.STDOUT, env=python_env()
             ))
     faults: list[int] = []
     leaders_changed = 0

@@ -48,7 +48,7 @@ _NOT_FOUND = 5
 _RETRY_PAUSE_S = 0.05
 #: One member's share of a request's deadline, at least this: a paused member (SIGSTOP, a long GC)
 #: must not eat the whole deadline, and an election (1 s by default) must fit in one attempt.
-_ATTEMPT_MS_MIN = 1_500
+_ATTEMPT_MS_MIN = 1_200
 _WATCH_BYTES_MAX = 1 << 16
 _FLOORS_MAX = 100_000
 
@@ -120,7 +120,7 @@ class EtcdCoordinatorPort:
             try:
                 response = client.request(
                     "POST", path, body=data, content_type="application/json",
-                    timeout_ms=min(remaining_ms, max(_ATTEMPT_MS_MIN, (timeout_ms or self.timeout_ms) // 4)),
+                    timeout_ms=min(remaining_ms, max(_ATTEMPT_MS_MIN, (timeout_ms or self.timeout_ms) // 8)),
                     idempotent=True,
                 )
                 text = response.body.split(b"\n", 1)[0] if path.endswith("keepalive") else response.body
