@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -275,5 +274,20 @@ def test_s13_control_tokens_from_a_local_counter_are_caught(own_cluster, tmp_pat
     assert figures["duplicates"] > 0 and figures["regressions"] > 0, figures
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__, "-s"]))
+def test_cli_status_and_lock_on_etcd(url, tmp_path):
+    coord = stockade.connect(url)
+    lease = coord.acquire("cli", ttl_ms=5000, holder="cli-holder")
+    status = subprocess.run([PYTHON, "-m", "stockade", "status", "--url", url, "--json"],
+                            capture_output=True, text=True, env=python_env(), timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert '"holder": "cli-holder"' in status.stdout and f'"token": {lease.token.value}' in status.stdout
+    lease.release()
+    locked = subprocess.run(
+        [PYTHON, "-m", "stockade", "lock", "--url", url, "--data-dir", str(tmp_path), "cli", "--",
+         PYTHON, "-c", "import os; print(os.environ['STOCKADE_TOKEN'])"],
+        capture_output=True, text=True, env=python_env(), timeout=60,
+    )
+    assert locked.returncode == 0, locked.stderr
+    assert locked.stdout.startswith(f"stk2.{coord.cluster_id}.")
+    assert coord.last_issued("cli") > lease.token.value
+    coord.close()

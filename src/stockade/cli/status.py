@@ -1,7 +1,7 @@
 """``stockade status``: leases, holders, tokens and high-water marks.
 
-The coordinator is --url (http://HOST:PORT of a `stockade serve`, or
-sqlite:///PATH/coord.db), else --data-dir, else $STOCKADE_URL, else the data
+The coordinator is --url (http://HOST:PORT of a `stockade serve`,
+etcd://H1:P1,H2:P2,H3:P3[/NAMESPACE], or sqlite:///PATH/coord.db), else --data-dir, else $STOCKADE_URL, else the data
 directory ($STOCKADE_DATA, else ./stockade-data).
 
 A local coordinator's and store's files are read read-only and no file is
@@ -27,8 +27,9 @@ SCOPES_SHOWN_MAX = 10_000
 REMOTE_HIGH_WATERS_MAX = 1_000  # one request each: beyond this many scopes, the marks are left out
 
 
-def _remote(url: str) -> tuple[str, list[ScopeInfo], dict[str, int], list[str | None]]:
-    """The cluster id, the first scopes and their marks of the server at ``url``.
+def _remote(url: str, *, with_store: bool = True) -> tuple[str, list[ScopeInfo], dict[str, int], list[str | None]]:
+    """The cluster id, the first scopes and their marks of the server at ``url``
+    (an ``etcd://`` coordinator: without marks, since it has no store).
 
     Raises:
         StockadeError: the server cannot be reached or refused the request.
@@ -49,6 +50,8 @@ def _remote(url: str) -> tuple[str, list[ScopeInfo], dict[str, int], list[str | 
         coord.close()
     notes: list[str | None] = []
     high_waters: dict[str, int] = {}
+    if not with_store:
+        return cluster_id, infos, high_waters, ["an etcd coordinator has no store: high-water marks not shown"]
     store = open_store(url)
     try:
         for info in infos[:REMOTE_HIGH_WATERS_MAX]:
@@ -73,6 +76,9 @@ def run(argv: list[str]) -> int:
     try:
         if is_remote(url):
             cluster_id, infos, high_waters, notes = _remote(url)
+            where = url
+        elif url.startswith("etcd://"):
+            cluster_id, infos, high_waters, notes = _remote(url, with_store=False)
             where = url
         elif root is None:
             return fail(f"status reads a stockade serve (http://...) or a sqlite:/// coordinator, not {url}", 2)
