@@ -53,6 +53,7 @@ class EtcdCluster:
         self.client_ports = dict(zip(self.names, ports[:members], strict=True))
         self.peer_ports = dict(zip(self.names, ports[members:], strict=True))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.token = f"stockade-{os.getpid()}-{root.name}"
         self.initial_cluster = ",".join(f"{n}=http://127.0.0.1:{self.peer_ports[n]}" for n in self.names)
         for name in self.names:
             self.start(name, state="new")
@@ -75,7 +76,7 @@ class EtcdCluster:
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", self.initial_cluster, "--initial-cluster-state", state,
-                "--initial-cluster-token", f"stockade-{os.getpid()}-{self.root.name}",
+                "--initial-cluster-token", self.token,
                 "--logger", "zap", "--log-level", "warn",
             ],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -141,6 +142,26 @@ class EtcdCluster:
 
     def resume(self, name: str) -> None:
         self.processes[name].send_signal(signal.SIGCONT)
+
+    def snapshot(self, path: Path) -> None:
+        """``etcdctl snapshot save`` from the first member."""
+        subprocess.run(["etcdctl", "--endpoints", self.client_url(self.names[0]), "snapshot", "save", str(path)],
+                       check=True, capture_output=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=60)
+
+    def restore(self, path: Path) -> None:
+        """Stop every member, restore each from ``path`` (``etcdctl snapshot restore``), start them again."""
+        self.stop()
+        for name in self.names:
+            shutil.rmtree(self.root / name, ignore_errors=True)
+            subprocess.run(
+                ["etcdctl", "snapshot", "restore", str(path), "--name", name, "--data-dir", str(self.root / name),
+                 "--initial-cluster", self.initial_cluster, "--initial-cluster-token", self.token,
+                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[name]}"],
+                check=True, capture_output=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=60,
+            )
+        for name in self.names:
+            self.start(name, state="new")
+        self.wait_healthy()
 
     def stop(self) -> None:
         for process in self.processes.values():

@@ -13,8 +13,8 @@ Waiting is a watch on the predecessor's key (a streamed ``/v3/watch``): one
 waiter wakes per release, in create-revision order (C4). While it waits, the
 waiter keeps its own etcd lease alive, or its place would lapse.
 
-The token is the holder key's create revision; every answer's header revision
-is remembered, and one that goes back (a snapshot restore behind this
+The token is the holder key's create revision; the header revision of every
+key read or write is remembered, and one that goes back (a snapshot restore behind this
 process's back) is refused with `BackendUnavailable` (docs/coordinator-etcd.md).
 """
 
@@ -58,7 +58,7 @@ class _EtcdRefused(BackendUnavailable):
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"etcd refused: {message}")
-        self.code = code
+        self.grpc_code = code
 
 
 class EtcdCoordinatorPort:
@@ -132,7 +132,10 @@ class EtcdCoordinatorPort:
             else:
                 if response.status == 200:
                     answer = answer.get("result", answer) if path.endswith("keepalive") else answer
-                    self._check_revision(answer)
+                    if path.startswith("/v3/kv/"):
+                        # Only what reads or writes keys is linearizable: a keepalive's header
+                        # shows the leader's applied revision, which may trail a follower's.
+                        self._check_revision(answer)
                     return answer
                 code = int(answer.get("code", 0)) if isinstance(answer, dict) else 0
                 message = str(answer.get("error", response.status)) if isinstance(answer, dict) else ""
@@ -173,7 +176,7 @@ class EtcdCoordinatorPort:
         try:
             self._call("/v3/lease/revoke", {"ID": str(lease)})
         except _EtcdRefused as exc:
-            if exc.code == _NOT_FOUND:
+            if exc.grpc_code == _NOT_FOUND:
                 return False
             raise BackendUnavailable(f"etcd refused to revoke a lease: {exc}") from exc
         return True
