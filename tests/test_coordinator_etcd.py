@@ -52,7 +52,7 @@ def test_url_members_and_namespace():
         with pytest.raises(stockade.InvalidArgument):
             parse_location(bad)
     with pytest.raises(stockade.InvalidArgument, match="lock_delay_ms"):
-        stockade.connect("etcd://127.0.0.1:9", lock_delay_ms=100)  # refused before any I/O
+        stockade.connect("etcd://127.0.0.1:9", lock_delay_ms=-1)  # refused before any I/O
 
 
 # -- on the session's cluster ------------------------------------------------------------------------
@@ -314,3 +314,29 @@ def test_a_restored_snapshot_is_refused_by_a_client_that_saw_later_revisions(own
     assert lease.token.value <= max(issued)
     lease.release()
     fresh.close()
+
+
+def test_lock_delay_after_a_lapse_not_after_a_release(url):
+    coord = stockade.connect(url, lock_delay_ms=1500)
+    assert Capability.CLIENT_LOCK_DELAY in coord.capabilities
+    # Control: a released scope is granted at once, delay or not.
+    coord.acquire("c5", ttl_ms=1000).release()
+    t0 = time.monotonic()
+    coord.acquire("c5", ttl_ms=1000).release()
+    assert time.monotonic() - t0 < 1.0
+    # A holder whose lease lapses (no keepalive, never released): the next grant waits the delay
+    # after the lapse is seen, on top of etcd's expiry (its 2 s minimum here).
+    lapsed = coord.acquire("c5", ttl_ms=1000, keepalive=False)
+    t0 = time.monotonic()
+    waiter = coord.acquire("c5", ttl_ms=1000, wait_ms=15_000)
+    waited_s = time.monotonic() - t0
+    assert waiter.token.value > lapsed.token.value
+    assert waited_s >= 1.0 + 1.5, waited_s  # etcd's expiry (>= 1 s) plus the whole delay
+    waiter.release()
+    undelayed = stockade.connect(url)  # the same lapse for a client without a delay: granted at expiry
+    lapsed = undelayed.acquire("c5", ttl_ms=1000, keepalive=False)
+    t0 = time.monotonic()
+    undelayed.acquire("c5", ttl_ms=1000, wait_ms=15_000).release()
+    assert time.monotonic() - t0 < waited_s - 1.0
+    coord.close()
+    undelayed.close()

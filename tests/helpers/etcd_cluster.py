@@ -164,13 +164,10 @@ class EtcdCluster:
         self.wait_healthy()
 
     def stop(self) -> None:
+        """Stop every member this helper started (SIGKILL: their data is thrown away, or restored)."""
         for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait(10)
+        for process in self.processes.values():
+            process.wait(10)

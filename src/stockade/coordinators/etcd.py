@@ -38,7 +38,7 @@ from stockade.core.limits import TTL_MS_MAX, validate_int, validate_scope
 __all__ = [
     "PREFIX", "TTL_S_MAX", "MEMBERS_MAX", "EtcdMember", "Layout", "parse_location", "ttl_s_of", "b64", "unb64",
     "prefix_end", "KV", "kvs_of", "revision_of", "enqueue_txn", "predecessor_range", "grant_txn", "cluster_txn",
-    "last_token_of",
+    "last_token_of", "last_of", "release_txn",
 ]
 
 PREFIX = b"stockade/"
@@ -199,7 +199,8 @@ def enqueue_txn(layout: Layout, scope: str, lease: int, holder: str, ttl_ms: int
     return {
         "compare": [{"key": b64(layout.queue_prefix(scope)), "range_end": b64(end), "target": "CREATE",
                      "result": "EQUAL", "create_revision": "0"}],
-        "success": [put, {"request_put": {"key": b64(layout.last_key(scope)), "value": ""}}, _range(key)],
+        "success": [_range(layout.last_key(scope)), put, {"request_put": {"key": b64(layout.last_key(scope)),
+                                                                           "value": ""}}, _range(key)],
         "failure": [put, _range(key)],
     }
 
@@ -214,19 +215,48 @@ def predecessor_range(layout: Layout, scope: str, create_revision: int) -> dict[
 
 
 def grant_txn(layout: Layout, scope: str, lease: int, create_revision: int) -> dict[str, Any]:
-    """First in the queue: record the token as the scope's last, if the key is still ours (alive)."""
+    """First in the queue: record the token as the scope's last, if the key is still ours (alive).
+
+    The success branch reads the previous ``last/<scope>`` first: was its holder's lease released
+    or did it lapse (`last_of`)? A lapse starts the lock-delay (C5).
+    """
     key = layout.queue_key(scope, lease)
     return {
         "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(create_revision)}],
-        "success": [{"request_put": {"key": b64(layout.last_key(scope)), "value": b64(str(create_revision).encode())}}],
+        "success": [_range(layout.last_key(scope)),
+                    {"request_put": {"key": b64(layout.last_key(scope)), "value": b64(str(create_revision).encode())}}],
     }
 
 
-def last_token_of(kv: KV | None) -> int:
-    """A ``last/<scope>`` key's token: its value, or (empty: written by `enqueue_txn`) its own revision."""
+def release_txn(layout: Layout, scope: str, lease: int, token: int) -> dict[str, Any]:
+    """Give the scope up: delete the holder's key and mark its token released, in one revision.
+
+    A holder key that vanishes *without* this mark lapsed (its lease expired or was
+    revoked), which is what the lock-delay (C5) waits after.
+    """
+    key = layout.queue_key(scope, lease)
+    return {
+        "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(token)}],
+        "success": [{"request_delete_range": {"key": b64(key)}},
+                    {"request_put": {"key": b64(layout.last_key(scope)), "value": b64(f"{token} released".encode())}}],
+    }
+
+
+def last_of(kv: KV | None) -> tuple[int, bool]:
+    """A ``last/<scope>`` key's token, and whether its holder released it.
+
+    The value is the token (``""``: written by `enqueue_txn`, the key's own
+    revision), followed by `` released`` once `release_txn` ran.
+    """
     if kv is None:
-        return 0
-    return int(kv.value) if kv.value else kv.mod_revision
+        return 0, True
+    fields = kv.value.split()
+    return (int(fields[0]) if fields else kv.mod_revision), fields[1:] == [b"released"]
+
+
+def last_token_of(kv: KV | None) -> int:
+    """A ``last/<scope>`` key's token (0: none)."""
+    return last_of(kv)[0]
 
 
 def cluster_txn(layout: Layout, cluster_id: str, keyring: bytes) -> dict[str, Any]:

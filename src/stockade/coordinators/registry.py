@@ -118,7 +118,7 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
         CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE | _DENSE),
         # The client speaks etcd itself (client/_async/_etcd.py): no engine in process.
         CoordinatorBackend("etcd", "an etcd 3.4+ cluster: leases and watches, tokens from create revisions",
-                           _DURABLE_REMOTE),
+                           _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY}),
         CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE | _DENSE),
     )
 }

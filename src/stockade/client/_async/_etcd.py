@@ -32,9 +32,9 @@ from stockade.client._wire import build_request
 from stockade.coordinators import etcd as recipe
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
-from stockade.core.errors import BackendUnavailable, LockTimeout, NotHolder, invariant
+from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder, invariant
 from stockade.core.leases import ScopeInfo, ScopeState
-from stockade.core.limits import LIST_PAGE_MAX
+from stockade.core.limits import LIST_PAGE_MAX, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.keys import FixedKeys, _dump, _parse, ephemeral_keyring
@@ -70,6 +70,7 @@ class AsyncEtcdCoordinatorPort:
         connect_timeout_ms: the deadline of one connect.
         capabilities: what the registry declares for ``etcd://``.
         identity: the cluster id and keyring, when already read (the sync open); else `open` reads them.
+        lock_delay_ms: after a holder's lease lapsed (not released), hold the next grant back this long (C5).
     """
 
     def __init__(
@@ -81,8 +82,10 @@ class AsyncEtcdCoordinatorPort:
         connect_timeout_ms: int,
         capabilities: frozenset[Capability],
         identity: tuple[str, FixedKeys] | None = None,
+        lock_delay_ms: int = 0,
     ) -> None:
         self.capabilities = capabilities
+        self.lock_delay_ms = lock_delay_ms
         self.timeout_ms = timeout_ms
         self._members = members
         self._layout = layout
@@ -214,6 +217,12 @@ class AsyncEtcdCoordinatorPort:
 
     # -- the port ---------------------------------------------------------------------------------
 
+    def identity(self) -> tuple[str, FixedKeys]:
+        """The cluster id and keyring `open` read (for a port made without I/O: the async one in a loop)."""
+        if self._cluster_id is None or self.keys is None:
+            raise BackendUnavailable("etcd coordinator not opened", certain_no_effect=True)
+        return self._cluster_id, self.keys
+
     async def open(self) -> None:
         if self._cluster_id is not None:
             return
@@ -227,11 +236,33 @@ class AsyncEtcdCoordinatorPort:
         self.keys = FixedKeys(keyring)
         self._cluster_id = cluster_kvs[0].value.decode()
 
-    def _grant(self, scope: str, holder: str, ttl_ms: int, lease: int, revision: int, sent_ns: int) -> Grant:
+    async def _grant(self, scope: str, holder: str, ttl_ms: int, lease: int, revision: int, sent_ns: int,
+                     previous: recipe.KV | None) -> Grant:
+        """The grant of ``revision``, after the lock-delay when the previous holder's lease lapsed (C5).
+
+        etcd keeps no clock a client could read, so the delay counts from when this
+        client saw the lapse, which is after it happened: never shorter than asked,
+        and up to twice as long. The token is recorded already; nobody uses it meanwhile.
+        """
         if self._cluster_id is None or self.keys is None:
             raise BackendUnavailable("etcd coordinator not opened", certain_no_effect=True)
+        previous_token, released = recipe.last_of(previous)
+        if self.lock_delay_ms and 0 < previous_token < revision and not released:
+            sent_ns = await self._hold_back(lease, sent_ns, recipe.ttl_s_of(ttl_ms))
         token = self.keys.sign(FencingToken(self._cluster_id, scope, revision))
-        return Grant(str(lease), holder, token, ttl_ms, sent_ns)
+        return Grant(f"{lease}.{revision}.{scope}", holder, token, ttl_ms, sent_ns)
+
+    async def _hold_back(self, lease: int, sent_ns: int, ttl_s: int) -> int:
+        """Wait out the lock-delay, keeping the lease alive; the send time of its last renewal."""
+        end_ns = time.monotonic_ns() + self.lock_delay_ms * 1_000_000
+        keepalive_ns = ttl_s * 1_000_000_000 // 3
+        while (now_ns := time.monotonic_ns()) < end_ns:
+            if now_ns - sent_ns >= keepalive_ns:
+                sent_ns = now_ns
+                if not await self._keepalive(lease):
+                    raise BackendUnavailable("the etcd lease expired during the lock-delay")
+            await AsyncIO.sleep(min(end_ns - now_ns, sent_ns + keepalive_ns - now_ns) / 1e9)
+        return sent_ns
 
     async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Queue a key under a fresh etcd lease; granted when no key of the scope was created before it.
@@ -253,15 +284,20 @@ class AsyncEtcdCoordinatorPort:
                 raise BackendUnavailable("etcd lost a queue key as it was written (its lease expired)")
             revision = mine[0].create_revision
             if succeeded:
-                return self._grant(scope, holder, ttl_ms, lease, revision, sent_ns)
+                previous = recipe.kvs_of(responses[0].get("response_range", {}))
+                last = previous[0] if previous else None
+                return await self._grant(scope, holder, ttl_ms, lease, revision, sent_ns, last)
             keepalive_ns = ttl_s * 1_000_000_000 // 3
             while True:
                 before = await self._call("/v3/kv/range", recipe.predecessor_range(self._layout, scope, revision))
                 predecessors = recipe.kvs_of(before)
                 if not predecessors:
-                    granted, _ = await self._txn(recipe.grant_txn(self._layout, scope, lease, revision))
+                    granted, read = await self._txn(recipe.grant_txn(self._layout, scope, lease, revision))
                     if granted:
-                        return self._grant(scope, holder, ttl_ms, lease, revision, sent_ns)
+                        previous = recipe.kvs_of(read[0].get("response_range", {}))
+                        return await self._grant(
+                            scope, holder, ttl_ms, lease, revision, sent_ns, previous[0] if previous else None
+                        )
                     raise BackendUnavailable("the waiter's etcd lease expired while it waited")
                 now_ns = time.monotonic_ns()
                 if now_ns >= deadline_ns:
@@ -283,13 +319,19 @@ class AsyncEtcdCoordinatorPort:
             raise
 
     async def renew(self, lease_id: str) -> None:
-        lease = _lease_of(lease_id)
-        if lease is None or not await self._keepalive(lease):
+        parsed = _lease_of(lease_id)
+        if parsed is None or not await self._keepalive(parsed[0]):
             raise NotHolder(core_leases.lease_hint(lease_id), "etcd lease expired or revoked")
 
     async def release(self, lease_id: str) -> bool:
-        lease = _lease_of(lease_id)
-        return lease is not None and await self._revoke(lease)
+        """Delete the key and mark the scope released in one revision (a lapse is what has no mark), then revoke."""
+        parsed = _lease_of(lease_id)
+        if parsed is None:
+            return False
+        lease, token, scope = parsed
+        released, _ = await self._txn(recipe.release_txn(self._layout, scope, lease, token))
+        revoked = await self._revoke(lease)
+        return released and revoked
 
     async def inspect(self, scope: str) -> ScopeInfo:
         await self.open()
@@ -345,7 +387,15 @@ def _endpoint(member: recipe.EtcdMember, timeout_ms: int, connect_timeout_ms: in
     return HTTPEndpoint(member.host, member.port, "", None, authority, None, timeout_ms, connect_timeout_ms)
 
 
-def _lease_of(lease_id: str) -> int | None:
-    if not isinstance(lease_id, str) or not lease_id.isdigit() or len(lease_id) > 20:
+def _lease_of(lease_id: str) -> tuple[int, int, str] | None:
+    """``LEASE.TOKEN.SCOPE`` (what `_grant` names a lease) as its parts; None for anything else."""
+    if not isinstance(lease_id, str):
         return None
-    return int(lease_id)
+    lease, _, rest = lease_id.partition(".")
+    token, _, scope = rest.partition(".")
+    if not (lease.isdigit() and token.isdigit() and len(lease) <= 20 and len(token) <= 20 and scope):
+        return None
+    try:
+        return int(lease), int(token), validate_scope(scope)
+    except InvalidArgument:
+        return None

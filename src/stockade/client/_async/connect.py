@@ -87,7 +87,7 @@ def connect_async(
                                                "(a server has its own setting)")
     if backend.scheme == "etcd":
         return _connect_etcd(location, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms,
-                             auth_token=auth_token, tls_ca=tls_ca, hooks=hooks)
+                             auth_token=auth_token, tls_ca=tls_ca, hooks=hooks, lock_delay_ms=lock_delay_ms)
     if backend.open_engine is None:
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
@@ -104,7 +104,7 @@ def connect_async(
 
 def _connect_etcd(
     location: str, *, timeout_ms: int | None, connect_timeout_ms: int | None, auth_token: str | None,
-    tls_ca: object, hooks: Hooks | None,
+    tls_ca: object, hooks: Hooks | None, lock_delay_ms: int,
 ) -> AsyncCoordinator:
     """An etcd cluster's coordinator; outside a running loop its cluster id and keyring are read here."""
     from stockade.client._shared import CONNECT_TIMEOUT_MS_DEFAULT, TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX
@@ -114,25 +114,28 @@ def _connect_etcd(
         raise InvalidArgument("url", "etcd:// speaks plain HTTP without auth in this version")
     hooks = validate_hooks(hooks)
     members, layout = parse_location(location)
-    options = {
-        "timeout_ms": validate_int("timeout_ms", TIMEOUT_MS_DEFAULT if timeout_ms is None else timeout_ms,
-                                   1, TIMEOUT_MS_MAX),
-        "connect_timeout_ms": validate_int(
-            "connect_timeout_ms", CONNECT_TIMEOUT_MS_DEFAULT if connect_timeout_ms is None else connect_timeout_ms,
-            1, TIMEOUT_MS_MAX),
-        "capabilities": coordinator_backend("etcd://")[0].capabilities,
-    }
+    timeout_ms = validate_int("timeout_ms", TIMEOUT_MS_DEFAULT if timeout_ms is None else timeout_ms, 1, TIMEOUT_MS_MAX)
+    connect_timeout_ms = validate_int(
+        "connect_timeout_ms", CONNECT_TIMEOUT_MS_DEFAULT if connect_timeout_ms is None else connect_timeout_ms,
+        1, TIMEOUT_MS_MAX)
+    capabilities = coordinator_backend("etcd://")[0].capabilities
+    lock_delay_ms = LeasePolicy(lock_delay_ms=lock_delay_ms).lock_delay_ms  # validated before any I/O
     identity = None
     if not AsyncIO.loop_running():  # one blocking read now, as for a remote server's cluster id
         from stockade.client._sync import _etcd as sync_etcd
 
-        reader = sync_etcd.EtcdCoordinatorPort(members, layout, **options)  # type: ignore[arg-type]
+        reader = sync_etcd.EtcdCoordinatorPort(
+            members, layout, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, capabilities=capabilities
+        )
         try:
             reader.open()
-            identity = (reader.cluster_id, reader.keys)
+            identity = reader.identity()
         finally:
             reader.close()
-    port = AsyncEtcdCoordinatorPort(members, layout, identity=identity, **options)  # type: ignore[arg-type]
+    port = AsyncEtcdCoordinatorPort(
+        members, layout, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, capabilities=capabilities,
+        identity=identity, lock_delay_ms=lock_delay_ms,
+    )
     return AsyncCoordinator(port, hooks=hooks)
 
 
