@@ -187,4 +187,4 @@ def store_record(conn: Any, old: ScopeRecord, new: ScopeRecord | None) -> bool:
     old_head = old.waiters[0].lease_id if old.waiters else None
     new_head = new.waiters[0].lease_id if new.waiters else None
     freed = old.lease is not None and (new.lease is None or new.lease.lease_id != old.lease.lease_id)
-    return freed or old_head != new_head
+    return freed or (old_head is not None and old_head != new_head)  # a first waiter queueing wakes nobody

@@ -1,0 +1,233 @@
+"""The PostgreSQL coordinator (postgresql://) on real servers: failover, safety settings, native waiting.
+
+The conformance suite runs on it from tests/conftest.py (``postgres``); this
+file holds what only this backend has:
+
+- **Failover (S15).** A primary streams to a standby; grants are made through
+  a multi-host url (``target_session_attrs=read-write``); the primary is killed
+  with SIGKILL and the standby promoted with ``pg_ctl promote``. With an
+  *asynchronous* standby that was stopped first, the promoted server lost the
+  last grants. Every token granted after the promotion must be above every
+  token granted before (0 regressions), and the control, the same run with
+  tokens that do not carry the timeline, must show regressions. With a
+  *synchronous* standby nothing acknowledged is lost. A lease the new primary
+  knows is held a full TTL after the failover (C3).
+- **Refused settings.** ``fsync=off`` and ``synchronous_commit=off``.
+- **Restore.** A database whose timeline is below the one its tables recorded
+  (a copy restored without a promotion) is refused until ``timeline_offset``
+  is raised, and its tokens then go on above the old ones.
+- **Native waiting.** A waiter makes a handful of attempts while it waits, not
+  one per poll interval; the control is the polling port over SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psycopg
+import pytest
+from helpers import postgres as pg_helper
+
+import stockade
+from stockade.core.errors import BackendUnavailable, LockTimeout
+
+if not pg_helper.available():
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
+    pytest.skip("PostgreSQL 15 is not installed", allow_module_level=True)
+
+from helpers.pg_cluster import Pair, promote  # noqa: E402 - psycopg and the binaries are there
+
+from stockade.coordinators.postgres import PostgresRecords  # noqa: E402
+
+SCOPES = ("a", "b", "c")
+GRANTS_BEFORE_STOP = 5  # per scope: the standby replays these
+GRANTS_LOST = 5  # per scope: acknowledged by the primary alone (the asynchronous standby is stopped)
+GRANTS_AFTER = 12  # per scope, after the promotion
+RETRIES_MAX = 400
+HELD_TTL_MS = 30_000
+
+
+def _retrying(action):
+    """Run ``action`` until the coordinator answers (a failover breaks the open connections once each)."""
+    for _ in range(RETRIES_MAX):
+        try:
+            return action()
+        except BackendUnavailable:
+            time.sleep(0.05)
+    raise AssertionError("the coordinator did not come back")
+
+
+def _grant(coord, scope: str) -> int:
+    def once() -> int:
+        lease = coord.acquire(scope, ttl_ms=5_000, wait_ms=0, keepalive=False)
+        lease.release()
+        return lease.token.value
+
+    return _retrying(once)
+
+
+def _failover(*, synchronous: bool, timelines: bool, monkeypatch) -> tuple[int, int, dict]:
+    """Grants, a kill -9 of the primary, a promotion, more grants; (regressions, grants after, facts)."""
+    monkeypatch.setattr(PostgresRecords, "timelines", timelines)
+    pair = Pair(synchronous=synchronous)
+    try:
+        coord = stockade.connect(pair.url)
+        held = coord.acquire("held", ttl_ms=HELD_TTL_MS, keepalive=False)
+        before: dict[str, list[int]] = {s: [] for s in SCOPES}
+        for _ in range(GRANTS_BEFORE_STOP):
+            for scope in SCOPES:
+                before[scope].append(_grant(coord, scope))
+        if not synchronous:
+            pair.wait_replayed()
+            pair.standby.stop()  # it falls behind: what an asynchronous standby may be when the primary dies
+        for _ in range(GRANTS_LOST):
+            for scope in SCOPES:
+                before[scope].append(_grant(coord, scope))
+        pair.primary.kill9()
+        if not synchronous:
+            pair.standby.start()
+        promote(pair.standby)
+        after: dict[str, list[int]] = {s: [] for s in SCOPES}
+        for _ in range(GRANTS_AFTER):
+            for scope in SCOPES:
+                after[scope].append(_grant(coord, scope))
+        regressions = sum(1 for s in SCOPES for value in after[s] if value <= max(before[s]))
+        info = _retrying(lambda: coord.inspect("held"))
+        with pytest.raises(LockTimeout):
+            coord.acquire("held", ttl_ms=1_000, wait_ms=0)
+        facts = {"held_state": info.state, "held_remaining_ms": info.remaining_ms, "held_token": info.token,
+                 "lease_token": held.token.unsigned()}
+        coord.close()
+        return regressions, sum(len(v) for v in after.values()), facts
+    finally:
+        pair.close()
+
+
+def test_async_failover_tokens_never_go_back(monkeypatch):
+    regressions, grants, facts = _failover(synchronous=False, timelines=True, monkeypatch=monkeypatch)
+    print(f"async standby, timeline in the token: {regressions} of {grants} grants after promotion regressed")
+    assert regressions == 0 and grants >= 10
+    # C3: the lease the new primary knows is held a full TTL from the failover.
+    assert facts["held_state"] is stockade.ScopeState.HELD and facts["held_token"] == facts["lease_token"]
+    assert facts["held_remaining_ms"] > HELD_TTL_MS - 10_000
+
+
+def test_control_async_failover_without_timeline_regresses(monkeypatch):
+    regressions, grants, _ = _failover(synchronous=False, timelines=False, monkeypatch=monkeypatch)
+    print(f"control, async standby, no timeline in the token: {regressions} of {grants} grants regressed")
+    assert regressions > 0
+
+
+def test_sync_failover_tokens_never_go_back(monkeypatch):
+    regressions, grants, facts = _failover(synchronous=True, timelines=True, monkeypatch=monkeypatch)
+    print(f"sync standby: {regressions} of {grants} grants after promotion regressed")
+    assert regressions == 0 and grants >= 10
+    assert facts["held_state"] is stockade.ScopeState.HELD
+
+
+def test_fsync_off_is_refused():
+    server = pg_helper.PostgresServer({"fsync": "off"})
+    try:
+        with pytest.raises(BackendUnavailable, match="fsync=off"):
+            stockade.connect(server.url())
+    finally:
+        server.close()
+
+
+def test_synchronous_commit_off_is_refused_and_on_is_accepted(pg_coord_url):
+    server = pg_helper.shared_server()
+    name = pg_coord_url.rsplit("/", 1)[1]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    with pytest.raises(BackendUnavailable, match="synchronous_commit=off"):
+        stockade.connect(pg_coord_url)
+    with psycopg.connect(server.dsn, autocommit=True) as conn:  # the control: the same database, safe again
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
+    stockade.connect(pg_coord_url).close()
+
+
+def test_restored_copy_below_its_timeline_is_refused_until_the_offset_is_raised(pg_coord_url):
+    coord = stockade.connect(pg_coord_url)
+    old = _grant(coord, "r")
+    coord.close()
+    server = pg_helper.shared_server()
+    dsn = server.dsn_of(pg_coord_url.rsplit("/", 1)[1])
+    with psycopg.connect(dsn, autocommit=True) as conn:  # what a logical restore into a fresh cluster looks like
+        timeline = int(conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'timeline'").fetchone()[0])
+        conn.execute("UPDATE stockade_coord_meta SET v = %s WHERE k = 'timeline'", (str(timeline + 3),))
+    coord = stockade.connect(pg_coord_url)
+    with pytest.raises(BackendUnavailable, match="timeline_offset"):
+        coord.acquire("r", ttl_ms=1_000, wait_ms=0)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the documented step: an offset above the old timeline
+        conn.execute("UPDATE stockade_coord_meta SET v = '4' WHERE k = 'timeline_offset'")
+    new = _grant(coord, "r")
+    assert new > old
+    coord.close()
+
+
+def _count_attempts(coord, scope: str, wait_ms: int) -> int:
+    """How many times a waiter asked the coordinator while it waited ``wait_ms`` behind a holder."""
+    port = coord._port
+    engine = port.engine
+    name = "attempt" if hasattr(engine, "attempt") else "try_acquire"
+    calls = 0
+    original = getattr(engine, name)
+
+    def counted(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)
+
+    holder = coord.acquire(scope, ttl_ms=10_000, keepalive=False)
+    setattr(engine, name, counted)
+    try:
+        with pytest.raises(LockTimeout):
+            coord.acquire(scope, ttl_ms=1_000, wait_ms=wait_ms)
+    finally:
+        setattr(engine, name, original)
+        holder.release()
+    return calls
+
+
+def test_waiting_is_woken_not_polled(pg_coord_url, tmp_path):
+    coord = stockade.connect(pg_coord_url)
+    attempts = _count_attempts(coord, "w", 1_500)
+    coord.close()
+    control = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")  # the polling port: 1..20 ms steps
+    polled = _count_attempts(control, "w", 1_500)
+    control.close()
+    print(f"attempts while waiting 1.5 s: {attempts} (postgresql, notified) vs {polled} (sqlite, polled)")
+    assert attempts <= 8
+    assert polled > 30
+
+
+def test_waiters_are_served_in_fifo_order_and_woken_by_release(pg_coord_url):
+    coord = stockade.connect(pg_coord_url)
+    holder = coord.acquire("fifo", ttl_ms=10_000, keepalive=False)
+    order: list[int] = []
+    threads = []
+    for n in range(4):
+        def wait(n: int = n) -> None:
+            other = stockade.connect(pg_coord_url)
+            lease = other.acquire("fifo", ttl_ms=10_000, wait_ms=20_000, keepalive=False)
+            order.append(n)
+            lease.release()
+            other.close()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 20
+        while coord.inspect("fifo").waiters < n + 1:  # queued in this order before the next one starts
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    t0 = time.monotonic()
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    print(f"4 waiters served in {time.monotonic() - t0:.3f} s after the release")
+    assert order == [0, 1, 2, 3]
+    coord.close()
