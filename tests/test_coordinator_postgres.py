@@ -269,3 +269,70 @@ def test_lock_delay_after_an_expiry(pg_coord_url, lock_delay_ms):
         assert waited_ms < 200 + 600
     lease.release()
     coord.close()
+
+
+# -- side by side with a lease row (STOCKADE_LONG=1) --------------------------------------------
+
+BENCH_S = 2.0
+LEASE_ROW_SETUP = """
+CREATE SEQUENCE IF NOT EXISTS bench_token;
+CREATE TABLE IF NOT EXISTS bench_lease (name text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL,
+                                        expires_at timestamptz NOT NULL)
+"""
+LEASE_ROW_ACQUIRE = (
+    "INSERT INTO bench_lease VALUES (%s, %s, nextval('bench_token'), clock_timestamp() + interval '10 s') "
+    "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
+    "expires_at = excluded.expires_at WHERE bench_lease.expires_at < clock_timestamp() RETURNING token")
+
+
+def _bench_worker(kind: str, url: str, name: str, start, results) -> None:
+    """Lock cycles (acquire, release) on scope ``name`` for `BENCH_S`; puts (cycles, seconds) on ``results``."""
+    if kind == "stockade":
+        coord = stockade.connect(url)
+
+        def cycle() -> None:
+            coord.acquire(name, ttl_ms=10_000, wait_ms=0, keepalive=False).release()
+    else:
+        conn = psycopg.connect(url, autocommit=True)
+
+        def cycle() -> None:  # the plain recipe: one upsert that grants when expired, one delete
+            token = conn.execute(LEASE_ROW_ACQUIRE, (name, "me")).fetchone()[0]
+            conn.execute("DELETE FROM bench_lease WHERE name = %s AND token = %s", (name, token))
+
+    for _ in range(20):
+        cycle()
+    start.wait()
+    cycles, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < BENCH_S:
+        cycle()
+        cycles += 1
+    results.put((cycles, time.perf_counter() - t0))
+
+
+def _bench(kind: str, url: str, processes: int) -> float:
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=_bench_worker, args=(kind, url, f"bench-{kind}-{n}", start, results))
+               for n in range(processes)]
+    for worker in workers:
+        worker.start()
+    done = [results.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(30)
+    return sum(cycles for cycles, _ in done) / max(seconds for _, seconds in done)
+
+
+@pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="a benchmark: STOCKADE_LONG=1")
+def test_lock_cycles_side_by_side_with_a_lease_row(pg_coord_url):
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        conn.execute(LEASE_ROW_SETUP)
+    rows = []
+    for processes in (1, 8):
+        ours = _bench("stockade", pg_coord_url, processes)
+        row = _bench("lease-row", pg_coord_url, processes)
+        rows.append((processes, ours, row))
+    print("\nprocesses  stockade-on-postgresql  lease-row recipe  ratio")
+    for processes, ours, row in rows:
+        print(f"{processes:>9}  {ours:>20.0f}/s  {row:>14.0f}/s  {ours / row:.2f}x")
