@@ -84,8 +84,10 @@ def forgotten_floor(conn: Any) -> int:
 
 def load_record(conn: Any, cluster_id: str, scope: str) -> ScopeRecord:
     """One scope's record as the tables hold it (a never-used scope: an empty record)."""
-    row = conn.execute(
-        "SELECT s.last_token, s.delay_until_ns, l.lease_id, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns "
+    row = conn.execute(  # one round trip: the scope, its lease and its queue
+        "SELECT s.last_token, s.delay_until_ns, l.lease_id, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns, "
+        "(SELECT json_agg(json_build_array(w.lease_id, w.holder, w.deadline_ns::text, w.stale_ns::text) "
+        "ORDER BY w.seq) FROM stockade_coord_waiters w WHERE w.scope = s.scope) "
         "FROM stockade_coord_scopes s LEFT JOIN stockade_coord_leases l ON l.scope = s.scope WHERE s.scope = %s",
         (scope,),
     ).fetchone()
@@ -94,16 +96,11 @@ def load_record(conn: Any, cluster_id: str, scope: str) -> ScopeRecord:
     last_token, delay_until_ns, lease_id = row[0], row[1], row[2]
     lease = None
     if lease_id is not None:
-        _, _, _, holder, token, ttl_ms, granted_ns, expires_ns = row
+        holder, token, ttl_ms, granted_ns, expires_ns = row[3:8]
         invariant(token <= last_token, f"lease token {token} above last_token {last_token} in {scope!r}")
         lease = Lease(lease_id, holder, FencingToken(cluster_id, scope, token), ttl_ms, granted_ns, expires_ns)
-    waiters = tuple(
-        Waiter(*w)
-        for w in conn.execute(
-            "SELECT lease_id, holder, deadline_ns, stale_ns FROM stockade_coord_waiters WHERE scope = %s ORDER BY seq",
-            (scope,),
-        )
-    )
+    # Times travel as text: JSON numbers would pass through floats on some paths.
+    waiters = tuple(Waiter(w[0], w[1], int(w[2]), int(w[3])) for w in row[8] or ())
     return ScopeRecord(scope, last_token=last_token, lease=lease, delay_until_ns=delay_until_ns, waiters=waiters)
 
 
@@ -186,5 +183,8 @@ def store_record(conn: Any, old: ScopeRecord, new: ScopeRecord | None) -> bool:
                              (w.stale_ns, w.lease_id))
     old_head = old.waiters[0].lease_id if old.waiters else None
     new_head = new.waiters[0].lease_id if new.waiters else None
+    # Only a scope with waiters needs a NOTIFY (a waiter is in the table before it sleeps, and
+    # the scope's lock orders its enqueue and this change). Leaving it out elsewhere matters:
+    # a transaction that notified commits under a database-wide lock, one at a time.
     freed = old.lease is not None and (new.lease is None or new.lease.lease_id != old.lease.lease_id)
-    return freed or (old_head is not None and old_head != new_head)  # a first waiter queueing wakes nobody
+    return bool(new.waiters) and (freed or (old_head is not None and old_head != new_head))

@@ -101,6 +101,13 @@ def check_settings(conn: Any) -> None:
                 f"the coordinator refuses it (docs/coordinator-postgres.md)", certain_no_effect=True)
 
 
+def _after_begin(conn: Any, sql: str) -> Any:
+    """Run ``BEGIN; SELECT ...`` (no parameters: one round trip) and return the SELECT's row."""
+    cursor = conn.execute(sql)
+    cursor.nextset()
+    return cursor.fetchone()
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One acquire attempt of `PostgresCoordinator.attempt`.
@@ -258,18 +265,16 @@ class PostgresRecords:
     def _begin(self, conn: Any, *, write: bool) -> _PgTx:
         """Open the unit's transaction and read the server's time (and, to write, its timeline)."""
         if not write:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            now_ns = conn.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint").fetchone()[0]
+            now_ns = _after_begin(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+                                  "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint")[0]
             return _PgTx(self, conn, self.clock.observe(now_ns), epoch=0, writable=False)
         while True:
-            conn.execute("BEGIN")
-            row = conn.execute(
-                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint, "
+            row = _after_begin(conn,  # no parameters: BEGIN and the SELECT go in one round trip
+                "BEGIN; SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint, "
                 "pg_walfile_name(pg_current_wal_lsn()), "
                 "(SELECT v FROM stockade_coord_meta WHERE k = 'timeline'), "
                 "(SELECT v FROM stockade_coord_meta WHERE k = 'timeline_offset'), "
-                "(SELECT v FROM stockade_coord_meta WHERE k = 'epoch')"
-            ).fetchone()
+                "(SELECT v FROM stockade_coord_meta WHERE k = 'epoch')")
             now_ns, walfile, stored, offset, epoch = row
             timeline = int(walfile[:8], 16) + int(offset or 0)
             if stored is not None and timeline == int(stored):
