@@ -336,3 +336,131 @@ def test_lock_cycles_side_by_side_with_a_lease_row(pg_coord_url):
     print("\nprocesses  stockade-on-postgresql  lease-row recipe  ratio")
     for processes, ours, row in rows:
         print(f"{processes:>9}  {ours:>20.0f}/s  {row:>14.0f}/s  {ours / row:.2f}x")
+
+
+# -- S15: a storm through promotions (STOCKADE_LONG=1) -----------------------------------------
+
+STORM_PROCESSES = 4
+STORM_SCOPES = 8
+PROMOTIONS = 10
+
+
+def _storm_checks(events: list[dict]) -> tuple[int, int, int, int]:
+    """(grants, token regressions, duplicate tokens, stale writes accepted), judged in acknowledgement order."""
+    grants = sorted((e for e in events if "grant" in e), key=lambda e: e["at"])
+    best: dict[str, int] = {}
+    regressions = 0
+    for e in grants:
+        if e["token"] <= best.get(e["grant"], 0):
+            regressions += 1
+        best[e["grant"]] = max(best.get(e["grant"], 0), e["token"])
+    seen = [(e["grant"], e["token"]) for e in grants]
+    duplicates = len(seen) - len(set(seen))
+    accepted = sorted((e for e in events if e.get("ok")), key=lambda e: e["at"])
+    mark: dict[str, int] = {}
+    stale = 0
+    for e in accepted:
+        if e["token"] < mark.get(e["write"], 0):
+            stale += 1
+        mark[e["write"]] = max(mark.get(e["write"], 0), e["token"])
+    return len(grants), regressions, duplicates, stale
+
+
+def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -> tuple[int, int, int, int]:
+    import json
+    import subprocess
+    import sys
+
+    from conftest import python_env
+    from helpers.pg_cluster import make_synchronous, standby_of
+
+    pair = Pair(synchronous=synchronous)
+    ports = (pair.primary.port, pair.standby.port)
+    env = {**python_env(), "STOCKADE_TEST_TIMELINES": "1" if timelines else "0"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath("src"), env["PYTHONPATH"]])
+    store_url = f"sqlite://{tmp_path / 'store.db'}"
+    primary, standby = pair.primary, pair.standby
+    events: list[dict] = []
+    lock = threading.Lock()
+    workers = []
+    try:
+        argv = [sys.executable, "-c", "import os, runpy, stockade.coordinators.postgres as p; "
+                "p.PostgresRecords.timelines = os.environ['STOCKADE_TEST_TIMELINES'] == '1'; "
+                "runpy.run_path(os.path.join(os.environ['PYTHONPATH'].split(os.pathsep)[1], 'pg_storm.py'), "
+                "run_name='__main__')"]
+        for seed in range(STORM_PROCESSES):
+            worker = subprocess.Popen([*argv, pair.url, store_url, str(seed), str(STORM_SCOPES)], env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            workers.append(worker)
+
+            def read(worker=worker) -> None:
+                for line in worker.stdout:
+                    with lock:
+                        events.append(json.loads(line))
+
+            threading.Thread(target=read, daemon=True).start()
+        for _ in range(PROMOTIONS):
+            def storm_for(grants: int) -> None:
+                start = sum(1 for e in events if "grant" in e)
+                deadline = time.monotonic() + 60
+                while True:
+                    with lock:
+                        if sum(1 for e in events if "grant" in e) >= start + grants:
+                            return
+                    assert time.monotonic() < deadline, "the storm made no progress"
+                    time.sleep(0.05)
+
+            storm_for(20)  # on this primary, replicated
+            if not synchronous:
+                standby.stop()  # it falls behind: the next grants reach the primary alone, and are lost
+                storm_for(20)
+            primary.kill9()
+            if not synchronous:
+                standby.start()
+            promote(standby)
+            old_port = primary.port
+            primary.close()
+            primary = standby
+            import helpers.postgres as pg_module
+
+            real_free_port = pg_module._free_port
+            pg_module._free_port = lambda: old_port  # the url names two fixed ports
+            try:
+                standby = standby_of(primary)
+            finally:
+                pg_module._free_port = real_free_port
+            if synchronous:
+                make_synchronous(primary)
+        assert {primary.port, standby.port} == set(ports)
+    finally:
+        for worker in workers:
+            worker.stdin.close()
+        for worker in workers:
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        standby.close()
+        primary.close()
+    with lock:
+        return _storm_checks(events)
+
+
+@pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="10 promotions: STOCKADE_LONG=1")
+@pytest.mark.parametrize("synchronous", [False, True], ids=["async", "sync"])
+def test_s15_storm_through_promotions(tmp_path, synchronous):
+    grants, regressions, duplicates, stale = _storm_through_promotions(tmp_path, synchronous=synchronous,
+                                                                       timelines=True)
+    mode = "sync" if synchronous else "async"
+    print(f"\nS15 {mode}: {PROMOTIONS} promotions, {grants} grants: regressions {regressions}, duplicates "
+          f"{duplicates}, stale writes accepted {stale}")
+    assert grants >= PROMOTIONS * 20 and regressions == 0 and duplicates == 0 and stale == 0
+
+
+@pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="10 promotions: STOCKADE_LONG=1")
+def test_s15_control_storm_without_timeline_regresses(tmp_path):
+    grants, regressions, duplicates, stale = _storm_through_promotions(tmp_path, synchronous=False, timelines=False)
+    print(f"\nS15 control (async, no timeline in the token): {grants} grants: regressions {regressions}, "
+          f"duplicates {duplicates}, stale writes accepted {stale}")
+    assert regressions > 0
