@@ -424,7 +424,7 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -
             import helpers.postgres as pg_module
 
             real_free_port = pg_module._free_port
-            pg_module._free_port = lambda: old_port  # the url names two fixed ports
+            pg_module._free_port = lambda port=old_port: port  # the url names two fixed ports
             try:
                 standby = standby_of(primary)
             finally:
