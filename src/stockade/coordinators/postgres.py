@@ -104,7 +104,8 @@ def check_settings(conn: Any) -> None:
 def _after_begin(conn: Any, sql: str) -> Any:
     """Run ``BEGIN; SELECT ...`` (no parameters: one round trip) and return the SELECT's row."""
     cursor = conn.execute(sql)
-    cursor.nextset()
+    while cursor.nextset():
+        pass
     return cursor.fetchone()
 
 
@@ -225,7 +226,7 @@ class PostgresRecords:
     # -- units -----------------------------------------------------------------------------
 
     @contextmanager
-    def _unit(self, *, write: bool) -> Iterator[_PgTx]:
+    def _unit(self, *, write: bool, scope: str | None = None) -> Iterator[_PgTx]:
         current: _PgTx | None = getattr(self._local, "tx", None)
         if current is not None:  # a unit inside a unit of this thread joins it (PostgresCoordinator.attempt)
             if write and not current.writable:
@@ -238,7 +239,7 @@ class PostgresRecords:
         committing = False
         try:
             try:
-                tx = self._begin(conn, write=write)
+                tx = self._begin(conn, write=write, scope=scope)
                 self._local.tx = tx
                 yield tx
                 if tx.woken:
@@ -262,23 +263,36 @@ class PostgresRecords:
         if tx.woken:
             self.notifier.wake(tx.woken)
 
-    def _begin(self, conn: Any, *, write: bool) -> _PgTx:
-        """Open the unit's transaction and read the server's time (and, to write, its timeline)."""
+    def _begin(self, conn: Any, *, write: bool, scope: str | None = None) -> _PgTx:
+        """Open the unit's transaction and read the server's time (and, to write, its timeline).
+
+        A write unit that names its ``scope`` takes the scope's lock in the same
+        round trip, before the SELECT, whose snapshot then sees the latest
+        forgotten floor (a forget of the scope commits under the same lock).
+        """
         if not write:
             now_ns = _after_begin(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
                                   "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint")[0]
             return _PgTx(self, conn, self.clock.observe(now_ns), epoch=0, writable=False)
+        lock = ""
+        if scope is not None:
+            literal = _psycopg().sql.Literal(scope).as_string(conn)
+            lock = f"SELECT pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext({literal})); "
         while True:
-            row = _after_begin(conn,  # no parameters: BEGIN and the SELECT go in one round trip
-                "BEGIN; SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint, "
+            row = _after_begin(conn,  # no parameters: BEGIN, the lock and the SELECT go in one round trip
+                "BEGIN; " + lock + "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint, "
                 "pg_walfile_name(pg_current_wal_lsn()), "
                 "(SELECT v FROM stockade_coord_meta WHERE k = 'timeline'), "
                 "(SELECT v FROM stockade_coord_meta WHERE k = 'timeline_offset'), "
-                "(SELECT v FROM stockade_coord_meta WHERE k = 'epoch')")
-            now_ns, walfile, stored, offset, epoch = row
+                "(SELECT v FROM stockade_coord_meta WHERE k = 'epoch'), "
+                "(SELECT v FROM stockade_coord_meta WHERE k = 'forgotten_floor')")
+            now_ns, walfile, stored, offset, epoch, floor = row
             timeline = int(walfile[:8], 16) + int(offset or 0)
             if stored is not None and timeline == int(stored):
-                return _PgTx(self, conn, self.clock.observe(now_ns), epoch=int(epoch), writable=True)
+                tx = _PgTx(self, conn, self.clock.observe(now_ns), epoch=int(epoch), writable=True)
+                if scope is not None:
+                    tx.prelocked(scope, int(floor or 0))
+                return tx
             conn.execute("ROLLBACK")
             self._start_timeline(conn, timeline)
 
@@ -362,8 +376,9 @@ class PostgresRecords:
     # -- the record store port -------------------------------------------------------------
 
     @contextmanager
-    def write(self) -> Iterator[_PgTx]:
-        with self._unit(write=True) as tx:
+    def write(self, scope: str | None = None) -> Iterator[_PgTx]:
+        """A write unit; naming the ``scope`` it is about saves a round trip (its lock comes with BEGIN)."""
+        with self._unit(write=True, scope=scope) as tx:
             yield tx
 
     @contextmanager
@@ -375,7 +390,7 @@ class PostgresRecords:
 class _PgTx:
     """One unit of `PostgresRecords`: a transaction on one connection (`stockade.core.engine.RecordTx`)."""
 
-    __slots__ = ("_records", "_conn", "now_ns", "epoch", "writable", "woken", "_locked")
+    __slots__ = ("_records", "_conn", "now_ns", "epoch", "writable", "woken", "_locked", "_floor")
 
     def __init__(self, records: PostgresRecords, conn: Any, now_ns: int, *, epoch: int, writable: bool) -> None:
         self._records = records
@@ -385,6 +400,12 @@ class _PgTx:
         self.writable = writable
         self.woken: set[str] = set()
         self._locked: set[str] = set()
+        self._floor: int | None = None  # the forgotten floor as read under the one scope's lock
+
+    def prelocked(self, scope: str, forgotten_floor: int) -> None:
+        """The unit began holding ``scope``'s lock and read ``forgotten_floor`` after taking it."""
+        self._locked.add(scope)
+        self._floor = forgotten_floor
 
     def _lock(self, scope: str) -> None:
         # One lock per scope per unit, released at COMMIT/ROLLBACK: units on one scope run one after the other.
@@ -397,8 +418,19 @@ class _PgTx:
         return load_record(self._conn, self._records.cluster_id, scope)
 
     def scope_of_lease(self, lease_id: str) -> str | None:
-        row = self._conn.execute("SELECT scope FROM stockade_coord_leases WHERE lease_id = %s", (lease_id,)).fetchone()
-        return None if row is None else str(row[0])
+        if not self.writable:
+            row = self._conn.execute("SELECT scope FROM stockade_coord_leases WHERE lease_id = %s",
+                                     (lease_id,)).fetchone()
+            return None if row is None else str(row[0])
+        # Found and locked in one round trip; the load that follows is a later statement, so it
+        # reads what the lock protects (a scope re-granted meanwhile shows another lease id).
+        row = self._conn.execute(
+            "SELECT scope, pg_advisory_xact_lock(%s, hashtext(scope)) FROM stockade_coord_leases WHERE lease_id = %s",
+            (SCOPE_LOCK_CLASS, lease_id)).fetchone()
+        if row is None:
+            return None
+        self._locked.add(row[0])
+        return str(row[0])
 
     def lease_count(self) -> int:
         return int(self._conn.execute("SELECT count(*) FROM stockade_coord_leases").fetchone()[0])
@@ -420,7 +452,10 @@ class _PgTx:
             self.woken.add(new.scope)
 
     def token_floor(self) -> int:
-        return max(epoch_floor(self.epoch), forgotten_floor(self._conn))
+        # The floor read at BEGIN is good while the unit holds no other scope's lock (then the
+        # grant is of that scope); after a forget of other scopes in this unit, read it again.
+        floor = self._floor if self._floor is not None and len(self._locked) == 1 else forgotten_floor(self._conn)
+        return max(epoch_floor(self.epoch), floor)
 
     def new_epoch(self, after: int) -> int | None:
         if not self._records.timelines:
@@ -497,7 +532,7 @@ class PostgresCoordinator(LeaseEngine):
         Raises:
             As `LeaseEngine.try_acquire`.
         """
-        with self.records.write() as tx:
+        with self.records.write(scope) as tx:
             now_ns = tx.now_ns
             deadline_ns = wait_deadline_ns if wait_deadline_ns is not None else now_ns + wait_ms * 1_000_000
             outcome = self.try_acquire(scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
