@@ -38,23 +38,21 @@ class ServerClock:
     last reading of this thread is used; a thread that never ran a unit asks
     the server (``query``).
 
-    Readings never go backwards within one process: a step back of the
-    server's wall clock stalls the reading instead.
+    Readings are the server's, unguarded: every process judges by the same
+    clock. (A floor kept per process would put a process that saw a later
+    reading ahead of the server after a step back or a failover to a host
+    whose clock is behind, and it would expire leases early.) The server's
+    clock must be slewed, not stepped back (docs/coordinator-postgres.md).
     """
 
     def __init__(self, query: Any) -> None:
         self._query = query
         self._local = threading.local()
-        self._lock = threading.Lock()
-        self._high_ns = 0
 
     def observe(self, server_ns: int) -> int:
         """Record a reading taken inside a unit; returns the clock's value for that unit."""
-        with self._lock:
-            self._high_ns = max(self._high_ns, server_ns)
-            now_ns = self._high_ns
-        self._local.now_ns = now_ns
-        return now_ns
+        self._local.now_ns = server_ns
+        return server_ns
 
     def now_ns(self) -> int:
         now_ns = getattr(self._local, "now_ns", None)

@@ -203,11 +203,17 @@ class PostgresRecords:
         return self._connect()
 
     def _give(self, conn: Any, healthy: bool) -> None:
+        stale: list[Any] = []
         with self._pool_lock:
             if healthy and not self._closed and len(self._pool) < POOL_SIZE_MAX and not conn.closed:
                 self._pool.append(conn)
                 return
-        conn.close()
+            if getattr(conn, "broken", False) or conn.closed:
+                # The server went away (a crash, a failover): the pooled connections went with it.
+                # Drop them all, so that each later unit does not fail once on one of them.
+                stale, self._pool = self._pool, []
+        for dead in [conn, *stale]:
+            dead.close()
 
     def _query_now(self) -> int:
         with self.read():
