@@ -1,7 +1,7 @@
 """``stockade status``: leases, holders, tokens and high-water marks.
 
-The coordinator is --url (http://HOST:PORT of a `stockade serve`, or
-sqlite:///PATH/coord.db), else --data-dir, else $STOCKADE_URL, else the data
+The coordinator is --url (http://HOST:PORT of a `stockade serve`,
+sqlite:///PATH/coord.db, or postgresql://...), else --data-dir, else $STOCKADE_URL, else the data
 directory ($STOCKADE_DATA, else ./stockade-data).
 
 A local coordinator's and store's files are read read-only and no file is
@@ -33,7 +33,25 @@ def _remote(url: str) -> tuple[str, list[ScopeInfo], dict[str, int], list[str | 
     Raises:
         StockadeError: the server cannot be reached or refused the request.
     """
-    from stockade.client import connect, open_store
+    from stockade.client import open_store
+
+    cluster_id, infos = _scopes(url)
+    notes: list[str | None] = []
+    high_waters: dict[str, int] = {}
+    store = open_store(url)
+    try:
+        for info in infos[:REMOTE_HIGH_WATERS_MAX]:
+            high_waters[info.scope] = store.high_water(info.scope)
+    finally:
+        store.close()
+    if len(infos) > REMOTE_HIGH_WATERS_MAX:
+        notes.append(f"high-water marks shown for the first {REMOTE_HIGH_WATERS_MAX} scopes only")
+    return cluster_id, infos, high_waters, notes
+
+
+def _scopes(url: str) -> tuple[str, list[ScopeInfo]]:
+    """The cluster id and the first scopes of the coordinator at ``url``, through the client."""
+    from stockade.client import connect
 
     coord = connect(url)
     try:
@@ -47,17 +65,7 @@ def _remote(url: str) -> tuple[str, list[ScopeInfo], dict[str, int], list[str | 
         cluster_id = coord.cluster_id
     finally:
         coord.close()
-    notes: list[str | None] = []
-    high_waters: dict[str, int] = {}
-    store = open_store(url)
-    try:
-        for info in infos[:REMOTE_HIGH_WATERS_MAX]:
-            high_waters[info.scope] = store.high_water(info.scope)
-    finally:
-        store.close()
-    if len(infos) > REMOTE_HIGH_WATERS_MAX:
-        notes.append(f"high-water marks shown for the first {REMOTE_HIGH_WATERS_MAX} scopes only")
-    return cluster_id, infos, high_waters, notes
+    return cluster_id, infos
 
 
 def run(argv: list[str]) -> int:
@@ -74,8 +82,12 @@ def run(argv: list[str]) -> int:
         if is_remote(url):
             cluster_id, infos, high_waters, notes = _remote(url)
             where = url
+        elif url.startswith(("postgresql://", "postgres://")):
+            (cluster_id, infos), notes = _scopes(url), []
+            where = url.partition("@")[2] or url  # no password on screen
         elif root is None:
-            return fail(f"status reads a stockade serve (http://...) or a sqlite:/// coordinator, not {url}", 2)
+            return fail(f"status reads a stockade serve (http://...), a sqlite:/// or a postgresql:// coordinator, "
+                        f"not {url}", 2)
         elif not (root / "coord.db").exists():
             return fail(f"no coordinator at {root / 'coord.db'} (use --url, --data-dir, $STOCKADE_URL or "
                         f"$STOCKADE_DATA)")

@@ -96,6 +96,17 @@ def _open_memory(location: str, policy: LeasePolicy) -> LeaseEngine:
     return coordinator
 
 
+def _open_postgres(scheme: str) -> Callable[[str, LeasePolicy], LeaseEngine]:
+    def open_engine(location: str, policy: LeasePolicy) -> LeaseEngine:
+        if not location or "\x00" in location:
+            raise InvalidArgument("url", f"{scheme} url needs a server: {scheme}://user@host:5432/dbname")
+        from stockade.coordinators.postgres import open_postgres  # psycopg only when asked for
+
+        return open_postgres(f"{scheme}://{location}", policy)
+
+    return open_engine
+
+
 _DURABLE_REMOTE = frozenset({Capability.FIFO_WAIT, Capability.DURABLE_TOKENS, Capability.NATIVE_WAIT})
 
 COORDINATORS: dict[str, CoordinatorBackend] = {
@@ -111,13 +122,22 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY}),
             _open_memory,
         ),
+        *(
+            CoordinatorBackend(
+                scheme, "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
+                frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS,
+                           Capability.NATIVE_WAIT}),
+                _open_postgres(scheme),
+            )
+            for scheme in ("postgresql", "postgres")
+        ),
         CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE),
         CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE),
     )
 }
 
 #: Schemes named in the docs whose backends are not built yet.
-SCHEMES_PLANNED = ("etcd", "zk", "zookeeper", "postgresql")
+SCHEMES_PLANNED = ("etcd", "zk", "zookeeper")
 
 
 def coordinator_backend(url: object, field: str = "url") -> tuple[CoordinatorBackend, str]:
