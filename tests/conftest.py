@@ -99,7 +99,8 @@ def serve(tmp_path: Path):
 
 
 #: The conformance parameters, and the registered schemes each one runs (https: test_server's TLS test).
-BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https"), "etcd": ("etcd",)}
+BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https"),
+            "postgres": ("postgresql", "postgres"), "etcd": ("etcd",)}
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -118,6 +119,8 @@ def coord_url(tmp_path: Path, backend: str, request) -> str:
         return request.getfixturevalue("http_server").url
     if backend == "memory":
         return f"memory://{tmp_path.name}"
+    if backend == "postgres":
+        return request.getfixturevalue("pg_coord_url")
     if backend == "etcd":  # one three-member cluster per session, a namespace per test
         return f"{request.getfixturevalue('etcd_cluster').url}/{tmp_path.name}"
     return f"sqlite://{tmp_path / 'coord.db'}"
@@ -129,7 +132,22 @@ def store_url(tmp_path: Path, backend: str, request) -> str:
         return request.getfixturevalue("http_server").url
     if backend == "memory":
         return f"memory://{tmp_path.name}"  # the in-memory store beside the in-memory engine
-    return f"sqlite://{tmp_path / 'store.db'}"
+    return f"sqlite://{tmp_path / 'store.db'}"  # postgres too: a store in a directory without its keyring
+
+
+@pytest.fixture
+def pg_coord_url():
+    """A fresh database on the session's PostgreSQL 15 (tests/helpers/postgres.py), as a coordinator url."""
+    from helpers import postgres as pg_helper
+
+    if not pg_helper.available():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
+        pytest.skip("PostgreSQL 15 is not installed")
+    server = pg_helper.shared_server()
+    name = pg_helper.fresh_database(server)
+    yield server.url(name)
+    pg_helper.drop_database(server, name)
 
 
 @pytest.fixture(scope="session")

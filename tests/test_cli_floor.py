@@ -146,3 +146,61 @@ def test_a_missing_coordinator_is_refused_not_created(tmp_path: Path) -> None:
 def test_passwords_are_not_printed() -> None:
     assert redact_url("postgresql://app:s3cret@db1:5432/app") == "postgresql://app:***@db1:5432/app"
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_stockade_floor_on_a_users_postgresql(tmp_path: Path) -> None:
+    """A user's PostgreSQL whose marks went back (a restore): old tokens write until ``stockade floor`` runs."""
+    import psycopg
+    from helpers.postgres import drop_database, fresh_database, shared_server
+
+    from stockade.resources.postgres import fenced, install
+
+    server = shared_server()
+    name = fresh_database(server)
+    coord = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")
+    try:
+        with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
+            install(conn, keys=coord.verify_keys())
+            conn.execute("CREATE TABLE jobs (id int PRIMARY KEY, v text)")
+            tokens = []
+            for i in range(OLD_TOKENS + 1):
+                with coord.lock("jobs", ttl_ms=5_000) as lease, fenced(conn, lease.token):
+                    conn.execute("INSERT INTO jobs VALUES (1, %s) ON CONFLICT (id) DO UPDATE SET v = excluded.v",
+                                 (str(i),))
+                    tokens.append(lease.token.encode())
+            # What a restore of an older backup does to the mark: it goes back to the first lease's token.
+            first = stockade.FencingToken.decode(tokens[0]).value
+            conn.execute("UPDATE stockade.high_water SET high_water = %s WHERE scope = 'jobs'", (first,))
+
+            def old_accepted() -> int:
+                accepted = 0
+                for token in tokens[1:-1]:
+                    try:
+                        with fenced(conn, token):
+                            conn.execute("UPDATE jobs SET v = 'zombie' WHERE id = 1")
+                        accepted += 1
+                    except stockade.StaleToken:
+                        pass
+                return accepted
+
+            assert old_accepted() == OLD_TOKENS - 1  # the control: the hole the floor closes
+            done = floor(server.url(name), "--url", f"sqlite://{tmp_path / 'coord.db'}")
+            assert done.returncode == 0, done.stderr
+            assert "raised 1 of 1 scopes" in done.stdout
+            assert old_accepted() == 0  # 0 of OLD_TOKENS - 1
+    finally:
+        coord.close()
+        drop_database(server, name)
+
+
+def test_stockade_floor_refuses_a_postgresql_without_the_fence(tmp_path: Path) -> None:
+    from helpers.postgres import drop_database, fresh_database, shared_server
+
+    server = shared_server()
+    name = fresh_database(server)
+    stockade.connect(f"sqlite://{tmp_path / 'coord.db'}").close()
+    try:
+        done = floor(server.url(name), "--url", f"sqlite://{tmp_path / 'coord.db'}")
+        assert done.returncode == 1 and "install() never ran" in done.stderr and "Traceback" not in done.stderr
+    finally:
+        drop_database(server, name)

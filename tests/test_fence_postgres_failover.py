@@ -17,15 +17,10 @@ with ``pg_ctl promote``.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 
 import psycopg
 import pytest
-from helpers.postgres import BIN, PostgresServer, _as_postgres, available
+from helpers.postgres import PostgresServer, available
 
 from stockade.core.errors import StaleToken
 from stockade.resources import postgres as pg
@@ -33,32 +28,15 @@ from stockade.testing.conformance.fence import KEYS, tok
 
 OLD_TOKEN_WRITES = 20
 LAST_ISSUED = 60  # t: the coordinator's last issued token for scope "s"
-WAIT_S = 60.0
 
 if not available():
     if os.environ.get("CI") == "true":
         raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
     pytest.skip("PostgreSQL 15 is not installed", allow_module_level=True)
 
-
-def _wait(check: object, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _standby_of(primary: PostgresServer) -> PostgresServer:
-    root = Path(tempfile.mkdtemp(prefix="stockade-pg-standby-"))
-    os.chmod(root, 0o755)
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-    subprocess.run([*_as_postgres(), str(BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port),
-                    "-U", "postgres", "-D", str(root / "data"), "-R", "-X", "stream", "-c", "fast"],
-                   check=True, capture_output=True, timeout=WAIT_S, cwd="/")
-    return PostgresServer(datadir=root / "data", root=root)
+from helpers.pg_cluster import promote as _promote  # noqa: E402 - shared with the coordinator's failover tests
+from helpers.pg_cluster import standby_of as _standby_of  # noqa: E402
+from helpers.pg_cluster import wait_until as _wait  # noqa: E402
 
 
 def _write(server: PostgresServer, value: int) -> bool:
@@ -76,17 +54,6 @@ def _write(server: PostgresServer, value: int) -> bool:
 def _mark(server: PostgresServer) -> int:
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         return pg.high_waters(conn).get("s", 0)
-
-
-def _promote(standby: PostgresServer) -> None:
-    subprocess.run([*_as_postgres(), str(BIN / "pg_ctl"), "promote", "-D", str(standby.datadir), "-w"],
-                   check=True, capture_output=True, timeout=WAIT_S, cwd="/")
-
-    def promoted() -> bool:
-        with psycopg.connect(standby.dsn, autocommit=True) as conn:
-            return not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]
-
-    _wait(promoted, "the standby's promotion")
 
 
 def _pair() -> tuple[PostgresServer, PostgresServer]:

@@ -1,8 +1,8 @@
 """``stockade status``: leases, holders, tokens and high-water marks.
 
 The coordinator is --url (http://HOST:PORT of a `stockade serve`,
-etcd://H1:P1,H2:P2,H3:P3[/NAMESPACE], or sqlite:///PATH/coord.db), else --data-dir, else $STOCKADE_URL, else the data
-directory ($STOCKADE_DATA, else ./stockade-data).
+sqlite:///PATH/coord.db, postgresql://... or etcd://H1:P1,H2:P2[/NAMESPACE]),
+else --data-dir, else $STOCKADE_URL, else the data directory ($STOCKADE_DATA, else ./stockade-data).
 
 A local coordinator's and store's files are read read-only and no file is
 created, so status works on a read-only data directory and on a full disk.
@@ -27,14 +27,31 @@ SCOPES_SHOWN_MAX = 10_000
 REMOTE_HIGH_WATERS_MAX = 1_000  # one request each: beyond this many scopes, the marks are left out
 
 
-def _remote(url: str, *, with_store: bool = True) -> tuple[str, list[ScopeInfo], dict[str, int], list[str | None]]:
-    """The cluster id, the first scopes and their marks of the server at ``url``
-    (an ``etcd://`` coordinator: without marks, since it has no store).
+def _remote(url: str) -> tuple[str, list[ScopeInfo], dict[str, int], list[str | None]]:
+    """The cluster id, the first scopes and their marks of the server at ``url``.
 
     Raises:
         StockadeError: the server cannot be reached or refused the request.
     """
-    from stockade.client import connect, open_store
+    from stockade.client import open_store
+
+    cluster_id, infos = _scopes(url)
+    notes: list[str | None] = []
+    high_waters: dict[str, int] = {}
+    store = open_store(url)
+    try:
+        for info in infos[:REMOTE_HIGH_WATERS_MAX]:
+            high_waters[info.scope] = store.high_water(info.scope)
+    finally:
+        store.close()
+    if len(infos) > REMOTE_HIGH_WATERS_MAX:
+        notes.append(f"high-water marks shown for the first {REMOTE_HIGH_WATERS_MAX} scopes only")
+    return cluster_id, infos, high_waters, notes
+
+
+def _scopes(url: str) -> tuple[str, list[ScopeInfo]]:
+    """The cluster id and the first scopes of the coordinator at ``url``, through the client."""
+    from stockade.client import connect
 
     coord = connect(url)
     try:
@@ -48,19 +65,7 @@ def _remote(url: str, *, with_store: bool = True) -> tuple[str, list[ScopeInfo],
         cluster_id = coord.cluster_id
     finally:
         coord.close()
-    notes: list[str | None] = []
-    high_waters: dict[str, int] = {}
-    if not with_store:
-        return cluster_id, infos, high_waters, ["an etcd coordinator has no store: high-water marks not shown"]
-    store = open_store(url)
-    try:
-        for info in infos[:REMOTE_HIGH_WATERS_MAX]:
-            high_waters[info.scope] = store.high_water(info.scope)
-    finally:
-        store.close()
-    if len(infos) > REMOTE_HIGH_WATERS_MAX:
-        notes.append(f"high-water marks shown for the first {REMOTE_HIGH_WATERS_MAX} scopes only")
-    return cluster_id, infos, high_waters, notes
+    return cluster_id, infos
 
 
 def run(argv: list[str]) -> int:
@@ -77,11 +82,15 @@ def run(argv: list[str]) -> int:
         if is_remote(url):
             cluster_id, infos, high_waters, notes = _remote(url)
             where = url
-        elif url.startswith("etcd://"):
-            cluster_id, infos, high_waters, notes = _remote(url, with_store=False)
+        elif url.startswith(("postgresql://", "postgres://")):
+            (cluster_id, infos), notes = _scopes(url), []
+            where = url.partition("@")[2] or url  # no password on screen
+        elif url.startswith("etcd://"):  # no store beside it: no marks to show
+            (cluster_id, infos), notes = _scopes(url), []
             where = url
         elif root is None:
-            return fail(f"status reads a stockade serve (http://...) or a sqlite:/// coordinator, not {url}", 2)
+            return fail(f"status reads a stockade serve (http://...), a sqlite:///, postgresql:// or etcd:// "
+                        f"coordinator, not {url}", 2)
         elif not (root / "coord.db").exists():
             return fail(f"no coordinator at {root / 'coord.db'} (use --url, --data-dir, $STOCKADE_URL or "
                         f"$STOCKADE_DATA)")

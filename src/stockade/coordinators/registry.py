@@ -99,6 +99,17 @@ def _open_memory(location: str, policy: LeasePolicy) -> LeaseEngine:
     return coordinator
 
 
+def _open_postgres(scheme: str) -> Callable[[str, LeasePolicy], LeaseEngine]:
+    def open_engine(location: str, policy: LeasePolicy) -> LeaseEngine:
+        if not location or "\x00" in location:
+            raise InvalidArgument("url", f"{scheme} url needs a server: {scheme}://user@host:5432/dbname")
+        from stockade.coordinators.postgres import open_postgres  # psycopg only when asked for
+
+        return open_postgres(f"{scheme}://{location}", policy)
+
+    return open_engine
+
+
 _DURABLE_REMOTE = frozenset({Capability.FIFO_WAIT, Capability.DURABLE_TOKENS, Capability.NATIVE_WAIT})
 _DENSE = frozenset({Capability.DENSE_TOKENS})
 
@@ -115,16 +126,25 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY}) | _DENSE,
             _open_memory,
         ),
+        *(
+            CoordinatorBackend(
+                scheme, "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
+                frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS,
+                           Capability.NATIVE_WAIT}) | _DENSE,
+                _open_postgres(scheme),
+            )
+            for scheme in ("postgresql", "postgres")
+        ),
         CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE | _DENSE),
+        CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE | _DENSE),
         # The client speaks etcd itself (client/_async/_etcd.py): no engine in process.
         CoordinatorBackend("etcd", "an etcd 3.4+ cluster: leases and watches, tokens from create revisions",
                            _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY}),
-        CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE | _DENSE),
     )
 }
 
 #: Schemes named in the docs whose backends are not built yet.
-SCHEMES_PLANNED = ("zk", "zookeeper", "postgresql")
+SCHEMES_PLANNED = ("zk", "zookeeper")
 
 
 def coordinator_backend(url: object, field: str = "url") -> tuple[CoordinatorBackend, str]:

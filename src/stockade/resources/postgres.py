@@ -547,3 +547,27 @@ class PostgresFence:
 
     def close(self) -> None:
         """Nothing is held between calls; here for the resource protocol."""
+
+
+def open_floor_target(url: str, *, cluster_id: str) -> PostgresFence:
+    """``postgresql://...``, a fenced database, opened for the floor (``stockade floor``; R4).
+
+    The floor verifies no token, so no keys are needed. A database where
+    `install` never ran, or that trusts another coordinator cluster, is refused:
+    nothing is created, and a typo in a url cannot floor the wrong database.
+
+    Raises:
+        InvalidArgument: not installed, or installed for another cluster.
+        BackendUnavailable: the database cannot be reached.
+    """
+    fence = PostgresFence(url)
+    with fence.connect() as conn, _edge():
+        installed = conn.execute("SELECT to_regclass('stockade.settings') IS NOT NULL").fetchone()
+        if not installed or not installed[0]:
+            raise InvalidArgument("resource", "no stockade fence in this database (install() never ran here)")
+        row = conn.execute("SELECT cluster_id FROM stockade.settings WHERE id = 1").fetchone()
+    if row is None or row[0] != cluster_id:
+        raise InvalidArgument(
+            "resource", f"this database trusts coordinator cluster {row[0] if row else None}, not {cluster_id}"
+        )
+    return fence

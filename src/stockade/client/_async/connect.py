@@ -12,6 +12,7 @@ from stockade.client._async._http import (
     AsyncHTTPStorePort,
     check_store_cluster,
 )
+from stockade.client._async._pgcoord import AsyncNotifiedCoordinatorPort, WakingEngine
 from stockade.client._async.coordinator import AsyncCoordinator
 from stockade.client._async.store import AsyncFencedStore
 from stockade.client._hooks import Hooks, validate_hooks
@@ -99,7 +100,8 @@ def connect_async(
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     hooks = validate_hooks(hooks)
     engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
-    return AsyncCoordinator(AsyncEmbeddedCoordinatorPort(engine, capabilities=backend.capabilities), hooks=hooks)
+    port_type = AsyncNotifiedCoordinatorPort if isinstance(engine, WakingEngine) else AsyncEmbeddedCoordinatorPort
+    return AsyncCoordinator(port_type(engine, capabilities=backend.capabilities), hooks=hooks)
 
 
 def _connect_etcd(

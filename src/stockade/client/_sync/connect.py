@@ -13,6 +13,7 @@ from stockade.client._sync._http import (
     HTTPStorePort,
     check_store_cluster,
 )
+from stockade.client._sync._pgcoord import NotifiedCoordinatorPort, WakingEngine
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
 from stockade.client._hooks import Hooks, validate_hooks
@@ -100,7 +101,8 @@ def connect(
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     hooks = validate_hooks(hooks)
     engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
-    return Coordinator(EmbeddedCoordinatorPort(engine, capabilities=backend.capabilities), hooks=hooks)
+    port_type = NotifiedCoordinatorPort if isinstance(engine, WakingEngine) else EmbeddedCoordinatorPort
+    return Coordinator(port_type(engine, capabilities=backend.capabilities), hooks=hooks)
 
 
 def _connect_etcd(

@@ -1,0 +1,583 @@
+"""The PostgreSQL coordinator: the lease table in PostgreSQL tables, its tokens safe across a failover.
+
+``stockade.connect("postgresql://user@h1,h2/db?target_session_attrs=read-write")``
+opens one; any libpq url works (multi-host included), and psycopg 3 is
+imported only then.
+
+This module is a record store (`PostgresRecords`, the port of
+`stockade.core.engine`) and the one lease engine over it
+(`PostgresCoordinator`). It is the engine, not SQL of its own, that decides,
+so the rules are the same code as every other backend's; what PostgreSQL
+gives is where the records live and three things the engine needs:
+
+- **The clock.** Every unit's first statement reads the server's
+  ``clock_timestamp()``, and that is ``now_ns`` for the whole unit
+  (`ServerClock`). No client's clock judges an expiry (C3).
+- **The order.** A write unit takes a transaction-scoped advisory lock per
+  scope before it reads the scope's rows, so two units on one scope run one
+  after the other, in any process on any host; units on different scopes run
+  in parallel and commit together (PostgreSQL's group commit).
+- **The epoch.** A token value is ``epoch << 22 | counter`` as everywhere
+  (`stockade.core.tokens`), and here the epoch is the server's *timeline*
+  in its high bits: ``epoch = (timeline + timeline_offset) << 16 | generation``.
+  A promoted standby writes on a timeline above every timeline before it, so
+  its first token of any scope is above every token the old primary ever
+  issued, even one whose commit never reached the standby. The first unit on
+  a new timeline also applies the restart rule (every held lease is held a
+  full TTL from now on the new server's clock, C3; a pending lock-delay starts
+  again, C5; queued waiters are dropped and queue again), in the same
+  transaction that records the new timeline, so exactly one unit applies it.
+
+The server must be durable: `check_settings` refuses ``fsync=off``,
+``full_page_writes=off`` and ``synchronous_commit=off`` (a crash would lose
+acknowledged grants on the same timeline, and a token would repeat). See
+docs/coordinator-postgres.md for failover, restore and the keyring.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stockade.coordinators._postgres_coord_notify import CHANNEL, Notifier, ServerClock
+from stockade.coordinators._postgres_coord_rows import (
+    MIGRATION_LOCK,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    SCOPE_LOCK_CLASS,
+    forget_record,
+    forgotten_floor,
+    get_meta,
+    load_record,
+    set_meta,
+    store_record,
+)
+from stockade.core.engine import LeaseEngine, Outcome, recover_records
+from stockade.core.errors import BackendUnavailable, LimitExceeded
+from stockade.core.leases import LeasePolicy, Queued, ScopeRecord
+from stockade.core.limits import validate_int
+from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, EPOCH_MAX, epoch_floor
+
+__all__ = [
+    "PostgresCoordinator", "PostgresRecords", "check_settings", "open_postgres", "GENERATION_BITS", "Attempt",
+]
+
+#: Low bits of an epoch: generations within one timeline (a scope whose 22-bit counter ran out moves on one).
+GENERATION_BITS = 16
+POOL_SIZE_MAX = 16
+CONNECT_TIMEOUT_S = 10
+STATEMENT_TIMEOUT_MS_DEFAULT = 5_000
+_KEYRING_NAME = Path("postgresql table stockade_coord_keyring")
+
+#: Settings the coordinator refuses to run with: each would let a crash forget an acknowledged grant.
+REFUSED_SETTINGS = {"fsync": "off", "full_page_writes": "off", "synchronous_commit": "off"}
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
+        raise BackendUnavailable("postgresql:// needs psycopg 3 (pip install 'psycopg[binary]')",
+                                 certain_no_effect=True) from exc
+    return psycopg
+
+
+def check_settings(conn: Any) -> None:
+    """Refuse a server (or session) that may lose an acknowledged commit.
+
+    Raises:
+        BackendUnavailable: ``fsync``, ``full_page_writes`` or ``synchronous_commit`` is off.
+    """
+    for name, refused in REFUSED_SETTINGS.items():
+        value = conn.execute(f"SHOW {name}").fetchone()[0]
+        if value == refused:
+            raise BackendUnavailable(
+                f"PostgreSQL runs with {name}={value}: a crash could forget granted tokens; "
+                f"the coordinator refuses it (docs/coordinator-postgres.md)", certain_no_effect=True)
+
+
+def _after_begin(conn: Any, sql: str) -> Any:
+    """Run ``BEGIN; SELECT ...`` (no parameters: one round trip) and return the SELECT's row."""
+    cursor = conn.execute(sql)
+    while cursor.nextset():
+        pass
+    return cursor.fetchone()
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One acquire attempt of `PostgresCoordinator.attempt`.
+
+    Attributes:
+        outcome: what the engine decided.
+        wait_deadline_ns: the attempt's wait deadline on the server's clock (pass it to the next attempt).
+        retry_ms: when a queued attempt should look again at the latest even without a notification
+            (the holder's deadline, the end of a lock-delay, or a bound that keeps the waiter alive).
+    """
+
+    outcome: Outcome
+    wait_deadline_ns: int
+    retry_ms: int
+
+
+class PostgresRecords:
+    """A record store (`stockade.core.engine.RecordStore`) in PostgreSQL tables.
+
+    Thread-safe: a small pool of connections, one per unit in flight. A unit
+    is one transaction; its first statement reads the server's time, the
+    timeline, and the stored epoch (one round trip).
+
+    Args:
+        conninfo: a libpq url or key=value string.
+        statement_timeout_ms: bound on every statement and lock wait of a unit.
+        on_new_timeline: called with the unit that first finds the server on a
+            new timeline (a promotion): the coordinator applies the restart rule there.
+
+    Attributes:
+        cluster_id: the coordinator's cluster id (stored in the database).
+        timelines: whether tokens carry the timeline; a seam for the controls
+            of the test suite, never off in production.
+
+    Raises:
+        BackendUnavailable: the server cannot be reached, is a standby, or runs unsafely.
+    """
+
+    timelines = True
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS_DEFAULT,
+        on_new_timeline: Callable[[_PgTx, int], object] | None = None,
+    ) -> None:
+        validate_int("statement_timeout_ms", statement_timeout_ms, 1, 600_000)
+        self._conninfo = conninfo
+        self._statement_timeout_ms = statement_timeout_ms
+        self._on_new_timeline = on_new_timeline
+        self._pool: list[Any] = []
+        self._pool_lock = threading.Lock()
+        self._local = threading.local()
+        self._closed = False
+        self.clock = ServerClock(self._query_now)
+        self.cluster_id = ""
+        self.keyring_doc = b""
+        self._initialise()
+        self.notifier = Notifier(lambda: self._connect(autocommit_only=True))
+        if not self.notifier.ready(CONNECT_TIMEOUT_S):
+            self.close()
+            raise BackendUnavailable("cannot LISTEN on the coordinator database", certain_no_effect=True)
+
+    # -- connections -----------------------------------------------------------------------
+
+    def _connect(self, *, autocommit_only: bool = False) -> Any:
+        psycopg = _psycopg()
+        extra = {} if "connect_timeout" in self._conninfo else {"connect_timeout": CONNECT_TIMEOUT_S}
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True, **extra)
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"cannot connect to the coordinator database: {exc}",
+                                     certain_no_effect=True) from exc
+        if not autocommit_only:
+            try:
+                check_settings(conn)
+                timeout = self._statement_timeout_ms
+                conn.execute(f"SET statement_timeout = {timeout}; SET lock_timeout = {timeout}; "
+                             f"SET idle_in_transaction_session_timeout = {timeout * 4}")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _take(self) -> Any:
+        with self._pool_lock:
+            if self._closed:
+                raise BackendUnavailable("the coordinator is closed", certain_no_effect=True)
+            if self._pool:
+                return self._pool.pop()
+        return self._connect()
+
+    def _give(self, conn: Any, healthy: bool) -> None:
+        stale: list[Any] = []
+        with self._pool_lock:
+            if healthy and not self._closed and len(self._pool) < POOL_SIZE_MAX and not conn.closed:
+                self._pool.append(conn)
+                return
+            if getattr(conn, "broken", False) or conn.closed:
+                # The server went away (a crash, a failover): the pooled connections went with it.
+                # Drop them all, so that each later unit does not fail once on one of them.
+                stale, self._pool = self._pool, []
+        for dead in [conn, *stale]:
+            dead.close()
+
+    def _query_now(self) -> int:
+        with self.read():
+            return self.clock.now_ns()
+
+    def close(self) -> None:
+        with self._pool_lock:
+            self._closed = True
+            pool, self._pool = self._pool, []
+        notifier = getattr(self, "notifier", None)
+        if notifier is not None:
+            notifier.close()
+        for conn in pool:
+            conn.close()
+
+    # -- units -----------------------------------------------------------------------------
+
+    @contextmanager
+    def _unit(self, *, write: bool, scope: str | None = None) -> Iterator[_PgTx]:
+        current: _PgTx | None = getattr(self._local, "tx", None)
+        if current is not None:  # a unit inside a unit of this thread joins it (PostgresCoordinator.attempt)
+            if write and not current.writable:
+                raise AssertionError("a write unit inside a read unit")
+            yield current
+            return
+        psycopg = _psycopg()
+        conn = self._take()
+        healthy = False
+        committing = False
+        try:
+            try:
+                tx = self._begin(conn, write=write, scope=scope)
+                self._local.tx = tx
+                yield tx
+                if tx.woken:
+                    conn.execute("SELECT pg_notify(%s, s) FROM unnest(%s::text[]) AS s", (CHANNEL, sorted(tx.woken)))
+                committing = True
+                conn.execute("COMMIT")
+                healthy = True
+            finally:
+                self._local.tx = None
+                if not healthy and not conn.closed:
+                    try:
+                        conn.execute("ROLLBACK")
+                        healthy = not committing
+                    except psycopg.Error:
+                        pass
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"coordinator database: {exc}".strip(),
+                                     certain_no_effect=not committing) from exc
+        finally:
+            self._give(conn, healthy)
+        if tx.woken:
+            self.notifier.wake(tx.woken)
+
+    def _begin(self, conn: Any, *, write: bool, scope: str | None = None) -> _PgTx:
+        """Open the unit's transaction and read the server's time (and, to write, its timeline).
+
+        A write unit that names its ``scope`` takes the scope's lock in the same
+        round trip, before the SELECT, whose snapshot then sees the latest
+        forgotten floor (a forget of the scope commits under the same lock).
+        """
+        if not write:
+            now_ns = _after_begin(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+                                  "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint")[0]
+            return _PgTx(self, conn, self.clock.observe(now_ns), epoch=0, writable=False)
+        lock = ""
+        if scope is not None:
+            literal = _psycopg().sql.Literal(scope).as_string(conn)
+            lock = f"SELECT pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext({literal})); "
+        while True:
+            row = _after_begin(conn,  # no parameters: BEGIN, the lock and the SELECT go in one round trip
+                "BEGIN; " + lock + "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint, "
+                "pg_walfile_name(pg_current_wal_lsn()), "
+                "(SELECT v FROM stockade_coord_meta WHERE k = 'timeline'), "
+                "(SELECT v FROM stockade_coord_meta WHERE k = 'timeline_offset'), "
+                "(SELECT v FROM stockade_coord_meta WHERE k = 'epoch'), "
+                "(SELECT v FROM stockade_coord_meta WHERE k = 'forgotten_floor')")
+            now_ns, walfile, stored, offset, epoch, floor = row
+            timeline = int(walfile[:8], 16) + int(offset or 0)
+            if stored is not None and timeline == int(stored):
+                tx = _PgTx(self, conn, self.clock.observe(now_ns), epoch=int(epoch), writable=True)
+                if scope is not None:
+                    tx.prelocked(scope, int(floor or 0))
+                return tx
+            conn.execute("ROLLBACK")
+            self._start_timeline(conn, timeline)
+
+    def _start_timeline(self, conn: Any, timeline: int) -> None:
+        """First unit on a new timeline: record it, start its epoch, apply the restart rule, in one transaction."""
+        conn.execute("BEGIN")
+        try:
+            stored = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'timeline' FOR UPDATE").fetchone()
+            if stored is None:
+                raise BackendUnavailable("the coordinator tables are not initialised", certain_no_effect=True)
+            if int(stored[0]) > timeline:
+                raise BackendUnavailable(
+                    f"the database is on timeline {timeline}, below the {stored[0]} its coordinator tables "
+                    "recorded: a copy restored without a promotion to a new timeline would issue tokens again; "
+                    "raise timeline_offset as docs/coordinator-postgres.md says", certain_no_effect=True)
+            if int(stored[0]) < timeline:
+                now_ns = conn.execute(
+                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint").fetchone()[0]
+                epoch = int(get_meta(conn, "epoch") or 0)
+                if self.timelines:
+                    epoch = max(epoch, timeline << GENERATION_BITS)
+                    if epoch > EPOCH_MAX:
+                        raise LimitExceeded("EPOCH_MAX", EPOCH_MAX, "timelines have used up the token epochs")
+                tx = _PgTx(self, conn, self.clock.observe(now_ns), epoch=epoch, writable=True)
+                if self._on_new_timeline is not None:
+                    self._on_new_timeline(tx, self.clock.now_ns())
+                set_meta(conn, "epoch", str(epoch))
+                set_meta(conn, "timeline", str(timeline))
+            conn.execute("COMMIT")
+        except BaseException:
+            try:
+                conn.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - a broken connection: the error being raised says more
+                pass
+            raise
+        self.notifier.wake(())  # the restart rule dropped every waiter: each queues again at once
+
+    def _initialise(self) -> None:
+        """Create or migrate the tables and read the cluster id and the keyring (one transaction)."""
+        psycopg = _psycopg()
+        conn = self._connect()
+        healthy = False
+        try:
+            conn.execute("BEGIN")
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+                raise BackendUnavailable("the coordinator's server is a standby (read-only); connect to the primary "
+                                         "(target_session_attrs=read-write)", certain_no_effect=True)
+            exists = conn.execute("SELECT to_regclass('stockade_coord_meta') IS NOT NULL").fetchone()[0]
+            version = int(get_meta(conn, "schema_version") or 0) if exists else 0
+            if version > SCHEMA_VERSION:
+                raise BackendUnavailable(f"coordinator tables are of schema version {version}, newer than this "
+                                         f"stockade ({SCHEMA_VERSION})", certain_no_effect=True)
+            for migration in MIGRATIONS[version:]:
+                conn.execute(migration)
+            set_meta(conn, "schema_version", str(SCHEMA_VERSION))
+            cluster_id = get_meta(conn, "cluster_id")
+            if cluster_id is None:
+                cluster_id = secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2)
+                walfile = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()[0]
+                timeline = int(walfile[:8], 16)
+                set_meta(conn, "cluster_id", cluster_id)
+                set_meta(conn, "timeline", str(timeline))
+                set_meta(conn, "timeline_offset", "0")
+                set_meta(conn, "epoch", str(timeline << GENERATION_BITS if self.timelines else 0))
+            doc = conn.execute("SELECT doc FROM stockade_coord_keyring WHERE id = 1").fetchone()
+            if doc is None:
+                from stockade.keys import _dump, ephemeral_keyring
+
+                doc = (_dump(ephemeral_keyring(cluster_id)),)
+                conn.execute("INSERT INTO stockade_coord_keyring (id, doc) VALUES (1, %s)", doc)
+            conn.execute("COMMIT")
+            healthy = True
+            self.cluster_id = cluster_id
+            self.keyring_doc = bytes(doc[0])
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"cannot open the coordinator tables: {exc}", certain_no_effect=True) from exc
+        finally:
+            self._give(conn, healthy)
+
+    # -- the record store port -------------------------------------------------------------
+
+    @contextmanager
+    def write(self, scope: str | None = None) -> Iterator[_PgTx]:
+        """A write unit; naming the ``scope`` it is about saves a round trip (its lock comes with BEGIN)."""
+        with self._unit(write=True, scope=scope) as tx:
+            yield tx
+
+    @contextmanager
+    def read(self) -> Iterator[_PgTx]:
+        with self._unit(write=False) as tx:
+            yield tx
+
+
+class _PgTx:
+    """One unit of `PostgresRecords`: a transaction on one connection (`stockade.core.engine.RecordTx`)."""
+
+    __slots__ = ("_records", "_conn", "now_ns", "epoch", "writable", "woken", "_locked", "_floor")
+
+    def __init__(self, records: PostgresRecords, conn: Any, now_ns: int, *, epoch: int, writable: bool) -> None:
+        self._records = records
+        self._conn = conn
+        self.now_ns = now_ns
+        self.epoch = epoch
+        self.writable = writable
+        self.woken: set[str] = set()
+        self._locked: set[str] = set()
+        self._floor: int | None = None  # the forgotten floor as read under the one scope's lock
+
+    def prelocked(self, scope: str, forgotten_floor: int) -> None:
+        """The unit began holding ``scope``'s lock and read ``forgotten_floor`` after taking it."""
+        self._locked.add(scope)
+        self._floor = forgotten_floor
+
+    def _lock(self, scope: str) -> None:
+        # One lock per scope per unit, released at COMMIT/ROLLBACK: units on one scope run one after the other.
+        if self.writable and scope not in self._locked:
+            self._conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SCOPE_LOCK_CLASS, scope))
+            self._locked.add(scope)
+
+    def load(self, scope: str) -> ScopeRecord:
+        self._lock(scope)
+        return load_record(self._conn, self._records.cluster_id, scope)
+
+    def scope_of_lease(self, lease_id: str) -> str | None:
+        if not self.writable:
+            row = self._conn.execute("SELECT scope FROM stockade_coord_leases WHERE lease_id = %s",
+                                     (lease_id,)).fetchone()
+            return None if row is None else str(row[0])
+        # Found and locked in one round trip; the load that follows is a later statement, so it
+        # reads what the lock protects (a scope re-granted meanwhile shows another lease id).
+        row = self._conn.execute(
+            "SELECT scope, pg_advisory_xact_lock(%s, hashtext(scope)) FROM stockade_coord_leases WHERE lease_id = %s",
+            (SCOPE_LOCK_CLASS, lease_id)).fetchone()
+        if row is None:
+            return None
+        self._locked.add(row[0])
+        return str(row[0])
+
+    def lease_count(self) -> int:
+        return int(self._conn.execute("SELECT count(*) FROM stockade_coord_leases").fetchone()[0])
+
+    def lapsed_scopes(self, now_ns: int) -> list[str]:
+        rows = self._conn.execute("SELECT scope FROM stockade_coord_leases WHERE expires_ns <= %s ORDER BY scope",
+                                  (now_ns,))
+        return [r[0] for r in rows]
+
+    def names(self, *, after: str, limit: int) -> list[str]:
+        rows = self._conn.execute(
+            "SELECT scope FROM stockade_coord_scopes WHERE scope COLLATE \"C\" > %s ORDER BY scope COLLATE \"C\" "
+            "LIMIT %s", (after, limit))
+        return [r[0] for r in rows]
+
+    def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
+        self._lock(new.scope)
+        if store_record(self._conn, old, new):
+            self.woken.add(new.scope)
+
+    def token_floor(self) -> int:
+        # The floor read at BEGIN is good while the unit holds no other scope's lock (then the
+        # grant is of that scope); after a forget of other scopes in this unit, read it again.
+        floor = self._floor if self._floor is not None and len(self._locked) == 1 else forgotten_floor(self._conn)
+        return max(epoch_floor(self.epoch), floor)
+
+    def new_epoch(self, after: int) -> int | None:
+        if not self._records.timelines:
+            return None
+        epoch = max(after, self.epoch) + 1
+        if epoch >> GENERATION_BITS != self.epoch >> GENERATION_BITS:
+            raise LimitExceeded("GENERATIONS_PER_TIMELINE", 1 << GENERATION_BITS,
+                                "this timeline's token generations are used up; a promotion starts new ones")
+        row = self._conn.execute(
+            "UPDATE stockade_coord_meta SET v = GREATEST(v::bigint, %s)::text WHERE k = 'epoch' RETURNING v",
+            (epoch,)).fetchone()
+        self.epoch = int(row[0])
+        return self.epoch
+
+    def forgotten_floor(self) -> int:
+        return forgotten_floor(self._conn)
+
+    def forget(self, record: ScopeRecord) -> None:
+        self._lock(record.scope)
+        forget_record(self._conn, record)
+        self.woken.add(record.scope)
+
+    def oldest(self, limit: int) -> list[str]:
+        rows = self._conn.execute("SELECT scope FROM stockade_coord_scopes ORDER BY created LIMIT %s", (limit,))
+        return [r[0] for r in rows]
+
+    def full(self) -> bool:
+        return False  # the tables bound their leases (LEASES_MAX), not their scopes
+
+
+class PostgresCoordinator(LeaseEngine):
+    """The lease engine over `PostgresRecords`, on the server's clock.
+
+    Thread-safe; any number of processes on any hosts may open the same
+    database. Waiting is native: `attempt` plus `Notifier` (LISTEN/NOTIFY), used by
+    the client's port (`stockade.client`), FIFO by the queue in the tables.
+
+    Args:
+        conninfo: a libpq url (``postgresql://...``, multi-host allowed) or key=value string.
+        policy: lock-delay and queue settings.
+        statement_timeout_ms: bound on each statement and lock wait.
+
+    Raises:
+        BackendUnavailable: unreachable, a standby, or unsafe settings (`check_settings`).
+    """
+
+    records: PostgresRecords
+
+    def __init__(self, conninfo: str, *, policy: LeasePolicy | None = None,
+                 statement_timeout_ms: int = STATEMENT_TIMEOUT_MS_DEFAULT) -> None:
+        policy = policy or LeasePolicy()
+
+        def after_failover(tx: _PgTx, now_ns: int) -> int:
+            # The stored times are on the old primary's clock: every lease gets a full TTL on this one (C3).
+            return recover_records(tx, now_ns, policy, same_clock=False)
+
+        records = PostgresRecords(conninfo, statement_timeout_ms=statement_timeout_ms, on_new_timeline=after_failover)
+        super().__init__(records, cluster_id=records.cluster_id, clock=records.clock, policy=policy)
+
+    def __enter__(self) -> PostgresCoordinator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def attempt(self, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_ms: int,
+                wait_deadline_ns: int | None = None) -> Attempt:
+        """One acquire attempt whose wait deadline is on the server's clock.
+
+        Args:
+            wait_ms: the wait, counted from the server's time of the first attempt.
+            wait_deadline_ns: the deadline an earlier attempt returned (None on the first).
+
+        Raises:
+            As `LeaseEngine.try_acquire`.
+        """
+        with self.records.write(scope) as tx:
+            now_ns = tx.now_ns
+            deadline_ns = wait_deadline_ns if wait_deadline_ns is not None else now_ns + wait_ms * 1_000_000
+            outcome = self.try_acquire(scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
+                                       wait_deadline_ns=deadline_ns)
+            retry_ms = self.policy.waiter_stale_ms // 4  # looked at again well before it counts as dead
+            if isinstance(outcome, Queued):
+                record = tx.load(scope)
+                ends = [record.delay_until_ns] + ([record.lease.expires_ns] if record.lease is not None else [])
+                for end_ns in ends:
+                    if end_ns > now_ns:
+                        retry_ms = min(retry_ms, (end_ns - now_ns) // 1_000_000 + 1)
+        return Attempt(outcome, deadline_ns, max(1, retry_ms))
+
+    def seen(self, scope: str) -> tuple[int, int]:
+        """The scope's notification count (`Notifier.seen`); read it before an attempt."""
+        return self.records.notifier.seen(scope)
+
+    def wait_for_change(self, scope: str, seen: tuple[int, int], timeout_ms: int) -> bool:
+        """Sleep until ``scope`` is notified after ``seen``, or ``timeout_ms`` passes."""
+        return self.records.notifier.wait(scope, seen, timeout_ms / 1000)
+
+
+def open_postgres(conninfo: str, policy: LeasePolicy) -> PostgresCoordinator:
+    """A `PostgresCoordinator` that signs its tokens with the keyring stored in its database.
+
+    The keyring is the row of ``stockade_coord_keyring``, created with the
+    tables and readable by the coordinator's role only (``REVOKE ALL ... FROM
+    PUBLIC``): whoever can read it can mint tokens (docs/coordinator-postgres.md).
+    """
+    from stockade.keys import FixedKeys, _parse
+
+    coordinator = PostgresCoordinator(conninfo, policy=policy)
+    try:
+        keyring = _parse(coordinator.records.keyring_doc, _KEYRING_NAME)
+        if keyring.cluster_id != coordinator.cluster_id:
+            raise BackendUnavailable("the stored keyring belongs to another cluster", certain_no_effect=True)
+        coordinator.signer = FixedKeys(keyring)
+    except BaseException:
+        coordinator.close()
+        raise
+    return coordinator
+

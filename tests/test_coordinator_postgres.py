@@ -1,0 +1,517 @@
+"""The PostgreSQL coordinator (postgresql://) on real servers: failover, safety settings, native waiting.
+
+The conformance suite runs on it from tests/conftest.py (``postgres``); this
+file holds what only this backend has:
+
+- **Failover (S15).** A primary streams to a standby; grants are made through
+  a multi-host url (``target_session_attrs=read-write``); the primary is killed
+  with SIGKILL and the standby promoted with ``pg_ctl promote``. With an
+  *asynchronous* standby that was stopped first, the promoted server lost the
+  last grants. Every token granted after the promotion must be above every
+  token granted before (0 regressions), and the control, the same run with
+  tokens that do not carry the timeline, must show regressions. With a
+  *synchronous* standby nothing acknowledged is lost. A lease the new primary
+  knows is held a full TTL after the failover (C3).
+- **Refused settings.** ``fsync=off`` and ``synchronous_commit=off``.
+- **Restore.** A database whose timeline is below the one its tables recorded
+  (a copy restored without a promotion) is refused until ``timeline_offset``
+  is raised, and its tokens then go on above the old ones.
+- **Native waiting.** A waiter makes a handful of attempts while it waits, not
+  one per poll interval; the control is the polling port over SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psycopg
+import pytest
+from helpers import postgres as pg_helper
+
+import stockade
+from stockade.core.errors import BackendUnavailable, LockTimeout
+
+if not pg_helper.available():
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
+    pytest.skip("PostgreSQL 15 is not installed", allow_module_level=True)
+
+from helpers.pg_cluster import Pair, promote  # noqa: E402 - psycopg and the binaries are there
+
+from stockade.coordinators.postgres import PostgresRecords  # noqa: E402
+
+SCOPES = ("a", "b", "c")
+GRANTS_BEFORE_STOP = 5  # per scope: the standby replays these
+GRANTS_LOST = 5  # per scope: acknowledged by the primary alone (the asynchronous standby is stopped)
+GRANTS_AFTER = 12  # per scope, after the promotion
+RETRIES_MAX = 400
+HELD_TTL_MS = 30_000
+
+
+def _retrying(action):
+    """Run ``action`` until the coordinator answers (a failover breaks the open connections once each)."""
+    for _ in range(RETRIES_MAX):
+        try:
+            return action()
+        except BackendUnavailable:
+            time.sleep(0.05)
+    raise AssertionError("the coordinator did not come back")
+
+
+def _grant(coord, scope: str) -> int:
+    def once() -> int:
+        lease = coord.acquire(scope, ttl_ms=5_000, wait_ms=0, keepalive=False)
+        lease.release()
+        return lease.token.value
+
+    return _retrying(once)
+
+
+def _failover(*, synchronous: bool, timelines: bool, monkeypatch) -> tuple[int, int, dict]:
+    """Grants, a kill -9 of the primary, a promotion, more grants; (regressions, grants after, facts)."""
+    monkeypatch.setattr(PostgresRecords, "timelines", timelines)
+    pair = Pair(synchronous=synchronous)
+    try:
+        coord = stockade.connect(pair.url)
+        held = coord.acquire("held", ttl_ms=HELD_TTL_MS, keepalive=False)
+        before: dict[str, list[int]] = {s: [] for s in SCOPES}
+        for _ in range(GRANTS_BEFORE_STOP):
+            for scope in SCOPES:
+                before[scope].append(_grant(coord, scope))
+        if not synchronous:
+            pair.wait_replayed()
+            pair.standby.stop()  # it falls behind: what an asynchronous standby may be when the primary dies
+        for _ in range(GRANTS_LOST):
+            for scope in SCOPES:
+                before[scope].append(_grant(coord, scope))
+        pair.primary.kill9()
+        if not synchronous:
+            pair.standby.start()
+        promote(pair.standby)
+        after: dict[str, list[int]] = {s: [] for s in SCOPES}
+        for _ in range(GRANTS_AFTER):
+            for scope in SCOPES:
+                after[scope].append(_grant(coord, scope))
+        regressions = sum(1 for s in SCOPES for value in after[s] if value <= max(before[s]))
+        info = _retrying(lambda: coord.inspect("held"))
+        with pytest.raises(LockTimeout):
+            coord.acquire("held", ttl_ms=1_000, wait_ms=0)
+        facts = {"held_state": info.state, "held_remaining_ms": info.remaining_ms, "held_token": info.token,
+                 "lease_token": held.token.unsigned()}
+        coord.close()
+        return regressions, sum(len(v) for v in after.values()), facts
+    finally:
+        pair.close()
+
+
+def test_async_failover_tokens_never_go_back(monkeypatch):
+    regressions, grants, facts = _failover(synchronous=False, timelines=True, monkeypatch=monkeypatch)
+    print(f"async standby, timeline in the token: {regressions} of {grants} grants after promotion regressed")
+    assert regressions == 0 and grants >= 10
+    # C3: the lease the new primary knows is held a full TTL from the failover.
+    assert facts["held_state"] is stockade.ScopeState.HELD and facts["held_token"] == facts["lease_token"]
+    assert facts["held_remaining_ms"] > HELD_TTL_MS - 10_000
+
+
+def test_control_async_failover_without_timeline_regresses(monkeypatch):
+    regressions, grants, _ = _failover(synchronous=False, timelines=False, monkeypatch=monkeypatch)
+    print(f"control, async standby, no timeline in the token: {regressions} of {grants} grants regressed")
+    assert regressions > 0
+
+
+def test_sync_failover_tokens_never_go_back(monkeypatch):
+    regressions, grants, facts = _failover(synchronous=True, timelines=True, monkeypatch=monkeypatch)
+    print(f"sync standby: {regressions} of {grants} grants after promotion regressed")
+    assert regressions == 0 and grants >= 10
+    assert facts["held_state"] is stockade.ScopeState.HELD
+
+
+def test_fsync_off_is_refused():
+    server = pg_helper.PostgresServer({"fsync": "off"})
+    try:
+        with pytest.raises(BackendUnavailable, match="fsync=off"):
+            stockade.connect(server.url())
+    finally:
+        server.close()
+
+
+def test_synchronous_commit_off_is_refused_and_on_is_accepted(pg_coord_url):
+    server = pg_helper.shared_server()
+    name = pg_coord_url.rsplit("/", 1)[1]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    with pytest.raises(BackendUnavailable, match="synchronous_commit=off"):
+        stockade.connect(pg_coord_url)
+    with psycopg.connect(server.dsn, autocommit=True) as conn:  # the control: the same database, safe again
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
+    stockade.connect(pg_coord_url).close()
+
+
+def test_restored_copy_below_its_timeline_is_refused_until_the_offset_is_raised(pg_coord_url):
+    coord = stockade.connect(pg_coord_url)
+    old = _grant(coord, "r")
+    coord.close()
+    server = pg_helper.shared_server()
+    dsn = server.dsn_of(pg_coord_url.rsplit("/", 1)[1])
+    with psycopg.connect(dsn, autocommit=True) as conn:  # what a logical restore into a fresh cluster looks like
+        timeline = int(conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'timeline'").fetchone()[0])
+        conn.execute("UPDATE stockade_coord_meta SET v = %s WHERE k = 'timeline'", (str(timeline + 3),))
+    coord = stockade.connect(pg_coord_url)
+    with pytest.raises(BackendUnavailable, match="timeline_offset"):
+        coord.acquire("r", ttl_ms=1_000, wait_ms=0)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the documented step: an offset above the old timeline
+        conn.execute("UPDATE stockade_coord_meta SET v = '4' WHERE k = 'timeline_offset'")
+    new = _grant(coord, "r")
+    assert new > old
+    coord.close()
+
+
+def _count_attempts(coord, scope: str, wait_ms: int) -> int:
+    """How many times a waiter asked the coordinator while it waited ``wait_ms`` behind a holder."""
+    port = coord._port
+    engine = port.engine
+    name = "attempt" if hasattr(engine, "attempt") else "try_acquire"
+    calls = 0
+    original = getattr(engine, name)
+
+    def counted(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)
+
+    holder = coord.acquire(scope, ttl_ms=10_000, keepalive=False)
+    setattr(engine, name, counted)
+    try:
+        with pytest.raises(LockTimeout):
+            coord.acquire(scope, ttl_ms=1_000, wait_ms=wait_ms)
+    finally:
+        setattr(engine, name, original)
+        holder.release()
+    return calls
+
+
+def test_waiting_is_woken_not_polled(pg_coord_url, tmp_path):
+    coord = stockade.connect(pg_coord_url)
+    attempts = _count_attempts(coord, "w", 1_500)
+    coord.close()
+    control = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")  # the polling port: 1..20 ms steps
+    polled = _count_attempts(control, "w", 1_500)
+    control.close()
+    print(f"attempts while waiting 1.5 s: {attempts} (postgresql, notified) vs {polled} (sqlite, polled)")
+    assert attempts <= 8
+    assert polled > 30
+
+
+def test_waiters_are_served_in_fifo_order_and_woken_by_release(pg_coord_url):
+    coord = stockade.connect(pg_coord_url)
+    holder = coord.acquire("fifo", ttl_ms=10_000, keepalive=False)
+    order: list[int] = []
+    threads = []
+    for n in range(4):
+        def wait(n: int = n) -> None:
+            other = stockade.connect(pg_coord_url)
+            lease = other.acquire("fifo", ttl_ms=10_000, wait_ms=20_000, keepalive=False)
+            order.append(n)
+            lease.release()
+            other.close()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 20
+        while coord.inspect("fifo").waiters < n + 1:  # queued in this order before the next one starts
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    t0 = time.monotonic()
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    print(f"4 waiters served in {time.monotonic() - t0:.3f} s after the release")
+    assert order == [0, 1, 2, 3]
+    coord.close()
+
+
+def test_cli_lock_and_status_on_postgresql(pg_coord_url):
+    import subprocess
+    import sys
+
+    from conftest import python_env
+
+    env = {**python_env(), "PYTHONPATH": os.pathsep.join(["src", python_env()["PYTHONPATH"]])}
+    cli = [sys.executable, "-m", "stockade"]
+    locked = subprocess.run([*cli, "lock", "--url", pg_coord_url, "nightly", "--", "sh", "-c", "echo $STOCKADE_TOKEN"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert locked.returncode == 0, locked.stderr
+    token = stockade.FencingToken.decode(locked.stdout.strip())
+    status = subprocess.run([*cli, "status", "--url", pg_coord_url, "--json"], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert status.returncode == 0, status.stderr
+    rows = [__import__("json").loads(line) for line in status.stdout.splitlines()]
+    assert [(r["scope"], r["state"], r["last_token"]) for r in rows] == [("nightly", "free", token.value)]
+
+
+@pytest.mark.parametrize("lock_delay_ms", [600, 0])
+def test_lock_delay_after_an_expiry(pg_coord_url, lock_delay_ms):
+    # C5 on the server's clock: after an expiry nobody is granted the scope before the delay is over.
+    # lock_delay_ms=0 is the control: the next grant comes right after the TTL.
+    coord = stockade.connect(pg_coord_url, lock_delay_ms=lock_delay_ms)
+    t0 = time.monotonic()
+    lost = coord.acquire("d", ttl_ms=200, keepalive=False)
+    lease = coord.acquire("d", ttl_ms=1_000, wait_ms=5_000, keepalive=False)
+    waited_ms = (time.monotonic() - t0) * 1000
+    print(f"lock_delay_ms={lock_delay_ms}: granted {waited_ms:.0f} ms after the first grant (ttl 200 ms)")
+    assert lease.token.value == lost.token.value + 1
+    if lock_delay_ms:
+        assert waited_ms >= 200 + lock_delay_ms - 5
+    else:
+        assert waited_ms < 200 + 600
+    lease.release()
+    coord.close()
+
+
+# -- side by side with a lease row (STOCKADE_LONG=1) --------------------------------------------
+
+BENCH_S = 2.0
+LEASE_ROW_SETUP = """
+CREATE SEQUENCE IF NOT EXISTS bench_token;
+CREATE TABLE IF NOT EXISTS bench_lease (name text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL,
+                                        expires_at timestamptz NOT NULL)
+"""
+LEASE_ROW_ACQUIRE = (
+    "INSERT INTO bench_lease VALUES (%s, %s, nextval('bench_token'), clock_timestamp() + interval '10 s') "
+    "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
+    "expires_at = excluded.expires_at WHERE bench_lease.expires_at < clock_timestamp() RETURNING token")
+
+
+def _bench_worker(kind: str, url: str, name: str, start, results) -> None:
+    """Lock cycles (acquire, release) on scope ``name`` for `BENCH_S`; puts (cycles, seconds) on ``results``."""
+    if kind == "stockade":
+        coord = stockade.connect(url)
+
+        def cycle() -> None:
+            coord.acquire(name, ttl_ms=10_000, wait_ms=0, keepalive=False).release()
+    else:
+        conn = psycopg.connect(url, autocommit=True)
+
+        def cycle() -> None:  # the plain recipe: one upsert that grants when expired, one delete
+            token = conn.execute(LEASE_ROW_ACQUIRE, (name, "me")).fetchone()[0]
+            conn.execute("DELETE FROM bench_lease WHERE name = %s AND token = %s", (name, token))
+
+    for _ in range(20):
+        cycle()
+    start.wait()
+    cycles, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < BENCH_S:
+        cycle()
+        cycles += 1
+    results.put((cycles, time.perf_counter() - t0))
+
+
+def _bench(kind: str, url: str, processes: int) -> float:
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=_bench_worker, args=(kind, url, f"bench-{kind}-{n}", start, results))
+               for n in range(processes)]
+    for worker in workers:
+        worker.start()
+    done = [results.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(30)
+    return sum(cycles for cycles, _ in done) / max(seconds for _, seconds in done)
+
+
+@pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="a benchmark: STOCKADE_LONG=1")
+def test_lock_cycles_side_by_side_with_a_lease_row(pg_coord_url):
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        conn.execute(LEASE_ROW_SETUP)
+    rows = []
+    for processes in (1, 8):
+        ours = _bench("stockade", pg_coord_url, processes)
+        row = _bench("lease-row", pg_coord_url, processes)
+        rows.append((processes, ours, row))
+    print("\nprocesses  stockade-on-postgresql  lease-row recipe  ratio")
+    for processes, ours, row in rows:
+        print(f"{processes:>9}  {ours:>20.0f}/s  {row:>14.0f}/s  {ours / row:.2f}x")
+
+
+# -- S15: a storm through promotions (STOCKADE_LONG=1) -----------------------------------------
+
+STORM_PROCESSES = 4
+STORM_SCOPES = 8
+PROMOTIONS = 10
+
+
+def _storm_checks(events: list[dict]) -> tuple[int, int, int, int]:
+    """(grants, token regressions, duplicate tokens, stale writes accepted), judged in acknowledgement order."""
+    grants = sorted((e for e in events if "grant" in e), key=lambda e: e["at"])
+    best: dict[str, int] = {}
+    regressions = 0
+    for e in grants:
+        if e["token"] <= best.get(e["grant"], 0):
+            regressions += 1
+        best[e["grant"]] = max(best.get(e["grant"], 0), e["token"])
+    seen = [(e["grant"], e["token"]) for e in grants]
+    duplicates = len(seen) - len(set(seen))
+    accepted = sorted((e for e in events if e.get("ok")), key=lambda e: e["at"])
+    mark: dict[str, int] = {}
+    stale = 0
+    for e in accepted:
+        if e["token"] < mark.get(e["write"], 0):
+            stale += 1
+        mark[e["write"]] = max(mark.get(e["write"], 0), e["token"])
+    return len(grants), regressions, duplicates, stale
+
+
+def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -> tuple[int, int, int, int]:
+    import json
+    import subprocess
+    import sys
+
+    from conftest import python_env
+    from helpers.pg_cluster import make_synchronous, standby_of
+
+    pair = Pair(synchronous=synchronous)
+    ports = (pair.primary.port, pair.standby.port)
+    env = {**python_env(), "STOCKADE_TEST_TIMELINES": "1" if timelines else "0"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath("src"), env["PYTHONPATH"]])
+    store_url = f"sqlite://{tmp_path / 'store.db'}"
+    primary, standby = pair.primary, pair.standby
+    events: list[dict] = []
+    lock = threading.Lock()
+    workers = []
+    try:
+        argv = [sys.executable, "-c", "import os, runpy, stockade.coordinators.postgres as p; "
+                "p.PostgresRecords.timelines = os.environ['STOCKADE_TEST_TIMELINES'] == '1'; "
+                "runpy.run_path(os.path.join(os.environ['PYTHONPATH'].split(os.pathsep)[1], 'pg_storm.py'), "
+                "run_name='__main__')"]
+        for seed in range(STORM_PROCESSES):
+            worker = subprocess.Popen([*argv, pair.url, store_url, str(seed), str(STORM_SCOPES)], env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            workers.append(worker)
+
+            def read(worker=worker) -> None:
+                for line in worker.stdout:
+                    with lock:
+                        events.append(json.loads(line))
+
+            threading.Thread(target=read, daemon=True).start()
+        for _ in range(PROMOTIONS):
+            def storm_for(grants: int) -> None:
+                start = sum(1 for e in events if "grant" in e)
+                deadline = time.monotonic() + 60
+                while True:
+                    with lock:
+                        if sum(1 for e in events if "grant" in e) >= start + grants:
+                            return
+                    assert time.monotonic() < deadline, "the storm made no progress"
+                    time.sleep(0.05)
+
+            storm_for(20)  # on this primary, replicated
+            if not synchronous:
+                standby.stop()  # it falls behind: the next grants reach the primary alone, and are lost
+                storm_for(20)
+            primary.kill9()
+            if not synchronous:
+                standby.start()
+            promote(standby)
+            old_port = primary.port
+            primary.close()
+            primary = standby
+            import helpers.postgres as pg_module
+
+            real_free_port = pg_module._free_port
+            pg_module._free_port = lambda port=old_port: port  # the url names two fixed ports
+            try:
+                standby = standby_of(primary)
+            finally:
+                pg_module._free_port = real_free_port
+            if synchronous:
+                make_synchronous(primary)
+        assert {primary.port, standby.port} == set(ports)
+    finally:
+        for worker in workers:
+            worker.stdin.close()
+        for worker in workers:
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        standby.close()
+        primary.close()
+    with lock:
+        return _storm_checks(events)
+
+
+@pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="10 promotions: STOCKADE_LONG=1")
+@pytest.mark.parametrize("synchronous", [False, True], ids=["async", "sync"])
+def test_s15_storm_through_promotions(tmp_path, synchronous):
+    grants, regressions, duplicates, stale = _storm_through_promotions(tmp_path, synchronous=synchronous,
+                                                                       timelines=True)
+    mode = "sync" if synchronous else "async"
+    print(f"\nS15 {mode}: {PROMOTIONS} promotions, {grants} grants: regressions {regressions}, duplicates "
+          f"{duplicates}, stale writes accepted {stale}")
+    assert grants >= PROMOTIONS * 20 and regressions == 0 and duplicates == 0 and stale == 0
+
+
+@pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="10 promotions: STOCKADE_LONG=1")
+def test_s15_control_storm_without_timeline_regresses(tmp_path):
+    grants, regressions, duplicates, stale = _storm_through_promotions(tmp_path, synchronous=False, timelines=False)
+    print(f"\nS15 control (async, no timeline in the token): {grants} grants: regressions {regressions}, "
+          f"duplicates {duplicates}, stale writes accepted {stale}")
+    assert regressions > 0
+
+
+# -- a client paused past its TTL -----------------------------------------------------------------
+
+PAUSED_ROUNDS = 50 if os.environ.get("STOCKADE_LONG") == "1" else 12
+
+
+def _paused_rounds(coord_url: str, store_path, rounds: int, *, control: bool) -> int:
+    """Rounds in which the paused client's write was accepted after a newer holder wrote."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import python_env
+
+    env = python_env()
+    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath("src"), env["PYTHONPATH"]])
+    helper = os.path.join(os.path.dirname(__file__), "helpers", "pg_paused.py")
+    child = subprocess.Popen([sys.executable, helper, coord_url, str(store_path), str(rounds), "1" if control else "0"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    coord = stockade.connect(coord_url)
+    store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
+    accepted = 0
+    try:
+        for _ in range(rounds):
+            held = int(child.stdout.readline().split()[1])
+            os.kill(child.pid, signal.SIGSTOP)  # its keepalive stops with it
+            lease = coord.acquire("p", ttl_ms=5_000, wait_ms=10_000, keepalive=False)  # after the server expired it
+            assert lease.token.value > held
+            store.put("p", "k", b"newer holder", token=lease.token)
+            lease.release()
+            os.kill(child.pid, signal.SIGCONT)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            accepted += child.stdout.readline().strip() == "accepted"
+    finally:
+        child.stdin.close()
+        child.wait(30)
+        coord.close()
+    return accepted
+
+
+def test_a_client_paused_past_its_ttl_is_fenced_out(pg_coord_url, tmp_path):
+    accepted = _paused_rounds(pg_coord_url, tmp_path / "store.db", PAUSED_ROUNDS, control=False)
+    print(f"paused past the TTL: {accepted} of {PAUSED_ROUNDS} writes accepted")
+    assert accepted == 0
+
+
+def test_control_a_paused_client_writes_where_fencing_is_off(pg_coord_url, tmp_path):
+    accepted = _paused_rounds(pg_coord_url, tmp_path / "store.db", 3, control=True)
+    assert accepted == 3
