@@ -337,6 +337,6 @@ def test_lock_delay_after_a_lapse_not_after_a_release(url):
     lapsed = undelayed.acquire("c5", ttl_ms=1000, keepalive=False)
     t0 = time.monotonic()
     undelayed.acquire("c5", ttl_ms=1000, wait_ms=15_000).release()
-    assert time.monotonic() - t0 < waited_s - 1.0
+    assert time.monotonic() - t0 < waited_s - 0.5  # the delay is 1.5 s; etcd checks expiry every 0.5 s
     coord.close()
     undelayed.close()
