@@ -388,3 +388,19 @@ def test_a_holder_paused_past_its_ttl_has_its_writes_rejected(url, tmp_path):
 def test_a_paused_holder_control_without_the_fence_is_caught(url, tmp_path):
     accepted, _ = _paused_holder(url, tmp_path, mutant="fencing-off")
     assert accepted == PAUSED_HOLDERS
+
+
+def test_async_client_opened_inside_a_running_loop(url):
+    import asyncio
+
+    async def body() -> tuple[str, int]:
+        coord = stockade.connect_async(url)  # nothing blocks here: the cluster id is read on the first await
+        with pytest.raises(stockade.InvalidArgument):
+            _ = coord.cluster_id
+        async with coord:
+            lease = await coord.acquire("in-loop", ttl_ms=1000)
+            await lease.release()
+            return coord.cluster_id, lease.token.value
+
+    cluster_id, value = asyncio.run(body())
+    assert cluster_id == stockade.connect(url).cluster_id and value > 0
