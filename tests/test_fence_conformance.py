@@ -40,7 +40,8 @@ TARGETS: dict[str, Factory] = {
 
 # Second front ends over an adapter core that another target already runs at full size (the
 # async and SQLAlchemy paths share the check, the lock and the mark with their plain twin), and
-# the reference stores: S19 runs them at a fifth of its size by default, in full with STOCKADE_LONG=1.
+# the reference store: S05, S19 and S20 run them at a fifth of their size by default, in full with
+# STOCKADE_LONG=1.
 SHARED_CORE = {"postgres-async", "postgres-sqlalchemy", "sqlite-db-sqlalchemy", "redis-async", "store-sqlite"}
 
 
@@ -50,7 +51,8 @@ def make_harness(
 ) -> Iterator[Callable[..., Any]]:
     opened: list[Any] = []
     if request.param in SHARED_CORE and os.environ.get("STOCKADE_LONG") != "1":
-        monkeypatch.setattr(suite, "SAME_TOKEN_WRITES", suite.SAME_TOKEN_WRITES // 5)
+        for name in ("SAME_TOKEN_WRITES", "RACES", "DELAYED_WRITES"):
+            monkeypatch.setattr(suite, name, getattr(suite, name) // 5)
 
     def make(cluster_id: str, keys: FixedKeys, mutant: str | None) -> Any:
         opened.append(TARGETS[request.param](tmp_path / f"r{len(opened)}", cluster_id, keys, mutant))

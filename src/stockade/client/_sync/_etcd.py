@@ -123,6 +123,9 @@ class EtcdCoordinatorPort:
         deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
         data = json.dumps(body).encode()
         failure = "no member tried"
+        # Only a revision seen before this call began bounds its answer: a call that ran
+        # alongside (a keepalive, another task's acquire) may be linearized before it.
+        floor = self._revision_seen
         while True:
             index = self._preferred
             client = self._clients[index]
@@ -147,7 +150,7 @@ class EtcdCoordinatorPort:
                     if path.startswith("/v3/kv/"):
                         # Only what reads or writes keys is linearizable: a keepalive's header
                         # shows the leader's applied revision, which may trail a follower's.
-                        self._check_revision(answer)
+                        self._check_revision(answer, floor)
                     return answer
                 code = int(answer.get("code", 0)) if isinstance(answer, dict) else 0
                 message = str(answer.get("error", response.status)) if isinstance(answer, dict) else ""
@@ -158,17 +161,18 @@ class EtcdCoordinatorPort:
             if self._preferred == 0:
                 SyncIO.sleep(_RETRY_PAUSE_S)
 
-    def _check_revision(self, answer: dict[str, Any]) -> None:
+    def _check_revision(self, answer: dict[str, Any], floor: int) -> None:
+        """Refuse an answer older than what this client saw before the call began (a restored etcd)."""
         header = answer.get("header")
         if not isinstance(header, dict) or "revision" not in header:
             return
         revision = int(header["revision"])
-        if revision < self._revision_seen:
+        if revision < floor:
             raise BackendUnavailable(
-                f"etcd's revision went back from {self._revision_seen} to {revision}: restored from a snapshot? "
+                f"etcd's revision went back from {floor} to {revision}: restored from a snapshot? "
                 "tokens would repeat; refusing (docs/coordinator-etcd.md)", certain_no_effect=True,
             )
-        self._revision_seen = revision
+        self._revision_seen = max(self._revision_seen, revision)
 
     def _txn(self, body: dict[str, Any]) -> tuple[bool, list[dict[str, Any]]]:
         answer = self._call("/v3/kv/txn", body)
