@@ -25,7 +25,7 @@ from stockade.coordinators.etcd import Layout, parse_location, ttl_s_of
 from stockade.coordinators.registry import Capability
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
-FAILOVERS = 24 if LONG else 10
+FAILOVERS = 24 if LONG else 6
 STORM_PROCESSES = 4
 
 pytestmark = pytest.mark.skipif(
