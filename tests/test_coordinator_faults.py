@@ -148,7 +148,10 @@ def _contiguous_but_epochs(tokens: list[int], *, processes: int) -> bool:
 
 
 def test_four_processes_contending_fifo_no_overlap(tmp_path):
-    """4 processes, one scope, 10 s (60 s with STOCKADE_LONG=1): tokens increase, grants never overlap, waiters served FIFO."""
+    """4 processes, one scope, 10 s (60 s with STOCKADE_LONG=1).
+
+    Tokens increase, grants never overlap, waiters are served FIFO.
+    """
     r = _contend(tmp_path, CONTENTION_SECONDS)
     n = r["grants"]
     print(f"\ncontention {CONTENTION_SECONDS}s x4 procs: {n} grants {r['per_proc']}, timeouts {r['timeouts']}; "
