@@ -1,0 +1,152 @@
+"""Leader election (`coord.elect`, docs/election.md) on every coordinator backend.
+
+The API runs on every ``backend`` of tests/conftest.py. The zombie leader and
+the failover time need a coordinator that several processes share, so they
+run on every backend but ``memory`` (one process's own engine): a real leader
+process is SIGSTOPped past its lease while another is elected and writes; when
+it wakes, its write with its old token must be refused by the fenced store.
+The control writes through a store with the fence swapped out and must let the
+zombie's write in. ``STOCKADE_LONG=1`` runs 50 rounds per backend and 20 kill -9.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import sqlite3
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HELPERS, PYTHON, python_env
+
+import stockade
+from stockade.client import AsyncLeadership, LeaderInfo, Leadership
+from stockade.resources import sqlite_db
+
+LONG = os.environ.get("STOCKADE_LONG") == "1"
+ZOMBIE_ROUNDS = 50 if LONG else 3
+CONTROL_ROUNDS = 3 if LONG else 1
+KILLS = 20 if LONG else 2
+SHARED = ["embedded", "http", "postgres", "etcd"]  # every backend that several processes share
+TTL_MS = 1000
+CANDIDATE = str(HELPERS / "election_candidate.py")
+
+
+# -- the API, on every backend ----------------------------------------------------------------------
+
+
+def test_elect_publish_resign_and_the_next_candidate(coord_url, tmp_path):
+    coord = stockade.connect(coord_url)
+    other = stockade.connect(coord_url)
+    try:
+        assert coord.leader("orders") is None
+        first = coord.elect("orders", ttl_ms=5000, identity="10.0.0.1:8080")
+        assert isinstance(first, Leadership) and not first.lost
+        seen = other.leader("orders")
+        assert isinstance(seen, LeaderInfo)
+        assert (seen.holder, seen.epoch, seen.name) == ("10.0.0.1:8080", first.epoch, "orders")
+        assert first.token.scope == "orders" and first.epoch == first.token.value
+        with pytest.raises(stockade.LockTimeout):
+            other.elect("orders", ttl_ms=5000, wait_ms=0)
+        # a candidate waits its turn; the watcher sees the change of leader
+        won: list[Leadership] = []
+        waiter = threading.Thread(
+            target=lambda: won.append(other.elect("orders", ttl_ms=5000, wait_ms=20_000, identity="10.0.0.2:8080"))
+        )
+        waiter.start()
+        deadline = time.monotonic() + 20
+        while coord.inspect("orders").waiters == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert other.watch_leader("orders", since=seen, timeout_ms=50, poll_ms=10).epoch == seen.epoch  # timeout
+        first.resign()
+        assert first.lost and first.lost_cause == "resigned"
+        waiter.join(30)
+        changed = coord.watch_leader("orders", since=seen, timeout_ms=20_000, poll_ms=10)
+        assert changed is not None and changed.holder == "10.0.0.2:8080" and changed.epoch > first.epoch
+        (second,) = won
+        assert second.epoch == changed.epoch
+        second.resign()
+        assert coord.watch_leader("orders", since=changed, timeout_ms=20_000, poll_ms=10) is None
+    finally:
+        coord.close()
+        other.close()
+
+
+@pytest.mark.parametrize("backend", ["embedded", "memory"])  # the checks are the client's, before any I/O
+def test_bad_input_is_refused_before_any_io(coord_url):
+    coord = stockade.connect(coord_url)
+    try:
+        for bad in [{"ttl_ms": 5}, {"ttl_ms": 1000, "wait_ms": -1}, {"ttl_ms": 1000, "identity": "a b"}]:
+            with pytest.raises(stockade.InvalidArgument):
+                coord.elect("orders", **bad)
+        with pytest.raises(stockade.InvalidArgument):
+            coord.elect("no spaces", ttl_ms=1000)
+        for bad in [{"timeout_ms": -1}, {"timeout_ms": 10**9}, {"timeout_ms": 10, "poll_ms": 1}]:
+            with pytest.raises(stockade.InvalidArgument):
+                coord.watch_leader("orders", since=None, **bad)
+        with pytest.raises(stockade.InvalidArgument):
+            coord.watch_leader("orders", since="leader", timeout_ms=10)
+        assert coord.leader("orders") is None  # nothing changed
+    finally:
+        coord.close()
+
+
+def test_the_leaders_token_fences_the_store_and_an_adapter(tmp_path):
+    """The term's token goes into `open_store` (in the block, without ``token=``, K1) and into the
+    user's own SQLite database through `stockade.resources.sqlite_db`; the former leader is refused by both."""
+    coord = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")
+    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
+    conn = sqlite3.connect(tmp_path / "app.db", isolation_level=None)
+    conn.execute("PRAGMA synchronous=FULL")
+    sqlite_db.install(conn, cluster_id=coord.cluster_id)
+    conn.execute("CREATE TABLE config (k TEXT PRIMARY KEY, v TEXT)")
+    with coord.elect("config", ttl_ms=5000) as old:
+        store.put("config", "owner", b"old")
+        with sqlite_db.fenced(conn, old.token, keys=coord.verify_keys()):
+            conn.execute("INSERT OR REPLACE INTO config VALUES ('owner', 'old')")
+    with coord.elect("config", ttl_ms=5000) as new:
+        store.put("config", "owner", b"new", token=new.token)
+        with sqlite_db.fenced(conn, new.token, keys=coord.verify_keys()):
+            conn.execute("INSERT OR REPLACE INTO config VALUES ('owner', 'new')")
+    with pytest.raises(stockade.StaleToken):
+        store.put("config", "owner", b"zombie", token=old.token)
+    with pytest.raises(stockade.StaleToken), sqlite_db.fenced(conn, old.token, keys=coord.verify_keys()):
+        conn.execute("INSERT OR REPLACE INTO config VALUES ('owner', 'zombie')")
+    assert store.get("config", "owner").value == b"new"
+    assert conn.execute("SELECT v FROM config").fetchall() == [("new",)]
+    conn.close()
+    store.close()
+    coord.close()
+
+
+@pytest.mark.parametrize("backend", ["embedded", "memory"])
+def test_async_leadership(coord_url):
+    async def body() -> None:
+        async with stockade.connect_async(coord_url) as coord:
+            async with await coord.elect("jobs", ttl_ms=5000, identity="a:1") as leadership:
+                assert isinstance(leadership, AsyncLeadership)
+                seen = await coord.leader("jobs")
+                assert seen is not None and (seen.holder, seen.epoch) == ("a:1", leadership.epoch)
+                assert not await leadership.wait_lost(timeout_ms=10)
+            assert leadership.lost
+            assert await coord.watch_leader("jobs", since=seen, timeout_ms=5000, poll_ms=10) is None
+
+    asyncio.run(body())
+
+
+def test_a_leader_that_stops_renewing_learns_it_lost(tmp_path):
+    """``lost`` is the lease's (K2): the local deadline passes without a renewal."""
+    coord = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")
+    leadership = coord.elect("orders", ttl_ms=300)
+    leadership.lease._stop.set()  # the keepalive stops, as in a process that cannot reach the coordinator
+    assert leadership.wait_lost(timeout_ms=10_000)
+    assert "deadline" in leadership.lost_cause
+    with pytest.raises(stockade.LeaseLost):
+        leadership.raise_if_lost()
+    coord.close()
