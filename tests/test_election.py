@@ -30,9 +30,9 @@ from stockade.client import AsyncLeadership, LeaderInfo, Leadership
 from stockade.resources import sqlite_db
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
-ZOMBIE_ROUNDS = 50 if LONG else 3
+ZOMBIE_ROUNDS = 50 if LONG else 2
 CONTROL_ROUNDS = 3 if LONG else 1
-KILLS = 20 if LONG else 2
+KILLS = 20 if LONG else 1
 SHARED = ["embedded", "http", "postgres", "etcd"]  # every backend that several processes share
 TTL_MS = 1000
 CANDIDATE = str(HELPERS / "election_candidate.py")
@@ -150,3 +150,139 @@ def test_a_leader_that_stops_renewing_learns_it_lost(tmp_path):
     with pytest.raises(stockade.LeaseLost):
         leadership.raise_if_lost()
     coord.close()
+
+
+# -- the zombie leader and the failover time: real processes, on every shared backend -------------------
+
+
+class Lines:
+    """Reads a child's stdout lines on a thread, each with the monotonic time it arrived."""
+
+    def __init__(self, child: subprocess.Popen, into: queue.Queue | None = None) -> None:
+        self.child = child
+        self.queue: queue.Queue = into if into is not None else queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            self.queue.put((time.monotonic(), self.child.pid, line.strip()))
+
+    def next(self, timeout_s: float = 90) -> tuple[float, int, str]:
+        try:
+            return self.queue.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"no line from the candidate in {timeout_s} s") from None
+
+
+def _spawn(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [PYTHON, CANDIDATE, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=python_env(), text=True,
+    )
+
+
+def _stop(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.send_signal(signal.SIGCONT)
+        child.kill()
+    child.wait(10)
+
+
+def _zombie_rounds(coord_url: str, tmp_path: Path, rounds: int, control_rounds: int) -> tuple[int, int]:
+    """Each round: the child is elected and checks it leads, is SIGSTOPped, this process is elected once
+    the child's lease lapsed and writes, then the child wakes and writes with its token. The last
+    ``control_rounds`` write through a store with the fence swapped out (the control).
+    Returns the child's writes accepted after the new leader's: (fenced rounds, control rounds)."""
+    coord = stockade.connect(coord_url)
+    store_path = tmp_path / "store.db"
+    store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
+    child = _spawn("zombie", coord_url, str(store_path), "leader")
+    lines = Lines(child)
+    accepted = [0, 0]
+    try:
+        assert child.stdin is not None
+        for index in range(rounds + control_rounds):
+            control = index >= rounds
+            child.stdin.write("round fencing-off\n" if control else "round\n")
+            child.stdin.flush()
+            _, _, line = lines.next()
+            old_epoch = int(line.split()[1])
+            child.send_signal(signal.SIGSTOP)
+            # granted only once the paused leader's lease lapsed on the coordinator
+            with coord.elect("leader", ttl_ms=10_000, wait_ms=60_000, identity="new-leader") as new:
+                assert new.epoch > old_epoch
+                mine = f"written by epoch {new.epoch}".encode()
+                store.put("leader", "state", mine, token=new.token)
+                child.send_signal(signal.SIGCONT)
+                child.stdin.write("write\n")
+                child.stdin.flush()
+                _, _, verdict = lines.next()
+                assert verdict in ("accepted", "rejected")
+                accepted[control] += verdict == "accepted"
+                assert (store.get("leader", "state").value == mine) == (verdict == "rejected")
+        child.stdin.close()
+        child.wait(30)
+    finally:
+        _stop(child)
+        store.close()
+        coord.close()
+    return accepted[0], accepted[1]
+
+
+def _failover_gaps_ms(coord_url: str, kills: int) -> list[float]:
+    """Two candidates stand; the leader is killed (kill -9) and the time until the other is elected is
+    measured, ``kills`` times (a fresh candidate replaces each one killed)."""
+    arrivals: queue.Queue = queue.Queue()
+    children: dict[int, subprocess.Popen] = {}
+    observer = stockade.connect(coord_url)
+
+    def stand() -> None:
+        child = _spawn("stand", coord_url, "failover")
+        children[child.pid] = child
+        Lines(child, arrivals)
+
+    def next_leader(timeout_s: float = 90) -> tuple[float, int, int]:
+        while True:
+            try:
+                at, pid, line = arrivals.get(timeout=timeout_s)
+            except queue.Empty:
+                raise AssertionError(f"no new leader in {timeout_s} s") from None
+            if line.startswith("leader"):
+                return at, pid, int(line.split()[1])
+
+    gaps_ms: list[float] = []
+    try:
+        stand()
+        stand()
+        _, leader_pid, epoch = next_leader()
+        for _ in range(kills):
+            killed_at = time.monotonic()
+            children[leader_pid].kill()
+            children.pop(leader_pid).wait(10)
+            at, leader_pid, new_epoch = next_leader()
+            assert new_epoch > epoch and leader_pid in children
+            seen = observer.leader("failover")
+            assert seen is not None and seen.epoch >= new_epoch
+            gaps_ms.append((at - killed_at) * 1000)
+            epoch = new_epoch
+            stand()
+    finally:
+        for child in children.values():
+            _stop(child)
+        observer.close()
+    return gaps_ms
+
+
+@pytest.mark.parametrize("backend", SHARED)
+def test_a_zombie_leader_is_refused_by_the_resource_and_a_dead_one_replaced(coord_url, tmp_path, backend):
+    """The acceptance run, one server per backend: the zombie rounds beside their control (which must
+    let the zombie in), then the time from a leader's kill -9 to the next leader (TTL 1 s)."""
+    accepted, control_accepted = _zombie_rounds(coord_url, tmp_path, ZOMBIE_ROUNDS, CONTROL_ROUNDS)
+    gaps_ms = _failover_gaps_ms(coord_url, KILLS)
+    print(f"\nelection [{backend}]: zombie writes accepted after the new leader's {accepted} of {ZOMBIE_ROUNDS}; "
+          f"control (fencing off) {control_accepted} of {CONTROL_ROUNDS}; leader death to new leader "
+          f"median {statistics.median(gaps_ms):.0f} ms over {len(gaps_ms)} kill -9 "
+          f"(min {min(gaps_ms):.0f}, max {max(gaps_ms):.0f}), TTL {TTL_MS} ms")
+    assert accepted == 0
+    assert control_accepted == CONTROL_ROUNDS
+    assert len(gaps_ms) == KILLS

@@ -1,13 +1,14 @@
 """A candidate process for tests/test_election.py.
 
-``election_candidate.py zombie COORD_URL STORE_PATH NAME [fencing-off]``: for
-each line ``round`` on stdin, it is elected (waiting its turn), checks that it
+``election_candidate.py zombie COORD_URL STORE_PATH NAME``: for each line
+``round`` (or ``round fencing-off``) on stdin, it is elected (waiting its turn), checks that it
 still leads, prints ``leader EPOCH`` and reads one more line: the test
 SIGSTOPs it meanwhile, lets its lease lapse, elects another leader that
 writes, then SIGCONTs it and sends ``write``. It then writes with its
 leadership's token, as a leader that checked before its pause would, and
 prints ``accepted`` or ``rejected``; it resigns and waits for the next round.
-``fencing-off`` writes through a store whose fence is swapped out: the control.
+``fencing-off``: that round writes through a store whose fence is swapped out
+(the control, on the same file).
 
 ``election_candidate.py stand COORD_URL NAME``: waits its turn, prints
 ``leader EPOCH PID`` once elected, and keeps leading until killed (if its
@@ -23,15 +24,14 @@ TTL_MS = 1000
 WAIT_MS = 60_000
 
 
-def zombie(coord_url: str, store_path: str, name: str, mutant: str) -> None:
-    coord = stockade.connect(coord_url)
-    if mutant == "fencing-off":
-        from stockade.testing.mutants import FencingOffStore
+def zombie(coord_url: str, store_path: str, name: str) -> None:
+    from stockade.testing.mutants import FencingOffStore
 
-        store = FencingOffStore(store_path, cluster_id=coord.cluster_id)
-    else:
-        store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
-    while sys.stdin.readline().strip() == "round":
+    coord = stockade.connect(coord_url)
+    fenced = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
+    unfenced = FencingOffStore(store_path, cluster_id=coord.cluster_id)
+    while (command := sys.stdin.readline().split())[:1] == ["round"]:
+        store = unfenced if command[1:] == ["fencing-off"] else fenced
         leadership = coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=f"zombie:{os.getpid()}")
         leadership.raise_if_lost()  # it leads: the check a careful leader makes before writing
         print(f"leader {leadership.epoch}", flush=True)
@@ -60,6 +60,6 @@ def stand(coord_url: str, name: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "zombie":
-        zombie(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "")
+        zombie(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         stand(sys.argv[2], sys.argv[3])
