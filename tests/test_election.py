@@ -286,3 +286,17 @@ def test_a_zombie_leader_is_refused_by_the_resource_and_a_dead_one_replaced(coor
     assert accepted == 0
     assert control_accepted == CONTROL_ROUNDS
     assert len(gaps_ms) == KILLS
+
+
+def test_the_zombie_leader_example_runs(tmp_path):
+    """examples/zombie_leader.py: A frozen by a real SIGSTOP, B elected and writing, A refused by both resources.
+    (Its control is the acceptance test's: the same zombie write through a store without the fence gets in.)"""
+    example = Path(__file__).resolve().parent.parent / "examples" / "zombie_leader.py"
+    result = subprocess.run(
+        [PYTHON, str(example), str(tmp_path / "demo")], capture_output=True, text=True, timeout=120, env=python_env()
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "A: the store REFUSED my write" in out and "A: the app database REFUSED my write" in out
+    assert out.index("B: the store accepted my write") < out.index("A: woke up")
+    assert "narrator: leader now: B:" in out and "store holds: 'written by B" in out
