@@ -48,7 +48,7 @@ def open_resources(directory: Path) -> tuple[stockade.Coordinator, stockade.Fenc
 def write(who: str, leadership: Leadership, coord: stockade.Coordinator, store: stockade.FencedStore,
           app: sqlite3.Connection) -> int:
     """One write of the leader to each resource, carrying its term's token. Returns how many were refused."""
-    text = f"written by {who}, epoch {leadership.epoch}"
+    text = f"written by {who}, term {leadership.term}"
     refused = 0
     try:
         store.put(ELECTION, "state", text, token=leadership.token)
@@ -69,7 +69,7 @@ def write(who: str, leadership: Leadership, coord: stockade.Coordinator, store: 
 def leader(who: str, directory: Path, pause: bool) -> int:
     coord, store, app = open_resources(directory)
     leadership = coord.elect(ELECTION, ttl_ms=TTL_MS, wait_ms=30_000, identity=f"{who}:{os.getpid()}")
-    say(who, f"elected, epoch {leadership.epoch}")
+    say(who, f"elected, term {leadership.term}")
     write(who, leadership, coord, store, app)
     if not pause:
         say(who, "I lead on (until the narrator is done)")

@@ -34,10 +34,10 @@ def zombie(coord_url: str, store_path: str, name: str) -> None:
         store = unfenced if command[1:] == ["fencing-off"] else fenced
         leadership = coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=f"zombie:{os.getpid()}")
         leadership.raise_if_lost()  # it leads: the check a careful leader makes before writing
-        print(f"leader {leadership.epoch}", flush=True)
+        print(f"leader {leadership.term}", flush=True)
         sys.stdin.readline()  # paused here (SIGSTOP), past its lease
         try:
-            store.put(name, "state", f"written by epoch {leadership.epoch}", token=leadership.token)
+            store.put(name, "state", f"written by term {leadership.term}", token=leadership.token)
             print("accepted", flush=True)
         except stockade.StaleToken:
             print("rejected", flush=True)
@@ -52,7 +52,7 @@ def stand(coord_url: str, name: str) -> None:
             leadership = coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=f"candidate:{os.getpid()}")
         except stockade.LockTimeout:
             continue
-        print(f"leader {leadership.epoch} {os.getpid()}", flush=True)
+        print(f"leader {leadership.term} {os.getpid()}", flush=True)
         while not leadership.wait_lost(timeout_ms=60_000):
             pass
         print("lost", flush=True)

@@ -40,7 +40,7 @@ class LeaderInfo:
     remaining_ms: int
 
     @property
-    def epoch(self) -> int:
+    def term(self) -> int:
         """The term's number: the token's value. A newer leader always has a greater one (C1)."""
         return self.token.value
 
@@ -52,13 +52,13 @@ def leader_of(info: ScopeInfo) -> LeaderInfo | None:
     return LeaderInfo(name=info.scope, holder=info.holder, token=info.token, remaining_ms=info.remaining_ms)
 
 
-def _epoch(leader: LeaderInfo | None) -> int:
-    return 0 if leader is None else leader.epoch
+def _term(leader: LeaderInfo | None) -> int:
+    return 0 if leader is None else leader.term
 
 
 def changed(since: LeaderInfo | None, now: LeaderInfo | None) -> bool:
     """True when ``now`` is another term than ``since`` (a new leader, or none any more)."""
-    return _epoch(since) != _epoch(now)
+    return _term(since) != _term(now)
 
 
 def validate_watch(since: object, timeout_ms: object, poll_ms: object) -> None:

@@ -52,10 +52,10 @@ class AsyncLeadership:
         self._context_token: Any = None
 
     def __repr__(self) -> str:
-        return f"<Leadership name={self.name!r} epoch={self.epoch} holder={self.holder!r} lost={self.lost}>"
+        return f"<Leadership name={self.name!r} term={self.term} holder={self.holder!r} lost={self.lost}>"
 
     @property
-    def epoch(self) -> int:
+    def term(self) -> int:
         """The term's number: the token's value, greater than any earlier leader's."""
         return self.token.value
 
