@@ -85,9 +85,11 @@ def run(argv: list[str]) -> int:
             config, ready=lambda server: print(f"stockade serve: listening on {server.url}", flush=True)
         )
     except StockadeError as exc:
-        return fail(str(exc))
+        return fail(" ".join(str(exc).split()))  # one line, whatever the backend's driver said
     except OSError as exc:
         return fail(f"cannot serve: {exc}")
+    except ImportError as exc:  # a backend's optional package (psycopg for postgresql://)
+        return fail(f"--coordinator needs its backend's extra: {exc}")
     except KeyboardInterrupt:
         status = 0
     sys.stdout.flush()

@@ -77,8 +77,11 @@ def serving_schemes() -> list[str]:
 
 def check_coordinator_url(url: str) -> str:
     """Raise `InvalidArgument` (field ``coordinator``) unless ``url`` names a backend that can be served."""
-    from stockade.coordinators.registry import coordinator_backend
+    from stockade.coordinators.registry import COORDINATORS, SCHEMES_PLANNED, coordinator_backend
 
+    scheme, sep, _ = url.partition("://") if isinstance(url, str) else ("", "", "")
+    if sep and scheme not in COORDINATORS and scheme not in SCHEMES_PLANNED:
+        raise InvalidArgument("coordinator", f"unknown scheme {scheme!r}; use one of {', '.join(serving_schemes())}")
     backend, _ = coordinator_backend(url, "coordinator")
     if backend.scheme in _NOT_SERVED:
         raise InvalidArgument("coordinator", f"{backend.scheme}:// cannot be served; use one of "
