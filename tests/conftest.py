@@ -100,7 +100,9 @@ def serve(tmp_path: Path):
 
 #: The conformance parameters, and the registered schemes each one runs (https: test_server's TLS test).
 BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https"),
-            "postgres": ("postgresql", "postgres"), "etcd": ("etcd",), "serve-postgres": ("http",)}
+            "postgres": ("postgresql", "postgres"), "etcd": ("etcd",)}
+if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3 min (the default runs the core)
+    BACKENDS["serve-postgres"] = ("http",)
 
 
 @pytest.fixture(params=list(BACKENDS))
