@@ -223,10 +223,16 @@ class PortLeaseService:
 
     async def release(self, lease_id: str) -> bool:
         """Release on the backend; idempotent (False when the id is not held through this server)."""
-        held = self._held.pop(lease_id, None)
+        held = self._held.get(lease_id)
         if held is None:
             return False
-        return await asyncio.shield(self.port.release(held.port_lease_id))  # a disconnect does not undo it
+        return await asyncio.shield(self._release(lease_id, held))  # a disconnect does not undo it
+
+    async def _release(self, lease_id: str, held: _Held) -> bool:
+        released = await self.port.release(held.port_lease_id)  # if it fails, the id stays: a retry may release
+        if self._held.get(lease_id) is held:
+            del self._held[lease_id]
+        return released
 
     # -- reads -------------------------------------------------------------------------------
 
