@@ -53,14 +53,36 @@ def client():
     return SyncRunner()
 
 
-@pytest.fixture
-def coord_url(serve_pg) -> str:
-    return serve_pg.url
+@pytest.fixture(scope="module")
+def module_pg_url():
+    """One fresh database for the module's shared server (its tests use scopes of their own)."""
+    from helpers import postgres as pg_helper
+
+    if not pg_helper.available():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
+        pytest.skip("PostgreSQL 15 is not installed")
+    server = pg_helper.shared_server()
+    name = pg_helper.fresh_database(server)
+    yield server.url(name)
+    pg_helper.drop_database(server, name)
+
+
+@pytest.fixture(scope="module")
+def module_server(module_pg_url, tmp_path_factory):
+    server = ServeProcess(tmp_path_factory.mktemp("serve-pg"), "--coordinator", module_pg_url)
+    yield server
+    server.stop()
 
 
 @pytest.fixture
-def store_url(serve_pg) -> str:
-    return serve_pg.url
+def coord_url(module_server) -> str:
+    return module_server.url
+
+
+@pytest.fixture
+def store_url(module_server) -> str:
+    return module_server.url
 
 
 def _json(url: str, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -165,14 +187,24 @@ def _serve_fails(data_dir: Path, *args: str) -> str:
     return _one_line_failure(_start_failing(data_dir, *args))
 
 
-def test_bad_coordinator_urls_fail_in_one_line(tmp_path):
+@pytest.mark.parametrize(("url", "expected"), [
+    ("postgresq://db/x", "unknown scheme 'postgresq'; use one of etcd, postgres, postgresql, sqlite"),
+    ("memory://x", "memory:// cannot be served"),
+    ("http://127.0.0.1:1", "http:// cannot be served"),
+])
+def test_a_url_that_cannot_be_served_is_refused_before_anything(tmp_path, capsys, url, expected):
+    from stockade.cli.serve import run
+
+    assert run(["--data-dir", str(tmp_path / "d"), "--port", "0", "--coordinator", url]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and not (tmp_path / "d").exists(), err
+
+
+def test_an_unreachable_backend_fails_in_one_line(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]  # nothing listens once the socket is closed
-    cases = {  # run side by side: an unreachable backend takes its connect timeouts
-        "unknown scheme 'postgresq'": "postgresq://db/x",
-        "memory:// cannot be served": "memory://x",
-        "http:// cannot be served": "http://127.0.0.1:1",
+    cases = {  # run side by side: each takes its connect attempts
         "cannot connect": f"postgresql://postgres@127.0.0.1:{closed}/x",
         "etcd: no member answered": f"etcd://127.0.0.1:{closed}",
     }
@@ -182,19 +214,19 @@ def test_bad_coordinator_urls_fail_in_one_line(tmp_path):
         assert expected in _one_line_failure(process)
 
 
-def test_store_of_another_cluster_is_refused(tmp_path, pg_coord_url):
+def test_store_of_another_cluster_is_refused(tmp_path, module_pg_url):
     SQLiteStore(tmp_path / "store.db", cluster_id="0123456789abcdef").close()
-    assert "differs from the store's cluster" in _serve_fails(tmp_path, "--coordinator", pg_coord_url)
+    assert "differs from the store's cluster" in _serve_fails(tmp_path, "--coordinator", module_pg_url)
 
 
-def test_lock_delay_is_mapped_to_the_servers_grants(serve, pg_coord_url):
-    delayed = serve("--coordinator", pg_coord_url, "--lock-delay-ms", "60000")
-    _acquire(delayed.url, "jobs", holder="lapses", ttl_ms=100)
-    _until(lambda: _json(delayed.url, "GET", "/v1/locks/jobs")[1]["state"] != "held", "the lapse")
-    assert _acquire(delayed.url, "jobs", holder="next")[0] == 409  # lock-timeout: the scope is in its delay
-    assert _json(delayed.url, "GET", "/v1/locks/jobs")[1]["state"] == "delayed"
+def test_lock_delay_is_mapped_to_the_servers_grants(serve, module_pg_url):
+    delayed = serve("--coordinator", module_pg_url, "--lock-delay-ms", "60000")
+    _acquire(delayed.url, "delayed", holder="lapses", ttl_ms=100)
+    _until(lambda: _json(delayed.url, "GET", "/v1/locks/delayed")[1]["state"] != "held", "the lapse")
+    assert _acquire(delayed.url, "delayed", holder="next")[0] == 409  # lock-timeout: the scope is in its delay
+    assert _json(delayed.url, "GET", "/v1/locks/delayed")[1]["state"] == "delayed"
     # Control: a client of the same backend without a lock-delay is granted at once after a lapse.
-    with stockade.connect(pg_coord_url) as plain:
+    with stockade.connect(module_pg_url) as plain:
         plain.acquire("other", ttl_ms=100, keepalive=False)
         _until(lambda: plain.inspect("other").state is not ScopeState.HELD, "the lapse")
         plain.acquire("other", ttl_ms=1000, keepalive=False)
