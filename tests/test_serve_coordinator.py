@@ -293,3 +293,17 @@ def test_kill9_backend_keeps_leases_restored_store_refuses_zombie(tmp_path, pg_c
             pass
     control.close()
     assert accepted == ZOMBIE_WRITES
+
+
+def test_a_token_above_the_backends_last_issued_is_refused(module_server, module_pg_url):
+    """R5 over a backend: even signed with its keyring, a value nobody issued raises no mark."""
+    with stockade.connect(module_pg_url) as coord:
+        lease = coord.acquire("issued", ttl_ms=30_000, keepalive=False)  # granted by the backend, not the server
+        keys = coord.verify_keys()
+        forged = keys.sign(FencingToken(coord.cluster_id, "issued", lease.token.value + 1000))
+        headers = {"Fencing-Token": forged.encode()}
+        status, _, body = request(module_server.url, "PUT", "/v1/kv/issued/k", body=b"x", headers=headers)
+        assert status == 409 and b"token-mismatch" in body, body
+        # Control: the backend's own token, issued after the server last looked, is taken.
+        headers = {"Fencing-Token": lease.token.encode()}
+        assert request(module_server.url, "PUT", "/v1/kv/issued/k", body=b"x", headers=headers)[0] == 200
