@@ -26,6 +26,7 @@ from conftest import PYTHON, ServeProcess, SyncRunner, python_env
 from helpers.server_fixtures import request
 
 import stockade
+from stockade.coordinators.registry import Capability
 from stockade.core.errors import StaleToken
 from stockade.core.leases import ScopeState
 from stockade.core.tokens import FencingToken
@@ -164,6 +165,8 @@ def test_etcd_expiry_then_grant(serve, etcd_url):
     status, next_holder = _acquire(server.url, "jobs", holder="next", wait_ms=30_000)
     assert status == 200 and next_holder["token_value"] > lapsed["token_value"]
     assert _json(server.url, "POST", f"/v1/leases/{lapsed['lease_id']}/renew", {})[0] == 410  # not-holder
+    with stockade.connect(server.url) as coord:  # etcd's tokens skip values: the server says so
+        assert Capability.DENSE_TOKENS not in coord.capabilities
 
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -297,6 +300,8 @@ def test_kill9_backend_keeps_leases_restored_store_refuses_zombie(tmp_path, pg_c
 
 def test_a_token_above_the_backends_last_issued_is_refused(module_server, module_pg_url):
     """R5 over a backend: even signed with its keyring, a value nobody issued raises no mark."""
+    with stockade.connect(module_server.url) as coord:  # PostgreSQL's tokens are dense: the server says so
+        assert Capability.DENSE_TOKENS in coord.capabilities
     with stockade.connect(module_pg_url) as coord:
         lease = coord.acquire("issued", ttl_ms=30_000, keepalive=False)  # granted by the backend, not the server
         keys = coord.verify_keys()

@@ -129,6 +129,7 @@ class LeaseService:
         self._write: asyncio.Future[Any] | None = None  # the last change handed to the committer
         self._loading: list[Change] | None = None
         self._new_lease_id = _LeaseIds()
+        self.dense_tokens = True  # the engine's grants: the scope's previous token + 1
 
     # -- views for the dashboard --------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stockade.coordinators.registry import Capability
 from stockade.core.errors import InvalidArgument, LimitExceeded, LockTimeout, NotHolder
 from stockade.core.leases import Lease, ScopeInfo, lease_hint
 from stockade.core.limits import LIST_PAGE_MAX
@@ -114,6 +115,7 @@ class PortLeaseService:
             raise InvalidArgument("coordinator", "the port was not opened")
         self.cluster_id: str = cluster_id
         self.keys = coordinator.verify_keys()
+        self.dense_tokens = Capability.DENSE_TOKENS in port.capabilities
         self.waiters: dict[int, str] = {}  # acquires in flight: id -> scope
         self._held: dict[str, _Held] = {}
         self._issued: dict[str, int] = {}

@@ -244,7 +244,7 @@ class App:
 
     def cluster(self, request: Request) -> Response:
         query(request, ())
-        return json_response(200, codecs.cluster_doc(self.cluster_id))
+        return json_response(200, codecs.cluster_doc(self.cluster_id, dense_tokens=self.leases.dense_tokens))
 
     async def fence_floors(self, request: Request) -> Response:
         query(request, ())

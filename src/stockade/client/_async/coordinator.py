@@ -274,7 +274,11 @@ class AsyncCoordinator(AsyncHandle):
         self._port = port
         self._clock: Clock = clock or SystemClock()
         self._hooks = validate_hooks(hooks)
-        self.capabilities: frozenset[Capability] = port.capabilities
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What the backend guarantees or accepts (a remote server's are complete once the handle is opened)."""
+        return self._port.capabilities
 
     @property
     def cluster_id(self) -> str:
