@@ -11,7 +11,8 @@ measures its lease deadline (K2) and bounds how long it keeps trying.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import threading
+from typing import Any, Protocol, runtime_checkable
 
 from stockade.client._sync._embedded import EmbeddedCoordinatorPort
 from stockade.client._io import SyncIO
@@ -73,6 +74,10 @@ class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
             LockTimeout: still held (or others ahead) when ``wait_ms`` ran out.
         """
         lease_id = new_lease_id()
+        # An attempt runs in a worker thread that a cancellation does not stop: the withdrawal
+        # below takes the same gate, so it runs after any attempt still in flight and gives back
+        # a grant that attempt made.
+        gate = threading.Lock()
         give_up_ns = self.clock.now_ns() + (wait_ms + OVERRUN_MS_MAX) * 1_000_000
         server_deadline_ns: int | None = None
         try:
@@ -80,7 +85,7 @@ class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
                 seen = self.waking.seen(scope)
                 sent_ns = self.clock.now_ns()
                 attempt = SyncIO.run_blocking(
-                    self.waking.attempt, scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms,
+                    self._attempt, gate, scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms,
                     wait_deadline_ns=server_deadline_ns,
                 )
                 server_deadline_ns = attempt.wait_deadline_ns
@@ -102,6 +107,18 @@ class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
         except BaseException as exc:
             # Interrupted (cancelled, KeyboardInterrupt, backend error, our own give-up):
             # leave the queue and give back a grant that may have happened meanwhile.
+            SyncIO.run_blocking(self._withdraw, gate, scope, lease_id)
+            if isinstance(exc, TimeoutError):
+                raise LockTimeout(scope, wait_ms) from None
+            raise
+
+    def _attempt(self, gate: threading.Lock, scope: str, **arguments: Any) -> Any:
+        with gate:
+            return self.waking.attempt(scope, **arguments)
+
+    def _withdraw(self, gate: threading.Lock, scope: str, lease_id: str) -> None:
+        """Leave the queue and give back a grant an interrupted acquire may have made (after its attempt)."""
+        with gate:
             try:
                 self.engine.cancel_wait(scope, lease_id)
                 self.engine.release(lease_id)
@@ -109,6 +126,3 @@ class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
                 raise
             except Exception:  # noqa: BLE001 - best effort: the lease, if any, expires by TTL
                 pass
-            if isinstance(exc, TimeoutError):
-                raise LockTimeout(scope, wait_ms) from None
-            raise
