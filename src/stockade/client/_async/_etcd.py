@@ -14,7 +14,10 @@ waiter keeps its own etcd lease alive, or its place would lapse.
 
 The token is the holder key's create revision; the header revision of every
 key read or write is remembered, and one that goes back (a snapshot restore behind this
-process's back) is refused with `BackendUnavailable` (docs/coordinator-etcd.md).
+process's back) is refused with `BackendUnavailable` (docs/coordinator-etcd.md). A
+process that never saw the lost revisions tells a restore by etcd's status before each
+acquire (`stockade.coordinators.etcd.restored_reason`), and refuses to grant until
+``stockade etcd bump-revision`` has advanced the revision and recorded the new cluster.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class AsyncEtcdCoordinatorPort:
         self._spares: list[tuple[int, int, int]] = []
         self._pooled: set[int] = set()
         self._cluster_id: str | None = None
+        self._marker: recipe.Incarnation | None = None
         self.keys: FixedKeys | None = None
         if identity is not None:
             self._cluster_id, self.keys = identity
@@ -150,6 +154,9 @@ class AsyncEtcdCoordinatorPort:
                         # Only what reads or writes keys is linearizable: a keepalive's header
                         # shows the leader's applied revision, which may trail a follower's.
                         self._check_revision(answer, floor)
+                    elif path == "/v3/maintenance/status":
+                        # A member's applied revision: no later linearizable answer is lower.
+                        self._revision_seen = max(self._revision_seen, recipe.revision_of(answer))
                     return answer
                 code = int(answer.get("code", 0)) if isinstance(answer, dict) else 0
                 message = str(answer.get("error", response.status)) if isinstance(answer, dict) else ""
@@ -249,6 +256,46 @@ class AsyncEtcdCoordinatorPort:
         self.keys = FixedKeys(keyring)
         self._cluster_id = cluster_kvs[0].value.decode()
 
+    # -- restores ---------------------------------------------------------------------------------
+
+    async def incarnation(self) -> recipe.Incarnation:
+        """etcd's cluster id and raft-index-minus-revision gap, from one member's status (no raft entry)."""
+        return recipe.incarnation_of(await self._call("/v3/maintenance/status", {}))
+
+    async def recorded_incarnation(self, *, record: recipe.Incarnation | None = None) -> recipe.Incarnation | None:
+        """What ``meta/incarnation`` holds; with ``record``, write it first if none is held.
+
+        A held marker is read with a range, not a transaction: a transaction is a raft entry,
+        and each such entry on a restored cluster would raise the gap `restored` compares.
+        """
+        held = recipe.kvs_of(await self._range(self._layout.incarnation_key))
+        if held or record is None:
+            return recipe.marker_of(held[0] if held else None)
+        _, responses = await self._txn(recipe.marker_txn(self._layout, record))
+        return recipe.marker_of(next(iter(recipe.kvs_of(responses[-1].get("response_range", {}))), None))
+
+    async def restored(self) -> str | None:
+        """Why etcd looks restored from a snapshot since stockade recorded it (None: it does not).
+
+        One status read; the recorded marker is read on the first check and again on
+        every check that fails (``stockade etcd bump-revision`` may have confirmed since).
+        """
+        now = await self.incarnation()
+        if self._marker is None or recipe.restored_reason(self._marker, now) is not None:
+            self._marker = await self.recorded_incarnation(record=now)
+        return recipe.restored_reason(self._marker, now)
+
+    async def bump(self) -> int:
+        """One write to the scratch key: the revision it made."""
+        return recipe.revision_of(await self._call("/v3/kv/put", recipe.bump_put(self._layout)))
+
+    async def confirm_incarnation(self) -> recipe.Incarnation:
+        """Record the cluster as it is now as stockade's own: grants resume (after a revision bump)."""
+        now = await self.incarnation()
+        await self._call("/v3/kv/put", recipe.confirm_put(self._layout, now))
+        self._marker = now
+        return now
+
     async def _grant(self, scope: str, holder: str, ttl_ms: int, lease: int, revision: int, sent_ns: int,
                      previous: recipe.KV | None) -> Grant:
         """The grant of ``revision``, after the lock-delay when the previous holder's lease lapsed (C5).
@@ -290,6 +337,12 @@ class AsyncEtcdCoordinatorPort:
         """
         await self.open()
         ttl_s = recipe.ttl_s_of(ttl_ms)
+        reason = await self.restored()  # before the lease grant: a refusal writes no raft entry
+        if reason is not None:
+            raise BackendUnavailable(
+                f"{reason}: etcd was restored from a snapshot, and its tokens would repeat issued ones; no grant "
+                "until `stockade etcd bump-revision` has run (docs/coordinator-etcd.md)", certain_no_effect=True,
+            )
         deadline_ns = time.monotonic_ns() + wait_ms * 1_000_000
         sent_ns = time.monotonic_ns()
         spare = self._spare(ttl_s, sent_ns)
