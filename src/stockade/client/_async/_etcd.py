@@ -55,6 +55,9 @@ _WATCH_BYTES_MAX = 1 << 16
 _FLOORS_MAX = 100_000
 #: Released etcd leases kept to grant again, per port.
 _SPARES_MAX = 8
+#: An acquire reads etcd's status (`restored`) when the last check that passed is this old: a
+#: restore stops every member, rebuilds their data and elects a leader, which takes longer.
+_RESTORE_CHECK_NS = 1_000_000_000
 
 
 class _EtcdRefused(BackendUnavailable):
@@ -106,6 +109,7 @@ class AsyncEtcdCoordinatorPort:
         self._pooled: set[int] = set()
         self._cluster_id: str | None = None
         self._marker: recipe.Incarnation | None = None
+        self._checked_ns: int | None = None
         self.keys: FixedKeys | None = None
         if identity is not None:
             self._cluster_id, self.keys = identity
@@ -279,11 +283,15 @@ class AsyncEtcdCoordinatorPort:
 
         One status read; the recorded marker is read on the first check and again on
         every check that fails (``stockade etcd bump-revision`` may have confirmed since).
+        An acquire checks when the last check that passed is a second old, or none did.
         """
+        started_ns = time.monotonic_ns()
         now = await self.incarnation()
         if self._marker is None or recipe.restored_reason(self._marker, now) is not None:
             self._marker = await self.recorded_incarnation(record=now)
-        return recipe.restored_reason(self._marker, now)
+        reason = recipe.restored_reason(self._marker, now)
+        self._checked_ns = started_ns if reason is None else None
+        return reason
 
     async def bump(self) -> int:
         """One write to the scratch key: the revision it made."""
@@ -337,7 +345,11 @@ class AsyncEtcdCoordinatorPort:
         """
         await self.open()
         ttl_s = recipe.ttl_s_of(ttl_ms)
-        reason = await self.restored()  # before the lease grant: a refusal writes no raft entry
+        checked_ns = self._checked_ns
+        if checked_ns is None or time.monotonic_ns() - checked_ns >= _RESTORE_CHECK_NS:
+            reason = await self.restored()  # before the lease grant: a refusal writes no raft entry
+        else:
+            reason = None
         if reason is not None:
             raise BackendUnavailable(
                 f"{reason}: etcd was restored from a snapshot, and its tokens would repeat issued ones; no grant "
