@@ -102,6 +102,11 @@ def own_cluster(tmp_path):
     cluster.stop()
 
 
+def _gap(cluster: EtcdCluster) -> int:
+    status = cluster.status("n1")
+    return int(status["raftAppliedIndex"]) - int(status["header"]["revision"])
+
+
 def _grants(coord, store, scope: str, count: int) -> list[int]:
     tokens = []
     for index in range(count):
@@ -128,6 +133,14 @@ def test_restore_then_bump_from_the_store_marks(own_cluster, tmp_path):
 
     refused = _fresh(url, store_url, "b", 3)
     assert refused["tokens"] == [] and "raft log restarted" in refused["refused"], refused  # 0 grants
+    # A refusing client writes no raft entry (each would raise the difference the check reads): over
+    # 20 connects and refused acquires it grows by no more than the snapshot's leases can expire.
+    leases = len(own_cluster._post("n1", "/v3/lease/leases", {}).get("leases", []))
+    gap = _gap(own_cluster)
+    for _ in range(20):
+        with stockade.connect(url) as again, pytest.raises(stockade.BackendUnavailable, match="restored"):
+            again.acquire("b", ttl_ms=2000)
+    assert _gap(own_cluster) - gap <= leases < 20
     # Control: what that grant's token would have been: a value already issued (a regression).
     assert own_cluster.put(b"control/next") <= highest
 

@@ -250,10 +250,17 @@ class AsyncEtcdCoordinatorPort:
     async def open(self) -> None:
         if self._cluster_id is not None:
             return
-        proposed = secrets.token_hex(8)
-        _, responses = await self._txn(recipe.cluster_txn(self._layout, proposed, _dump(ephemeral_keyring(proposed))))
-        cluster_kvs = recipe.kvs_of(responses[-2].get("response_range", {}))
-        keyring_kvs = recipe.kvs_of(responses[-1].get("response_range", {}))
+        # Read first: a transaction is a raft entry even when its compare fails, and each one on a
+        # restored cluster would raise the difference `restored` compares (one per process opened).
+        cluster_kvs = recipe.kvs_of(await self._range(self._layout.cluster_key))
+        keyring_kvs = recipe.kvs_of(await self._range(self._layout.keyring_key)) if cluster_kvs else []
+        if not cluster_kvs:
+            proposed = secrets.token_hex(8)
+            _, responses = await self._txn(
+                recipe.cluster_txn(self._layout, proposed, _dump(ephemeral_keyring(proposed)))
+            )
+            cluster_kvs = recipe.kvs_of(responses[-2].get("response_range", {}))
+            keyring_kvs = recipe.kvs_of(responses[-1].get("response_range", {}))
         if not cluster_kvs or not keyring_kvs:
             raise BackendUnavailable("etcd holds a stockade cluster id without its keyring", certain_no_effect=True)
         keyring = _parse(keyring_kvs[0].value, Path("etcd:stockade/meta/keyring"))
