@@ -201,3 +201,26 @@ def test_bump_rate_for_a_large_gap(own_cluster, tmp_path):
           f"{report['writes_made'] / report['seconds']:.0f} writes/s")
     assert report["revision_after"] >= target
     Path(tmp_path / "rate.json").write_text(done.stdout)
+
+
+def test_a_holder_that_lived_through_the_restore_loses_its_lease(own_cluster, tmp_path):
+    """A released etcd lease is kept for the next acquire; granted again after the snapshot, it is older than
+    the snapshot and outlives the restore, while the holder key made after the snapshot does not. Renewal
+    reads the key: the holder is told (LeaseLost) even once the bump has put the revision past its own."""
+    url = own_cluster.url
+    coord = stockade.connect(url)
+    coord.acquire("ghost", ttl_ms=30_000).release()  # its etcd lease is kept for reuse
+    own_cluster.snapshot(tmp_path / "snap.db")
+    lease = coord.acquire("ghost", ttl_ms=30_000, keepalive=False)
+    etcd_lease = int(lease.lease_id.split(".")[0])
+    own_cluster.restore(tmp_path / "snap.db")
+    done = _bump("--url", url, "--to", str(lease.token.value + 1), "--json")
+    assert done.returncode == 0, done.stderr
+    # Control: the etcd lease alone says "held" (what a keepalive-only renewal would believe).
+    alive = own_cluster._post("n1", "/v3/lease/keepalive", {"ID": str(etcd_lease)}, 5.0)
+    assert int(alive["result"]["TTL"]) > 0
+    with pytest.raises(stockade.LeaseLost) as lost:
+        lease.renew()
+    assert isinstance(lost.value.__cause__, stockade.NotHolder) and "key is gone" in str(lost.value.__cause__)
+    assert lease.lost
+    coord.close()

@@ -437,6 +437,12 @@ class EtcdCoordinatorPort:
         sent_ns = time.monotonic_ns()
         if not self._keepalive(parsed[0]):
             raise NotHolder(core_leases.lease_hint(lease_id), "etcd lease expired or revoked")
+        # The lease alone is not the hold: after a snapshot restore, an etcd lease older than the
+        # snapshot lives on while the holder key made after it is gone (and its token will be issued
+        # again). The key is read, not written: no raft entry.
+        key = recipe.kvs_of(self._range(self._layout.queue_key(parsed[2], parsed[0])))
+        if not key or key[0].create_revision != parsed[1]:
+            raise NotHolder(core_leases.lease_hint(lease_id), "the holder's etcd key is gone (etcd restored?)")
         self._renewed[parsed[0]] = sent_ns
 
     def release(self, lease_id: str) -> bool:
