@@ -104,6 +104,7 @@ class AsyncEtcdCoordinatorPort:
         # last renewed (send time), their TTLs; and released ones kept to grant again.
         self._granted: dict[int, str] = {}
         self._renewed: dict[int, int] = {}
+        self._key_checked: dict[int, int] = {}  # lease -> when renewal last read its holder key
         self._ttl_ms: dict[int, int] = {}
         self._spares: list[tuple[int, int, int]] = []
         self._pooled: set[int] = set()
@@ -328,6 +329,7 @@ class AsyncEtcdCoordinatorPort:
         lease_id = f"{lease}.{revision}.{scope}"
         self._granted[lease] = lease_id
         self._renewed[lease] = sent_ns
+        self._key_checked[lease] = sent_ns
         self._ttl_ms[lease] = ttl_ms
         return Grant(lease_id, holder, token, ttl_ms, sent_ns)
 
@@ -436,12 +438,14 @@ class AsyncEtcdCoordinatorPort:
         sent_ns = time.monotonic_ns()
         if not await self._keepalive(parsed[0]):
             raise NotHolder(core_leases.lease_hint(lease_id), "etcd lease expired or revoked")
-        # The lease alone is not the hold: after a snapshot restore, an etcd lease older than the
-        # snapshot lives on while the holder key made after it is gone (and its token will be issued
-        # again). The key is read, not written: no raft entry.
-        key = recipe.kvs_of(await self._range(self._layout.queue_key(parsed[2], parsed[0])))
-        if not key or key[0].create_revision != parsed[1]:
-            raise NotHolder(core_leases.lease_hint(lease_id), "the holder's etcd key is gone (etcd restored?)")
+        if sent_ns - self._key_checked.get(parsed[0], 0) >= _RESTORE_CHECK_NS:
+            # The lease alone is not the hold: after a snapshot restore, an etcd lease older than the
+            # snapshot lives on while the holder key made after it is gone (and its token will be
+            # issued again). Read (no raft entry) once a second, not on every renewal of a short TTL.
+            key = recipe.kvs_of(await self._range(self._layout.queue_key(parsed[2], parsed[0])))
+            if not key or key[0].create_revision != parsed[1]:
+                raise NotHolder(core_leases.lease_hint(lease_id), "the holder's etcd key is gone (etcd restored?)")
+            self._key_checked[parsed[0]] = sent_ns
         self._renewed[parsed[0]] = sent_ns
 
     async def release(self, lease_id: str) -> bool:
@@ -460,6 +464,7 @@ class AsyncEtcdCoordinatorPort:
         released, _ = await self._txn(recipe.release_txn(self._layout, scope, lease, token))
         if mine:
             self._granted.pop(lease, None)
+            self._key_checked.pop(lease, None)
             sent_ns = self._renewed.pop(lease, 0)
             if released and len(self._spares) < _SPARES_MAX:
                 self._pooled.add(lease)
