@@ -41,7 +41,7 @@ __all__ = [
     "PREFIX", "TTL_S_MAX", "MEMBERS_MAX", "EtcdMember", "Layout", "parse_location", "ttl_s_of", "b64", "unb64",
     "prefix_end", "KV", "kvs_of", "revision_of", "enqueue_txn", "predecessor_range", "grant_txn", "cluster_txn",
     "last_token_of", "last_of", "release_txn", "GAP_SLACK", "BUMP_WRITES_MAX", "Incarnation", "incarnation_of",
-    "marker_of", "marker_txn", "confirm_put", "bump_put", "restored_reason",
+    "marker_of", "marker_txn", "confirm_put", "bump_put", "restored_reason", "recordable",
 ]
 
 PREFIX = b"stockade/"
@@ -320,6 +320,12 @@ def incarnation_of(status: dict[str, Any]) -> Incarnation:
         return Incarnation(str(int(header["cluster_id"])), applied - revision, revision)
     except (KeyError, TypeError, ValueError):
         raise BackendUnavailable("etcd answered a status without its raft index, revision or cluster id") from None
+
+
+def recordable(now: Incarnation) -> Incarnation:
+    """``now`` as it is recorded: its gap lowered by `GAP_SLACK`, since one status may read it a little high
+    (an entry applied between its two reads) and a later one a little low."""
+    return Incarnation(now.etcd_cluster, now.gap - GAP_SLACK, now.revision)
 
 
 def marker_of(kv: KV | None) -> Incarnation | None:

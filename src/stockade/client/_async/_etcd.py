@@ -296,7 +296,7 @@ class AsyncEtcdCoordinatorPort:
         started_ns = time.monotonic_ns()
         now = await self.incarnation()
         if self._marker is None or recipe.restored_reason(self._marker, now) is not None:
-            self._marker = await self.recorded_incarnation(record=now)
+            self._marker = await self.recorded_incarnation(record=recipe.recordable(now))
         reason = recipe.restored_reason(self._marker, now)
         self._checked_ns = started_ns if reason is None else None
         return reason
@@ -307,7 +307,7 @@ class AsyncEtcdCoordinatorPort:
 
     async def confirm_incarnation(self) -> recipe.Incarnation:
         """Record the cluster as it is now as stockade's own: grants resume (after a revision bump)."""
-        now = await self.incarnation()
+        now = recipe.recordable(await self.incarnation())
         await self._call("/v3/kv/put", recipe.confirm_put(self._layout, now))
         self._marker = now
         return now

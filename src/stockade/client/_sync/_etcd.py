@@ -297,7 +297,7 @@ class EtcdCoordinatorPort:
         started_ns = time.monotonic_ns()
         now = self.incarnation()
         if self._marker is None or recipe.restored_reason(self._marker, now) is not None:
-            self._marker = self.recorded_incarnation(record=now)
+            self._marker = self.recorded_incarnation(record=recipe.recordable(now))
         reason = recipe.restored_reason(self._marker, now)
         self._checked_ns = started_ns if reason is None else None
         return reason
@@ -308,7 +308,7 @@ class EtcdCoordinatorPort:
 
     def confirm_incarnation(self) -> recipe.Incarnation:
         """Record the cluster as it is now as stockade's own: grants resume (after a revision bump)."""
-        now = self.incarnation()
+        now = recipe.recordable(self.incarnation())
         self._call("/v3/kv/put", recipe.confirm_put(self._layout, now))
         self._marker = now
         return now
