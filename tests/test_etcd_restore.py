@@ -20,7 +20,14 @@ from helpers.etcd_cluster import EtcdCluster, etcd_available
 
 import stockade
 from stockade.cli import etcd as etcd_cli
-from stockade.coordinators.etcd import GAP_SLACK, Incarnation, incarnation_of, marker_of, restored_reason
+from stockade.coordinators.etcd import (
+    GAP_SLACK,
+    Incarnation,
+    incarnation_of,
+    marker_of,
+    recordable,
+    restored_reason,
+)
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 BUMP_WRITES_LONG = 100_000
@@ -69,6 +76,7 @@ def test_restored_reason_reads_the_gap_and_the_cluster_id():
     assert restored_reason(marker, Incarnation("7", 40 - GAP_SLACK, 900)) is None
     assert "raft log restarted" in restored_reason(marker, Incarnation("7", 40 - GAP_SLACK - 1, 900))
     assert "cluster id changed" in restored_reason(marker, Incarnation("8", 40, 900))
+    assert restored_reason(recordable(Incarnation("7", 40, 9)), Incarnation("7", 40 - 2 * GAP_SLACK, 900)) is None
     status = {"header": {"cluster_id": "41", "revision": "51"}, "raftIndex": "12", "raftAppliedIndex": "11"}
     assert incarnation_of(status) == Incarnation("41", 11 - 51, 51)
     for bad in ({}, {"header": {"revision": "1"}}, {"header": {"cluster_id": "x", "revision": "1"}, "raftIndex": 1}):
