@@ -150,14 +150,19 @@ async def bump_revision(
 
 
 async def _advance(port: Any, target: int, workers: int, progress: bool) -> int:
-    """Write the scratch key, ``workers`` at a time, until a write's revision reaches ``target``; the writes made."""
+    """Write the scratch key, ``workers`` at a time, until the revision reaches ``target``; the writes made.
+
+    Each write raises the revision by one (and anyone else's writes only raise it more), so a round
+    makes exactly the writes still missing, and a second round runs only if a write failed.
+    """
     highest = (await port.incarnation()).revision
-    made = 0
+    made = claimed = 0
     started = shown = time.monotonic()
 
-    async def write() -> None:
-        nonlocal highest, made, shown
-        while highest < target:
+    async def write(missing: int) -> None:
+        nonlocal highest, made, shown, claimed
+        while claimed < missing:
+            claimed += 1
             highest = max(highest, await port.bump())
             made += 1
             if progress and time.monotonic() - shown >= PROGRESS_EVERY_S:
@@ -165,7 +170,9 @@ async def _advance(port: Any, target: int, workers: int, progress: bool) -> int:
                 rate = made / max(1e-9, shown - started)
                 print(f"  revision {highest} of {target} ({rate:.0f} writes/s)", file=sys.stderr, flush=True)
 
-    async with asyncio.TaskGroup() as group:
-        for _ in range(workers):
-            group.create_task(write())
+    while highest < target:
+        missing, claimed = target - highest, 0
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(workers, missing)):
+                group.create_task(write(missing))
     return made
