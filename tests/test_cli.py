@@ -45,13 +45,17 @@ def test_lock_passes_token_and_exit_status(tmp_path):
 
 def test_lock_timeout_exit_75_while_held(tmp_path):
     holder = subprocess.Popen(
-        STOCKADE + ["lock", "jobs", "--", sys.executable, "-c", "import time; print('in', flush=True); time.sleep(3)"],
-        stdout=subprocess.PIPE, text=True, env={**python_env(), "STOCKADE_DATA": str(tmp_path / "data")},
+        # holds the lock until told to end (a line on stdin): no sleep to outlast on a busy machine
+        STOCKADE + ["lock", "jobs", "--", sys.executable, "-c", "import sys; print('in', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**python_env(), "STOCKADE_DATA": str(tmp_path / "data")},
     )
-    assert holder.stdout.readline().strip() == "in"
-    result = run(["lock", "jobs", "--wait-ms", "100", "--", "true"], tmp_path)
-    assert result.returncode == 75 and "still held" in result.stderr
-    holder.wait(timeout=30)
+    try:
+        assert holder.stdout.readline().strip() == "in"
+        result = run(["lock", "jobs", "--wait-ms", "100", "--", "true"], tmp_path)
+        assert result.returncode == 75 and "still held" in result.stderr
+    finally:
+        holder.communicate("done\n", timeout=60)
 
 
 def test_lock_stops_command_when_lease_lost(tmp_path):

@@ -9,6 +9,7 @@ the failover tests.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -148,9 +149,14 @@ class EtcdCluster:
         subprocess.run(["etcdctl", "--endpoints", self.client_url(self.names[0]), "snapshot", "save", str(path)],
                        check=True, capture_output=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=60)
 
-    def restore(self, path: Path) -> None:
-        """Stop every member, restore each from ``path`` (``etcdctl snapshot restore``), start them again."""
+    def restore(self, path: Path, *, cluster_token: str | None = None) -> None:
+        """Stop every member, restore each from ``path`` (``etcdctl snapshot restore``), start them again.
+
+        ``cluster_token``: restore under another cluster token (etcd's cluster id then changes).
+        """
         self.stop()
+        if cluster_token is not None:
+            self.token = cluster_token
         for name in self.names:
             shutil.rmtree(self.root / name, ignore_errors=True)
             subprocess.run(
@@ -162,6 +168,16 @@ class EtcdCluster:
         for name in self.names:
             self.start(name, state="new")
         self.wait_healthy()
+
+    def status(self, name: str) -> dict:
+        """One member's ``/v3/maintenance/status`` (cluster id, revision, raft index)."""
+        return self._post(name, "/v3/maintenance/status", {}, 5.0)
+
+    def put(self, key: bytes, value: bytes = b"") -> int:
+        """A raw put outside stockade; its create revision is what a grant's token would be now."""
+        answer = self._post(self.names[0], "/v3/kv/put",
+                            {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()}, 5.0)
+        return int(answer["header"]["revision"])
 
     def stop(self) -> None:
         """Stop every member this helper started (SIGKILL: their data is thrown away, or restored)."""

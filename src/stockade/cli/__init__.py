@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "floor": ("stockade.cli.floor", "after a resource failover or restore, raise its marks to the issued tokens"),
     "keys": ("stockade.cli.keys", "show or rotate the keys that sign tokens (docs/tokens.md)"),
     "bench": ("stockade.cli.bench", "lock cycles and fenced writes per second, p50/p99, 1 and N clients"),
+    "etcd": ("stockade.cli.etcd", "after an etcd snapshot restore, advance its revision past every issued token"),
 }
 
 

@@ -6,6 +6,8 @@ answers with the parsers here. Everything under one prefix (``stockade/``)::
 
     stockade/meta/cluster        the stockade cluster id (16 hex), written once by txn
     stockade/meta/keyring        the keyring that signs tokens (written once, with the id)
+    stockade/meta/incarnation    etcd's cluster id and raft-index-minus-revision gap (restore detection)
+    stockade/meta/bump           the scratch key `stockade etcd bump-revision` writes to advance the revision
     stockade/q/<scope>/<lease>   a waiter or the holder, attached to its etcd lease
     stockade/last/<scope>        the last token issued for the scope (its fence floor)
 
@@ -38,7 +40,8 @@ from stockade.core.limits import TTL_MS_MAX, validate_int, validate_scope
 __all__ = [
     "PREFIX", "TTL_S_MAX", "MEMBERS_MAX", "EtcdMember", "Layout", "parse_location", "ttl_s_of", "b64", "unb64",
     "prefix_end", "KV", "kvs_of", "revision_of", "enqueue_txn", "predecessor_range", "grant_txn", "cluster_txn",
-    "last_token_of", "last_of", "release_txn",
+    "last_token_of", "last_of", "release_txn", "GAP_SLACK", "BUMP_WRITES_MAX", "Incarnation", "incarnation_of",
+    "marker_of", "marker_txn", "confirm_put", "bump_put", "restored_reason", "recordable",
 ]
 
 PREFIX = b"stockade/"
@@ -128,6 +131,14 @@ class Layout:
     @property
     def keyring_key(self) -> bytes:
         return self.prefix + b"meta/keyring"
+
+    @property
+    def incarnation_key(self) -> bytes:
+        return self.prefix + b"meta/incarnation"
+
+    @property
+    def bump_key(self) -> bytes:
+        return self.prefix + b"meta/bump"
 
     @property
     def last_prefix(self) -> bytes:
@@ -269,3 +280,104 @@ def cluster_txn(layout: Layout, cluster_id: str, keyring: bytes) -> dict[str, An
         "failure": reads,
     }
 
+
+
+# -- restores: telling a restored etcd apart without having seen it before ---------------------------
+
+#: How far below the recorded gap a measured one may read before it means a restore. A member
+#: may apply an entry's revision a moment before its applied index (one entry), and a status
+#: is two reads; never seen below the recorded gap on a loaded cluster.
+GAP_SLACK = 2
+#: The most writes `stockade etcd bump-revision` makes (each advances the revision by one).
+BUMP_WRITES_MAX = 10_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """What a member's status says of the cluster's history.
+
+    Attributes:
+        etcd_cluster: etcd's own cluster id (from its member list and cluster token).
+        gap: the raft applied index minus the revision. Every raft entry raises the
+            index by one and the revision by at most one, so within one cluster's life
+            the gap never goes down; ``etcdctl snapshot restore`` starts a new raft log
+            (index ~ 2 x members) at the snapshot's revision, so the gap drops by about
+            the old index.
+        revision: the member's revision when it answered.
+    """
+
+    etcd_cluster: str
+    gap: int
+    revision: int
+
+
+def incarnation_of(status: dict[str, Any]) -> Incarnation:
+    """A ``/v3/maintenance/status`` answer's incarnation (etcd 3.4+: ``raftAppliedIndex``)."""
+    try:
+        header = status["header"]
+        applied = int(status.get("raftAppliedIndex") or status["raftIndex"])
+        revision = int(header["revision"])
+        return Incarnation(str(int(header["cluster_id"])), applied - revision, revision)
+    except (KeyError, TypeError, ValueError):
+        raise BackendUnavailable("etcd answered a status without its raft index, revision or cluster id") from None
+
+
+def recordable(now: Incarnation) -> Incarnation:
+    """``now`` as it is recorded: its gap lowered by `GAP_SLACK`, since one status may read it a little high
+    (an entry applied between its two reads) and a later one a little low."""
+    return Incarnation(now.etcd_cluster, now.gap - GAP_SLACK, now.revision)
+
+
+def marker_of(kv: KV | None) -> Incarnation | None:
+    """The incarnation recorded in ``meta/incarnation`` (None: none recorded)."""
+    if kv is None:
+        return None
+    try:
+        shown = json.loads(kv.value)
+        return Incarnation(str(shown["etcd_cluster"]), int(shown["gap"]), int(shown["revision"]))
+    except (ValueError, KeyError, TypeError):
+        raise BackendUnavailable("etcd holds a stockade incarnation marker that is not one") from None
+
+
+def _marker_value(incarnation: Incarnation) -> bytes:
+    return json.dumps({"etcd_cluster": incarnation.etcd_cluster, "gap": incarnation.gap,
+                       "revision": incarnation.revision}).encode()
+
+
+def marker_txn(layout: Layout, incarnation: Incarnation) -> dict[str, Any]:
+    """Record ``incarnation`` if no marker is recorded yet; either way, read back what is stored."""
+    key = layout.incarnation_key
+    return {
+        "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+        "success": [{"request_put": {"key": b64(key), "value": b64(_marker_value(incarnation))}}, _range(key)],
+        "failure": [_range(key)],
+    }
+
+
+def confirm_put(layout: Layout, incarnation: Incarnation) -> dict[str, Any]:
+    """The put that records ``incarnation`` as the cluster's own (after a restore's revision bump)."""
+    return {"key": b64(layout.incarnation_key), "value": b64(_marker_value(incarnation))}
+
+
+def bump_put(layout: Layout) -> dict[str, Any]:
+    """One write that advances the revision by one (the scratch key holds nothing that matters)."""
+    return {"key": b64(layout.bump_key), "value": ""}
+
+
+def restored_reason(marker: Incarnation | None, now: Incarnation) -> str | None:
+    """Why ``now`` cannot be the cluster ``marker`` was recorded on (None: nothing says it was restored).
+
+    A restore is certain when etcd's cluster id changed (restored under another
+    cluster token or other peer urls) or when the gap fell by more than `GAP_SLACK`.
+    It goes unseen when the restored cluster has since applied more raft entries
+    that write nothing (lease grants, failed compares) than it lost by the restore:
+    stockade's clients write none while they refuse.
+    """
+    if marker is None:
+        return None
+    if now.etcd_cluster != marker.etcd_cluster:
+        return f"etcd's cluster id changed from {marker.etcd_cluster} to {now.etcd_cluster}"
+    if now.gap < marker.gap - GAP_SLACK:
+        return (f"etcd's raft log restarted behind its revision (raft index minus revision {now.gap}, "
+                f"recorded {marker.gap})")
+    return None

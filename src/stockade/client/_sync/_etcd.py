@@ -15,7 +15,10 @@ waiter keeps its own etcd lease alive, or its place would lapse.
 
 The token is the holder key's create revision; the header revision of every
 key read or write is remembered, and one that goes back (a snapshot restore behind this
-process's back) is refused with `BackendUnavailable` (docs/coordinator-etcd.md).
+process's back) is refused with `BackendUnavailable` (docs/coordinator-etcd.md). A
+process that never saw the lost revisions tells a restore by etcd's status before each
+acquire (`stockade.coordinators.etcd.restored_reason`), and refuses to grant until
+``stockade etcd bump-revision`` has advanced the revision and recorded the new cluster.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ _FLOORS_MAX = 100_000
 #: Released etcd leases kept to grant again, per port.
 _SPARES_MAX = 8
 _PRUNE_AT_MIN = 1024  # grants recorded before the first sweep of lapsed ones
+#: An acquire reads etcd's status (`restored`) when the last check that passed is this old: a
+#: restore stops every member, rebuilds their data and elects a leader, which takes longer.
+_RESTORE_CHECK_NS = 1_000_000_000
 
 
 class _EtcdRefused(BackendUnavailable):
@@ -100,11 +106,14 @@ class EtcdCoordinatorPort:
         # last renewed (send time), their TTLs; and released ones kept to grant again.
         self._granted: dict[int, str] = {}
         self._renewed: dict[int, int] = {}
+        self._key_checked: dict[int, int] = {}  # lease -> when renewal last read its holder key
         self._ttl_ms: dict[int, int] = {}
         self._prune_at = _PRUNE_AT_MIN  # forget lapsed grants when this many are recorded (`_forget_lapsed`)
         self._spares: list[tuple[int, int, int]] = []
         self._pooled: set[int] = set()
         self._cluster_id: str | None = None
+        self._marker: recipe.Incarnation | None = None
+        self._checked_ns: int | None = None
         self.keys: FixedKeys | None = None
         if identity is not None:
             self._cluster_id, self.keys = identity
@@ -153,6 +162,9 @@ class EtcdCoordinatorPort:
                         # Only what reads or writes keys is linearizable: a keepalive's header
                         # shows the leader's applied revision, which may trail a follower's.
                         self._check_revision(answer, floor)
+                    elif path == "/v3/maintenance/status":
+                        # A member's applied revision: no later linearizable answer is lower.
+                        self._revision_seen = max(self._revision_seen, recipe.revision_of(answer))
                     return answer
                 code = int(answer.get("code", 0)) if isinstance(answer, dict) else 0
                 message = str(answer.get("error", response.status)) if isinstance(answer, dict) else ""
@@ -242,15 +254,66 @@ class EtcdCoordinatorPort:
     def open(self) -> None:
         if self._cluster_id is not None:
             return
-        proposed = secrets.token_hex(8)
-        _, responses = self._txn(recipe.cluster_txn(self._layout, proposed, _dump(ephemeral_keyring(proposed))))
-        cluster_kvs = recipe.kvs_of(responses[-2].get("response_range", {}))
-        keyring_kvs = recipe.kvs_of(responses[-1].get("response_range", {}))
+        # Read first: a transaction is a raft entry even when its compare fails, and each one on a
+        # restored cluster would raise the difference `restored` compares (one per process opened).
+        cluster_kvs = recipe.kvs_of(self._range(self._layout.cluster_key))
+        keyring_kvs = recipe.kvs_of(self._range(self._layout.keyring_key)) if cluster_kvs else []
+        if not cluster_kvs:
+            proposed = secrets.token_hex(8)
+            _, responses = self._txn(
+                recipe.cluster_txn(self._layout, proposed, _dump(ephemeral_keyring(proposed)))
+            )
+            cluster_kvs = recipe.kvs_of(responses[-2].get("response_range", {}))
+            keyring_kvs = recipe.kvs_of(responses[-1].get("response_range", {}))
         if not cluster_kvs or not keyring_kvs:
             raise BackendUnavailable("etcd holds a stockade cluster id without its keyring", certain_no_effect=True)
         keyring = _parse(keyring_kvs[0].value, Path("etcd:stockade/meta/keyring"))
         self.keys = FixedKeys(keyring)
         self._cluster_id = cluster_kvs[0].value.decode()
+
+    # -- restores ---------------------------------------------------------------------------------
+
+    def incarnation(self) -> recipe.Incarnation:
+        """etcd's cluster id and raft-index-minus-revision gap, from one member's status (no raft entry)."""
+        return recipe.incarnation_of(self._call("/v3/maintenance/status", {}))
+
+    def recorded_incarnation(self, *, record: recipe.Incarnation | None = None) -> recipe.Incarnation | None:
+        """What ``meta/incarnation`` holds; with ``record``, write it first if none is held.
+
+        A held marker is read with a range, not a transaction: a transaction is a raft entry,
+        and each such entry on a restored cluster would raise the gap `restored` compares.
+        """
+        held = recipe.kvs_of(self._range(self._layout.incarnation_key))
+        if held or record is None:
+            return recipe.marker_of(held[0] if held else None)
+        _, responses = self._txn(recipe.marker_txn(self._layout, record))
+        return recipe.marker_of(next(iter(recipe.kvs_of(responses[-1].get("response_range", {}))), None))
+
+    def restored(self) -> str | None:
+        """Why etcd looks restored from a snapshot since stockade recorded it (None: it does not).
+
+        One status read; the recorded marker is read on the first check and again on
+        every check that fails (``stockade etcd bump-revision`` may have confirmed since).
+        An acquire checks when the last check that passed is a second old, or none did.
+        """
+        started_ns = time.monotonic_ns()
+        now = self.incarnation()
+        if self._marker is None or recipe.restored_reason(self._marker, now) is not None:
+            self._marker = self.recorded_incarnation(record=recipe.recordable(now))
+        reason = recipe.restored_reason(self._marker, now)
+        self._checked_ns = started_ns if reason is None else None
+        return reason
+
+    def bump(self) -> int:
+        """One write to the scratch key: the revision it made."""
+        return recipe.revision_of(self._call("/v3/kv/put", recipe.bump_put(self._layout)))
+
+    def confirm_incarnation(self) -> recipe.Incarnation:
+        """Record the cluster as it is now as stockade's own: grants resume (after a revision bump)."""
+        now = recipe.recordable(self.incarnation())
+        self._call("/v3/kv/put", recipe.confirm_put(self._layout, now))
+        self._marker = now
+        return now
 
     def _grant(self, scope: str, holder: str, ttl_ms: int, lease: int, revision: int, sent_ns: int,
                      previous: recipe.KV | None) -> Grant:
@@ -271,6 +334,7 @@ class EtcdCoordinatorPort:
             self._forget_lapsed()
         self._granted[lease] = lease_id
         self._renewed[lease] = sent_ns
+        self._key_checked[lease] = sent_ns
         self._ttl_ms[lease] = ttl_ms
         return Grant(lease_id, holder, token, ttl_ms, sent_ns)
 
@@ -295,6 +359,16 @@ class EtcdCoordinatorPort:
         """
         self.open()
         ttl_s = recipe.ttl_s_of(ttl_ms)
+        checked_ns = self._checked_ns
+        if checked_ns is None or time.monotonic_ns() - checked_ns >= _RESTORE_CHECK_NS:
+            reason = self.restored()  # before the lease grant: a refusal writes no raft entry
+        else:
+            reason = None
+        if reason is not None:
+            raise BackendUnavailable(
+                f"{reason}: etcd was restored from a snapshot, and its tokens would repeat issued ones; no grant "
+                "until `stockade etcd bump-revision` has run (docs/coordinator-etcd.md)", certain_no_effect=True,
+            )
         deadline_ns = time.monotonic_ns() + wait_ms * 1_000_000
         sent_ns = time.monotonic_ns()
         spare = self._spare(ttl_s, sent_ns)
@@ -370,11 +444,20 @@ class EtcdCoordinatorPort:
         if not self._keepalive(parsed[0]):
             self._forget(parsed[0])
             raise NotHolder(core_leases.lease_hint(lease_id), "etcd lease expired or revoked")
+        if sent_ns - self._key_checked.get(parsed[0], 0) >= _RESTORE_CHECK_NS:
+            # The lease alone is not the hold: after a snapshot restore, an etcd lease older than the
+            # snapshot lives on while the holder key made after it is gone (and its token will be
+            # issued again). Read (no raft entry) once a second, not on every renewal of a short TTL.
+            key = recipe.kvs_of(self._range(self._layout.queue_key(parsed[2], parsed[0])))
+            if not key or key[0].create_revision != parsed[1]:
+                raise NotHolder(core_leases.lease_hint(lease_id), "the holder's etcd key is gone (etcd restored?)")
+            self._key_checked[parsed[0]] = sent_ns
         self._renewed[parsed[0]] = sent_ns
 
     def _forget(self, lease: int) -> None:
         self._granted.pop(lease, None)
         self._renewed.pop(lease, None)
+        self._key_checked.pop(lease, None)
         self._ttl_ms.pop(lease, None)
 
     def _forget_lapsed(self) -> None:
@@ -403,6 +486,7 @@ class EtcdCoordinatorPort:
         released, _ = self._txn(recipe.release_txn(self._layout, scope, lease, token))
         if mine:
             self._granted.pop(lease, None)
+            self._key_checked.pop(lease, None)
             sent_ns = self._renewed.pop(lease, 0)
             if released and len(self._spares) < _SPARES_MAX:
                 self._pooled.add(lease)
