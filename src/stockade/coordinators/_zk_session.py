@@ -18,6 +18,7 @@ port is written once against the async bridge and generated for the sync one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,9 @@ __all__ = ["ZkSession", "ZkLease", "ZkBridge", "AsyncZkBridge", "UNREACHABLE"]
 #: kazoo's errors that mean "the ensemble could not answer" (outcome unknown).
 UNREACHABLE = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError, KazooTimeoutError)
 _REAP_RETRY_S = 0.1
+#: kazoo's own log (reconnects, dropped connections): silent unless the application configures it.
+_LOGGER = logging.getLogger("stockade.zookeeper")
+_LOGGER.addHandler(logging.NullHandler())
 _CONTAINER = 4  # CreateMode.CONTAINER
 
 
@@ -81,6 +85,7 @@ class ZkSession:
         self.connect_timeout_ms = connect_timeout_ms
         self.client = KazooClient(
             hosts=",".join(f"{h}:{p}" for h, p in location.hosts), timeout=location.session_timeout_ms / 1000,
+            logger=_LOGGER,
             connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 1.0},
         )
         #: The smallest session timeout any server negotiated on this session (None before the first).

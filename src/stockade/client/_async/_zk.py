@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import secrets
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,11 @@ class AsyncZkCoordinatorPort:
         timeout_ms: the deadline of one request.
         capabilities: what the registry declares for ``zookeeper://``.
         lock_delay_ms: after a holder's lease lapsed (not released), hold the next grant back this long (C5).
+        owner: this port closes the session when it is closed or collected.
     """
 
     def __init__(self, session: ZkSession, *, timeout_ms: int, capabilities: frozenset[Capability],
-                 lock_delay_ms: int = 0) -> None:
+                 lock_delay_ms: int = 0, owner: bool = True) -> None:
         self.capabilities = capabilities
         self.lock_delay_ms = lock_delay_ms
         self.timeout_ms = timeout_ms
@@ -69,6 +71,8 @@ class AsyncZkCoordinatorPort:
         self.keys: FixedKeys | None = None
         if session.identity is not None:
             self._cluster_id, self.keys = session.identity
+        if owner:  # a handle dropped without close() ends its session (and kazoo's threads) with it
+            weakref.finalize(self, session.close)
 
     @property
     def cluster_id(self) -> str | None:
@@ -363,7 +367,7 @@ def connect_zk(
         from stockade.client._sync._zk import ZkCoordinatorPort
 
         try:
-            ZkCoordinatorPort(session, timeout_ms=timeout_ms, capabilities=capabilities).open()
+            ZkCoordinatorPort(session, timeout_ms=timeout_ms, capabilities=capabilities, owner=False).open()
         except BaseException:
             session.close()
             raise
