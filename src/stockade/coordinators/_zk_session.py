@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, OperationTimeoutError, SessionExpiredError
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    NoNodeError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Connect, Create2
 from kazoo.security import OPEN_ACL_UNSAFE
@@ -39,13 +45,14 @@ __all__ = ["ZkSession", "ZkLease", "ZkBridge", "AsyncZkBridge", "UNREACHABLE"]
 #: kazoo's errors that mean "the ensemble could not answer" (outcome unknown).
 UNREACHABLE = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError, KazooTimeoutError)
 _REAP_RETRY_S = 0.1
+_SWEEP_TRIES = 6000  # 10 minutes of tries, 0.1 s apart
 #: kazoo's own log (reconnects, dropped connections): silent unless the application configures it.
 _LOGGER = logging.getLogger("stockade.zookeeper")
 _LOGGER.addHandler(logging.NullHandler())
 _CONTAINER = 4  # CreateMode.CONTAINER
 
 
-class _CreateContainer(Create2):  # type: ignore[misc]
+class _CreateContainer(Create2):
     """``createContainer`` (opcode 19): a parent the server deletes once it is left empty."""
 
     __slots__ = ()
@@ -121,8 +128,10 @@ class ZkSession:
 
     @property
     def session_id(self) -> int | None:
-        client_id = self.client.client_id
-        return client_id[0] if client_id else None
+        """The session's id, also while disconnected (kazoo's ``client_id`` is None then); None once
+        it expired, until the next session is established."""
+        session_id = self.client._session_id
+        return int(session_id) if session_id else None
 
     # -- leases ---------------------------------------------------------------------------------
 
@@ -200,6 +209,35 @@ class ZkSession:
                 self.discard(path)
 
         self._retried(self.client.delete_async(path), again)
+
+    def sweep(self, queue: str, nonce: str) -> None:
+        """Find and delete, in the background, the node an enqueue with an unknown outcome may have
+        made (its data carries ``nonce``): retried while this session lives, else it would hold
+        its place in the queue until the session ends."""
+        session_id = self.session_id
+        if self._closed or session_id is None:
+            return
+
+        def run() -> None:
+            for _ in range(_SWEEP_TRIES):
+                if self._closed or self.session_id != session_id:
+                    return  # a new session: the old one's nodes are gone
+                try:
+                    self.client.sync(queue)
+                    for child in self.client.get_children(queue):
+                        try:
+                            data, _ = self.client.get(f"{queue}/{child}")
+                        except NoNodeError:
+                            continue
+                        if recipe.nonce_of(data) == nonce:
+                            self.client.delete(f"{queue}/{child}")
+                    return
+                except NoNodeError:
+                    return
+                except Exception:  # noqa: BLE001 - unreachable for now: try again
+                    time.sleep(_REAP_RETRY_S)
+
+        threading.Thread(target=run, name="stockade-zk-sweep", daemon=True).start()
 
     def _retried(self, result: Any, again: Callable[[], None]) -> None:
         def done(finished: Any) -> None:

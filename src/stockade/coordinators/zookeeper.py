@@ -42,8 +42,8 @@ from stockade.core.limits import TTL_MS_MAX, validate_int, validate_scope
 __all__ = [
     "SESSION_TIMEOUT_MS_DEFAULT", "SESSION_TIMEOUT_MS_MIN", "SESSION_TIMEOUT_MS_MAX", "HOSTS_MAX", "ROOT",
     "ZkLocation", "Layout", "parse_location", "check_ttl",
-    "NODE_PREFIX", "sequence_of", "holder_value", "nonce_of", "holder_of", "last_value", "last_of", "lease_id_of", "parse_lease_id",
-    "released_just_before",
+    "NODE_PREFIX", "sequence_of", "holder_value", "nonce_of", "holder_of", "last_value", "last_of", "lease_id_of",
+    "parse_lease_id", "released_just_before",
 ]
 
 ROOT = "/stockade"
@@ -54,7 +54,7 @@ HOSTS_MAX = 16
 NODE_PREFIX = "n-"
 DEFAULT_PORT = 2181
 _CHROOT_RE = re.compile(r"(/[A-Za-z0-9._-]{1,100}){1,8}")
-_SEQ_RE = re.compile(r"-?[0-9]{10}")
+_SEQ_RE = re.compile(r"[0-9]{10}|-[0-9]{9}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,7 +126,10 @@ class AsyncZkCoordinatorPort:
                 found = await self._find_own(scope, nonce)
                 if found is None:
                     raise
-                return found[0], -1, found[1]
+                return found[0], -1, found[1]  # the tick's version is unknown: C5 counts it as a lapse
+            except BaseException:  # cancelled while the request was out: it may still be applied
+                self._session.sweep(self._layout.queue_path(scope), nonce)
+                raise
             if not isinstance(results[0], Exception) and not isinstance(results[1], Exception):
                 return results[0], results[1].version, results[1].mzxid
             if attempt < 2 and any(isinstance(r, NoNodeError) for r in results):
@@ -136,9 +139,20 @@ class AsyncZkCoordinatorPort:
         raise BackendUnavailable("zookeeper: the scope's nodes vanished twice while enqueueing")
 
     async def _find_own(self, scope: str, nonce: str) -> tuple[str, int] | None:
-        """The node an enqueue with an unknown outcome made (by its nonce): (path, czxid), or None."""
-        client = self._session.client
+        """The node an enqueue with an unknown outcome made (by its nonce): (path, czxid), or None.
+
+        Raises:
+            BackendUnavailable: still no answer; the node, if any, is deleted in the background.
+        """
         queue = self._layout.queue_path(scope)
+        try:
+            return await self._look_for(queue, nonce)
+        except BackendUnavailable:
+            self._session.sweep(queue, nonce)
+            raise
+
+    async def _look_for(self, queue: str, nonce: str) -> tuple[str, int] | None:
+        client = self._session.client
         await self._call(client.sync_async(queue))
         try:
             children = await self._call(client.get_children_async(queue))
