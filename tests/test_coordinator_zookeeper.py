@@ -276,13 +276,13 @@ def test_lock_delay_after_a_lapse_not_after_a_release(url):
 
 
 def _paused_client(url: str, directory: Path, mutant: str, out: dict[str, tuple[int, int]]) -> None:
-    """A process holds scopes on a 1 s session and is paused past it while this one takes and
+    """A process holds scopes on a 2 s session and is paused past it while this one takes and
     writes each; then it writes with its old tokens. ``out[mutant]`` = (accepted, rejected)."""
     directory.mkdir()
     coord = stockade.connect(url)
     store_path = directory / "store.db"
     store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
-    argv = [PYTHON, str(HELPERS / "zk_paused.py"), url + "?session_timeout_ms=1000", str(store_path),
+    argv = [PYTHON, str(HELPERS / "zk_paused.py"), url + "?session_timeout_ms=2000", str(store_path),
             str(PAUSED_WRITES)]
     child = subprocess.Popen(
         argv + ([mutant] if mutant else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=python_env(), text=True,

@@ -28,7 +28,7 @@ from pathlib import Path
 __all__ = ["ZkEnsemble", "zookeeper_available", "SERVERS", "CONTAINER_CHECK_MS"]
 
 SERVERS = 3
-STARTUP_S = 60
+STARTUP_S = 120
 TICK_MS = 500
 CONTAINER_CHECK_MS = 300
 JARS = "/usr/share/java"
@@ -143,7 +143,7 @@ class ZkEnsemble:
                     raise RuntimeError(f"zookeeper {i} not serving after {timeout_s} s: {self.log(i)}")
                 time.sleep(0.1)
 
-    def leader(self, timeout_s: float = 30.0, *, other_than: int | None = None) -> int:
+    def leader(self, timeout_s: float = 120.0, *, other_than: int | None = None) -> int:
         """The id of the server that is leader now (waits for one, not ``other_than``)."""
         deadline = time.monotonic() + timeout_s
         while True:

@@ -18,7 +18,18 @@ coord_url, store_path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mutant = sys.argv[4] if len(sys.argv) > 4 else ""
 coord = stockade.connect(coord_url)
 store = (FencingOffStore if mutant == "fencing-off" else SQLiteStore)(store_path, cluster_id=coord.cluster_id)
-leases = [coord.acquire(f"p{i}", ttl_ms=1000) for i in range(count)]
+
+
+def acquire(scope: str) -> stockade.Lease:
+    for _ in range(20):  # a busy host may drop a connection: the acquire's outcome is unknown, try again
+        try:
+            return coord.acquire(scope, ttl_ms=1000, wait_ms=10_000)
+        except stockade.BackendUnavailable:
+            continue
+    raise SystemExit("no lease")
+
+
+leases = [acquire(f"p{i}") for i in range(count)]
 print("held", flush=True)
 sys.stdin.readline()
 accepted = rejected = 0
