@@ -389,7 +389,7 @@ def own_ensemble(zk_ensemble):
         zk_ensemble.resume(i)
         if zk_ensemble.processes[i].poll() is not None:
             zk_ensemble.start(i)
-    zk_ensemble.wait_ready()
+    zk_ensemble.wait_serving()  # every server answers again before the next test
 
 
 def _storm(ensemble: ZkEnsemble, tmp_path: Path, changes: int, mutant: str = "", grants_min: int = 8) -> dict:

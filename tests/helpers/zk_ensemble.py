@@ -143,6 +143,22 @@ class ZkEnsemble:
                     raise RuntimeError(f"zookeeper {i} not serving after {timeout_s} s: {self.log(i)}")
                 time.sleep(0.1)
 
+    def wait_serving(self, timeout_s: float = STARTUP_S) -> None:
+        """Every server in quorum and answering a client's write and read (after faults)."""
+        from kazoo.client import KazooClient
+
+        self.wait_ready(timeout_s=timeout_s)
+        for i in self.ids:
+            client = KazooClient(hosts=f"127.0.0.1:{self.client_ports[i]}", timeout=timeout_s)
+            try:
+                client.start(timeout_s)
+                client.ensure_path("/serving")
+                client.sync("/serving")
+                client.exists("/serving")
+            finally:
+                client.stop()
+                client.close()
+
     def leader(self, timeout_s: float = 120.0, *, other_than: int | None = None) -> int:
         """The id of the server that is leader now (waits for one, not ``other_than``)."""
         deadline = time.monotonic() + timeout_s
