@@ -102,6 +102,8 @@ def serve(tmp_path: Path):
 BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https"),
             "postgres": ("postgresql", "postgres"), "etcd": ("etcd",),
             "zookeeper": ("zookeeper", "zk")}
+if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3 min (the default runs the core)
+    BACKENDS["serve-postgres"] = ("http",)
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -116,8 +118,8 @@ def backend(request) -> str:
 
 @pytest.fixture
 def coord_url(tmp_path: Path, backend: str, request) -> str:
-    if backend == "http":
-        return request.getfixturevalue("http_server").url
+    if backend in ("http", "serve-postgres"):
+        return request.getfixturevalue("serve_pg" if backend == "serve-postgres" else "http_server").url
     if backend == "memory":
         return f"memory://{tmp_path.name}"
     if backend == "postgres":
@@ -131,8 +133,8 @@ def coord_url(tmp_path: Path, backend: str, request) -> str:
 
 @pytest.fixture
 def store_url(tmp_path: Path, backend: str, request) -> str:
-    if backend == "http":
-        return request.getfixturevalue("http_server").url
+    if backend in ("http", "serve-postgres"):
+        return request.getfixturevalue("serve_pg" if backend == "serve-postgres" else "http_server").url
     if backend == "memory":
         return f"memory://{tmp_path.name}"  # the in-memory store beside the in-memory engine
     return f"sqlite://{tmp_path / 'store.db'}"  # postgres too: a store in a directory without its keyring
@@ -181,6 +183,12 @@ def zk_ensemble(tmp_path_factory):
 def http_server(serve) -> ServeProcess:
     """The one server a test's coordinator and store urls both point at."""
     return serve()
+
+
+@pytest.fixture
+def serve_pg(serve, pg_coord_url) -> ServeProcess:
+    """A `stockade serve --coordinator` over a fresh PostgreSQL database (``serve-postgres``)."""
+    return serve("--coordinator", pg_coord_url)
 
 
 class SyncRunner:

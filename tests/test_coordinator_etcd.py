@@ -404,3 +404,26 @@ def test_async_client_opened_inside_a_running_loop(url):
 
     cluster_id, value = asyncio.run(body())
     assert cluster_id == stockade.connect(url).cluster_id and value > 0
+
+
+def test_grants_never_released_are_forgotten_once_they_lapse(url, monkeypatch):
+    """Holders that vanish without a release (a server in front of etcd sees many): what the
+    port records of its grants stays bounded, and live grants are never forgotten."""
+    from stockade.client._sync import _etcd as sync_etcd
+
+    monkeypatch.setattr(sync_etcd, "_PRUNE_AT_MIN", 4)
+    coord = stockade.connect(url)
+    port = coord._port
+    recorded = []
+    for i in range(12):
+        coord.acquire(f"vanished{i}", ttl_ms=2000, keepalive=False)
+        for lease in port._renewed:  # as if last renewed long ago: etcd has expired them
+            port._renewed[lease] -= 10 * 1_000_000_000
+        recorded.append(len(port._granted))
+    assert max(recorded) <= 4, recorded
+    live = [coord.acquire(f"live{i}", ttl_ms=30_000, keepalive=False) for i in range(6)]
+    assert {lease.lease_id for lease in live} <= set(port._granted.values())  # renewed recently: kept
+    for lease in live:
+        lease.renew()
+        lease.release()
+    coord.close()

@@ -1,8 +1,14 @@
-"""``stockade serve``: the coordinator and the fenced store over HTTP (docs/http-api.md)."""
+"""``stockade serve``: the coordinator and the fenced store over HTTP (docs/http-api.md).
+
+With ``--coordinator URL`` the lease routes serve that backend (PostgreSQL,
+etcd, ...) instead of the server's own ``coord.db``; the store in ``--data-dir``
+then trusts that backend's tokens ("Serving another backend" in docs/http-api.md).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from stockade.cli._common import add_data_dir, data_dir, fail, help_text
@@ -22,8 +28,13 @@ def _parser() -> argparse.ArgumentParser:
                              "('TOKEN reports.* billing'); every route but /healthz then needs one")
     parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain (with --tls-key): serve https")
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    parser.add_argument("--coordinator", metavar="URL", default=os.environ.get("STOCKADE_COORDINATOR"),
+                        help="serve the leases of this backend instead of DATA_DIR/coord.db: postgresql://, "
+                             "postgres:// or etcd:// (any coordinator scheme but http, https and memory); "
+                             "default $STOCKADE_COORDINATOR")
     parser.add_argument("--lock-delay-ms", type=int, default=0,
-                        help="after a lease expires (not released), keep its scope ungrantable this long")
+                        help="after a lease expires (not released), keep its scope ungrantable this long "
+                             "(with --coordinator: for the grants made through this server)")
     parser.add_argument("--wait-ms-cap", type=int, default=None,
                         help="answer long polls by this many ms at most (default: the client's wait_ms)")
     limits = parser.add_argument_group("connection bounds (against slow or idle peers)")
@@ -65,7 +76,7 @@ def run(argv: list[str]) -> int:
             auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else None,
             tls_cert=Path(args.tls_cert) if args.tls_cert else None,
             tls_key=Path(args.tls_key) if args.tls_key else None,
-            lock_delay_ms=args.lock_delay_ms, wait_ms_cap=args.wait_ms_cap,
+            lock_delay_ms=args.lock_delay_ms, wait_ms_cap=args.wait_ms_cap, coordinator=args.coordinator or None,
             idle_timeout_s=args.idle_timeout_s, header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s, body_rate_min=args.body_rate_min,
             connections_max=args.connections_max, buffer_bytes_max=args.buffer_bytes_max,
@@ -74,9 +85,11 @@ def run(argv: list[str]) -> int:
             config, ready=lambda server: print(f"stockade serve: listening on {server.url}", flush=True)
         )
     except StockadeError as exc:
-        return fail(str(exc))
+        return fail(" ".join(str(exc).split()))  # one line, whatever the backend's driver said
     except OSError as exc:
         return fail(f"cannot serve: {exc}")
+    except ImportError as exc:  # a backend's optional package (psycopg for postgresql://)
+        return fail(f"--coordinator needs its backend's extra: {exc}")
     except KeyboardInterrupt:
         status = 0
     sys.stdout.flush()

@@ -10,6 +10,7 @@ problem types, documents), shared with the remote client. OpenAPI at
 - `_http`: a lean HTTP/1.1 server on asyncio + httptools, with its bounds.
 - `_guard`: bounds across connections: timeouts, the connection cap, request bytes in memory.
 - `_leases`: the lease table in memory, FIFO long-poll waits, durable writes.
+- `_port_leases`: the same routes over another backend's coordinator port (``--coordinator URL``).
 - `_groupcommit`: one writer thread per file; one transaction and fsync per batch.
 - `_auth`, `_metrics`, `_logging`: bearer tokens (limited to scopes), Prometheus, JSON logs.
 
@@ -21,6 +22,7 @@ Needs the ``server`` extra (``pip install 'stockade[server]'``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -37,6 +39,7 @@ from stockade.server._guard import (
     TransportSettings,
     raise_file_limit,
 )
+from stockade.server._port_leases import check_coordinator_url, open_port_leases
 from stockade.server.app import DEFAULT_PORT, PROBLEMS
 
 __all__ = ["Server", "ServerConfig", "run", "PROBLEMS", "DEFAULT_PORT"]
@@ -51,7 +54,12 @@ class ServerConfig(_app.ServerConfig):
     first byte to the end of its headers), ``body_timeout_s`` and ``body_rate_min``
     (bytes/s on average after 2 s) for its body, ``connections_max``, and
     ``buffer_bytes_max`` (request bytes in memory, all connections together).
+    ``coordinator``: serve the leases of this backend url (``postgresql://``,
+    ``etcd://``...; `stockade.server._port_leases`) instead of ``data_dir/coord.db``;
+    ``lock_delay_ms`` then applies to the grants made through the server (C5).
     """
+
+    coordinator: str | None = None
 
     idle_timeout_s: float = IDLE_TIMEOUT_S
     header_timeout_s: float = HEADER_TIMEOUT_S
@@ -71,11 +79,21 @@ class Server(_app.Server):
 
     def __init__(self, config: _app.ServerConfig) -> None:
         super().__init__(config)
+        self.coordinator = getattr(config, "coordinator", None)
+        if self.coordinator is not None:
+            check_coordinator_url(self.coordinator)
         settings = config.transport() if isinstance(config, ServerConfig) else TransportSettings()
         self._limits = ConnectionLimits(settings=settings)
         if config.auth_tokens:
             self._limits.authorize = BearerAuth(config.auth_tokens).refusal
         raise_file_limit(settings.connections_max)
+
+    async def open_leases(self, loop: asyncio.AbstractEventLoop) -> tuple[_app.Leases, object]:
+        """``--coordinator``'s backend and its keyring, or (without it) the server's own coordinator file."""
+        if self.coordinator is None:
+            return await super().open_leases(loop)
+        leases = await open_port_leases(self.coordinator, lock_delay_ms=self.config.lock_delay_ms)
+        return leases, leases.keys
 
     async def close(self) -> None:
         self._limits.stop()

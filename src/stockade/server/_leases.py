@@ -43,10 +43,12 @@ from stockade.core.leases import (
     ScopeInfo,
     ScopeRecord,
     TimedOut,
+    describe,
     lease_hint,
     validate_lease_id,
 )
 from stockade.core.limits import LIST_PAGE_MAX
+from stockade.core.values import FenceFloors
 from stockade.server import _metrics
 from stockade.server._groupcommit import GroupCommitter
 
@@ -127,6 +129,7 @@ class LeaseService:
         self._write: asyncio.Future[Any] | None = None  # the last change handed to the committer
         self._loading: list[Change] | None = None
         self._new_lease_id = _LeaseIds()
+        self.dense_tokens = True  # the engine's grants: the scope's previous token + 1
 
     # -- views for the dashboard --------------------------------------------------------------
 
@@ -173,6 +176,12 @@ class LeaseService:
         for timer in self.timers.values():
             timer.cancel()
         self.committer.stop()
+
+    async def aclose(self) -> None:
+        await self.loop.run_in_executor(None, self.close)
+
+    async def prepare_store(self, store: object) -> None:
+        """Nothing: the store beside this coordinator's file is raised by ``stockade floor`` after a restore."""
 
     # -- durability --------------------------------------------------------------------------
 
@@ -373,6 +382,21 @@ class LeaseService:
     async def inspect_barrier(self) -> None:
         """Wait until what a read just saw is durable (nothing is answered that a crash could take back)."""
         await self._barrier()
+
+    async def overview(self, limit: int) -> tuple[Sequence[ScopeInfo], int]:
+        """The first ``limit`` scopes from the table in memory (no file, no wait), and how many there are."""
+        now_ns = self.clock.now_ns()
+        names = self.table.names
+        return [describe(self.table.records[name], now_ns, self.policy) for name in names[:limit]], len(names)
+
+    async def fence_floors(self) -> FenceFloors:
+        floors = self.engine.fence_floors()
+        await self._barrier()
+        return floors
+
+    async def last_issued(self, scope: str, at_least: int = 0) -> int:
+        """The last issued token of ``scope`` (in memory: ``at_least`` changes nothing here)."""
+        return self.engine.last_issued(scope)
 
     async def inspect(self, scope: str) -> ScopeInfo:
         info = self.engine.inspect(scope)

@@ -27,7 +27,7 @@ from stockade.clock import SystemClock
 from stockade.coordinators.registry import open_signed_sqlite
 from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
 from stockade.core.fence import Reject
-from stockade.core.leases import LeasePolicy, describe, lease_hint, redact_lease_path
+from stockade.core.leases import LeasePolicy, lease_hint, redact_lease_path
 from stockade.core.limits import (
     LIST_PAGE_MAX,
     LOCK_DELAY_MS_MAX,
@@ -68,6 +68,7 @@ from stockade.server._inputs import (
     segment,
 )
 from stockade.server._leases import LeaseService, validate_lease_id
+from stockade.server._port_leases import PortLeaseService
 from stockade.server._store_tx import StoreOp, StoreWrites, TxWrite, parse_steps
 from stockade.server.openapi import JSON_BODY_BYTES_MAX, openapi_document
 from stockade.wire import DEFAULT_PORT, codecs
@@ -118,6 +119,7 @@ class ServerConfig:
 
 
 Handler = Callable[..., "Response | Awaitable[Response]"]
+Leases = LeaseService | PortLeaseService  # the server's coordinator file, or --coordinator's backend
 
 
 class App:
@@ -128,7 +130,7 @@ class App:
     to the table cannot go unserved.
     """
 
-    def __init__(self, leases: LeaseService, store_writer: GroupCommitter[StoreOp], store_reader: SQLiteStore,
+    def __init__(self, leases: Leases, store_writer: GroupCommitter[StoreOp], store_reader: SQLiteStore,
                  *, auth: BearerAuth | None, wait_ms_cap: int | None, value_bytes_max: int) -> None:
         self.leases = leases
         self.store_writer = store_writer
@@ -242,34 +244,27 @@ class App:
 
     def cluster(self, request: Request) -> Response:
         query(request, ())
-        return json_response(200, codecs.cluster_doc(self.cluster_id))
+        return json_response(200, codecs.cluster_doc(self.cluster_id, dense_tokens=self.leases.dense_tokens))
 
     async def fence_floors(self, request: Request) -> Response:
         query(request, ())
-        floors = self.leases.engine.fence_floors()
-        await self.leases.inspect_barrier()
-        return json_response(200, codecs.fence_floors_doc(floors))
+        return json_response(200, codecs.fence_floors_doc(await self.leases.fence_floors()))
 
-    def dashboard(self, request: Request) -> Response:
-        """``GET /``: a small HTML page of the first `LIST_PAGE_MAX` scopes, as ``stockade status`` shows them.
-
-        Read from the lease table in memory (no file, no await), so it costs one
-        pass over at most a page of scopes.
-        """
+    async def dashboard(self, request: Request) -> Response:
+        """``GET /``: a small HTML page of the first `LIST_PAGE_MAX` scopes, as ``stockade status`` shows them
+        (from the lease table in memory; with ``--coordinator``, one page read from the backend)."""
         query(request, ())
-        now_ns = self.leases.clock.now_ns()
-        names = self.leases.names
-        infos = [describe(self.leases.records[name], now_ns, self.leases.policy) for name in names[:LIST_PAGE_MAX]]
+        infos, scopes = await self.leases.overview(LIST_PAGE_MAX)
         rows = "".join(
             f"<tr><td>{html.escape(i.scope)}<td>{i.state.value}<td>{html.escape(i.holder or '-')}"
             f"<td>{i.token.value if i.token else '-'}<td>{i.last_token}"
             f"<td>{f'{i.remaining_ms} ms' if i.token else '-'}<td>{i.waiters}</tr>"
             for i in infos
         )
-        shown = f"the first {len(infos)} of " if len(infos) < len(names) else ""
+        shown = f"the first {len(infos)} of " if len(infos) < scopes else ""
         page = (
             "<!doctype html><meta charset=utf-8><title>stockade</title>"
-            f"<h1>stockade</h1><p>cluster {html.escape(self.cluster_id)}: {shown}{len(names)} scopes, "
+            f"<h1>stockade</h1><p>cluster {html.escape(self.cluster_id)}: {shown}{scopes} scopes, "
             f"{self.leases.leases} leases, {len(self.leases.waiters)} waiters. "
             "<a href=/metrics>metrics</a> <a href=/openapi.json>openapi</a></p>"
             "<table border=1><tr><th>scope<th>state<th>holder<th>token<th>last token<th>remaining<th>waiters</tr>"
@@ -345,32 +340,31 @@ class App:
             if request.body:
                 raise InvalidArgument("body", "must be empty")
             value = b""
-        future = self.store_writer.submit(BatchWrite(op, scope, key, value, token, idempotency_key))  # type: ignore[arg-type]
-        return self._write_result(future)
+        write = BatchWrite(op, scope, key, value, token, idempotency_key)  # type: ignore[arg-type]
+        return self._write_result(self._submit(write, token, scope, key))
 
     def _token_of(self, request: Request, scope: str, key: str | None) -> FencingToken:
         """The request's ``Fencing-Token``, decoded, and refused (R5) if above what was issued."""
         raw_token = header(request, "fencing-token")
         if raw_token is None:
             raise InvalidArgument(codecs.FENCING_TOKEN_HEADER, "header is required")
-        token = FencingToken.decode(raw_token)
-        self._refuse_unissued(token, scope, key)
-        return token
+        return FencingToken.decode(raw_token)
 
-    def _refuse_unissued(self, token: FencingToken, scope: str, key: str | None) -> None:
-        """Refuse, as forged (R5), a value above the coordinator's last issued token of its scope.
+    async def _submit(self, write: Any, token: FencingToken, scope: str, key: str | None) -> Any:
+        """Queue ``write`` for the store, unless its token is above the coordinator's last issued (R5: forged).
 
-        The coordinator lives in this process, so this needs no key: even a
-        token signed with a leaked key cannot raise a mark above what was issued.
-        Issued values only grow, so checking before the store's commit is enough.
+        This needs no key: even a token signed with a leaked key cannot raise a
+        mark above what was issued. Issued values only grow, so checking before
+        the store's commit is enough.
         """
-        if token.cluster == self.cluster_id and token.value > self.leases.engine.last_issued(token.scope):
+        if token.cluster == self.cluster_id and token.value > await self.leases.last_issued(token.scope, token.value):
             reject(Reject("forged", 0, "above-issued"), resource="stockade-serve", cluster=self.cluster_id,
                    token=token, scope=scope, key=key)
+        return await asyncio.shield(self.store_writer.submit(write))  # a disconnect does not undo a queued write
 
     @staticmethod
-    async def _write_result(future: asyncio.Future[Any]) -> Response:
-        result = await asyncio.shield(future)  # a disconnect does not undo a queued write
+    async def _write_result(pending: Awaitable[Any]) -> Response:
+        result = await pending
         if isinstance(result, Exception):  # a refusal, or a bug (answered 500 and logged)
             raise result
         return json_response(200, codecs.write_doc(result))
@@ -387,7 +381,7 @@ class App:
         if len(request.body) > SMALL_BODY_BYTES:
             return self._large_transaction(scope, token, request)
         write = TxWrite(scope, token, self._steps(request))
-        return self._transaction_result(scope, token, self.store_writer.submit(write))
+        return self._transaction_result(scope, token, self._submit(write, token, scope, None))
 
     def _steps(self, request: Request) -> tuple[tuple[Op, str, bytes], ...]:
         return parse_steps(json_object(request, optional=False), value_bytes_max=self.value_bytes_max)
@@ -396,11 +390,12 @@ class App:
         # Parsing megabytes of JSON and base64 takes tens of ms (45 ms for 10,000 steps here): in a
         # worker thread, the loop gets its turns meanwhile and a renewal is not held up behind it.
         steps = await asyncio.to_thread(self._steps, request)
-        return await self._transaction_result(scope, token, self.store_writer.submit(TxWrite(scope, token, steps)))
+        write = TxWrite(scope, token, steps)
+        return await self._transaction_result(scope, token, self._submit(write, token, scope, None))
 
     @staticmethod
-    async def _transaction_result(scope: str, token: FencingToken, future: asyncio.Future[Any]) -> Response:
-        result = await asyncio.shield(future)  # a disconnect does not undo a queued transaction
+    async def _transaction_result(scope: str, token: FencingToken, pending: Awaitable[Any]) -> Response:
+        result = await pending
         if isinstance(result, Exception):
             raise result
         high_water = result[0].high_water if result else token.value  # an accepted token is the mark
@@ -474,7 +469,8 @@ class Server:
         self.config = config
         self.exit_status = 0
         self.app: App | None = None
-        self.leases: LeaseService | None = None
+        self.leases: Leases | None = None
+        self._files: tuple[Any, ...] = ()
         self.store_writer: GroupCommitter[StoreOp] | None = None
         self.port: int | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -497,20 +493,19 @@ class Server:
         config = self.config
         context = self._ssl_context()
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        # The coordinator signs with data_dir/coord.keys (created with it); the store verifies with
-        # the same keyring, and the write handler refuses a value above the last issued (docs/tokens.md).
-        engine = open_signed_sqlite(
-            config.data_dir / "coord.db", LeasePolicy(lock_delay_ms=config.lock_delay_ms), exclusive=True
-        )
-        writer_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id, keys=engine.signer)
-        reader_store = SQLiteStore(config.data_dir / "store.db", cluster_id=engine.cluster_id, keys=engine.signer)
-        self.leases = LeaseService(engine, SystemClock(), loop)
-        self.leases.committer.on_failure = self._coordinator_failed
-        self.leases.load()
+        leases, keys = await self.open_leases(loop)
+        self.leases, cluster_id = leases, leases.cluster_id
+        try:
+            writer_store = SQLiteStore(config.data_dir / "store.db", cluster_id=cluster_id, keys=keys)
+            reader_store = SQLiteStore(config.data_dir / "store.db", cluster_id=cluster_id, keys=keys)
+            self._files += (writer_store, reader_store)
+            await leases.prepare_store(writer_store)
+        except BaseException:
+            await self._close_files()
+            raise
         writes = StoreWrites(writer_store)  # single writes in group commits, transactions one commit each
         self.store_writer = GroupCommitter("store", writes.run_batch, loop, try_batch=writes.try_batch)
         self.store_writer.start()
-        self._files = (engine, writer_store, reader_store)
         auth = BearerAuth(config.auth_tokens) if config.auth_tokens else None
         self.app = App(self.leases, self.store_writer, reader_store, auth=auth, wait_ms_cap=config.wait_ms_cap,
                        value_bytes_max=writer_store.value_bytes_max)
@@ -522,8 +517,23 @@ class Server:
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
         self._stopping = asyncio.Event()
-        _log.info("listening on %s", self.url, extra={"url": self.url, "cluster_id": engine.cluster_id,
+        _log.info("listening on %s", self.url, extra={"url": self.url, "cluster_id": cluster_id,
                                                        "auth": auth is not None, "tls": context is not None})
+
+    async def open_leases(self, loop: asyncio.AbstractEventLoop) -> tuple[Leases, object]:
+        """The lease service, and the keys the store verifies its tokens with.
+
+        Here the coordinator file ``data_dir/coord.db``, signing with ``coord.keys``
+        beside it (docs/tokens.md); `stockade.server.Server` serves ``--coordinator`` instead.
+        """
+        engine = open_signed_sqlite(
+            self.config.data_dir / "coord.db", LeasePolicy(lock_delay_ms=self.config.lock_delay_ms), exclusive=True
+        )
+        self._files = (engine,)
+        leases = LeaseService(engine, SystemClock(), loop)
+        leases.committer.on_failure = self._coordinator_failed
+        leases.load()
+        return leases, engine.signer
 
     @property
     def url(self) -> str:
@@ -560,14 +570,16 @@ class Server:
         for conn in list(self._limits.open):
             conn._close()
         await asyncio.sleep(0)
-        loop = asyncio.get_running_loop()
+        await self._close_files(self.store_writer)
+        _log.info("stopped")
+
+    async def _close_files(self, store_writer: GroupCommitter[StoreOp] | None = None) -> None:
         if self.leases is not None:
-            await loop.run_in_executor(None, self.leases.close)
-        if self.store_writer is not None:
-            await loop.run_in_executor(None, self.store_writer.stop)
+            await self.leases.aclose()
+        if store_writer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, store_writer.stop)
         for file in self._files:
             file.close()
-        _log.info("stopped")
 
 
 def run(config: ServerConfig, *, ready: Callable[[Server], None] | None = None,

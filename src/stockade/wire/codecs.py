@@ -16,7 +16,8 @@ port, an incompatible server), never a bare ``KeyError``.
     high water   high_water_doc     high_water_from      HighWater
     transaction  tx_body            (the server's)       TransactionRequest
     tx result    tx_doc             tx_results_from      TransactionResult
-    cluster      cluster_doc        cluster_id_from      Cluster
+    cluster      cluster_doc        cluster_id_from,     Cluster
+                                    dense_tokens_from
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "item_headers",
     "high_water_doc",
     "cluster_doc",
+    "dense_tokens_from",
     "decode_json",
     "lease_from",
     "scope_info_from",
@@ -142,8 +144,10 @@ def high_water_doc(scope: str, high_water: int) -> dict[str, Any]:
     return {"scope": scope, "high_water": high_water}
 
 
-def cluster_doc(cluster_id: str) -> dict[str, Any]:
-    return {"cluster_id": cluster_id}
+def cluster_doc(cluster_id: str, *, dense_tokens: bool = True) -> dict[str, Any]:
+    """``dense_tokens``: each grant's token is the scope's previous + 1 (false behind
+    ``serve --coordinator etcd://``, whose tokens only strictly increase)."""
+    return {"cluster_id": cluster_id, "dense_tokens": dense_tokens}
 
 
 def fence_floors_doc(floors: FenceFloors) -> dict[str, Any]:
@@ -320,6 +324,14 @@ def high_water_from(doc: Any) -> int:
     if not isinstance(high_water, int) or isinstance(high_water, bool):
         raise BackendUnavailable("server answer lacks 'high_water'")
     return high_water
+
+
+def dense_tokens_from(doc: Any) -> bool:
+    """Whether the server's grants are dense (absent: a server from before the field, whose always are)."""
+    value = doc.get("dense_tokens", True) if isinstance(doc, dict) else True
+    if not isinstance(value, bool):
+        raise BackendUnavailable("server sent a malformed dense_tokens flag")
+    return value
 
 
 def cluster_id_from(doc: Any) -> str:

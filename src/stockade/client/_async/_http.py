@@ -36,7 +36,7 @@ from stockade.client._wire import (
     write_result_from,
 )
 from stockade.clock import SystemClock
-from stockade.coordinators.registry import COORDINATORS
+from stockade.coordinators.registry import COORDINATORS, Capability
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
 from stockade.core.limits import (
@@ -324,10 +324,17 @@ class AsyncHTTPCoordinatorPort:
         # lease id -> (holder, ttl_ms) of leases granted through this port: a renewal
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
+        self._described = False  # the server's cluster document was read (`open`)
 
     async def open(self) -> None:
+        if self._described:
+            return
+        _, doc = await self._client.get_json(_CLUSTER.target())
         if self.cluster_id is None:
-            self.cluster_id = await fetch_cluster_id(self._client)
+            self.cluster_id = codecs.cluster_id_from(doc)
+        if not codecs.dense_tokens_from(doc):  # serve --coordinator etcd://: tokens only increase
+            self.capabilities = self.capabilities - {Capability.DENSE_TOKENS}
+        self._described = True
 
     async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.

@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
+from stockade.client._async.election import AsyncLeadership, watch_leader
 from stockade.client._async.port import AsyncCoordinatorPort
 from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
 from stockade.client._io import AsyncHandle, AsyncIO
+from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
 from stockade.coordinators.registry import Capability
@@ -272,7 +274,11 @@ class AsyncCoordinator(AsyncHandle):
         self._port = port
         self._clock: Clock = clock or SystemClock()
         self._hooks = validate_hooks(hooks)
-        self.capabilities: frozenset[Capability] = port.capabilities
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What the backend guarantees or accepts (a remote server's are complete once the handle is opened)."""
+        return self._port.capabilities
 
     @property
     def cluster_id(self) -> str:
@@ -455,6 +461,29 @@ class AsyncCoordinator(AsyncHandle):
             return locked_call
 
         return decorate
+
+    async def elect(
+        self, name: str, *, ttl_ms: int, wait_ms: int = 0, identity: str | None = None,
+        max_hold_ms: int | None = None, on_lost: Callable[[Any], None] | None = None,
+    ) -> AsyncLeadership:
+        """Become the leader of ``name``: wait in FIFO order up to ``wait_ms``, publish ``identity``
+        (default ``host:pid``) with the lease; arguments and errors as `acquire` (docs/election.md)."""
+        lease = await self.acquire(
+            name, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=identity, max_hold_ms=max_hold_ms, on_lost=on_lost
+        )
+        return AsyncLeadership(name, lease)
+
+    async def leader(self, name: str) -> LeaderInfo | None:
+        """Who leads ``name`` now (identity and term), or None."""
+        return leader_of(await self.inspect(name))
+
+    async def watch_leader(
+        self, name: str, *, since: LeaderInfo | None, timeout_ms: int, poll_ms: int = POLL_MS_DEFAULT
+    ) -> LeaderInfo | None:
+        """Wait, at most ``timeout_ms``, until the leader of ``name`` is another than ``since``;
+        returns the leader then (polls `inspect` every ``poll_ms``)."""
+        validate_scope(name)
+        return await watch_leader(self.inspect, name, since=since, timeout_ms=timeout_ms, poll_ms=poll_ms)
 
     def verify_keys(self) -> object:
         """What a fenced store of this coordinator verifies token MACs with (docs/tokens.md).

@@ -53,6 +53,7 @@ _WATCH_BYTES_MAX = 1 << 16
 _FLOORS_MAX = 100_000
 #: Released etcd leases kept to grant again, per port.
 _SPARES_MAX = 8
+_PRUNE_AT_MIN = 1024  # grants recorded before the first sweep of lapsed ones
 
 
 class _EtcdRefused(BackendUnavailable):
@@ -100,6 +101,7 @@ class EtcdCoordinatorPort:
         self._granted: dict[int, str] = {}
         self._renewed: dict[int, int] = {}
         self._ttl_ms: dict[int, int] = {}
+        self._prune_at = _PRUNE_AT_MIN  # forget lapsed grants when this many are recorded (`_forget_lapsed`)
         self._spares: list[tuple[int, int, int]] = []
         self._pooled: set[int] = set()
         self._cluster_id: str | None = None
@@ -265,6 +267,8 @@ class EtcdCoordinatorPort:
             sent_ns = self._hold_back(lease, sent_ns, recipe.ttl_s_of(ttl_ms))
         token = self.keys.sign(FencingToken(self._cluster_id, scope, revision))
         lease_id = f"{lease}.{revision}.{scope}"
+        if len(self._granted) >= self._prune_at:
+            self._forget_lapsed()
         self._granted[lease] = lease_id
         self._renewed[lease] = sent_ns
         self._ttl_ms[lease] = ttl_ms
@@ -364,8 +368,24 @@ class EtcdCoordinatorPort:
             raise NotHolder(core_leases.lease_hint(lease_id), "lease released")
         sent_ns = time.monotonic_ns()
         if not self._keepalive(parsed[0]):
+            self._forget(parsed[0])
             raise NotHolder(core_leases.lease_hint(lease_id), "etcd lease expired or revoked")
         self._renewed[parsed[0]] = sent_ns
+
+    def _forget(self, lease: int) -> None:
+        self._granted.pop(lease, None)
+        self._renewed.pop(lease, None)
+        self._ttl_ms.pop(lease, None)
+
+    def _forget_lapsed(self) -> None:
+        """Forget grants nobody renewed for twice their TTL: etcd expired them (a holder that
+        vanished without a release). Run when the record doubles, so its cost is amortised
+        and the record stays bounded by twice the leases alive."""
+        now_ns = time.monotonic_ns()
+        for lease in [lease for lease, sent_ns in self._renewed.items()
+                      if now_ns - sent_ns > 2 * self._ttl_ms.get(lease, 0) * 1_000_000]:
+            self._forget(lease)
+        self._prune_at = max(_PRUNE_AT_MIN, 2 * len(self._granted))
 
     def release(self, lease_id: str) -> bool:
         """Delete the key and mark the scope released in one revision (a lapse is what has no mark).

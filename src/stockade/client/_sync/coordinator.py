@@ -10,9 +10,11 @@ from collections.abc import Iterator, Callable
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
+from stockade.client._sync.election import Leadership, watch_leader
 from stockade.client._sync.port import CoordinatorPort
 from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
 from stockade.client._io import Handle, SyncIO
+from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
 from stockade.coordinators.registry import Capability
@@ -273,7 +275,11 @@ class Coordinator(Handle):
         self._port = port
         self._clock: Clock = clock or SystemClock()
         self._hooks = validate_hooks(hooks)
-        self.capabilities: frozenset[Capability] = port.capabilities
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What the backend guarantees or accepts (a remote server's are complete once the handle is opened)."""
+        return self._port.capabilities
 
     @property
     def cluster_id(self) -> str:
@@ -456,6 +462,29 @@ class Coordinator(Handle):
             return locked_call
 
         return decorate
+
+    def elect(
+        self, name: str, *, ttl_ms: int, wait_ms: int = 0, identity: str | None = None,
+        max_hold_ms: int | None = None, on_lost: Callable[[Any], None] | None = None,
+    ) -> Leadership:
+        """Become the leader of ``name``: wait in FIFO order up to ``wait_ms``, publish ``identity``
+        (default ``host:pid``) with the lease; arguments and errors as `acquire` (docs/election.md)."""
+        lease = self.acquire(
+            name, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=identity, max_hold_ms=max_hold_ms, on_lost=on_lost
+        )
+        return Leadership(name, lease)
+
+    def leader(self, name: str) -> LeaderInfo | None:
+        """Who leads ``name`` now (identity and term), or None."""
+        return leader_of(self.inspect(name))
+
+    def watch_leader(
+        self, name: str, *, since: LeaderInfo | None, timeout_ms: int, poll_ms: int = POLL_MS_DEFAULT
+    ) -> LeaderInfo | None:
+        """Wait, at most ``timeout_ms``, until the leader of ``name`` is another than ``since``;
+        returns the leader then (polls `inspect` every ``poll_ms``)."""
+        validate_scope(name)
+        return watch_leader(self.inspect, name, since=since, timeout_ms=timeout_ms, poll_ms=poll_ms)
 
     def verify_keys(self) -> object:
         """What a fenced store of this coordinator verifies token MACs with (docs/tokens.md).
