@@ -344,6 +344,27 @@ def test_cli_status_and_lock_on_zookeeper(url, tmp_path):
     coord.close()
 
 
+def test_serve_coordinator_zookeeper(serve, url):
+    """``stockade serve --coordinator zookeeper://...``: the HTTP API in front of the ensemble."""
+    server = serve("--coordinator", url)
+    direct = stockade.connect(url)
+    with stockade.connect(server.url) as coord:
+        assert coord.cluster_id == direct.cluster_id  # the ensemble's cluster id and keyring
+        lease = coord.acquire("served", ttl_ms=3000, holder="through-http")
+        shown = direct.inspect("served")
+        assert shown.holder == "through-http" and shown.token.value == lease.token.value  # the czxid
+        waiter = threading.Thread(target=lambda: coord.acquire("served", ttl_ms=3000, wait_ms=20_000).release())
+        waiter.start()
+        deadline = time.monotonic() + 20
+        while direct.inspect("served").waiters < 1:  # a watch in the server, not a poll
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        lease.release()
+        waiter.join(30)
+        assert not waiter.is_alive() and direct.last_issued("served") > lease.token.value
+    direct.close()
+
+
 def test_async_client_opened_inside_a_running_loop_does_not_block_it(url):
     import asyncio
 
