@@ -100,7 +100,8 @@ def serve(tmp_path: Path):
 
 #: The conformance parameters, and the registered schemes each one runs (https: test_server's TLS test).
 BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https"),
-            "postgres": ("postgresql", "postgres"), "etcd": ("etcd",)}
+            "postgres": ("postgresql", "postgres"), "etcd": ("etcd",),
+            "zookeeper": ("zookeeper", "zk")}
 if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3 min (the default runs the core)
     BACKENDS["serve-postgres"] = ("http",)
 
@@ -125,6 +126,8 @@ def coord_url(tmp_path: Path, backend: str, request) -> str:
         return request.getfixturevalue("pg_coord_url")
     if backend == "etcd":  # one three-member cluster per session, a namespace per test
         return f"{request.getfixturevalue('etcd_cluster').url}/{tmp_path.name}"
+    if backend == "zookeeper":  # one three-server ensemble per session, a chroot per test
+        return f"{request.getfixturevalue('zk_ensemble').url}/{tmp_path.name}"
     return f"sqlite://{tmp_path / 'coord.db'}"
 
 
@@ -162,6 +165,18 @@ def etcd_cluster(tmp_path_factory):
     cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def zk_ensemble(tmp_path_factory):
+    """Three real ZooKeeper 3.8 servers on loopback ports (tests/helpers/zk_ensemble.py), for the session."""
+    from helpers.zk_ensemble import ZkEnsemble, zookeeper_available
+
+    if not zookeeper_available() and os.environ.get("CI") != "true":
+        pytest.skip("ZooKeeper is not installed (scripts/test.sh installs it; CI never skips)")
+    ensemble = ZkEnsemble(tmp_path_factory.mktemp("zk"))
+    yield ensemble
+    ensemble.stop()
 
 
 @pytest.fixture

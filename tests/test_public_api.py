@@ -78,6 +78,6 @@ def test_capabilities_are_declared_and_checked(tmp_path):
     assert Capability.DURABLE_TOKENS not in memory.capabilities
     with pytest.raises(InvalidArgument, match="lock_delay_ms"):
         stockade.connect("http://127.0.0.1:9", lock_delay_ms=100)  # refused before any I/O
-    for url in ["etcd://h:x", "zk://h:2181", "nope://x", "memory://", "sqlite://", 5]:
+    for url in ["etcd://h:x", "zk://h:x", "nope://x", "memory://", "sqlite://", 5]:
         with pytest.raises(InvalidArgument):
             stockade.connect(url)

@@ -191,7 +191,7 @@ def _serve_fails(data_dir: Path, *args: str) -> str:
 
 
 @pytest.mark.parametrize(("url", "expected"), [
-    ("postgresq://db/x", "unknown scheme 'postgresq'; use one of etcd, postgres, postgresql, sqlite"),
+    ("postgresq://db/x", "unknown scheme 'postgresq'; use one of etcd, postgres, postgresql, sqlite, zk, zookeeper"),
     ("memory://x", "memory:// cannot be served"),
     ("http://127.0.0.1:1", "http:// cannot be served"),
 ])

@@ -85,12 +85,12 @@ def run(argv: list[str]) -> int:
         elif url.startswith(("postgresql://", "postgres://")):
             (cluster_id, infos), notes = _scopes(url), []
             where = url.partition("@")[2] or url  # no password on screen
-        elif url.startswith("etcd://"):  # no store beside it: no marks to show
+        elif url.startswith(("etcd://", "zookeeper://", "zk://")):  # no store beside it: no marks to show
             (cluster_id, infos), notes = _scopes(url), []
             where = url
         elif root is None:
-            return fail(f"status reads a stockade serve (http://...), a sqlite:///, postgresql:// or etcd:// "
-                        f"coordinator, not {url}", 2)
+            return fail(f"status reads a stockade serve (http://...), a sqlite:///, postgresql://, etcd:// or "
+                        f"zookeeper:// coordinator, not {url}", 2)
         elif not (root / "coord.db").exists():
             return fail(f"no coordinator at {root / 'coord.db'} (use --url, --data-dir, $STOCKADE_URL or "
                         f"$STOCKADE_DATA)")

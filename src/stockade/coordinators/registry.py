@@ -140,11 +140,17 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
         # The client speaks etcd itself (client/_async/_etcd.py): no engine in process.
         CoordinatorBackend("etcd", "an etcd 3.4+ cluster: leases and watches, tokens from create revisions",
                            _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY}),
+        # Likewise ZooKeeper (client/_async/_zk.py, over kazoo): tokens are czxids, not dense.
+        *(
+            CoordinatorBackend(scheme, "a ZooKeeper 3.5+ ensemble: ephemeral sequential nodes, tokens from czxids",
+                               _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY})
+            for scheme in ("zookeeper", "zk")
+        ),
     )
 }
 
 #: Schemes named in the docs whose backends are not built yet.
-SCHEMES_PLANNED = ("zk", "zookeeper")
+SCHEMES_PLANNED: tuple[str, ...] = ()
 
 
 def coordinator_backend(url: object, field: str = "url") -> tuple[CoordinatorBackend, str]:

@@ -90,6 +90,11 @@ def connect(
     if backend.scheme == "etcd":
         return _connect_etcd(location, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms,
                              auth_token=auth_token, tls_ca=tls_ca, hooks=hooks, lock_delay_ms=lock_delay_ms)
+    if backend.scheme in ("zookeeper", "zk"):  # kazoo only when asked for
+        from stockade.client._sync._zk import connect_zk
+
+        return connect_zk(location, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms,
+                                auth_token=auth_token, tls_ca=tls_ca, hooks=hooks, lock_delay_ms=lock_delay_ms)
     if backend.open_engine is None:
         endpoint = http_endpoint(
             url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca

@@ -1,0 +1,61 @@
+"""One process of the S14 acquire storm on a ZooKeeper coordinator (tests/test_coordinator_zookeeper.py).
+
+``zk_storm.py COORD_URL STORE_URL SEED [sequence]`` acquires random scopes of
+8 in a loop, writes to the shared fenced store with the grant's token, and
+prints one line per event, flushed, with the host's monotonic clock (shared by
+every process of the host)::
+
+    grant SCOPE TOKEN T_NS          a lease was granted
+    write SCOPE TOKEN ok|stale T_NS the fenced write's outcome
+    release SCOPE TOKEN T_NS        the lease was given back
+    error KIND T_NS                 the coordinator could not be reached (a failover)
+
+``sequence`` is the control: the token is the queue node's sequence suffix
+(plus one) instead of its czxid, which the checks must catch: it restarts
+when the scope's emptied container is deleted.
+"""
+
+import random
+import sys
+import time
+
+import stockade
+
+coord_url, store_url, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mutant = sys.argv[4] if len(sys.argv) > 4 else ""
+coord = stockade.connect(coord_url)
+store = stockade.open_store(store_url, cluster_id=coord.cluster_id, keys=None if mutant else coord.verify_keys())
+rng = random.Random(seed)
+
+
+def say(*fields: object) -> None:
+    sys.stdout.write(" ".join(map(str, fields)) + f" {time.monotonic_ns()}\n")
+    sys.stdout.flush()
+
+
+say("ready")
+while True:
+    scope = f"s{rng.randrange(8)}"
+    try:
+        lease = coord.acquire(scope, ttl_ms=3_000, wait_ms=30_000)
+    except (stockade.BackendUnavailable, stockade.LockTimeout) as exc:
+        say("error", type(exc).__name__)
+        time.sleep(0.05)
+        continue
+    token = int(lease.lease_id.split(".")[1]) + 1 if mutant == "sequence" else lease.token.value
+    say("grant", scope, token)
+    try:
+        if mutant:
+            store.put(scope, "k", str(token).encode(), token=stockade.FencingToken(coord.cluster_id, scope, token))
+        else:
+            store.put(scope, "k", str(token).encode(), token=lease.token)
+        say("write", scope, token, "ok")
+    except stockade.StaleToken:
+        say("write", scope, token, "stale")
+    except stockade.StockadeError as exc:
+        say("write", scope, token, type(exc).__name__)
+    say("release", scope, token)
+    try:
+        lease.release()
+    except stockade.StockadeError:
+        pass
