@@ -46,7 +46,8 @@ def test_lock_passes_token_and_exit_status(tmp_path):
 def test_lock_timeout_exit_75_while_held(tmp_path):
     holder = subprocess.Popen(
         # holds the lock until told to end (a line on stdin): no sleep to outlast on a busy machine
-        STOCKADE + ["lock", "jobs", "--", sys.executable, "-c", "import sys; print('in', flush=True); sys.stdin.readline()"],
+        STOCKADE + ["lock", "jobs", "--", sys.executable, "-c",
+                    "import sys; print('in', flush=True); sys.stdin.readline()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**python_env(), "STOCKADE_DATA": str(tmp_path / "data")},
     )
