@@ -33,6 +33,7 @@ TRIALS = 200 if LONG else 50
 CONTROL_TRIALS = 10
 TTL_MS = 300
 RESUME_SLACK_S = 0.15
+TRIAL_S_MAX = 120
 
 
 async def _trial(server, coord_a, coord_b, scope: str, rng: random.Random) -> dict:
@@ -52,7 +53,12 @@ async def _trial(server, coord_a, coord_b, scope: str, rng: random.Random) -> di
                 raise
 
     task = asyncio.ensure_future(holder())
-    await started.wait()
+    began = asyncio.ensure_future(started.wait())
+    await asyncio.wait({task, began}, return_when=asyncio.FIRST_COMPLETED)
+    if not started.is_set():  # the holder failed before its body ran: say why, never wait forever
+        began.cancel()
+        task.result()
+        raise AssertionError("the holder ended before its body began")
     # The next holder queues behind, long-polling the server.
     next_grant = asyncio.ensure_future(coord_b.acquire(scope, ttl_ms=TTL_MS, wait_ms=20_000, keepalive=False))
     await asyncio.sleep(rng.uniform(0, TTL_MS / 1000 / 2))  # any phase of the renewal cycle
@@ -89,7 +95,9 @@ def _run(server, trials: int, seed: int) -> list[dict]:
     async def main():
         rng = random.Random(seed)
         async with stockade.connect_async(server.url) as coord_a, stockade.connect_async(server.url) as coord_b:
-            return [await _trial(server, coord_a, coord_b, f"loss-{seed}-{i}", rng) for i in range(trials)]
+            # Every trial is bounded: a hang fails the test with its trial instead of stalling the run.
+            return [await asyncio.wait_for(_trial(server, coord_a, coord_b, f"loss-{seed}-{i}", rng), TRIAL_S_MAX)
+                    for i in range(trials)]
 
     return asyncio.run(main())
 
