@@ -4,4 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/python -m pytest "$@"
+# Parallel workers (pytest-xdist): most tests wait on servers, disks and timers, not on the CPU.
+# Each worker starts the session servers it needs (PostgreSQL, Redis, etcd, ZooKeeper) on its own
+# free ports. STOCKADE_TEST_WORKERS=0 runs everything in this one process.
+workers=${STOCKADE_TEST_WORKERS:-3}
+if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
+exec .venv/bin/python -m pytest -n "$workers" "$@"

@@ -236,3 +236,4 @@ def client(request):
     yield runner
     if isinstance(runner, AsyncRunner):
         runner.close()
+
