@@ -113,7 +113,9 @@ class Worker:
         assert proc.stderr is not None
         for line in proc.stderr:
             try:
-                self.events.append(json.loads(line)["event"])
+                record = json.loads(line)
+                detail = str(record.get("cause") or record.get("error") or "")[:40]
+                self.events.append(record["event"] + (f" ({detail})" if detail else ""))
             except (ValueError, KeyError):
                 self.events.append("stderr")
                 sys.stderr.write(f"[{self.label}] {line}")
@@ -144,13 +146,32 @@ class Worker:
             self._reader.join(timeout=10)
 
 
+def _active(pool: list[Worker], out: Path) -> list[Worker]:
+    """The workers whose session file grew last (they hold a worker number), most recent first."""
+    newest: dict[str, float] = {}
+    for path in out.glob("*.bin"):
+        label = path.name.split(".")[0]
+        newest[label] = max(newest.get(label, 0.0), path.stat().st_mtime)
+    ranked = sorted(newest, key=newest.__getitem__, reverse=True)[: max(1, len(pool) // 2)]
+    return [worker for worker in pool if worker.label in ranked]
+
+
+def _grows(out: Path, worker: Worker, wait_s: float) -> None:
+    """Wait (at most wait_s) until the worker's files grew: it made ids since now."""
+    def size() -> int:
+        return sum(path.stat().st_size for path in out.glob(f"{worker.label}.*.bin"))
+    before, end = size(), time.monotonic() + wait_s
+    while size() == before and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def on_disk(out: Path) -> int:
     return sum(path.stat().st_size for path in out.glob("*.bin")) // 8
 
 
 def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, workers: int, target: int, rounds: int,
-        faults: tuple[str, ...], control: str = "", ttl_ms: int = 1_000, layout: dict | None = None,
-        pace_ids_s: int | None = None, seed: int = 13, deadline_s: float = 600.0) -> Figures:
+        faults: tuple[str, ...], control: str = "", ttl_ms: int = 3_000, layout: dict | None = None,
+        pace_ids_s: int | None = 20_000, block: int = 64, seed: int = 13, deadline_s: float = 600.0) -> Figures:
     """Start the workers, inject ``faults`` (kill, stop, back, forward) for ``rounds``, count duplicates."""
     out = tmp / "ids"
     out.mkdir()
@@ -158,9 +179,9 @@ def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, worker
     config = {
         "coord": coord, "store": store, "name": "run", "out": str(out), "control": control, "ttl_ms": ttl_ms,
         "layout": layout or {"worker_bits": 3}, "skew_ms": 20, "reserve_ms": 400, "max_behind_ms": 200,
-        "max_handoff_wait_ms": 5_000, "block": 512, "pace_ids_s": pace_ids_s,
+        "max_handoff_wait_ms": 5_000, "block": block, "pace_ids_s": pace_ids_s,
     }
-    clocks = any(fault in ("back", "forward") for fault in faults)
+    clocks = any(fault in ("back", "forward", "ahead_kill") for fault in faults)
     pool = [Worker(f"w{i}", config, env, tmp / f"clock-w{i}.txt" if clocks else None) for i in range(workers)]
     figures = Figures()
     started = time.monotonic()
@@ -168,7 +189,8 @@ def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, worker
         worker.start()
     try:
         done_rounds = 0
-        while done_rounds < rounds or on_disk(out) < target:
+        settled_at = None  # after the last fault, a takeover needs a TTL and the handoff: wait that long too
+        while done_rounds < rounds or on_disk(out) < target or time.monotonic() < (settled_at or 0):
             if time.monotonic() - started > deadline_s:
                 raise AssertionError(f"the run passed {deadline_s} s: {done_rounds} rounds, {on_disk(out)} ids")
             time.sleep(0.15)
@@ -177,9 +199,11 @@ def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, worker
                     figures.crashes += 1
                     worker.start()
             if done_rounds >= rounds:
+                if settled_at is None:
+                    settled_at = time.monotonic() + ttl_ms * 1.5 / 1000 + 4
                 continue
             done_rounds += 1
-            worker = rng.choice(pool)
+            worker = rng.choice(_active(pool, out) or pool)
             fault = faults[done_rounds % len(faults)]
             if fault == "kill":
                 worker.signal(signal.SIGKILL)
@@ -189,11 +213,13 @@ def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, worker
                 figures.kills += 1
             elif fault == "stop":
                 worker.signal(signal.SIGSTOP)
-                time.sleep(ttl_ms * 2.5 / 1000)  # past the lease: a spare worker takes the number meanwhile
+                time.sleep(ttl_ms * 1.5 / 1000 + 0.5)  # past the lease: a spare worker takes the number meanwhile
                 worker.signal(signal.SIGCONT)
                 figures.stops += 1
-            elif fault == "ahead_kill":  # ids from a clock 3 s ahead, then kill -9: the next holder must wait
-                worker.set_offset(3)
+            elif fault == "ahead_kill":  # ids from a clock 5 s ahead, then kill -9: the next holder must wait
+                worker.set_offset(5)
+                time.sleep(0.5)
+                _grows(out, worker, 5.0)
                 time.sleep(0.5)
                 worker.signal(signal.SIGKILL)
                 assert worker.proc is not None
