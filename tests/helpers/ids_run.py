@@ -171,7 +171,7 @@ def on_disk(out: Path) -> int:
 
 def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, workers: int, target: int, rounds: int,
         faults: tuple[str, ...], control: str = "", ttl_ms: int = 3_000, layout: dict | None = None,
-        pace_ids_s: int | None = 20_000, block: int = 64, seed: int = 13, deadline_s: float = 600.0) -> Figures:
+        pace_ids_s: int | None = 5_000, block: int = 64, ahead_s: int = 5, seed: int = 13, deadline_s: float = 600.0) -> Figures:
     """Start the workers, inject ``faults`` (kill, stop, back, forward) for ``rounds``, count duplicates."""
     out = tmp / "ids"
     out.mkdir()
@@ -188,6 +188,13 @@ def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, worker
     for worker in pool:
         worker.start()
     try:
+        # Warm up: faults start once every worker number is held (a spare waits), whatever
+        # the machine's load does to the workers' start-up.
+        numbers = 1 << config["layout"].get("worker_bits", 10)
+        while len(list(out.glob("*.bin"))) < min(workers, numbers):
+            if time.monotonic() - started > deadline_s:
+                raise AssertionError("the workers did not start")
+            time.sleep(0.1)
         done_rounds = 0
         settled_at = None  # after the last fault, a takeover needs a TTL and the handoff: wait that long too
         while done_rounds < rounds or on_disk(out) < target or time.monotonic() < (settled_at or 0):
@@ -199,10 +206,11 @@ def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, worker
                     figures.crashes += 1
                     worker.start()
             if done_rounds >= rounds:
-                if settled_at is None:
-                    settled_at = time.monotonic() + ttl_ms * 1.5 / 1000 + 4
                 continue
             done_rounds += 1
+            if done_rounds == rounds:
+                ahead = ahead_s if "ahead_kill" in faults else 0  # until the real clock passes the victim's
+                settled_at = time.monotonic() + ttl_ms * 1.5 / 1000 + 4 + ahead
             worker = rng.choice(_active(pool, out) or pool)
             fault = faults[done_rounds % len(faults)]
             if fault == "kill":
@@ -216,8 +224,8 @@ def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, worker
                 time.sleep(ttl_ms * 1.5 / 1000 + 0.5)  # past the lease: a spare worker takes the number meanwhile
                 worker.signal(signal.SIGCONT)
                 figures.stops += 1
-            elif fault == "ahead_kill":  # ids from a clock 5 s ahead, then kill -9: the next holder must wait
-                worker.set_offset(5)
+            elif fault == "ahead_kill":  # ids from a clock ahead_s ahead, then kill -9: the next holder must wait
+                worker.set_offset(ahead_s)
                 time.sleep(0.5)
                 _grows(out, worker, 5.0)
                 time.sleep(0.5)
