@@ -216,7 +216,8 @@ def test_fault_run_with_reservations(tmp_path):
     figures = ids_run.run(
         tmp_path, python_env(), coord=coord_url, store=store_url, workers=9,
         target=10_000_000 if LONG else 200_000, rounds=80 if LONG else 8, deadline_s=3_000 if LONG else 600,
-        faults=("kill", "stop", "back", "forward", "ahead_kill"), pace_ids_s=200_000 if LONG else 5_000, block=512 if LONG else 64,
+        faults=("kill", "stop", "back", "forward", "ahead_kill"),
+        pace_ids_s=200_000 if LONG else 5_000, block=512 if LONG else 64,
     )
     print(figures.line("ids, reservations in the store"))
     assert figures.duplicates == 0 and figures.unordered_sessions == 0 and figures.crashes == 0
@@ -230,7 +231,8 @@ def test_fault_run_lease_only(tmp_path):
     coord_url, _ = _coordinator(tmp_path)
     figures = ids_run.run(
         tmp_path, python_env(), coord=coord_url, store=None, workers=9, target=2_000_000 if LONG else 100_000,
-        rounds=30 if LONG else 4, faults=("kill", "stop"), pace_ids_s=200_000 if LONG else 5_000, block=512 if LONG else 64,
+        rounds=30 if LONG else 4, faults=("kill", "stop"), pace_ids_s=200_000 if LONG else 5_000,
+        block=512 if LONG else 64,
     )
     print(figures.line("ids, lease only"))
     assert figures.duplicates == 0 and figures.unordered_sessions == 0 and figures.crashes == 0

@@ -47,7 +47,8 @@ class Figures:
     seconds: float = 0.0
 
     def line(self, label: str) -> str:
-        return (f"{label}: duplicate ids {self.duplicates} of {self.ids} ({self.sessions} sessions, crashes {self.crashes}, "
+        return (f"{label}: duplicate ids {self.duplicates} of {self.ids} ({self.sessions} sessions, "
+                f"crashes {self.crashes}, "
                 f"unordered sessions {self.unordered_sessions}); kill -9 {self.kills}, SIGSTOP {self.stops}, "
                 f"clock steps back {self.steps_back} / forward {self.steps_forward}; events {self.events}; "
                 f"{self.seconds:.1f} s")
@@ -171,8 +172,9 @@ def on_disk(out: Path) -> int:
 
 def run(tmp: Path, env: dict[str, str], *, coord: str, store: str | None, workers: int, target: int, rounds: int,
         faults: tuple[str, ...], control: str = "", ttl_ms: int = 3_000, layout: dict | None = None,
-        pace_ids_s: int | None = 5_000, block: int = 64, ahead_s: int = 5, seed: int = 13, deadline_s: float = 600.0) -> Figures:
-    """Start the workers, inject ``faults`` (kill, stop, back, forward) for ``rounds``, count duplicates."""
+        pace_ids_s: int | None = 5_000, block: int = 64, ahead_s: int = 5, seed: int = 13,
+        deadline_s: float = 600.0) -> Figures:
+    """Start the workers, inject ``faults`` (kill, stop, back, forward, ahead_kill) for ``rounds``, count duplicates."""
     out = tmp / "ids"
     out.mkdir()
     rng = random.Random(seed)
