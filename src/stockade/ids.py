@@ -231,7 +231,11 @@ class IdGenerator:
             started_ns = now_ns if started_ns is None else started_ns
             if behind_ns > 0 and now_ns - started_ns >= self._behind_ns:
                 raise ClockBehind(behind_ns // 1_000_000, (now_ns - started_ns) // 1_000_000)
-            self._pause.wait(WAIT_STEP_S if behind_ns > 0 else 0)
+            if behind_ns > 0:
+                self._pause.wait(WAIT_STEP_S)
+            else:  # the step's sequence is used up: sleep until the next step begins
+                next_step_ns = self._epoch_ns + (self._ts + 1) * self._unit_ns
+                self._pause.wait(min(WAIT_STEP_S * 50, max(0.0, (next_step_ns - self._wall()) / 1e9)))
             ts = self._now_ts()
 
     def _new_tick(self, ts: int) -> int:
@@ -370,7 +374,8 @@ class IdGenerator:
         """Stop issuing and release the worker number. Idempotent."""
         self._closed = True
         if self._failure is None:
-            self._failure = LeaseLost(self._prefix, None, "generator closed")
+            lease = getattr(self, "lease", None)
+            self._failure = LeaseLost(self._prefix if lease is None else lease.scope, None, "generator closed")
         self._ts = -1
         self._stop.set()
         if self._reserver is not None and self._reserver is not threading.current_thread():
