@@ -56,11 +56,11 @@ ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "helpers" / "shardlog_writer.py")
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 WRITERS = 8
-HANDOFF_ROUNDS = 6 if LONG else 2
-ZOMBIE_ROUNDS = 50 if LONG else 5
-WRITER_KILLS = 25 if LONG else 5
-SERVER_KILLS = 10 if LONG else 3
-EXAMPLE_FAILOVERS = 24 if LONG else 4
+HANDOFF_ROUNDS = 6 if LONG else 1
+ZOMBIE_ROUNDS = 50 if LONG else 3
+WRITER_KILLS = 25 if LONG else 3
+SERVER_KILLS = 10 if LONG else 2
+EXAMPLE_FAILOVERS = 24 if LONG else 2
 STALE_ATTEMPTS = 200
 LINE_WAIT_S = 120.0
 
@@ -294,7 +294,7 @@ def _zombie_rounds(url: str, log_url: str, rounds: int) -> int:
     """A writer acquires, is stopped past its lease while the test writes under a newer lease, then appends."""
     coord = stockade.connect(url)
     log = open_postgres_log(log_url, keys="unsigned", install=False)
-    zombie = subprocess.Popen([sys.executable, HELPER, "zombie", log_url, "kv.shard-z", str(rounds)],
+    zombie = subprocess.Popen([sys.executable, HELPER, "zombie", log_url, "kv.shard-z", str(rounds), url],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
     accepted = 0
     try:

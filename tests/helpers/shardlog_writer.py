@@ -5,8 +5,8 @@
     same database, TTL 5 s), append APPENDS entries one by one (idempotency key
     ``NAME-round-i``), release. Prints ``ack OFFSET VALUE`` per acknowledged append.
 
-``shardlog_writer.py zombie URL SHARD ROUNDS``
-    Each round: acquire the shard (TTL 300 ms, keepalive on), print ``held
+``shardlog_writer.py zombie URL SHARD ROUNDS COORD_URL``
+    Each round: acquire the shard from the coordinator at COORD_URL (TTL 300 ms, keepalive on), print ``held
     TOKEN``, wait for a line on stdin (the test paused and resumed it
     meanwhile, past its lease), append under the old token and print
     ``accepted`` or ``rejected``.
@@ -44,7 +44,7 @@ if mode == "handoff":
             pass
 elif mode == "zombie":
     rounds = int(sys.argv[4])
-    coord = stockade.connect(url)
+    coord = stockade.connect(sys.argv[5])
     for _ in range(rounds):
         lease = coord.acquire(shard, ttl_ms=300, wait_ms=120_000)
         print(f"held {lease.token.value}", flush=True)
