@@ -481,7 +481,7 @@ def test_the_sharded_kv_example_survives_writer_failovers(pg_db: tuple[PostgresS
         [sys.executable, str(ROOT / "examples" / "shardkv" / "run.py"), "--url", server.url(name), "--shards", "8",
          "--nodes", "3", "--failovers", str(EXAMPLE_FAILOVERS), "--workdir", str(tmp_path / "run")],
         capture_output=True, text=True, env=child_env(), timeout=1_800)
-    assert done.returncode in (0, 1), done.stderr[-3000:]
+    assert done.returncode in (0, 1) and done.stdout.strip(), done.stderr[-3000:]
     report = json.loads(done.stdout)
     print(json.dumps(report))
     assert report["failovers"]["kill"] + report["failovers"]["pause"] == EXAMPLE_FAILOVERS

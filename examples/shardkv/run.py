@@ -8,11 +8,12 @@ Everything lives in one PostgreSQL database: the lease coordinator
 shard (`writer.py`) and the storage nodes (`node.py`), lets them run, and
 injects failovers one after the other, alternating between two kinds:
 
-- **kill**: the shard's writer is killed with SIGKILL; the driver waits until
-  another candidate leads the shard, then starts a new candidate;
+- **kill**: the shard's writer is killed with SIGKILL; the driver starts a new
+  candidate and waits until another candidate leads the shard;
 - **pause**: the writer is stopped with SIGSTOP until its lease has expired and
   another candidate leads the shard and has appended (or a few seconds: a writer
-  paused inside its append holds the shard until it commits); then SIGCONT.
+  paused inside a transaction holds its locks until the database ends that
+  transaction after ``--idle-transaction-ms``); then SIGCONT.
   The resumed writer's next append carries its old token; the driver waits
   until the log refuses it.
 
@@ -36,7 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from check import check
+from psycopg import sql
 from router import shard_name
 
 import stockade
@@ -73,6 +76,7 @@ class Driver:
         self.shard_of: dict[str, str] = {}
         self.leader: dict[str, tuple[int, str]] = {}  # shard -> (token, writer name)
         self.acks: dict[str, int] = {}
+        self.acked_token: dict[str, int] = {}  # writer -> the token of its last acknowledged append
         self.refused: dict[str, int] = {}
         self.count = 0
         self.failovers = {"kill": 0, "pause": 0}
@@ -94,6 +98,7 @@ class Driver:
                 self.leader[shard] = (int(value), name)
         elif kind == "ack":
             self.acks[name] = self.acks.get(name, 0) + 1
+            self.acked_token[name] = int(value.split()[1])
         elif kind == "refused":
             self.refused[name] = self.refused.get(name, 0) + 1
 
@@ -118,7 +123,10 @@ class Driver:
 
     def failover(self, number: int) -> None:
         shard = shard_name(number % self.args.shards)
-        if not self.wait_for(lambda: shard in self.leader and self.acks.get(self.leader[shard][1], 0) > 0):
+        def settled() -> bool:  # the newest leader has appended under its token: every other candidate waits
+            return shard in self.leader and self.acked_token.get(self.leader[shard][1]) == self.leader[shard][0]
+
+        if not self.wait_for(settled):
             raise RuntimeError(f"{shard} has no writer that appended")
         token, old = self.leader[shard]
         process = self.writers[old].popen
@@ -127,9 +135,9 @@ class Driver:
             process.send_signal(signal.SIGKILL)
             process.wait()
             self.failovers["kill"] += 1
+            self.spawn_writer(shard)
             if not self.wait_for(new_leader):
                 raise RuntimeError(f"{shard}: no new writer after a kill")
-            self.spawn_writer(shard)
             return
         refused_before = self.refused.get(old, 0)
         process.send_signal(signal.SIGSTOP)
@@ -149,6 +157,12 @@ class Driver:
         coord = stockade.connect(self.args.url)
         open_postgres_log(self.args.url, keys=coord.verify_keys(), install=True).close()
         coord.close()
+        with psycopg.connect(self.args.url, autocommit=True) as conn:
+            # A writer stopped inside a transaction (an append, or its coordinator's renewal) would hold
+            # that transaction's locks for as long as it is stopped: the server ends such a transaction.
+            name = conn.execute("SELECT current_database()").fetchone()[0]
+            conn.execute(sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = {}").format(
+                sql.Identifier(name), sql.Literal(f"{self.args.idle_transaction_ms}ms")))
         nodes = []
         for i in range(self.args.nodes):
             name = f"n{i}"
@@ -191,7 +205,8 @@ class Driver:
             records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         states = [json.loads((self.workdir / f"n{i}.json").read_text()) for i in range(self.args.nodes)]
         report = check(self.args.url, self.args.shards, records, states)
-        report.update(failovers=self.failovers, writers_started=self.count, seconds=round(time.monotonic() - started, 1))
+        report.update(failovers=self.failovers, writers_started=self.count,
+                      seconds=round(time.monotonic() - started, 1))
         return report
 
 
@@ -212,6 +227,8 @@ def main() -> None:
     parser.add_argument("--ttl-ms", type=int, default=1_000)
     parser.add_argument("--pace-ms", type=float, default=20.0, help="mean pause between a writer's appends")
     parser.add_argument("--pause-append-wait-s", type=float, default=3.0)
+    parser.add_argument("--idle-transaction-ms", type=int, default=2_000,
+                        help="the database ends a transaction idle this long (a stopped writer's)")
     parser.add_argument("--workdir", help="where histories and node states go (default: a temporary directory)")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="shardkv-"))

@@ -17,7 +17,7 @@ its leadership; it waits for the lease again.
 
 Each operation is recorded in the history file (JSON lines: invoke, then
 ok / fail / info) and events are printed on stdout for the driver:
-``lead TOKEN``, ``ack OFFSET``, ``refused TOKEN``.
+``lead TOKEN``, ``ack OFFSET TOKEN``, ``refused TOKEN``.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ class Writer:
                 lease = self.coord.acquire(self.shard, ttl_ms=self.args.ttl_ms, wait_ms=2_000, holder=self.name)
             except LeaseError:
                 continue  # LockTimeout: wait again
+            except BackendUnavailable:
+                time.sleep(0.1)  # the coordinator's database failed or timed out: try again
+                continue
             self.event(f"lead {lease.token.value}")
             try:
                 if self.append(lease, "_leader", f"{self.name}:{lease.token.value}"):
@@ -101,7 +104,7 @@ class Writer:
             # A replay's entry landed earlier, under the first try: in the history it stays unknown in time.
             self.record("info" if result.replayed else "ok", **fields, offset=result.first_offset,
                         replayed=result.replayed)
-            self.event(f"ack {result.first_offset}")
+            self.event(f"ack {result.first_offset} {token.value}")
             return True
         return False
 
