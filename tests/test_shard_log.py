@@ -349,16 +349,24 @@ def test_control_fencing_off_accepts_the_zombie(pg_db: tuple[PostgresServer, str
         drop_database(server, control)
 
 
-def test_kill9_of_a_writer_mid_append_leaves_no_gap_and_no_half_batch(pg_db: tuple[PostgresServer, str]) -> None:
-    server, name = pg_db
-    log = open_postgres_log(server.dsn_of(name), keys=KEYS)
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_kill9_of_a_writer_mid_append_leaves_no_gap_and_no_half_batch(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    if backend == "postgres":
+        server, name = request.getfixturevalue("pg_db")
+        log: Any = open_postgres_log(server.dsn_of(name), keys=KEYS)
+        url = server.url(name)
+    else:
+        log = SQLiteShardLog(tmp_path / "log.db", cluster_id=CLUSTER, keys=KEYS)
+        url = f"sqlite://{tmp_path / 'log.db'}"
     token = tok(7, "kv.shard-k").encode()
     count, size = 50, 2048
     rng = random.Random(13)
     acked: dict[str, int] = {}
     killed_after_begin = 0
     for run in range(WRITER_KILLS):
-        writer = subprocess.Popen([sys.executable, HELPER, "batches", server.url(name), "kv.shard-k", token,
+        writer = subprocess.Popen([sys.executable, HELPER, "batches", url, "kv.shard-k", token,
                                    f"r{run}", str(count), str(size)], stdout=subprocess.PIPE, text=True,
                                   env=child_env())
         begins, target = 0, rng.randint(1, 3)
@@ -384,7 +392,7 @@ def test_kill9_of_a_writer_mid_append_leaves_no_gap_and_no_half_batch(pg_db: tup
         batches.setdefault(label.decode(), []).append((entry.offset, int(index)))
     half = [b for b, rows in batches.items()
             if [i for _, i in rows] != list(range(count)) or rows[-1][0] - rows[0][0] != count - 1]
-    print(f"writer kill -9: {WRITER_KILLS} kills, {len(entries)} entries, half batches {len(half)} of "
+    print(f"{backend} writer kill -9: {WRITER_KILLS} kills, {len(entries)} entries, half batches {len(half)} of "
           f"{len(batches)}, acknowledged {len(acked)}")
     assert half == []  # no half batch: 0 of len(batches)
     assert sum(batches.get(batch, [(-1, 0)])[0][0] != first for batch, first in acked.items()) == 0  # none lost

@@ -12,22 +12,28 @@
     ``accepted`` or ``rejected``.
 
 ``shardlog_writer.py batches URL SHARD TOKEN PREFIX BATCH_ENTRIES ENTRY_BYTES``
-    Append batches forever under TOKEN (an encoded token): prints ``begin
-    BATCH`` before each append and ``ack BATCH FIRST_OFFSET`` after it. Each
-    entry is ``PREFIX-batch i/n`` padded to ENTRY_BYTES.
+    Append batches forever under TOKEN (an encoded token) to URL (``postgresql://...``
+    or ``sqlite:///path`` of a store file): prints ``begin BATCH`` before each
+    append and ``ack BATCH FIRST_OFFSET`` after it. Each entry is ``PREFIX-batch
+    i/n`` padded to ENTRY_BYTES.
 
-The log is opened with ``keys="unsigned"``: the database checks every MAC
-with its own copy of the keys, so the test's keys never leave its process.
+The PostgreSQL log is opened with ``keys="unsigned"``: the database checks every
+MAC with its own copy of the keys, so the test's keys never leave its process.
+The store file is opened with no keys: its process checks no MAC (the test
+checks what landed).
 """
 
 import sys
 
 import stockade
 from stockade.core.errors import LeaseError, StaleToken
-from stockade.resources.log import open_postgres_log
+from stockade.resources.log import SQLiteShardLog, open_postgres_log
 
 mode, url, shard = sys.argv[1], sys.argv[2], sys.argv[3]
-log = open_postgres_log(url, keys="unsigned", install=False)
+if url.startswith("sqlite://"):  # the store file; it checks no MAC here (the test's keys stay in the test)
+    log = SQLiteShardLog(url.removeprefix("sqlite://"))
+else:
+    log = open_postgres_log(url, keys="unsigned", install=False)
 
 if mode == "handoff":
     rounds, appends, name = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
