@@ -509,3 +509,18 @@ def test_the_sharded_kv_example_survives_writer_failovers(pg_db: tuple[PostgresS
     assert report["node_digests"] == 1 and report["nodes_match_logs"] == report["nodes"] == 3
     assert report["linearizable"] and not report["linearizability_undecided"], report
     assert report["passed"] and done.returncode == 0
+
+
+def test_a_transaction_the_server_ended_is_an_unknown_outcome_and_the_retry_is_replayed(
+    pg_db: tuple[PostgresServer, str],
+) -> None:
+    """A writer stopped inside its append finds its transaction ended by the server (SQLSTATE 25P03)."""
+    server, name = pg_db
+    log = open_postgres_log(server.dsn_of(name), keys=KEYS)
+    log.append("s", b"a", token=tok(5, "s"), idempotency_key="a")
+    with pytest.raises(BackendUnavailable), log._connection():
+        raise psycopg.errors.IdleInTransactionSessionTimeout("terminating connection")
+    assert log._conn is None  # dropped: the next call connects again
+    again = log.append("s", b"a", token=tok(5, "s"), idempotency_key="a")
+    assert again.replayed and again.first_offset == 0 and log.next_offset("s") == 1
+    log.close()

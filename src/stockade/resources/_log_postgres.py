@@ -142,6 +142,11 @@ class PostgresShardLog:
             except BackendUnavailable:
                 self._drop()
                 raise
+            except psycopg.Error as error:
+                # What the fence's edge does not count as a lost connection, e.g. the server ending a
+                # transaction left idle too long (SQLSTATE 25P03) while this process was stopped.
+                self._drop()
+                raise BackendUnavailable(f"postgres shard log: {str(error).strip()}") from error
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
