@@ -276,8 +276,10 @@ try:
     out("committed")
 except StaleToken as e:
     out(f"refused stale {e.high_water}")
-except (BackendUnavailable, psycopg.Error):
+except BackendUnavailable:
     out("connection lost")
+except psycopg.Error as e:  # a driver error must reach the user typed, never raw
+    out(f"raw driver error {e.sqlstate}")
 """
 
 

@@ -195,11 +195,19 @@ def _translate(error: BaseException, token: FencingToken, scope: str, resource: 
         raise BackendUnavailable(f"{resource}: {str(error).strip()}") from error
 
 
+#: The server ended the session under an open transaction: idle in it too long (25P03, a writer
+#: paused inside its transaction), or the transaction ran too long (25P04). psycopg files both
+#: under class 25, not as connection failures.
+_SESSION_ENDED = frozenset({"25P03", "25P04"})
+
+
 def _lost(error: BaseException) -> bool:
     """A failure of the connection or server (outcome unknown), not a serialization failure or a deadlock
     (class 40: rolled back, for the caller to retry as PostgreSQL users do)."""
-    return (isinstance(error, psycopg.OperationalError | psycopg.InterfaceError)
-            and not (getattr(error, "sqlstate", None) or "").startswith("40"))
+    sqlstate = getattr(error, "sqlstate", None) or ""
+    if isinstance(error, psycopg.Error) and sqlstate in _SESSION_ENDED:
+        return True
+    return isinstance(error, psycopg.OperationalError | psycopg.InterfaceError) and not sqlstate.startswith("40")
 
 
 @contextmanager
