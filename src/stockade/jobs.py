@@ -48,7 +48,7 @@ __all__ = [
     "once", "once_async", "reconcile", "reconcile_async", "forget", "forget_async", "status", "status_async",
     "uncertain", "uncertain_async", "JobContext", "JobRecord", "JobUncertain", "JsonCodec", "Codec",
     "JOB_SCOPE_PREFIX", "RECORD_KEY", "RESULT_BYTES_MAX_DEFAULT", "RESULT_BYTES_CEILING", "job_scope",
-    "SCAN_SCOPES_MAX",
+    "SCAN_SCOPES_MAX", "encode_record", "JSON",
 ]
 
 TTL_MS_DEFAULT = 30_000
@@ -81,6 +81,10 @@ class JobContext:
     scope: str
     token: FencingToken
     lease: Any
+
+
+#: The default codec (compact JSON).
+JSON: Codec = JsonCodec()
 
 
 def _now_ms() -> int:
@@ -123,7 +127,7 @@ def once(
     wait_ms: int = WAIT_MS_DEFAULT,
     holder: str | None = None,
     result_bytes_max: int = RESULT_BYTES_MAX_DEFAULT,
-    codec: Codec = JsonCodec(),
+    codec: Codec = JSON,
 ) -> Any:
     """Run ``fn(ctx)`` for job ``key`` at most once in effect; return its (decoded) result.
 
@@ -181,7 +185,7 @@ def reconcile(
     ttl_ms: int = TTL_MS_DEFAULT,
     wait_ms: int = WAIT_MS_DEFAULT,
     result_bytes_max: int = RESULT_BYTES_MAX_DEFAULT,
-    codec: Codec = JsonCodec(),
+    codec: Codec = JSON,
 ) -> JobRecord:
     """Record ``result`` for a job that is uncertain (or was never run): it is done from now on.
 
@@ -268,7 +272,7 @@ async def once_async(
     wait_ms: int = WAIT_MS_DEFAULT,
     holder: str | None = None,
     result_bytes_max: int = RESULT_BYTES_MAX_DEFAULT,
-    codec: Codec = JsonCodec(),
+    codec: Codec = JSON,
 ) -> Any:
     """`once` for the async client: ``fn`` is a coroutine function.
 
@@ -276,7 +280,7 @@ async def once_async(
     `LeaseLost`); the record stays started, so the job is uncertain.
     """
     scope = _checked(key, fn, result_bytes_max, codec)
-    if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)):
         raise InvalidArgument("fn", "must be a coroutine function (async def); use once() for a plain function")
     record = _read(await store.get(scope, RECORD_KEY))
     if record is not None and record.state == "done":
@@ -314,7 +318,7 @@ async def reconcile_async(
     ttl_ms: int = TTL_MS_DEFAULT,
     wait_ms: int = WAIT_MS_DEFAULT,
     result_bytes_max: int = RESULT_BYTES_MAX_DEFAULT,
-    codec: Codec = JsonCodec(),
+    codec: Codec = JSON,
 ) -> JobRecord:
     """`reconcile` for the async client."""
     scope = _checked(key, None, result_bytes_max, codec)
