@@ -167,6 +167,17 @@ def _schemas(value_bytes_max: int) -> dict[str, Any]:
                            "ttl_ms": {"type": "integer"}},
         },
         "LockInfo": lock_info,
+        "LockHistory": {
+            "type": "object",
+            "required": ["scope", "events"],
+            "properties": {"scope": {"type": "string"}, "events": {"type": "array", "maxItems": 100, "items": {
+                "type": "object",
+                "required": ["seq", "scope", "kind", "holder", "token_value", "at_unix_ms", "detail"],
+                "properties": {"seq": int64, "scope": {"type": "string"},
+                               "kind": {"enum": ["grant", "release", "expire", "reject"]},
+                               "holder": {"type": "string"}, "token_value": int64, "at_unix_ms": int64,
+                               "detail": {"type": "string"}}}}},
+        },
         "LockList": {
             "type": "object",
             "required": ["locks", "next_after"],
