@@ -82,6 +82,43 @@ def test_an_uncertain_job_fences_out_its_starter(pair):
         store.put("job:late", "effect", b"late", token=lease.token)
 
 
+def test_a_paused_earlier_holder_cannot_start_the_job_under_a_later_one(pair):
+    """The later caller raises the mark before it reads: the earlier holder's late start and effect are refused.
+
+    The earlier holder read "never started" under its lease, then paused past it;
+    it wakes between the later caller's fence write and its read of the record.
+    """
+    coord, store = pair
+    early = coord.acquire("job:p", ttl_ms=200)
+    early.release()  # its lease is gone; it does not know yet
+    refused = []
+
+    class WakesInBetween:
+        def __init__(self) -> None:
+            self.woke = False
+
+        def __getattr__(self, name: str):
+            return getattr(store, name)
+
+        def get(self, scope: str, key: str):
+            if key == jobs.RECORD_KEY and not self.woke and store.get(scope, jobs.FENCE_KEY) is not None:
+                self.woke = True
+                for k, v in [(jobs.RECORD_KEY, jobs.encode_record(jobs.JobRecord("p", "started", "early",
+                                                                                 early.token.value, 1))),
+                             ("effect/early", b"1")]:
+                    try:
+                        store.put(scope, k, v, token=early.token)
+                    except stockade.StaleToken:
+                        refused.append(k)
+            return store.get(scope, key)
+
+    wrapped = WakesInBetween()
+    assert jobs.once(coord, wrapped, "p", lambda ctx: store.put(ctx.scope, "effect/late", b"1", token=ctx.token)
+                     and "ran") == "ran"
+    assert wrapped.woke and refused == [jobs.RECORD_KEY, "effect/early"]
+    assert [i.key for i in store.list("job:p") if i.key.startswith("effect/")] == ["effect/late"]
+
+
 def test_bad_input_is_refused_and_changes_nothing(pair):
     coord, store = pair
     for key in ["", "a b", "x" * 197, 5, None]:

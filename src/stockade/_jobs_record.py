@@ -15,7 +15,8 @@ from stockade.core.errors import InvalidArgument, LimitExceeded, StockadeError
 from stockade.core.limits import SCOPE_BYTES_MAX, VALUE_BYTES_MAX, validate_int, validate_scope
 
 __all__ = [
-    "JOB_SCOPE_PREFIX", "RECORD_KEY", "RESULT_BYTES_MAX_DEFAULT", "RESULT_BYTES_CEILING", "ERROR_CHARS_MAX",
+    "JOB_SCOPE_PREFIX", "RECORD_KEY", "FENCE_KEY", "RESULT_BYTES_MAX_DEFAULT", "RESULT_BYTES_CEILING",
+    "ERROR_CHARS_MAX",
     "JobRecord", "JobUncertain", "JsonCodec", "job_scope", "decode_record", "encode_record", "encode_result",
 ]
 
@@ -23,6 +24,8 @@ __all__ = [
 JOB_SCOPE_PREFIX = "job:"
 #: The store key of the job's record inside its scope (the job's own effects use any other key).
 RECORD_KEY = "job"
+#: The key each caller writes first, under the lease, to raise the scope's mark before it reads the record.
+FENCE_KEY = "fence"
 #: The default bound on a serialised result, in bytes.
 RESULT_BYTES_MAX_DEFAULT = 64 * 1024
 #: The greatest bound a caller may ask for (the record must fit in one store value).

@@ -1,8 +1,10 @@
 """Fenced jobs: run a job at most once in effect, and say so when that cannot be known.
 
 ``once(coord, store, key, fn)`` takes the lease of the job's scope
-(``job:KEY``), records in the fenced store, with the lease's token, that the
-job started, calls ``fn(ctx)`` (``ctx.token`` fences the job's own writes,
+(``job:KEY``), raises the scope's high-water mark to the lease's token (a
+write to ``fence``), so that nothing an earlier holder still sends can land,
+and only then reads the job's record. If the job never started, it records,
+with the same token, that the job started, calls ``fn(ctx)`` (``ctx.token`` fences the job's own writes,
 which go to the same scope), and records its result with the same token. A
 retry, by anyone, returns the recorded result without running the job. A
 holder that dies (or is cut off) mid-run leaves the record *started*: the next
@@ -26,6 +28,7 @@ from typing import Any, Protocol
 
 from stockade._jobs_record import (
     ERROR_CHARS_MAX,
+    FENCE_KEY,
     JOB_SCOPE_PREFIX,
     RECORD_KEY,
     RESULT_BYTES_CEILING,
@@ -48,7 +51,7 @@ __all__ = [
     "once", "once_async", "reconcile", "reconcile_async", "forget", "forget_async", "status", "status_async",
     "uncertain", "uncertain_async", "JobContext", "JobRecord", "JobUncertain", "JsonCodec", "Codec",
     "JOB_SCOPE_PREFIX", "RECORD_KEY", "RESULT_BYTES_MAX_DEFAULT", "RESULT_BYTES_CEILING", "job_scope",
-    "SCAN_SCOPES_MAX", "encode_record", "JSON",
+    "SCAN_SCOPES_MAX", "encode_record", "JSON", "FENCE_KEY",
 ]
 
 TTL_MS_DEFAULT = 30_000
@@ -153,12 +156,13 @@ def once(
         return codec.decode(record.result or "null")
     with coord.lock(scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder) as lease:
         token = lease.token
+        # Raise the scope's mark first, then read: from here on no earlier holder's
+        # write lands (its start, its effects, its result), so what is read stays true.
+        store.put(scope, FENCE_KEY, str(token.value), token=token)
         record = _read(store.get(scope, RECORD_KEY))
         if record is not None:
             if record.state == "done":
                 return codec.decode(record.result or "null")
-            # Raise the mark over the starter's token before saying so: a write it
-            # still has in flight, or sends when it wakes, is refused from now on.
             fenced = replace(record, fenced_by=token.value)
             store.put(scope, RECORD_KEY, encode_record(fenced), token=token)
             raise JobUncertain(fenced)
@@ -195,6 +199,7 @@ def reconcile(
     scope = _checked(key, None, result_bytes_max, codec)
     text = encode_result(codec.encode, result, result_bytes_max)
     with coord.lock(scope, ttl_ms=ttl_ms, wait_ms=wait_ms) as lease:
+        store.put(scope, FENCE_KEY, str(lease.token.value), token=lease.token)
         record = _read(store.get(scope, RECORD_KEY))
         if record is not None and record.state == "done":
             raise InvalidArgument("key", f"job {key!r} is done already; forget it first")
@@ -215,6 +220,7 @@ def forget(
     """
     scope = job_scope(key)
     with coord.lock(scope, ttl_ms=ttl_ms, wait_ms=wait_ms) as lease:
+        store.put(scope, FENCE_KEY, str(lease.token.value), token=lease.token)
         record = _read(store.get(scope, RECORD_KEY))
         store.delete(scope, RECORD_KEY, token=lease.token)
         return record
@@ -287,6 +293,7 @@ async def once_async(
         return codec.decode(record.result or "null")
     async with coord.lock(scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder) as lease:
         token = lease.token
+        await store.put(scope, FENCE_KEY, str(token.value), token=token)  # the mark first, then read
         record = _read(await store.get(scope, RECORD_KEY))
         if record is not None:
             if record.state == "done":
@@ -324,6 +331,7 @@ async def reconcile_async(
     scope = _checked(key, None, result_bytes_max, codec)
     text = encode_result(codec.encode, result, result_bytes_max)
     async with coord.lock(scope, ttl_ms=ttl_ms, wait_ms=wait_ms) as lease:
+        await store.put(scope, FENCE_KEY, str(lease.token.value), token=lease.token)
         record = _read(await store.get(scope, RECORD_KEY))
         if record is not None and record.state == "done":
             raise InvalidArgument("key", f"job {key!r} is done already; forget it first")
@@ -341,6 +349,7 @@ async def forget_async(
     """`forget` for the async client."""
     scope = job_scope(key)
     async with coord.lock(scope, ttl_ms=ttl_ms, wait_ms=wait_ms) as lease:
+        await store.put(scope, FENCE_KEY, str(lease.token.value), token=lease.token)
         record = _read(await store.get(scope, RECORD_KEY))
         await store.delete(scope, RECORD_KEY, token=lease.token)
         return record
