@@ -215,7 +215,10 @@ def _schemas(value_bytes_max: int) -> dict[str, Any]:
 
 
 _PATH_PARAMS = {"scope": _SCOPE_PARAM, "lease_id": _LEASE_PARAM, "key": _KEY_PARAM}
-_QUERY_PARAMS = {("after", "scope"): _AFTER_SCOPE, ("after", "key"): _AFTER_KEY, ("limit", "limit"): _LIMIT}
+_HISTORY_LIMIT = {"name": "limit", "in": "query", "required": False,  # GET /v1/locks/{scope}/history
+                  "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 100}}
+_QUERY_PARAMS = {("after", "scope"): _AFTER_SCOPE, ("after", "key"): _AFTER_KEY, ("limit", "limit"): _LIMIT,
+                 ("limit", "history-limit"): _HISTORY_LIMIT}
 _HEADER_PARAMS = {FENCING_TOKEN_HEADER: _TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER: _IDEMPOTENCY_HEADER}
 
 

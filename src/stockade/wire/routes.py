@@ -168,7 +168,7 @@ ROUTES: tuple[Route, ...] = (
           problems=_COMMON),
     Route("GET", "/v1/locks/{scope}/history", "lockHistory",
           "The scope's last events (grants, expiries, releases), oldest first, as committed.",
-          answer_schema="LockHistory", query=(("limit", "limit"),), problems=_COMMON),
+          answer_schema="LockHistory", query=(("limit", "history-limit"),), problems=_COMMON),
     Route("POST", "/v1/locks/{scope}/acquire", "acquire", "Granted; the token is durable.", answer_schema="Grant",
           description="Long-polls up to wait_ms; waiters are served first in, first out.",
           body="json", body_schema="AcquireRequest", body_required=True,
