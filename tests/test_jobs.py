@@ -177,7 +177,8 @@ def test_async_once_on_memory(tmp_path: Path):
 
 def test_racing_workers_with_kill_and_stop_apply_each_job_at_most_once(tmp_path: Path):
     keys = 1000 if LONG else 32
-    verdict = race(tmp_path / "race", workers=8, keys=keys, faults_each=keys // 30 if LONG else 2)
+    verdict = race(tmp_path / "race", workers=8, keys=keys, faults_each=keys // 30 if LONG else 2,
+                   timeout_s=2400 if LONG else 600)
     print(figure(verdict))
     assert verdict.effects_twice == 0, figure(verdict)
     assert verdict.started_twice == 0 and verdict.rerun_after_done == 0, figure(verdict)
