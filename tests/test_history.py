@@ -109,7 +109,9 @@ def test_a_failing_journal_write_undoes_the_change(tmp_path: Path, monkeypatch):
     with pytest.raises(BackendUnavailable):
         coord.release(lease_id)
     monkeypatch.undo()
-    assert coord.inspect("f") == before  # still held: the release did not land
+    after = coord.inspect("f")  # still held: the release did not land
+    assert (after.state, after.holder, after.token, after.last_token) == (
+        before.state, before.holder, before.token, before.last_token)
     client = stockade.connect(f"sqlite://{tmp_path}/coord.db")
     assert [e.kind for e in client.history("f")] == ["grant"]
     client.close()
@@ -160,7 +162,7 @@ def _kill_rounds(tmp_path: Path, rounds: int, *extra: str, stop_at_first: bool =
 
 
 def test_kill_9_never_leaves_a_change_without_its_event(tmp_path: Path):
-    disagreed, rounds = _kill_rounds(tmp_path, 40 if LONG else 5)
+    disagreed, rounds = _kill_rounds(tmp_path, 40 if LONG else 3)
     print(f"history: kill -9 mid-loop: record and journal disagree {disagreed} of {rounds}")
     assert disagreed == 0
 

@@ -176,18 +176,18 @@ def test_async_once_on_memory(tmp_path: Path):
 
 
 def test_racing_workers_with_kill_and_stop_apply_each_job_at_most_once(tmp_path: Path):
-    keys = 1000 if LONG else 32
-    verdict = race(tmp_path / "race", workers=8, keys=keys, faults_each=keys // 30 if LONG else 2,
+    keys = 1000 if LONG else 16
+    verdict = race(tmp_path / "race", workers=8, keys=keys, faults_each=keys // 30 if LONG else 1,
                    timeout_s=2400 if LONG else 600)
     print(figure(verdict))
     assert verdict.effects_twice == 0, figure(verdict)
     assert verdict.started_twice == 0 and verdict.rerun_after_done == 0, figure(verdict)
     assert verdict.killed_reported_done == 0 and verdict.killed_not_uncertain == 0, figure(verdict)
     assert verdict.unexplained_uncertain == 0 and not verdict.notes, (figure(verdict), verdict.notes)
-    assert verdict.kills >= 2 and verdict.stopped >= 2 and verdict.done + verdict.uncertain == keys, figure(verdict)
+    assert verdict.kills >= 2 and verdict.stopped >= 1 and verdict.done + verdict.uncertain == keys, figure(verdict)
 
 
 def test_control_check_then_run_without_the_lease_applies_effects_twice(tmp_path: Path):
-    verdict = race(tmp_path / "control", workers=4, keys=12, mode="naive")
+    verdict = race(tmp_path / "control", workers=3, keys=8, mode="naive")
     print(figure(verdict))
     assert verdict.effects_twice > 0, figure(verdict)

@@ -32,5 +32,5 @@ while True:
             for old, new in later:
                 _sqlite_journal.journal_change(tx._conn, old, new)
             later.clear()
-    if n == 20:
+    if n == 6:
         print("cycling", flush=True)  # the test kills it from now on
