@@ -1,21 +1,21 @@
-"""The SQLite store's rejection journal: the fence's refusals, by scope, bounded (docs/history.md).
+"""The SQLite store's refusal journal: the fence's refusals, by scope, bounded (docs/history.md).
 
-Rejections are seen by the stores, not the coordinator, so the store keeps them
-in its own file (table ``fence_journal``), beside the coordinator's history
-of grants, expiries and releases. `reject` is `stockade.resources._observe.reject`
-(count, log, raise) that also notes the refusal for the write transaction open
-in this thread; `stockade.resources._sqlite_files.write_transaction` writes
-the notes when the transaction ends: in its own COMMIT when it commits (a
-batch of ``stockade serve`` whose other writes landed), or in a short
-transaction of their own right after the rollback (a refused write changes
-nothing, so there is no change for them to share a commit with; a crash in
-between loses that note, never a change). Bounded: the last
-`REJECTIONS_PER_SCOPE` per scope, `REJECTIONS_TOTAL_MAX` in all, and at most
-`PENDING_MAX` notes per transaction.
+Rejections are seen by the stores, not the coordinator, so the store keeps them,
+beside the coordinator's history of grants, expiries and releases. A refused
+write changes nothing in the store (R1), and its file stays byte for byte as it
+was: the notes go to a file of their own next to it, ``STORE.refusals``
+(mode 0600). `reject` is `stockade.resources._observe.reject` (count, log,
+raise) that also notes the refusal for the write transaction open in this
+thread; `stockade.resources._sqlite_files.write_transaction` writes the notes
+once the transaction has ended (committed, or rolled back): a refusal has no
+change to share a commit with, so a crash at that moment can lose its note,
+never a change. Bounded: the last `REJECTIONS_PER_SCOPE` per scope,
+`REJECTIONS_TOTAL_MAX` in all, and at most `PENDING_MAX` notes per transaction.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -24,13 +24,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from stockade.coordinators._history import HistoryEvent
 from stockade.core.fence import Reject
+from stockade.core.history import HistoryEvent
 from stockade.core.limits import validate_int, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.resources import _observe
 
-__all__ = ["reject", "collecting", "journal", "read_rejections", "rejections", "REJECTIONS_PER_SCOPE",
+__all__ = ["reject", "collecting", "journal", "journal_alone", "read_rejections", "rejections", "refusals_path",
+           "REJECTIONS_PER_SCOPE",
            "REJECTIONS_TOTAL_MAX", "PENDING_MAX"]
 
 REJECTIONS_PER_SCOPE = 100
@@ -85,19 +86,47 @@ def journal(conn: sqlite3.Connection, notes: list[Note]) -> None:
                  (REJECTIONS_TOTAL_MAX,))
 
 
+def refusals_path(store_path: str | Path) -> Path:
+    """The refusal journal of the store file at ``store_path``."""
+    return Path(f"{store_path}.refusals")
+
+
+_open_journals: dict[str, sqlite3.Connection] = {}
+_open_lock = threading.Lock()
+OPEN_JOURNALS_MAX = 64
+
+
+def _journal_of(store_path: str) -> sqlite3.Connection:
+    side = _open_journals.get(store_path)
+    if side is None:
+        path = refusals_path(store_path)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        side = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=1.0)
+        side.execute("PRAGMA synchronous=FULL")
+        if len(_open_journals) >= OPEN_JOURNALS_MAX:
+            _open_journals.pop(next(iter(_open_journals))).close()
+        _open_journals[store_path] = side
+    return side
+
+
 def journal_alone(conn: sqlite3.Connection, notes: list[Note]) -> None:
-    """Write ``notes`` in a transaction of their own (after a rollback); best effort."""
+    """Write ``notes`` to the refusal journal of ``conn``'s store file, in a transaction of their own; best effort."""
     if not notes:
         return
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            journal(conn, notes)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    except sqlite3.Error:
+        store_path = conn.execute("PRAGMA database_list").fetchone()[2]
+        if not store_path:
+            return  # an in-memory database keeps no journal
+        with _open_lock:
+            side = _journal_of(store_path)
+            side.execute("BEGIN IMMEDIATE")
+            try:
+                journal(side, notes)
+                side.execute("COMMIT")
+            except BaseException:
+                side.execute("ROLLBACK")
+                raise
+    except (sqlite3.Error, OSError):
         pass  # a refused write changed nothing; losing its note is not losing a change
 
 
@@ -113,10 +142,13 @@ def read_rejections(conn: sqlite3.Connection, scope: str, limit: int) -> list[Hi
 
 
 def rejections(store_path: str | Path, scope: str, limit: int = REJECTIONS_PER_SCOPE) -> list[HistoryEvent]:
-    """The last ``limit`` refusals of ``scope`` in the store file at ``store_path``, read-only, oldest first."""
+    """The last ``limit`` refusals of ``scope`` noted for the store file at ``store_path``, read-only, oldest first."""
     validate_scope(scope)
     validate_int("limit", limit, 1, REJECTIONS_PER_SCOPE)
-    conn = sqlite3.connect(f"file:{Path(store_path)}?mode=ro", uri=True)
+    path = refusals_path(store_path)
+    if not path.is_file():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         return read_rejections(conn, scope, limit)
     finally:
