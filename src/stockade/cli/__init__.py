@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "lock": ("stockade.cli.lock", "run a command while holding a lease (token in STOCKADE_TOKEN)"),
     "kv": ("stockade.cli.kv", "get, put or delete a value of the fenced store (token from STOCKADE_TOKEN)"),
     "status": ("stockade.cli.status", "leases, holders, tokens and high-water marks"),
+    "history": ("stockade.cli.history", "a scope's last grants, expiries, releases and refused writes"),
     "serve": ("stockade.cli.serve", "the coordinator and the fenced store over HTTP"),
     "sim": ("stockade.cli.sim", "deterministic simulation of the protocol under faults"),
     "floor": ("stockade.cli.floor", "after a resource failover or restore, raise its marks to the issued tokens"),

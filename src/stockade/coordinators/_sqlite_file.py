@@ -29,6 +29,7 @@ STORE_APPLICATION_ID = 0x53544B53
 KIND = "coordinator"
 _COORDINATOR_TABLES = frozenset({"meta", "scopes", "leases", "waiters"})
 _STORE_TABLES = frozenset({"hwm", "kv", "audit", "idempotency", "counters"})
+_JOURNAL_TABLES = frozenset({"history", "sqlite_sequence"})  # the history journal (docs/history.md)
 
 
 def boot_id() -> str:
@@ -76,7 +77,7 @@ def classify(application_id: int, tables: set[str], meta: dict[str, str]) -> str
         return f"a foreign SQLite database (application_id {application_id:#010x})"
     if not tables:
         return None
-    if tables == _COORDINATOR_TABLES and (not meta or "cluster_id" in meta):
+    if tables - _JOURNAL_TABLES == _COORDINATOR_TABLES and (not meta or "cluster_id" in meta):
         return None
     return "a foreign SQLite database"
 

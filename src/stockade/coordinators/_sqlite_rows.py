@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from stockade.coordinators._sqlite_journal import JOURNAL_SCHEMA, journal_change
 from stockade.core.errors import invariant
 from stockade.core.leases import Lease, ScopeRecord, Waiter
 from stockade.core.tokens import FencingToken
@@ -41,7 +42,7 @@ CREATE TABLE IF NOT EXISTS waiters (
     stale_ns INTEGER NOT NULL,
     PRIMARY KEY (scope, seq)
 ) STRICT;
-"""
+""" + JOURNAL_SCHEMA  # the history journal, written in each change's own transaction
 
 
 def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
@@ -99,6 +100,7 @@ def forget_record(conn: sqlite3.Connection, old: ScopeRecord) -> None:
 
 def store_record(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None) -> None:
     """Write back the difference between two records of one scope (``new`` None: forget it)."""
+    journal_change(conn, old, new)  # its events, in this same transaction (docs/history.md)
     if new is None:
         forget_record(conn, old)
         return

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from stockade.clock import SystemClock
+from stockade.coordinators._history import HistoryEvent, MemoryJournal, events_of
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvalidArgument, LimitExceeded, invariant
@@ -99,6 +100,7 @@ class MemoryRecords:
         self._names: list[str] = []
         self._scope_of_lease: dict[str, str] = {}
         self._lock = threading.RLock()
+        self.journal = MemoryJournal()  # the history, added to at each unit's commit (docs/history.md)
         for record in (records or {}).values():
             self._put(record.scope, None, record)
 
@@ -112,6 +114,10 @@ class MemoryRecords:
 
     def close(self) -> None:
         """Nothing to release: the records live as long as the object."""
+
+    def history(self, scope: str, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` events, oldest first."""
+        return self.journal.history(scope, limit)
 
     # -- direct reads (no unit needed: one dictionary lookup) ----------------------------------
 
@@ -190,8 +196,13 @@ class _MemoryTx:
         try:
             if exc_type is not None:
                 self.undo()
-            elif self.changes and store.on_commit is not None:
-                store.on_commit(self.changes)
+            elif self.changes:
+                if store.on_commit is not None:
+                    store.on_commit(self.changes)
+                at_ms = time.time_ns() // 1_000_000
+                for old, new in self.changes:
+                    for kind, holder, token in events_of(old, new):
+                        store.journal.add(old.scope, kind, holder, token, at_ms)
         finally:
             store._lock.release()
 

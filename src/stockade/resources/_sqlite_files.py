@@ -24,6 +24,7 @@ from pathlib import Path
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, invariant
 from stockade.core.values import AuditRecord, Item
+from stockade.resources._sqlite_journal import collecting, journal_alone
 
 __all__: list[str] = []  # private to the SQLite adapter and its backup
 
@@ -162,19 +163,22 @@ def write_transaction(conn: sqlite3.Connection, *, wait_ms: int | None = None) -
         raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
     except sqlite3.Error as exc:
         raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
-    try:
-        yield conn
-    except sqlite3.Error as exc:
-        rolled_back = rollback(conn)
-        raise BackendUnavailable(f"store write failed: {exc}", certain_no_effect=rolled_back) from exc
-    except BaseException:
-        rollback(conn)
-        raise
+    with collecting() as refused:  # the fence's refusals in this transaction, for the refusal journal
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            rolled_back = rollback(conn)
+            raise BackendUnavailable(f"store write failed: {exc}", certain_no_effect=rolled_back) from exc
+        except BaseException:
+            rollback(conn)
+            journal_alone(conn, refused)
+            raise
     try:
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         rollback(conn)
         raise BackendUnavailable(f"store commit failed: {exc}") from exc
+    journal_alone(conn, refused)  # a batch's refusals, once its accepted writes are durable
 
 
 def fsync_path(path: Path, *, directory: bool = False) -> None:

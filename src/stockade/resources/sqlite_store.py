@@ -73,7 +73,6 @@ from stockade.resources._inputs import (
     coerce_token,
     make_write,
 )
-from stockade.resources._observe import reject
 from stockade.resources._sqlite_apply import apply_write
 from stockade.resources._sqlite_files import (
     FileBusy,
@@ -86,6 +85,7 @@ from stockade.resources._sqlite_files import (
     raise_default_floor,
     write_transaction,
 )
+from stockade.resources._sqlite_journal import reject  # _observe.reject, noted in the store's journal
 from stockade.resources._sqlite_tx import PENDING_SEQ, TX_BUFFER_BYTES_MAX, BufferedUnit, LockedUnit
 from stockade.resources._tx import Tx
 from stockade.resources._verify import Verification

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stockade.coordinators.history import HistoryEvent, file_history
 from stockade.coordinators.memory import Change, MemoryRecords
 from stockade.coordinators.sqlite import SQLiteCoordinator
 from stockade.core.clock import Clock
@@ -409,6 +410,11 @@ class LeaseService:
         more = bool(infos) and names[-1] != infos[-1].scope
         await self._barrier()
         return infos, (infos[-1].scope if more else None)
+
+    async def history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
+        """The scope's last events as the coordinator file holds them: what has committed (docs/history.md)."""
+        await self._barrier()
+        return await self.loop.run_in_executor(None, file_history, self.file, scope, limit)
 
     async def _barrier(self) -> None:
         last = self.committer.barrier()

@@ -48,6 +48,7 @@ from stockade.server import _metrics
 from stockade.server._auth import BearerAuth
 from stockade.server._groupcommit import GroupCommitter
 from stockade.server._guard import SMALL_BODY_BYTES
+from stockade.server._history_route import lock_history
 from stockade.server._http import (
     ConnectionLimits,
     HttpProtocol,
@@ -312,6 +313,8 @@ class App:
         scope = validate_scope(segment(raw_scope, "scope"))
         query(request, ())
         return json_response(200, codecs.lock_doc(await self.leases.inspect(scope)))
+
+    lock_history = lock_history  # GET /v1/locks/{scope}/history (server/_history_route.py)
 
     async def list_locks(self, request: Request) -> Response:
         params = query(request, ("after", "limit"))

@@ -167,6 +167,17 @@ def _schemas(value_bytes_max: int) -> dict[str, Any]:
                            "ttl_ms": {"type": "integer"}},
         },
         "LockInfo": lock_info,
+        "LockHistory": {
+            "type": "object",
+            "required": ["scope", "events"],
+            "properties": {"scope": {"type": "string"}, "events": {"type": "array", "maxItems": 100, "items": {
+                "type": "object",
+                "required": ["seq", "scope", "kind", "holder", "token_value", "at_unix_ms", "detail"],
+                "properties": {"seq": int64, "scope": {"type": "string"},
+                               "kind": {"enum": ["grant", "release", "expire", "reject"]},
+                               "holder": {"type": "string"}, "token_value": int64, "at_unix_ms": int64,
+                               "detail": {"type": "string"}}}}},
+        },
         "LockList": {
             "type": "object",
             "required": ["locks", "next_after"],
@@ -205,7 +216,10 @@ def _schemas(value_bytes_max: int) -> dict[str, Any]:
 
 
 _PATH_PARAMS = {"scope": _SCOPE_PARAM, "lease_id": _LEASE_PARAM, "key": _KEY_PARAM}
-_QUERY_PARAMS = {("after", "scope"): _AFTER_SCOPE, ("after", "key"): _AFTER_KEY, ("limit", "limit"): _LIMIT}
+_HISTORY_LIMIT = {"name": "limit", "in": "query", "required": False,  # GET /v1/locks/{scope}/history
+                  "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 100}}
+_QUERY_PARAMS = {("after", "scope"): _AFTER_SCOPE, ("after", "key"): _AFTER_KEY, ("limit", "limit"): _LIMIT,
+                 ("limit", "history-limit"): _HISTORY_LIMIT}
 _HEADER_PARAMS = {FENCING_TOKEN_HEADER: _TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER: _IDEMPOTENCY_HEADER}
 
 

@@ -15,6 +15,7 @@ a route is written once (docs/http-api.md is its prose).
     GET     /v1/cluster                   cluster        yes   -
     GET     /v1/locks                     listLocks      yes   -
     GET     /v1/locks/{scope}             inspectLock    yes   -
+    GET     /v1/locks/{scope}/history     lockHistory    yes   -
     POST    /v1/locks/{scope}/acquire     acquire        yes   JSON (required)
     POST    /v1/leases/{lease_id}/renew   renew          yes   JSON (optional)
     DELETE  /v1/leases/{lease_id}         release        yes   -
@@ -165,6 +166,9 @@ ROUTES: tuple[Route, ...] = (
           query=(("after", "scope"), ("limit", "limit")), problems=_COMMON),
     Route("GET", "/v1/locks/{scope}", "inspectLock", "The scope's state.", answer_schema="LockInfo",
           problems=_COMMON),
+    Route("GET", "/v1/locks/{scope}/history", "lockHistory",
+          "The scope's last events (grants, expiries, releases), oldest first, as committed.",
+          answer_schema="LockHistory", query=(("limit", "history-limit"),), problems=_COMMON),
     Route("POST", "/v1/locks/{scope}/acquire", "acquire", "Granted; the token is durable.", answer_schema="Grant",
           description="Long-polls up to wait_ms; waiters are served first in, first out.",
           body="json", body_schema="AcquireRequest", body_required=True,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from stockade.client._io import AsyncIO
 from stockade.client._shared import Grant
+from stockade.coordinators.history import HistoryEvent, history_of
 from stockade.coordinators.registry import Capability
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
@@ -110,6 +111,9 @@ class AsyncEmbeddedCoordinatorPort:
 
     async def fence_floors(self) -> FenceFloors:
         return await AsyncIO.run_blocking(self.engine.fence_floors)
+
+    async def history(self, scope: str, *, limit: int) -> list[HistoryEvent]:
+        return await AsyncIO.run_blocking(history_of, self.engine.records, scope, limit)
 
     async def aclose(self) -> None:
         self.engine.close()

@@ -36,6 +36,7 @@ from stockade.client._wire import (
     write_result_from,
 )
 from stockade.clock import SystemClock
+from stockade.coordinators._history import HistoryEvent
 from stockade.coordinators.registry import COORDINATORS, Capability
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
@@ -401,6 +402,10 @@ class AsyncHTTPCoordinatorPort:
     async def inspect(self, scope: str) -> core_leases.ScopeInfo:
         _, doc = await self._client.get_json(_INSPECT.target(scope=scope))
         return scope_info_from(doc)
+
+    async def history(self, scope: str, *, limit: int) -> list[HistoryEvent]:
+        _, doc = await self._client.get_json(ROUTE["lockHistory"].target(f"limit={limit}", scope=scope))
+        return [HistoryEvent(**event) for event in doc["events"]]
 
     async def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
         _, doc = await self._client.get_json(_LIST_LOCKS.target(page_query(after, limit)))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from stockade.client._io import SyncIO
 from stockade.client._shared import Grant
+from stockade.coordinators.history import HistoryEvent, history_of
 from stockade.coordinators.registry import Capability
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
@@ -111,6 +112,9 @@ class EmbeddedCoordinatorPort:
 
     def fence_floors(self) -> FenceFloors:
         return SyncIO.run_blocking(self.engine.fence_floors)
+
+    def history(self, scope: str, *, limit: int) -> list[HistoryEvent]:
+        return SyncIO.run_blocking(history_of, self.engine.records, scope, limit)
 
     def close(self) -> None:
         self.engine.close()

@@ -17,6 +17,7 @@ from stockade.client._io import Handle, SyncIO
 from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
+from stockade.coordinators._history import HISTORY_PER_SCOPE, HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
@@ -530,3 +531,20 @@ class Coordinator(Handle):
         """
         self._open()
         return self._port.fence_floors()
+
+    def history(self, scope: str, *, limit: int = HISTORY_PER_SCOPE) -> list[HistoryEvent]:
+        """The scope's last ``limit`` (1..100) lease events, oldest first: grants, expiries, releases.
+
+        Each was journaled in the same commit as the change it records (docs/history.md).
+
+        Raises:
+            InvalidArgument: a bad scope or limit, or a backend that keeps no history (postgres, etcd).
+        """
+        validate_scope(scope)
+        validate_int("limit", limit, 1, HISTORY_PER_SCOPE)
+        self._open()
+        history = getattr(self._port, "history", None)
+        if history is None:
+            raise InvalidArgument("url", "this coordinator keeps no lease history (docs/history.md)")
+        events: list[HistoryEvent] = history(scope, limit=limit)
+        return events

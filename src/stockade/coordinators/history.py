@@ -1,0 +1,41 @@
+"""Reading a coordinator's lease history, whatever keeps it (docs/history.md).
+
+The embedded coordinators journal every grant, expiry and release in the
+same unit of work as the change (`stockade.coordinators._history`): the SQLite
+file in a table of its own, ``memory://`` in memory. ``stockade serve`` keeps
+its table in memory and group-commits it to its coordinator file, journal
+included, so its history is read from the file: what has committed. The
+PostgreSQL and etcd coordinators keep none yet.
+"""
+
+from __future__ import annotations
+
+from stockade.coordinators._history import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
+from stockade.coordinators._sqlite_journal import read_history
+from stockade.coordinators.memory import MemoryRecords
+from stockade.coordinators.sqlite import SQLiteRecords
+from stockade.core.errors import InvalidArgument
+from stockade.core.limits import validate_int, validate_scope
+
+__all__ = ["HistoryEvent", "HISTORY_PER_SCOPE", "HISTORY_TOTAL_MAX", "history_of", "events_of", "file_history"]
+
+
+def file_history(records: SQLiteRecords, scope: str, limit: int) -> list[HistoryEvent]:
+    """The scope's last ``limit`` events in a coordinator file, oldest first (what has committed)."""
+    with records._locked() as conn:
+        return read_history(conn, scope, limit)
+
+
+def history_of(records: object, scope: str, limit: int = HISTORY_PER_SCOPE) -> list[HistoryEvent]:
+    """The last ``limit`` events of ``scope`` in a record store, oldest first.
+
+    Raises:
+        InvalidArgument: a bad scope or limit, or a record store that keeps no history.
+    """
+    validate_scope(scope)
+    validate_int("limit", limit, 1, HISTORY_PER_SCOPE)
+    if isinstance(records, SQLiteRecords):
+        return file_history(records, scope, limit)
+    if isinstance(records, MemoryRecords):
+        return records.history(scope, limit)
+    raise InvalidArgument("url", f"this coordinator ({type(records).__name__}) keeps no lease history")

@@ -1,0 +1,36 @@
+"""Grant, then release or leave to expire, one scope in a loop through a coordinator file, until killed.
+
+    python jobs_history_cycler.py COORD_PATH SCOPE [control]
+
+With ``control`` the journal is written the wrong way: each change commits
+first and its events go in a transaction of their own afterwards, so a kill -9
+in between leaves a change without its event.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from stockade.coordinators import _sqlite_journal, _sqlite_rows
+from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
+
+path, scope = sys.argv[1], sys.argv[2]
+control = len(sys.argv) > 3 and sys.argv[3] == "control"
+coord = SQLiteCoordinator(path)
+if control:
+    later = []
+    _sqlite_rows.journal_change = lambda conn, old, new: later.append((old, new))  # type: ignore[assignment]
+n = 0
+while True:
+    n += 1
+    lease_id = new_lease_id()
+    coord.try_acquire(scope, lease_id=lease_id, holder=f"c{n}", ttl_ms=100, wait_deadline_ns=0)
+    if n % 3:
+        coord.release(lease_id)
+    if control:
+        with coord.records.write() as tx:  # the events, in a commit of their own
+            for old, new in later:
+                _sqlite_journal.journal_change(tx._conn, old, new)
+            later.clear()
+    if n == 6:
+        print("cycling", flush=True)  # the test kills it from now on

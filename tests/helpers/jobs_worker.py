@@ -1,0 +1,110 @@
+"""One of several worker processes racing through the same job keys (tests/test_jobs.py).
+
+    python jobs_worker.py DIR WORKER SEED KEYS MODE
+
+MODE ``once``: every job goes through `stockade.jobs.once`. MODE ``naive``
+(the control): a job checks "done?" in the store, then runs, each write under
+a short lease of its own, and marks itself done: no lease spans the check and
+the run, so nothing fences a second run out.
+
+The job's effect is a fenced transaction in the job's scope that adds a key
+``effect/WORKER-PID`` and counts ``count`` up by one: applied twice, the scope
+holds two effect keys. The test names the keys whose run kills itself
+(SIGKILL) before or after its effect, or stops itself (SIGSTOP, resumed by the
+test after the lease ran out) before or after it, in ``JOBS_FAULTS``; the test
+restarts killed workers. Each process appends what it did
+to its own log, one line per event, written before the next step:
+``start KEY TOKEN``, ``end KEY``, ``done KEY``, ``uncertain KEY``, ``stale KEY``, ``timeout KEY``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+
+import stockade
+from stockade import jobs
+
+data, worker, seed, keys, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+# The keys whose (first) run kills itself before or after its effect, or stops itself: "KEY:kb,KEY:ka,KEY:st".
+FAULTS = dict(item.split(":") for item in os.environ.get("JOBS_FAULTS", "").split(",") if item)
+TTL_MS, WAIT_MS = 1_000, 6_000
+rng = random.Random(seed)
+pid = os.getpid()
+log_fd = os.open(os.path.join(data, f"log-{worker}-{pid}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+coord = stockade.connect(f"sqlite://{data}/coord.db")
+store = stockade.open_store(f"sqlite://{data}/store.db", cluster_id=coord.cluster_id)
+
+
+def log(line: str) -> None:
+    os.write(log_fd, (line + "\n").encode())
+
+
+def fault(key: str, before: bool) -> None:
+    planned = FAULTS.get(key)
+    if planned == ("kb" if before else "ka"):
+        os.kill(pid, signal.SIGKILL)
+    elif planned == "st" and before == (int(key[1:]) % 2 == 0):
+        log(f"stop {key}")
+        os.kill(pid, signal.SIGSTOP)  # the test resumes it once the lease has run out
+
+
+def effect(scope: str, token: object) -> None:
+    with store.transaction(scope, token=token) as tx:
+        item = tx.get("count")
+        tx.put("count", str(int(item.value) + 1 if item else 1))
+        tx.put(f"effect/{worker}-{pid}", str(getattr(token, "value", token)))
+
+
+def job(ctx: jobs.JobContext) -> dict[str, object]:
+    log(f"start {ctx.key} {ctx.token.value}")
+    fault(ctx.key, before=True)
+    time.sleep(rng.random() * 0.003)
+    effect(ctx.scope, ctx.token)
+    fault(ctx.key, before=False)
+    log(f"end {ctx.key}")
+    return {"by": f"{worker}-{pid}", "token": ctx.token.value}
+
+
+def naive_once(key: str) -> None:
+    """The control: check, then run; each write fenced on its own, no lease over the whole job."""
+    scope = jobs.job_scope(key)
+    if store.get(scope, "done") is not None:
+        log(f"done {key}")
+        return
+    log(f"start {key} 0")
+    time.sleep(rng.random() * 0.003)
+    with coord.lock(scope, ttl_ms=TTL_MS * 10, wait_ms=WAIT_MS) as lease:
+        effect(scope, lease.token)
+    with coord.lock(scope, ttl_ms=TTL_MS * 10, wait_ms=WAIT_MS) as lease:
+        store.put(scope, "done", b"1", token=lease.token)
+    log(f"end {key}")
+
+
+order = list(range(keys))
+for i in range(0, keys, 6):  # everyone walks the keys in about the same order: neighbours collide
+    window = order[i:i + 6]
+    rng.shuffle(window)
+    order[i:i + 6] = window
+pending = [f"k{n:05d}" for n in order]
+for _ in range(4):
+    retry = []
+    for current in pending:
+        if mode == "naive":
+            naive_once(current)
+            continue
+        try:
+            jobs.once(coord, store, current, job, ttl_ms=TTL_MS, wait_ms=WAIT_MS, holder=f"{worker}-{pid}")
+            log(f"done {current}")
+        except jobs.JobUncertain:
+            log(f"uncertain {current}")
+        except stockade.LockTimeout:
+            log(f"timeout {current}")
+            retry.append(current)
+        except (stockade.FenceRejected, stockade.LeaseLost, stockade.NotHolder):
+            log(f"stale {current}")
+    pending = retry
+os.close(log_fd)
