@@ -515,3 +515,135 @@ def test_a_client_paused_past_its_ttl_is_fenced_out(pg_coord_url, tmp_path):
 def test_control_a_paused_client_writes_where_fencing_is_off(pg_coord_url, tmp_path):
     accepted = _paused_rounds(pg_coord_url, tmp_path / "store.db", 3, control=True)
     assert accepted == 3
+
+
+# -- the rules run as SQL (one statement per common case) agree with the lease engine -------------
+
+MODEL_SCOPES = 3
+MODEL_OPS_MAX = 12
+MODEL_EXAMPLES = 12
+SHORT_TTL_MS = 100  # the least ttl; an "expire" step sleeps past it on both sides
+_model_examples = iter(range(1_000_000))
+
+
+def _model_policy():
+    from stockade.core.leases import LeasePolicy
+
+    # Nothing but an "expire" step may depend on time: waiters stay alive, lock-delays outlast the run.
+    return LeasePolicy(lock_delay_ms=60_000, waiter_stale_ms=60_000)
+
+
+def _apply(coord, op, ids: list[str], deadlines: dict[str, tuple[str, int]], prefix: str):
+    """One step on one coordinator; a plain value describing what it answered."""
+    from stockade.core.errors import NotHolder
+    from stockade.core.leases import Granted, Queued
+
+    kind, arg, wait = op
+    if kind in ("acquire", "expire"):
+        lease_id = f"{prefix}-lease-{len(ids)}".ljust(24, "_")
+        ids.append(lease_id)
+        ttl_ms = SHORT_TTL_MS if kind == "expire" else 60_000
+        scope = f"{prefix}-s{arg}"
+        attempt = coord.attempt(scope, lease_id=lease_id, holder=f"h{len(ids)}", ttl_ms=ttl_ms, wait_ms=wait)
+        deadlines[lease_id] = (scope, attempt.wait_deadline_ns)
+        outcome = attempt.outcome
+    else:
+        lease_id = ids[arg % len(ids)] if ids and arg >= 0 else f"{prefix}-unknown".ljust(24, "_")
+        if kind == "again":
+            if lease_id not in deadlines:
+                return "skipped"
+            scope, deadline_ns = deadlines[lease_id]
+            outcome = coord.attempt(scope, lease_id=lease_id, holder="again", ttl_ms=60_000, wait_ms=0,
+                                    wait_deadline_ns=deadline_ns).outcome
+        elif kind == "release":
+            return ("released", coord.release(lease_id).released)
+        elif kind == "renew":
+            try:
+                lease = coord.renew(lease_id)
+            except NotHolder:
+                return ("not holder",)
+            return ("renewed", lease.token.value, lease.holder, lease.ttl_ms)
+        else:
+            coord.cancel_wait(f"{prefix}-s{arg % MODEL_SCOPES}", lease_id)
+            return ("cancelled",)
+    if isinstance(outcome, Granted):
+        return ("granted", outcome.lease.token.value, outcome.lease.holder, outcome.lease.ttl_ms)
+    if isinstance(outcome, Queued):
+        return ("queued", outcome.position, outcome.holder)
+    return ("timed out",)
+
+
+def _state(coord, prefix: str) -> list[tuple]:
+    infos = [coord.inspect(f"{prefix}-s{n}") for n in range(MODEL_SCOPES)]
+    return [(i.state, i.holder, i.token.value if i.token else None, i.last_token, i.waiters) for i in infos]
+
+
+def _run_model(sql_side, engine_side, ops) -> list[str]:
+    """The same steps on both sides (the SQL rules on, and off); every difference, described."""
+    prefix = f"m{next(_model_examples)}"
+    differences = []
+    sides = [(sql_side, [], {}), (engine_side, [], {})]
+    for step, op in enumerate(ops):
+        answers = [_apply(coord, op, ids, deadlines, prefix) for coord, ids, deadlines in sides]
+        if op[0] == "expire":
+            time.sleep(SHORT_TTL_MS * 1.5 / 1000)  # both leases (if granted) have expired now
+        states = [_state(coord, prefix) for coord, _, _ in sides]
+        if answers[0] != answers[1] or states[0] != states[1]:
+            differences.append(f"step {step} {op}: {answers[0]} / {answers[1]}; {states[0]} / {states[1]}")
+    return differences
+
+
+@pytest.fixture
+def model_sides(pg_coord_url):
+    """A coordinator with the SQL rules and one without, each on its own database of one server (one timeline)."""
+    from stockade.coordinators.postgres import PostgresCoordinator
+
+    server = pg_helper.shared_server()
+    other = pg_helper.fresh_database(server)
+    sql_side = PostgresCoordinator(pg_coord_url, policy=_model_policy())
+    engine_side = PostgresCoordinator(server.url(other), policy=_model_policy())
+    engine_side.server_rules = False
+    yield sql_side, engine_side
+    sql_side.close()
+    engine_side.close()
+    pg_helper.drop_database(server, other)
+
+
+def _ops():
+    from hypothesis import strategies as st
+
+    index = st.integers(-1, MODEL_OPS_MAX)
+    return st.lists(st.one_of(
+        st.tuples(st.just("acquire"), st.integers(0, MODEL_SCOPES - 1), st.sampled_from([0, 30_000])),
+        st.tuples(st.just("expire"), st.integers(0, MODEL_SCOPES - 1), st.just(0)),
+        st.tuples(st.sampled_from(["release", "renew", "again", "cancel"]), index, st.just(0)),
+    ), min_size=1, max_size=MODEL_OPS_MAX)
+
+
+def test_sql_rules_agree_with_the_lease_engine(model_sides):
+    """A bounded model check: random steps give the same answers and states with the SQL rules as without."""
+    from hypothesis import HealthCheck, given, settings
+
+    sql_side, engine_side = model_sides
+
+    @settings(max_examples=MODEL_EXAMPLES, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(_ops())
+    def check(ops):
+        assert _run_model(sql_side, engine_side, ops) == []
+
+    check()
+
+
+def test_control_a_barging_sql_rule_is_caught(model_sides):
+    """The same check against a grant rule that ignores the queue: it must find the difference."""
+    from stockade.coordinators._postgres_coord_rows import SERVER_RULES
+
+    sql_side, engine_side = model_sides
+    waiters_check = "OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope)"
+    assert waiters_check in SERVER_RULES
+    with psycopg.connect(sql_side.records._conninfo, autocommit=True) as conn:
+        conn.execute(SERVER_RULES.replace(waiters_check, ""))
+    ops = [("acquire", 0, 0), ("acquire", 0, 30_000), ("release", 0, 0), ("acquire", 0, 30_000)]
+    differences = _run_model(sql_side, engine_side, ops)
+    assert len(differences) == 1 and differences[0].startswith("step 3"), differences
