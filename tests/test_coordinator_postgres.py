@@ -342,7 +342,36 @@ def test_lock_cycles_side_by_side_with_a_lease_row(pg_coord_url):
 
 STORM_PROCESSES = 4
 STORM_SCOPES = 8
+STORM_TTL_MS = 1_000  # tests/helpers/pg_storm.py
 PROMOTIONS = 10
+
+
+def _storm_overlaps(events: list[dict]) -> int:
+    """Grants that overlapped a lease of the same scope in time, as the holders saw them.
+
+    A holder holds from its grant's acknowledgement to the moment it asks for the
+    release (``release`` event) or, if it never did, its TTL later. Both ends
+    are on the one CLOCK_MONOTONIC of this machine, and each end is on the safe
+    side: the grant is acknowledged after the server made it, the release asked
+    for before the server forgot it. An overlap is then real: two clients held
+    the scope at once (the lease safety the backend gives; fencing catches it).
+    """
+    ends = {(e["release"], e["token"]): e["at"] for e in events if "release" in e}
+    overlaps = 0
+    by_scope: dict[str, list[tuple[int, int]]] = {}
+    for e in sorted((e for e in events if "grant" in e), key=lambda e: e["at"]):
+        end = ends.get((e["grant"], e["token"]), e["at"] + STORM_TTL_MS * 1_000_000)
+        held = by_scope.setdefault(e["grant"], [])
+        overlaps += any(start < end and e["at"] < other_end for start, other_end in held)
+        held.append((e["at"], end))
+    return overlaps
+
+
+def _first_grants_after(events: list[dict], deaths_ns: list[int]) -> list[float]:
+    """For each primary's death, the milliseconds until the next grant anyone acknowledged."""
+    grants = sorted(e["at"] for e in events if "grant" in e)
+    return [(next(at for at in grants if at > death) - death) / 1e6 for death in deaths_ns
+            if any(at > death for at in grants)]
 
 
 def _storm_checks(events: list[dict]) -> tuple[int, int, int, int]:
@@ -366,7 +395,8 @@ def _storm_checks(events: list[dict]) -> tuple[int, int, int, int]:
     return len(grants), regressions, duplicates, stale
 
 
-def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -> tuple[int, int, int, int]:
+def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool, figures: dict | None = None
+                              ) -> tuple[int, int, int, int]:
     import json
     import subprocess
     import sys
@@ -381,6 +411,7 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -
     store_url = f"sqlite://{tmp_path / 'store.db'}"
     primary, standby = pair.primary, pair.standby
     events: list[dict] = []
+    deaths_ns: list[int] = []
     lock = threading.Lock()
     workers = []
     try:
@@ -414,6 +445,7 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -
             if not synchronous:
                 standby.stop()  # it falls behind: the next grants reach the primary alone, and are lost
                 storm_for(20)
+            deaths_ns.append(time.monotonic_ns())
             primary.kill9()
             if not synchronous:
                 standby.start()
@@ -444,18 +476,28 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -
         standby.close()
         primary.close()
     with lock:
+        if figures is not None:
+            figures["overlaps"] = _storm_overlaps(events)
+            figures["to_next_grant_ms"] = _first_grants_after(events, deaths_ns)
         return _storm_checks(events)
 
 
 @pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="10 promotions: STOCKADE_LONG=1")
 @pytest.mark.parametrize("synchronous", [False, True], ids=["async", "sync"])
 def test_s15_storm_through_promotions(tmp_path, synchronous):
+    import statistics
+
+    figures: dict = {}
     grants, regressions, duplicates, stale = _storm_through_promotions(tmp_path, synchronous=synchronous,
-                                                                       timelines=True)
+                                                                       timelines=True, figures=figures)
     mode = "sync" if synchronous else "async"
+    waits = figures["to_next_grant_ms"]
     print(f"\nS15 {mode}: {PROMOTIONS} promotions, {grants} grants: regressions {regressions}, duplicates "
-          f"{duplicates}, stale writes accepted {stale}")
+          f"{duplicates}, stale writes accepted {stale}; grants that overlapped in time {figures['overlaps']}; "
+          f"primary's death to the next grant: median {statistics.median(waits):.0f} ms "
+          f"(min {min(waits):.0f}, max {max(waits):.0f}, {len(waits)} deaths)")
     assert grants >= PROMOTIONS * 20 and regressions == 0 and duplicates == 0 and stale == 0
+    assert len(waits) == PROMOTIONS
 
 
 @pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="10 promotions: STOCKADE_LONG=1")

@@ -4,6 +4,8 @@
 
 - ``{"grant": scope, "token": t, "at": ns}`` when a grant came back (``at``: CLOCK_MONOTONIC);
 - ``{"write": scope, "token": t, "ok": bool, "at": ns}`` for each fenced write (``ok``: accepted);
+- ``{"release": scope, "token": t, "at": ns}`` when the holder stops using the lease (just before
+  it asks for the release: from then on it holds nothing);
 - ``{"unavailable": 1}`` for an attempt the coordinator did not answer (a failover under way).
 
 It runs until stdin closes. Every error but the coordinator's unavailability ends it.
@@ -52,6 +54,7 @@ while not stop.is_set():
             say(write=scope, token=lease.token.value, ok=True, at=time.monotonic_ns())
         except StaleToken:
             say(write=scope, token=lease.token.value, ok=False, at=time.monotonic_ns())
+    say(release=scope, token=lease.token.value, at=time.monotonic_ns())
     try:
         lease.release()
     except (BackendUnavailable, LeaseLost, NotHolder):
