@@ -6,9 +6,10 @@ imported only then.
 
 This module is a record store (`PostgresRecords`, the port of
 `stockade.core.engine`) and the one lease engine over it
-(`PostgresCoordinator`). It is the engine, not SQL of its own, that decides,
-so the rules are the same code as every other backend's; what PostgreSQL
-gives is where the records live and three things the engine needs:
+(`PostgresCoordinator`); the common cases (a free scope's grant, a live
+lease's renewal or release, nobody queued) run as one server-side statement
+each with the same rules (`SERVER_RULES`, held to the engine by a model check).
+PostgreSQL gives where the records live and three things the rules need:
 
 - **The clock.** Every unit's first statement reads the server's
   ``clock_timestamp()``, and that is ``now_ns`` for the whole unit
