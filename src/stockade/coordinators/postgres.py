@@ -62,6 +62,7 @@ from stockade.coordinators._postgres_coord_tx import GENERATION_BITS, PgTx
 from stockade.core.engine import LeaseEngine, Outcome, recover_records
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LimitExceeded, NotHolder
 from stockade.core.leases import AcquireRequest, Granted, Lease, LeasePolicy, Queued, Released, lease_hint
+from stockade.core.leases import acquire as core_acquire
 from stockade.core.limits import validate_int, validate_scope
 from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, EPOCH_MAX, FencingToken
 
@@ -511,7 +512,8 @@ class PostgresCoordinator(LeaseEngine):
         Raises:
             As `LeaseEngine.try_acquire`.
         """
-        if wait_deadline_ns is None and self.server_rules:  # a first attempt: most find the scope free
+        # A first attempt (most find the scope free), unless a test replaced the engine's grant rule.
+        if wait_deadline_ns is None and self.server_rules and self.acquire_rule is core_acquire:
             AcquireRequest(cluster=self.cluster_id, scope=scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
                            wait_deadline_ns=0)  # the checks of every acquire, before anything is sent
             row = self.records.call("SELECT token, now_ns FROM stockade_coord_grant(%s, %s, %s, %s, %s)",
