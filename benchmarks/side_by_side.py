@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
-"""stockade serve beside etcd and PostgreSQL, in one run, on this machine.
+"""stockade beside etcd and PostgreSQL, in one run, on this machine.
 
 Starts, on loopback free ports in a temporary directory (as root, no systemd):
-etcd (default durability: every commit fsyncs its WAL), PostgreSQL 15 (fsync=on,
-synchronous_commit=on: the defaults) and `stockade serve` (durable: a token is
-fsync'd before it is returned, C1). Then, run after run, interleaved:
+one etcd member (default durability: every commit fsyncs its WAL), PostgreSQL 15
+(fsync=on, synchronous_commit=on: the defaults) and `stockade serve` (durable: a
+token is fsync'd before it is returned, C1). Then, run after run, interleaved:
 
-* ``stockade bench --url http://...`` (lock cycles and fenced writes, 1 client and
-  N client processes), and
-* the peers' ``lockbench.py --variants etcd-aetcd,pg-lease-row --conc-mode procs``
-  (the same workload and arithmetic),
+* ``stockade bench --url http://...`` (lock cycles and fenced writes) against
+  ``stockade serve``;
+* ``stockade bench --url postgresql://...`` (lock cycles, the embedded client
+  on the PostgreSQL coordinator) against the same PostgreSQL server;
+* ``stockade bench --url etcd://...`` (lock cycles, the etcd coordinator)
+  against the same etcd member;
+* the peers' ``lockbench.py --variants etcd-aetcd,etcd-gw,pg-lease-row --conc-mode procs``
+  (the same workload and arithmetic) against the same two servers,
 
-and prints medians over the runs, with ratios to each peer.
+each with 1 client and N client processes, and prints medians over the runs,
+with ratios: stockade serve to each peer, stockade on PostgreSQL to the
+lease row (``pg-lease-row``), stockade on etcd to a raw lease + txn over the
+gateway (``etcd-gw``).
 
     python benchmarks/side_by_side.py --peers DIR --runs 3
     python benchmarks/side_by_side.py --peers DIR --peer-python /tmp/venv/bin/python
@@ -19,8 +26,9 @@ and prints medians over the runs, with ratios to each peer.
 DIR is a directory holding the peer benchmark, ``lockbench.py``; it is not part
 of stockade (benchmarks/README.md says what it must provide).
 
-The peers' clients (``aetcd``, ``psycopg[binary]``) must be importable by
-``--peer-python`` (default: this interpreter); they are not stockade dependencies.
+The peers' clients (``aetcd``, ``etcd3gw``, ``psycopg[binary]``) must be
+importable by ``--peer-python`` (default: this interpreter); they are not
+stockade dependencies.
 """
 
 from __future__ import annotations
@@ -139,13 +147,22 @@ class Servers:
                            capture_output=True)
 
 
-def run_stockade(url: str, args: argparse.Namespace, out: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "stockade", "bench", "--url", url, "--workloads", args.workloads,
-           "--clients", str(args.clients), "--seconds", str(args.seconds), "--iters", str(args.iters),
-           "--json", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+#: The stockade side per coordinator url scheme: its label in the table and the peer it is put beside.
+BACKENDS = {"http": ("stockade lock", None), "postgresql": ("stockade lock on postgresql", "pg-lease-row"),
+            "etcd": ("stockade lock on etcd", "etcd-gw")}
+
+
+def run_stockade(url: str, args: argparse.Namespace, out: Path, workloads: str) -> list[dict]:
+    cmd = [sys.executable, "-m", "stockade", "bench", "--url", url, "--workloads", workloads,
+           "--clients", str(args.clients), "--conc-mode", "procs", "--seconds", str(args.seconds),
+           "--iters", str(args.iters), "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"stockade bench --url {url} failed: {done.stderr[-2000:]}")
     results = json.loads(out.read_text())["results"]
-    return [{"system": f"stockade {r['workload']}", **r} for r in results]
+    scheme = url.split(":", 1)[0]
+    label = BACKENDS[scheme][0]
+    return [{"system": label if r["workload"] == "lock" else f"stockade {r['workload']}", **r} for r in results]
 
 
 def run_peers(args: argparse.Namespace, env: dict[str, str], out: Path) -> list[dict]:
@@ -190,19 +207,20 @@ def table(summary: dict, clients: int, peers: list[str]) -> str:
             f"{many['p50_us']:.0f} | {many['p99_us']:.0f} | {one['errors'] + many['errors']} / "
             f"{one['viol'] + many['viol']} |"
         )
-    lock = "stockade lock"
-    if (lock, 1) in summary:
+    pairs = [("stockade lock", peer) for peer in peers]
+    pairs += [(label, peer) for label, peer in BACKENDS.values() if peer is not None and peer in peers]
+    pairs = [(ours, peer) for ours, peer in pairs
+             if all((system, c) in summary for system in (ours, peer) for c in (1, clients))]
+    if pairs:
         lines.append("")
         lines.append(f"| ratio: stockade lock cycles / peer | 1 client cycles/s | 1 client p50 (peer/stockade) "
                      f"| {clients} procs cycles/s |")
         lines.append("|---|---|---|---|")
-        for peer in peers:
-            if (peer, 1) not in summary or (peer, clients) not in summary:
-                continue
+        for ours, peer in pairs:
             lines.append(
-                f"| vs {peer} | {summary[(lock, 1)]['ops_s'] / summary[(peer, 1)]['ops_s']:.2f}× | "
-                f"{summary[(peer, 1)]['p50_us'] / summary[(lock, 1)]['p50_us']:.2f}× | "
-                f"{summary[(lock, clients)]['ops_s'] / summary[(peer, clients)]['ops_s']:.2f}× |"
+                f"| {ours} vs {peer} | {summary[(ours, 1)]['ops_s'] / summary[(peer, 1)]['ops_s']:.2f}× | "
+                f"{summary[(peer, 1)]['p50_us'] / summary[(ours, 1)]['p50_us']:.2f}× | "
+                f"{summary[(ours, clients)]['ops_s'] / summary[(peer, clients)]['ops_s']:.2f}× |"
             )
     return "\n".join(lines)
 
@@ -212,8 +230,10 @@ def main() -> int:
     parser.add_argument(
         "--peers", required=True, help="directory holding the peer benchmark lockbench.py (not part of stockade)"
     )
-    parser.add_argument("--peer-python", default=sys.executable, help="python with aetcd and psycopg[binary]")
-    parser.add_argument("--variants", default="etcd-aetcd,pg-lease-row")
+    parser.add_argument("--peer-python", default=sys.executable, help="python with aetcd, etcd3gw and psycopg[binary]")
+    parser.add_argument("--variants", default="etcd-aetcd,etcd-gw,pg-lease-row")
+    parser.add_argument("--backends", default="http,postgresql,etcd",
+                        help="coordinators stockade bench measures: http (stockade serve), postgresql, etcd")
     parser.add_argument("--workloads", default="lock,write")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
@@ -229,24 +249,35 @@ def main() -> int:
     try:
         env = dict(os.environ)
         peers = [v.strip() for v in args.variants.split(",") if v.strip()]
-        if any(v.startswith("etcd") for v in peers):
+        backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            parser.error(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+        urls: dict[str, str] = {}
+        if any(v.startswith("etcd") for v in peers) or "etcd" in backends:
             env["LB_ETCD_PORT"] = str(servers.start_etcd())
-        if any(v.startswith("pg") for v in peers):
-            env["LB_PG_DSN"] = f"host=127.0.0.1 port={servers.start_postgres()} user=postgres dbname=postgres"
-        url = args.stockade_url or servers.start_stockade(args.serve_arg)
-        print(f"servers up in {root}: stockade {url}, etcd :{env.get('LB_ETCD_PORT')}, pg {env.get('LB_PG_DSN')}",
+            urls["etcd"] = f"etcd://127.0.0.1:{env['LB_ETCD_PORT']}"
+        if any(v.startswith("pg") for v in peers) or "postgresql" in backends:
+            pg_port = servers.start_postgres()
+            env["LB_PG_DSN"] = f"host=127.0.0.1 port={pg_port} user=postgres dbname=postgres"
+            urls["postgresql"] = f"postgresql://postgres@127.0.0.1:{pg_port}/postgres"
+        if "http" in backends:
+            urls["http"] = args.stockade_url or servers.start_stockade(args.serve_arg)
+        print(f"servers up in {root}: {', '.join(f'{k} {v}' for k, v in urls.items())} (etcd: one member)",
               flush=True)
+        sides = [b for b in backends if b in urls] + ["peers"]
         for run in range(1, args.runs + 1):
-            # Alternate who goes first, so neither side always runs on a warmer machine.
-            order = ["stockade", "peers"] if run % 2 else ["peers", "stockade"]
-            for side in order:
-                if side == "stockade":
-                    got = run_stockade(url, args, root / f"stockade-{run}.json")
-                else:
+            # Rotate who goes first, so no side always runs on a warmer (or busier) machine.
+            shift = (run - 1) % len(sides)
+            for side in sides[shift:] + sides[:shift]:
+                if side == "peers":
                     got = run_peers(args, env, root / f"peers-{run}.json")
+                else:
+                    workloads = args.workloads if side == "http" else "lock"
+                    got = run_stockade(urls[side], args, root / f"stockade-{side}-{run}.json", workloads)
                 for row in got:
                     row["run"] = run
-                    print(f"run {run} {row['system']:22s} {row['clients']}c {row['ops_s']:8.0f}/s "
+                    print(f"run {run} {row['system']:28s} {row['clients']}c {row['ops_s']:8.0f}/s "
                           f"p50 {row['p50_us']:6.0f} p99 {row['p99_us']:6.0f} µs", flush=True)
                 rows += got
         summary = medians(rows)

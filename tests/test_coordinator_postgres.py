@@ -342,7 +342,57 @@ def test_lock_cycles_side_by_side_with_a_lease_row(pg_coord_url):
 
 STORM_PROCESSES = 4
 STORM_SCOPES = 8
+STORM_TTL_MS = 1_000  # tests/helpers/pg_storm.py
 PROMOTIONS = 10
+
+
+def _storm_overlaps(events: list[dict]) -> tuple[int, int]:
+    """Grants that overlapped a lease of the same scope in time, as the holders saw them.
+
+    A holder holds from its grant's acknowledgement to the moment it asks for the
+    release (``release`` event) or, if it never did, its TTL later. Both ends
+    are on the one CLOCK_MONOTONIC of this machine, and each end is on the safe
+    side: the grant is acknowledged after the server made it, the release asked
+    for before the server forgot it. An overlap is then real: two clients held
+    the scope at once (the lease safety the backend gives; fencing catches it).
+
+    Returns:
+        (overlaps acknowledged less than a TTL after the earlier acquire was sent,
+        so that the server granted the scope again within the earlier lease's TTL;
+        overlaps after that: the earlier holder was still at work when its lease
+        expired, or the earlier grant was made so late in its wait that nothing
+        says the server granted twice).
+    """
+    ttl_ns = STORM_TTL_MS * 1_000_000
+    ends = {(e["release"], e["token"]): e["at"] for e in events if "release" in e}
+    within = after = 0
+    by_scope: dict[str, list[tuple[int, int, int]]] = {}
+    for e in sorted((e for e in events if "grant" in e), key=lambda e: e["at"]):
+        end = ends.get((e["grant"], e["token"]), e["at"] + ttl_ns)
+        held = by_scope.setdefault(e["grant"], [])
+        overlapped = [sent for start, other_end, sent in held if start < end and e["at"] < other_end]
+        if overlapped:
+            within += any(e["at"] < sent + ttl_ns for sent in overlapped)
+            after += all(e["at"] >= sent + ttl_ns for sent in overlapped)
+        held.append((e["at"], end, e["sent"]))
+    return within, after
+
+
+def _first_grants_after(events: list[dict], deaths_ns: list[int]) -> list[float]:
+    """For each primary's death, the milliseconds until the first grant of the promoted server was acknowledged.
+
+    A grant of the promoted server is one whose token carries a higher timeline
+    than every token acknowledged before the death (grants the dead primary made
+    may still be acknowledged a little after it died).
+    """
+    grants = sorted((e["at"], e["token"] >> (22 + 16)) for e in events if "grant" in e)
+    waits = []
+    for death in deaths_ns:
+        before = max((timeline for at, timeline in grants if at <= death), default=0)
+        first = next((at for at, timeline in grants if at > death and timeline > before), None)
+        if first is not None:
+            waits.append((first - death) / 1e6)
+    return waits
 
 
 def _storm_checks(events: list[dict]) -> tuple[int, int, int, int]:
@@ -366,7 +416,8 @@ def _storm_checks(events: list[dict]) -> tuple[int, int, int, int]:
     return len(grants), regressions, duplicates, stale
 
 
-def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -> tuple[int, int, int, int]:
+def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool, figures: dict | None = None
+                              ) -> tuple[int, int, int, int]:
     import json
     import subprocess
     import sys
@@ -381,6 +432,7 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -
     store_url = f"sqlite://{tmp_path / 'store.db'}"
     primary, standby = pair.primary, pair.standby
     events: list[dict] = []
+    deaths_ns: list[int] = []
     lock = threading.Lock()
     workers = []
     try:
@@ -414,6 +466,7 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -
             if not synchronous:
                 standby.stop()  # it falls behind: the next grants reach the primary alone, and are lost
                 storm_for(20)
+            deaths_ns.append(time.monotonic_ns())
             primary.kill9()
             if not synchronous:
                 standby.start()
@@ -444,18 +497,29 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool) -
         standby.close()
         primary.close()
     with lock:
+        if figures is not None:
+            figures["overlaps"] = _storm_overlaps(events)
+            figures["to_next_grant_ms"] = _first_grants_after(events, deaths_ns)
         return _storm_checks(events)
 
 
 @pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="10 promotions: STOCKADE_LONG=1")
 @pytest.mark.parametrize("synchronous", [False, True], ids=["async", "sync"])
 def test_s15_storm_through_promotions(tmp_path, synchronous):
+    import statistics
+
+    figures: dict = {}
     grants, regressions, duplicates, stale = _storm_through_promotions(tmp_path, synchronous=synchronous,
-                                                                       timelines=True)
+                                                                       timelines=True, figures=figures)
     mode = "sync" if synchronous else "async"
+    waits = figures["to_next_grant_ms"]
     print(f"\nS15 {mode}: {PROMOTIONS} promotions, {grants} grants: regressions {regressions}, duplicates "
-          f"{duplicates}, stale writes accepted {stale}")
+          f"{duplicates}, stale writes accepted {stale}; grants that overlapped another holder in time: "
+          f"{figures['overlaps'][0]} within a TTL of the earlier acquire, {figures['overlaps'][1]} after it; "
+          f"primary's death to the next grant: median {statistics.median(waits):.0f} ms "
+          f"(min {min(waits):.0f}, max {max(waits):.0f}, {len(waits)} deaths)")
     assert grants >= PROMOTIONS * 20 and regressions == 0 and duplicates == 0 and stale == 0
+    assert len(waits) == PROMOTIONS
 
 
 @pytest.mark.skipif(os.environ.get("STOCKADE_LONG") != "1", reason="10 promotions: STOCKADE_LONG=1")
@@ -515,3 +579,135 @@ def test_a_client_paused_past_its_ttl_is_fenced_out(pg_coord_url, tmp_path):
 def test_control_a_paused_client_writes_where_fencing_is_off(pg_coord_url, tmp_path):
     accepted = _paused_rounds(pg_coord_url, tmp_path / "store.db", 3, control=True)
     assert accepted == 3
+
+
+# -- the rules run as SQL (one statement per common case) agree with the lease engine -------------
+
+MODEL_SCOPES = 3
+MODEL_OPS_MAX = 12
+MODEL_EXAMPLES = 12
+SHORT_TTL_MS = 100  # the least ttl; an "expire" step sleeps past it on both sides
+_model_examples = iter(range(1_000_000))
+
+
+def _model_policy():
+    from stockade.core.leases import LeasePolicy
+
+    # Nothing but an "expire" step may depend on time: waiters stay alive, lock-delays outlast the run.
+    return LeasePolicy(lock_delay_ms=60_000, waiter_stale_ms=60_000)
+
+
+def _apply(coord, op, ids: list[str], deadlines: dict[str, tuple[str, int]], prefix: str):
+    """One step on one coordinator; a plain value describing what it answered."""
+    from stockade.core.errors import NotHolder
+    from stockade.core.leases import Granted, Queued
+
+    kind, arg, wait = op
+    if kind in ("acquire", "expire"):
+        lease_id = f"{prefix}-lease-{len(ids)}".ljust(24, "_")
+        ids.append(lease_id)
+        ttl_ms = SHORT_TTL_MS if kind == "expire" else 60_000
+        scope = f"{prefix}-s{arg}"
+        attempt = coord.attempt(scope, lease_id=lease_id, holder=f"h{len(ids)}", ttl_ms=ttl_ms, wait_ms=wait)
+        deadlines[lease_id] = (scope, attempt.wait_deadline_ns)
+        outcome = attempt.outcome
+    else:
+        lease_id = ids[arg % len(ids)] if ids and arg >= 0 else f"{prefix}-unknown".ljust(24, "_")
+        if kind == "again":
+            if lease_id not in deadlines:
+                return "skipped"
+            scope, deadline_ns = deadlines[lease_id]
+            outcome = coord.attempt(scope, lease_id=lease_id, holder="again", ttl_ms=60_000, wait_ms=0,
+                                    wait_deadline_ns=deadline_ns).outcome
+        elif kind == "release":
+            return ("released", coord.release(lease_id).released)
+        elif kind == "renew":
+            try:
+                lease = coord.renew(lease_id)
+            except NotHolder:
+                return ("not holder",)
+            return ("renewed", lease.token.value, lease.holder, lease.ttl_ms)
+        else:
+            coord.cancel_wait(f"{prefix}-s{arg % MODEL_SCOPES}", lease_id)
+            return ("cancelled",)
+    if isinstance(outcome, Granted):
+        return ("granted", outcome.lease.token.value, outcome.lease.holder, outcome.lease.ttl_ms)
+    if isinstance(outcome, Queued):
+        return ("queued", outcome.position, outcome.holder)
+    return ("timed out",)
+
+
+def _state(coord, prefix: str) -> list[tuple]:
+    infos = [coord.inspect(f"{prefix}-s{n}") for n in range(MODEL_SCOPES)]
+    return [(i.state, i.holder, i.token.value if i.token else None, i.last_token, i.waiters) for i in infos]
+
+
+def _run_model(sql_side, engine_side, ops) -> list[str]:
+    """The same steps on both sides (the SQL rules on, and off); every difference, described."""
+    prefix = f"m{next(_model_examples)}"
+    differences = []
+    sides = [(sql_side, [], {}), (engine_side, [], {})]
+    for step, op in enumerate(ops):
+        answers = [_apply(coord, op, ids, deadlines, prefix) for coord, ids, deadlines in sides]
+        if op[0] == "expire":
+            time.sleep(SHORT_TTL_MS * 1.5 / 1000)  # both leases (if granted) have expired now
+        states = [_state(coord, prefix) for coord, _, _ in sides]
+        if answers[0] != answers[1] or states[0] != states[1]:
+            differences.append(f"step {step} {op}: {answers[0]} / {answers[1]}; {states[0]} / {states[1]}")
+    return differences
+
+
+@pytest.fixture
+def model_sides(pg_coord_url):
+    """A coordinator with the SQL rules and one without, each on its own database of one server (one timeline)."""
+    from stockade.coordinators.postgres import PostgresCoordinator
+
+    server = pg_helper.shared_server()
+    other = pg_helper.fresh_database(server)
+    sql_side = PostgresCoordinator(pg_coord_url, policy=_model_policy())
+    engine_side = PostgresCoordinator(server.url(other), policy=_model_policy())
+    engine_side.server_rules = False
+    yield sql_side, engine_side
+    sql_side.close()
+    engine_side.close()
+    pg_helper.drop_database(server, other)
+
+
+def _ops():
+    from hypothesis import strategies as st
+
+    index = st.integers(-1, MODEL_OPS_MAX)
+    return st.lists(st.one_of(
+        st.tuples(st.just("acquire"), st.integers(0, MODEL_SCOPES - 1), st.sampled_from([0, 30_000])),
+        st.tuples(st.just("expire"), st.integers(0, MODEL_SCOPES - 1), st.just(0)),
+        st.tuples(st.sampled_from(["release", "renew", "again", "cancel"]), index, st.just(0)),
+    ), min_size=1, max_size=MODEL_OPS_MAX)
+
+
+def test_sql_rules_agree_with_the_lease_engine(model_sides):
+    """A bounded model check: random steps give the same answers and states with the SQL rules as without."""
+    from hypothesis import HealthCheck, given, settings
+
+    sql_side, engine_side = model_sides
+
+    @settings(max_examples=MODEL_EXAMPLES, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(_ops())
+    def check(ops):
+        assert _run_model(sql_side, engine_side, ops) == []
+
+    check()
+
+
+def test_control_a_barging_sql_rule_is_caught(model_sides):
+    """The same check against a grant rule that ignores the queue: it must find the difference."""
+    from stockade.coordinators._postgres_coord_rows import SERVER_RULES
+
+    sql_side, engine_side = model_sides
+    waiters_check = "OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope)"
+    assert waiters_check in SERVER_RULES
+    with psycopg.connect(sql_side.records._conninfo, autocommit=True) as conn:
+        conn.execute(SERVER_RULES.replace(waiters_check, ""))
+    ops = [("acquire", 0, 0), ("acquire", 0, 30_000), ("release", 0, 0), ("acquire", 0, 30_000)]
+    differences = _run_model(sql_side, engine_side, ops)
+    assert len(differences) == 1 and differences[0].startswith("step 3"), differences

@@ -16,18 +16,116 @@ from __future__ import annotations
 
 from typing import Any
 
+from stockade.coordinators._record_diff import POSTGRES, Statement, check_change, lease_and_queue, scope_row_changed
 from stockade.core.errors import invariant
 from stockade.core.leases import Lease, ScopeRecord, Waiter
-from stockade.core.tokens import FencingToken
+from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX, FencingToken
 
 __all__ = [
     "MIGRATIONS", "SCHEMA_VERSION", "MIGRATION_LOCK", "SCOPE_LOCK_CLASS", "get_meta", "set_meta",
-    "forgotten_floor", "load_record", "forget_record", "store_record",
+    "forgotten_floor", "load_record", "forget_record", "record_writes", "record_of_row", "RECORD_SELECT",
+    "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES",
 ]
 
 #: Advisory lock keys: one for the migration, one class for per-scope locks (two-int form).
 MIGRATION_LOCK = 0x5374_6B01
 SCOPE_LOCK_CLASS = 0x5374_6B02
+#: The SQLSTATE of a failed `stockade_coord_expect` check: an invariant broke, not the server.
+EXPECT_SQLSTATE = "SK001"
+
+# What every function below begins with, under the scope's lock: the server's clock, and the
+# timeline check. On a timeline the tables have not recorded yet (a promotion) the function
+# answers nothing, and the lease engine's path starts the timeline (the restart rule, C3/C5).
+_UNIT_START = """
+    v_now := (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint;
+    IF (SELECT v::bigint FROM stockade_coord_meta WHERE k = 'timeline') IS DISTINCT FROM
+       ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+       + COALESCE((SELECT v::bigint FROM stockade_coord_meta WHERE k = 'timeline_offset'), 0) THEN
+        RETURN;
+    END IF;
+"""
+
+#: The rules of `stockade.core.leases` for the cases that need no decision but the obvious one,
+#: each one statement (one round trip) and its own transaction: a grant of a free scope with
+#: nobody queued, the renewal or release of a live lease with nobody queued, and the answer
+#: for a lease id that no lease has (not held; nothing to write). Each answers no
+#: row for every other case (held, queued, expired, lock-delay, a new timeline, a full table, a
+#: counter at the end of its epoch), and then the lease engine decides, in Python, as for every
+#: backend. Tests hold both paths to the same answers (tests/test_coordinator_postgres.py).
+SERVER_RULES = f"""
+CREATE OR REPLACE FUNCTION stockade_coord_grant(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
+                                                p_leases_max bigint)
+RETURNS TABLE (token bigint, now_ns bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now bigint;
+    v_last bigint := 0;
+    v_delay bigint := 0;
+    v_base bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext(p_scope));
+    {_UNIT_START}
+    SELECT s.last_token, s.delay_until_ns INTO v_last, v_delay FROM stockade_coord_scopes s WHERE s.scope = p_scope;
+    IF NOT FOUND THEN
+        v_last := 0;
+        v_delay := 0;
+    END IF;
+    IF v_now < v_delay OR EXISTS (SELECT 1 FROM stockade_coord_leases l WHERE l.scope = p_scope)
+       OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope)
+       OR (SELECT count(*) FROM (SELECT 1 FROM stockade_coord_leases LIMIT p_leases_max) AS n) >= p_leases_max THEN
+        RETURN;
+    END IF;
+    v_base := GREATEST(v_last, (SELECT v::bigint FROM stockade_coord_meta WHERE k = 'epoch') << {COUNTER_BITS},
+                       COALESCE((SELECT v::bigint FROM stockade_coord_meta WHERE k = 'forgotten_floor'), 0));
+    IF v_base & {COUNTER_MAX} = {COUNTER_MAX} THEN
+        RETURN;  -- the counter is at the end of its epoch: the engine starts a new one
+    END IF;
+    INSERT INTO stockade_coord_scopes AS s (scope, last_token, delay_until_ns) VALUES (p_scope, v_base + 1, v_delay)
+        ON CONFLICT (scope) DO UPDATE SET last_token = excluded.last_token WHERE s.last_token = v_last;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '{EXPECT_SQLSTATE}',
+            MESSAGE = format('last_token of %L changed underneath this coordinator', p_scope);
+    END IF;
+    INSERT INTO stockade_coord_leases (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns)
+        VALUES (p_scope, p_lease_id, p_holder, v_base + 1, p_ttl_ms, v_now, v_now + p_ttl_ms * 1000000);
+    RETURN QUERY SELECT v_base + 1, v_now;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION stockade_coord_keep(p_lease_id text, p_release boolean)
+RETURNS TABLE (scope text, holder text, token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint,
+               now_ns bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now bigint;
+    v_scope text;
+    v_lease stockade_coord_leases%ROWTYPE;
+BEGIN
+    {_UNIT_START}
+    SELECT l.scope INTO v_scope FROM stockade_coord_leases l WHERE l.lease_id = p_lease_id;
+    IF NOT FOUND THEN  -- no such lease: nothing to write, the answer is "not held" (a row without a scope)
+        RETURN QUERY SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, v_now;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext(v_scope));
+    v_now := (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint;  -- the lock may have waited
+    -- A later statement than the lock: it reads what the lock protects.
+    SELECT * INTO v_lease FROM stockade_coord_leases l WHERE l.lease_id = p_lease_id AND l.scope = v_scope;
+    IF NOT FOUND OR v_now >= v_lease.expires_ns
+       OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = v_scope) THEN
+        RETURN;
+    END IF;
+    IF p_release THEN
+        DELETE FROM stockade_coord_leases l WHERE l.scope = v_scope;
+    ELSE
+        v_lease.expires_ns := v_now + v_lease.ttl_ms * 1000000;
+        UPDATE stockade_coord_leases l SET expires_ns = v_lease.expires_ns WHERE l.scope = v_scope;
+    END IF;
+    RETURN QUERY SELECT v_scope, v_lease.holder, v_lease.token, v_lease.ttl_ms, v_lease.granted_ns,
+                        v_lease.expires_ns, v_now;
+END
+$$
+"""
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the lease table, the waiters, the meta values, the keyring.
@@ -61,6 +159,20 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE IF NOT EXISTS stockade_coord_keyring (id int PRIMARY KEY CHECK (id = 1), doc bytea NOT NULL);
     REVOKE ALL ON stockade_coord_keyring FROM PUBLIC
     """,
+    # 2: a check inside a statement, so that a unit whose writes and COMMIT travel together
+    # (one round trip) fails before its COMMIT when a compare-and-set does not match.
+    f"""
+    CREATE OR REPLACE FUNCTION stockade_coord_expect(ok boolean, message text) RETURNS void
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NOT ok THEN
+            RAISE EXCEPTION USING ERRCODE = '{EXPECT_SQLSTATE}', MESSAGE = message;
+        END IF;
+    END
+    $$
+    """,
+    # 3: the common cases of acquire, renew and release in one statement each (see SERVER_RULES).
+    SERVER_RULES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -82,26 +194,35 @@ def forgotten_floor(conn: Any) -> int:
     return int(value) if value else 0
 
 
-def load_record(conn: Any, cluster_id: str, scope: str) -> ScopeRecord:
-    """One scope's record as the tables hold it (a never-used scope: an empty record)."""
-    row = conn.execute(  # one round trip: the scope, its lease and its queue
-        "SELECT s.last_token, s.delay_until_ns, l.lease_id, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns, "
-        "(SELECT json_agg(json_build_array(w.lease_id, w.holder, w.deadline_ns::text, w.stale_ns::text) "
-        "ORDER BY w.seq) FROM stockade_coord_waiters w WHERE w.scope = s.scope) "
-        "FROM stockade_coord_scopes s LEFT JOIN stockade_coord_leases l ON l.scope = s.scope WHERE s.scope = %s",
-        (scope,),
-    ).fetchone()
-    if row is None:
+#: One scope's record in one row (the scope, its lease, its queue): append ``WHERE s.scope = ...``.
+RECORD_SELECT = (
+    "SELECT s.scope, s.last_token, s.delay_until_ns, l.lease_id, l.holder, l.token, l.ttl_ms, l.granted_ns, "
+    "l.expires_ns, (SELECT json_agg(json_build_array(w.lease_id, w.holder, w.deadline_ns::text, w.stale_ns::text) "
+    "ORDER BY w.seq) FROM stockade_coord_waiters w WHERE w.scope = s.scope) "
+    "FROM stockade_coord_scopes s LEFT JOIN stockade_coord_leases l ON l.scope = s.scope "
+)
+RECORD_COLUMNS = 10
+
+
+def record_of_row(cluster_id: str, scope: str, row: Any) -> ScopeRecord:
+    """The record of a `RECORD_SELECT` row (None, or a row of NULLs: a never-used scope)."""
+    if row is None or row[0] is None:
         return ScopeRecord(scope)
-    last_token, delay_until_ns, lease_id = row[0], row[1], row[2]
+    invariant(row[0] == scope, f"a row of {row[0]!r} read as {scope!r}")
+    last_token, delay_until_ns, lease_id = row[1], row[2], row[3]
     lease = None
     if lease_id is not None:
-        holder, token, ttl_ms, granted_ns, expires_ns = row[3:8]
+        holder, token, ttl_ms, granted_ns, expires_ns = row[4:9]
         invariant(token <= last_token, f"lease token {token} above last_token {last_token} in {scope!r}")
         lease = Lease(lease_id, holder, FencingToken(cluster_id, scope, token), ttl_ms, granted_ns, expires_ns)
     # Times travel as text: JSON numbers would pass through floats on some paths.
-    waiters = tuple(Waiter(w[0], w[1], int(w[2]), int(w[3])) for w in row[8] or ())
+    waiters = tuple(Waiter(w[0], w[1], int(w[2]), int(w[3])) for w in row[9] or ())
     return ScopeRecord(scope, last_token=last_token, lease=lease, delay_until_ns=delay_until_ns, waiters=waiters)
+
+
+def load_record(conn: Any, cluster_id: str, scope: str) -> ScopeRecord:
+    """One scope's record as the tables hold it (a never-used scope: an empty record); one round trip."""
+    return record_of_row(cluster_id, scope, conn.execute(RECORD_SELECT + "WHERE s.scope = %s", (scope,)).fetchone())
 
 
 def forget_record(conn: Any, old: ScopeRecord) -> None:
@@ -122,69 +243,38 @@ def forget_record(conn: Any, old: ScopeRecord) -> None:
     )
 
 
-def store_record(conn: Any, old: ScopeRecord, new: ScopeRecord | None) -> bool:
-    """Write back the difference between two records of one scope (``new`` None: forget it).
+def record_writes(old: ScopeRecord, new: ScopeRecord) -> tuple[list[Statement], bool]:
+    """The statements that replace ``old`` by ``new`` in the tables, to be sent together with the COMMIT.
+
+    None of them needs its answer read before the next is sent: the scope
+    row's compare-and-set on ``last_token`` checks itself in the statement
+    (`stockade_coord_expect`), so a mismatch aborts the transaction before
+    its COMMIT. The unit holds the scope's lock, so a mismatch means someone
+    wrote the tables without it, and a token could repeat: refuse (C1).
 
     Returns:
-        Whether a waiter may now be served (the lease or the queue changed):
-        the caller wakes the scope's waiters when the unit commits.
+        The statements, and whether a waiter may now be served (the lease or
+        the head of the queue changed): the unit notifies the scope then.
     """
-    if new is None:
-        forget_record(conn, old)
-        return True
     if new == old:
-        return False
-    invariant(new.last_token >= old.last_token, f"last_token went back in {new.scope!r}")
+        return [], False
+    check_change(old, new)
     scope = new.scope
-    if (new.last_token, new.delay_until_ns) != (old.last_token, old.delay_until_ns) or old.last_token == 0:
-        # Compare-and-set on last_token: the unit holds the scope's lock, so a
-        # mismatch means someone wrote the tables without it, and a token could
-        # repeat. Refuse rather than overwrite (C1).
-        updated = conn.execute(
-            "UPDATE stockade_coord_scopes SET last_token = %s, delay_until_ns = %s "
-            "WHERE scope = %s AND last_token = %s",
-            (new.last_token, new.delay_until_ns, scope, old.last_token),
-        ).rowcount
-        if updated == 0:
-            exists = conn.execute("SELECT 1 FROM stockade_coord_scopes WHERE scope = %s", (scope,)).fetchone()
-            invariant(exists is None, f"last_token of {scope!r} changed underneath this coordinator")
-            conn.execute(
-                "INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) VALUES (%s, %s, %s)",
-                (scope, new.last_token, new.delay_until_ns),
-            )
-    if new.lease != old.lease:
-        if old.lease is not None:
-            conn.execute("DELETE FROM stockade_coord_leases WHERE scope = %s", (scope,))
-        if new.lease is not None:
-            lease = new.lease
-            conn.execute(
-                "INSERT INTO stockade_coord_leases (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (scope, lease.lease_id, lease.holder, lease.token.value, lease.ttl_ms, lease.granted_ns,
-                 lease.expires_ns),
-            )
-    if new.waiters != old.waiters:
-        old_by_id = {w.lease_id: w for w in old.waiters}
-        new_ids = {w.lease_id for w in new.waiters}
-        for w in old.waiters:
-            if w.lease_id not in new_ids:
-                conn.execute("DELETE FROM stockade_coord_waiters WHERE lease_id = %s", (w.lease_id,))
-        for w in new.waiters:
-            before = old_by_id.get(w.lease_id)
-            if before is None:
-                conn.execute(
-                    "INSERT INTO stockade_coord_waiters (scope, seq, lease_id, holder, deadline_ns, stale_ns) "
-                    "VALUES (%s, (SELECT COALESCE(MAX(seq), 0) + 1 FROM stockade_coord_waiters WHERE scope = %s), "
-                    "%s, %s, %s, %s)",
-                    (scope, scope, w.lease_id, w.holder, w.deadline_ns, w.stale_ns),
-                )
-            elif before != w:
-                conn.execute("UPDATE stockade_coord_waiters SET stale_ns = %s WHERE lease_id = %s",
-                             (w.stale_ns, w.lease_id))
+    out: list[Statement] = []
+    if scope_row_changed(old, new):
+        out.append((
+            "WITH w AS (INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) VALUES (%s, %s, %s) "
+            "ON CONFLICT (scope) DO UPDATE SET last_token = excluded.last_token, "
+            "delay_until_ns = excluded.delay_until_ns WHERE stockade_coord_scopes.last_token = %s RETURNING 1) "
+            "SELECT stockade_coord_expect(EXISTS (SELECT 1 FROM w), %s)",
+            (scope, new.last_token, new.delay_until_ns, old.last_token,
+             f"last_token of {scope!r} changed underneath this coordinator"),
+        ))
+    out += lease_and_queue(old, new, POSTGRES)
     old_head = old.waiters[0].lease_id if old.waiters else None
     new_head = new.waiters[0].lease_id if new.waiters else None
     # Only a scope with waiters needs a NOTIFY (a waiter is in the table before it sleeps, and
     # the scope's lock orders its enqueue and this change). Leaving it out elsewhere matters:
     # a transaction that notified commits under a database-wide lock, one at a time.
     freed = old.lease is not None and (new.lease is None or new.lease.lease_id != old.lease.lease_id)
-    return bool(new.waiters) and (freed or (old_head is not None and old_head != new_head))
+    return out, bool(new.waiters) and (freed or (old_head is not None and old_head != new_head))

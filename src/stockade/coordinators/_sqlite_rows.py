@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from stockade.coordinators._record_diff import SQLITE, check_change, lease_and_queue, scope_row_changed
 from stockade.coordinators._sqlite_journal import JOURNAL_SCHEMA, journal_change
 from stockade.core.errors import invariant
 from stockade.core.leases import Lease, ScopeRecord, Waiter
@@ -106,9 +107,9 @@ def store_record(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | 
         return
     if new == old:
         return
-    invariant(new.last_token >= old.last_token, f"last_token went back in {new.scope!r}")
+    check_change(old, new)
     scope = new.scope
-    if (new.last_token, new.delay_until_ns) != (old.last_token, old.delay_until_ns) or old.last_token == 0:
+    if scope_row_changed(old, new):
         # Compare-and-set on last_token: if the stored value is not the one this
         # change was computed from, someone else wrote the file and a token
         # could repeat. Refuse rather than overwrite (C1).
@@ -123,30 +124,5 @@ def store_record(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | 
                 "INSERT INTO scopes (scope, last_token, delay_until_ns) VALUES (?, ?, ?)",
                 (scope, new.last_token, new.delay_until_ns),
             )
-    if new.lease != old.lease:
-        if old.lease is not None:
-            conn.execute("DELETE FROM leases WHERE scope = ?", (scope,))
-        if new.lease is not None:
-            lease = new.lease
-            conn.execute(
-                "INSERT INTO leases (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (scope, lease.lease_id, lease.holder, lease.token.value, lease.ttl_ms, lease.granted_ns,
-                 lease.expires_ns),
-            )
-    if new.waiters != old.waiters:
-        old_by_id = {w.lease_id: w for w in old.waiters}
-        new_ids = {w.lease_id for w in new.waiters}
-        for w in old.waiters:
-            if w.lease_id not in new_ids:
-                conn.execute("DELETE FROM waiters WHERE lease_id = ?", (w.lease_id,))
-        for w in new.waiters:
-            before = old_by_id.get(w.lease_id)
-            if before is None:
-                conn.execute(
-                    "INSERT INTO waiters (scope, seq, lease_id, holder, deadline_ns, stale_ns) "
-                    "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM waiters WHERE scope = ?), ?, ?, ?, ?)",
-                    (scope, scope, w.lease_id, w.holder, w.deadline_ns, w.stale_ns),
-                )
-            elif before != w:
-                conn.execute("UPDATE waiters SET stale_ns = ? WHERE lease_id = ?", (w.stale_ns, w.lease_id))
+    for sql, params in lease_and_queue(old, new, SQLITE):
+        conn.execute(sql, params)
