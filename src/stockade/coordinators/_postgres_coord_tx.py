@@ -9,7 +9,7 @@ sends as few as the rules allow:
   epoch and, when the unit names its scope (or the lease it is about), that
   scope's record and the lease count: `prefetched`.
 - A save only queues its statements. They go out with the COMMIT, in one
-  round trip (psycopg's pipeline mode): the compare-and-set on
+  round trip (`first_rows`): the compare-and-set on
   ``last_token`` checks itself inside its statement, so a mismatch aborts the
   transaction before its COMMIT runs. Anything that reads the tables sends the
   queued statements first (`flush`), so a unit always reads its own writes.
@@ -35,20 +35,41 @@ from stockade.core.errors import LimitExceeded
 from stockade.core.leases import ScopeRecord
 from stockade.core.tokens import epoch_floor
 
-__all__ = ["PgTx", "GENERATION_BITS", "send_together"]
+__all__ = ["PgTx", "GENERATION_BITS", "first_rows", "send_together"]
 
 #: Low bits of an epoch: generations within one timeline (a scope whose 22-bit counter ran out moves on one).
 GENERATION_BITS = 16
 
 
-def send_together(conn: Any, statements: list[Statement]) -> None:
-    """Run ``statements`` in order in one round trip; the first failure skips the rest and raises."""
+def first_rows(conn: Any, statements: list[Statement]) -> list[Any]:
+    """Run ``statements`` in order in one round trip; the first row of each (None: no rows or no result).
+
+    Several statements go as one simple-protocol query, their parameters quoted by the
+    client (psycopg's ``ClientCursor``). It ends with the server's ReadyForQuery, so a
+    transaction left open counts as idle and ``idle_in_transaction_session_timeout``
+    ends it when the client pauses before its next round trip. A pipeline does not do
+    that: the Flush psycopg sends after its Sync disarms the server's idle timer, and a
+    client paused between a unit's round trips would hold its scopes' locks for as long
+    as it stays paused (measured on PostgreSQL 15 with psycopg 3.3;
+    tests/test_coordinator_cancel.py). The first failure skips the rest and raises.
+    """
     if len(statements) == 1:
-        conn.execute(*statements[0])
-        return
-    with conn.pipeline():
-        for sql, params in statements:
-            conn.execute(sql, params)
+        cursor = conn.execute(*statements[0])
+    else:
+        import psycopg  # the coordinator's connections are psycopg's
+
+        mogrify = psycopg.ClientCursor(conn).mogrify
+        cursor = conn.execute("; ".join(mogrify(sql, params or None) for sql, params in statements))
+    rows = []
+    while True:
+        rows.append(cursor.fetchone() if cursor.description is not None else None)
+        if not cursor.nextset():
+            return rows
+
+
+def send_together(conn: Any, statements: list[Statement]) -> None:
+    """Run ``statements`` in order in one round trip (`first_rows`); the first failure skips the rest and raises."""
+    first_rows(conn, statements)
 
 
 class PgTx:

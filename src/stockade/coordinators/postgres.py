@@ -58,7 +58,7 @@ from stockade.coordinators._postgres_coord_rows import (
     record_of_row,
     set_meta,
 )
-from stockade.coordinators._postgres_coord_tx import GENERATION_BITS, PgTx
+from stockade.coordinators._postgres_coord_tx import GENERATION_BITS, PgTx, first_rows
 from stockade.core.engine import LeaseEngine, Outcome, recover_records
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LimitExceeded, NotHolder
 from stockade.core.leases import AcquireRequest, Granted, Lease, LeasePolicy, Queued, Released, lease_hint
@@ -103,14 +103,8 @@ def check_settings(conn: Any) -> None:
 
 
 def _first_rows(conn: Any, statements: list[tuple[str, tuple[object, ...]]]) -> list[Any]:
-    """Run ``statements`` in one round trip (pipeline mode); the first row of each (None: no rows or no result).
-
-    Every statement is a parameterised one that psycopg prepares once per
-    connection: the server plans the unit's first SELECT once, not per unit.
-    """
-    with conn.pipeline():
-        cursors = [conn.execute(sql, params) for sql, params in statements]
-    return [cursor.fetchone() if cursor.description is not None else None for cursor in cursors]
+    """Run ``statements`` in one round trip; the first row of each (None: no rows or no result)."""
+    return first_rows(conn, statements)
 
 
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
@@ -170,6 +164,7 @@ class PostgresRecords:
     """
 
     timelines = True
+    idle_in_transaction_ms = 2_000  # a unit paused between its statements (SIGSTOP) frees its scopes this soon
 
     def __init__(
         self,
@@ -210,7 +205,7 @@ class PostgresRecords:
                 check_settings(conn)
                 timeout = self._statement_timeout_ms
                 conn.execute(f"SET statement_timeout = {timeout}; SET lock_timeout = {timeout}; "
-                             f"SET idle_in_transaction_session_timeout = {timeout * 4}")
+                             f"SET idle_in_transaction_session_timeout = {self.idle_in_transaction_ms}")
             except BaseException:
                 conn.close()
                 raise
