@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -140,9 +142,9 @@ def store_url(tmp_path: Path, backend: str, request) -> str:
     return f"sqlite://{tmp_path / 'store.db'}"  # postgres too: a store in a directory without its keyring
 
 
-@pytest.fixture
-def pg_coord_url():
-    """A fresh database on the session's PostgreSQL 15 (tests/helpers/postgres.py), as a coordinator url."""
+@contextlib.contextmanager
+def fresh_pg_url() -> Iterator[str]:
+    """A fresh database on the session's PostgreSQL 15 (tests/helpers/postgres.py) as a url, dropped after."""
     from helpers import postgres as pg_helper
 
     if not pg_helper.available():
@@ -153,6 +155,13 @@ def pg_coord_url():
     name = pg_helper.fresh_database(server)
     yield server.url(name)
     pg_helper.drop_database(server, name)
+
+
+@pytest.fixture
+def pg_coord_url():
+    """A fresh database as a coordinator url (`fresh_pg_url`)."""
+    with fresh_pg_url() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

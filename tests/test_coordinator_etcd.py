@@ -153,7 +153,7 @@ def _storm(cluster: EtcdCluster, tmp_path: Path, failovers: int, mutant: str = "
     workers = []
     for index, log in enumerate(logs):
         with open(log, "wb") as out:
-            argv = [PYTHON, str(HELPERS / "etcd_storm.py"), cluster.url, store_url, str(index)]
+            argv = [PYTHON, str(HELPERS / "failover_storm.py"), cluster.url, store_url, str(index)]
             workers.append(subprocess.Popen(
                 argv + ([mutant] if mutant else []), stdout=out, stderr=subprocess.STDOUT, env=python_env()
             ))
@@ -353,7 +353,7 @@ def _paused_holder(url: str, tmp_path: Path, mutant: str = "") -> tuple[int, int
     coord = stockade.connect(url)
     store_path = tmp_path / "store.db"
     store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
-    argv = [PYTHON, str(HELPERS / "etcd_paused.py"), url, str(store_path), str(PAUSED_HOLDERS)]
+    argv = [PYTHON, str(HELPERS / "paused_holder.py"), url, str(store_path), str(PAUSED_HOLDERS)]
     child = subprocess.Popen(
         argv + ([mutant] if mutant else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=python_env(), text=True,
     )

@@ -282,7 +282,7 @@ def _paused_client(url: str, directory: Path, mutant: str, out: dict[str, tuple[
     coord = stockade.connect(url)
     store_path = directory / "store.db"
     store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
-    argv = [PYTHON, str(HELPERS / "zk_paused.py"), url + "?session_timeout_ms=2000", str(store_path),
+    argv = [PYTHON, str(HELPERS / "paused_holder.py"), url + "?session_timeout_ms=2000", str(store_path),
             str(PAUSED_WRITES)]
     child = subprocess.Popen(
         argv + ([mutant] if mutant else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=python_env(), text=True,
@@ -424,7 +424,7 @@ def _storm(ensemble: ZkEnsemble, tmp_path: Path, changes: int, mutant: str = "",
     workers = []
     for index, log in enumerate(logs):
         with open(log, "wb") as out:
-            argv = [PYTHON, str(HELPERS / "zk_storm.py"), url, store_url, str(index)]
+            argv = [PYTHON, str(HELPERS / "failover_storm.py"), url, store_url, str(index)]
             workers.append(subprocess.Popen(
                 argv + ([mutant] if mutant else []), stdout=out, stderr=subprocess.STDOUT, env=python_env()
             ))

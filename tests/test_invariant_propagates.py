@@ -95,8 +95,10 @@ def _lease_with_failing_renew(client, tmp_path, error: BaseException):
         raise error
 
     coord._port.engine.renew = renew
-    lease = client.run(coord.acquire("jobs", ttl_ms=300))
-    assert client.run(lease.wait_lost(timeout_ms=3_000))
+    # A TTL long enough for several retries (every RENEW_RETRY_MS) even when a busy host
+    # delays the keepalive task: the retries are counted, not timed.
+    lease = client.run(coord.acquire("jobs", ttl_ms=2_000))
+    assert client.run(lease.wait_lost(timeout_ms=15_000))
     _pause(client, 0.3)  # room for any retry to happen
     return coord, lease, calls
 

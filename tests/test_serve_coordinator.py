@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ServeProcess, SyncRunner, python_env
+from conftest import PYTHON, ServeProcess, SyncRunner, fresh_pg_url, python_env
 from helpers.server_fixtures import request
 
 import stockade
@@ -57,16 +57,8 @@ def client():
 @pytest.fixture(scope="module")
 def module_pg_url():
     """One fresh database for the module's shared server (its tests use scopes of their own)."""
-    from helpers import postgres as pg_helper
-
-    if not pg_helper.available():
-        if os.environ.get("CI") == "true":
-            raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
-        pytest.skip("PostgreSQL 15 is not installed")
-    server = pg_helper.shared_server()
-    name = pg_helper.fresh_database(server)
-    yield server.url(name)
-    pg_helper.drop_database(server, name)
+    with fresh_pg_url() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

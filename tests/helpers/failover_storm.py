@@ -1,6 +1,6 @@
-"""One process of the S13 acquire storm on an etcd coordinator (tests/test_coordinator_etcd.py).
+"""One process of the acquire storm through leader changes: S13 on etcd, S14 on ZooKeeper.
 
-``etcd_storm.py COORD_URL STORE_URL SEED [local-counter]`` acquires random
+``failover_storm.py COORD_URL STORE_URL SEED [local-counter|sequence]`` acquires random
 scopes of 8 in a loop, writes to the shared fenced store with the grant's
 token, and prints one line per event, flushed, with the host's monotonic clock
 (shared by every process of the host)::
@@ -10,8 +10,10 @@ token, and prints one line per event, flushed, with the host's monotonic clock
     release SCOPE TOKEN T_NS        the lease was given back
     error KIND T_NS                 the coordinator could not be reached (a failover)
 
-``local-counter`` is the control: tokens from a per-process counter instead of
-the create revision, which the checks must catch.
+The controls, which the checks must catch: ``local-counter`` takes tokens
+from a per-process counter instead of etcd's create revision; ``sequence``
+takes ZooKeeper's queue node sequence suffix (plus one) instead of its czxid,
+which restarts when the scope's emptied container is deleted.
 """
 
 import random
@@ -43,7 +45,12 @@ while True:
         time.sleep(0.05)
         continue
     counter += 1
-    token = counter if mutant == "local-counter" else lease.token.value
+    if mutant == "local-counter":
+        token = counter
+    elif mutant == "sequence":
+        token = int(lease.lease_id.split(".")[1]) + 1
+    else:
+        token = lease.token.value
     say("grant", scope, token)
     try:
         if mutant:

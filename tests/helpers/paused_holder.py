@@ -1,11 +1,12 @@
-"""A client paused past its ZooKeeper session timeout, then writes (tests/test_coordinator_zookeeper.py).
+"""A holder paused past its lease, then writes (the etcd and ZooKeeper coordinator tests).
 
-``zk_paused.py COORD_URL STORE_PATH COUNT [fencing-off]`` acquires scopes
-p0..p{COUNT-1}, prints ``held``, and waits for a line on stdin (the test
-SIGSTOPs it meanwhile, its session expires and the scopes go to others, then
-SIGCONTs it and writes that line). Then it writes each scope with its own old
-token and prints ``accepted N rejected M``. ``fencing-off`` writes through the
-store with its fence swapped out: the control that must let stale writes in.
+``paused_holder.py COORD_URL STORE_PATH COUNT [fencing-off]`` acquires scopes
+p0..p{COUNT-1} (TTL 1 s), prints ``held``, and waits for a line on stdin (the
+test SIGSTOPs it meanwhile, its leases lapse or its session expires and the
+scopes go to others, then SIGCONTs it and writes that line). Then it writes
+each scope with its own old token and prints ``accepted N rejected M``.
+``fencing-off`` writes through the store with its fence swapped out: the
+control that must let stale writes in.
 """
 
 import sys
