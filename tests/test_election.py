@@ -33,7 +33,7 @@ LONG = os.environ.get("STOCKADE_LONG") == "1"
 ZOMBIE_ROUNDS = 50 if LONG else 2
 CONTROL_ROUNDS = 3 if LONG else 1
 KILLS = 20 if LONG else 1
-SHARED = ["embedded", "http", "postgres", "etcd"]  # every backend that several processes share
+SHARED = ["embedded", "http", "postgres", "etcd", "zookeeper"]  # every backend several processes share
 TTL_MS = 1000
 CANDIDATE = str(HELPERS / "election_candidate.py")
 

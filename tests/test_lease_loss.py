@@ -32,7 +32,7 @@ LONG = os.environ.get("STOCKADE_LONG") == "1"
 TRIALS = 200 if LONG else 50
 CONTROL_TRIALS = 10
 TTL_MS = 300
-RESUME_SLACK_S = 0.15
+RESUME_SLACK_S = 0.4  # a loop stalled by a busy host (xdist workers) runs the cancellation late, not the rule
 TRIAL_S_MAX = 120
 
 

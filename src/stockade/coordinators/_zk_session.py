@@ -43,6 +43,9 @@ from stockade.core.errors import BackendUnavailable
 __all__ = ["ZkSession", "ZkLease", "ZkBridge", "AsyncZkBridge", "UNREACHABLE"]
 
 #: kazoo's errors that mean "the ensemble could not answer" (outcome unknown).
+#: Lease ids remembered as ended here (lapsed, or their session expired), so that their release
+#: answers "not held" instead of failing while the client opens its next session.
+EXPIRED_REMEMBERED = 1024
 UNREACHABLE = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError, KazooTimeoutError)
 _REAP_RETRY_S = 0.1
 _SWEEP_TRIES = 6000  # 10 minutes of tries, 0.1 s apart
@@ -100,6 +103,7 @@ class ZkSession:
         self.identity: Any = None
         self._lock = threading.Condition()
         self._leases: dict[str, ZkLease] = {}
+        self._expired: dict[str, None] = {}  # lease ids live when their session expired, in order (bounded)
         self._reaper: threading.Thread | None = None
         self._closed = False
         self._session_id: int | None = None
@@ -164,12 +168,25 @@ class ZkSession:
             lease.live = False
             return lease
 
+    def ended_here(self, lease_id: str) -> bool:
+        """Whether ``lease_id`` lapsed here (its deadline passed; its node is reaped in the background)
+        or was live when its session expired (its node went with the session)."""
+        with self._lock:
+            return lease_id in self._expired
+
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST:  # the session expired (or the client stopped): its nodes are gone
             with self._lock:
                 for lease in self._leases.values():
                     lease.live = False
+                    self._ended_here(lease.lease_id)
                 self._leases.clear()
+
+    def _ended_here(self, lease_id: str) -> None:
+        # Under the lock. The oldest are forgotten first: bounded.
+        self._expired[lease_id] = None
+        while len(self._expired) > EXPIRED_REMEMBERED:
+            del self._expired[next(iter(self._expired))]
 
     def _reap_loop(self) -> None:
         while True:
@@ -181,6 +198,7 @@ class ZkSession:
                 for lease in due:
                     lease.live = False
                     del self._leases[lease.lease_id]
+                    self._ended_here(lease.lease_id)
                 if not due:
                     next_ns = min((lease.deadline_ns for lease in self._leases.values()), default=None)
                     self._lock.wait(None if next_ns is None else max(0.001, (next_ns - now_ns) / 1e9))

@@ -274,11 +274,15 @@ class AsyncZkCoordinatorPort:
         path = self._layout.node_path(scope, sequence)
         lease = self._session.take(lease_id)
         client = self._session.client
+        if lease is None and self._session.ended_here(lease_id):
+            return False  # lapsed here, or gone with its session (a pause past the session timeout)
         if lease is None:  # not live here: another client's (an operator's release), or gone already
             await self.open()
             stat = await self._call(client.exists_async(path))
             if stat is None or stat.czxid != token:
                 return False
+        elif self._session_ended(lease):
+            return False  # its session expired (a pause past the session timeout): the node went with it
         tick_version = lease.tick_version if lease is not None else -1
         tx = client.transaction()
         tx.delete(path)
@@ -286,10 +290,16 @@ class AsyncZkCoordinatorPort:
         try:
             results = await self._call(tx.commit_async())
         except BackendUnavailable:
+            if lease is not None and self._session_ended(lease):
+                return False  # the session expired meanwhile: the node is gone with it
             if lease is not None:
                 self._session.reap(lease, "released")  # retried while the session lives
             raise
         return not isinstance(results[0], Exception)
+
+    def _session_ended(self, lease: Any) -> bool:
+        """Whether the session that created ``lease``'s node is over (ZooKeeper deleted the node)."""
+        return lease.session_id is None or self._session.session_id != lease.session_id
 
     # -- reads --------------------------------------------------------------------------------------------
 
