@@ -9,7 +9,6 @@ the acquire storm through leader failovers (S13) beside its control.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import HELPERS, PYTHON, python_env
 from helpers.etcd_cluster import EtcdCluster, etcd_available
+from helpers.paused_run import paused_holder_writes
 
 import stockade
 from stockade.coordinators.etcd import Layout, parse_location, ttl_s_of
@@ -350,34 +350,7 @@ PAUSED_HOLDERS = 50
 def _paused_holder(url: str, tmp_path: Path, mutant: str = "") -> tuple[int, int]:
     """A process holds 50 scopes, is paused past their TTL while this one takes and writes each;
     then it writes with its old tokens. (accepted, rejected)."""
-    coord = stockade.connect(url)
-    store_path = tmp_path / "store.db"
-    store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
-    argv = [PYTHON, str(HELPERS / "paused_holder.py"), url, str(store_path), str(PAUSED_HOLDERS)]
-    child = subprocess.Popen(
-        argv + ([mutant] if mutant else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=python_env(), text=True,
-    )
-    try:
-        assert child.stdout is not None and child.stdin is not None
-        assert child.stdout.readline().strip() == "held"
-        child.send_signal(signal.SIGSTOP)
-        for index in range(PAUSED_HOLDERS):  # each granted once the paused holder's lease lapsed
-            lease = coord.acquire(f"p{index}", ttl_ms=5000, wait_ms=30_000)
-            store.put(f"p{index}", "k", b"from the new holder", token=lease.token)
-            lease.release()
-        child.send_signal(signal.SIGCONT)
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        fields = child.stdout.readline().split()
-        child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.send_signal(signal.SIGCONT)
-            child.kill()
-            child.wait(10)
-        store.close()
-        coord.close()
-    return int(fields[1]), int(fields[3])
+    return paused_holder_writes(url, url, tmp_path, PAUSED_HOLDERS, mutant, env=python_env())
 
 
 def test_a_holder_paused_past_its_ttl_has_its_writes_rejected(url, tmp_path):

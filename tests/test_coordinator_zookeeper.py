@@ -11,7 +11,6 @@ timeout, and the acquire storm through leader changes (S14) beside its control.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HELPERS, PYTHON, python_env
+from helpers.paused_run import paused_holder_writes
 from helpers.zk_ensemble import CONTAINER_CHECK_MS, ZkEnsemble, zookeeper_available
 from test_coordinator_etcd import _check, _grants, _wait_grants
 
@@ -279,35 +279,8 @@ def _paused_client(url: str, directory: Path, mutant: str, out: dict[str, tuple[
     """A process holds scopes on a 2 s session and is paused past it while this one takes and
     writes each; then it writes with its old tokens. ``out[mutant]`` = (accepted, rejected)."""
     directory.mkdir()
-    coord = stockade.connect(url)
-    store_path = directory / "store.db"
-    store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
-    argv = [PYTHON, str(HELPERS / "paused_holder.py"), url + "?session_timeout_ms=2000", str(store_path),
-            str(PAUSED_WRITES)]
-    child = subprocess.Popen(
-        argv + ([mutant] if mutant else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=python_env(), text=True,
-    )
-    try:
-        assert child.stdout is not None and child.stdin is not None
-        assert child.stdout.readline().strip() == "held"
-        child.send_signal(signal.SIGSTOP)
-        for index in range(PAUSED_WRITES):  # each granted once the paused client's session expired
-            lease = coord.acquire(f"p{index}", ttl_ms=5000, wait_ms=30_000)
-            store.put(f"p{index}", "k", b"from the new holder", token=lease.token)
-            lease.release()
-        child.send_signal(signal.SIGCONT)
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        fields = child.stdout.readline().split()
-        child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.send_signal(signal.SIGCONT)
-            child.kill()
-            child.wait(10)
-        store.close()
-        coord.close()
-    out[mutant] = (int(fields[1]), int(fields[3]))
+    out[mutant] = paused_holder_writes(url, url + "?session_timeout_ms=2000", directory, PAUSED_WRITES, mutant,
+                                       env=python_env())
 
 
 def test_a_client_paused_past_its_session_timeout_has_its_writes_rejected(url, tmp_path):
