@@ -7,3 +7,4 @@ fails until it does.
 """
 
 from stockade.testing.conformance.coordinator import *  # noqa: F403 - the suite's tests
+from stockade.testing.conformance.history import *  # noqa: F403 - the history suite's tests
