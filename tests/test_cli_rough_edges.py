@@ -174,3 +174,51 @@ def test_the_curl_walkthrough_in_the_docs(server: ServerProcess, tmp_path: Path)
     without_token = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=python_env(),
                                    capture_output=True, text=True, timeout=60)
     assert without_token.returncode != 0  # control: the server did check the header the script sends
+
+
+def _files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_history_and_status_read_only_the_file_named(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A typo in a data dir made `history` create an empty coordinator there (even /etc) and say 'no events';
+    `status --url sqlite:///X/other.db` showed X/coord.db; a wrong --store-file was taken as an empty journal."""
+    import stockade
+    from stockade.cli import main as cli_main
+
+    for name in ("STOCKADE_URL", "STOCKADE_DATA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "typo").mkdir()
+    before = _files_under(tmp_path)
+    assert cli_main(["history", "x", "--data-dir", str(tmp_path / "typo")]) == 1
+    assert cli_main(["history", "x", "--data-dir", str(tmp_path / "no" / "such")]) == 1
+    assert cli_main(["history", "x", "--url", f"sqlite://{tmp_path}/nope/coord.db"]) == 1
+    assert cli_main(["history", "x"]) == 1  # ./stockade-data does not exist
+    assert cli_main(["history", "x", "--url", "memory://x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("no coordinator at") == 4 and "memory://" in err and "Traceback" not in err
+    assert _files_under(tmp_path) == before  # nothing created
+
+    data = tmp_path / "data"
+    data.mkdir()
+    coord = stockade.connect(f"sqlite://{data}/coord.db")
+    with coord.lock("x", ttl_ms=5_000):
+        pass
+    other = stockade.connect(f"sqlite://{data}/other.db")
+    with other.lock("only-in-other", ttl_ms=5_000):
+        pass
+    coord.close()
+    other.close()
+    capsys.readouterr()
+    assert cli_main(["history", "x", "--data-dir", str(data)]) == 0
+    assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == ["grant", "release"]
+    (tmp_path / "not-a-store").write_text("hello")
+    for wrong in [tmp_path / "not-a-store", data / "coord.db"]:
+        assert cli_main(["history", "x", "--data-dir", str(data), "--store-file", str(wrong)]) == 1
+    err = capsys.readouterr().err
+    assert "not a stockade store file" in err and "cannot read the store file" in err
+    assert cli_main(["status", "--url", f"sqlite://{data}/other.db", "--json"]) == 0
+    assert [row["scope"] for row in map(json.loads, capsys.readouterr().out.splitlines())] == ["only-in-other"]
+    assert cli_main(["status", "--url", f"sqlite://{data}/missing.db"]) == 1
+    assert not (data / "missing.db").exists()

@@ -72,8 +72,14 @@ def coordinator_url(args: argparse.Namespace) -> str:
 
 def local_dir(url: str) -> Path | None:
     """The directory of a ``sqlite://`` coordinator url (None for a server)."""
+    path = local_file(url)
+    return None if path is None else path.parent
+
+
+def local_file(url: str) -> Path | None:
+    """The coordinator file a ``sqlite://`` url names (None for a server)."""
     if url.startswith("sqlite://"):
-        return Path(url.partition("://")[2]).parent
+        return Path(url.partition("://")[2].partition("?")[0])
     return None
 
 

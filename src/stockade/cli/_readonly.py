@@ -1,4 +1,4 @@
-"""Reading the coordinator and store files without writing or creating anything (``stockade status``).
+"""Reading the coordinator and store files without writing or creating anything (``status``, ``history``).
 
 `status` must work where the data directory cannot be written: a read-only
 mount, a directory the user may only read, a full disk. Opening the files the
@@ -30,13 +30,15 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
 
+from stockade.coordinators import _sqlite_journal as journal
 from stockade.coordinators import sqlite as coordinator_files
+from stockade.coordinators._history import HistoryEvent
 from stockade.core import leases as rules
 from stockade.core.errors import BackendUnavailable
 from stockade.core.tokens import FencingToken
 from stockade.resources import _sqlite_files as store_files
 
-__all__ = ["CoordinatorSnapshot", "read_coordinator", "read_high_waters"]
+__all__ = ["CoordinatorSnapshot", "read_coordinator", "read_high_waters", "read_history", "check_store_file"]
 
 T = TypeVar("T")
 
@@ -87,6 +89,40 @@ def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tup
     raise BackendUnavailable(f"cannot read the {what} file {path}: {error}")
 
 
+def _coordinator_meta(conn: sqlite3.Connection, path: Path) -> dict[str, str]:
+    meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+    if "cluster_id" not in meta or meta.get("schema_version") != coordinator_files.SCHEMA_VERSION:
+        raise BackendUnavailable(
+            f"{path}: not a stockade coordinator file of schema version {coordinator_files.SCHEMA_VERSION}"
+        )
+    return meta
+
+
+def _store_meta(conn: sqlite3.Connection, path: Path) -> None:
+    meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+    if meta.get("kind") != store_files.STORE_KIND or meta.get("schema_version") != store_files.SCHEMA_VERSION:
+        raise BackendUnavailable(f"{path}: not a stockade store file of schema version {store_files.SCHEMA_VERSION}")
+
+
+def read_history(path: Path, scope: str, limit: int) -> tuple[list[HistoryEvent], str | None]:
+    """The scope's last ``limit`` lease events in the coordinator file at ``path``, read-only, oldest first.
+
+    Raises:
+        BackendUnavailable: not a readable coordinator file of a supported version.
+    """
+
+    def body(conn: sqlite3.Connection) -> list[HistoryEvent]:
+        _coordinator_meta(conn, path)
+        return journal.read_history(conn, scope, limit)
+
+    return _read(path, "coordinator", body)
+
+
+def check_store_file(path: Path) -> None:
+    """Raise `BackendUnavailable` unless ``path`` is a readable stockade store file of a supported version."""
+    _read(path, "store", lambda conn: _store_meta(conn, path))
+
+
 def read_coordinator(path: Path, now_ns: int, limit: int) -> CoordinatorSnapshot:
     """The first ``limit`` scopes of the coordinator file at ``path``, as ``status`` shows it, read-only.
 
@@ -96,11 +132,7 @@ def read_coordinator(path: Path, now_ns: int, limit: int) -> CoordinatorSnapshot
     policy = rules.LeasePolicy()
 
     def body(conn: sqlite3.Connection) -> tuple[str, list[rules.ScopeInfo]]:
-        meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
-        if "cluster_id" not in meta or meta.get("schema_version") != coordinator_files.SCHEMA_VERSION:
-            raise BackendUnavailable(
-                f"{path}: not a stockade coordinator file of schema version {coordinator_files.SCHEMA_VERSION}"
-            )
+        meta = _coordinator_meta(conn, path)
         cluster = meta["cluster_id"]
         rebooted = meta.get("boot_id") != _boot_id()
         leases = {
@@ -139,11 +171,7 @@ def read_high_waters(path: Path) -> tuple[dict[str, int], str | None]:
     """
 
     def body(conn: sqlite3.Connection) -> dict[str, int]:
-        meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
-        if meta.get("kind") != store_files.STORE_KIND or meta.get("schema_version") != store_files.SCHEMA_VERSION:
-            raise BackendUnavailable(
-                f"{path}: not a stockade store file of schema version {store_files.SCHEMA_VERSION}"
-            )
+        _store_meta(conn, path)
         return dict(conn.execute("SELECT scope, high_water FROM hwm ORDER BY scope").fetchall())
 
     return _read(path, "store", body)

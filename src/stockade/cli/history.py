@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, local_dir
+from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, local_dir, local_file
+from stockade.cli._readonly import check_store_file, read_history
 from stockade.coordinators._history import HISTORY_PER_SCOPE, HistoryEvent
-from stockade.core.errors import StockadeError
+from stockade.core.errors import BackendUnavailable, InvalidArgument, StockadeError
 from stockade.core.limits import validate_scope
 
 
@@ -33,19 +35,37 @@ def _line(event: HistoryEvent, source: str) -> str:
     return f"{_when(event.at_unix_ms)}  {event.kind:<8} token {event.token_value:<20} {who}  ({source})"
 
 
-def _events(url: str, scope: str, limit: int, store_file: Path | None) -> list[tuple[HistoryEvent, str]]:
+def _coordinator_events(url: str, scope: str, limit: int) -> list[HistoryEvent]:
+    """The coordinator's journal: a local file read-only (nothing written or created), else through the client."""
+    path = local_file(url)
+    if path is not None:
+        if not path.is_file():
+            raise BackendUnavailable(f"no coordinator at {path} (use --url, --data-dir, $STOCKADE_URL or "
+                                     f"$STOCKADE_DATA)")
+        events, note = read_history(path, scope, limit)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+        return events
+    if url.startswith("memory://"):
+        raise InvalidArgument("url", "a memory:// coordinator lives inside one process: ask it with coord.history()")
     from stockade.client import connect
-    from stockade.resources._sqlite_journal import rejections
 
     coord = connect(url)
     try:
-        events = [(event, "coordinator") for event in coord.history(scope, limit=limit)]
+        return coord.history(scope, limit=limit)
     finally:
         coord.close()
+
+
+def _events(url: str, scope: str, limit: int, store_file: Path | None) -> list[tuple[HistoryEvent, str]]:
+    from stockade.resources._sqlite_journal import rejections
+
+    events = [(event, "coordinator") for event in _coordinator_events(url, scope, limit)]
     directory = local_dir(url)
     if store_file is None and directory is not None and (directory / "store.db").is_file():
         store_file = directory / "store.db"
     if store_file is not None:
+        check_store_file(store_file)  # the wrong file named is an error, not an empty journal
         events += [(event, "store") for event in rejections(store_file, scope, limit)]
     events.sort(key=lambda pair: (pair[0].at_unix_ms, pair[1] == "store", pair[0].seq))
     return events[-limit:]

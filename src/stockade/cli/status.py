@@ -15,8 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, is_remote, local_dir
+from stockade.cli._common import (
+    add_data_dir,
+    add_url,
+    coordinator_url,
+    fail,
+    help_text,
+    is_remote,
+    local_dir,
+    local_file,
+)
 from stockade.cli._readonly import read_coordinator, read_high_waters
 from stockade.clock import SystemClock
 from stockade.core.errors import StockadeError
@@ -77,6 +87,7 @@ def run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     url = coordinator_url(args)
     root = local_dir(url)
+    coord_file = local_file(url) or Path("coord.db")  # the file the url names, never another beside it
     high_waters: dict[str, int] = {}
     try:
         if is_remote(url):
@@ -91,15 +102,14 @@ def run(argv: list[str]) -> int:
         elif root is None:
             return fail(f"status reads a stockade serve (http://...), a sqlite:///, postgresql://, etcd:// or "
                         f"zookeeper:// coordinator, not {url}", 2)
-        elif not (root / "coord.db").exists():
-            return fail(f"no coordinator at {root / 'coord.db'} (use --url, --data-dir, $STOCKADE_URL or "
+        elif not coord_file.is_file():
+            return fail(f"no coordinator at {coord_file} (use --url, --data-dir, $STOCKADE_URL or "
                         f"$STOCKADE_DATA)")
         else:
             # Read-only: no file is written or created, so status works on a read-only
             # mount, in a directory it may only read, and on a full disk.
-            snapshot = read_coordinator(root / "coord.db", SystemClock().now_ns(), SCOPES_SHOWN_MAX)
-            cluster_id, infos, notes, where = snapshot.cluster_id, snapshot.scopes, [snapshot.note], str(
-                root / "coord.db")
+            snapshot = read_coordinator(coord_file, SystemClock().now_ns(), SCOPES_SHOWN_MAX)
+            cluster_id, infos, notes, where = snapshot.cluster_id, snapshot.scopes, [snapshot.note], str(coord_file)
             if (root / "store.db").exists():
                 high_waters, note = read_high_waters(root / "store.db")
                 notes.append(note)
