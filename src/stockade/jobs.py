@@ -94,9 +94,9 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _checked(key: object, fn: object | None, result_bytes_max: object, codec: object) -> str:
+def _checked(key: object, fn: object, result_bytes_max: object, codec: object, *, needs_fn: bool = True) -> str:
     scope = job_scope(key)
-    if fn is not None and not callable(fn):
+    if needs_fn and not callable(fn):
         raise InvalidArgument("fn", "must be callable")
     validate_result_bytes_max(result_bytes_max)
     if not (callable(getattr(codec, "encode", None)) and callable(getattr(codec, "decode", None))):
@@ -196,7 +196,7 @@ def reconcile(
     Raises:
         InvalidArgument: the job is done already (`forget` it first to change that).
     """
-    scope = _checked(key, None, result_bytes_max, codec)
+    scope = _checked(key, None, result_bytes_max, codec, needs_fn=False)
     text = encode_result(codec.encode, result, result_bytes_max)
     with coord.lock(scope, ttl_ms=ttl_ms, wait_ms=wait_ms) as lease:
         store.put(scope, FENCE_KEY, str(lease.token.value), token=lease.token)
@@ -328,7 +328,7 @@ async def reconcile_async(
     codec: Codec = JSON,
 ) -> JobRecord:
     """`reconcile` for the async client."""
-    scope = _checked(key, None, result_bytes_max, codec)
+    scope = _checked(key, None, result_bytes_max, codec, needs_fn=False)
     text = encode_result(codec.encode, result, result_bytes_max)
     async with coord.lock(scope, ttl_ms=ttl_ms, wait_ms=wait_ms) as lease:
         await store.put(scope, FENCE_KEY, str(lease.token.value), token=lease.token)
