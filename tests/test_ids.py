@@ -65,6 +65,10 @@ def test_bad_arguments_lease_nothing(coord, store):
             IdGenerator(coord, "orders", store=store, **bad)
     with pytest.raises(InvalidArgument):
         IdGenerator(coord, "bad name!")
+    future = Layout(epoch_ms=time.time_ns() // 1_000_000 + 86_400_000)  # made negative ids
+    for args, kwargs in [((coord, 5), {}), ((None, "orders"), {}), ((coord, "orders"), dict(layout=future))]:
+        with pytest.raises(InvalidArgument):
+            IdGenerator(*args, **kwargs)
     assert [info for info in coord.scopes() if info.state is not stockade.ScopeState.FREE] == []
 
 

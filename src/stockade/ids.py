@@ -102,6 +102,10 @@ class IdGenerator:
         self.layout = Layout() if layout is None else layout
         if not isinstance(self.layout, Layout):
             raise InvalidArgument("layout", f"must be a Layout, got {type(layout).__name__}")
+        if not isinstance(name, str):
+            raise InvalidArgument("name", f"must be a str, got {type(name).__name__}")
+        if not callable(getattr(coord, "acquire", None)):
+            raise InvalidArgument("coord", "must be a coordinator (stockade.connect)")
         self.name = name
         self._prefix = f"ids.{name}."
         self._width = len(str(self.layout.workers - 1))
@@ -115,6 +119,8 @@ class IdGenerator:
             raise InvalidArgument("on_clock_behind", f"must be 'wait' or 'refuse', got {on_clock_behind!r}")
         if not callable(wall_ns):
             raise InvalidArgument("wall_ns", "must be callable")
+        if self.layout.timestamp_at(wall_ns()) < 0:  # ids would be negative
+            raise InvalidArgument("layout", f"epoch_ms {self.layout.epoch_ms} is later than the clock")
         self._coord = coord
         self._store = store
         self._wall = wall_ns
@@ -243,6 +249,8 @@ class IdGenerator:
         # no later than the clock at a moment the lease was still valid (docs/ids.md).
         if ts > self.layout.timestamp_max:
             raise LimitExceeded("timestamp_bits", self.layout.timestamp_bits, "the timestamp no longer fits")
+        if ts < 0:  # the clock stepped back before the layout's epoch
+            raise ClockBehind(-ts * self.layout.time_unit_ms, 0)
         if ts > self._reserved:
             self._extend(ts)
         if self._check_lease and self.lease.lost:
