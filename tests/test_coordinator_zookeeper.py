@@ -11,6 +11,7 @@ timeout, and the acquire storm through leader changes (S14) beside its control.
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import threading
@@ -457,3 +458,51 @@ def test_s14_control_the_sequence_suffix_as_token_is_caught(own_ensemble, tmp_pa
     figures = _storm(own_ensemble, tmp_path, 0, mutant="sequence", grants_min=48)
     print(f"S14 control: {figures}")
     assert figures["regressions"] > 0, figures  # emptied containers are deleted: suffixes start again
+
+
+# -- standing again right after the session expired ------------------------------------------------
+
+PAUSED_ELECTIONS = 3
+PAUSED_SESSION_MS = 1000
+
+
+def _paused_elector(url: str, mutant: str, out: dict[str, list[str]]) -> None:
+    """A leader on a 1 s session is SIGSTOPped for 3.5 s (its session expires), resumed, and stands again at
+    once: with ``wait_ms`` 10 s, then 0 (bounded by the request timeout). ``out[mutant]``: what each got."""
+    argv = [PYTHON, str(HELPERS / "zk_paused_elector.py"), f"{url}?session_timeout_ms={PAUSED_SESSION_MS}"]
+    child = subprocess.Popen(argv + ([mutant] if mutant else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env=python_env(), text=True)
+    got = out.setdefault(mutant, [])
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        for index in range(PAUSED_ELECTIONS):
+            child.stdin.write(f"{10_000 if index % 2 == 0 else 0}\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "leader"
+            child.send_signal(signal.SIGSTOP)
+            time.sleep(3.5)  # the ensemble expires the session (1 s, checked every tick of 500 ms)
+            child.send_signal(signal.SIGCONT)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            got.append(child.stdout.readline().strip())
+        child.stdin.close()
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+            child.wait(10)
+
+
+def test_elect_right_after_the_session_expired_waits_for_the_next_session(url):
+    """Beside its control (one attempt, the old behaviour), paused in the same way at the same time."""
+    out: dict[str, list[str]] = {}
+    runs = [threading.Thread(target=_paused_elector, args=(url + suffix, mutant, out))
+            for suffix, mutant in (("", ""), ("-control", "control"))]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(120)
+    print(f"elect right after the session expired: {out}")
+    assert out[""] == ["elected True"] * PAUSED_ELECTIONS  # a new session each time, and elected on it
+    assert out["control"].count("unavailable") >= 1, out  # control: BackendUnavailable until kazoo reconnects

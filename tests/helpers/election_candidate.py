@@ -17,23 +17,11 @@ leadership is lost, it prints ``lost`` and stands again).
 
 import os
 import sys
-import time
 
 import stockade
 
 TTL_MS = 1000
 WAIT_MS = 60_000
-
-
-def _elect(coord, name: str, identity: str):
-    """Stand for election; a backend briefly unavailable (ZooKeeper opening the session that follows
-    an expired one, after the pause) is tried again, as an application would."""
-    for _ in range(100):
-        try:
-            return coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=identity)
-        except stockade.BackendUnavailable:
-            time.sleep(0.1)
-    return coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=identity)
 
 
 def zombie(coord_url: str, store_path: str, name: str) -> None:
@@ -44,7 +32,8 @@ def zombie(coord_url: str, store_path: str, name: str) -> None:
     unfenced = FencingOffStore(store_path, cluster_id=coord.cluster_id)
     while (command := sys.stdin.readline().split())[:1] == ["round"]:
         store = unfenced if command[1:] == ["fencing-off"] else fenced
-        leadership = _elect(coord, name, f"zombie:{os.getpid()}")
+        # Right after its session expired (the pause), the coordinator waits for the next one itself.
+        leadership = coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=f"zombie:{os.getpid()}")
         leadership.raise_if_lost()  # it leads: the check a careful leader makes before writing
         print(f"leader {leadership.term}", flush=True)
         sys.stdin.readline()  # paused here (SIGSTOP), past its lease

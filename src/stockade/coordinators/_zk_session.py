@@ -4,9 +4,12 @@
 session), records the session timeout each server negotiated, and keeps the
 leases granted on it. A lease whose client did not renew it by its deadline
 is deleted here, by a reaper thread, with its scope's ``last`` record set to
-``lapsed`` in the same transaction: the node would otherwise live as long as
-the session, which the client keeps alive by itself. When the session
-expires, every lease on it ends at once (their nodes are gone).
+``lapsed`` and its expiry journaled in the same transaction: the node would
+otherwise live as long as the session, which the client keeps alive by
+itself. When the session expires, every lease on it ends at once (their
+nodes are gone; the next grant of each scope journals the expiry). Past each
+window of events a scope writes, a background pass keeps the journals of all
+scopes under their global cap (`trim_journals`).
 
 kazoo answers every request with an ``IAsyncResult`` completed on its own
 thread. `ZkBridge` (the sync client) waits on it in place; `AsyncZkBridge`
@@ -27,6 +30,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
     NoNodeError,
@@ -37,6 +41,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Connect, Create2
 from kazoo.security import OPEN_ACL_UNSAFE
 
+from stockade.coordinators import _zk_journal as journal
 from stockade.coordinators import zookeeper as recipe
 from stockade.core.errors import BackendUnavailable
 
@@ -106,6 +111,7 @@ class ZkSession:
         self._expired: dict[str, None] = {}  # lease ids live when their session expired, in order (bounded)
         self._reaper: threading.Thread | None = None
         self._closed = False
+        self._trimming = False
         self._session_id: int | None = None
         self.client.add_listener(self._on_state)
         self._hook_negotiation()
@@ -207,14 +213,75 @@ class ZkSession:
                 self.reap(lease, "lapsed")
 
     def reap(self, lease: ZkLease, how: str) -> None:
-        """Delete a lease's node and record how it ended (C5), retried in the background while its
-        session lives (a node of an expired session is gone with it)."""
+        """Delete a lease's node, record how it ended (C5) and journal it (an expiry, or a release whose
+        answer was lost) in one transaction; retried in the background while its session lives (a node
+        of an expired session is gone with it)."""
         if self._closed or lease.session_id is None or self.session_id != lease.session_id:
             return
-        tx = self.client.transaction()
-        tx.delete(lease.path)
-        tx.set_data(self.layout.last_path(lease.scope), recipe.last_value(lease.token, how, lease.tick_version))
-        self._retried(tx.commit_async(), lambda: self.reap(lease, how))
+        threading.Thread(target=self._reap_run, args=(lease, how), name="stockade-zk-reap", daemon=True).start()
+
+    def _reap_run(self, lease: ZkLease, how: str) -> None:
+        record_path = self.layout.hist_path(lease.scope)
+        for _ in range(_SWEEP_TRIES):
+            if self._closed or self.session_id != lease.session_id:
+                return
+            try:
+                data, stat = self.client.get(record_path)
+                record = journal.record_of(data, stat)
+                tx = self.client.transaction()
+                tx.delete(lease.path)
+                tx.set_data(self.layout.last_path(lease.scope),
+                            recipe.last_value(lease.token, how, lease.tick_version))
+                if record.open_token == lease.token:
+                    kind: journal.EventKind = "release" if how == "released" else "expire"
+                    journal.plan(record_path, record, [(kind, record.open_holder, lease.token)], open_token=0,
+                                 open_holder="", queued=record.queued).add_to(tx)
+                results = tx.commit()
+            except NoNodeError:
+                return  # no journal record: nothing of this scope to settle
+            except Exception:  # noqa: BLE001 - unreachable for now: try again
+                time.sleep(_REAP_RETRY_S)
+                continue
+            if not any(isinstance(r, BadVersionError | NoNodeError) for r in results[1:]):
+                return  # done, or the node was gone already (released by an operator)
+            # another change of the scope came first, or a global trim took an event: read again
+
+    def trim_journals(self) -> None:
+        """Keep the events of all scopes' journals under `journal.HISTORY_TOTAL_MAX`, in the background
+        (one pass at a time): over it, the journals least recently written are emptied first."""
+        with self._lock:
+            if self._trimming or self._closed:
+                return
+            self._trimming = True
+        threading.Thread(target=self._trim_run, name="stockade-zk-trim", daemon=True).start()
+
+    def _trim_run(self) -> None:
+        try:
+            parent = self.layout.hist_parent
+            names = self.client.get_children(parent)
+            if len(names) * journal.HISTORY_PER_SCOPE <= journal.HISTORY_TOTAL_MAX:
+                return  # cannot be over the cap: no need to look further
+            stats = [(stat.mzxid, name, stat.numChildren) for name in names
+                     if (stat := self.client.exists(f"{parent}/{name}")) is not None]
+            total = sum(children for _, _, children in stats)
+            for _, name, _ in sorted(stats):
+                if total <= journal.HISTORY_TOTAL_MAX or self._closed:
+                    return
+                for _ in range(3):  # lost to a writer of that scope: read again
+                    data, stat = self.client.get(f"{parent}/{name}")
+                    record = journal.record_of(data, stat)
+                    write = journal.plan(f"{parent}/{name}", record, [], open_token=record.open_token,
+                                         open_holder=record.open_holder, queued=record.queued, per_scope=0)
+                    tx = self.client.transaction()
+                    write.add_to(tx)
+                    if not any(isinstance(r, Exception) for r in tx.commit()):
+                        total -= len(write.deletes)
+                        break
+        except Exception:  # noqa: BLE001 - unreachable, or closed: the next window's pass tries again
+            pass
+        finally:
+            with self._lock:
+                self._trimming = False
 
     def discard(self, path: str) -> None:
         """Delete a waiter's node in the background, retried while this session lives."""

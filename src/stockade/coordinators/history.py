@@ -6,6 +6,9 @@ file in a table of its own, ``memory://`` in memory. ``stockade serve`` keeps
 its table in memory and group-commits it to its coordinator file, journal
 included, so its history is read from the file: what has committed. The
 PostgreSQL and etcd coordinators keep none yet.
+The ZooKeeper coordinator keeps its journal in the ensemble, written in the
+transaction of each change (`stockade.coordinators._zk_journal`); its client
+port reads it.
 """
 
 from __future__ import annotations

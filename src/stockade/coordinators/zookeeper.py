@@ -10,6 +10,8 @@ under ``/stockade`` in the url's chroot::
     /stockade/q/<scope>/n-<seq>  a waiter or the holder: EPHEMERAL_SEQUENTIAL, owned by the session
     /stockade/tick/<scope>       touched in the same transaction as every queue node (its fence floor)
     /stockade/last/<scope>       ``<token> released|lapsed <tick version>``: how the last holder left
+    /stockade/hist/<scope>       the scope's lease journal: its record, and its events as children
+                                 (`stockade.coordinators._zk_journal`)
 
 The holder is the queue node with the lowest sequence number; a waiter
 watches the node just before its own, so a release wakes one waiter (C4).
@@ -132,7 +134,7 @@ class Layout:
 
     @property
     def parents(self) -> tuple[str, ...]:
-        return (self.meta, f"{self.root}/q", f"{self.root}/tick", f"{self.root}/last")
+        return (self.meta, f"{self.root}/q", f"{self.root}/tick", f"{self.root}/last", self.hist_parent)
 
     def queue_path(self, scope: str) -> str:
         return f"{self.root}/q/{validate_scope(scope)}"
@@ -152,6 +154,13 @@ class Layout:
 
     def last_path(self, scope: str) -> str:
         return f"{self.root}/last/{validate_scope(scope)}"
+
+    @property
+    def hist_parent(self) -> str:
+        return f"{self.root}/hist"
+
+    def hist_path(self, scope: str) -> str:
+        return f"{self.hist_parent}/{validate_scope(scope)}"
 
 
 def sequence_of(name: str) -> int | None:
