@@ -5,7 +5,9 @@ same unit of work as the change (`stockade.coordinators._history`): the SQLite
 file in a table of its own, ``memory://`` in memory. ``stockade serve`` keeps
 its table in memory and group-commits it to its coordinator file, journal
 included, so its history is read from the file: what has committed. The
-PostgreSQL and etcd coordinators keep none yet.
+etcd coordinator keeps its journal in etcd, written in the Txn of each change
+(`stockade.coordinators._etcd_journal`) and read through its port
+(`stockade.client._async._etcd_history`), not through this module.
 """
 
 from __future__ import annotations
