@@ -35,8 +35,9 @@ from helpers.etcd_history_cycler import split_journal
 
 import stockade
 from stockade.cli import main as cli_main
+from stockade.coordinators import _etcd_journal
 from stockade.coordinators import etcd as recipe
-from stockade.coordinators._etcd_journal import head_of
+from stockade.coordinators._etcd_journal import Head, head_of
 from stockade.coordinators._history import HISTORY_PER_SCOPE
 from stockade.core.errors import BackendUnavailable
 
@@ -88,6 +89,29 @@ def _revoke_queue(cluster, layout: recipe.Layout, scope: str) -> int:
 
 def _kinds(events) -> list[tuple[str, str, int]]:
     return [(e.kind, e.holder, e.token_value) for e in events]
+
+
+# -- pure: the journal's ops ---------------------------------------------------------------------------
+
+
+def test_journal_ops_name_the_next_keys_and_the_one_that_falls_out():
+    layout = recipe.Layout()
+    head = Head(n=100, open_token=7, open_holder="a", mod_revision=9, raw=b"x")
+    ops, after = _etcd_journal.journal_ops(layout, "s", head, [*_etcd_journal.ending(head, 0), ("grant", "b", 0)],
+                                           opens=(0, "b"), at_unix_ms=1)
+    keys = [(next(iter(op)), recipe.unb64(next(iter(op.values()))["key"])) for op in ops]
+    assert keys == [("request_put", layout.journal_key("s", 101)), ("request_delete_range", layout.journal_key("s", 1)),
+                    ("request_put", layout.journal_key("s", 102)), ("request_delete_range", layout.journal_key("s", 2)),
+                    ("request_put", layout.head_key("s"))]
+    written = _etcd_journal.settled(after, 500)
+    assert (written.n, written.open_token, written.open_holder, written.mod_revision) == (102, 500, "b", 500)
+    stored = head_of(recipe.KV(layout.head_key("s"), written.raw, 1, 500, 0))
+    assert stored == written  # "self" reads back as the head's own revision
+    assert _etcd_journal.ending(written, 500) == [] and _etcd_journal.ending(Head(), 3) == []
+    released, _ = _etcd_journal.journal_ops(layout, "s", Head(n=3), [("release", "b", 4)], opens=None, at_unix_ms=1)
+    assert [next(iter(op)) for op in released] == ["request_put", "request_put"]  # under 100: nothing falls out
+    assert _etcd_journal.head_compare("k", Head())[0]["target"] == "CREATE"
+    assert [c["target"] for c in _etcd_journal.head_compare("k", written)] == ["MOD", "VALUE"]
 
 
 # -- what a user sees ---------------------------------------------------------------------------------
@@ -160,23 +184,53 @@ def test_the_journal_of_a_scope_never_holds_more_than_100_keys(url, etcd_cluster
     coord.close()
 
 
-def test_the_global_cap_is_swept(url, etcd_cluster):
+def test_control_a_journal_that_deletes_nothing_outgrows_the_bound(url, etcd_cluster, monkeypatch):
+    """The bug put back: events appended without the delete of the one that falls out of the window."""
+    real = _etcd_journal.journal_ops
+
+    def appending(*args, **kwargs):
+        ops, after = real(*args, **kwargs)
+        return [op for op in ops if "request_delete_range" not in op], after
+
+    monkeypatch.setattr(recipe, "journal_ops", appending)
+    coord = stockade.connect(url)
+    for _ in range(HISTORY_PER_SCOPE // 2 + 10):
+        with coord.lock("bound", ttl_ms=5_000):
+            pass
+    keys = _count(etcd_cluster, _layout(url).journal_prefix("bound"))
+    print(f"history control on etcd: no delete in the Txn: {keys} keys for one scope after 60 cycles")
+    assert keys > HISTORY_PER_SCOPE
+    coord.close()
+
+
+def _global(url: str, cluster, sweep_chance: float) -> tuple[int, int, object]:
     coord = stockade.connect(url)
     port = coord._port
-    port.journal.total_max, port.journal.sweep_chance = 30, 1.0  # a sweep before every acquire
+    port.journal.total_max, port.journal.sweep_chance = 30, sweep_chance  # 1.0: a sweep before every acquire
     for scope in ["g1", "g2", "g3", "g4"]:
         for _ in range(10):
             with coord.lock(scope, ttl_ms=5_000):
                 pass
     root = _layout(url).journal_root
-    before = _count(etcd_cluster, root)
-    lease = coord.acquire("g4", ttl_ms=5_000)  # sweeps first, then writes its grant
-    after = _count(etcd_cluster, root)
+    before = _count(cluster, root)
+    coord.acquire("g4", ttl_ms=5_000)  # sweeps first, then writes its grant (released by close)
+    after = _count(cluster, root)
+    return before, after, coord
+
+
+def test_the_global_cap_is_swept(url, etcd_cluster):
+    before, after, coord = _global(url, etcd_cluster, 1.0)
     print(f"history on etcd: global cap 30: {before} keys before a sweep, {after} after it and one grant")
     assert before <= 30 + 3 and after <= 30 + 1
     assert [e.kind for e in coord.history("g4")][-3:] == ["grant", "release", "grant"]  # the newest stay
     assert coord.history("g1") == []  # the oldest went first
-    lease.release()
+    coord.close()
+
+
+def test_control_without_a_sweep_the_global_cap_is_passed(url, etcd_cluster):
+    before, after, coord = _global(url, etcd_cluster, 0.0)
+    print(f"history control on etcd: no sweep: {after} keys against a cap of 30")
+    assert after == 81  # 40 cycles and one grant: nothing deleted
     coord.close()
 
 
@@ -323,3 +377,15 @@ def test_serve_coordinator_answers_history_from_the_backend(backend, url, serve,
         status, problem, content_type = _get(f"{server.url}/v1/locks/{bad}")
         assert status == 400 and content_type.startswith("application/problem+json"), (bad, status, problem)
     client.close()
+
+
+def test_serve_coordinator_refuses_history_for_a_backend_without_one():
+    """A port without ``history`` (a backend that keeps none): a clear InvalidArgument, the route's 400."""
+    import asyncio
+    import types
+
+    from stockade.core.errors import InvalidArgument
+    from stockade.server._port_leases import PortLeaseService
+
+    with pytest.raises(InvalidArgument, match="keeps no lease history"):
+        asyncio.run(PortLeaseService.history(types.SimpleNamespace(port=object()), "s", 10))
