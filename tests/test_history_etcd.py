@@ -289,6 +289,11 @@ def _disagreements(url: str, cluster, scope: str) -> list[str]:
         problems.append(f"last/ {'released' if released else 'not released'}, last event {events[-1].kind}")
     if events and events[-1].token_value != last_token:
         problems.append(f"last event names {events[-1].token_value}, last/ {last_token}")
+    queue = layout.queue_prefix(scope)
+    holders = recipe.kvs_of(_raw(cluster, queue, recipe.prefix_end(queue), sort_order="ASCEND",
+                                 sort_target="CREATE", limit="1"))
+    if holders and holders[0].create_revision == last_token and (released or events[-1:] != grants[-1:]):
+        problems.append(f"{last_token} holds the scope, last event {events[-1].kind if events else None}")
     if head.open_token != (0 if released else last_token):
         problems.append(f"head leaves {head.open_token} open, last/ {last_token} released={released}")
     for before, after in zip(events, events[1:], strict=False):
