@@ -132,12 +132,19 @@ def test_restore_then_bump_from_the_store_marks(own_cluster, tmp_path):
     coord = stockade.connect(url)
     store = stockade.open_store(store_url, cluster_id=coord.cluster_id, keys=coord.verify_keys())
     before = _grants(coord, store, "a", 15) + _grants(coord, store, "b", 15)
+    at_snapshot = coord.history("b")
     own_cluster.snapshot(tmp_path / "snap.db")
     after = _grants(coord, store, "a", 10) + _grants(coord, store, "b", 10)
     highest = max(after)  # T: the highest token issued, and the store's highest mark
     assert max(before) < min(after) and store.high_water("b") == highest
-    coord.close()
+    assert coord.history("b")[-1].token_value == highest
     own_cluster.restore(tmp_path / "snap.db")
+    # History: the process that read later revisions refuses to read; a fresh one reads the snapshot's.
+    with pytest.raises(stockade.BackendUnavailable, match="revision went back"):
+        coord.history("b")
+    coord.close()
+    with stockade.connect(url) as reader:
+        assert reader.history("b") == at_snapshot
 
     refused = _fresh(url, store_url, "b", 3)
     assert refused["tokens"] == [] and "raft log restarted" in refused["refused"], refused  # 0 grants
@@ -169,6 +176,10 @@ def test_restore_then_bump_from_the_store_marks(own_cluster, tmp_path):
     regressions = [t for t in tokens if t <= highest]
     assert regressions == []  # 0 of 15 at or below T
     assert fresh["tokens"] == sorted(set(fresh["tokens"]))
+    with stockade.connect(url) as reader:  # the snapshot's events, then the new ones, in order
+        events = reader.history("b")
+    assert events[:-20] == at_snapshot[-80:] and [e.token_value for e in events[-20::2]] == fresh["tokens"]
+    assert [e.seq for e in events] == sorted({e.seq for e in events})
     again = _bump("--url", url, "--to", str(highest), "--json")  # a second run: nothing to write, harmless
     assert again.returncode == 0 and json.loads(again.stdout)["writes"] == 0, again.stderr
 

@@ -1,7 +1,7 @@
 """``stockade history SCOPE``: the scope's last grants, expiries and releases, and the store's refusals.
 
-The coordinator is --url (http://HOST:PORT of a `stockade serve`, or
-sqlite:///PATH/coord.db), else --data-dir, else $STOCKADE_URL, else the data
+The coordinator is --url (http://HOST:PORT of a `stockade serve`,
+sqlite:///PATH/coord.db, or etcd://H1:2379,H2:2379,...), else --data-dir, else $STOCKADE_URL, else the data
 directory ($STOCKADE_DATA, else ./stockade-data). Its journal keeps the last
 100 events per scope, each written in the commit of the change it records
 (docs/history.md). The fenced store's refusals of stale or foreign tokens are

@@ -10,6 +10,8 @@ answers with the parsers here. Everything under one prefix (``stockade/``)::
     stockade/meta/bump           the scratch key `stockade etcd bump-revision` writes to advance the revision
     stockade/q/<scope>/<lease>   a waiter or the holder, attached to its etcd lease
     stockade/last/<scope>        the last token issued for the scope (its fence floor)
+    stockade/h/<scope>/<n>       the scope's lease history, event n (`stockade.coordinators._etcd_journal`)
+    stockade/hn/<scope>          the history's head: the last event's n, and the lease it left open
 
 The holder of a scope is the queue key with the lowest create revision; the
 **token is that key's create revision**: cluster-wide and strictly
@@ -34,12 +36,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from stockade.coordinators._etcd_journal import Head, ending, head_compare, journal_ops
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.limits import TTL_MS_MAX, validate_int, validate_scope
 
 __all__ = [
     "PREFIX", "TTL_S_MAX", "MEMBERS_MAX", "EtcdMember", "Layout", "parse_location", "ttl_s_of", "b64", "unb64",
-    "prefix_end", "KV", "kvs_of", "revision_of", "enqueue_txn", "predecessor_range", "grant_txn", "cluster_txn",
+    "prefix_end", "KV", "kvs_of", "revision_of", "enqueue_txn", "predecessor_range", "waiter_read", "grant_txn",
+    "cluster_txn",
     "last_token_of", "last_of", "release_txn", "GAP_SLACK", "BUMP_WRITES_MAX", "Incarnation", "incarnation_of",
     "marker_of", "marker_txn", "confirm_put", "bump_put", "restored_reason", "recordable",
 ]
@@ -156,6 +160,20 @@ class Layout:
     def scope_of_last_key(self, key: bytes) -> str:
         return key[len(self.last_prefix):].decode()
 
+    @property
+    def journal_root(self) -> bytes:
+        """Every scope's history events (the global cap counts this range)."""
+        return self.prefix + b"h/"
+
+    def journal_prefix(self, scope: str) -> bytes:
+        return self.journal_root + validate_scope(scope).encode() + b"/"
+
+    def journal_key(self, scope: str, n: int) -> bytes:
+        return self.journal_prefix(scope) + f"{n:016x}".encode()
+
+    def head_key(self, scope: str) -> bytes:
+        return self.prefix + b"hn/" + validate_scope(scope).encode()
+
 
 @dataclass(frozen=True, slots=True)
 class KV:
@@ -194,26 +212,37 @@ def _range(key: bytes, end: bytes | None = None, **options: Any) -> dict[str, An
     return {"request_range": request}
 
 
-def enqueue_txn(layout: Layout, scope: str, lease: int, holder: str, ttl_ms: int) -> dict[str, Any]:
+def enqueue_txn(layout: Layout, scope: str, lease: int, holder: str, ttl_ms: int, *, head: Head,
+                at_unix_ms: int) -> tuple[dict[str, Any], Head]:
     """Put this attempt's queue key; if the queue was empty, mark the grant in the same revision.
 
     ``compare`` over the whole queue range holds when no key there exists (an
     empty range compares as create revision 0), so an uncontended acquire is
-    one round trip: the key and ``last/<scope>`` share one revision, the token.
-    Both branches read the key back for its create revision (a retried put
-    keeps the first one).
+    one round trip: the key, ``last/<scope>`` and the history's ``grant`` (after
+    the ``expire`` of a lease ``head`` leaves open: its key is gone) share one
+    revision, the token. The Txn also compares the history's head with
+    ``head``: when it moved, the failure branch runs, and the caller goes the
+    waiter's way (`grant_txn`) with the head read back.
+
+    Success reads: ``[0]`` the previous ``last/<scope>``, ``[3]`` the key.
+    Failure reads: ``[1]`` the key (a retried put keeps its first create revision), ``[2]`` the head.
+
+    Returns:
+        The body, and the head it writes if it succeeds (`_etcd_journal.settled` with its revision).
     """
     key = layout.queue_key(scope, lease)
     value = json.dumps({"holder": holder, "ttl_ms": ttl_ms}).encode()
     put = {"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}}
     end = prefix_end(layout.queue_prefix(scope))
+    journal, after = journal_ops(layout, scope, head, [*ending(head, 0), ("grant", holder, 0)], opens=(0, holder),
+                                 at_unix_ms=at_unix_ms)
     return {
         "compare": [{"key": b64(layout.queue_prefix(scope)), "range_end": b64(end), "target": "CREATE",
-                     "result": "EQUAL", "create_revision": "0"}],
+                     "result": "EQUAL", "create_revision": "0"}, *head_compare(b64(layout.head_key(scope)), head)],
         "success": [_range(layout.last_key(scope)), put, {"request_put": {"key": b64(layout.last_key(scope)),
-                                                                           "value": ""}}, _range(key)],
-        "failure": [put, _range(key)],
-    }
+                                                                           "value": ""}}, _range(key), *journal],
+        "failure": [put, _range(key), _range(layout.head_key(scope))],
+    }, after
 
 
 def predecessor_range(layout: Layout, scope: str, create_revision: int) -> dict[str, Any]:
@@ -225,32 +254,63 @@ def predecessor_range(layout: Layout, scope: str, create_revision: int) -> dict[
     }
 
 
-def grant_txn(layout: Layout, scope: str, lease: int, create_revision: int) -> dict[str, Any]:
+def waiter_read(layout: Layout, scope: str, create_revision: int) -> dict[str, Any]:
+    """A read-only Txn (no raft entry): ``[0]`` the key before ``create_revision``, ``[1]`` the history's head."""
+    return {"success": [{"request_range": predecessor_range(layout, scope, create_revision)},
+                        _range(layout.head_key(scope))]}
+
+
+def grant_txn(layout: Layout, scope: str, lease: int, create_revision: int, *, holder: str, head: Head,
+              at_unix_ms: int) -> tuple[dict[str, Any], Head]:
     """First in the queue: record the token as the scope's last, if the key is still ours (alive).
 
-    The success branch reads the previous ``last/<scope>`` first: was its holder's lease released
-    or did it lapse (`last_of`)? A lapse starts the lock-delay (C5).
+    The success branch reads the previous ``last/<scope>`` first (``[0]``): was its
+    holder's lease released or did it lapse (`last_of`)? A lapse starts the
+    lock-delay (C5). The history gets the ``expire`` of a lease ``head`` leaves
+    open (its key, created before this one, is gone) and this ``grant``, in the
+    same revision. The failure branch reads ``[0]`` the key, ``[1]`` the head:
+    a head that moved is retried; a key that is gone is a lease that expired.
+
+    Returns:
+        The body, and the head it writes if it succeeds.
     """
     key = layout.queue_key(scope, lease)
+    journal, after = journal_ops(layout, scope, head, [*ending(head, create_revision),
+                                                       ("grant", holder, create_revision)],
+                                 opens=(create_revision, holder), at_unix_ms=at_unix_ms)
     return {
-        "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(create_revision)}],
+        "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(create_revision)},
+                    *head_compare(b64(layout.head_key(scope)), head)],
         "success": [_range(layout.last_key(scope)),
-                    {"request_put": {"key": b64(layout.last_key(scope)), "value": b64(str(create_revision).encode())}}],
-    }
+                    {"request_put": {"key": b64(layout.last_key(scope)), "value": b64(str(create_revision).encode())}},
+                    *journal],
+        "failure": [_range(key), _range(layout.head_key(scope))],
+    }, after
 
 
-def release_txn(layout: Layout, scope: str, lease: int, token: int) -> dict[str, Any]:
-    """Give the scope up: delete the holder's key and mark its token released, in one revision.
+def release_txn(layout: Layout, scope: str, lease: int, token: int, *, holder: str, head: Head,
+                at_unix_ms: int) -> tuple[dict[str, Any], Head]:
+    """Give the scope up: delete the holder's key, mark its token released and journal the
+    ``release``, in one revision.
 
     A holder key that vanishes *without* this mark lapsed (its lease expired or was
-    revoked), which is what the lock-delay (C5) waits after.
+    revoked), which is what the lock-delay (C5) waits after. The failure branch reads
+    ``[0]`` the key (gone: not held, nothing written), ``[1]`` the head (moved: retry).
+
+    Returns:
+        The body, and the head it writes if it succeeds.
     """
     key = layout.queue_key(scope, lease)
+    journal, after = journal_ops(layout, scope, head, [*ending(head, token), ("release", holder, token)],
+                                 opens=None, at_unix_ms=at_unix_ms)
     return {
-        "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(token)}],
+        "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(token)},
+                    *head_compare(b64(layout.head_key(scope)), head)],
         "success": [{"request_delete_range": {"key": b64(key)}},
-                    {"request_put": {"key": b64(layout.last_key(scope)), "value": b64(f"{token} released".encode())}}],
-    }
+                    {"request_put": {"key": b64(layout.last_key(scope)), "value": b64(f"{token} released".encode())}},
+                    *journal],
+        "failure": [_range(key), _range(layout.head_key(scope))],
+    }, after
 
 
 def last_of(kv: KV | None) -> tuple[int, bool]:

@@ -5,10 +5,12 @@ same unit of work as the change (`stockade.coordinators._history`): the SQLite
 file in a table of its own, ``memory://`` in memory. ``stockade serve`` keeps
 its table in memory and group-commits it to its coordinator file, journal
 included, so its history is read from the file: what has committed. The
-PostgreSQL and etcd coordinators keep none yet.
-The ZooKeeper coordinator keeps its journal in the ensemble, written in the
-transaction of each change (`stockade.coordinators._zk_journal`); its client
-port reads it.
+PostgreSQL coordinator keeps none yet. The etcd coordinator keeps its journal
+in etcd, written in the Txn of each change (`stockade.coordinators._etcd_journal`)
+and read through its port (`stockade.client._async._etcd_history`); the
+ZooKeeper coordinator keeps it in the ensemble, written in the transaction of
+each change (`stockade.coordinators._zk_journal`), and its client port reads it.
+Neither is read through this module.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """``GET /v1/locks/{scope}/history``: a scope's journal of grants, expiries and releases (docs/history.md).
 
-The handler of `stockade.server.app.App` for the route ``lockHistory``. The
-events are read from the coordinator file after the server's pending writes
-are durable, so it shows what has committed and nothing a crash could take back.
+The handler of `stockade.server.app.App` for the route ``lockHistory``. On the
+server's own coordinator file, the events are read after the server's pending
+writes are durable, so it shows what has committed and nothing a crash could
+take back; behind ``--coordinator``, they are the backend's journal, read
+through its port (`stockade.server._port_leases.PortLeaseService.history`).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ backend's `stockade.client._async.port.AsyncCoordinatorPort`, opened by
   PostgreSQL in ``stockade_coord_keyring``), and at start its marks are raised
   to the backend's fence floors, so a restored store cannot accept a token
   that the backend has superseded.
+- **History** (``GET /v1/locks/{scope}/history``) is the backend's own journal,
+  read through the port's ``history`` (docs/history.md): every backend whose
+  port keeps one answers, with no change here; one that keeps none is a 400.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stockade.coordinators._history import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core.errors import InvalidArgument, LimitExceeded, LockTimeout, NotHolder
 from stockade.core.leases import Lease, ScopeInfo, lease_hint
@@ -249,6 +253,18 @@ class PortLeaseService:
 
     async def fence_floors(self) -> FenceFloors:
         return await self.port.fence_floors()
+
+    async def history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
+        """The backend's journal of ``scope``, oldest first, as its port reads it (docs/history.md).
+
+        Raises:
+            InvalidArgument: the backend keeps no history.
+        """
+        history = getattr(self.port, "history", None)
+        if history is None:
+            raise InvalidArgument("coordinator", "this backend keeps no lease history (docs/history.md)")
+        events: Sequence[HistoryEvent] = await history(scope, limit=limit)
+        return events
 
     async def last_issued(self, scope: str, at_least: int = 0) -> int:
         """The backend's last issued token of ``scope``; read from it only when ``at_least`` is above what

@@ -19,6 +19,11 @@ process's back) is refused with `BackendUnavailable` (docs/coordinator-etcd.md).
 process that never saw the lost revisions tells a restore by etcd's status before each
 acquire (`stockade.coordinators.etcd.restored_reason`), and refuses to grant until
 ``stockade etcd bump-revision`` has advanced the revision and recorded the new cluster.
+
+Each grant's and release's Txn journals its events (docs/history.md): the
+port remembers each scope's history head (`EtcdJournal`) and compares it
+in the Txn; a head that moved fails the Txn, and it is sent again with the
+head read back.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stockade.client._sync._etcd_history import EtcdJournal, head_in, now_ms
+from stockade.client._sync._etcd_watch import wait_deleted
 from stockade.client._sync._http import HTTPClient
 from stockade.client._io import SyncIO
 from stockade.client._shared import Grant, HTTPEndpoint
-from stockade.client._wire import build_request
 from stockade.coordinators import etcd as recipe
+from stockade.coordinators._etcd_journal import Head, settled
+from stockade.coordinators._history import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder, invariant
@@ -52,7 +60,6 @@ _RETRY_PAUSE_S = 0.05
 #: One member's share of a request's deadline, at least this: a paused member (SIGSTOP, a long GC)
 #: must not eat the whole deadline, and an election (1 s by default) must fit in one attempt.
 _ATTEMPT_MS_MIN = 1_200
-_WATCH_BYTES_MAX = 1 << 16
 _FLOORS_MAX = 100_000
 #: Released etcd leases kept to grant again, per port.
 _SPARES_MAX = 8
@@ -60,6 +67,8 @@ _PRUNE_AT_MIN = 1024  # grants recorded before the first sweep of lapsed ones
 #: An acquire reads etcd's status (`restored`) when the last check that passed is this old: a
 #: restore stops every member, rebuilds their data and elects a leader, which takes longer.
 _RESTORE_CHECK_NS = 1_000_000_000
+#: Txns one change tries while the history head it compares keeps moving under it.
+_HEAD_TRIES = 8
 
 
 class _EtcdRefused(BackendUnavailable):
@@ -114,6 +123,7 @@ class EtcdCoordinatorPort:
         self._cluster_id: str | None = None
         self._marker: recipe.Incarnation | None = None
         self._checked_ns: int | None = None
+        self.journal = EtcdJournal(self, layout)  # the history heads it journals after (docs/history.md)
         self.keys: FixedKeys | None = None
         if identity is not None:
             self._cluster_id, self.keys = identity
@@ -188,9 +198,10 @@ class EtcdCoordinatorPort:
             )
         self._revision_seen = max(self._revision_seen, revision)
 
-    def _txn(self, body: dict[str, Any]) -> tuple[bool, list[dict[str, Any]]]:
+    def _txn(self, body: dict[str, Any]) -> tuple[bool, list[dict[str, Any]], int]:
+        """A Txn: whether its compare held, its branch's answers, and its revision (the store's, after it)."""
         answer = self._call("/v3/kv/txn", body)
-        return bool(answer.get("succeeded")), list(answer.get("responses", []))
+        return bool(answer.get("succeeded")), list(answer.get("responses", [])), recipe.revision_of(answer)
 
     def _range(self, key: bytes, end: bytes | None = None, **options: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"key": recipe.b64(key), **options}
@@ -213,35 +224,9 @@ class EtcdCoordinatorPort:
 
     def _wait_deleted(self, key: bytes, start_revision: int, timeout_s: float) -> None:
         """Return when ``key`` is deleted at or after ``start_revision``, its watch ends, or ``timeout_s`` passes."""
-        member = self._members[self._preferred]
-        body = json.dumps({"create_request": {"key": recipe.b64(key), "start_revision": str(start_revision)}}).encode()
-        request = build_request("POST", "/v3/watch", authority=f"{member.host}:{member.port}", auth_token=None,
-                                body=body, content_type="application/json")
-        deadline = time.monotonic() + timeout_s
-        try:
-            stream = SyncIO.open_tcp(member.host, member.port, tls=None, timeout_s=max(0.001, timeout_s))
-        except OSError:
+        if not wait_deleted(self._members[self._preferred], key, start_revision, timeout_s):
             self._preferred = (self._preferred + 1) % len(self._clients)
             SyncIO.sleep(min(_RETRY_PAUSE_S, max(0.0, timeout_s)))
-            return
-        try:
-            stream.send(request, max(0.001, timeout_s))
-            seen = b""
-            while True:
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    return
-                data = stream.receive(_WATCH_BYTES_MAX, remaining_s)
-                if not data:
-                    return  # the member closed the stream: look again
-                seen = (seen + data)[-_WATCH_BYTES_MAX:]
-                # Keys and values travel in base64, so these markers cannot come from user data.
-                if b'"type":"DELETE"' in seen or b'"canceled":true' in seen or b'"error"' in seen:
-                    return
-        except OSError:
-            return
-        finally:
-            stream.close()
 
     # -- the port ---------------------------------------------------------------------------------
 
@@ -260,7 +245,7 @@ class EtcdCoordinatorPort:
         keyring_kvs = recipe.kvs_of(self._range(self._layout.keyring_key)) if cluster_kvs else []
         if not cluster_kvs:
             proposed = secrets.token_hex(8)
-            _, responses = self._txn(
+            _, responses, _ = self._txn(
                 recipe.cluster_txn(self._layout, proposed, _dump(ephemeral_keyring(proposed)))
             )
             cluster_kvs = recipe.kvs_of(responses[-2].get("response_range", {}))
@@ -286,7 +271,7 @@ class EtcdCoordinatorPort:
         held = recipe.kvs_of(self._range(self._layout.incarnation_key))
         if held or record is None:
             return recipe.marker_of(held[0] if held else None)
-        _, responses = self._txn(recipe.marker_txn(self._layout, record))
+        _, responses, _ = self._txn(recipe.marker_txn(self._layout, record))
         return recipe.marker_of(next(iter(recipe.kvs_of(responses[-1].get("response_range", {}))), None))
 
     def restored(self) -> str | None:
@@ -316,17 +301,19 @@ class EtcdCoordinatorPort:
         return now
 
     def _grant(self, scope: str, holder: str, ttl_ms: int, lease: int, revision: int, sent_ns: int,
-                     previous: recipe.KV | None) -> Grant:
+                     previous: recipe.KV | None, *, doubt: bool = False) -> Grant:
         """The grant of ``revision``, after the lock-delay when the previous holder's lease lapsed (C5).
 
         etcd keeps no clock a client could read, so the delay counts from when this
         client saw the lapse, which is after it happened: never shorter than asked,
         and up to twice as long. The token is recorded already; nobody uses it meanwhile.
+        ``doubt``: the previous holder is not known (a retried grant whose first answer was
+        lost), so the delay is waited.
         """
         if self._cluster_id is None or self.keys is None:
             raise BackendUnavailable("etcd coordinator not opened", certain_no_effect=True)
         previous_token, released = recipe.last_of(previous)
-        if self.lock_delay_ms and 0 < previous_token < revision and not released:
+        if self.lock_delay_ms and (doubt or (0 < previous_token < revision and not released)):
             sent_ns = self._hold_back(lease, sent_ns, recipe.ttl_s_of(ttl_ms))
         token = self.keys.sign(FencingToken(self._cluster_id, scope, revision))
         lease_id = f"{lease}.{revision}.{scope}"
@@ -369,6 +356,8 @@ class EtcdCoordinatorPort:
                 f"{reason}: etcd was restored from a snapshot, and its tokens would repeat issued ones; no grant "
                 "until `stockade etcd bump-revision` has run (docs/coordinator-etcd.md)", certain_no_effect=True,
             )
+        if self.journal.sweep_due:
+            self.journal.sweep()
         deadline_ns = time.monotonic_ns() + wait_ms * 1_000_000
         sent_ns = time.monotonic_ns()
         spare = self._spare(ttl_s, sent_ns)
@@ -378,27 +367,26 @@ class EtcdCoordinatorPort:
             answer = self._call("/v3/lease/grant", {"TTL": str(ttl_s)})
             lease = int(answer["ID"])
         try:
-            succeeded, responses = self._txn(recipe.enqueue_txn(self._layout, scope, lease, holder, ttl_ms))
-            mine = recipe.kvs_of(responses[-1].get("response_range", {}))
+            head = self.journal.head(scope)
+            body, after = recipe.enqueue_txn(self._layout, scope, lease, holder, ttl_ms, head=head, at_unix_ms=now_ms())
+            succeeded, responses, txn_revision = self._txn(body)
+            mine = recipe.kvs_of(responses[3 if succeeded else 1].get("response_range", {}))
             if not mine:
                 raise BackendUnavailable("etcd lost a queue key as it was written (its lease expired)")
             revision = mine[0].create_revision
             if succeeded:
+                self.journal.journaled(scope, settled(after, txn_revision))
                 previous = recipe.kvs_of(responses[0].get("response_range", {}))
                 last = previous[0] if previous else None
                 return self._grant(scope, holder, ttl_ms, lease, revision, sent_ns, last)
+            self.journal.remember(scope, head_in(responses[2]))
             keepalive_ns = ttl_s * 1_000_000_000 // 3
             while True:
-                before = self._call("/v3/kv/range", recipe.predecessor_range(self._layout, scope, revision))
-                predecessors = recipe.kvs_of(before)
+                _, reads, read_revision = self._txn(recipe.waiter_read(self._layout, scope, revision))
+                predecessors = recipe.kvs_of(reads[0].get("response_range", {}))
                 if not predecessors:
-                    granted, read = self._txn(recipe.grant_txn(self._layout, scope, lease, revision))
-                    if granted:
-                        previous = recipe.kvs_of(read[0].get("response_range", {}))
-                        return self._grant(
-                            scope, holder, ttl_ms, lease, revision, sent_ns, previous[0] if previous else None
-                        )
-                    raise BackendUnavailable("the waiter's etcd lease expired while it waited")
+                    return self._grant_first(scope, holder, ttl_ms, lease, revision, sent_ns,
+                                                   head_in(reads[1]))
                 now_ns = time.monotonic_ns()
                 if now_ns >= deadline_ns:
                     raise LockTimeout(scope, wait_ms)
@@ -407,9 +395,7 @@ class EtcdCoordinatorPort:
                     if not self._keepalive(lease):
                         raise BackendUnavailable("the waiter's etcd lease expired while it waited")
                 wake_ns = min(deadline_ns, sent_ns + keepalive_ns)
-                self._wait_deleted(
-                    predecessors[0].key, recipe.revision_of(before) + 1, max(0, wake_ns - now_ns) / 1e9
-                )
+                self._wait_deleted(predecessors[0].key, read_revision + 1, max(0, wake_ns - now_ns) / 1e9)
         except BaseException:
             # Timed out, cancelled or failed: leave the queue (the key goes with its lease).
             try:
@@ -417,6 +403,35 @@ class EtcdCoordinatorPort:
             except Exception:  # noqa: BLE001 - best effort: the lease expires by its TTL
                 pass
             raise
+
+    def _grant_first(self, scope: str, holder: str, ttl_ms: int, lease: int, revision: int, sent_ns: int,
+                           head: Head) -> Grant:
+        """First in the queue: record the grant (and its history) if the key is still ours.
+
+        Raises:
+            BackendUnavailable: the waiter's etcd lease expired, or the history head kept moving.
+        """
+        for _ in range(_HEAD_TRIES):
+            if head.open_token == revision:  # an earlier send of this Txn landed; its answer was lost
+                return self._grant(scope, holder, ttl_ms, lease, revision, sent_ns, None, doubt=True)
+            body, after = recipe.grant_txn(self._layout, scope, lease, revision, holder=holder, head=head,
+                                           at_unix_ms=now_ms())
+            granted, read, txn_revision = self._txn(body)
+            if granted:
+                self.journal.journaled(scope, settled(after, txn_revision))
+                previous = recipe.kvs_of(read[0].get("response_range", {}))
+                return self._grant(scope, holder, ttl_ms, lease, revision, sent_ns,
+                                         previous[0] if previous else None)
+            key = recipe.kvs_of(read[0].get("response_range", {}))
+            if not key or key[0].create_revision != revision:
+                raise BackendUnavailable("the waiter's etcd lease expired while it waited")
+            head = head_in(read[1])
+            self.journal.remember(scope, head)
+        raise BackendUnavailable(f"the history head of {scope!r} kept moving: {_HEAD_TRIES} grant Txns failed")
+
+    def history(self, scope: str, *, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` events, oldest first (`EtcdJournal.history`)."""
+        return self.journal.history(scope, limit)
 
     def _spare(self, ttl_s: int, now_ns: int) -> tuple[int, int] | None:
         """A released etcd lease of ``ttl_s`` to grant again, and the send time of its last renewal.
@@ -483,7 +498,7 @@ class EtcdCoordinatorPort:
         mine = self._granted.get(lease) == lease_id
         if not mine and (lease in self._granted or lease in self._pooled):
             return False  # released already (its lease kept, or granted again to another id)
-        released, _ = self._txn(recipe.release_txn(self._layout, scope, lease, token))
+        released = self._release_txn(scope, lease, token)
         if mine:
             self._granted.pop(lease, None)
             self._key_checked.pop(lease, None)
@@ -496,6 +511,33 @@ class EtcdCoordinatorPort:
         revoked = self._revoke(lease)
         return released and revoked
 
+    def _release_txn(self, scope: str, lease: int, token: int) -> bool:
+        """Delete the holder key, mark the token released and journal the ``release``, in one Txn.
+
+        Returns False, writing nothing, when the key is gone (the lease lapsed: its
+        ``expire`` is the next grant's to write) or is another grant's.
+        """
+        head = self.journal.known(scope)
+        holder = head.open_holder if head is not None and head.open_token == token else None
+        for _ in range(_HEAD_TRIES):
+            if head is None or holder is None:  # not the head this port last wrote: read both (no raft entry)
+                _, reads, _ = self._txn({"success": [
+                    {"request_range": {"key": recipe.b64(self._layout.queue_key(scope, lease))}},
+                    {"request_range": {"key": recipe.b64(self._layout.head_key(scope))}}]})
+            else:
+                body, after = recipe.release_txn(self._layout, scope, lease, token, holder=holder, head=head,
+                                                 at_unix_ms=now_ms())
+                released, reads, txn_revision = self._txn(body)
+                if released:
+                    self.journal.journaled(scope, settled(after, txn_revision))
+                    return True
+            key = recipe.kvs_of(reads[0].get("response_range", {}))
+            if not key or key[0].create_revision != token:
+                return False
+            head, holder = head_in(reads[1]), _shown(key[0])[0]
+            self.journal.remember(scope, head)
+        raise BackendUnavailable(f"the history head of {scope!r} kept moving: {_HEAD_TRIES} release Txns failed")
+
     def inspect(self, scope: str) -> ScopeInfo:
         self.open()
         start = self._layout.queue_prefix(scope)
@@ -507,11 +549,7 @@ class EtcdCoordinatorPort:
         if not heads:
             return ScopeInfo(scope, ScopeState.FREE, None, None, last_token, 0, 0)
         head = heads[0]
-        try:
-            shown = json.loads(head.value)
-            holder, ttl_ms = str(shown["holder"]), int(shown["ttl_ms"])
-        except (ValueError, KeyError, TypeError):
-            holder, ttl_ms = "?", 0
+        holder, ttl_ms = _shown(head)
         alive = self._call("/v3/lease/timetolive", {"ID": str(head.lease)})
         remaining_ms = max(0, min(ttl_ms, int(alive.get("TTL", 0)) * 1000))
         waiters = max(0, int(head_answer.get("count", 1)) - 1)
@@ -548,6 +586,15 @@ class EtcdCoordinatorPort:
 def _endpoint(member: recipe.EtcdMember, timeout_ms: int, connect_timeout_ms: int) -> HTTPEndpoint:
     authority = f"[{member.host}]:{member.port}" if ":" in member.host else f"{member.host}:{member.port}"
     return HTTPEndpoint(member.host, member.port, "", None, authority, None, timeout_ms, connect_timeout_ms)
+
+
+def _shown(key: recipe.KV) -> tuple[str, int]:
+    """The holder and ``ttl_ms`` a queue key names (``("?", 0)`` when its value is not stockade's)."""
+    try:
+        shown = json.loads(key.value)
+        return str(shown["holder"]), int(shown["ttl_ms"])
+    except (ValueError, KeyError, TypeError):
+        return "?", 0
 
 
 def _lease_of(lease_id: str) -> tuple[int, int, str] | None:

@@ -538,7 +538,7 @@ class Coordinator(Handle):
         Each was journaled in the same commit as the change it records (docs/history.md).
 
         Raises:
-            InvalidArgument: a bad scope or limit, or a backend that keeps no history (postgres, etcd).
+            InvalidArgument: a bad scope or limit, or a backend whose port keeps no history.
         """
         validate_scope(scope)
         validate_int("limit", limit, 1, HISTORY_PER_SCOPE)
