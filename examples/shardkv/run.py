@@ -7,33 +7,43 @@ stand with (``stockade.connect(url)``), the fence and the shards' logs
 (`stockade.resources.log`). The driver starts two writer candidates per
 shard (`writer.py`: each campaigns with ``coord.elect``) and the storage nodes
 (`node.py`), lets them run, and injects failovers one after the other,
-cycling through ``--kinds`` (kill, then pause, by default):
+cycling through ``--kinds`` (kill, pause, freeze by default):
 
 - **kill**: the shard's writer is killed with SIGKILL; the driver starts a new
   candidate, and the candidate that was waiting is elected once the lease
   expires;
-- **pause**: the writer is stopped with SIGSTOP until its lease has expired and
+- **pause**: the writer is stopped with SIGSTOP, at whatever point it is, until
   another candidate leads the shard and has appended (or ``--pause-append-wait-s``:
-  a writer paused inside a transaction holds its locks until the database ends
-  that transaction after ``--idle-transaction-ms``); then SIGCONT. The resumed
-  writer sends its next append with its old token (the writers never look at
-  their leadership between their pause and their append, on purpose). The
-  driver waits until it steps down and says what became of that append:
-  refused by the fence, accepted after the new leader's (what the fence
-  exists to prevent), or never sent (it saw ``lost`` first).
+  a writer paused inside an append holds the shard's lock until the database
+  ends its transaction after ``--idle-transaction-ms``); then SIGCONT;
+- **freeze**: the writer is told (``freeze TERM`` on its stdin) to stop itself
+  with SIGSTOP between its check of ``lost`` and its next append, the worst
+  moment; then as for a pause.
+
+After a pause or a freeze the resumed writer sends its next append with its
+old token (the writers never look at their leadership between that check and
+the append, on purpose), and the driver waits until it steps down and says
+what became of it: **refused** by the fence; **accepted** after the new
+leader's first append (what the fence exists to prevent); or **not refused**
+(it saw ``lost`` before appending again, or its append landed before the new
+leader's first, which the fence rightly lets in).
 
 The driver finds a shard's writer as a router would: it asks the coordinator
 who leads (``coord.leader``, `router.leaders`), and after the failover it
 watches for the next term (``coord.watch_leader``, `router.next_leader`).
-It times each failover from the writer's death (SIGKILL or SIGSTOP) to the
-new leader's first acknowledged append, prints who leads each shard after it
-(on stderr), and checks every leader it observed against the writers' own
-events: the coordinator's holder of a term must be the writer whose appends
-carry that term.
+It times each failover from the writer's death (the SIGKILL, the SIGSTOP, the
+writer's ``frozen`` line) to the watch seeing the new leader (``elected_ms``)
+and to the new leader's first acknowledged append (``failover_ms``), prints
+who leads each shard after it (on stderr), and checks every leader it
+observed against the writers' own events: the coordinator's holder of a term
+must be the writer whose appends carry that term (``leader_mismatches``).
 
 Then the writers are stopped, the nodes catch up and write their states, and
 `check.check` judges the run. The exit status is 0 only if every count that
-must be zero is zero, the nodes agree and every shard is linearizable.
+must be zero is zero (``leader_mismatches`` too), the nodes agree and every
+shard is linearizable. ``--installed`` leaves the log and its fence as they
+are in the database (the test's control installs a fence that accepts every
+token, and the run must then fail).
 """
 
 from __future__ import annotations

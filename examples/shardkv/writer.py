@@ -13,22 +13,27 @@ keys of the shard, each with an idempotency key (its value), and retries an
 append whose outcome is unknown with the same key.
 
 A writer steps down, resigns and campaigns again when it sees its leadership
-``lost`` (checked after each append, before the pause between appends), when
-an append is refused (`StaleToken`: a newer term has appended), or when an
-append stays unknown after ``RETRIES_MAX`` tries.
+``lost`` (checked after each acknowledged append, before the short wait that
+paces its appends), when an append is refused (`StaleToken`: a later term has
+appended), or when an append stays unknown after ``RETRIES_MAX`` tries.
 
-**The zombie is deliberate.** Nothing is checked between the pause before an
-append and the append itself: a writer frozen there (SIGSTOP, as a GC pause or
-a stopped VM would) past its lease sends its next append anyway, with its old
-token, when it wakes. No check in the writer could close that gap (the freeze
-may come right after any check); the example keeps it open so that the run
-shows what does close it: the shard log's fence refuses the append once the
-next term has appended.
+**The zombie is deliberate.** Nothing looks at the leadership between that
+check and the next append: a writer frozen anywhere in between (SIGSTOP, as a
+GC pause or a stopped VM would freeze it) for longer than its lease sends its
+next append anyway when it wakes, with its old token. No check in the writer
+could close that gap (the freeze may come right after any check), and the
+example keeps it open on purpose, so that its runs show what does close it:
+the shard log's fence refuses the append once the next term has appended.
+
+A line ``freeze TERM`` on stdin (from the driver) makes the writer, if it
+leads in TERM, stop itself with SIGSTOP at exactly that gap, right after
+finding its leadership not lost: the zombie's worst moment, on demand. The
+driver continues it with SIGCONT once the next term has appended.
 
 Each operation is recorded in the history file (JSON lines: invoke, then
 ok / fail / info) and events are printed on stdout for the driver:
-``lead TERM``, ``ack OFFSET TERM``, ``refused TERM``, ``down TERM CAUSE``
-(CAUSE: ``lost``, ``refused``, ``unknown``).
+``lead TERM``, ``ack OFFSET TERM``, ``refused TERM``, ``frozen TERM``,
+``down TERM CAUSE`` (CAUSE: ``lost``, ``refused``, ``unknown``).
 """
 
 from __future__ import annotations
