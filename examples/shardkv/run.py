@@ -112,7 +112,7 @@ class Driver:
         self.newest_acked: dict[str, int] = {}  # shard -> the greatest term acknowledged
         self.acks: dict[str, list[tuple[int, int]]] = defaultdict(list)  # writer -> (offset, term)
         self.refused: dict[str, int] = defaultdict(int)
-        self.downs: dict[str, list[str]] = defaultdict(list)  # writer -> why it stepped down, in order
+        self.down: dict[tuple[str, int], str] = {}  # (writer, term) -> why it stepped down from that term
         # What the driver saw and measured:
         self.observed: dict[str, dict[int, str]] = defaultdict(dict)  # shard -> term -> the holder shown
         self.failovers = dict.fromkeys(KINDS, 0)
@@ -150,7 +150,7 @@ class Driver:
         elif kind == "frozen":
             self.frozen_ns[(name, int(fields[0]))] = t_ns
         elif kind == "down":
-            self.downs[name].append(fields[1])
+            self.down.setdefault((name, int(fields[0])), fields[1])
 
     def wait_for(self, done: Any, timeout_s: float = EVENT_WAIT_S) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -185,9 +185,9 @@ class Driver:
                 self.wait_for(lambda: False, timeout_s=0.1)  # handle events meanwhile
                 continue
             if self.wait_for(lambda term=leader.term: term in self.first_ack[shard], timeout_s=1.0):
-                if self.writers[leader.holder].popen.poll() is None:
+                if self.writers[leader.holder].popen.poll() is None and (leader.holder, leader.term) not in self.down:
                     return leader
-                self.wait_for(lambda: False, timeout_s=0.1)  # a killed writer's lease has not lapsed yet
+                self.wait_for(lambda: False, timeout_s=0.1)  # it stepped down or was killed: the lease lapses soon
         raise RuntimeError(f"{shard} has no leader that appended")
 
     def successor_ack(self, shard: str, after_term: int) -> tuple[int, int]:
@@ -214,9 +214,8 @@ class Driver:
     def fail(self, number: int, kind: str, shard: str) -> bool:
         old = self.current_writer(shard)
         proc = self.writers[old.holder]
-        downs_before = len(self.downs[old.holder])
         acks_before = len(self.acks[old.holder])
-        stepped_down = lambda: len(self.downs[old.holder]) > downs_before  # noqa: E731
+        stepped_down = lambda: (old.holder, old.term) in self.down  # noqa: E731
         acked_after_old = lambda: self.newest_acked.get(shard, 0) > old.term  # noqa: E731
         died_ns = time.monotonic_ns()
         if kind == "kill":
@@ -246,7 +245,7 @@ class Driver:
                 raise RuntimeError(f"{shard}: the resumed writer {old.holder} never stepped down")
         if not self.wait_for(acked_after_old):
             raise RuntimeError(f"{shard}: no append after {old.holder}'s term")
-        outcome = "" if kind == "kill" else self.zombie_outcome(kind, old, acks_before, downs_before)
+        outcome = "" if kind == "kill" else self.zombie_outcome(kind, old, acks_before)
         self.failovers[kind] += 1
         _, first_ack_ns = self.successor_ack(shard, old.term)
         elapsed_ms = (first_ack_ns - died_ns) / 1e6
@@ -261,13 +260,13 @@ class Driver:
               file=sys.stderr, flush=True)
         return True
 
-    def zombie_outcome(self, kind: str, old: LeaderInfo, acks_before: int, downs_before: int) -> str:
+    def zombie_outcome(self, kind: str, old: LeaderInfo, acks_before: int) -> str:
         """What became of the resumed writer's next append under its old term."""
         successor_offset, _ = self.successor_ack(old.name, old.term)
         acks = self.acks[old.holder][acks_before:]
         if any(term == old.term and offset > successor_offset for offset, term in acks):
             outcome = "accepted"  # after the new leader's first append: what the fence is for
-        elif self.downs[old.holder][downs_before] == "refused":
+        elif self.down[(old.holder, old.term)] == "refused":
             outcome = "refused"
         else:
             outcome = "not_refused"  # it saw lost first, or its append landed before the new leader's
