@@ -12,12 +12,11 @@
 - Controls, which must fail: fencing off (the zombie's append accepted), a
   check-then-append without the head's lock (duplicate offsets), the store's
   fence rule swapped for one that accepts everything.
-- The sharded key-value example (examples/shardkv) with writer failovers.
+The sharded key-value example built on the log is tested in tests/test_shardkv_example.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -60,7 +59,6 @@ HANDOFF_ROUNDS = 6 if LONG else 1
 ZOMBIE_ROUNDS = 50 if LONG else 3
 WRITER_KILLS = 25 if LONG else 3
 SERVER_KILLS = 10 if LONG else 2
-EXAMPLE_FAILOVERS = 24 if LONG else 2
 STALE_ATTEMPTS = 200
 LINE_WAIT_S = 120.0
 
@@ -488,27 +486,6 @@ def test_control_check_then_append_without_the_lock_duplicates_offsets(pg_db: tu
     assert problems["locked"] == 0 and problems["unlocked"] > 0, problems
     locked.close()
     unlocked.close()
-
-
-# -- the example system ---------------------------------------------------------------------------
-
-
-def test_the_sharded_kv_example_survives_writer_failovers(pg_db: tuple[PostgresServer, str], tmp_path: Path) -> None:
-    server, name = pg_db
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "shardkv" / "run.py"), "--url", server.url(name), "--shards", "8",
-         "--nodes", "3", "--failovers", str(EXAMPLE_FAILOVERS), "--workdir", str(tmp_path / "run")],
-        capture_output=True, text=True, env=child_env(), timeout=1_800)
-    assert done.returncode in (0, 1) and done.stdout.strip(), done.stderr[-3000:]
-    report = json.loads(done.stdout)
-    print(json.dumps(report))
-    assert report["failovers"]["kill"] + report["failovers"]["pause"] == EXAMPLE_FAILOVERS
-    assert (report["acknowledged_lost"], report["duplicated"], report["gaps"], report["out_of_order"],
-            report["stale_accepted"]) == (0, 0, 0, 0, 0), report
-    assert report["stale_refused"] >= report["failovers"]["pause"] and report["acknowledged"] > 0
-    assert report["node_digests"] == 1 and report["nodes_match_logs"] == report["nodes"] == 3
-    assert report["linearizable"] and not report["linearizability_undecided"], report
-    assert report["passed"] and done.returncode == 0
 
 
 def test_a_transaction_the_server_ended_is_an_unknown_outcome_and_the_retry_is_replayed(

@@ -1,42 +1,62 @@
-"""One writer candidate of one shard: leads it while it holds the shard's lease, and appends to its log.
+"""One writer candidate of one shard: it campaigns with ``coord.elect`` and, while it leads, appends to the shard's log.
 
 ``writer.py --url URL --shard kv.shard-3 --shards 8 --name w7 --history PATH``
 
-Candidates of a shard wait for the shard's lease (``coord.acquire`` on the
-shard's scope); the holder is the shard's writer. Its first append under a new
-lease is a ``_leader`` entry (as a newly elected leader's first act), which
-raises the shard's high-water mark to its token before it retries anything.
-Then it appends ``put`` operations of random keys of the shard, each with an
-idempotency key (its value), and retries an append whose outcome is unknown
-with the same key.
+Candidates of a shard stand in the shard's election (``coord.elect(shard,
+identity=NAME)``, first in, first out); the leader is the shard's writer, and
+its name is what ``coord.leader(shard)`` shows (`router.leaders`). Every
+append carries the leadership's token (its term). The first append of a term
+is a ``_leader`` entry (as a newly elected leader's first act): it raises the
+shard's high-water mark to the term before anything else, so no append of an
+earlier term gets in after it. Then it appends ``put`` operations of random
+keys of the shard, each with an idempotency key (its value), and retries an
+append whose outcome is unknown with the same key.
 
-On purpose, it never consults its lease's local deadline before an append: a
-writer paused past its lease (a zombie) tries its next append anyway, and only
-the shard log's fence stands in its way. A refused append (`StaleToken`) ends
-its leadership; it waits for the lease again.
+A writer steps down, resigns and campaigns again when it sees its leadership
+``lost`` (checked after each acknowledged append, before the short wait that
+paces its appends), when an append is refused (`StaleToken`: a later term has
+appended), or when an append stays unknown after ``RETRIES_MAX`` tries.
+
+**The zombie is deliberate.** Nothing looks at the leadership between that
+check and the next append: a writer frozen anywhere in between (SIGSTOP, as a
+GC pause or a stopped VM would freeze it) for longer than its lease sends its
+next append anyway when it wakes, with its old token. No check in the writer
+could close that gap (the freeze may come right after any check), and the
+example keeps it open on purpose, so that its runs show what does close it:
+the shard log's fence refuses the append once the next term has appended.
+
+A line ``freeze TERM`` on stdin (from the driver) makes the writer, if it
+leads in TERM, stop itself with SIGSTOP at exactly that gap, right after
+finding its leadership not lost: the zombie's worst moment, on demand. The
+driver continues it with SIGCONT once the next term has appended.
 
 Each operation is recorded in the history file (JSON lines: invoke, then
 ok / fail / info) and events are printed on stdout for the driver:
-``lead TOKEN``, ``ack OFFSET TOKEN``, ``refused TOKEN``.
+``lead TERM``, ``ack OFFSET TERM``, ``refused TERM``, ``frozen TERM``,
+``down TERM CAUSE`` (CAUSE: ``lost``, ``refused``, ``unknown``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
 from router import keys_of
 
 import stockade
+from stockade.client import Leadership
 from stockade.core.errors import BackendUnavailable, LeaseError, StaleToken
 from stockade.resources.log import open_postgres_log
 
 RETRIES_MAX = 5
+CAMPAIGN_WAIT_MS = 2_000  # one elect call waits this long, then the candidate stands again (a stop is seen)
 
 
 class Writer:
@@ -51,6 +71,8 @@ class Writer:
         self.stopping = False
         self.seq = 0
         self.rng = random.Random(args.name)
+        self.freeze_term = 0  # set by a "freeze TERM" line on stdin
+        threading.Thread(target=self._read_commands, daemon=True).start()
 
     def record(self, kind: str, **fields: Any) -> None:
         self.history.write(json.dumps({"t_ns": time.monotonic_ns(), "process": self.name, "type": kind,
@@ -59,33 +81,52 @@ class Writer:
     def event(self, text: str) -> None:
         print(text, flush=True)
 
+    def _read_commands(self) -> None:
+        for line in sys.stdin:
+            command, _, term = line.strip().partition(" ")
+            if command == "freeze":
+                self.freeze_term = int(term)
+
     def run(self) -> None:
         while not self.stopping:
             try:
-                lease = self.coord.acquire(self.shard, ttl_ms=self.args.ttl_ms, wait_ms=2_000, holder=self.name)
+                leadership = self.coord.elect(self.shard, ttl_ms=self.args.ttl_ms, wait_ms=CAMPAIGN_WAIT_MS,
+                                              identity=self.name)
             except LeaseError:
-                continue  # LockTimeout: wait again
+                continue  # LockTimeout: another candidate still leads; stand again
             except BackendUnavailable:
-                time.sleep(0.1)  # the coordinator's database failed or timed out: try again
+                time.sleep(0.1)  # the coordinator's database failed or timed out: stand again
                 continue
-            self.event(f"lead {lease.token.value}")
+            self.event(f"lead {leadership.term}")
             try:
-                if self.append(lease, "_leader", f"{self.name}:{lease.token.value}"):
-                    while not self.stopping:
-                        key = self.rng.choice(self.keys)
-                        self.seq += 1
-                        if not self.append(lease, key, f"{self.name}-{self.seq}"):
-                            break
-                        time.sleep(self.rng.uniform(0, 2 * self.args.pace_ms) / 1000)
+                cause = self.lead(leadership)
+                if cause:
+                    self.event(f"down {leadership.term} {cause}")
             finally:
                 try:
-                    lease.release()
+                    leadership.resign()
                 except stockade.StockadeError:
-                    pass  # lost or expired: a newer writer holds the shard
+                    pass  # lost or expired: a newer term holds the shard
 
-    def append(self, lease: Any, key: str, value: str) -> bool:
-        """Append one put; True while this writer still leads."""
-        token = lease.token
+    def lead(self, leadership: Leadership) -> str:
+        """Append while this term leads; why it stepped down ("" when stopping)."""
+        outcome = self.append(leadership, "_leader", f"{self.name}:{leadership.term}")
+        while outcome == "ok" and not self.stopping:
+            if leadership.lost:
+                return "lost"
+            if self.freeze_term == leadership.term:  # the driver's "freeze": stop right in the gap below
+                self.event(f"frozen {leadership.term}")
+                os.kill(os.getpid(), signal.SIGSTOP)
+            # From here to the append nothing looks at the leadership: a writer frozen in between
+            # appends with its old term when it wakes (the zombie), and only the log's fence stops it.
+            time.sleep(self.rng.uniform(0, 2 * self.args.pace_ms) / 1000)
+            self.seq += 1
+            outcome = self.append(leadership, self.rng.choice(self.keys), f"{self.name}-{self.seq}")
+        return "" if outcome == "ok" else outcome
+
+    def append(self, leadership: Leadership, key: str, value: str) -> str:
+        """Append one put with the term's token: "ok", "refused" (a newer term appended) or "unknown"."""
+        token = leadership.token
         data = json.dumps({"k": key, "v": value}).encode()
         for _ in range(RETRIES_MAX):
             fields = {"f": "write", "scope": self.shard, "token": token.value, "key": key, "value": value,
@@ -96,7 +137,7 @@ class Writer:
             except StaleToken as refused:
                 self.record("fail", **fields, error="stale-token", high_water=refused.high_water)
                 self.event(f"refused {token.value}")
-                return False
+                return "refused"
             except BackendUnavailable as lost:
                 self.record("info", **fields, error=str(lost)[:200])
                 time.sleep(0.05)
@@ -105,8 +146,8 @@ class Writer:
             self.record("info" if result.replayed else "ok", **fields, offset=result.first_offset,
                         replayed=result.replayed)
             self.event(f"ack {result.first_offset} {token.value}")
-            return True
-        return False
+            return "ok"
+        return "unknown"
 
 
 def main() -> None:
