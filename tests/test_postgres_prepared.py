@@ -87,20 +87,20 @@ def test_statements_are_prepared_again_on_the_connection_after_a_lost_session(pg
     _cycles_across_a_lost_session(pg_coord_url)
 
 
-class _SharedNames:
-    """The bug put back: one set of prepared names for every connection."""
+class _SharedSession:
+    """The bug put back: one record of prepared statements for every connection."""
 
     def __init__(self) -> None:
-        self.names: set[str] = set()
+        self.session: object = None
 
-    def get(self, conn: object) -> set[str]:
-        return self.names
+    def get(self, conn: object) -> object:
+        return self.session
 
-    def __setitem__(self, conn: object, names: set[str]) -> None:
-        self.names = names
+    def __setitem__(self, conn: object, session: object) -> None:
+        self.session = session
 
 
 def test_control_names_shared_between_connections_fail_after_a_lost_session(pg_coord_url, monkeypatch):
-    monkeypatch.setattr(call, "_prepared", _SharedNames())
+    monkeypatch.setattr(call, "_sessions", _SharedSession())
     with pytest.raises(BackendUnavailable, match="does not exist"):
         _cycles_across_a_lost_session(pg_coord_url)

@@ -44,46 +44,70 @@ class Prepared:
     columns: tuple[Callable[[str], Any], ...]
 
 
-# The statements prepared on each connection (a connection's prepared statements end with it).
-_prepared: WeakKeyDictionary[Any, set[str]] = WeakKeyDictionary()
+#: libpq's ``ExecStatusType`` values (stable since PostgreSQL 7): a statement done, a statement with rows.
+_COMMAND_OK = 1
+_TUPLES_OK = 2
 
 
-def _param(value: object, encoding: str) -> bytes | None:
-    if value is None:
-        return None
-    if value is True or value is False:
-        return b"t" if value else b"f"
-    if isinstance(value, int):
-        return str(value).encode("ascii")
-    if isinstance(value, str):
-        return value.encode(encoding)
-    raise TypeError(f"a prepared statement's parameter must be None, bool, int or str, got {type(value).__name__}")
+class _Session:
+    """What this module knows of one connection's session: its encoding, the statements prepared on it."""
+
+    __slots__ = ("encoding", "names")
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self.names: set[str] = set()
+
+
+# Per connection: a session's prepared statements end with it, and a new connection has none.
+_sessions: WeakKeyDictionary[Any, _Session] = WeakKeyDictionary()
+
+
+def _refused(result: Any, encoding: str) -> Exception:
+    from psycopg import errors
+
+    return errors.error_from_result(result, encoding=encoding)
 
 
 def run_prepared(conn: Any, statement: Prepared, params: Sequence[object]) -> tuple[Any, ...] | None:
     """Run ``statement`` with ``params`` on ``conn`` (an autocommit psycopg connection); its first row, or None.
 
     Raises:
+        TypeError: a parameter is not None, a bool, an int or a str (nothing is sent).
         psycopg.Error: the server refused the statement or the connection failed,
             as psycopg raises it (``sqlstate`` set when the server answered).
     """
-    from psycopg import errors, pq
-
+    session = _sessions.get(conn)
+    if session is None:
+        session = _sessions[conn] = _Session(conn.info.encoding)
+    encoding = session.encoding
+    values: list[bytes | None] = []
+    for value in params:  # a loop, not a call per value: this runs twice per lock cycle
+        if value is None:
+            values.append(None)
+        elif value is True or value is False:
+            values.append(b"t" if value else b"f")
+        elif isinstance(value, int):
+            values.append(str(value).encode("ascii"))
+        elif isinstance(value, str):
+            values.append(value.encode(encoding))
+        else:
+            raise TypeError(f"a prepared statement's parameter must be None, bool, int or str, "
+                            f"got {type(value).__name__}")
     pgconn = conn.pgconn
-    encoding = conn.info.encoding
-    names = _prepared.get(conn)
-    if names is None:
-        names = _prepared[conn] = set()
     name = statement.name.encode("ascii")
-    if statement.name not in names:
+    if statement.name not in session.names:
         result = pgconn.prepare(name, statement.sql.encode(encoding))
-        if result.status != pq.ExecStatus.COMMAND_OK:
-            raise errors.error_from_result(result, encoding=encoding)
-        names.add(statement.name)
-    result = pgconn.exec_prepared(name, [_param(p, encoding) for p in params])
-    if result.status != pq.ExecStatus.TUPLES_OK:
-        raise errors.error_from_result(result, encoding=encoding)
+        if result.status != _COMMAND_OK:
+            raise _refused(result, encoding)
+        session.names.add(statement.name)
+    result = pgconn.exec_prepared(name, values)
+    if result.status != _TUPLES_OK:
+        raise _refused(result, encoding)
     if result.ntuples == 0:
         return None
-    return tuple(None if (raw := result.get_value(0, i)) is None else read(raw.decode(encoding))
-                 for i, read in enumerate(statement.columns))
+    row: list[Any] = []
+    for column, read in enumerate(statement.columns):
+        raw = result.get_value(0, column)
+        row.append(None if raw is None else read(raw.decode(encoding)))
+    return tuple(row)

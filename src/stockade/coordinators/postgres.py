@@ -542,7 +542,7 @@ class PostgresCoordinator(LeaseEngine):
         """Renew or release a live lease with nobody queued in one round trip.
 
         Returns:
-            The lease as renewed (or released); False when no lease has this id
+            The lease as renewed (True: released); False when no lease has this id
             (not held, nothing changed); None for every other case (the engine's path).
         """
         if not self.server_rules:
@@ -553,6 +553,8 @@ class PostgresCoordinator(LeaseEngine):
         scope, holder, token, ttl_ms, granted_ns, expires_ns, _ = row
         if scope is None:
             return False
+        if release:
+            return True  # the caller needs no lease object (a lock cycle's Python work is its client CPU)
         return Lease(lease_id, holder, FencingToken(self.cluster_id, scope, token), ttl_ms, granted_ns, expires_ns)
 
     def renew(self, lease_id: str) -> Lease:
