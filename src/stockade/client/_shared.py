@@ -98,10 +98,17 @@ def resolve_token(token: object) -> FencingToken:
     raise InvalidArgument("token", f"must be a FencingToken, an encoded token or a lease, got {type(token).__name__}")
 
 
+_holder: tuple[int, str] = (-1, "")  # (pid, its default holder): worked out once per process (a fork has its own)
+
+
 def default_holder() -> str:
     """``host:pid``, shown in status; printable ASCII by construction."""
-    host = "".join(c for c in socket.gethostname() if c.isascii() and c.isprintable() and c != " ")[:100] or "host"
-    return f"{host}:{os.getpid()}"
+    global _holder
+    pid = os.getpid()
+    if _holder[0] != pid:
+        host = "".join(c for c in socket.gethostname() if c.isascii() and c.isprintable() and c != " ")[:100]
+        _holder = (pid, f"{host or 'host'}:{pid}")
+    return _holder[1]
 
 
 def lost_margin_ms(ttl_ms: int) -> int:

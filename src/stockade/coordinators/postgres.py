@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stockade.coordinators._postgres_coord_call import Prepared, run_prepared
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
 from stockade.coordinators._postgres_coord_rows import (
     EXPECT_SQLSTATE,
@@ -123,6 +124,11 @@ _META_LEASE = (f"{_META}, NULL, r.* FROM (SELECT 1) AS one LEFT JOIN LATERAL ({R
 
 #: How long a lease id may be to travel inside the first round trip (longer ones take the plain path).
 _INLINE_ID_MAX = 256
+#: The common cases, one call of a server-side function each (`SERVER_RULES`); each answers the server's time last.
+_GRANT = Prepared("stockade_coord_grant", "SELECT token, now_ns FROM stockade_coord_grant($1, $2, $3, $4, $5)",
+                  (int, int))
+_KEEP = Prepared("stockade_coord_keep", "SELECT scope, holder, token, ttl_ms, granted_ns, expires_ns, now_ns "
+                 "FROM stockade_coord_keep($1, $2)", (str, str, int, int, int, int, int))
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +238,8 @@ class PostgresRecords:
         for dead in [conn, *stale]:
             dead.close()
 
-    def call(self, sql: str, params: tuple[object, ...]) -> Any:
-        """Run one statement as its own transaction (one round trip); its first row, or None.
+    def call(self, statement: Prepared, params: tuple[object, ...]) -> Any:
+        """Run one statement as its own transaction (one round trip, `run_prepared`); its first row, or None.
 
         Raises:
             BackendUnavailable: the server or the connection failed (``certain_no_effect``
@@ -244,7 +250,7 @@ class PostgresRecords:
         conn = self._take()
         healthy = False
         try:
-            row = conn.execute(sql, params).fetchone()
+            row = run_prepared(conn, statement, params)
             healthy = True
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) == EXPECT_SQLSTATE:
@@ -511,8 +517,7 @@ class PostgresCoordinator(LeaseEngine):
         if wait_deadline_ns is None and self.server_rules and self.acquire_rule is core_acquire:
             AcquireRequest(cluster=self.cluster_id, scope=scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
                            wait_deadline_ns=0)  # the checks of every acquire, before anything is sent
-            row = self.records.call("SELECT token, now_ns FROM stockade_coord_grant(%s, %s, %s, %s, %s)",
-                                    (scope, lease_id, holder, ttl_ms, self.leases_max))
+            row = self.records.call(_GRANT, (scope, lease_id, holder, ttl_ms, self.leases_max))
             if row is not None:
                 token, now_ns = row
                 lease = Lease(lease_id, holder, FencingToken(self.cluster_id, scope, token), ttl_ms, now_ns,
@@ -537,18 +542,19 @@ class PostgresCoordinator(LeaseEngine):
         """Renew or release a live lease with nobody queued in one round trip.
 
         Returns:
-            The lease as renewed (or released); False when no lease has this id
+            The lease as renewed (True: released); False when no lease has this id
             (not held, nothing changed); None for every other case (the engine's path).
         """
         if not self.server_rules:
             return None
-        row = self.records.call("SELECT scope, holder, token, ttl_ms, granted_ns, expires_ns, now_ns "
-                                "FROM stockade_coord_keep(%s, %s)", (lease_id, release))
+        row = self.records.call(_KEEP, (lease_id, release))
         if row is None:
             return None
         scope, holder, token, ttl_ms, granted_ns, expires_ns, _ = row
         if scope is None:
             return False
+        if release:
+            return True  # the caller needs no lease object (a lock cycle's Python work is its client CPU)
         return Lease(lease_id, holder, FencingToken(self.cluster_id, scope, token), ttl_ms, granted_ns, expires_ns)
 
     def renew(self, lease_id: str) -> Lease:

@@ -24,7 +24,7 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from stockade.core.errors import InvalidArgument
@@ -128,7 +128,7 @@ class Keyring:
             raise InvalidArgument("token", "belongs to another cluster than this keyring")
         key = self.current
         mac = mac_of(key.secret, key.kid, token.cluster, token.value, token.scope)
-        return replace(token, kid=key.kid, mac=mac)
+        return FencingToken(token.cluster, token.scope, token.value, key.kid, mac)
 
     def verify(self, token: FencingToken, now_s: float) -> str | None:
         """None when ``token`` carries a right MAC by a key still valid at ``now_s``; else why not.

@@ -1,0 +1,106 @@
+"""The PostgreSQL coordinator's one-round-trip calls through libpq's prepared statements (real PostgreSQL 15).
+
+The common cases (a free scope's grant, a live lease's release or renewal) run
+as prepared statements on each pooled connection
+(`stockade.coordinators._postgres_coord_call`). What must hold: parameters and
+answers keep their types and NULLs; a statement the server refuses is a
+refusal (nothing granted, the connection kept); and a statement is prepared
+again on the connection that replaces one the server ended. The control shares
+the prepared names between connections, the bug put back: the call after a
+lost session then fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psycopg
+import pytest
+from helpers import postgres as pg_helper
+
+from stockade.coordinators import _postgres_coord_call as call
+from stockade.coordinators.postgres import PostgresCoordinator
+from stockade.core.errors import BackendUnavailable
+from stockade.core.leases import Granted
+
+pytestmark = pytest.mark.skipif(
+    not pg_helper.available() and os.environ.get("CI") != "true", reason="PostgreSQL 15 is not installed"
+)
+
+ECHO = call.Prepared("stockade_test_echo", "SELECT $1::text, $2::bigint, $3::boolean::text, $4::text, $5::text",
+                     (str, int, str, str, str))
+
+
+def test_parameters_and_answers_keep_their_types_and_nulls(pg_coord_url):
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        assert call.run_prepared(conn, ECHO, ("é-scope", 2**62, True, None, "x")) == ("é-scope", 2**62, "true", None,
+                                                                                       "x")
+        assert call.run_prepared(conn, ECHO, ("", -1, False, "y", None)) == ("", -1, "false", "y", None)
+        none = call.Prepared("stockade_test_none", "SELECT 1 WHERE $1::bigint > 0", (int,))
+        assert call.run_prepared(conn, none, (0,)) is None
+        with pytest.raises(TypeError):
+            call.run_prepared(conn, ECHO, ("a", 1.5, True, None, None))
+
+
+def test_a_refused_statement_raises_with_its_sqlstate_and_the_connection_goes_on(pg_coord_url):
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        bad = call.Prepared("stockade_test_bad", "SELECT 1 / $1::int", (int,))
+        with pytest.raises(psycopg.errors.DivisionByZero) as raised:
+            call.run_prepared(conn, bad, (0,))
+        assert raised.value.sqlstate == "22012"
+        assert call.run_prepared(conn, bad, (1,)) == (1,)
+
+
+def test_a_grant_refused_by_the_server_is_certain_to_have_done_nothing(pg_coord_url):
+    coord = PostgresCoordinator(pg_coord_url, statement_timeout_ms=300)
+    try:
+        with psycopg.connect(pg_coord_url) as other:  # holds the scope's lock: the grant's lock_timeout ends it
+            other.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (0x5374_6B02, "busy"))
+            with pytest.raises(BackendUnavailable) as raised:
+                coord.attempt("busy", lease_id="l" * 24, holder="h", ttl_ms=10_000, wait_ms=0)
+            assert raised.value.certain_no_effect
+        outcome = coord.attempt("busy", lease_id="m" * 24, holder="h", ttl_ms=10_000, wait_ms=0).outcome
+        assert isinstance(outcome, Granted) and outcome.lease.lease_id == "m" * 24
+        assert coord.release("m" * 24).released
+    finally:
+        coord.close()
+
+
+def _cycles_across_a_lost_session(url: str) -> None:
+    coord = PostgresCoordinator(url)
+    try:
+        coord.attempt("s0", lease_id="z" * 24, holder="h", ttl_ms=10_000, wait_ms=0)
+        assert coord.release("z" * 24).released  # both statements are prepared on the pooled connection
+        first = coord.attempt("s", lease_id="a" * 24, holder="h", ttl_ms=10_000, wait_ms=0).outcome
+        assert isinstance(first, Granted)
+        with psycopg.connect(url, autocommit=True) as admin:  # the server ends the pooled session
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND pid <> pg_backend_pid() AND query NOT LIKE 'LISTEN%%'")
+        with pytest.raises(BackendUnavailable):
+            coord.release("a" * 24)
+        assert coord.release("a" * 24).released  # a new connection: its statements are prepared on it
+    finally:
+        coord.close()
+
+
+def test_statements_are_prepared_again_on_the_connection_after_a_lost_session(pg_coord_url):
+    _cycles_across_a_lost_session(pg_coord_url)
+
+
+class _SharedSession:
+    """The bug put back: one record of prepared statements for every connection."""
+
+    def __init__(self) -> None:
+        self.session: object = None
+
+    def get(self, conn: object) -> object:
+        return self.session
+
+    def __setitem__(self, conn: object, session: object) -> None:
+        self.session = session
+
+
+def test_control_names_shared_between_connections_fail_after_a_lost_session(pg_coord_url, monkeypatch):
+    monkeypatch.setattr(call, "_sessions", _SharedSession())
+    with pytest.raises(BackendUnavailable, match="does not exist"):
+        _cycles_across_a_lost_session(pg_coord_url)
