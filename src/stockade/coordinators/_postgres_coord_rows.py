@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stockade.coordinators._postgres_coord_journal import HISTORY_SCHEMA, journal_statements
 from stockade.coordinators._record_diff import POSTGRES, Statement, check_change, lease_and_queue, scope_row_changed
 from stockade.core.errors import invariant
 from stockade.core.leases import Lease, ScopeRecord, Waiter
@@ -52,6 +53,7 @@ _UNIT_START = """
 #: row for every other case (held, queued, expired, lock-delay, a new timeline, a full table, a
 #: counter at the end of its epoch), and then the lease engine decides, in Python, as for every
 #: backend. Tests hold both paths to the same answers (tests/test_coordinator_postgres.py).
+#: A grant and a release write their event (`stockade_coord_journal`) in their own transaction.
 SERVER_RULES = f"""
 CREATE OR REPLACE FUNCTION stockade_coord_grant(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
                                                 p_leases_max bigint)
@@ -88,6 +90,7 @@ BEGIN
     END IF;
     INSERT INTO stockade_coord_leases (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns)
         VALUES (p_scope, p_lease_id, p_holder, v_base + 1, p_ttl_ms, v_now, v_now + p_ttl_ms * 1000000);
+    PERFORM stockade_coord_journal(p_scope, 'grant', p_holder, v_base + 1);  -- the history, in this commit
     RETURN QUERY SELECT v_base + 1, v_now;
 END
 $$;
@@ -117,6 +120,7 @@ BEGIN
     END IF;
     IF p_release THEN
         DELETE FROM stockade_coord_leases l WHERE l.scope = v_scope;
+        PERFORM stockade_coord_journal(v_scope, 'release', v_lease.holder, v_lease.token);  -- in this commit
     ELSE
         v_lease.expires_ns := v_now + v_lease.ttl_ms * 1000000;
         UPDATE stockade_coord_leases l SET expires_ns = v_lease.expires_ns WHERE l.scope = v_scope;
@@ -173,6 +177,9 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 3: the common cases of acquire, renew and release in one statement each (see SERVER_RULES).
     SERVER_RULES,
+    # 4: the lease history (`stockade.coordinators._postgres_coord_journal`), and the server
+    # rules again, now journaling: a database of version 3 has the rules that do not.
+    HISTORY_SCHEMA + SERVER_RULES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -271,6 +278,7 @@ def record_writes(old: ScopeRecord, new: ScopeRecord) -> tuple[list[Statement], 
              f"last_token of {scope!r} changed underneath this coordinator"),
         ))
     out += lease_and_queue(old, new, POSTGRES)
+    out += journal_statements(old, new)  # the change's events, in its transaction (docs/history.md)
     old_head = old.waiters[0].lease_id if old.waiters else None
     new_head = new.waiters[0].lease_id if new.waiters else None
     # Only a scope with waiters needs a NOTIFY (a waiter is in the table before it sleeps, and

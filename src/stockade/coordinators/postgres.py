@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_of_row
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
 from stockade.coordinators._postgres_coord_rows import (
     EXPECT_SQLSTATE,
@@ -58,9 +59,11 @@ from stockade.coordinators._postgres_coord_rows import (
     record_of_row,
     set_meta,
 )
-from stockade.coordinators._postgres_coord_tx import GENERATION_BITS, PgTx, first_rows
+from stockade.coordinators._postgres_coord_tx import GENERATION_BITS, PgTx
+from stockade.coordinators._postgres_coord_tx import first_rows as _first_rows
 from stockade.core.engine import LeaseEngine, Outcome, recover_records
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LimitExceeded, NotHolder
+from stockade.core.history import HistoryEvent
 from stockade.core.leases import AcquireRequest, Granted, Lease, LeasePolicy, Queued, Released, lease_hint
 from stockade.core.leases import acquire as core_acquire
 from stockade.core.limits import validate_int, validate_scope
@@ -100,11 +103,6 @@ def check_settings(conn: Any) -> None:
             raise BackendUnavailable(
                 f"PostgreSQL runs with {name}={value}: a crash could forget granted tokens; "
                 f"the coordinator refuses it (docs/coordinator-postgres.md)", certain_no_effect=True)
-
-
-def _first_rows(conn: Any, statements: list[tuple[str, tuple[object, ...]]]) -> list[Any]:
-    """Run ``statements`` in one round trip; the first row of each (None: no rows or no result)."""
-    return first_rows(conn, statements)
 
 
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
@@ -257,6 +255,10 @@ class PostgresRecords:
         if row is not None:
             self.clock.observe(int(row[-1]))  # every such statement answers with the server's time last
         return row
+
+    def history(self, scope: str, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` events, oldest first: what has committed (one round trip)."""
+        return events_of_row(scope, self.call(HISTORY_READ, (scope, limit)))
 
     def _query_now(self) -> int:
         with self.read():
