@@ -11,6 +11,7 @@ Each has a control with the bug put back, caught.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
@@ -186,6 +187,30 @@ def test_the_journal_is_bounded_per_scope_and_in_all(pg_coord_url):
     assert [kind for kind, _, _ in _kinds(pg_coord_url, "f")] == ["release", "grant", "release"]
     assert [kind for kind, _, _ in _kinds(pg_coord_url, "e")] == ["release"]
     assert _kinds(pg_coord_url, "a") == []
+
+
+def _left_behind(url: str, *, sweep_every: int) -> list[int]:
+    """Events journaled directly, every third one rolled back (its ``seq`` is never used): what the trims miss."""
+    PostgresCoordinator(url).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(journal_function(per_scope=100, total_max=5, sweep_every=sweep_every))
+        for i in range(1, 33):
+            with contextlib.suppress(psycopg.errors.RaiseException), conn.transaction():
+                conn.execute("SELECT stockade_coord_journal('w', 'grant', 'h', %s)", (i,))
+                if i % 3 == 0:
+                    conn.execute("DO $$ BEGIN RAISE EXCEPTION 'rolled back'; END $$")
+        rows = conn.execute("SELECT seq FROM stockade_coord_history ORDER BY seq").fetchall()
+    newest = rows[-1][0]
+    assert newest == 32  # 32 seq values used (every third by a rollback), the last one kept
+    return [seq for seq, in rows if seq <= newest - 5]
+
+
+def test_the_sweep_removes_what_a_skipped_seq_leaves_behind(pg_coord_url):
+    assert _left_behind(pg_coord_url, sweep_every=4) == []
+
+
+def test_control_without_the_sweep_skipped_seqs_leave_events_behind(pg_coord_url):
+    assert _left_behind(pg_coord_url, sweep_every=1_000_000) != []
 
 
 def test_the_cli_shows_the_history_of_a_postgres_coordinator(pg_coord_url, capsys):

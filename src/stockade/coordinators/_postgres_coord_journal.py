@@ -11,16 +11,24 @@ in the same transaction as the change, so both commit or neither does
 - the one-statement grant and release (`SERVER_RULES`) PERFORM it inside
   their function. A renewal records nothing.
 
-It costs one INSERT per event and two point deletes, never a count:
+It costs one INSERT per event and two point deletes, never a count (17 to 25
+buffer accesses per event, 0.1 ms of the server's time, with 800 and with
+110,000 events in the table; the first version, a range delete through
+``IN (SELECT ...)``, planned a scan of the whole table: 33, 0.4 ms):
 
 - ``n`` numbers a scope's events without a gap (one more than the scope's
   largest, read under the scope's lock that every caller holds), so the one
   event that falls out of the scope's window is ``n - HISTORY_PER_SCOPE``;
-- ``seq`` (an identity) orders all events; the events ``HISTORY_TOTAL_MAX``
-  behind the newest go by a short range of ``seq`` (`TRIM_WINDOW` wide, so
-  that the few values a rolled-back insert or a server crash skips do not
-  leave an event behind), skipping rows a concurrent trim has locked, so
-  that units on different scopes never wait for each other here.
+- ``seq`` (an identity) orders all events, and the one event
+  ``HISTORY_TOTAL_MAX`` behind the new one goes; every `SWEEP_EVERY` events a
+  range below that bound goes too: the events whose partner ``seq`` value was
+  skipped (a rolled-back insert, the values a server crash skips) or locked.
+
+Each delete skips a row another transaction has locked (that one is deleting
+it), so units on different scopes never wait for each other here, and no two
+wait for each other. Every statement looks rows up by a unique key, so its
+plan does not depend on the table's size; a range (``seq <= bound``) would
+also walk the index entries of every deleted row not yet vacuumed.
 
 ``at_unix_ms`` is the database server's clock when the event is written.
 """
@@ -32,11 +40,11 @@ from typing import Any
 from stockade.core.history import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
-__all__ = ["HISTORY_SCHEMA", "HISTORY_READ", "TRIM_WINDOW", "journal_function", "journal_statements",
+__all__ = ["HISTORY_SCHEMA", "HISTORY_READ", "SWEEP_EVERY", "journal_function", "journal_statements",
            "events_of_row"]
 
-#: How many ``seq`` values below the global bound each event's trim looks at.
-TRIM_WINDOW = 64
+#: Every this many events (by ``seq``) the global trim sweeps the range below its bound once.
+SWEEP_EVERY = 1024
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS stockade_coord_history (
@@ -52,7 +60,8 @@ CREATE TABLE IF NOT EXISTS stockade_coord_history (
 """
 
 
-def journal_function(*, per_scope: int = HISTORY_PER_SCOPE, total_max: int = HISTORY_TOTAL_MAX) -> str:
+def journal_function(*, per_scope: int = HISTORY_PER_SCOPE, total_max: int = HISTORY_TOTAL_MAX,
+                     sweep_every: int = SWEEP_EVERY) -> str:
     """The SQL of ``stockade_coord_journal``: write one event and trim the journal (the bounds are constants)."""
     return f"""
 CREATE OR REPLACE FUNCTION stockade_coord_journal(p_scope text, p_kind text, p_holder text, p_token bigint)
@@ -62,14 +71,19 @@ DECLARE
     v_seq bigint;
 BEGIN
     -- Every caller holds the scope's lock: the scope's events are numbered one after the other.
-    SELECT COALESCE(max(h.n), 0) + 1 INTO v_n FROM stockade_coord_history h WHERE h.scope = p_scope;
-    INSERT INTO stockade_coord_history (scope, n, kind, holder, token) VALUES (p_scope, v_n, p_kind, p_holder, p_token)
-        RETURNING seq INTO v_seq;
-    DELETE FROM stockade_coord_history h WHERE h.scope = p_scope AND h.n = v_n - {per_scope};
-    DELETE FROM stockade_coord_history h WHERE h.seq IN (
-        SELECT o.seq FROM stockade_coord_history o
-        WHERE o.seq > v_seq - {total_max + TRIM_WINDOW} AND o.seq <= v_seq - {total_max}
-        FOR UPDATE SKIP LOCKED);
+    INSERT INTO stockade_coord_history AS h (scope, n, kind, holder, token)
+        SELECT p_scope, COALESCE(max(o.n), 0) + 1, p_kind, p_holder, p_token
+        FROM stockade_coord_history o WHERE o.scope = p_scope
+        RETURNING h.seq, h.n INTO v_seq, v_n;
+    DELETE FROM stockade_coord_history h WHERE h.ctid = (SELECT o.ctid FROM stockade_coord_history o
+        WHERE o.scope = p_scope AND o.n = v_n - {per_scope} FOR UPDATE SKIP LOCKED);
+    DELETE FROM stockade_coord_history h WHERE h.ctid = (SELECT o.ctid FROM stockade_coord_history o
+        WHERE o.seq = v_seq - {total_max} FOR UPDATE SKIP LOCKED);
+    IF v_seq % {sweep_every} = 0 THEN
+        DELETE FROM stockade_coord_history h WHERE h.ctid = ANY(ARRAY(SELECT o.ctid FROM stockade_coord_history o
+            WHERE o.seq > v_seq - {total_max + 2 * sweep_every} AND o.seq < v_seq - {total_max}
+            FOR UPDATE SKIP LOCKED));
+    END IF;
 END
 $$;
 """

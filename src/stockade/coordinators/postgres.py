@@ -32,7 +32,8 @@ PostgreSQL gives where the records live and three things the rules need:
 The server must be durable: `check_settings` refuses ``fsync=off``,
 ``full_page_writes=off`` and ``synchronous_commit=off`` (a crash would lose
 acknowledged grants on the same timeline, and a token would repeat). See
-docs/coordinator-postgres.md for failover, restore and the keyring.
+docs/coordinator-postgres.md for failover, restore and the keyring. Each change
+journals its events in its own transaction (`_postgres_coord_journal`, docs/history.md).
 """
 
 from __future__ import annotations
