@@ -639,7 +639,10 @@ def _apply(coord, op, ids: list[str], deadlines: dict[str, tuple[str, int]], pre
 
 def _state(coord, prefix: str) -> list[tuple]:
     infos = [coord.inspect(f"{prefix}-s{n}") for n in range(MODEL_SCOPES)]
-    return [(i.state, i.holder, i.token.value if i.token else None, i.last_token, i.waiters) for i in infos]
+    journals = [[(e.kind, e.holder, e.token_value) for e in coord.records.history(f"{prefix}-s{n}", 100)]
+                for n in range(MODEL_SCOPES)]  # the SQL rules journal what the engine does (docs/history.md)
+    return [(i.state, i.holder, i.token.value if i.token else None, i.last_token, i.waiters, journal)
+            for i, journal in zip(infos, journals, strict=True)]
 
 
 def _run_model(sql_side, engine_side, ops) -> list[str]:
@@ -711,3 +714,16 @@ def test_control_a_barging_sql_rule_is_caught(model_sides):
     ops = [("acquire", 0, 0), ("acquire", 0, 30_000), ("release", 0, 0), ("acquire", 0, 30_000)]
     differences = _run_model(sql_side, engine_side, ops)
     assert len(differences) == 1 and differences[0].startswith("step 3"), differences
+
+
+def test_control_a_sql_rule_that_journals_nothing_is_caught(model_sides):
+    """The same check against grant and release functions that write no history: found at the first step."""
+    from stockade.coordinators._postgres_coord_rows import SERVER_RULES
+
+    sql_side, engine_side = model_sides
+    silent = "\n".join(line for line in SERVER_RULES.splitlines() if "stockade_coord_journal" not in line)
+    assert silent != SERVER_RULES
+    with psycopg.connect(sql_side.records._conninfo, autocommit=True) as conn:
+        conn.execute(silent)
+    differences = _run_model(sql_side, engine_side, [("acquire", 0, 0), ("release", 0, 0)])
+    assert [d.split(":")[0] for d in differences] == ["step 0 ('acquire', 0, 0)", "step 1 ('release', 0, 0)"]

@@ -5,19 +5,21 @@ same unit of work as the change (`stockade.coordinators._history`): the SQLite
 file in a table of its own, ``memory://`` in memory. ``stockade serve`` keeps
 its table in memory and group-commits it to its coordinator file, journal
 included, so its history is read from the file: what has committed. The
-PostgreSQL coordinator keeps none yet. The etcd coordinator keeps its journal
-in etcd, written in the Txn of each change (`stockade.coordinators._etcd_journal`)
-and read through its port (`stockade.client._async._etcd_history`); the
-ZooKeeper coordinator keeps it in the ensemble, written in the transaction of
-each change (`stockade.coordinators._zk_journal`), and its client port reads it.
-Neither is read through this module.
+PostgreSQL coordinator journals in a table of its own, in the transaction of
+each change (`stockade.coordinators._postgres_coord_journal`): its record store
+has a ``history(scope, limit)`` method, read here as memory's is. The etcd
+coordinator keeps its journal in etcd, written in the Txn of each change
+(`stockade.coordinators._etcd_journal`) and read through its port
+(`stockade.client._async._etcd_history`); the ZooKeeper coordinator keeps it in
+the ensemble, written in the transaction of each change
+(`stockade.coordinators._zk_journal`), and its client port reads it. Neither is
+read through this module.
 """
 
 from __future__ import annotations
 
 from stockade.coordinators._history import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.coordinators._sqlite_journal import read_history
-from stockade.coordinators.memory import MemoryRecords
 from stockade.coordinators.sqlite import SQLiteRecords
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_int, validate_scope
@@ -41,6 +43,8 @@ def history_of(records: object, scope: str, limit: int = HISTORY_PER_SCOPE) -> l
     validate_int("limit", limit, 1, HISTORY_PER_SCOPE)
     if isinstance(records, SQLiteRecords):
         return file_history(records, scope, limit)
-    if isinstance(records, MemoryRecords):
-        return records.history(scope, limit)
+    history = getattr(records, "history", None)  # memory://, PostgreSQL: the store reads its own journal
+    if callable(history):
+        events: list[HistoryEvent] = history(scope, limit)
+        return events
     raise InvalidArgument("url", f"this coordinator ({type(records).__name__}) keeps no lease history")

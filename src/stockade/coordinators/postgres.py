@@ -32,7 +32,7 @@ PostgreSQL gives where the records live and three things the rules need:
 The server must be durable: `check_settings` refuses ``fsync=off``,
 ``full_page_writes=off`` and ``synchronous_commit=off`` (a crash would lose
 acknowledged grants on the same timeline, and a token would repeat). See
-docs/coordinator-postgres.md for failover, restore and the keyring.
+docs/coordinator-postgres.md for failover, restore and the keyring; docs/history.md for the journal.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.coordinators._postgres_coord_call import Prepared, run_prepared
+from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_of_row
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
 from stockade.coordinators._postgres_coord_rows import (
     EXPECT_SQLSTATE,
@@ -62,6 +63,7 @@ from stockade.coordinators._postgres_coord_rows import (
 from stockade.coordinators._postgres_coord_tx import GENERATION_BITS, PgTx, first_rows
 from stockade.core.engine import LeaseEngine, Outcome, recover_records
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LimitExceeded, NotHolder
+from stockade.core.history import HistoryEvent
 from stockade.core.leases import AcquireRequest, Granted, Lease, LeasePolicy, Queued, Released, lease_hint
 from stockade.core.leases import acquire as core_acquire
 from stockade.core.limits import validate_int, validate_scope
@@ -101,11 +103,6 @@ def check_settings(conn: Any) -> None:
             raise BackendUnavailable(
                 f"PostgreSQL runs with {name}={value}: a crash could forget granted tokens; "
                 f"the coordinator refuses it (docs/coordinator-postgres.md)", certain_no_effect=True)
-
-
-def _first_rows(conn: Any, statements: list[tuple[str, tuple[object, ...]]]) -> list[Any]:
-    """Run ``statements`` in one round trip; the first row of each (None: no rows or no result)."""
-    return first_rows(conn, statements)
 
 
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
@@ -264,6 +261,10 @@ class PostgresRecords:
             self.clock.observe(int(row[-1]))  # every such statement answers with the server's time last
         return row
 
+    def history(self, scope: str, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` events, oldest first: what has committed (one round trip)."""
+        return events_of_row(scope, self.call(HISTORY_READ, (scope, limit)))
+
     def _query_now(self) -> int:
         with self.read():
             return self.clock.now_ns()
@@ -331,7 +332,7 @@ class PostgresRecords:
         """
         new = self._new_tx
         if not write:
-            row = _first_rows(conn, [("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", ()), (f"SELECT {_NOW}", ())])
+            row = first_rows(conn, [("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", ()), (f"SELECT {_NOW}", ())])
             return new(conn, self.clock.observe(row[-1][0]), epoch=0, writable=False)
         statements: list[tuple[str, tuple[object, ...]]] = [("BEGIN", ())]
         if scope is not None:
@@ -341,7 +342,7 @@ class PostgresRecords:
         else:
             statements.append((_META, ()))
         while True:
-            rows = _first_rows(conn, statements)  # BEGIN, the lock and the SELECT in one round trip
+            rows = first_rows(conn, statements)  # BEGIN, the lock and the SELECT in one round trip
             now_ns, walfile, stored, offset, epoch, floor = rows[-1][:6]
             timeline = int(walfile[:8], 16) + int(offset or 0)
             if stored is not None and timeline == int(stored):

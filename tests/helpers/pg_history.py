@@ -1,0 +1,70 @@
+"""The PostgreSQL coordinator's journal as a test reads it, and the bug the controls put back.
+
+`agreement` reads a scope's record and its journal in one snapshot and says
+where they disagree. `defer_journal` is the wrong way to journal: each
+change commits first and its events go in a transaction of their own
+afterwards (the lease engine's path only: the one-statement rules are
+switched off), so a kill -9 or a failing insert in between leaves a change
+without its event.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from stockade.coordinators import _postgres_coord_rows
+from stockade.coordinators._postgres_coord_journal import journal_statements
+from stockade.coordinators._postgres_coord_rows import SCOPE_LOCK_CLASS
+from stockade.coordinators.postgres import PostgresCoordinator
+
+
+def agreement(url: str, scope: str) -> list[str]:
+    """Where ``scope``'s record and its journal disagree (empty: they agree), read in one snapshot."""
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        row = conn.execute("SELECT s.last_token, l.token FROM stockade_coord_scopes s "
+                           "LEFT JOIN stockade_coord_leases l ON l.scope = s.scope WHERE s.scope = %s",
+                           (scope,)).fetchone()
+        events = conn.execute("SELECT kind, token FROM stockade_coord_history WHERE scope = %s ORDER BY n",
+                              (scope,)).fetchall()
+    grants = [token for kind, token in events if kind == "grant"]
+    if row is None or not grants:
+        return ["nothing recorded"]
+    last_token, held = row
+    problems = []
+    if grants[-1] != last_token:
+        problems.append(f"last grant in the journal {grants[-1]}, last token {last_token}")
+    if (held is not None) != (events[-1][0] == "grant"):
+        problems.append(f"record {'holds' if held is not None else 'holds no'} lease, last event {events[-1][0]}")
+    for (kind_a, token_a), (kind_b, token_b) in zip(events, events[1:], strict=False):
+        if (kind_a == "grant") == (kind_b == "grant") or (kind_a == "grant" and token_a != token_b):
+            problems.append(f"{kind_a} {token_a} then {kind_b} {token_b}")
+    return problems
+
+
+class defer_journal:  # noqa: N801 - used as a function that returns the deferred writer
+    """Put the bug back on ``coord``: its changes commit without their events; calling this writes them.
+
+    Patches the module (this process only) and turns the one-statement rules off.
+    """
+
+    def __init__(self, coord: PostgresCoordinator, url: str) -> None:
+        self.later: list[tuple[str, tuple[object, ...]]] = []
+
+        def deferred(old, new):  # type: ignore[no-untyped-def]
+            self.later.extend(journal_statements(old, new))
+            return []
+
+        _postgres_coord_rows.journal_statements = deferred  # type: ignore[assignment]
+        coord.server_rules = False
+        self.conn = psycopg.connect(url, autocommit=True)
+
+    def __call__(self) -> None:
+        with self.conn.transaction():  # the events, in a commit of their own, under the scopes' locks
+            for sql, params in self.later:
+                self.conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SCOPE_LOCK_CLASS, params[0]))
+                self.conn.execute(sql, params)
+        self.later.clear()
+
+    def close(self) -> None:
+        self.conn.close()

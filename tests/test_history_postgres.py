@@ -1,0 +1,224 @@
+"""The PostgreSQL coordinator's lease history: written in the same transaction as each change it records.
+
+The kill -9 test stops a process that grants and releases in a loop at
+random moments (grants of a free scope and releases by the one-statement
+rules, an expiry and the next grant by the lease engine's path); afterwards
+the scope's record and its journal must agree. A history insert that fails
+undoes the change it records, on both paths. A database of the previous
+schema version (3: no journal, server rules that write none) migrates.
+Each has a control with the bug put back, caught.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import subprocess
+import time
+
+import psycopg
+import pytest
+from conftest import HELPERS, PYTHON, python_env
+from helpers.pg_history import agreement, defer_journal
+
+import stockade
+from stockade.cli import main as cli_main
+from stockade.coordinators import postgres as pg_module
+from stockade.coordinators._postgres_coord_journal import HISTORY_SCHEMA, journal_function
+from stockade.coordinators._postgres_coord_rows import MIGRATIONS, SERVER_RULES
+from stockade.coordinators.postgres import PostgresCoordinator
+from stockade.coordinators.sqlite import new_lease_id
+from stockade.core.errors import BackendUnavailable
+
+LONG = os.environ.get("STOCKADE_LONG") == "1"
+CYCLER = HELPERS / "pg_history_cycler.py"
+
+
+def _kinds(url: str, scope: str) -> list[tuple[str, str, int]]:
+    client = stockade.connect(url)
+    try:
+        return [(e.kind, e.holder, e.token_value) for e in client.history(scope)]
+    finally:
+        client.close()
+
+
+def _kill_rounds(url: str, rounds: int, *extra: str, stop_at_first: bool = False) -> tuple[int, int]:
+    PostgresCoordinator(url).close()  # the tables, before the first child races to create them
+    rng = random.Random(7)
+    disagreed = 0
+    for done in range(rounds):
+        child = subprocess.Popen([PYTHON, str(CYCLER), url, "k", *extra], env=python_env(), stdout=subprocess.PIPE)
+        assert child.stdout is not None and child.stdout.readline() == b"cycling\n"
+        time.sleep(rng.random() * 0.3)
+        child.kill()
+        child.wait()
+        problems = agreement(url, "k")
+        if problems:
+            print(f"round {done + 1}: {problems}")
+        disagreed += bool(problems)
+        if stop_at_first and disagreed:
+            return disagreed, done + 1
+    return disagreed, rounds
+
+
+def test_kill_9_never_leaves_a_change_without_its_event(pg_coord_url):
+    disagreed, rounds = _kill_rounds(pg_coord_url, 40 if LONG else 6)
+    events = _kinds(pg_coord_url, "k")
+    assert {kind for kind, _, _ in events} == {"grant", "release", "expire"}, events  # both paths ran
+    print(f"history on postgres: kill -9 mid-loop: record and journal disagree {disagreed} of {rounds}")
+    assert disagreed == 0
+
+
+def test_control_a_journal_written_after_the_commit_is_caught(pg_coord_url):
+    disagreed, rounds = _kill_rounds(pg_coord_url, 40, "control", stop_at_first=True)
+    print(f"history on postgres control: journal in its own commit: disagree {disagreed} of {rounds}")
+    assert disagreed > 0
+
+
+def _inject_failing_insert(url: str) -> None:
+    """From now on an event of the holder ``doomed`` cannot be journaled (its insert fails)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE stockade_coord_history ADD CONSTRAINT injected CHECK (holder <> 'doomed') NOT VALID")
+
+
+def _release_fails(url: str, *, server_rules: bool, control: bool = False) -> list[str]:
+    coord = PostgresCoordinator(url)
+    coord.server_rules = server_rules
+    lease_id = new_lease_id()
+    granted = coord.attempt("f", lease_id=lease_id, holder="doomed", ttl_ms=30_000, wait_ms=0)
+    before = coord.inspect("f")
+    _inject_failing_insert(url)
+    write_later = defer_journal(coord, url) if control else None
+    try:
+        if write_later is not None:  # the change commits; its event, written afterwards, fails
+            assert coord.release(lease_id).released
+            with pytest.raises(psycopg.errors.CheckViolation):
+                write_later()
+            write_later.close()
+        else:
+            with pytest.raises(BackendUnavailable):
+                coord.release(lease_id)
+        if not control:
+            after = coord.inspect("f")  # still held: the release did not land
+            assert (after.state, after.holder, after.token, after.last_token) == (
+                before.state, before.holder, before.token, before.last_token)
+            assert _kinds(url, "f") == [("grant", "doomed", granted.outcome.lease.token.value)]
+            with pytest.raises(BackendUnavailable):  # a grant whose event fails is no grant
+                coord.attempt("g", lease_id=new_lease_id(), holder="doomed", ttl_ms=30_000, wait_ms=0)
+            assert coord.inspect("g").last_token == 0 and _kinds(url, "g") == []
+        return agreement(url, "f")
+    finally:
+        coord.close()
+
+
+@pytest.mark.parametrize("server_rules", [True, False], ids=["one-statement", "engine"])
+def test_a_failing_history_insert_undoes_the_change(pg_coord_url, server_rules):
+    assert _release_fails(pg_coord_url, server_rules=server_rules) == []
+
+
+def test_control_a_failing_insert_after_the_commit_leaves_a_change_without_its_event(pg_coord_url, monkeypatch):
+    from stockade.coordinators import _postgres_coord_rows
+
+    monkeypatch.setattr(_postgres_coord_rows, "journal_statements", _postgres_coord_rows.journal_statements)
+    assert _release_fails(pg_coord_url, server_rules=False, control=True) == [
+        "record holds no lease, last event grant"]
+
+
+#: The server rules of schema version 3: the same, without the journal.
+_RULES_3 = "\n".join(line for line in SERVER_RULES.splitlines() if "stockade_coord_journal" not in line)
+
+
+def _migrated_history(url: str, monkeypatch, migration_4: str) -> list[tuple[str, str, int]]:
+    """Open a database at schema version 3 with a lease held, migrate it with ``migration_4``, cycle once."""
+    assert SERVER_RULES.count("stockade_coord_journal") == 2 and "stockade_coord_journal" not in _RULES_3
+    monkeypatch.setattr(pg_module, "MIGRATIONS", (*MIGRATIONS[:2], _RULES_3))
+    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 3)
+    old = PostgresCoordinator(url)
+    held = new_lease_id()
+    old_token = old.attempt("m", lease_id=held, holder="before", ttl_ms=30_000, wait_ms=0).outcome.lease.token.value
+    old.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('stockade_coord_history')").fetchone()[0] is None
+    monkeypatch.setattr(pg_module, "MIGRATIONS", (*MIGRATIONS[:3], migration_4))
+    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 4)
+    new = PostgresCoordinator(url)
+    try:
+        assert new.release(held).released  # a lease of the old version, given back under the new one
+        lease_id = new_lease_id()
+        token = new.attempt("m", lease_id=lease_id, holder="after", ttl_ms=30_000, wait_ms=0).outcome.lease.token.value
+        new.release(lease_id)
+    finally:
+        new.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        version = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'schema_version'").fetchone()[0]
+    assert version == "4" and token > old_token
+    return [(kind, holder, value - old_token) for kind, holder, value in _kinds(url, "m")]
+
+
+def test_a_database_of_the_previous_schema_migrates(pg_coord_url, monkeypatch):
+    assert MIGRATIONS[3] == HISTORY_SCHEMA + SERVER_RULES and len(MIGRATIONS) == 4
+    assert _migrated_history(pg_coord_url, monkeypatch, MIGRATIONS[3]) == [
+        ("release", "before", 0), ("grant", "after", 1), ("release", "after", 1)]
+    monkeypatch.undo()
+    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 3)  # an older stockade refuses the newer tables
+    with pytest.raises(BackendUnavailable, match="schema version 4"):
+        PostgresCoordinator(pg_coord_url)
+
+
+def test_control_a_migration_that_keeps_the_old_rules_is_caught(pg_coord_url, monkeypatch):
+    """Migration 4 without the server rules: the one-statement grant and release journal nothing."""
+    assert _migrated_history(pg_coord_url, monkeypatch, HISTORY_SCHEMA) == []
+
+
+def test_the_journal_is_bounded_per_scope_and_in_all(pg_coord_url):
+    """The same function with small bounds (3 per scope, 5 in all): each event trims what falls out."""
+    coord = PostgresCoordinator(pg_coord_url)
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        conn.execute(journal_function(per_scope=3, total_max=5))
+        for scope in "abcdef":
+            for _ in range(2):
+                lease_id = new_lease_id()
+                coord.attempt(scope, lease_id=lease_id, holder="h", ttl_ms=5_000, wait_ms=0)
+                coord.release(lease_id)
+        count, = conn.execute("SELECT count(*) FROM stockade_coord_history").fetchone()
+    coord.close()
+    assert count == 4  # seq 20 to 24, less 21 (the oldest of f's four)
+    assert [kind for kind, _, _ in _kinds(pg_coord_url, "f")] == ["release", "grant", "release"]
+    assert [kind for kind, _, _ in _kinds(pg_coord_url, "e")] == ["release"]
+    assert _kinds(pg_coord_url, "a") == []
+
+
+def _left_behind(url: str, *, sweep_every: int) -> list[int]:
+    """Events journaled directly, every third one rolled back (its ``seq`` is never used): what the trims miss."""
+    PostgresCoordinator(url).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(journal_function(per_scope=100, total_max=5, sweep_every=sweep_every))
+        for i in range(1, 33):
+            with contextlib.suppress(psycopg.errors.RaiseException), conn.transaction():
+                conn.execute("SELECT stockade_coord_journal('w', 'grant', 'h', %s)", (i,))
+                if i % 3 == 0:
+                    conn.execute("DO $$ BEGIN RAISE EXCEPTION 'rolled back'; END $$")
+        rows = conn.execute("SELECT seq FROM stockade_coord_history ORDER BY seq").fetchall()
+    newest = rows[-1][0]
+    assert newest == 32  # 32 seq values used (every third by a rollback), the last one kept
+    return [seq for seq, in rows if seq <= newest - 5]
+
+
+def test_the_sweep_removes_what_a_skipped_seq_leaves_behind(pg_coord_url):
+    assert _left_behind(pg_coord_url, sweep_every=4) == []
+
+
+def test_control_without_the_sweep_skipped_seqs_leave_events_behind(pg_coord_url):
+    assert _left_behind(pg_coord_url, sweep_every=1_000_000) != []
+
+
+def test_the_cli_shows_the_history_of_a_postgres_coordinator(pg_coord_url, capsys):
+    coord = stockade.connect(pg_coord_url)
+    with coord.lock("web", ttl_ms=5_000) as lease:
+        pass
+    coord.close()
+    assert cli_main(["history", "web", "--url", pg_coord_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1:4] for line in lines] == [["grant", "token", str(lease.token.value)],
+                                                     ["release", "token", str(lease.token.value)]], lines
