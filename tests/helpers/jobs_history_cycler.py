@@ -10,6 +10,7 @@ in between leaves a change without its event.
 from __future__ import annotations
 
 import sys
+import time
 
 from stockade.coordinators import _sqlite_journal, _sqlite_rows
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
@@ -28,6 +29,7 @@ while True:
     if n % 3:
         coord.release(lease_id)
     if control:
+        time.sleep(0.05)  # the window between the two commits, wide enough for a random kill to find it
         with coord.records.write() as tx:  # the events, in a commit of their own
             for old, new in later:
                 _sqlite_journal.journal_change(tx._conn, old, new)
