@@ -347,6 +347,50 @@ def test_control_fencing_off_accepts_the_zombie(pg_db: tuple[PostgresServer, str
         drop_database(server, control)
 
 
+def _paused_in_append(server: PostgresServer, name: str, *extra: str) -> tuple[float, list[str]]:
+    """A writer stops (SIGSTOP) between its entries' insert and its COMMIT; how long the next writer waits."""
+    with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:  # what docs/fence-postgres.md asks for
+        conn.execute(f"ALTER DATABASE {name} SET idle_in_transaction_session_timeout = '1s'")
+    log = open_postgres_log(server.dsn_of(name), keys=KEYS)
+    paused = subprocess.Popen([sys.executable, HELPER, "pause-in-append", server.url(name), "kv.shard-p",
+                               tok(7, "kv.shard-p").encode(), *extra],
+                              stdout=subprocess.PIPE, text=True, env=child_env())
+    try:
+        assert _read_line(paused) == "paused"
+        waited = time.monotonic()
+        done = threading.Event()
+        threading.Thread(target=lambda: (log.append("kv.shard-p", b"next", token=tok(8, "kv.shard-p")),
+                                         done.set()), daemon=True).start()
+        done.wait(8)  # the next writer, blocked by the paused one's lock until its session ends
+        waited = time.monotonic() - waited
+        paused.send_signal(signal.SIGCONT)
+        done.wait(30)
+        outcome = list(_lines(paused))
+        return (waited if done.is_set() else float("inf")), outcome + [
+            entry.data.decode() for entry in log.read("kv.shard-p", 0, READ_LIMIT_MAX)]
+    finally:
+        paused.kill()
+        paused.wait()
+        log.close()
+
+
+def test_a_writer_paused_inside_an_append_holds_the_shard_no_longer_than_the_idle_timeout(
+        pg_db: tuple[PostgresServer, str]) -> None:
+    """The entries went in with executemany, whose pipeline's Flush disarmed idle_in_transaction_session_timeout:
+    the next writer waited for as long as the paused one stayed paused. The control puts that back."""
+    server, name = pg_db
+    waited, seen = _paused_in_append(server, name)
+    control = fresh_database(server)
+    try:
+        waited_control, _ = _paused_in_append(server, control, "control")
+    finally:
+        drop_database(server, control)
+    print(f"writer paused inside an append (idle timeout 1 s): the next writer waited {waited:.1f} s; "
+          f"control (executemany): {waited_control:.1f} s, until SIGCONT at 8 s")
+    assert waited < 8 and seen[0].startswith("failed") and seen[1:] == ["next"]  # the paused batch: gone whole
+    assert waited_control >= 8  # the control: blocked for as long as the writer stayed paused
+
+
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
 def test_kill9_of_a_writer_mid_append_leaves_no_gap_and_no_half_batch(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path

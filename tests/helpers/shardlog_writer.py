@@ -17,6 +17,12 @@
     append and ``ack BATCH FIRST_OFFSET`` after it. Each entry is ``PREFIX-batch
     i/n`` padded to ENTRY_BYTES.
 
+``shardlog_writer.py pause-in-append URL SHARD TOKEN [control]``
+    Append one batch under TOKEN to the PostgreSQL log at URL, and stop itself
+    with SIGSTOP right after the entries' insert, before the COMMIT; on SIGCONT
+    print ``accepted`` or ``failed KIND``. With ``control`` the entries go in
+    with ``executemany`` (psycopg's pipeline), as appends did before.
+
 The PostgreSQL log is opened with ``keys="unsigned"``: the database checks every
 MAC with its own copy of the keys, so the test's keys never leave its process.
 The store file is opened with no keys: its process checks no MAC (the test
@@ -26,7 +32,7 @@ checks what landed).
 import sys
 
 import stockade
-from stockade.core.errors import LeaseError, StaleToken
+from stockade.core.errors import LeaseError, StaleToken, StockadeError
 from stockade.resources.log import SQLiteShardLog, open_postgres_log
 
 mode, url, shard = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -74,5 +80,40 @@ elif mode == "batches":
         print(f"begin {name}", flush=True)
         result = log.append_batch(shard, entries, token=token, idempotency_key=name)
         print(f"ack {name} {result.first_offset}", flush=True)
+elif mode == "pause-in-append":
+    import os
+    import signal
+
+    import psycopg
+
+    token, control = sys.argv[4], sys.argv[5:] == ["control"]
+    execute = psycopg.Connection.execute
+
+    def pause_before_the_head(self, query, params=None, **kwargs):  # the entries are in, the COMMIT not sent
+        if isinstance(query, str) and query.startswith("UPDATE") and ".heads SET next_offset" in query:
+            print("paused", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if control and isinstance(query, str) and "unnest(" in query:  # the bug put back: executemany
+            shard_, first, value, key, count, print_, entries = params
+            table = query.split()[2]
+            with self.cursor() as cur:
+                cur.executemany(f"INSERT INTO {table} (shard, log_offset, token_value, data, idempotency_key, "
+                                "batch_count, fingerprint) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                                [(shard_, first + i, value, entry, key if i == 0 else None,
+                                  count if i == 0 else None, print_ if i == 0 else None)
+                                 for i, entry in enumerate(entries)])
+            # The Flush that psycopg's pipeline may send after its Sync, sent here every time: whether
+            # psycopg's own reaches the server after the Sync is a race (it did in 3 of 7 runs).
+            self.pgconn.send_flush_request()
+            self.pgconn.flush()
+            return None
+        return execute(self, query, params, **kwargs)
+
+    psycopg.Connection.execute = pause_before_the_head
+    try:
+        log.append_batch(shard, [b"paused-1", b"paused-2"], token=token)
+        print("accepted", flush=True)
+    except StockadeError as exc:  # the server ended the transaction: the outcome is reported, not raised
+        print(f"failed {type(exc).__name__}", flush=True)
 else:
     raise SystemExit(f"unknown mode {mode}")

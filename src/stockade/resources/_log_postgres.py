@@ -248,13 +248,15 @@ class PostgresShardLog:
                                                  replayed=True))
             if expected is not None and expected != next_offset:
                 raise OffsetConflict(shard, expected, next_offset)
-            with conn.cursor() as cur:
-                cur.executemany(
-                    f"INSERT INTO {schema}.entries (shard, log_offset, token_value, data, idempotency_key, "
-                    "batch_count, fingerprint) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                    [(shard, next_offset + i, token.value, entry, key if i == 0 else None,
-                      len(entries) if i == 0 else None, print_ if i == 0 else None)
-                     for i, entry in enumerate(entries)])
+            # One statement, not executemany: psycopg sends that as a pipeline, whose trailing Flush
+            # disarms the server's idle_in_transaction_session_timeout, and a writer paused before its
+            # COMMIT then held the shard's lock for as long as it was paused (tests/test_shard_log.py).
+            conn.execute(
+                f"INSERT INTO {schema}.entries (shard, log_offset, token_value, data, idempotency_key, "
+                "batch_count, fingerprint) SELECT %s, %s + t.o - 1, %s, t.d, CASE WHEN t.o = 1 THEN %s END, "
+                "CASE WHEN t.o = 1 THEN %s::int END, CASE WHEN t.o = 1 THEN %s END "
+                "FROM unnest(%s::bytea[]) WITH ORDINALITY AS t(d, o)",
+                (shard, next_offset, token.value, key, len(entries), print_, entries))
             conn.execute(f"UPDATE {schema}.heads SET next_offset = %s WHERE shard = %s",
                          (next_offset + len(entries), shard))
             conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, shard))

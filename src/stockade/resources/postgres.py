@@ -496,11 +496,11 @@ def raise_high_waters(conn: Connection, floors: Mapping[str, int] | FenceFloors,
     with _edge(), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.FLOOR_LOCK_KEY,))
         conn.execute("UPDATE stockade.settings SET default_floor = greatest(default_floor, %s)", (default,))
-        if checked:
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (%s, %s) ON CONFLICT (scope) "
-                    "DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water)", list(checked.items()))
+        if checked:  # one statement, not executemany (a pipeline's Flush disarms the idle timeout)
+            conn.execute(
+                "INSERT INTO stockade.high_water AS h (scope, high_water) SELECT * FROM unnest(%s::text[], "
+                "%s::bigint[]) ON CONFLICT (scope) DO UPDATE SET high_water = greatest(h.high_water, "
+                "excluded.high_water)", (list(checked), list(checked.values())))
         rows = conn.execute("SELECT h.scope, greatest(h.high_water, s.default_floor) FROM stockade.high_water h, "
                             "stockade.settings s WHERE h.scope = ANY(%s)", (list(checked),)).fetchall()
     return {scope: int(mark) for scope, mark in rows}
