@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -208,6 +209,14 @@ class AsyncLease:
         if bug is not None:
             raise bug
 
+    async def _orphan(self) -> None:
+        """Its coordinator handle closes: stop renewing, and count the lease as lost unless released."""
+        self._stop.set()
+        while self._background:
+            await AsyncIO.join(self._background.pop())
+        if not self._released:
+            self._mark_lost("the coordinator handle was closed")
+
     def _start_keepalive(self) -> None:
         self._background = [
             AsyncIO.spawn(self._keepalive, name=f"stockade-keepalive-{self.scope}"),
@@ -275,6 +284,7 @@ class AsyncCoordinator(AsyncHandle):
         self._port = port
         self._clock: Clock = clock or SystemClock()
         self._hooks = validate_hooks(hooks)
+        self._leases: weakref.WeakSet[AsyncLease] = weakref.WeakSet()  # to stop their keepalives at close
 
     @property
     def capabilities(self) -> frozenset[Capability]:
@@ -307,6 +317,11 @@ class AsyncCoordinator(AsyncHandle):
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the handle. A lease it still holds can no longer be renewed: its keepalive
+        stops and it is marked lost at once (it stays held on the coordinator until its TTL
+        runs out; release it first to free the scope sooner)."""
+        for lease in list(self._leases):
+            await lease._orphan()
         await self._port.aclose()
 
     async def acquire(
@@ -368,6 +383,7 @@ class AsyncCoordinator(AsyncHandle):
                 raise
         if keepalive:
             lease._start_keepalive()
+        self._leases.add(lease)
         return lease
 
     @asynccontextmanager

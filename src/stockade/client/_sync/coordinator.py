@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Iterator, Callable
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -209,6 +210,14 @@ class Lease:
         if bug is not None:
             raise bug
 
+    def _orphan(self) -> None:
+        """Its coordinator handle closes: stop renewing, and count the lease as lost unless released."""
+        self._stop.set()
+        while self._background:
+            SyncIO.join(self._background.pop())
+        if not self._released:
+            self._mark_lost("the coordinator handle was closed")
+
     def _start_keepalive(self) -> None:
         self._background = [
             SyncIO.spawn(self._keepalive, name=f"stockade-keepalive-{self.scope}"),
@@ -276,6 +285,7 @@ class Coordinator(Handle):
         self._port = port
         self._clock: Clock = clock or SystemClock()
         self._hooks = validate_hooks(hooks)
+        self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()  # to stop their keepalives at close
 
     @property
     def capabilities(self) -> frozenset[Capability]:
@@ -308,6 +318,11 @@ class Coordinator(Handle):
         self.close()
 
     def close(self) -> None:
+        """Close the handle. A lease it still holds can no longer be renewed: its keepalive
+        stops and it is marked lost at once (it stays held on the coordinator until its TTL
+        runs out; release it first to free the scope sooner)."""
+        for lease in list(self._leases):
+            lease._orphan()
         self._port.close()
 
     def acquire(
@@ -369,6 +384,7 @@ class Coordinator(Handle):
                 raise
         if keepalive:
             lease._start_keepalive()
+        self._leases.add(lease)
         return lease
 
     @contextmanager

@@ -23,6 +23,7 @@ engine, and a real `stockade serve` subprocess over HTTP.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -279,6 +280,22 @@ def test_last_issued_is_the_fence_floor(client, coord_url):
     assert client.run(coord.last_issued("floors")) == values[-1]
     assert _follows(coord, values[1], values[0]) and _follows(coord, values[2], values[1])
     client.run(coord.aclose() if client.mode == "async" else coord.close())
+
+
+
+
+def test_closing_the_handle_stops_its_keepalives(client, coord_url):
+    # A lease left held when its handle closed went on renewing against a closed
+    # backend (a closed database, a closed session) until its deadline, logging each failure.
+    coord = client.connect(coord_url)
+    lease = client.run(coord.acquire("closing", ttl_ms=1000))
+    released = client.run(coord.acquire("closing-released", ttl_ms=1000))
+    client.run(released.release())
+    client.run(coord.aclose() if client.mode == "async" else coord.close())
+    assert lease.lost and "closed" in lease.lost_cause
+    assert not released.lost  # released before the close: not lost
+    assert lease._background == []  # the keepalive and the deadline watcher have ended
+    assert not [t for t in threading.enumerate() if t.name.startswith("stockade-keepalive-closing")]
 
 
 __all__ = [name for name in dir() if name.startswith("test_")]
