@@ -158,6 +158,19 @@ def fresh_pg_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_db():
+    """A fresh database on the session's PostgreSQL 15: ``(server, name)``, dropped after."""
+    from helpers import postgres as pg_helper
+
+    server = pg_helper.shared_server()
+    name = pg_helper.fresh_database(server)
+    try:
+        yield server, name
+    finally:
+        pg_helper.drop_database(server, name)
+
+
+@pytest.fixture
 def pg_coord_url():
     """A fresh database as a coordinator url (`fresh_pg_url`)."""
     with fresh_pg_url() as url:

@@ -77,16 +77,6 @@ def child_env() -> dict[str, str]:
 # -- fixtures ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def pg_db() -> Iterator[tuple[PostgresServer, str]]:
-    server = shared_server()
-    name = fresh_database(server)
-    try:
-        yield server, name
-    finally:
-        drop_database(server, name)
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     if request.param == "sqlite":

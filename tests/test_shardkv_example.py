@@ -22,13 +22,12 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
+from helpers.postgres import PostgresServer, available
 
 import stockade
 from stockade.resources import _postgres_sql as q
@@ -49,16 +48,6 @@ if not available():
 
 sys.path.insert(0, str(EXAMPLE))
 import router  # noqa: E402  (the example's module, beside its scripts)
-
-
-@pytest.fixture
-def pg_db() -> Iterator[tuple[PostgresServer, str]]:
-    server = shared_server()
-    name = fresh_database(server)
-    try:
-        yield server, name
-    finally:
-        drop_database(server, name)
 
 
 def child_env() -> dict[str, str]:
