@@ -12,6 +12,7 @@ commit, in a transaction of its own.
 from __future__ import annotations
 
 import sys
+import time
 
 from pg_history import defer_journal
 
@@ -33,6 +34,7 @@ while True:
     if isinstance(outcome, Granted) and n % 3:
         coord.release(lease_id)
     if write_later is not None:
+        time.sleep(0.05)  # the window between the two commits, wide enough for a random kill to find it
         write_later()
     if n == 6:
         print("cycling", flush=True)  # the test kills it from now on

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 
 import stockade
 from stockade.client._sync._zk import ZkCoordinatorPort
@@ -42,6 +43,7 @@ if len(sys.argv) > 3 and sys.argv[3] == "control":
         write = dataclasses.replace(
             write, record_value=_own_zxid_named(write.record_value, zxid),
             creates=tuple((path, _own_zxid_named(value, zxid)) for path, value in write.creates))
+        time.sleep(0.05)  # the window between the two transactions, wide enough for a random kill to find it
         journal_tx = self._session.client.transaction()
         write.add_to(journal_tx)
         return results + self._call(journal_tx.commit_async())
