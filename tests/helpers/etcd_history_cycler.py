@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 from stockade.coordinators import etcd as recipe
@@ -40,6 +41,7 @@ def split_journal(port: Any, when: str) -> None:
             real({"success": events})
         answer = real({**body, "success": [op for op in body["success"] if not journals(op)]})
         if when == "after" and answer[0]:
+            time.sleep(0.05)  # the window between the two Txns, wide enough for a random kill to find it
             real({"success": [_pinned(op, answer[2]) for op in events]})
         return answer
 
