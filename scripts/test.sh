@@ -8,5 +8,6 @@ bash scripts/install.sh
 # Each worker starts the session servers it needs (PostgreSQL, Redis, etcd, ZooKeeper) on its own
 # free ports. STOCKADE_TEST_WORKERS=0 runs everything in this one process.
 workers=${STOCKADE_TEST_WORKERS:-3}
-if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
-exec .venv/bin/python -m pytest -n "$workers" "$@"
+# --durations: the 25 slowest steps are printed at the end, to keep the default run within budget.
+if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest --durations=25 "$@"; fi
+exec .venv/bin/python -m pytest -n "$workers" --durations=25 "$@"

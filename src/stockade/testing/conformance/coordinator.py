@@ -120,11 +120,11 @@ def test_keepalive_holds_lease_past_ttl(client, coord_url):
 def test_lease_granted_after_a_long_wait_is_kept_alive(client, coord_url):
     # The grant comes long after the request was sent (more than the TTL): the
     # lease must not count as lost at once, and the keepalive must hold it.
-    # TTLs of 1.2 s and 0.6 s: with 0.3 s, a loaded host (3 test workers) sometimes let
-    # the lease lapse before the renewal that follows a late grant was even sent.
+    # TTLs of 2 s and 1 s: with 0.3 s (and once with 0.6 s), a loaded host (3 test workers)
+    # stalled the renewals past the local deadline.
     coord = client.connect(coord_url)
-    first = client.run(coord.acquire("k", ttl_ms=1_200, keepalive=False))
-    lease = client.run(coord.acquire("k", ttl_ms=600, wait_ms=10_000))
+    first = client.run(coord.acquire("k", ttl_ms=2_000, keepalive=False))
+    lease = client.run(coord.acquire("k", ttl_ms=1_000, wait_ms=10_000))
     assert _follows(coord, lease.token.value, first.token.value)
     assert not lease.lost
     time.sleep(1.5) if client.mode == "sync" else client.run(__import__("asyncio").sleep(1.5))
