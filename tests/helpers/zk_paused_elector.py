@@ -35,7 +35,10 @@ while line := sys.stdin.readline().strip():
     before = session.session_id
     print("leader", flush=True)
     sys.stdin.readline()  # paused here (SIGSTOP), past the session timeout
-    leadership.resign()
+    try:
+        leadership.resign()
+    except stockade.BackendUnavailable:
+        pass  # kazoo had not yet seen the expiry (ConnectionLoss): the leadership is gone anyway
     try:
         again = coord.elect("paused", ttl_ms=1000, wait_ms=wait_ms)
         print(f"elected {session.session_id != before}", flush=True)

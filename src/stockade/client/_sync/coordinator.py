@@ -22,7 +22,14 @@ from stockade.coordinators._history import HISTORY_PER_SCOPE, HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
-from stockade.core.errors import InvalidArgument, InvariantViolation, LeaseLost, NotHolder, StockadeError
+from stockade.core.errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    InvariantViolation,
+    LeaseLost,
+    NotHolder,
+    StockadeError,
+)
 from stockade.core.limits import (
     LIST_PAGE_MAX,
     validate_holder,
@@ -218,9 +225,10 @@ class Lease:
         if not self._released:
             self._mark_lost("the coordinator handle was closed")
 
-    def _start_keepalive(self) -> None:
+    def _start_keepalive(self, *, retry_now: bool = False) -> None:
+        keepalive = functools.partial(self._keepalive, retry_now=retry_now)
         self._background = [
-            SyncIO.spawn(self._keepalive, name=f"stockade-keepalive-{self.scope}"),
+            SyncIO.spawn(keepalive, name=f"stockade-keepalive-{self.scope}"),
             SyncIO.spawn(self._watch_deadline, name=f"stockade-deadline-{self.scope}"),
         ]
 
@@ -239,9 +247,11 @@ class Lease:
             if SyncIO.wait_event(self._stop, remaining_s):
                 return
 
-    def _keepalive(self) -> None:
+    def _keepalive(self, *, retry_now: bool = False) -> None:
         interval_s = self.ttl_ms / 3 / 1000
-        while not SyncIO.wait_event(self._stop, interval_s):
+        wait_s = RENEW_RETRY_MS / 1000 if retry_now else interval_s
+        while not SyncIO.wait_event(self._stop, wait_s):
+            wait_s = interval_s
             while True:
                 if self.lost:
                     return
@@ -374,16 +384,22 @@ class Coordinator(Handle):
             self._port, grant, clock=self._clock, max_hold_ms=max_hold_ms, hooks=self._hooks, on_lost=on_lost
         )
         lease._telemetry.granted(lease)
+        retry_now = False
         if self._clock.now_ns() - grant.sent_ns > ttl_ms * 1_000_000 // 3:
             # A long-polled grant: the local deadline counts from the request's send
             # time, so it may already be near or past. Renew once now, to count from here.
             try:
                 lease._renew_now()
+            except BackendUnavailable as exc:
+                # Granted, and not lost yet: like any failed renewal, the keepalive
+                # retries (at once) and the local deadline decides.
+                log.info("renewal of a late grant failed, retrying", extra={"scope": scope, "error": repr(exc)})
+                retry_now = True
             except BaseException:
                 lease.release()
                 raise
         if keepalive:
-            lease._start_keepalive()
+            lease._start_keepalive(retry_now=retry_now)
         self._leases.add(lease)
         return lease
 
