@@ -137,9 +137,9 @@ def test_lease_granted_after_a_long_wait_is_kept_alive(client, coord_url):
 
 def test_lease_lost_without_keepalive_by_local_deadline(client, coord_url):
     coord = client.connect(coord_url)
-    lease = client.run(coord.acquire("k", ttl_ms=150, keepalive=False))
+    lease = client.run(coord.acquire("k", ttl_ms=400, keepalive=False))
     assert not lease.lost
-    assert client.run(lease.wait_lost(timeout_ms=2000)) is True
+    assert client.run(lease.wait_lost(timeout_ms=5000)) is True
     with pytest.raises(LeaseLost):
         lease.raise_if_lost()
     with pytest.raises(LeaseLost):
@@ -148,12 +148,12 @@ def test_lease_lost_without_keepalive_by_local_deadline(client, coord_url):
 
 def test_lease_lost_when_coordinator_refuses_renewal(client, coord_url):
     coord = client.connect(coord_url)
-    lease = client.run(coord.acquire("k", ttl_ms=300))
+    lease = client.run(coord.acquire("k", ttl_ms=1000))  # renewed every 333 ms, refused at the first
     # Somebody with the lease id (an operator) releases it: the next renewal is refused.
     other = stockade.connect(coord_url)
     other._port.release(lease.lease_id)
     other.close()
-    assert client.run(lease.wait_lost(timeout_ms=2000)) is True
+    assert client.run(lease.wait_lost(timeout_ms=5000)) is True
     assert "refused" in lease.lost_cause
 
 
