@@ -326,8 +326,9 @@ def test_locked_decorator_sync_and_async(tmp_path):
 
 
 class _LateGrantFlakyRenew:
-    """The memory port, but every grant arrives 150 ms after its request and the first ``fail`` renewals
-    get no answer: what a loaded host (or a slow network) does to a long-polled grant."""
+    """The memory port, but every grant arrives 400 ms after its request (more than a third of the 1 s TTL)
+    and the first ``fail`` renewals get no answer: what a loaded host (or a slow network) does to a
+    long-polled grant."""
 
     def __init__(self, inner, fail: int) -> None:
         self._inner, self.fail, self.renewals = inner, fail, 0
@@ -337,7 +338,7 @@ class _LateGrantFlakyRenew:
 
     def acquire(self, scope, **kwargs):
         grant = self._inner.acquire(scope, **kwargs)
-        time.sleep(0.15)
+        time.sleep(0.4)
         return grant
 
     def renew(self, lease_id):
@@ -354,9 +355,9 @@ def test_a_late_grant_whose_first_renewal_fails_is_kept_not_refused(tmp_path):
     # returned and its keepalive retries at once, as after any failed renewal.
     with stockade.connect(_memory_url(tmp_path)) as coord:
         port = coord._port = _LateGrantFlakyRenew(coord._port, fail=1)
-        lease = coord.acquire("late", ttl_ms=300)
+        lease = coord.acquire("late", ttl_ms=1000)
         assert port.renewals == 1 and not lease.lost  # the fault was injected, and survived
-        time.sleep(0.9)  # three TTLs: only renewals that succeed keep it
+        time.sleep(2.5)  # 2.5 TTLs: only renewals that succeed keep it
         assert not lease.lost and port.renewals >= 3
         assert coord.inspect("late").token == lease.token
         lease.release()
@@ -365,7 +366,7 @@ def test_a_late_grant_whose_first_renewal_fails_is_kept_not_refused(tmp_path):
 def test_control_a_late_grant_whose_renewals_all_fail_is_lost_at_its_deadline(tmp_path):
     with stockade.connect(_memory_url(tmp_path)) as coord:
         port = coord._port = _LateGrantFlakyRenew(coord._port, fail=1_000)
-        lease = coord.acquire("late", ttl_ms=300)
+        lease = coord.acquire("late", ttl_ms=1000)
         assert lease.wait_lost(timeout_ms=5_000)
         assert "local deadline" in lease.lost_cause and port.renewals >= 2  # retried, in vain
         lease.release()
