@@ -101,7 +101,7 @@ def test_a_raising_hook_is_logged_and_the_lease_goes_on(tmp_path, caplog, raisin
     recorder = Recorder(raising=raising)
     coord = stockade.connect(url, hooks=recorder.hooks())
     store = stockade.open_store(url, cluster_id=coord.cluster_id, hooks=recorder.hooks())
-    with coord.lock("s", ttl_ms=300) as lease:
+    with coord.lock("s", ttl_ms=1000) as lease:
         assert recorder.renewed.wait(5)
         store.put("s", "k", b"v")
         assert not lease.lost  # renewals went on after a raising on_renew
