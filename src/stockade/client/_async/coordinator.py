@@ -367,6 +367,8 @@ class AsyncCoordinator(AsyncHandle):
             InvalidArgument: a bad argument (checked before any I/O).
             LockTimeout: still held when ``wait_ms`` ran out.
             LimitExceeded: the scope's queue or the lease table is full.
+            LeaseLost: the grant came back so late that the coordinator refused
+                its renewal (the lease had lapsed meanwhile); it is released.
             BackendUnavailable: the coordinator failed; outcome unknown.
         """
         validate_scope(scope)

@@ -137,7 +137,8 @@ def test_lease_granted_after_a_long_wait_is_kept_alive(client, coord_url):
 
 def test_lease_lost_without_keepalive_by_local_deadline(client, coord_url):
     coord = client.connect(coord_url)
-    lease = client.run(coord.acquire("k", ttl_ms=400, keepalive=False))
+    # 1 s: under a load average of 15, a ZooKeeper grant once came back after a 400 ms TTL had lapsed.
+    lease = client.run(coord.acquire("k", ttl_ms=1000, keepalive=False))
     assert not lease.lost
     assert client.run(lease.wait_lost(timeout_ms=5000)) is True
     with pytest.raises(LeaseLost):
