@@ -25,7 +25,7 @@ from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX, FencingToken
 __all__ = [
     "MIGRATIONS", "SCHEMA_VERSION", "MIGRATION_LOCK", "SCOPE_LOCK_CLASS", "get_meta", "set_meta",
     "forgotten_floor", "load_record", "forget_record", "record_writes", "record_of_row", "RECORD_SELECT",
-    "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES",
+    "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES", "LEASE_ROWS_MAX", "leases_at_least",
 ]
 
 #: Advisory lock keys: one for the migration, one class for per-scope locks (two-int form).
@@ -46,6 +46,19 @@ _META = ("(SELECT max(v::bigint) FILTER (WHERE k = 'timeline') AS timeline, "
          "WHERE k IN ('timeline', 'timeline_offset', 'epoch', 'forgotten_floor')) AS m")
 _NEW_TIMELINE = ("m.timeline IS DISTINCT FROM ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
                  "::bit(32)::bigint + COALESCE(m.timeline_offset, 0)")
+
+#: At least as many rows as the lease table holds, live or dead, from its size alone: a heap page of
+#: ``block_size`` bytes holds at most ``(block_size - 24) / 28`` rows (PostgreSQL's own bound). While
+#: it is below the bound on leases, nobody counts the table (a count is a scan of every lease held).
+LEASE_ROWS_MAX = ("(SELECT pg_relation_size('stockade_coord_leases') / b * ((b - 24) / 28) "
+                  "FROM (SELECT current_setting('block_size')::bigint AS b) AS bs)")
+
+
+def leases_at_least(n: str) -> str:
+    """SQL: whether at least ``n`` (an SQL expression) leases are stored; counts only a table that could hold them."""
+    return (f"CASE WHEN {LEASE_ROWS_MAX} < {n} THEN false "
+            f"ELSE (SELECT count(*) FROM (SELECT 1 FROM stockade_coord_leases LIMIT {n}) AS n) >= {n} END")
+
 
 #: The rules of `stockade.core.leases` for the cases that need no decision but the obvious one,
 #: each one statement (one round trip) and its own transaction: a grant of a free scope with
@@ -77,7 +90,7 @@ BEGIN
            OR v_now < COALESCE(s.delay_until_ns, 0)
            OR EXISTS (SELECT 1 FROM stockade_coord_leases l WHERE l.scope = p_scope)
            OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope)
-           OR (SELECT count(*) FROM (SELECT 1 FROM stockade_coord_leases LIMIT p_leases_max) AS n) >= p_leases_max,
+           OR {leases_at_least('p_leases_max')},
            GREATEST(COALESCE(s.last_token, 0), m.epoch << {COUNTER_BITS}, COALESCE(m.forgotten_floor, 0))
       INTO v_last, v_delay, v_refused, v_base
       FROM {_META} LEFT JOIN stockade_coord_scopes s ON s.scope = p_scope;
@@ -201,6 +214,9 @@ MIGRATIONS: tuple[str, ...] = (
     # again: journaling, and in fewer statements inside each function (3 each instead of about 7;
     # a lock cycle's server CPU was mostly the functions' statements). Replaces the functions of 3.
     HISTORY_SCHEMA + SERVER_RULES,
+    # 5: the server rules again: a grant counts the held leases only when the lease table is large
+    # enough to hold the bound on them (it counted up to 100,000 rows on every grant).
+    SERVER_RULES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

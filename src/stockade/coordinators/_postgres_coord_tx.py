@@ -28,6 +28,7 @@ from stockade.coordinators._postgres_coord_rows import (
     Statement,
     forget_record,
     forgotten_floor,
+    leases_at_least,
     load_record,
     record_writes,
 )
@@ -83,7 +84,7 @@ class PgTx:
     """
 
     __slots__ = ("_conn", "_cluster_id", "_timelines", "now_ns", "epoch", "writable", "woken", "_locked", "_floor",
-                 "_pending", "_records", "_lease_count", "_lease_scope")
+                 "_pending", "_records", "_lease_rows_max", "_lease_scope")
 
     def __init__(self, conn: Any, now_ns: int, *, cluster_id: str, timelines: bool, epoch: int,
                  writable: bool) -> None:
@@ -98,7 +99,7 @@ class PgTx:
         self._floor: int | None = None  # the forgotten floor as read under the one scope's lock
         self._pending: list[Statement] = []
         self._records: dict[str, ScopeRecord] = {}  # what the tables hold for a locked scope, after this unit's saves
-        self._lease_count: int | None = None  # as read at the start, while no lease was written
+        self._lease_rows_max: int | None = None  # `LEASE_ROWS_MAX` as read at the start, while no lease was written
         self._lease_scope: tuple[str, str | None] | None = None  # (lease id, its scope) as read under the lock
 
     # -- what the first round trip read ----------------------------------------------------
@@ -108,12 +109,13 @@ class PgTx:
         self._locked.add(scope)
         self._floor = forgotten_floor
 
-    def prefetched(self, record: ScopeRecord | None = None, *, lease_count: int | None = None,
+    def prefetched(self, record: ScopeRecord | None = None, *, lease_rows_max: int | None = None,
                    lease: tuple[str, str | None] | None = None) -> None:
-        """What the first round trip read under the lock: a scope's record, the lease count, a lease's scope."""
+        """What the first round trip read under the lock: a scope's record, the lease table's bound on its rows
+        (`LEASE_ROWS_MAX`), a lease's scope."""
         if record is not None:
             self._records[record.scope] = record
-        self._lease_count = lease_count
+        self._lease_rows_max = lease_rows_max
         self._lease_scope = lease
 
     # -- round trips ---------------------------------------------------------------------
@@ -171,10 +173,10 @@ class PgTx:
         self._locked.add(row[0])
         return str(row[0])
 
-    def lease_count(self) -> int:
-        if self._lease_count is not None:
-            return self._lease_count
-        return int(self._execute("SELECT count(*) FROM stockade_coord_leases").fetchone()[0])
+    def leases_at_least(self, n: int) -> bool:
+        if self._lease_rows_max is not None and self._lease_rows_max < n:
+            return False  # the table cannot hold n rows: nothing to count
+        return bool(self._execute(f"SELECT {leases_at_least('%s::bigint')}", (n,) * 3).fetchone()[0])
 
     def lapsed_scopes(self, now_ns: int) -> list[str]:
         rows = self._execute("SELECT scope FROM stockade_coord_leases WHERE expires_ns <= %s ORDER BY scope",
@@ -195,7 +197,7 @@ class PgTx:
         self._pending += statements
         self._records[new.scope] = new
         if new.lease != old.lease:
-            self._lease_count = None
+            self._lease_rows_max = None
         if wake:
             self.woken.add(new.scope)
 

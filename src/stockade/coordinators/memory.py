@@ -212,8 +212,8 @@ class _MemoryTx:
     def scope_of_lease(self, lease_id: str) -> str | None:
         return self._store._scope_of_lease.get(lease_id)
 
-    def lease_count(self) -> int:
-        return len(self._store._scope_of_lease)
+    def leases_at_least(self, n: int) -> bool:
+        return len(self._store._scope_of_lease) >= n
 
     def lapsed_scopes(self, now_ns: int) -> list[str]:
         records = self._store._records

@@ -1,8 +1,7 @@
 """The PostgreSQL coordinator: the lease table in PostgreSQL tables, its tokens safe across a failover.
 
-``stockade.connect("postgresql://user@h1,h2/db?target_session_attrs=read-write")``
-opens one; any libpq url works (multi-host included), and psycopg 3 is
-imported only then.
+``stockade.connect("postgresql://user@h1,h2/db?target_session_attrs=read-write")`` opens one; any
+libpq url works (multi-host included), and psycopg 3 is imported only then.
 
 This module is a record store (`PostgresRecords`, the port of
 `stockade.core.engine`) and the one lease engine over it
@@ -50,6 +49,7 @@ from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_o
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
 from stockade.coordinators._postgres_coord_rows import (
     EXPECT_SQLSTATE,
+    LEASE_ROWS_MAX,
     MIGRATION_LOCK,
     MIGRATIONS,
     RECORD_COLUMNS,
@@ -113,7 +113,7 @@ _META = (f"SELECT {_NOW}, pg_walfile_name(pg_current_wal_lsn()), "
          "(SELECT v FROM stockade_coord_meta WHERE k = 'forgotten_floor')")
 _LOCK_SCOPE = "SELECT %s::text, pg_advisory_xact_lock(%s, hashtext(%s))"
 _LOCK_LEASE = "SELECT scope, pg_advisory_xact_lock(%s, hashtext(scope)) FROM stockade_coord_leases WHERE lease_id = %s"
-_META_SCOPE = (f"{_META}, (SELECT count(*) FROM stockade_coord_leases), r.* FROM (SELECT 1) AS one "
+_META_SCOPE = (f"{_META}, {LEASE_ROWS_MAX}, r.* FROM (SELECT 1) AS one "
                f"LEFT JOIN LATERAL ({RECORD_SELECT}WHERE s.scope = %s) AS r ON true")
 _META_LEASE = (f"{_META}, NULL, r.* FROM (SELECT 1) AS one LEFT JOIN LATERAL ({RECORD_SELECT}"
                "WHERE s.scope = (SELECT scope FROM stockade_coord_leases WHERE lease_id = %s)) AS r ON true")
@@ -353,13 +353,13 @@ class PostgresRecords:
         if len(rows) == 2:
             return tx
         locked = rows[1]  # (scope, _) of the lock statement: None when no lease has that id
-        columns = rows[-1][7:7 + RECORD_COLUMNS]  # after the meta values and the lease count
+        columns = rows[-1][7:7 + RECORD_COLUMNS]  # after the meta values and the lease table's bound
         if locked is None:
             tx.prefetched(lease=(str(lease_id), None))
             return tx
         tx.prelocked(locked[0], int(floor or 0))
         if scope is not None:
-            tx.prefetched(record_of_row(self.cluster_id, scope, columns), lease_count=int(rows[-1][6]))
+            tx.prefetched(record_of_row(self.cluster_id, scope, columns), lease_rows_max=int(rows[-1][6]))
         elif columns[0] == locked[0]:  # the lease's scope now is the scope locked (a release, a renewal)
             tx.prefetched(record_of_row(self.cluster_id, locked[0], columns), lease=(str(lease_id), locked[0]))
         else:  # the lease went (or moved) between the lock and the SELECT: the engine loads what it needs

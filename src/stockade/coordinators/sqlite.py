@@ -525,9 +525,9 @@ class _SQLiteTx:
         row = self._conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
         return row[0] if row else None
 
-    def lease_count(self) -> int:
-        count: int = self._conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
-        return count
+    def leases_at_least(self, n: int) -> bool:
+        row = self._conn.execute("SELECT COUNT(*) >= ? FROM (SELECT 1 FROM leases LIMIT ?)", (n, n)).fetchone()
+        return bool(row[0])
 
     def lapsed_scopes(self, now_ns: int) -> list[str]:
         return [r[0] for r in self._conn.execute("SELECT scope FROM leases WHERE expires_ns <= ?", (now_ns,))]

@@ -72,8 +72,12 @@ class RecordTx(Protocol):
         """The scope whose stored lease has this id, or None."""
         ...
 
-    def lease_count(self) -> int:
-        """How many leases are stored (expired ones that were not settled included)."""
+    def leases_at_least(self, n: int) -> bool:
+        """Whether at least ``n`` leases are stored (expired ones that were not settled included).
+
+        A question, not a count: a backend answers it without counting a table
+        that cannot hold ``n`` rows.
+        """
         ...
 
     def lapsed_scopes(self, now_ns: int) -> list[str]:
@@ -276,11 +280,11 @@ class LeaseEngine:
                 self._forget_idle(tx, now_ns, self.forget_batch)
                 record = tx.load(scope)
             new, outcome = self._acquire(tx, record, request, now_ns)
-            if isinstance(outcome, Granted) and record.lease is None and tx.lease_count() >= self.leases_max:
+            if isinstance(outcome, Granted) and record.lease is None and tx.leases_at_least(self.leases_max):
                 for lapsed in tx.lapsed_scopes(now_ns):  # settle lapsed leases so they stop counting
                     old = tx.load(lapsed)
                     tx.save(old, rules.settle(old, now_ns, self.policy))
-                if tx.lease_count() >= self.leases_max:
+                if tx.leases_at_least(self.leases_max):
                     raise LimitExceeded("LEASES_MAX", self.leases_max)
                 record = tx.load(scope)
                 new, outcome = self._acquire(tx, record, request, now_ns)
