@@ -36,7 +36,7 @@ RESUME_SLACK_S = 0.4  # a loop stalled by a busy host (xdist workers) runs the c
 TRIAL_S_MAX = 120
 
 
-async def _trial(server, coord_a, coord_b, scope: str, rng: random.Random) -> dict:
+async def _trial(server, coord_a, coord_b, scope: str, rng: random.Random) -> dict | None:
     """One holder frozen out by a stopped server; returns the timestamps (monotonic ns) that decide."""
     started = asyncio.Event()
     seen: dict = {"cancelled_ns": None}
@@ -57,7 +57,12 @@ async def _trial(server, coord_a, coord_b, scope: str, rng: random.Random) -> di
     await asyncio.wait({task, began}, return_when=asyncio.FIRST_COMPLETED)
     if not started.is_set():  # the holder failed before its body ran: say why, never wait forever
         began.cancel()
-        task.result()
+        try:
+            task.result()
+        except (LeaseLost, stockade.BackendUnavailable):
+            # A loaded host answered the grant (or its renewal) after the 300 ms lease had lapsed:
+            # no lease, no body, nothing to measure. Not a sample; `_run` bounds how often.
+            return None
         raise AssertionError("the holder ended before its body began")
     # The next holder queues behind, long-polling the server.
     next_grant = asyncio.ensure_future(coord_b.acquire(scope, ttl_ms=TTL_MS, wait_ms=20_000, keepalive=False))
@@ -72,9 +77,12 @@ async def _trial(server, coord_a, coord_b, scope: str, rng: random.Random) -> di
     finally:
         resumed_ns = time.monotonic_ns()
         os.kill(server.process.pid, signal.SIGCONT)
-    lease_b = await next_grant
+    try:
+        lease_b = await next_grant
+    except LeaseLost:  # granted, but the answer came after its 300 ms had lapsed (a loaded host): no sample
+        lease_b = None
     granted_ns = time.monotonic_ns()
-    assert lease_b.token.value > seen["token"]
+    assert lease_b is None or lease_b.token.value > seen["token"]
     if seen["cancelled_ns"] is None:  # the control: still running; stop it from outside
         task.cancel()
     try:
@@ -84,6 +92,8 @@ async def _trial(server, coord_a, coord_b, scope: str, rng: random.Random) -> di
         outcome = f"LeaseLost: {exc.cause}"
     except asyncio.CancelledError:
         outcome = "CancelledError"
+    if lease_b is None:
+        return None
     await lease_b.release()
     return {
         "cancelled_ns": seen["cancelled_ns"], "stopped_ns": stopped_ns, "resumed_ns": resumed_ns,
@@ -96,8 +106,14 @@ def _run(server, trials: int, seed: int) -> list[dict]:
         rng = random.Random(seed)
         async with stockade.connect_async(server.url) as coord_a, stockade.connect_async(server.url) as coord_b:
             # Every trial is bounded: a hang fails the test with its trial instead of stalling the run.
-            return [await asyncio.wait_for(_trial(server, coord_a, coord_b, f"loss-{seed}-{i}", rng), TRIAL_S_MAX)
-                    for i in range(trials)]
+            results: list[dict] = []
+            for i in range(trials * 2):  # a holder that got no lease is no sample: at most as many again
+                result = await asyncio.wait_for(_trial(server, coord_a, coord_b, f"loss-{seed}-{i}", rng), TRIAL_S_MAX)
+                if result is not None:
+                    results.append(result)
+                if len(results) == trials:
+                    return results
+            raise AssertionError(f"only {len(results)} of {trials} holders got their lease")
 
     return asyncio.run(main())
 
