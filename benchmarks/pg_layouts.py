@@ -1,0 +1,232 @@
+"""What a lock cycle costs on PostgreSQL for four ways of storing a lease, side by side.
+
+The question it answers (docs/coordinator-postgres.md, "Cost"): how close to a
+plain lease row can a coordinator come that also writes its lease history in
+the same commit, and how much of the gap is the coordinator's own layout?
+
+A lock cycle is a grant and a release: two autocommit statements (two
+commits, each durable), each a prepared statement on one connection per
+client process, on one scope per process. The layouts:
+
+- ``lease-row``: one row per held lease, inserted by the grant (or taken over
+  when it has expired) and deleted by the release; the token from a sequence.
+  No history, no queue, no lock-delay, no failover epoch.
+- ``lease-row+event``: the same, each statement also appending one event
+  (one row, one index) in its own commit: the least a history costs.
+- ``scope-row+ring``: a layout stockade could move to: the lease kept in its
+  scope's row (the token is that row's last token plus one; the lock-delay and a
+  count of waiters in the row too, so that one statement decides), each event an
+  in-place upsert of one of the scope's 100 history slots.
+- ``stockade``: the coordinator's server functions as they are
+  (``stockade_coord_grant``, ``stockade_coord_keep``), called directly.
+
+Each run measures every layout once, in an order rotated run after run, with 1
+client and with N client processes; the table gives the medians of cycles per
+second, their ratio to ``lease-row``, and the CPU per cycle of the client
+processes and of their PostgreSQL backends (read from ``/proc``: the server runs
+on this host). It starts its own PostgreSQL 15 with durable settings on a free
+loopback port in a temporary directory, and stops it.
+
+    PYTHONPATH=src python benchmarks/pg_layouts.py --runs 5 --seconds 4 --clients 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from side_by_side import Servers  # noqa: E402  (the servers it starts, and how)
+
+_NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+WARM_UP_CYCLES = 20
+
+SETUP = """
+CREATE SEQUENCE IF NOT EXISTS bench_token_seq;
+CREATE TABLE IF NOT EXISTS bench_lease (scope text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL,
+                                        expires_at timestamptz NOT NULL);
+CREATE TABLE IF NOT EXISTS bench_event (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, scope text NOT NULL,
+                                        kind text NOT NULL, token bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS bench_scope (scope text PRIMARY KEY, last_token bigint NOT NULL,
+                                        delay_until_ns bigint NOT NULL DEFAULT 0, waiting int NOT NULL DEFAULT 0,
+                                        events bigint NOT NULL DEFAULT 0, lease_id text UNIQUE, holder text,
+                                        token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint);
+CREATE TABLE IF NOT EXISTS bench_ring (scope text NOT NULL, slot int NOT NULL, n bigint NOT NULL, kind text NOT NULL,
+                                       holder text NOT NULL, token bigint NOT NULL, at_ms bigint NOT NULL,
+                                       PRIMARY KEY (scope, slot)) WITH (fillfactor = 50);
+"""
+
+_LEASE_GRANT = ("INSERT INTO bench_lease AS l (scope, holder, token, expires_at) "
+                "VALUES (%(scope)s, %(holder)s, nextval('bench_token_seq'), now() + interval '10 seconds') "
+                "ON CONFLICT (scope) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
+                "expires_at = excluded.expires_at WHERE l.expires_at < now() RETURNING l.token, l.scope")
+_LEASE_RELEASE = "DELETE FROM bench_lease WHERE scope = %(scope)s AND token = %(token)s RETURNING token, scope"
+
+
+def _with_event(statement: str, kind: str) -> str:
+    return (f"WITH c AS ({statement}), e AS (INSERT INTO bench_event (scope, kind, token) "
+            f"SELECT c.scope, '{kind}', c.token FROM c) SELECT c.token FROM c")
+
+
+def _ring(kind: str) -> str:
+    return (f"r AS (INSERT INTO bench_ring AS r (scope, slot, n, kind, holder, token, at_ms) "
+            f"SELECT c.scope, c.events %% 100, c.events, '{kind}', c.holder, c.token, c.now / 1000000 FROM c "
+            f"ON CONFLICT (scope, slot) DO UPDATE SET n = excluded.n, kind = excluded.kind, "
+            f"holder = excluded.holder, token = excluded.token, at_ms = excluded.at_ms)")
+
+
+_SCOPE_GRANT = (
+    "WITH c AS (INSERT INTO bench_scope AS s (scope, last_token, events, lease_id, holder, token, ttl_ms, "
+    "granted_ns, expires_ns) "
+    f"SELECT %(scope)s, 1, 1, %(lease_id)s, %(holder)s, 1, %(ttl_ms)s::bigint, n.now, "
+    f"n.now + %(ttl_ms)s::bigint * 1000000 FROM (SELECT {_NOW} AS now) AS n "
+    "ON CONFLICT (scope) DO UPDATE SET last_token = s.last_token + 1, token = s.last_token + 1, "
+    "events = s.events + 1, lease_id = excluded.lease_id, holder = excluded.holder, ttl_ms = excluded.ttl_ms, "
+    "granted_ns = excluded.granted_ns, expires_ns = excluded.expires_ns "
+    "WHERE s.lease_id IS NULL AND s.waiting = 0 AND s.delay_until_ns <= excluded.granted_ns "
+    "RETURNING s.scope, s.holder, s.token, s.events, s.granted_ns AS now), "
+    + _ring("grant") + " SELECT c.token FROM c")
+_SCOPE_RELEASE = (
+    "WITH c AS (UPDATE bench_scope AS s SET lease_id = NULL, holder = NULL, token = NULL, ttl_ms = NULL, "
+    "granted_ns = NULL, expires_ns = NULL, events = s.events + 1 "
+    "FROM (SELECT scope, holder, token FROM bench_scope WHERE lease_id = %(lease_id)s) AS o "
+    f"WHERE s.scope = o.scope AND s.lease_id = %(lease_id)s AND s.waiting = 0 AND {_NOW} < s.expires_ns "
+    f"RETURNING o.scope, o.holder, o.token, s.events, {_NOW} AS now), "
+    + _ring("release") + " SELECT c.token FROM c")
+
+_STOCKADE_GRANT = "SELECT token FROM stockade_coord_grant(%(scope)s, %(lease_id)s, %(holder)s, %(ttl_ms)s, 100000)"
+_STOCKADE_RELEASE = "SELECT token FROM stockade_coord_keep(%(lease_id)s, true)"
+
+#: layout -> (grant, release); each answers one row when it did its work.
+LAYOUTS: dict[str, tuple[str, str]] = {
+    "lease-row": (_LEASE_GRANT, _LEASE_RELEASE),
+    "lease-row+event": (_with_event(_LEASE_GRANT, "grant"), _with_event(_LEASE_RELEASE, "release")),
+    "scope-row+ring": (_SCOPE_GRANT, _SCOPE_RELEASE),
+    "stockade": (_STOCKADE_GRANT, _STOCKADE_RELEASE),
+}
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime + stime
+
+
+def _cycle(conn, grant: str, release: str, scope: str, holder: str) -> None:
+    params = {"scope": scope, "lease_id": uuid.uuid4().hex, "holder": holder, "ttl_ms": 10_000}
+    row = conn.execute(grant, params, prepare=True).fetchone()
+    if row is None:
+        raise RuntimeError(f"not granted: {scope}")
+    params["token"] = row[0]
+    if conn.execute(release, params, prepare=True).fetchone() is None:
+        raise RuntimeError(f"not released: {scope}")
+
+
+def _client(layout: str, dsn: str, scope: str, seconds: float, barrier, results) -> None:
+    try:
+        _measure_client(layout, dsn, scope, seconds, barrier, results)
+    except BaseException as exc:  # the parent reports it (instead of waiting for this process's figures)
+        barrier.abort()
+        results.put(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _measure_client(layout: str, dsn: str, scope: str, seconds: float, barrier, results) -> None:
+    import psycopg
+
+    grant, release = LAYOUTS[layout]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        holder = uuid.uuid4().hex
+        for _ in range(WARM_UP_CYCLES):
+            _cycle(conn, grant, release, scope, holder)
+        barrier.wait()
+        cycles, start, cpu0, server0 = 0, time.perf_counter(), time.process_time(), _cpu_s(backend)
+        while time.perf_counter() - start < seconds:
+            _cycle(conn, grant, release, scope, holder)
+            cycles += 1
+        results.put((cycles, time.perf_counter() - start, time.process_time() - cpu0, _cpu_s(backend) - server0))
+
+
+def measure(layout: str, dsn: str, clients: int, seconds: float, run: int) -> dict:
+    """One run of ``layout``: ``clients`` processes for ``seconds``; cycles/s and CPU µs per cycle."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(clients), ctx.Queue()
+    procs = [ctx.Process(target=_client, args=(layout, dsn, f"{layout}-{run}-{i}", seconds, barrier, results))
+             for i in range(clients)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    failed = [g for g in got if isinstance(g, str)]
+    if failed:
+        raise RuntimeError(f"{layout}, {clients} clients: {failed[0]}")
+    cycles = sum(g[0] for g in got)
+    return {"layout": layout, "clients": clients, "run": run, "cycles": cycles,
+            "per_s": cycles / max(g[1] for g in got),
+            "client_cpu_us": sum(g[2] for g in got) / cycles * 1e6,
+            "server_cpu_us": sum(g[3] for g in got) / cycles * 1e6}
+
+
+def table(rows: list[dict], clients: list[int]) -> str:
+    out = ["| layout | clients | runs | cycles/s (median) | ratio to lease-row | client CPU µs/cycle "
+           "| server CPU µs/cycle |", "|---|---|---|---|---|---|---|"]
+    for n in clients:
+        base = statistics.median(r["per_s"] for r in rows if r["layout"] == "lease-row" and r["clients"] == n)
+        for layout in LAYOUTS:
+            mine = [r for r in rows if r["layout"] == layout and r["clients"] == n]
+            per_s = statistics.median(r["per_s"] for r in mine)
+            out.append(f"| {layout} | {n} | {len(mine)} | {per_s:.0f} | {per_s / base:.2f}x | "
+                       f"{statistics.median(r['client_cpu_us'] for r in mine):.0f} | "
+                       f"{statistics.median(r['server_cpu_us'] for r in mine):.0f} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--clients", type=int, default=8, help="client processes of the second phase (first: 1)")
+    parser.add_argument("--json", type=Path, help="write every run here")
+    args = parser.parse_args()
+    if not 1 <= args.runs <= 50 or not 0.5 <= args.seconds <= 60 or not 2 <= args.clients <= 64:
+        parser.error("--runs 1..50, --seconds 0.5..60, --clients 2..64")
+    root = Path(tempfile.mkdtemp(prefix="stockade-pg-layouts-"))
+    servers = Servers(root)
+    try:
+        port = servers.start_postgres()
+        dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        import psycopg
+
+        import stockade
+
+        stockade.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres").close()  # its tables and functions
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(SETUP)
+        names, rows = list(LAYOUTS), []
+        for run in range(args.runs):
+            for clients in (1, args.clients):
+                for layout in names[run % len(names):] + names[:run % len(names)]:
+                    rows.append(measure(layout, dsn, clients, args.seconds, run))
+                    r = rows[-1]
+                    print(f"run {run} clients {clients} {layout:16s} {r['per_s']:7.0f}/s  client "
+                          f"{r['client_cpu_us']:5.0f} µs  server {r['server_cpu_us']:5.0f} µs", flush=True)
+        print(table(rows, [1, args.clients]))
+        if args.json:
+            args.json.write_text(json.dumps({"runs": rows}, indent=1))
+    finally:
+        servers.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
