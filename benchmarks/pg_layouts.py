@@ -146,9 +146,6 @@ def _measure_client(layout: str, dsn: str, scope: str, seconds: float, barrier, 
     with psycopg.connect(dsn, autocommit=True) as conn:
         backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         holder = uuid.uuid4().hex
-        if layout == "stockade":  # a scope's first grant takes the engine's path: start from a used scope
-            conn.execute("INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) VALUES (%s, 0, 0) "
-                         "ON CONFLICT DO NOTHING", (scope,))
         for _ in range(WARM_UP_CYCLES):
             _cycle(conn, grant, release, scope, holder)
         barrier.wait()
