@@ -20,6 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from helpers import reaper
+
 __all__ = ["EtcdCluster", "etcd_available", "MEMBERS"]
 
 MEMBERS = 3
@@ -83,6 +85,7 @@ class EtcdCluster:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()
+        reaper.watch(self.processes[name].pid)  # ended if this test process is killed
 
     def _get(self, name: str, path: str, timeout_s: float = 1.0) -> dict:
         with urllib.request.urlopen(self.client_url(name) + path, timeout=timeout_s) as response:

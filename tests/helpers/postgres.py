@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from helpers import reaper
+
 BIN = Path("/usr/lib/postgresql/15/bin")
 PSQL = str(BIN / "psql") if (BIN / "psql").exists() else "/usr/bin/psql"
 SUPERUSER = "postgres"
@@ -106,6 +108,7 @@ class PostgresServer:
             ready = subprocess.run([str(BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port),
                                     "-U", SUPERUSER], capture_output=True)
             if ready.returncode == 0:
+                reaper.watch(self.pid())  # the postmaster, ended if this test process is killed
                 return
             time.sleep(0.05)
         raise RuntimeError(f"PostgreSQL did not start: {self.log_tail()}")

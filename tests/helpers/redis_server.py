@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import reaper
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 START_TIMEOUT_S = 30.0
@@ -62,6 +63,7 @@ class RedisServer:
         log = open(self.directory / "redis.log", "ab")  # noqa: SIM115 - owned by the process
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         log.close()
+        reaper.watch(self.process.pid)  # ended if this test process is killed
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -25,6 +25,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from helpers import reaper
+
 __all__ = ["ZkEnsemble", "zookeeper_available", "SERVERS", "CONTAINER_CHECK_MS"]
 
 SERVERS = 3
@@ -122,6 +124,7 @@ class ZkEnsemble:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()
+        reaper.watch(self.processes[i].pid)  # ended if this test process is killed
 
     def mode(self, i: int) -> str:
         """``leader``, ``follower`` or "" (down, or not serving yet)."""

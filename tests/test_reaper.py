@@ -1,0 +1,98 @@
+"""A test process that is killed does not leave its servers running (tests/helpers/reaper.py).
+
+A child Python process plays the test process: it starts a real Redis through
+the fixtures' helper (which registers it with the watcher) and a plain
+``sleep`` it does not register (the control), prints both pids, and waits.
+This test then kills it with SIGKILL, so none of its own cleanup runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers import reaper
+from helpers.redis_server import require_redis
+
+TESTS = Path(__file__).parent
+GONE_WITHIN_S = 60.0  # a bound for a busy machine; the watcher acts as soon as it reads end-of-file
+
+_CHILD = """
+import json, subprocess, sys, time
+from pathlib import Path
+from helpers.redis_server import RedisServer
+server = RedisServer(Path(sys.argv[1]))
+control = subprocess.Popen(["sleep", "600"])
+print(json.dumps({"redis": server.process.pid, "control": control.pid}), flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    return reaper.start_time(pid) is None or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+def _wait_gone(pid: int) -> bool:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_killed_test_process_leaves_no_server_behind(tmp_path: Path) -> None:
+    require_redis()
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "redis")], stdout=subprocess.PIPE,
+                             text=True, cwd=TESTS, env={**os.environ, "PYTHONPATH": str(TESTS)})
+    assert child.stdout is not None
+    pids = json.loads(child.stdout.readline())
+    try:
+        assert not _gone(pids["redis"]) and not _gone(pids["control"])
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        assert _wait_gone(pids["redis"]), "the registered Redis outlived its killed test process"
+        # The control: a process nobody registered is still there (the watcher ends only what it was given).
+        assert not _gone(pids["control"])
+    finally:
+        for pid in pids.values():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        child.kill()
+        child.wait(30)
+
+
+def test_the_watcher_never_signals_a_reused_pid() -> None:
+    """A registered pid whose start time differs (the pid was reused) is left alone."""
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        began = reaper.start_time(bystander.pid)
+        assert began is not None
+        watcher = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "reaper.py")], stdin=subprocess.PIPE)
+        watcher.communicate(f"+{bystander.pid} {began + 1}\n".encode(), timeout=30)  # then end-of-file
+        assert watcher.returncode == 0
+        assert bystander.poll() is None
+        # The same line with the right start time ends it (the check above could have failed).
+        watcher = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "reaper.py")], stdin=subprocess.PIPE)
+        watcher.communicate(f"+{bystander.pid} {began}\n".encode(), timeout=30)
+        assert bystander.wait(30) == -signal.SIGKILL
+    finally:
+        bystander.kill()
+        bystander.wait(30)
+
+
+def test_an_unwatched_pid_is_left_alone() -> None:
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        began = reaper.start_time(bystander.pid)
+        watcher = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "reaper.py")], stdin=subprocess.PIPE)
+        watcher.communicate(f"+{bystander.pid} {began}\n-{bystander.pid}\n".encode(), timeout=30)
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait(30)
