@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import reaper
 
 import stockade
 
@@ -57,6 +58,7 @@ class ServeProcess:
                 [PYTHON, "-m", "stockade", "serve", "--data-dir", str(data_dir), "--port", str(self.port), *extra],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=python_env(),
             )
+        reaper.watch(self.process.pid)  # ended if this test process is killed
         deadline = time.monotonic() + self.STARTUP_S
         while True:
             if self.process.poll() is not None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from helpers import reaper
+
 HELPERS = Path(__file__).parent
 PYTHON = sys.executable
 READY_SECONDS = 20
@@ -61,6 +63,7 @@ def start_server(data_dir: Path, *args: str, control: str | None = None, port: i
     stderr_path = data_dir / f"server-{time.monotonic_ns()}.log"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, env=_env())
+    reaper.watch(proc.pid)  # ended if this test process is killed
     deadline = time.monotonic() + READY_SECONDS
     line = b""
     while time.monotonic() < deadline:
