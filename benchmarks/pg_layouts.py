@@ -1,4 +1,4 @@
-"""What a lock cycle costs on PostgreSQL for four ways of storing a lease, side by side.
+"""What a lock cycle costs on PostgreSQL for six ways of storing a lease, side by side.
 
 The question it answers (docs/coordinator-postgres.md, "Cost"): how close to a
 plain lease row can a coordinator come that also writes its lease history in
@@ -13,10 +13,18 @@ client process, on one scope per process. The layouts:
   No history, no queue, no lock-delay, no failover epoch.
 - ``lease-row+event``: the same, each statement also appending one event
   (one row, one index) in its own commit: the least a history costs.
-- ``scope-row+ring``: a layout stockade could move to: the lease kept in its
-  scope's row (the token is that row's last token plus one; the lock-delay and a
-  count of waiters in the row too, so that one statement decides), each event an
-  in-place upsert of one of the scope's 100 history slots.
+- ``scope-row-floor``: the lease kept in its scope's row (the token is that
+  row's last token plus one; the lock-delay and a count of waiters in the row
+  too, so that one statement decides), written in place: only the primary key
+  is indexed, so each statement is one heap-only update. No history and none of
+  the rules' reads: the least a layout with a token per scope writes.
+- ``scope-row-complete``: the same with what the coordinator's rules need: the
+  timeline against the recorded one, the epoch and forgotten floor under the
+  token, the size bound on held leases, and each event an in-place update of
+  one of the scope's 100 history slots. A release names its scope.
+- ``scope-row-by-id``: ``scope-row-complete`` with a unique index on the lease
+  id, so that a release needs only the lease id (as the coordinator port's
+  ``release(lease_id)`` does today); each write then adds an index entry.
 - ``stockade``: the coordinator's server functions as they are
   (``stockade_coord_grant``, ``stockade_coord_keep``), called directly.
 
@@ -46,6 +54,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import Servers  # noqa: E402  (the servers it starts, and how)
 
+from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX  # noqa: E402
+
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 WARM_UP_CYCLES = 20
@@ -56,11 +66,18 @@ CREATE TABLE IF NOT EXISTS bench_lease (scope text PRIMARY KEY, holder text NOT 
                                         expires_at timestamptz NOT NULL);
 CREATE TABLE IF NOT EXISTS bench_event (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, scope text NOT NULL,
                                         kind text NOT NULL, token bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS bench_meta (id int PRIMARY KEY CHECK (id = 1), timeline bigint NOT NULL,
+                                       timeline_offset bigint NOT NULL, epoch bigint NOT NULL,
+                                       forgotten_floor bigint NOT NULL);
+INSERT INTO bench_meta VALUES (1, ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint,
+                               0, 1, 0) ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS bench_scope (scope text PRIMARY KEY, last_token bigint NOT NULL,
                                         delay_until_ns bigint NOT NULL DEFAULT 0, waiting int NOT NULL DEFAULT 0,
-                                        events bigint NOT NULL DEFAULT 0, lease_id text UNIQUE, holder text,
-                                        token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint);
-CREATE TABLE IF NOT EXISTS bench_ring (scope text NOT NULL, slot int NOT NULL, n bigint NOT NULL, kind text NOT NULL,
+                                        events bigint NOT NULL DEFAULT 0, lease_id text, holder text, token bigint,
+                                        ttl_ms bigint, granted_ns bigint, expires_ns bigint) WITH (fillfactor = 50);
+CREATE TABLE IF NOT EXISTS bench_scope_by_id (LIKE bench_scope INCLUDING DEFAULTS, PRIMARY KEY (scope),
+                                              UNIQUE (lease_id)) WITH (fillfactor = 50);
+CREATE TABLE IF NOT EXISTS bench_slot (scope text NOT NULL, slot int NOT NULL, n bigint NOT NULL, kind text NOT NULL,
                                        holder text NOT NULL, token bigint NOT NULL, at_ms bigint NOT NULL,
                                        PRIMARY KEY (scope, slot)) WITH (fillfactor = 50);
 """
@@ -77,31 +94,52 @@ def _with_event(statement: str, kind: str) -> str:
             f"SELECT c.scope, '{kind}', c.token FROM c) SELECT c.token FROM c")
 
 
-def _ring(kind: str) -> str:
-    return (f"r AS (INSERT INTO bench_ring AS r (scope, slot, n, kind, holder, token, at_ms) "
+# The lease kept in its scope's row, written in place: only the primary key is indexed and the pages keep
+# room (fillfactor 50), so a grant and a release are each one heap-only update (no index entry written).
+# The rules' reads, as the coordinator needs them: the timeline against the one it recorded (a
+# promotion), the epoch and forgotten floor under the token, the size bound on held leases, the
+# count of waiters and the lock-delay in the row itself.
+_TIMELINE = "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint"
+_UNDER_BOUND = ("(SELECT pg_relation_size('{table}') / b * ((b - 24) / 28) "
+                "FROM (SELECT current_setting('block_size')::bigint AS b) AS bs) < 100000")
+_BASE = f"GREATEST(s.last_token, m.epoch << {COUNTER_BITS}, m.forgotten_floor)"
+
+
+def _scope_ring(kind: str) -> str:
+    """The event as an in-place update of one of the scope's 100 slots (inserted the first time round)."""
+    return (f"r AS (UPDATE bench_slot AS r SET n = c.events, kind = '{kind}', holder = c.holder, token = c.token, "
+            "at_ms = c.now / 1000000 FROM c WHERE r.scope = c.scope AND r.slot = c.events %% 100 RETURNING 1), "
+            "ri AS (INSERT INTO bench_slot (scope, slot, n, kind, holder, token, at_ms) "
             f"SELECT c.scope, c.events %% 100, c.events, '{kind}', c.holder, c.token, c.now / 1000000 FROM c "
-            f"ON CONFLICT (scope, slot) DO UPDATE SET n = excluded.n, kind = excluded.kind, "
-            f"holder = excluded.holder, token = excluded.token, at_ms = excluded.at_ms)")
+            "WHERE NOT EXISTS (SELECT 1 FROM r)) ")
 
 
-_SCOPE_GRANT = (
-    "WITH c AS (INSERT INTO bench_scope AS s (scope, last_token, events, lease_id, holder, token, ttl_ms, "
-    "granted_ns, expires_ns) "
-    f"SELECT %(scope)s, 1, 1, %(lease_id)s, %(holder)s, 1, %(ttl_ms)s::bigint, n.now, "
-    f"n.now + %(ttl_ms)s::bigint * 1000000 FROM (SELECT {_NOW} AS now) AS n "
-    "ON CONFLICT (scope) DO UPDATE SET last_token = s.last_token + 1, token = s.last_token + 1, "
-    "events = s.events + 1, lease_id = excluded.lease_id, holder = excluded.holder, ttl_ms = excluded.ttl_ms, "
-    "granted_ns = excluded.granted_ns, expires_ns = excluded.expires_ns "
-    "WHERE s.lease_id IS NULL AND s.waiting = 0 AND s.delay_until_ns <= excluded.granted_ns "
-    "RETURNING s.scope, s.holder, s.token, s.events, s.granted_ns AS now), "
-    + _ring("grant") + " SELECT c.token FROM c")
-_SCOPE_RELEASE = (
-    "WITH c AS (UPDATE bench_scope AS s SET lease_id = NULL, holder = NULL, token = NULL, ttl_ms = NULL, "
-    "granted_ns = NULL, expires_ns = NULL, events = s.events + 1 "
-    "FROM (SELECT scope, holder, token FROM bench_scope WHERE lease_id = %(lease_id)s) AS o "
-    f"WHERE s.scope = o.scope AND s.lease_id = %(lease_id)s AND s.waiting = 0 AND {_NOW} < s.expires_ns "
-    f"RETURNING o.scope, o.holder, o.token, s.events, {_NOW} AS now), "
-    + _ring("release") + " SELECT c.token FROM c")
+def _scope_grant(table: str, *, rules: bool, history: bool) -> str:
+    checks = (f" AND m.timeline = {_TIMELINE} + m.timeline_offset AND {_BASE} & {COUNTER_MAX} <> {COUNTER_MAX}"
+              f" AND {_UNDER_BOUND.format(table=table)}") if rules else ""
+    base = _BASE if rules else "s.last_token"
+    return (
+        "WITH m AS (SELECT * FROM bench_meta WHERE id = 1), "
+        f"n AS (SELECT {_NOW} AS now), "
+        f"c AS (UPDATE {table} AS s SET last_token = {base} + 1, token = {base} + 1, events = s.events + 1, "
+        "lease_id = %(lease_id)s, holder = %(holder)s, ttl_ms = %(ttl_ms)s::bigint, granted_ns = n.now, "
+        "expires_ns = n.now + %(ttl_ms)s::bigint * 1000000 FROM m, n "
+        "WHERE s.scope = %(scope)s AND s.lease_id IS NULL AND s.waiting = 0 AND s.delay_until_ns <= n.now"
+        f"{checks} RETURNING s.scope, s.holder, s.token, s.events, n.now)"
+        + (", " + _scope_ring("grant") if history else " ") + "SELECT c.token FROM c")
+
+
+def _scope_release(table: str, *, by_id_only: bool, rules: bool, history: bool) -> str:
+    where = "" if by_id_only else "s.scope = %(scope)s AND "
+    checks = f" AND m.timeline = {_TIMELINE} + m.timeline_offset" if rules else ""
+    return (
+        "WITH m AS (SELECT * FROM bench_meta WHERE id = 1), "
+        f"n AS (SELECT {_NOW} AS now), "
+        f"c AS (UPDATE {table} AS s SET lease_id = NULL, events = s.events + 1 FROM m, n "
+        f"WHERE {where}s.lease_id = %(lease_id)s AND s.waiting = 0 AND n.now < s.expires_ns{checks} "
+        "RETURNING s.scope, s.holder, s.token, s.events, n.now)"
+        + (", " + _scope_ring("release") if history else " ") + "SELECT c.token FROM c")
+
 
 _STOCKADE_GRANT = "SELECT token FROM stockade_coord_grant(%(scope)s, %(lease_id)s, %(holder)s, %(ttl_ms)s, 100000)"
 _STOCKADE_RELEASE = "SELECT token FROM stockade_coord_keep(%(lease_id)s, true)"
@@ -110,7 +148,12 @@ _STOCKADE_RELEASE = "SELECT token FROM stockade_coord_keep(%(lease_id)s, true)"
 LAYOUTS: dict[str, tuple[str, str]] = {
     "lease-row": (_LEASE_GRANT, _LEASE_RELEASE),
     "lease-row+event": (_with_event(_LEASE_GRANT, "grant"), _with_event(_LEASE_RELEASE, "release")),
-    "scope-row+ring": (_SCOPE_GRANT, _SCOPE_RELEASE),
+    "scope-row-floor": (_scope_grant("bench_scope", rules=False, history=False),
+                        _scope_release("bench_scope", by_id_only=False, rules=False, history=False)),
+    "scope-row-complete": (_scope_grant("bench_scope", rules=True, history=True),
+                           _scope_release("bench_scope", by_id_only=False, rules=True, history=True)),
+    "scope-row-by-id": (_scope_grant("bench_scope_by_id", rules=True, history=True),
+                        _scope_release("bench_scope_by_id", by_id_only=True, rules=True, history=True)),
     "stockade": (_STOCKADE_GRANT, _STOCKADE_RELEASE),
 }
 
@@ -146,6 +189,8 @@ def _measure_client(layout: str, dsn: str, scope: str, seconds: float, barrier, 
     with psycopg.connect(dsn, autocommit=True) as conn:
         backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         holder = uuid.uuid4().hex
+        for table in ("bench_scope", "bench_scope_by_id"):  # a used scope (its first grant is the engine's)
+            conn.execute(f"INSERT INTO {table} (scope, last_token) VALUES (%s, 0) ON CONFLICT DO NOTHING", (scope,))
         for _ in range(WARM_UP_CYCLES):
             _cycle(conn, grant, release, scope, holder)
         barrier.wait()
