@@ -401,3 +401,56 @@ def test_grants_never_released_are_forgotten_once_they_lapse(url, monkeypatch):
         lease.renew()
         lease.release()
     coord.close()
+
+
+def _lose_next_grant_answer(port) -> dict:
+    """Make ``port``'s next write Txn, once armed, land and lose its answer: the resend (as the
+    gateway call does when no answer came) then finds its compare failed."""
+    real_txn, real_hold_back = port._txn, port._hold_back
+    state: dict = {"armed": False, "resent": [], "held_back": 0}
+
+    def txn(body):
+        answer = real_txn(body)
+        if state["armed"] and any("request_put" in op for op in body.get("success", [])):
+            state["armed"] = False
+            again = real_txn(body)
+            state["resent"].append((answer[0], again[0]))
+            return again
+        return answer
+
+    def hold_back(*args):
+        state["held_back"] += 1
+        return real_hold_back(*args)
+
+    port._txn, port._hold_back = txn, hold_back
+    return state
+
+
+@pytest.mark.parametrize("lapse", [False, True], ids=["after-a-release", "control-after-a-lapse"])
+def test_a_grant_whose_answer_was_lost_waits_the_lock_delay_only_after_a_lapse(url, lapse):
+    """The retried grant cannot read how the last holder left (its first send overwrote that), so
+    it reads the journal: after a release it is not held back; after a lapse it still is (C5)."""
+    scope = "lost-answer-" + ("lapse" if lapse else "release")
+    holder = stockade.connect(url)
+    waiter = stockade.connect(url, lock_delay_ms=1000)
+    state = _lose_next_grant_answer(waiter._port)
+    held = holder.acquire(scope, ttl_ms=1000 if lapse else 10_000, keepalive=not lapse)
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(scope, ttl_ms=5000, wait_ms=30_000)))
+    thread.start()
+    deadline = time.monotonic() + 20
+    while holder.inspect(scope).waiters < 1:  # queued: its next write Txn is the grant
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    state["armed"] = True
+    if not lapse:
+        held.release()
+    thread.join(60)
+    assert got and got[0].token.value > held.token.value
+    assert state["resent"] == [(True, False)]  # the loss happened: the first send landed, the resend found it so
+    assert state["held_back"] == (1 if lapse else 0)
+    events = waiter.history(scope, limit=3)
+    assert [e.kind for e in events][-2:] == ["expire" if lapse else "release", "grant"]
+    got[0].release()
+    holder.close()
+    waiter.close()
