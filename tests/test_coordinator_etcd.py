@@ -454,3 +454,17 @@ def test_a_grant_whose_answer_was_lost_waits_the_lock_delay_only_after_a_lapse(u
     got[0].release()
     holder.close()
     waiter.close()
+
+
+def test_only_a_release_right_before_the_grant_spares_the_lock_delay():
+    from stockade.coordinators._etcd_journal import released_before
+    from stockade.coordinators._history import HistoryEvent
+
+    def event(seq: int, kind: str, token: int) -> HistoryEvent:
+        return HistoryEvent(seq, "s", kind, "h", token, 0)
+
+    assert released_before([event(1, "release", 5), event(2, "grant", 9)], 9)
+    assert not released_before([event(1, "expire", 5), event(2, "grant", 9)], 9)  # a lapse: the delay is waited
+    assert not released_before([event(2, "grant", 9)], 9)  # no predecessor known: in doubt
+    assert not released_before([event(1, "release", 5), event(2, "grant", 7)], 9)  # not this grant's history
+    assert not released_before([], 9)

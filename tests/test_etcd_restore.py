@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from helpers.etcd_cluster import EtcdCluster, etcd_available
 
 import stockade
 from stockade.cli import etcd as etcd_cli
+from stockade.client._async._etcd import _RESTORE_CHECK_NS
 from stockade.coordinators.etcd import (
     GAP_SLACK,
     Incarnation,
@@ -231,6 +233,7 @@ def test_a_holder_that_lived_through_the_restore_loses_its_lease(own_cluster, tm
     coord.acquire("ghost", ttl_ms=30_000).release()  # its etcd lease is kept for reuse
     own_cluster.snapshot(tmp_path / "snap.db")
     lease = coord.acquire("ghost", ttl_ms=30_000, keepalive=False)
+    granted = time.monotonic()
     etcd_lease = int(lease.lease_id.split(".")[0])
     own_cluster.restore(tmp_path / "snap.db")
     done = _bump("--url", url, "--to", str(lease.token.value + 1), "--json")
@@ -238,6 +241,9 @@ def test_a_holder_that_lived_through_the_restore_loses_its_lease(own_cluster, tm
     # Control: the etcd lease alone says "held" (what a keepalive-only renewal would believe).
     alive = own_cluster._post("n1", "/v3/lease/keepalive", {"ID": str(etcd_lease)}, 5.0)
     assert int(alive["result"]["TTL"]) > 0
+    # A renewal reads the holder key at most once a second (the grant read it): on a fast machine the
+    # restore and the bump can take less, so wait that second out (a lower bound, not a timing guess).
+    time.sleep(max(0.0, granted + _RESTORE_CHECK_NS / 1e9 - time.monotonic()))
     with pytest.raises(stockade.LeaseLost) as lost:
         lease.renew()
     assert isinstance(lost.value.__cause__, stockade.NotHolder) and "key is gone" in str(lost.value.__cause__)

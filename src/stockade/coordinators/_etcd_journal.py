@@ -34,8 +34,8 @@ from stockade.coordinators._history import HISTORY_PER_SCOPE, EventKind, History
 from stockade.core.errors import BackendUnavailable
 
 __all__ = [
-    "Head", "head_of", "head_compare", "journal_ops", "settled", "ending", "events_of_range", "SEQ_PER_REVISION",
-    "SWEEP_DELETES_MAX", "SWEEP_OPS_PER_TXN", "Pending",
+    "Head", "head_of", "head_compare", "journal_ops", "settled", "ending", "released_before", "events_of_range",
+    "SEQ_PER_REVISION", "SWEEP_DELETES_MAX", "SWEEP_OPS_PER_TXN", "Pending",
 ]
 
 #: ``seq = revision * SEQ_PER_REVISION + place``: at most two events share a Txn (an expire, then a grant).
@@ -139,6 +139,19 @@ def ending(head: Head, token: int) -> list[Pending]:
     if head.open_token and head.open_token != token:
         return [("expire", head.open_holder, head.open_token)]
     return []
+
+
+def released_before(events: list[HistoryEvent], token: int) -> bool:
+    """Whether a scope's last ``events`` show the lease before the grant of ``token`` released (not lapsed).
+
+    For a grant whose own answer was lost: its Txn overwrote ``last/<scope>``, which
+    told a release from a lapse, but it journaled the ``expire`` of a lapsed
+    predecessor in its own revision, and a release was journaled by the release
+    itself. Only a ``release`` right before this grant counts; no predecessor in
+    the journal (trimmed, or a scope used before it kept history) is not known.
+    """
+    return (len(events) >= 2 and events[-1].kind == "grant" and events[-1].token_value == token
+            and events[-2].kind == "release" and events[-2].token_value < token)
 
 
 def events_of_range(scope: str, kvs: list[Any]) -> list[HistoryEvent]:

@@ -40,7 +40,7 @@ from stockade.client._sync._http import HTTPClient
 from stockade.client._io import SyncIO
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.coordinators import etcd as recipe
-from stockade.coordinators._etcd_journal import Head, settled
+from stockade.coordinators._etcd_journal import Head, released_before, settled
 from stockade.coordinators._history import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
@@ -413,7 +413,7 @@ class EtcdCoordinatorPort:
         """
         for _ in range(_HEAD_TRIES):
             if head.open_token == revision:  # an earlier send of this Txn landed; its answer was lost
-                released = self._released_before(scope, revision)
+                released = released_before(self.journal.history(scope, 2), revision)
                 return self._grant(scope, holder, ttl_ms, lease, revision, sent_ns, None, doubt=not released)
             body, after = recipe.grant_txn(self._layout, scope, lease, revision, holder=holder, head=head,
                                            at_unix_ms=now_ms())
@@ -429,20 +429,6 @@ class EtcdCoordinatorPort:
             head = head_in(read[1])
             self.journal.remember(scope, head)
         raise BackendUnavailable(f"the history head of {scope!r} kept moving: {_HEAD_TRIES} grant Txns failed")
-
-    def _released_before(self, scope: str, revision: int) -> bool:
-        """Whether the lease granted before ``revision`` was released (not lapsed), as the journal shows it.
-
-        Read only when a grant's own answer was lost: its Txn overwrote ``last/<scope>``,
-        which told a release from a lapse, but it journaled the ``expire`` of a lapsed
-        predecessor in its own revision, and a release was journaled by the release
-        itself. Only a ``release`` right before this grant spares the lock-delay; no
-        predecessor in the journal (trimmed, or a scope used before it kept history)
-        leaves it in doubt, and the delay is waited.
-        """
-        events = self.journal.history(scope, 2)
-        return (len(events) == 2 and events[1].kind == "grant" and events[1].token_value == revision
-                and events[0].kind == "release" and events[0].token_value < revision)
 
     def history(self, scope: str, *, limit: int) -> list[HistoryEvent]:
         """The scope's last ``limit`` events, oldest first (`EtcdJournal.history`)."""
