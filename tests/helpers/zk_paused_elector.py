@@ -31,7 +31,14 @@ coord = stockade.connect(url)
 session = coord._port._session
 while line := sys.stdin.readline().strip():
     wait_ms = int(line)
-    leadership = coord.elect("paused", ttl_ms=1000, wait_ms=30_000)
+    for _ in range(60):  # the control's one attempt may still meet the old session here: try again
+        try:
+            leadership = coord.elect("paused", ttl_ms=1000, wait_ms=30_000)
+            break
+        except stockade.BackendUnavailable:
+            time.sleep(0.5)
+    else:
+        raise SystemExit("never elected")
     before = session.session_id
     print("leader", flush=True)
     sys.stdin.readline()  # paused here (SIGSTOP), past the session timeout
