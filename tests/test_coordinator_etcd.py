@@ -410,9 +410,11 @@ def _lose_next_grant_answer(port) -> dict:
     state: dict = {"armed": False, "resent": [], "held_back": 0}
 
     def txn(body):
-        answer = real_txn(body)
-        if state["armed"] and any("request_put" in op for op in body.get("success", [])):
+        lose = state["armed"] and any("request_put" in op for op in body.get("success", []))
+        if lose:  # decided before it is sent: a Txn already on its way when the test armed it is not this one
             state["armed"] = False
+        answer = real_txn(body)
+        if lose:
             again = real_txn(body)
             state["resent"].append((answer[0], again[0]))
             return again

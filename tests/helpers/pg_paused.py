@@ -17,8 +17,19 @@ coord_url, store_path, rounds, control = sys.argv[1], sys.argv[2], int(sys.argv[
 coord = stockade.connect(coord_url)
 store = FencingOffStore(store_path, cluster_id=coord.cluster_id) if control else stockade.open_store(
     f"sqlite://{store_path}", cluster_id=coord.cluster_id)
+
+
+def hold() -> stockade.Lease:
+    for _ in range(20):  # on a busy machine a 300 ms lease can lapse before its first renewal: take another
+        try:
+            return coord.acquire("p", ttl_ms=300, wait_ms=10_000)
+        except LeaseLost:
+            continue
+    raise SystemExit("pg_paused: 20 leases in a row lapsed before their first renewal")
+
+
 for _ in range(rounds):
-    lease = coord.acquire("p", ttl_ms=300, wait_ms=10_000)
+    lease = hold()
     print(f"held {lease.token.value}", flush=True)
     sys.stdin.readline()
     try:
