@@ -14,8 +14,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from helpers import reaper
 from helpers.redis_server import require_redis
 
@@ -67,32 +69,33 @@ def test_a_killed_test_process_leaves_no_server_behind(tmp_path: Path) -> None:
         child.wait(30)
 
 
-def test_the_watcher_never_signals_a_reused_pid() -> None:
+def _watcher_reads(lines: str) -> int:
+    """Run a watcher that reads ``lines`` and then end-of-file (its test process ended); its exit status."""
+    watcher = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "reaper.py")], stdin=subprocess.PIPE)
+    watcher.communicate(lines.encode(), timeout=30)
+    return watcher.returncode
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "600"])
+    yield process
+    process.kill()
+    process.wait(30)
+
+
+def test_the_watcher_never_signals_a_reused_pid(bystander: subprocess.Popen[bytes]) -> None:
     """A registered pid whose start time differs (the pid was reused) is left alone."""
-    bystander = subprocess.Popen(["sleep", "600"])
-    try:
-        began = reaper.start_time(bystander.pid)
-        assert began is not None
-        watcher = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "reaper.py")], stdin=subprocess.PIPE)
-        watcher.communicate(f"+{bystander.pid} {began + 1}\n".encode(), timeout=30)  # then end-of-file
-        assert watcher.returncode == 0
-        assert bystander.poll() is None
-        # The same line with the right start time ends it (the check above could have failed).
-        watcher = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "reaper.py")], stdin=subprocess.PIPE)
-        watcher.communicate(f"+{bystander.pid} {began}\n".encode(), timeout=30)
-        assert bystander.wait(30) == -signal.SIGKILL
-    finally:
-        bystander.kill()
-        bystander.wait(30)
+    began = reaper.start_time(bystander.pid)
+    assert began is not None
+    assert _watcher_reads(f"+{bystander.pid} {began + 1}\n") == 0
+    assert bystander.poll() is None
+    # The same line with the right start time ends it (the check above could have failed).
+    assert _watcher_reads(f"+{bystander.pid} {began}\n") == 0
+    assert bystander.wait(30) == -signal.SIGKILL
 
 
-def test_an_unwatched_pid_is_left_alone() -> None:
-    bystander = subprocess.Popen(["sleep", "600"])
-    try:
-        began = reaper.start_time(bystander.pid)
-        watcher = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "reaper.py")], stdin=subprocess.PIPE)
-        watcher.communicate(f"+{bystander.pid} {began}\n-{bystander.pid}\n".encode(), timeout=30)
-        assert bystander.poll() is None
-    finally:
-        bystander.kill()
-        bystander.wait(30)
+def test_an_unwatched_pid_is_left_alone(bystander: subprocess.Popen[bytes]) -> None:
+    began = reaper.start_time(bystander.pid)
+    assert _watcher_reads(f"+{bystander.pid} {began}\n-{bystander.pid}\n") == 0
+    assert bystander.poll() is None
