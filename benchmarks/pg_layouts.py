@@ -54,6 +54,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import Servers  # noqa: E402  (the servers it starts, and how)
 
+from stockade.coordinators._postgres_coord_rows import LEASE_ROWS_MAX  # noqa: E402
+from stockade.core.limits import LEASES_MAX  # noqa: E402
 from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX  # noqa: E402
 
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
@@ -100,8 +102,8 @@ def _with_event(statement: str, kind: str) -> str:
 # promotion), the epoch and forgotten floor under the token, the size bound on held leases, the
 # count of waiters and the lock-delay in the row itself.
 _TIMELINE = "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint"
-_UNDER_BOUND = ("(SELECT pg_relation_size('{table}') / b * ((b - 24) / 28) "
-                "FROM (SELECT current_setting('block_size')::bigint AS b) AS bs) < 100000")
+# The coordinator's own size check (heap and primary key), on the layout's table.
+_UNDER_BOUND = f"{LEASE_ROWS_MAX} < {LEASES_MAX}".replace("stockade_coord_leases", "{table}")
 _BASE = f"GREATEST(s.last_token, m.epoch << {COUNTER_BITS}, m.forgotten_floor)"
 
 
