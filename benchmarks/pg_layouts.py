@@ -28,6 +28,12 @@ client process, on one scope per process. The layouts:
 - ``stockade``: the coordinator's server functions as they are
   (``stockade_coord_grant``, ``stockade_coord_keep``), called directly.
 
+With ``--breakdown``, four more: ``stockade-no-history``, ``-no-lock``,
+``-no-bound`` and ``-no-timeline``, the same functions each without one part
+of their work (its event and trims, the scope's advisory lock, the bound on
+held leases, the timeline check): what each part costs a cycle. They are
+unsafe as rules and exist only here.
+
 Each run measures every layout once, in an order rotated run after run, with 1
 client and with N client processes; the table gives the medians of cycles per
 second, their ratio to ``lease-row``, and the CPU per cycle of the client
@@ -35,7 +41,7 @@ processes and of their PostgreSQL backends (read from ``/proc``: the server runs
 on this host). It starts its own PostgreSQL 15 with durable settings on a free
 loopback port in a temporary directory, and stops it.
 
-    PYTHONPATH=src python benchmarks/pg_layouts.py --runs 5 --seconds 4 --clients 8
+    PYTHONPATH=src python benchmarks/pg_layouts.py --runs 5 --seconds 4 --clients 8 [--breakdown]
 """
 
 from __future__ import annotations
@@ -54,7 +60,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import Servers  # noqa: E402  (the servers it starts, and how)
 
-from stockade.coordinators._postgres_coord_rows import LEASE_ROWS_MAX  # noqa: E402
+from stockade.coordinators._postgres_coord_rows import (  # noqa: E402
+    _NEW_TIMELINE,
+    LEASE_ROWS_MAX,
+    SERVER_RULES,
+    leases_at_least,
+)
 from stockade.core.limits import LEASES_MAX  # noqa: E402
 from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX  # noqa: E402
 
@@ -160,6 +171,33 @@ LAYOUTS: dict[str, tuple[str, str]] = {
 }
 
 
+def _stockade_without(part: str) -> str:
+    """The coordinator's two functions with one part of their work taken out, renamed (for measuring only)."""
+    lines = SERVER_RULES.splitlines()
+    if part == "history":  # the event of each grant and release, and its trims
+        rules = "\n".join(line for line in lines if "stockade_coord_journal" not in line)
+    elif part == "lock":  # the scope's advisory lock (each client uses its own scope here)
+        rules = "\n".join(line for line in lines if "pg_advisory_xact_lock" not in line)
+    elif part == "bound":  # the bound on held leases
+        rules = SERVER_RULES.replace("OR " + leases_at_least("p_leases_max"), "")
+    elif part == "timeline":  # the check of the timeline against the recorded one
+        rules = SERVER_RULES.replace(_NEW_TIMELINE, "false")
+    else:
+        raise ValueError(part)
+    if rules == SERVER_RULES:
+        raise RuntimeError(f"the coordinator's functions changed: no {part} found to take out")
+    return (rules.replace("stockade_coord_grant(", f"bench_grant_no_{part}(")
+            .replace("stockade_coord_keep(", f"bench_keep_no_{part}("))
+
+
+#: ``--breakdown``: the coordinator's functions, each time without one part: what that part costs a cycle.
+BREAKDOWN: dict[str, tuple[str, str]] = {
+    f"stockade-no-{part}": (_STOCKADE_GRANT.replace("stockade_coord_grant(", f"bench_grant_no_{part}("),
+                            _STOCKADE_RELEASE.replace("stockade_coord_keep(", f"bench_keep_no_{part}("))
+    for part in ("history", "lock", "bound", "timeline")
+}
+
+
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime + stime
@@ -244,6 +282,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--clients", type=int, default=8, help="client processes of the second phase (first: 1)")
     parser.add_argument("--json", type=Path, help="write every run here")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also the coordinator's functions without, in turn, their history, advisory lock, "
+                             "bound on leases and timeline check (measurement only)")
     args = parser.parse_args()
     if not 1 <= args.runs <= 50 or not 0.5 <= args.seconds <= 60 or not 2 <= args.clients <= 64:
         parser.error("--runs 1..50, --seconds 0.5..60, --clients 2..64")
@@ -259,6 +300,10 @@ def main() -> int:
         stockade.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres").close()  # its tables and functions
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SETUP)
+            if args.breakdown:
+                for name in BREAKDOWN:
+                    conn.execute(_stockade_without(name.removeprefix("stockade-no-")))
+                LAYOUTS.update(BREAKDOWN)
         names, rows = list(LAYOUTS), []
         for run in range(args.runs):
             for clients in (1, args.clients):
