@@ -41,12 +41,15 @@ def add_data_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_url(parser: argparse.ArgumentParser, default: str = "the data directory's coord.db") -> None:
+def add_url(parser: argparse.ArgumentParser, default: str = "the data directory's coord.db", *,
+            any_coordinator: bool = True) -> None:
+    """``--url``: any coordinator's url, or (``any_coordinator=False``: a store's) a server's or a local file's."""
+    others = (", sqlite:///PATH/coord.db, postgresql://..., etcd://H1:2379,... or zookeeper://H1:2181,..."
+              if any_coordinator else ", or sqlite:///PATH/coord.db")
     parser.add_argument(
         "--url", default=None,
-        help=f"the coordinator: http://HOST:PORT of a 'stockade serve' (its port is 7390 by default), or "
-             f"sqlite:///PATH/coord.db (default: ${URL_ENV}, else {default}); "
-             f"a bearer token comes from $STOCKADE_AUTH_TOKEN",
+        help=f"the coordinator: http://HOST:PORT of a 'stockade serve' (its port is 7390 by default){others} "
+             f"(default: ${URL_ENV}, else {default}); a bearer token comes from $STOCKADE_AUTH_TOKEN",
     )
 
 

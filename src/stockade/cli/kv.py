@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", default=None, help=f"the fencing token (default: ${TOKEN_ENV})")
     parser.add_argument("--idempotency-key", default=None,
                         help="put/delete: a retry with the same key returns the first result")
-    add_url(parser)
+    add_url(parser, any_coordinator=False)
     add_data_dir(parser)
     return parser
 

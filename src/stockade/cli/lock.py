@@ -1,7 +1,8 @@
 """``stockade lock NAME -- CMD...``: run CMD while holding a lease on NAME.
 
-The coordinator is --url (http://HOST:PORT of a `stockade serve`, or
-sqlite:///PATH/coord.db), else --data-dir, else $STOCKADE_URL, else the data
+The coordinator is --url (http://HOST:PORT of a `stockade serve`,
+sqlite:///PATH/coord.db, postgresql://..., etcd://H1:2379,... or
+zookeeper://H1:2181,...), else --data-dir, else $STOCKADE_URL, else the data
 directory ($STOCKADE_DATA, else ./stockade-data). CMD gets the encoded fencing
 token in STOCKADE_TOKEN (and STOCKADE_SCOPE, STOCKADE_TOKEN_VALUE, and
 STOCKADE_URL, plus STOCKADE_DATA for a local coordinator), so `stockade kv put`

@@ -1,7 +1,8 @@
 """``stockade status``: leases, holders, tokens and high-water marks.
 
 The coordinator is --url (http://HOST:PORT of a `stockade serve`,
-sqlite:///PATH/coord.db, postgresql://... or etcd://H1:P1,H2:P2[/NAMESPACE]),
+sqlite:///PATH/coord.db, postgresql://..., etcd://H1:P1,H2:P2[/NAMESPACE] or
+zookeeper://H1:2181,...),
 else --data-dir, else $STOCKADE_URL, else the data directory ($STOCKADE_DATA, else ./stockade-data).
 
 A local coordinator's and store's files are read read-only and no file is
