@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stockade.coordinators._postgres_coord_call import Prepared, run_prepared
+from stockade.coordinators._postgres_coord_call import Prepared, error_text, run_prepared
 from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_of_row
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
 from stockade.coordinators._postgres_coord_rows import (
@@ -201,7 +201,7 @@ class PostgresRecords:
         try:
             conn = psycopg.connect(self._conninfo, autocommit=True, **extra)
         except psycopg.Error as exc:
-            raise BackendUnavailable(f"cannot connect to the coordinator database: {exc}",
+            raise BackendUnavailable(f"cannot connect to the coordinator database: {error_text(exc)}",
                                      certain_no_effect=True) from exc
         if not autocommit_only:
             try:
@@ -251,10 +251,10 @@ class PostgresRecords:
             healthy = True
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) == EXPECT_SQLSTATE:
-                raise InvariantViolation(str(exc)) from exc
+                raise InvariantViolation(error_text(exc)) from exc
             refused = getattr(exc, "sqlstate", None) is not None and not conn.broken
             healthy = refused
-            raise BackendUnavailable(f"coordinator database: {exc}".strip(), certain_no_effect=refused) from exc
+            raise BackendUnavailable(f"coordinator database: {error_text(exc)}", certain_no_effect=refused) from exc
         finally:
             self._give(conn, healthy)
         if row is not None:
@@ -313,8 +313,8 @@ class PostgresRecords:
                         pass
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) == EXPECT_SQLSTATE:
-                raise InvariantViolation(str(exc)) from exc
-            raise BackendUnavailable(f"coordinator database: {exc}".strip(),
+                raise InvariantViolation(error_text(exc)) from exc
+            raise BackendUnavailable(f"coordinator database: {error_text(exc)}",
                                      certain_no_effect=not committing or rejected) from exc
         finally:
             self._give(conn, healthy)
@@ -444,7 +444,8 @@ class PostgresRecords:
             self.cluster_id = cluster_id
             self.keyring_doc = bytes(doc[0])
         except psycopg.Error as exc:
-            raise BackendUnavailable(f"cannot open the coordinator tables: {exc}", certain_no_effect=True) from exc
+            raise BackendUnavailable(f"cannot open the coordinator tables: {error_text(exc)}",
+                                     certain_no_effect=True) from exc
         finally:
             self._give(conn, healthy)
 

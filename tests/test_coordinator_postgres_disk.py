@@ -1,0 +1,118 @@
+"""A full disk under the PostgreSQL coordinator's database.
+
+The database lives on a small tmpfs that the test fills to the last byte. A
+grant that needs room then fails as PostgreSQL fails it ("could not extend
+file ..."): the caller gets `BackendUnavailable`, its text one line that
+names the cause (never the server-side function's SQL, which PostgreSQL adds
+to its error as CONTEXT lines), `stockade lock` says the same without a
+traceback, no token is handed out twice, and once there is room again the
+next grant on a scope is above every token that scope had.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import python_env
+
+import stockade
+from stockade.core.errors import BackendUnavailable
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
+                                reason="needs root to mount a tmpfs")
+
+#: The tmpfs: initdb takes about 40 MB, a WAL segment 16 MB.
+TMPFS_SIZE = "160m"
+#: Grants on new scopes tried on the full disk before the test gives up (the pages' free room goes first).
+GRANTS_ON_FULL_DISK_MAX = 20_000
+#: `stockade lock` runs on new scopes tried on the full disk (each needs a new row, so each should fail).
+CLI_RUNS_MAX = 5
+
+
+def _fill(path: Path) -> None:
+    """Write zeros to ``path`` until the file system has not one byte left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_is_a_one_line_typed_error_and_no_token_goes_back() -> None:
+    from helpers import postgres as pg_helper
+
+    if not pg_helper.available():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
+        pytest.skip("PostgreSQL 15 is not installed")
+    # Not under pytest's tmp_path: the server runs as the postgres user, who must reach its directory.
+    mount = Path(tempfile.mkdtemp(prefix="stockade-pg-disk-"))
+    os.chmod(mount, 0o755)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0755", "tmpfs", str(mount)], check=True)
+    server = coord = None
+    try:
+        (mount / "pg").mkdir()
+        server = pg_helper.PostgresServer(root=mount / "pg")
+        coord = stockade.connect(server.url())
+        tokens: dict[str, list[int]] = {}
+
+        def cycle(scope: str) -> None:
+            lease = coord.acquire(scope, ttl_ms=60_000, wait_ms=0, keepalive=False)
+            tokens.setdefault(scope, []).append(lease.token.value)
+            lease.release()
+
+        for _ in range(5):
+            cycle("a")
+        _fill(mount / "filler")
+
+        refused = None
+        for i in range(GRANTS_ON_FULL_DISK_MAX):
+            try:
+                cycle(f"new-{i}")
+            except BackendUnavailable as exc:
+                refused = exc
+                break
+        assert refused is not None, f"{GRANTS_ON_FULL_DISK_MAX} grants on new scopes fit on a full disk"
+        text = str(refused)
+        assert "No space left on device" in text and "SQLSTATE 53100" in text, text
+        assert "\n" not in text and "CONTEXT" not in text and "stockade_coord_" not in text, text
+        # Control: PostgreSQL's own text of the same error carries the function's SQL.
+        assert "CONTEXT" in str(refused.__cause__) and "stockade_coord_grant" in str(refused.__cause__)
+
+        failed = None
+        for i in range(CLI_RUNS_MAX):
+            done = subprocess.run([sys.executable, "-m", "stockade", "lock", f"cli-{i}", "--url", server.url(),
+                                   "--ttl-ms", "5000", "--", "true"], capture_output=True, text=True, timeout=120,
+                                  env=python_env())
+            assert "Traceback" not in done.stderr, done.stderr
+            if done.returncode != 0:
+                failed = done
+                break
+        assert failed is not None, "stockade lock found room for a new scope on a full disk"
+        assert "No space left on device" in failed.stderr and "CONTEXT" not in failed.stderr, failed.stderr
+
+        (mount / "filler").unlink()
+        cycle("a")
+        cycle(f"new-{i}")
+        for scope, values in tokens.items():
+            assert values == sorted(set(values)), (scope, values)  # strictly increasing within each scope
+        assert len(tokens["a"]) == 6
+    finally:
+        if coord is not None:
+            coord.close()
+        if server is not None:
+            server.close()
+        subprocess.run(["umount", str(mount)], check=True)
+        mount.rmdir()
