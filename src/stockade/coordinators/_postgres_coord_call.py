@@ -122,11 +122,10 @@ def error_text(exc: BaseException) -> str:
     (hint: Check free disk space.) [SQLSTATE 53100]``. An error without the
     server's fields (a refused connection) is its own text, on one line.
     """
-    diag = getattr(exc, "diag", None)
-    primary = getattr(diag, "message_primary", None) if diag is not None else None
-    if not primary:
+    diag: Any = getattr(exc, "diag", None)
+    if diag is None or not diag.message_primary:
         return " ".join(str(exc).split()) or type(exc).__name__
-    text = primary
+    text = str(diag.message_primary)
     if diag.message_detail:
         text += f"; {diag.message_detail}"
     if diag.message_hint:
