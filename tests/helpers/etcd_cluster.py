@@ -48,8 +48,9 @@ def _free_ports(count: int) -> list[int]:
 class EtcdCluster:
     """Three etcd members; ``url`` is the ``etcd://`` url of all three."""
 
-    def __init__(self, root: Path, *, members: int = MEMBERS) -> None:
+    def __init__(self, root: Path, *, members: int = MEMBERS, extra_args: tuple[str, ...] = ()) -> None:
         self.root = root
+        self.extra_args = extra_args  # more flags for every member (e.g. a small --quota-backend-bytes)
         root.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(2 * members)
         self.names = [f"n{i + 1}" for i in range(members)]
@@ -80,7 +81,7 @@ class EtcdCluster:
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", self.initial_cluster, "--initial-cluster-state", state,
                 "--initial-cluster-token", self.token,
-                "--logger", "zap", "--log-level", "warn",
+                "--logger", "zap", "--log-level", "warn", *self.extra_args,
             ],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )

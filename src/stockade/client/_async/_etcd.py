@@ -70,11 +70,18 @@ _RESTORE_CHECK_NS = 1_000_000_000
 _HEAD_TRIES = 8
 
 
+#: What etcd answers every write with once its database reached ``--quota-backend-bytes`` (the NOSPACE alarm).
+_SPACE_EXCEEDED = "database space exceeded"
+
+
 class _EtcdRefused(BackendUnavailable):
     """etcd refused a request (its gRPC ``code``): a backend fault where the recipe does not expect it."""
 
     def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"etcd refused: {message}")
+        hint = ("; etcd takes no writes until an operator frees space, compacts, defragments and disarms its "
+                "NOSPACE alarm (docs/coordinator-etcd.md, \"When etcd is out of space\")"
+                if _SPACE_EXCEEDED in message else "")
+        super().__init__(f"etcd refused: {message}{hint}")
         self.grpc_code = code
 
 
