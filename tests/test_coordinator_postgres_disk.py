@@ -11,22 +11,19 @@ next grant on a scope is above every token that scope had.
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import python_env
+from helpers import full_disk
 
 import stockade
 from stockade.core.errors import BackendUnavailable
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
-                                reason="needs root to mount a tmpfs")
+pytestmark = pytest.mark.skipif(not full_disk.can_mount(), reason="needs root to mount a tmpfs")
 
 #: The tmpfs: initdb takes about 40 MB, a WAL segment 16 MB.
 TMPFS_SIZE = "160m"
@@ -36,20 +33,6 @@ GRANTS_ON_FULL_DISK_MAX = 20_000
 CLI_RUNS_MAX = 5
 
 
-def _fill(path: Path) -> None:
-    """Write zeros to ``path`` until the file system has not one byte left."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
 def test_a_full_disk_is_a_one_line_typed_error_and_no_token_goes_back() -> None:
     from helpers import postgres as pg_helper
 
@@ -57,10 +40,11 @@ def test_a_full_disk_is_a_one_line_typed_error_and_no_token_goes_back() -> None:
         if os.environ.get("CI") == "true":
             raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
         pytest.skip("PostgreSQL 15 is not installed")
-    # Not under pytest's tmp_path: the server runs as the postgres user, who must reach its directory.
-    mount = Path(tempfile.mkdtemp(prefix="stockade-pg-disk-"))
-    os.chmod(mount, 0o755)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0755", "tmpfs", str(mount)], check=True)
+    with full_disk.small_tmpfs(TMPFS_SIZE) as mount:
+        _full_disk_under_postgres(pg_helper, mount)
+
+
+def _full_disk_under_postgres(pg_helper, mount: Path) -> None:
     server = coord = None
     try:
         (mount / "pg").mkdir()
@@ -75,7 +59,7 @@ def test_a_full_disk_is_a_one_line_typed_error_and_no_token_goes_back() -> None:
 
         for _ in range(5):
             cycle("a")
-        _fill(mount / "filler")
+        full_disk.fill(mount / "filler")
 
         refused = None
         for i in range(GRANTS_ON_FULL_DISK_MAX):
@@ -114,5 +98,3 @@ def test_a_full_disk_is_a_one_line_typed_error_and_no_token_goes_back() -> None:
             coord.close()
         if server is not None:
             server.close()
-        subprocess.run(["umount", str(mount)], check=True)
-        mount.rmdir()

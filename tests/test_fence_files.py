@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import full_disk
 from helpers.fence_files import FILE_BYTES, paused_rounds, start, token_of
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument
@@ -167,22 +168,16 @@ def test_a_read_only_directory_is_a_typed_error_and_changes_nothing(tmp_path: Pa
         assert _snapshot(root) == before and directory.high_water("a") == 3
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tmpfs")
-def test_a_full_disk_is_a_typed_error_and_leaves_the_old_file(tmp_path: Path, keys: KeyFile) -> None:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    try:
-        with FencedDirectory(mount / "d", keys=keys) as directory:
-            directory.write("f", b"old" * 1000, tok(keys, 3))
-            before = _snapshot(mount / "d")
-            with pytest.raises(BackendUnavailable) as info:
-                directory.write("f", b"x" * (2 << 20), tok(keys, 4))
-            assert info.value.certain_no_effect
-            assert _snapshot(mount / "d") == before and directory.high_water("a") == 3
-            assert sorted(os.listdir(mount / "d" / "a")) == [".stockade-high-water", ".stockade-lock", "f"]
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
+@pytest.mark.skipif(not full_disk.can_mount(), reason="needs root to mount a tmpfs")
+def test_a_full_disk_is_a_typed_error_and_leaves_the_old_file(keys: KeyFile) -> None:
+    with full_disk.small_tmpfs("1m") as mount, FencedDirectory(mount / "d", keys=keys) as directory:
+        directory.write("f", b"old" * 1000, tok(keys, 3))
+        before = _snapshot(mount / "d")
+        with pytest.raises(BackendUnavailable) as info:
+            directory.write("f", b"x" * (2 << 20), tok(keys, 4))
+        assert info.value.certain_no_effect
+        assert _snapshot(mount / "d") == before and directory.high_water("a") == 3
+        assert sorted(os.listdir(mount / "d" / "a")) == [".stockade-high-water", ".stockade-lock", "f"]
 
 
 def test_a_remembered_token_never_vouches_for_another_mac(tmp_path: Path, keys: KeyFile) -> None:

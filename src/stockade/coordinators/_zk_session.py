@@ -356,7 +356,8 @@ class ZkSession:
 
 
 def _unreachable(exc: BaseException) -> BackendUnavailable:
-    return BackendUnavailable(f"zookeeper did not answer: {type(exc).__name__}: {exc}")
+    detail = f": {exc}" if str(exc) else ""  # kazoo's timeouts carry no text
+    return BackendUnavailable(f"zookeeper did not answer: {type(exc).__name__}{detail}")
 
 
 class ZkWakeup:
