@@ -367,8 +367,7 @@ class PostgresRecords:
         return tx
 
     def _new_tx(self, conn: Any, now_ns: int, *, epoch: int, writable: bool) -> PgTx:
-        return PgTx(conn, now_ns, cluster_id=self.cluster_id, timelines=self.timelines, epoch=epoch,
-                    writable=writable)
+        return PgTx(conn, now_ns, cluster_id=self.cluster_id, timelines=self.timelines, epoch=epoch, writable=writable)
 
     def _start_timeline(self, conn: Any, timeline: int) -> None:
         """First unit on a new timeline: record it, start its epoch, apply the restart rule, in one transaction."""
