@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from types import EllipsisType
 from typing import Any, Final
 
-from stockade.core.errors import InvalidArgument
+from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.fence import Reject, decide
 from stockade.core.limits import (
     TOKEN_VALUE_MAX,
@@ -32,12 +32,19 @@ from stockade.resources._inputs import check_floors_and_default
 from stockade.resources._observe import reject
 from stockade.resources._verify import Verification
 
-__all__ = ["Commands", "FenceCore", "ARGS_PER_COMMAND_MAX", "INCREMENT_MAX", "SCAN_SCOPES_MAX", "as_bytes"]
+__all__ = ["Commands", "FenceCore", "ARGS_PER_COMMAND_MAX", "INCREMENT_MAX", "SCAN_SCOPES_MAX", "EVICTION_CHECK_NS",
+           "EVICTING_POLICIES", "as_bytes"]
 
 ARGS_PER_COMMAND_MAX: Final = 1000  # arguments of one command (Lua's unpack has a stack limit)
 INCREMENT_MAX: Final = 2**62  # |INCRBY amount|; with the script's 18-digit check, no overflow
 PX_MS_MAX: Final = 2**46  # a SET's PX, about 2,000 years
 SCAN_SCOPES_MAX: Final = 100_000  # marks `high_waters` lists before it refuses
+#: How often a fence reads Redis's eviction policy again before a write (an operator can change it any time).
+EVICTION_CHECK_NS: Final = 10_000_000_000
+#: The ``maxmemory-policy`` values under which Redis may evict a key that has no expiry, a mark among them.
+#: A mark evicted reads as none, and a stale token would then write (R1): a fence refuses to write there.
+#: ``noeviction`` and the ``volatile-*`` policies evict no mark (marks never expire).
+EVICTING_POLICIES: Final = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 
 
 def as_bytes(value: object) -> bytes | None:
@@ -162,6 +169,8 @@ class FenceCore:
         self.resource = resource
         #: The script's comparison (`_redis_script.COMPARE_MODES`): private, for the controls only.
         self._compare = "ge"
+        #: When the eviction policy was last read and found safe (`policy_due`), monotonic ns.
+        self._policy_read_ns: int | None = None
 
     def admit(self, token: FencingToken, scope: str, high_water: int) -> None:
         """Refuse, before any script runs, a token the keys do not verify or of another cluster or scope.
@@ -174,6 +183,25 @@ class FenceCore:
         decision = self.fence_rule(token, cluster=self.cluster_id, scope=scope, high_water=0)
         if isinstance(decision, Reject) and decision.reason != "stale":
             self.refuse(token, scope, Reject(decision.reason, high_water, decision.detail))
+
+    def policy_due(self, now_ns: int) -> bool:
+        """Whether the eviction policy must be read before the next write (never read, or `EVICTION_CHECK_NS` ago)."""
+        return self._policy_read_ns is None or now_ns - self._policy_read_ns >= EVICTION_CHECK_NS
+
+    def judge_policy(self, infos: list[Any], now_ns: int) -> None:
+        """Refuse to write when a server's ``INFO memory`` shows a policy that may evict a mark; else note the read.
+
+        Raises:
+            BackendUnavailable: an evicting ``maxmemory-policy`` (``certain_no_effect``: nothing was sent).
+        """
+        for info in infos:
+            policy = _text(info.get("maxmemory_policy", b"")) if isinstance(info, Mapping) else ""
+            if policy in EVICTING_POLICIES:
+                raise BackendUnavailable(
+                    f"{self.resource}: maxmemory-policy is {policy}, which may evict the fence's marks; an evicted "
+                    f"mark reads as none and would let a stale token write. Use noeviction or a volatile-* policy "
+                    f"(docs/fence-redis.md)", certain_no_effect=True)
+        self._policy_read_ns = now_ns
 
     def premise(self, token: FencingToken, scope: str) -> bool:
         """Whether `admit` would pass without needing the mark (the common path: no extra read)."""

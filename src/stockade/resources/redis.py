@@ -26,6 +26,7 @@ durability each ``appendfsync`` gives and what to do after a failover (R4).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -151,6 +152,19 @@ class _FenceBase(FenceCore):
     def _single(self, token: object) -> tuple[FencingToken, Commands]:
         # One command: a batch of one, without the context manager (the common, fast path).
         return coerce_token(token), Commands(None, value_bytes_max=self.value_bytes_max)
+
+    def _info_call(self) -> Any:
+        """``INFO memory`` of the server, or of every primary of a cluster (a dict per node)."""
+        if self._cluster:
+            return self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        return self.client.info("memory")
+
+
+def _infos(answer: Any) -> list[Any]:
+    """The ``INFO memory`` answers, one per server, from one server's or from a cluster's (keyed by node)."""
+    if isinstance(answer, Mapping) and "maxmemory_policy" not in answer:
+        return list(answer.values())
+    return [answer]
 
 
 class RedisFence(_FenceBase):
@@ -288,6 +302,7 @@ class RedisFence(_FenceBase):
             BackendUnavailable: Redis could not be reached; raising again is safe.
         """
         keys, args, named, _ = self.floors_call(floors, default, every_slot=True)
+        self._check_policy()  # a raised mark evicted would be a floor lost
         try:
             if not self._cluster:
                 return self.marks_after(named, self._raise(keys=keys, args=args) if keys else [])
@@ -302,9 +317,18 @@ class RedisFence(_FenceBase):
 
     # -- the I/O of a batch ----------------------------------------------------------------------
 
+    def _check_policy(self) -> None:
+        now_ns = time.monotonic_ns()
+        if self.policy_due(now_ns):
+            try:
+                self.judge_policy(_infos(self._info_call()), now_ns)
+            except redis_py.RedisError as error:
+                raise _translate(error, self.resource) from error
+
     def _apply(self, token: FencingToken, commands: Commands) -> list[Any]:
         if commands.scope is None:
             return []  # no key, no scope: nothing to fence
+        self._check_policy()
         if not self.premise(token, commands.scope):
             self.admit(token, commands.scope, self.high_water(commands.scope))
         keys, args = commands.script_call(token, self._compare)
@@ -430,6 +454,7 @@ class AsyncRedisFence(_FenceBase):
         self, floors: Mapping[str, int] | FenceFloors, *, default: int = 0
     ) -> dict[str, int]:
         keys, args, named, _ = self.floors_call(floors, default, every_slot=True)
+        await self._check_policy()
         try:
             if not self._cluster:
                 return self.marks_after(named, await self._raise(keys=keys, args=args) if keys else [])
@@ -441,9 +466,18 @@ class AsyncRedisFence(_FenceBase):
         except redis_py.RedisError as error:
             raise _translate(error, self.resource) from error
 
+    async def _check_policy(self) -> None:
+        now_ns = time.monotonic_ns()
+        if self.policy_due(now_ns):
+            try:
+                self.judge_policy(_infos(await self._info_call()), now_ns)
+            except redis_py.RedisError as error:
+                raise _translate(error, self.resource) from error
+
     async def _apply(self, token: FencingToken, commands: Commands) -> list[Any]:
         if commands.scope is None:
             return []
+        await self._check_policy()
         if not self.premise(token, commands.scope):
             self.admit(token, commands.scope, await self.high_water(commands.scope))
         keys, args = commands.script_call(token, self._compare)
