@@ -88,6 +88,17 @@ def test_unreachable_server_is_one_line(host: Path) -> None:
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.parametrize(("url", "said"), [
+    ("HTTP://127.0.0.1:7390", "unknown scheme 'HTTP' (schemes are lower case: http://)"),
+    (" sqlite:///coord.db", "unknown scheme ' sqlite' (the url has spaces before it)"),
+    ("postgresq://db/x", "unknown scheme 'postgresq'; supported: etcd, http, https, memory, postgres"),
+])
+def test_a_mistyped_scheme_says_what_is_wrong_and_creates_nothing(host: Path, url: str, said: str) -> None:
+    done = cli("lock", "--url", url, "jobs", "--", "true", cwd=host)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and list(host.iterdir()) == []
+
+
 @pytest.fixture
 def auth_server(tmp_path: Path):  # type: ignore[no-untyped-def]
     tokens = tmp_path / "tokens"

@@ -169,4 +169,9 @@ def coordinator_backend(url: object, field: str = "url") -> tuple[CoordinatorBac
         return backend, rest
     if scheme in SCHEMES_PLANNED:
         raise InvalidArgument(field, f"scheme {scheme!r} is planned but not available in this version")
-    raise InvalidArgument(field, f"unknown scheme {scheme!r}; supported: {', '.join(sorted(COORDINATORS))}")
+    hint = ""
+    if scheme != scheme.strip():
+        hint = " (the url has spaces before it)"
+    elif scheme.lower() in COORDINATORS:
+        hint = f" (schemes are lower case: {scheme.lower()}://)"
+    raise InvalidArgument(field, f"unknown scheme {scheme!r}{hint}; supported: {', '.join(sorted(COORDINATORS))}")

@@ -196,7 +196,7 @@ class AsyncHTTPClient:
             ) from exc
         except OSError as exc:
             raise BackendUnavailable(
-                f"cannot connect to stockade server at {endpoint.authority}: {exc.strerror or exc}",
+                f"cannot connect to {endpoint.authority}: {exc.strerror or exc}",
                 certain_no_effect=True,
             ) from exc
         return AsyncHTTPConnection(stream)

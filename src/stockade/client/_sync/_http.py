@@ -197,7 +197,7 @@ class HTTPClient:
             ) from exc
         except OSError as exc:
             raise BackendUnavailable(
-                f"cannot connect to stockade server at {endpoint.authority}: {exc.strerror or exc}",
+                f"cannot connect to {endpoint.authority}: {exc.strerror or exc}",
                 certain_no_effect=True,
             ) from exc
         return HTTPConnection(stream)
