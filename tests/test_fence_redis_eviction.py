@@ -111,3 +111,21 @@ def test_under_volatile_lru_the_marks_stay_and_a_stale_token_stays_refused(tmp_p
             assert fence.client.get("{a}:42") == b"new"
     finally:
         server.stop()
+
+
+def test_a_user_that_may_not_read_info_is_told_to_get_it(tmp_path: Path) -> None:
+    server = _server(tmp_path, "noeviction")
+    try:
+        admin = redis.Redis.from_url(server.url)
+        admin.acl_setuser("app", enabled=True, passwords=["+app-secret"], keys=["*"],
+                          commands=["+@all", "-info"])
+        with RedisFence.from_url(server.url, keys=KEYS, username="app", password="app-secret") as fence:
+            with pytest.raises(BackendUnavailable, match=r"grant it \+info") as refused:
+                fence.set(tok(5), "{a}:42", b"new")
+            assert refused.value.certain_no_effect and admin.dbsize() == 0
+        admin.acl_setuser("app", enabled=True, commands=["+info"])
+        with RedisFence.from_url(server.url, keys=KEYS, username="app", password="app-secret") as fence:
+            assert fence.set(tok(5), "{a}:42", b"new") is True
+        admin.close()
+    finally:
+        server.stop()

@@ -160,6 +160,15 @@ class _FenceBase(FenceCore):
         return self.client.info("memory")
 
 
+def _policy_unread(error: Exception, resource: str) -> Exception:
+    """The eviction policy could not be read: say why the fence needs it when the user may not run INFO."""
+    if isinstance(error, redis_py.exceptions.NoPermissionError):
+        return BackendUnavailable(f"{resource}: a fence reads INFO memory before it writes, to make sure Redis cannot "
+                                  f"evict its marks (maxmemory-policy), and this user may not: grant it +info "
+                                  f"(docs/fence-redis.md)", certain_no_effect=True)
+    return _translate(error, resource)
+
+
 def _infos(answer: Any) -> list[Any]:
     """The ``INFO memory`` answers, one per server, from one server's or from a cluster's (keyed by node)."""
     if isinstance(answer, Mapping) and "maxmemory_policy" not in answer:
@@ -323,7 +332,7 @@ class RedisFence(_FenceBase):
             try:
                 self.judge_policy(_infos(self._info_call()), now_ns)
             except redis_py.RedisError as error:
-                raise _translate(error, self.resource) from error
+                raise _policy_unread(error, self.resource) from error
 
     def _apply(self, token: FencingToken, commands: Commands) -> list[Any]:
         if commands.scope is None:
@@ -472,7 +481,7 @@ class AsyncRedisFence(_FenceBase):
             try:
                 self.judge_policy(_infos(await self._info_call()), now_ns)
             except redis_py.RedisError as error:
-                raise _translate(error, self.resource) from error
+                raise _policy_unread(error, self.resource) from error
 
     async def _apply(self, token: FencingToken, commands: Commands) -> list[Any]:
         if commands.scope is None:
