@@ -200,7 +200,9 @@ def test_waiting_is_woken_not_polled(pg_coord_url, tmp_path):
     polled = _count_attempts(control, "w", 1_500)
     control.close()
     print(f"attempts while waiting 1.5 s: {attempts} (postgresql, notified) vs {polled} (sqlite, polled)")
-    assert attempts <= 8
+    # Notified: a look every waiter_stale_ms / 4 (500 ms) keeps the place in the queue, plus the wakes of
+    # the queue's own changes: 8 on a quiet machine, 9 seen under load. Polled: one every 1 to 20 ms.
+    assert attempts <= 12
     assert polled > 30
 
 
