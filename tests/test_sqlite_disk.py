@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import HELPERS
