@@ -1,4 +1,4 @@
-"""A full disk under the PostgreSQL coordinator's database.
+"""A full disk under the PostgreSQL coordinator's database, and under a database fenced by stockade.
 
 The database lives on a small tmpfs that the test fills to the last byte. A
 grant that needs room then fails as PostgreSQL fails it ("could not extend
@@ -6,7 +6,9 @@ file ..."): the caller gets `BackendUnavailable`, its text one line that
 names the cause (never the server-side function's SQL, which PostgreSQL adds
 to its error as CONTEXT lines), `stockade lock` says the same without a
 traceback, no token is handed out twice, and once there is room again the
-next grant on a scope is above every token that scope had.
+next grant on a scope is above every token that scope had. A fenced
+transaction of the user's own rows fails the same way (one line, the fence's
+SQL left out), and the scope's mark and rows stay as the last commit left them.
 """
 
 from __future__ import annotations
@@ -98,4 +100,46 @@ def _full_disk_under_postgres(pg_helper, mount: Path) -> None:
         if coord is not None:
             coord.close()
         if server is not None:
+            server.close()
+
+
+def test_a_fenced_transaction_on_a_full_disk_is_one_line_and_keeps_the_mark() -> None:
+    import psycopg
+    from helpers import postgres as pg_helper
+
+    from stockade.resources.postgres import fenced, high_waters, install
+    from stockade.testing.conformance.fence import KEYS, tok
+
+    if not pg_helper.available():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
+        pytest.skip("PostgreSQL 15 is not installed")
+    with full_disk.small_tmpfs(TMPFS_SIZE) as mount:
+        (mount / "pg").mkdir()
+        server = pg_helper.PostgresServer(root=mount / "pg")
+        try:
+            with psycopg.connect(server.url(), autocommit=True) as conn:
+                install(conn, keys=KEYS)
+                conn.execute("CREATE TABLE orders (id int PRIMARY KEY, state text)")
+                with fenced(conn, tok(5)):
+                    conn.execute("INSERT INTO orders VALUES (1, 'paid')")
+                full_disk.fill(mount / "filler")
+                refused = None
+                for i in range(2, 2 + GRANTS_ON_FULL_DISK_MAX):
+                    try:
+                        with fenced(conn, tok(6)):
+                            conn.execute("INSERT INTO orders VALUES (%s, repeat('x', 2000))", (i,))
+                    except BackendUnavailable as exc:
+                        refused = exc
+                        break
+                assert refused is not None, "a full disk took every fenced insert"
+                assert "No space left on device" in str(refused) and "\n" not in str(refused), str(refused)
+                (mount / "filler").unlink()
+                assert high_waters(conn)["a"] in (5, 6)  # 6 once an insert of token 6 fitted
+                assert conn.execute("SELECT count(*) FROM orders WHERE id = %s", (i,)).fetchone() == (0,)
+                with pytest.raises(stockade.StaleToken):
+                    with fenced(conn, tok(4)):
+                        conn.execute("UPDATE orders SET state = 'zombie' WHERE id = 1")
+                assert conn.execute("SELECT state FROM orders WHERE id = 1").fetchone() == ("paid",)
+        finally:
             server.close()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
-__all__ = ["Prepared", "run_prepared", "error_text"]
+__all__ = ["Prepared", "run_prepared"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,25 +111,3 @@ def run_prepared(conn: Any, statement: Prepared, params: Sequence[object]) -> tu
         raw = result.get_value(0, column)
         row.append(None if raw is None else read(raw.decode(encoding)))
     return tuple(row)
-
-
-def error_text(exc: BaseException) -> str:
-    """A psycopg error in one line, for a person: the server's message, its detail and hint, its SQLSTATE.
-
-    Never the server-side statement that raised it (the ``CONTEXT`` lines: a
-    function's SQL, which the server's own log keeps): a full disk reads
-    ``could not extend file "base/5/16399_fsm": No space left on device
-    (hint: Check free disk space.) [SQLSTATE 53100]``. An error without the
-    server's fields (a refused connection) is its own text, on one line.
-    """
-    diag: Any = getattr(exc, "diag", None)
-    if diag is None or not diag.message_primary:
-        return " ".join(str(exc).split()) or type(exc).__name__
-    text = str(diag.message_primary)
-    if diag.message_detail:
-        text += f"; {diag.message_detail}"
-    if diag.message_hint:
-        text += f" (hint: {diag.message_hint})"
-    if diag.sqlstate:
-        text += f" [SQLSTATE {diag.sqlstate}]"
-    return " ".join(text.split())

@@ -1,7 +1,6 @@
 """The PostgreSQL coordinator: the lease table in PostgreSQL tables, its tokens safe across a failover.
 
-``stockade.connect("postgresql://user@h1,h2/db?target_session_attrs=read-write")`` opens one; any
-libpq url works (multi-host included), and psycopg 3 is imported only then.
+``stockade.connect("postgresql://user@h1,h2/db?target_session_attrs=read-write")`` opens one (any libpq url).
 
 This module is a record store (`PostgresRecords`, the port of
 `stockade.core.engine`) and the one lease engine over it
@@ -44,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stockade.coordinators._postgres_coord_call import Prepared, error_text, run_prepared
+from stockade._postgres_errors import error_text
+from stockade.coordinators._postgres_coord_call import Prepared, run_prepared
 from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_of_row
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
 from stockade.coordinators._postgres_coord_rows import (

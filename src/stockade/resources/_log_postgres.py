@@ -29,6 +29,7 @@ from typing import Any
 
 import psycopg
 
+from stockade._postgres_errors import error_text
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, invariant
 from stockade.core.fence import Replay, check_write
 from stockade.core.limits import validate_int, validate_scope
@@ -146,7 +147,7 @@ class PostgresShardLog:
                 # What the fence's edge does not count as a lost connection, e.g. the server ending a
                 # transaction left idle too long (SQLSTATE 25P03) while this process was stopped.
                 self._drop()
-                raise BackendUnavailable(f"postgres shard log: {str(error).strip()}") from error
+                raise BackendUnavailable(f"postgres shard log: {error_text(error)}") from error
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
+from stockade._postgres_errors import error_text
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.fence import Reject
 from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_scope
@@ -192,7 +193,7 @@ def _translate(error: BaseException, token: FencingToken, scope: str, resource: 
     if getattr(error, "sqlstate", None) == "22023":
         raise InvalidArgument("token", str(error).splitlines()[0]) from error
     if _lost(error):
-        raise BackendUnavailable(f"{resource}: {str(error).strip()}") from error
+        raise BackendUnavailable(f"{resource}: {error_text(error)}") from error
 
 
 #: The server ended the session under an open transaction: idle in it too long (25P03, a writer
@@ -217,7 +218,7 @@ def _edge() -> Iterator[None]:
         yield
     except psycopg.Error as error:
         if _lost(error):
-            raise BackendUnavailable(f"postgres: {str(error).strip()}") from error
+            raise BackendUnavailable(f"postgres: {error_text(error)}") from error
         raise
 
 
