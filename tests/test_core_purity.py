@@ -63,8 +63,8 @@ def test_imports_point_one_way():
     allowed = {
         "core": {"core"},
         "wire": {"core", "wire"},
-        "coordinators": {"core", "clock", "coordinators", "keys"},
-        "resources": {"core", "clock", "resources", "metrics", "keys"},
+        "coordinators": {"core", "clock", "coordinators", "keys", "_postgres_errors"},
+        "resources": {"core", "clock", "resources", "metrics", "keys", "_postgres_errors"},
         "client": {"core", "clock", "coordinators", "resources", "client", "wire", "keys"},
         "server": {"core", "clock", "coordinators", "resources", "metrics", "server", "wire", "keys", "client"},
     }

@@ -247,8 +247,10 @@ def test_control_ignoring_lease_loss_makes_duplicates(tmp_path):
     from helpers import ids_run
 
     coord_url, _ = _coordinator(tmp_path)
+    # Four pauses, not two: on a loaded machine one pause in a few ends before a spare took the number
+    # (seen once: 0 duplicates from two pauses while three etcd members started beside the suite).
     figures = ids_run.run(tmp_path, python_env(), coord=coord_url, store=None, workers=10, target=20_000,
-                          rounds=2, faults=("stop",), control="ignore_lease", ttl_ms=1_500)
+                          rounds=4, faults=("stop",), control="ignore_lease", ttl_ms=1_500)
     print(figures.line("control, ignores lease loss"))
     assert figures.duplicates > 0
 
