@@ -13,10 +13,13 @@ SQL left out), and the scope's mark and rows stay as the last commit left them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import python_env
@@ -35,7 +38,9 @@ GRANTS_ON_FULL_DISK_MAX = 20_000
 CLI_RUNS_MAX = 5
 
 
-def test_a_full_disk_is_a_one_line_typed_error_and_no_token_goes_back() -> None:
+@contextlib.contextmanager
+def _postgres_on_a_small_disk() -> Iterator[tuple[Any, Path]]:
+    """A real PostgreSQL 15 whose data directory is on a small tmpfs: ``(server, mount)``, stopped after."""
     from helpers import postgres as pg_helper
 
     if not pg_helper.available():
@@ -43,14 +48,22 @@ def test_a_full_disk_is_a_one_line_typed_error_and_no_token_goes_back() -> None:
             raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
         pytest.skip("PostgreSQL 15 is not installed")
     with full_disk.small_tmpfs(TMPFS_SIZE) as mount:
-        _full_disk_under_postgres(pg_helper, mount)
-
-
-def _full_disk_under_postgres(pg_helper, mount: Path) -> None:
-    server = coord = None
-    try:
         (mount / "pg").mkdir()
         server = pg_helper.PostgresServer(root=mount / "pg")
+        try:
+            yield server, mount
+        finally:
+            server.close()
+
+
+def test_a_full_disk_is_a_one_line_typed_error_and_no_token_goes_back() -> None:
+    with _postgres_on_a_small_disk() as (server, mount):
+        _full_disk_under_postgres(server, mount)
+
+
+def _full_disk_under_postgres(server: Any, mount: Path) -> None:
+    coord = None
+    try:
         coord = stockade.connect(server.url())
         tokens: dict[str, list[int]] = {}
 
@@ -99,47 +112,35 @@ def _full_disk_under_postgres(pg_helper, mount: Path) -> None:
     finally:
         if coord is not None:
             coord.close()
-        if server is not None:
-            server.close()
 
 
 def test_a_fenced_transaction_on_a_full_disk_is_one_line_and_keeps_the_mark() -> None:
     import psycopg
-    from helpers import postgres as pg_helper
 
     from stockade.resources.postgres import fenced, high_waters, install
     from stockade.testing.conformance.fence import KEYS, tok
 
-    if not pg_helper.available():
-        if os.environ.get("CI") == "true":
-            raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
-        pytest.skip("PostgreSQL 15 is not installed")
-    with full_disk.small_tmpfs(TMPFS_SIZE) as mount:
-        (mount / "pg").mkdir()
-        server = pg_helper.PostgresServer(root=mount / "pg")
-        try:
-            with psycopg.connect(server.url(), autocommit=True) as conn:
-                install(conn, keys=KEYS)
-                conn.execute("CREATE TABLE orders (id int PRIMARY KEY, state text)")
-                with fenced(conn, tok(5)):
-                    conn.execute("INSERT INTO orders VALUES (1, 'paid')")
-                full_disk.fill(mount / "filler")
-                refused = None
-                for i in range(2, 2 + GRANTS_ON_FULL_DISK_MAX):
-                    try:
-                        with fenced(conn, tok(6)):
-                            conn.execute("INSERT INTO orders VALUES (%s, repeat('x', 2000))", (i,))
-                    except BackendUnavailable as exc:
-                        refused = exc
-                        break
-                assert refused is not None, "a full disk took every fenced insert"
-                assert "No space left on device" in str(refused) and "\n" not in str(refused), str(refused)
-                (mount / "filler").unlink()
-                assert high_waters(conn)["a"] in (5, 6)  # 6 once an insert of token 6 fitted
-                assert conn.execute("SELECT count(*) FROM orders WHERE id = %s", (i,)).fetchone() == (0,)
-                with pytest.raises(stockade.StaleToken):
-                    with fenced(conn, tok(4)):
-                        conn.execute("UPDATE orders SET state = 'zombie' WHERE id = 1")
-                assert conn.execute("SELECT state FROM orders WHERE id = 1").fetchone() == ("paid",)
-        finally:
-            server.close()
+    with _postgres_on_a_small_disk() as (server, mount):
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            install(conn, keys=KEYS)
+            conn.execute("CREATE TABLE orders (id int PRIMARY KEY, state text)")
+            with fenced(conn, tok(5)):
+                conn.execute("INSERT INTO orders VALUES (1, 'paid')")
+            full_disk.fill(mount / "filler")
+            refused = None
+            for i in range(2, 2 + GRANTS_ON_FULL_DISK_MAX):
+                try:
+                    with fenced(conn, tok(6)):
+                        conn.execute("INSERT INTO orders VALUES (%s, repeat('x', 2000))", (i,))
+                except BackendUnavailable as exc:
+                    refused = exc
+                    break
+            assert refused is not None, "a full disk took every fenced insert"
+            assert "No space left on device" in str(refused) and "\n" not in str(refused), str(refused)
+            (mount / "filler").unlink()
+            assert high_waters(conn)["a"] in (5, 6)  # 6 once an insert of token 6 fitted
+            assert conn.execute("SELECT count(*) FROM orders WHERE id = %s", (i,)).fetchone() == (0,)
+            with pytest.raises(stockade.StaleToken):
+                with fenced(conn, tok(4)):
+                    conn.execute("UPDATE orders SET state = 'zombie' WHERE id = 1")
+            assert conn.execute("SELECT state FROM orders WHERE id = 1").fetchone() == ("paid",)
