@@ -7,11 +7,18 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["can_mount", "small_tmpfs", "fill"]
+#: Acquires of new scopes tried on the full disk before a check gives up.
+ACQUIRES_ON_FULL_DISK_MAX = 50
+#: How long a cluster may take to come back after its servers are started again.
+BACK_S = 120
+
+__all__ = ["can_mount", "small_tmpfs", "fill", "cluster_on_a_full_disk"]
 
 
 def can_mount() -> bool:
@@ -47,3 +54,59 @@ def fill(path: Path) -> None:
                 assert exc.errno == errno.ENOSPC
     finally:
         os.close(fd)
+
+
+def cluster_on_a_full_disk(url: str, mount: Path, restart: Callable[[], None], env: dict[str, str]) -> None:
+    """What a coordinator on servers whose disk fills must do (etcd, ZooKeeper): check it, on the disk of ``mount``.
+
+    - an acquire fails as `BackendUnavailable`, one line; `stockade lock` prints
+      one line, no traceback, and exits 1;
+    - a held lease is marked lost by its own deadline (K2);
+    - once there is room and ``restart`` started the servers that stopped, the
+      scopes go on above every token they had.
+    """
+    import stockade
+    from stockade.core.errors import BackendUnavailable
+
+    coord = stockade.connect(url)
+    try:
+        before = []
+        for _ in range(3):
+            lease = coord.acquire("a", ttl_ms=5_000, keepalive=False)
+            before.append(lease.token.value)
+            lease.release()
+        held = coord.acquire("held", ttl_ms=3_000)
+        fill(mount / "filler")
+
+        refused = None
+        for i in range(ACQUIRES_ON_FULL_DISK_MAX):
+            try:
+                coord.acquire(f"new-{i}", ttl_ms=5_000, wait_ms=0, keepalive=False).release()
+            except BackendUnavailable as exc:
+                refused = exc
+                break
+        assert refused is not None, f"{ACQUIRES_ON_FULL_DISK_MAX} grants on a full disk"
+        assert "\n" not in str(refused) and not str(refused).endswith(": "), str(refused)
+        assert held.wait_lost(timeout_ms=60_000), "a held lease outlived servers that stopped answering"
+        done = subprocess.run([sys.executable, "-m", "stockade", "lock", "cli", "--url", url, "--ttl-ms", "5000",
+                               "--wait-ms", "0", "--", "true"], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+        (mount / "filler").unlink()
+        restart()
+        deadline = time.monotonic() + BACK_S
+        while True:
+            try:
+                after = coord.acquire("a", ttl_ms=5_000, wait_ms=5_000, keepalive=False)
+                break
+            except BackendUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+        assert after.token.value > max(before)
+        after.release()
+        again = coord.acquire("held", ttl_ms=5_000, wait_ms=30_000, keepalive=False)
+        assert again.token.value > held.token.value
+        again.release()
+    finally:
+        coord.close()
