@@ -261,6 +261,11 @@ class HttpProtocol(asyncio.Protocol):
             return
         self._feed(data)
 
+    @property
+    def answering(self) -> asyncio.Task[None] | None:
+        """The task that writes the answer of the request being handled (None: none is)."""
+        return self._current
+
     def _busy(self) -> bool:
         return self._current is not None or bool(self._pending) or self._write_paused
 

@@ -80,6 +80,7 @@ __all__ = ["ServerConfig", "App", "Server", "PROBLEMS", "DEFAULT_PORT", "problem
 
 KV_BODY_BYTES_MAX = VALUE_BYTES_MAX
 SWEEP_SECONDS = 5.0
+CLOSE_GRACE_S = 0.5  # how long a stop waits for answers already on their way (not for waiting acquires)
 EXIT_COMMIT_FAILED = 74  # EX_IOERR: coord.db could not be written; restart to reload it
 
 # code -> (status, title): the problem catalogue of `stockade.wire.problems`, in the shape it always had here.
@@ -570,6 +571,10 @@ class Server:
         if self._server is not None:
             self._server.close()
         self._sweeper.cancel()
+        # An answer already decided goes out first: a grant withdrawn because its commit failed gets its 503.
+        answering = [conn.answering for conn in self._limits.open if conn.answering is not None]
+        if answering:
+            await asyncio.wait(answering, timeout=CLOSE_GRACE_S)
         for conn in list(self._limits.open):
             conn._close()
         await asyncio.sleep(0)
