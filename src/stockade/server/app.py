@@ -80,7 +80,7 @@ __all__ = ["ServerConfig", "App", "Server", "PROBLEMS", "DEFAULT_PORT", "problem
 
 KV_BODY_BYTES_MAX = VALUE_BYTES_MAX
 SWEEP_SECONDS = 5.0
-CLOSE_GRACE_S = 0.5  # how long a stop waits for answers already on their way (not for waiting acquires)
+CLOSE_GRACE_S = 0.5  # how long a stop waits for answers on their way (a waiting acquire holds it up that long at most)
 EXIT_COMMIT_FAILED = 74  # EX_IOERR: coord.db could not be written; restart to reload it
 
 # code -> (status, title): the problem catalogue of `stockade.wire.problems`, in the shape it always had here.
