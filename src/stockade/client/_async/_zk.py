@@ -483,6 +483,8 @@ class AsyncZkCoordinatorPort:
 
     async def inspect(self, scope: str) -> ScopeInfo:
         await self.open()
+        # This session's server may trail a grant answered through another server: catch up with the leader.
+        await self._call(self._session.client.sync_async(self._layout.queue_path(scope)))
         head = await self._head(scope)
         if head is None:
             return ScopeInfo(scope, ScopeState.FREE, None, None, await self._tick_floor(scope), 0, 0)

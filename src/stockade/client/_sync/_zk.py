@@ -484,6 +484,8 @@ class ZkCoordinatorPort:
 
     def inspect(self, scope: str) -> ScopeInfo:
         self.open()
+        # This session's server may trail a grant answered through another server: catch up with the leader.
+        self._call(self._session.client.sync_async(self._layout.queue_path(scope)))
         head = self._head(scope)
         if head is None:
             return ScopeInfo(scope, ScopeState.FREE, None, None, self._tick_floor(scope), 0, 0)
