@@ -29,6 +29,8 @@ from stockade.testing.conformance.fence import KEYS, tok
 MAXMEMORY = "4mb"
 #: Filler keys of 512 bytes: about 10 MB, well past the 4 MB.
 FILLER_KEYS = 20_000
+#: Fills of the control before it gives up on the mark being evicted.
+FILL_ROUNDS_MAX = 20
 
 
 def _server(tmp_path: Path, policy: str) -> RedisServer:
@@ -43,10 +45,10 @@ def lru(tmp_path: Path) -> Iterator[RedisServer]:
     started.stop()
 
 
-def _fill(client: redis.Redis, *, px_ms: int | None = None) -> None:
+def _fill(client: redis.Redis, *, px_ms: int | None = None, round_: int = 0) -> None:
     pipe = client.pipeline(transaction=False)
     for i in range(FILLER_KEYS):
-        pipe.set(f"cache:{i}", os.urandom(512), px=px_ms)
+        pipe.set(f"cache:{round_}:{i}", os.urandom(512), px=px_ms)
         if i % 1000 == 999:
             pipe.execute()
     pipe.execute()
@@ -93,8 +95,13 @@ def test_control_without_the_check_an_evicted_mark_lets_a_stale_token_write(lru:
         fence.set(tok(5), "{a}:42", b"new")
         with pytest.raises(StaleToken):
             fence.set(tok(3), "{a}:42", b"zombie")
-        _fill(fence.client)
-        assert fence.high_water("a") == 0  # the mark was evicted
+        # Redis's LRU is sampled, and keys written in the same second tie: a fill evicts the mark
+        # with a chance of about two in three. Fill again until it is gone (a bounded count).
+        for round_ in range(FILL_ROUNDS_MAX):
+            _fill(fence.client, round_=round_)
+            if fence.high_water("a") == 0:
+                break
+        assert fence.high_water("a") == 0, f"the mark outlived {FILL_ROUNDS_MAX} fills"
         assert fence.set(tok(3), "{a}:42", b"zombie") is True  # R1 broken
 
 
