@@ -20,12 +20,12 @@ import time
 import psycopg
 import pytest
 from conftest import HELPERS, PYTHON, python_env
-from helpers.pg_history import agreement, defer_journal
+from helpers.pg_history import SCHEMA_6_HISTORY, agreement, defer_journal
 
 import stockade
 from stockade.cli import main as cli_main
 from stockade.coordinators import postgres as pg_module
-from stockade.coordinators._postgres_coord_journal import HISTORY_SCHEMA, journal_function
+from stockade.coordinators._postgres_coord_journal import HISTORY_APPEND_ONLY, HISTORY_SCHEMA, journal_function
 from stockade.coordinators._postgres_coord_rows import MIGRATIONS, SERVER_RULES
 from stockade.coordinators.postgres import PostgresCoordinator
 from stockade.coordinators.sqlite import new_lease_id
@@ -157,7 +157,7 @@ def _migrated_history(url: str, monkeypatch, migration_4: str) -> list[tuple[str
 
 
 def test_a_database_of_the_previous_schema_migrates(pg_coord_url, monkeypatch):
-    assert MIGRATIONS[3] == HISTORY_SCHEMA + SERVER_RULES and MIGRATIONS[4:] == (SERVER_RULES,) * (len(MIGRATIONS) - 4)
+    assert MIGRATIONS[3] == HISTORY_SCHEMA + SERVER_RULES and MIGRATIONS[4:6] == (SERVER_RULES,) * 2
     assert _migrated_history(pg_coord_url, monkeypatch, MIGRATIONS[3]) == [
         ("release", "before", 0), ("grant", "after", 1), ("release", "after", 1)]
     monkeypatch.undo()
@@ -166,34 +166,81 @@ def test_a_database_of_the_previous_schema_migrates(pg_coord_url, monkeypatch):
         PostgresCoordinator(pg_coord_url)
 
 
+def test_a_journal_of_schema_6_migrates_to_append_only(pg_coord_url, monkeypatch):
+    """Schema 6's journal (numbered per scope, trimmed at each event): its events stay, in order; new ones follow."""
+    assert MIGRATIONS[6] == HISTORY_APPEND_ONLY and len(MIGRATIONS) == 7
+    monkeypatch.setattr(pg_module, "MIGRATIONS", (*MIGRATIONS[:3], SCHEMA_6_HISTORY + SERVER_RULES, *MIGRATIONS[4:6]))
+    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 6)
+    old = PostgresCoordinator(pg_coord_url)
+    held = new_lease_id()
+    old_token = old.attempt("m", lease_id=held, holder="before", ttl_ms=30_000, wait_ms=0).outcome.lease.token.value
+    old.close()
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        assert conn.execute("SELECT n FROM stockade_coord_history").fetchall() == [(1,)]
+    monkeypatch.undo()
+    new = PostgresCoordinator(pg_coord_url)
+    try:
+        assert new.release(held).released
+        lease_id = new_lease_id()
+        new.attempt("m", lease_id=lease_id, holder="after", ttl_ms=30_000, wait_ms=0)
+        new.release(lease_id)
+    finally:
+        new.close()
+    assert [(kind, holder, value - old_token) for kind, holder, value in _kinds(pg_coord_url, "m")] == [
+        ("grant", "before", 0), ("release", "before", 0), ("grant", "after", 1), ("release", "after", 1)]
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        columns = [c for c, in conn.execute("SELECT column_name FROM information_schema.columns "
+                                            "WHERE table_name = 'stockade_coord_history' ORDER BY ordinal_position")]
+        version = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'schema_version'").fetchone()[0]
+    assert columns == ["seq", "scope", "kind", "holder", "token", "at_unix_ms"] and version == "7"
+
+
 def test_control_a_migration_that_keeps_the_old_rules_is_caught(pg_coord_url, monkeypatch):
     """Migration 4 without the server rules: the one-statement grant and release journal nothing."""
     assert _migrated_history(pg_coord_url, monkeypatch, HISTORY_SCHEMA) == []
 
 
-def test_the_journal_is_bounded_per_scope_and_in_all(pg_coord_url):
-    """The same function with small bounds (3 per scope, 5 in all): each event trims what falls out."""
+def test_the_journal_is_bounded_in_all_and_a_scope_reads_its_newest(pg_coord_url):
+    """The same function with a small bound (5 in all, a sweep every 4): the sweeps keep the newest 5."""
     coord = PostgresCoordinator(pg_coord_url)
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
-        conn.execute(journal_function(per_scope=3, total_max=5))
+        conn.execute(journal_function(total_max=5, sweep_every=4))
         for scope in "abcdef":
             for _ in range(2):
                 lease_id = new_lease_id()
                 coord.attempt(scope, lease_id=lease_id, holder="h", ttl_ms=5_000, wait_ms=0)
                 coord.release(lease_id)
-        count, = conn.execute("SELECT count(*) FROM stockade_coord_history").fetchone()
+        seqs = [seq for seq, in conn.execute("SELECT seq FROM stockade_coord_history ORDER BY seq")]
     coord.close()
-    assert count == 4  # seq 20 to 24, less 21 (the oldest of f's four)
-    assert [kind for kind, _, _ in _kinds(pg_coord_url, "f")] == ["release", "grant", "release"]
+    assert seqs == [20, 21, 22, 23, 24]  # the sweep at 24 took everything up to 19
+    assert [kind for kind, _, _ in _kinds(pg_coord_url, "f")] == ["grant", "release", "grant", "release"]
     assert [kind for kind, _, _ in _kinds(pg_coord_url, "e")] == ["release"]
     assert _kinds(pg_coord_url, "a") == []
 
 
-def _left_behind(url: str, *, sweep_every: int) -> list[int]:
+def test_a_busy_scope_shows_its_last_100_events(pg_coord_url):
+    """Nothing trims one scope's events, and a read still gives the newest 100, oldest first."""
+    client = stockade.connect(pg_coord_url)
+    try:
+        tokens = []
+        for _ in range(55):
+            lease = client.acquire("busy", ttl_ms=5_000)
+            tokens.append(lease.token.value)
+            lease.release()
+        events = client.history("busy", limit=100)
+        assert len(events) == 100 and events[-1].kind == "release" and events[-1].token_value == tokens[-1]
+        assert [e.token_value for e in events[::2]] == tokens[5:]  # grants of the last 50 leases
+        assert [e.seq for e in events] == sorted(e.seq for e in events)
+        assert [e.kind for e in client.history("busy", limit=3)] == ["release", "grant", "release"]
+    finally:
+        client.close()
+
+
+def _left_behind(url: str, *, sweep_every: int, sweep_windows: int = 4) -> list[int]:
     """Events journaled directly, every third one rolled back (its ``seq`` is never used): what the trims miss."""
     PostgresCoordinator(url).close()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(journal_function(per_scope=100, total_max=5, sweep_every=sweep_every))
+        conn.execute(journal_function(total_max=5, sweep_every=sweep_every, sweep_windows=sweep_windows))
         for i in range(1, 33):
             with contextlib.suppress(psycopg.errors.RaiseException), conn.transaction():
                 conn.execute("SELECT stockade_coord_journal('w', 'grant', 'h', %s)", (i,))
@@ -205,12 +252,17 @@ def _left_behind(url: str, *, sweep_every: int) -> list[int]:
     return [seq for seq, in rows if seq <= newest - 5]
 
 
-def test_the_sweep_removes_what_a_skipped_seq_leaves_behind(pg_coord_url):
+def test_the_sweep_removes_what_a_rolled_back_sweep_leaves_behind(pg_coord_url):
+    """The sweeps due at seq 12 and 24 roll back; the overlapping ranges of the others cover theirs."""
     assert _left_behind(pg_coord_url, sweep_every=4) == []
 
 
-def test_control_without_the_sweep_skipped_seqs_leave_events_behind(pg_coord_url):
-    assert _left_behind(pg_coord_url, sweep_every=1_000_000) != []
+def test_control_sweeps_that_do_not_overlap_leave_events_behind(pg_coord_url):
+    assert _left_behind(pg_coord_url, sweep_every=4, sweep_windows=1) == [4, 5, 7, 16, 17, 19]
+
+
+def test_control_without_the_sweep_events_stay(pg_coord_url):
+    assert len(_left_behind(pg_coord_url, sweep_every=1_000_000)) == 18
 
 
 def test_the_cli_shows_the_history_of_a_postgres_coordinator(pg_coord_url, capsys):

@@ -17,6 +17,37 @@ from stockade.coordinators._postgres_coord_journal import journal_statements
 from stockade.coordinators._postgres_coord_rows import SCOPE_LOCK_CLASS
 from stockade.coordinators.postgres import PostgresCoordinator
 
+#: The journal of schema versions 4 to 6, as they created it: each scope's events numbered (``n``),
+#: and each event deleting its scope's event 100 behind and the table's event 100,000 behind.
+SCHEMA_6_HISTORY = """
+CREATE TABLE IF NOT EXISTS stockade_coord_history (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    scope text NOT NULL,
+    n bigint NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('grant', 'release', 'expire')),
+    holder text NOT NULL,
+    token bigint NOT NULL,
+    at_unix_ms bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+    UNIQUE (scope, n)
+);
+CREATE OR REPLACE FUNCTION stockade_coord_journal(p_scope text, p_kind text, p_holder text, p_token bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_n bigint;
+    v_seq bigint;
+BEGIN
+    INSERT INTO stockade_coord_history AS h (scope, n, kind, holder, token)
+        SELECT p_scope, COALESCE(max(o.n), 0) + 1, p_kind, p_holder, p_token
+        FROM stockade_coord_history o WHERE o.scope = p_scope
+        RETURNING h.seq, h.n INTO v_seq, v_n;
+    DELETE FROM stockade_coord_history h WHERE h.ctid = (SELECT o.ctid FROM stockade_coord_history o
+        WHERE o.scope = p_scope AND o.n = v_n - 100 FOR UPDATE SKIP LOCKED);
+    DELETE FROM stockade_coord_history h WHERE h.ctid = (SELECT o.ctid FROM stockade_coord_history o
+        WHERE o.seq = v_seq - 100000 FOR UPDATE SKIP LOCKED);
+END
+$$;
+"""
+
 
 def agreement(url: str, scope: str) -> list[str]:
     """Where ``scope``'s record and its journal disagree (empty: they agree), read in one snapshot."""
@@ -25,7 +56,7 @@ def agreement(url: str, scope: str) -> list[str]:
         row = conn.execute("SELECT s.last_token, l.token FROM stockade_coord_scopes s "
                            "LEFT JOIN stockade_coord_leases l ON l.scope = s.scope WHERE s.scope = %s",
                            (scope,)).fetchone()
-        events = conn.execute("SELECT kind, token FROM stockade_coord_history WHERE scope = %s ORDER BY n",
+        events = conn.execute("SELECT kind, token FROM stockade_coord_history WHERE scope = %s ORDER BY seq",
                               (scope,)).fetchall()
     grants = [token for kind, token in events if kind == "grant"]
     if row is None or not grants:
