@@ -97,7 +97,7 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    # preexec_fn is safe here: `_run` spawns CMD before the keepalive thread starts.
+    # preexec_fn is safe here: `_run` spawns CMD before any keepalive or timer thread starts.
     return subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent())  # noqa: PLW1509
 
 
@@ -182,13 +182,13 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
         )
         env.update(child_env(url))
         try:
-            # Spawned before the keepalive thread starts: the fork happens while this
+            # Spawned before any keepalive or timer thread starts: the fork happens while this
             # process has one thread, which is what makes a preexec_fn safe.
             child = _spawn(command, env)
         except OSError as exc:
             message, code = _spawn_error(command, exc)
             return fail(message, code)
-        lease._start_keepalive()
+        lease._schedule_keepalive()
         return _supervise(args, child, lease)
     finally:
         if child is not None and child.poll() is None:

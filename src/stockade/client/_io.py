@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from stockade.client._timer import TimerEntry, call_later
+
 __all__ = [
     "AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream", "AsyncBodyGuard", "BodyGuard", "AsyncHandle", "Handle",
 ]
@@ -49,6 +51,11 @@ class AsyncIO:
     @staticmethod
     def spawn(function: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(function(), name=name)  # type: ignore[arg-type]
+
+    @staticmethod
+    def call_later(delay_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        """Run the short ``callback`` on this loop after ``delay_s``; the handle's ``cancel()`` stops it."""
+        return asyncio.get_running_loop().call_later(delay_s, callback)
 
     @staticmethod
     async def join(handle: asyncio.Task[None]) -> None:
@@ -105,6 +112,11 @@ class SyncIO:
         thread = threading.Thread(target=function, name=name, daemon=True)
         thread.start()
         return thread
+
+    @staticmethod
+    def call_later(delay_s: float, callback: Callable[[], None]) -> TimerEntry:
+        """Run the short ``callback`` on the process's timer thread after ``delay_s``; ``cancel()`` stops it."""
+        return call_later(delay_s, callback)
 
     @staticmethod
     def join(handle: threading.Thread) -> None:

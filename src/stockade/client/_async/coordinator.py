@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -101,6 +102,11 @@ class AsyncLease:
         self._loss_once = threading.Lock()
         self._released = False
         self._background: list[Any] = []
+        # The keepalive and the deadline watcher start when the first renewal is due
+        # (`_schedule_keepalive`); starting them and stopping them is one at a time.
+        self._start_lock = threading.Lock()
+        self._due: Any = None
+        self._renew_at_s = 0.0
         self._keepalive_bug: InvariantViolation | None = None
         self._enclosing: Any = None  # the lease of the enclosing lock() block, if any
         self._telemetry = LeaseTelemetry(hooks)
@@ -203,7 +209,7 @@ class AsyncLease:
                 the lease is released), so that the bug is not lost in a background
                 task.
         """
-        self._stop.set()
+        self._stop_background()
         while self._background:
             await AsyncIO.join(self._background.pop())
         if not self._released:
@@ -218,14 +224,40 @@ class AsyncLease:
 
     async def _orphan(self) -> None:
         """Its coordinator handle closes: stop renewing, and count the lease as lost unless released."""
-        self._stop.set()
+        self._stop_background()
         while self._background:
             await AsyncIO.join(self._background.pop())
         if not self._released:
             self._mark_lost("the coordinator handle was closed")
 
-    def _start_keepalive(self, *, retry_now: bool = False) -> None:
-        keepalive = functools.partial(self._keepalive, retry_now=retry_now)
+    def _schedule_keepalive(self) -> None:
+        """Start the keepalive and the deadline watcher when the first renewal is due.
+
+        That is TTL/3 after now, or the local deadline if it comes sooner (a short
+        ``max_hold_ms``). A lease released before then, as most are (a lock held
+        for one write), never starts either: a thread (or task) started and
+        joined per lease cost the sync client about 270 µs of CPU per lock cycle.
+        """
+        interval_s = self.ttl_ms / 3 / 1000
+        to_deadline_s = max(0.0, (self._deadline_ns - self._clock.now_ns()) / 1e9)
+        self._renew_at_s = time.monotonic() + interval_s
+        self._due = AsyncIO.call_later(min(interval_s, to_deadline_s), self._on_due)
+
+    def _on_due(self) -> None:
+        with self._start_lock:
+            if not self._stop.is_set():
+                self._start_keepalive(first_wait_s=max(0.0, self._renew_at_s - time.monotonic()))
+
+    def _stop_background(self) -> None:
+        """Stop the keepalive and the deadline watcher, started or not (the caller joins `_background`)."""
+        with self._start_lock:
+            self._stop.set()
+            due, self._due = self._due, None
+        if due is not None:
+            due.cancel()
+
+    def _start_keepalive(self, *, first_wait_s: float) -> None:
+        keepalive = functools.partial(self._keepalive, first_wait_s=first_wait_s)
         self._background = [
             AsyncIO.spawn(keepalive, name=f"stockade-keepalive-{self.scope}"),
             AsyncIO.spawn(self._watch_deadline, name=f"stockade-deadline-{self.scope}"),
@@ -246,9 +278,9 @@ class AsyncLease:
             if await AsyncIO.wait_event(self._stop, remaining_s):
                 return
 
-    async def _keepalive(self, *, retry_now: bool = False) -> None:
+    async def _keepalive(self, *, first_wait_s: float) -> None:
         interval_s = self.ttl_ms / 3 / 1000
-        wait_s = RENEW_RETRY_MS / 1000 if retry_now else interval_s
+        wait_s = first_wait_s
         while not await AsyncIO.wait_event(self._stop, wait_s):
             wait_s = interval_s
             while True:
@@ -399,8 +431,10 @@ class AsyncCoordinator(AsyncHandle):
             except BaseException:
                 await lease.release()
                 raise
-        if keepalive:
-            lease._start_keepalive(retry_now=retry_now)
+        if keepalive and retry_now:
+            lease._start_keepalive(first_wait_s=RENEW_RETRY_MS / 1000)
+        elif keepalive:
+            lease._schedule_keepalive()
         self._leases.add(lease)
         return lease
 

@@ -1,0 +1,156 @@
+"""A lease's keepalive and deadline watcher start when its first renewal is due, not at the grant.
+
+Most leases are released before TTL/3 (a lock held for one write); for them no
+thread (sync) or task (async) is started at all. Before, every grant started two
+threads and every release joined them: about 270 µs of the sync client's CPU per
+lock cycle, more than the rest of the client. Each test counts what was started,
+never how long something took; the control starts the background at the grant,
+as before, and must be seen.
+
+The timer the sync client schedules on (`stockade.client._timer`) is checked
+here too: order, cancellation, a failing callback, and the bound on its heap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+import stockade
+from stockade.client import Hooks, _timer
+from stockade.client._async.coordinator import AsyncLease
+from stockade.client._sync.coordinator import Lease
+
+
+def _background_threads() -> int:
+    return sum(t.name.startswith(("stockade-keepalive-", "stockade-deadline-")) for t in threading.enumerate())
+
+
+def _started(monkeypatch, lease_class) -> list[str]:
+    """The scopes whose background was started (recorded, then started as usual)."""
+    seen: list[str] = []
+    start = lease_class._start_keepalive
+
+    def record(self, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(self.scope)
+        start(self, **kwargs)
+
+    monkeypatch.setattr(lease_class, "_start_keepalive", record)
+    return seen
+
+
+def _cycles(coord, n: int, ttl_ms: int) -> None:
+    for i in range(n):
+        with coord.lock(f"short-{i % 4}", ttl_ms=ttl_ms):
+            pass
+
+
+def test_a_short_lock_starts_no_thread(monkeypatch):
+    started = _started(monkeypatch, Lease)
+    with stockade.connect("memory://keepalive-start") as coord:
+        _cycles(coord, 200, ttl_ms=30_000)
+        assert started == [] and _background_threads() == 0
+
+
+def test_control_starting_at_the_grant_starts_two_threads_a_lease(monkeypatch):
+    started = _started(monkeypatch, Lease)
+    monkeypatch.setattr(Lease, "_schedule_keepalive", lambda self: self._start_keepalive(first_wait_s=10.0))
+    with stockade.connect("memory://keepalive-start") as coord:
+        _cycles(coord, 20, ttl_ms=30_000)
+    assert len(started) == 20
+
+
+def test_a_lease_held_past_its_first_renewal_is_renewed(monkeypatch):
+    started = _started(monkeypatch, Lease)
+    renewed = threading.Event()
+    with stockade.connect("memory://keepalive-start", hooks=Hooks(on_renew=lambda lease: renewed.set())) as coord:
+        with coord.lock("long", ttl_ms=300) as lease:
+            assert renewed.wait(10), "no renewal"
+            assert not lease.lost and started == ["long"]
+
+
+def test_a_short_max_hold_is_lost_by_its_deadline_before_any_renewal():
+    """max_hold_ms below TTL/3: the watcher starts at that deadline and marks the loss, unasked."""
+    lost = threading.Event()
+    with stockade.connect("memory://keepalive-start") as coord:
+        lease = coord.acquire("held", ttl_ms=30_000, max_hold_ms=100, on_lost=lambda lease: lost.set())
+        assert lost.wait(10), "the loss was not marked"
+        assert lease.lost_cause == "max_hold_ms=100 reached"
+        lease.release()
+
+
+def test_async_a_short_lock_starts_no_task(monkeypatch):
+    started = _started(monkeypatch, AsyncLease)
+
+    async def main() -> None:
+        async with stockade.connect_async("memory://keepalive-start") as coord:
+            for i in range(100):
+                async with coord.lock(f"a-{i % 4}", ttl_ms=30_000):
+                    pass
+            names = [t.get_name() for t in asyncio.all_tasks()]
+            assert not [n for n in names if n.startswith(("stockade-keepalive-", "stockade-deadline-"))]
+
+    asyncio.run(main())
+    assert started == []
+
+
+def test_async_a_lease_held_past_its_first_renewal_is_renewed(monkeypatch):
+    started = _started(monkeypatch, AsyncLease)
+
+    async def main() -> None:
+        renewed = asyncio.Event()
+        hooks = Hooks(on_renew=lambda lease: renewed.set())
+        async with stockade.connect_async("memory://keepalive-start", hooks=hooks) as coord:
+            async with coord.lock("long", ttl_ms=300) as lease:
+                await asyncio.wait_for(renewed.wait(), 10)
+                assert not lease.lost
+
+    asyncio.run(main())
+    assert started == ["long"]
+
+
+# -- the sync client's timer --------------------------------------------------------------------
+
+
+def test_the_timer_runs_callbacks_in_time_order_and_skips_cancelled_ones():
+    done = threading.Event()
+    ran: list[str] = []
+    _timer.call_later(0.06, lambda: (ran.append("c"), done.set()))
+    _timer.call_later(0.04, lambda: ran.append("b"))
+    _timer.call_later(0.02, lambda: ran.append("a"))
+    _timer.call_later(0.03, lambda: ran.append("x")).cancel()
+    assert done.wait(10)
+    assert ran == ["a", "b", "c"]
+
+
+def test_a_failing_callback_is_logged_and_later_ones_run(caplog):
+    done = threading.Event()
+    with caplog.at_level(logging.ERROR, logger="stockade.client"):
+        _timer.call_later(0.0, lambda: 1 / 0)
+        _timer.call_later(0.01, done.set)
+        assert done.wait(10)
+    assert "a timer callback failed" in caplog.text
+
+
+def test_cancelled_entries_do_not_pile_up():
+    """Scheduled far ahead and cancelled at once, as a short lock does: the heap stays bounded."""
+    live = [_timer.call_later(3600, lambda: None) for _ in range(10)]
+    for _ in range(20_000):
+        _timer.call_later(3600, lambda: None).cancel()
+    assert _timer.timer().pending() <= 2 * len(live) + _timer.COMPACT_AT + 1
+    for entry in live:
+        entry.cancel()
+
+
+@pytest.mark.parametrize("compact_at", [10**9])
+def test_control_without_the_rebuild_cancelled_entries_pile_up(monkeypatch, compact_at):
+    monkeypatch.setattr(_timer, "COMPACT_AT", compact_at)
+    before = _timer.timer().pending()
+    for _ in range(5_000):
+        _timer.call_later(3600, lambda: None).cancel()
+    assert _timer.timer().pending() >= before + 5_000
+    monkeypatch.undo()
+    _timer.call_later(3600, lambda: None).cancel()  # the next cancel rebuilds
