@@ -154,3 +154,17 @@ def test_control_without_the_rebuild_cancelled_entries_pile_up(monkeypatch, comp
     assert _timer.timer().pending() >= before + 5_000
     monkeypatch.undo()
     _timer.call_later(3600, lambda: None).cancel()  # the next cancel rebuilds
+
+
+def test_a_keepalive_that_cannot_start_marks_the_lease_lost(monkeypatch):
+    """No thread left to start (a hostile environment): the holder is told at once, not left unrenewed."""
+    def no_thread(self, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(Lease, "_start_keepalive", no_thread)
+    lost = threading.Event()
+    with stockade.connect("memory://keepalive-start") as coord:
+        lease = coord.acquire("no-thread", ttl_ms=150, on_lost=lambda lease: lost.set())
+        assert lost.wait(10), "the lease was not marked lost"
+        assert lease.lost and "the keepalive could not start" in lease.lost_cause
+        lease.release()

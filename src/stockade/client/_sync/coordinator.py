@@ -246,8 +246,15 @@ class Lease:
 
     def _on_due(self) -> None:
         with self._start_lock:
-            if not self._stop.is_set():
+            if self._stop.is_set():
+                return
+            try:
                 self._start_keepalive(first_wait_s=max(0.0, self._renew_at_s - time.monotonic()))
+            except Exception as exc:  # noqa: BLE001 - e.g. no thread can be started: nobody renews the lease
+                failed = exc
+            else:
+                return
+        self._mark_lost(f"the keepalive could not start: {failed!r}")
 
     def _stop_background(self) -> None:
         """Stop the keepalive and the deadline watcher, started or not (the caller joins `_background`)."""
