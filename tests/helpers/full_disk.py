@@ -18,7 +18,7 @@ ACQUIRES_ON_FULL_DISK_MAX = 50
 #: How long a cluster may take to come back after its servers are started again.
 BACK_S = 120
 
-__all__ = ["can_mount", "small_tmpfs", "fill", "cluster_on_a_full_disk"]
+__all__ = ["can_mount", "small_tmpfs", "fill", "cluster_on_a_full_disk", "one_member_on_a_full_disk"]
 
 
 def can_mount() -> bool:
@@ -110,3 +110,70 @@ def cluster_on_a_full_disk(url: str, mount: Path, restart: Callable[[], None], e
         again.release()
     finally:
         coord.close()
+
+
+#: Grant rounds (one grant on each scope) on the cluster while one member's disk is full, at most.
+ROUNDS_UNTIL_GONE_MAX = 100
+SCOPES = ("s1", "s2", "s3", "s4")
+
+
+def _round(coord, tokens: dict[str, list[int]]) -> None:
+    """One grant and release on each scope; a failover in between (the full member led) is waited out."""
+    from stockade.core.errors import BackendUnavailable
+
+    for scope in SCOPES:
+        deadline = time.monotonic() + BACK_S
+        while True:
+            try:
+                lease = coord.acquire(scope, ttl_ms=5_000, wait_ms=15_000, keepalive=False)
+                break
+            except BackendUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        tokens[scope].append(lease.token.value)
+        with contextlib.suppress(BackendUnavailable):  # the server it went through failed: the lease expires
+            lease.release()
+
+
+def one_member_on_a_full_disk(url: str, mount: Path, gone: Callable[[], bool], restart: Callable[[], None],
+                              member_url: str) -> dict[str, int]:
+    """One member of three on a full disk (the others have room): the cluster goes on, the member comes back.
+
+    - grants go on while the member fails and after it is gone (two of three
+      are a majority), each scope's tokens strictly increasing;
+    - the member is really gone (``gone``): the fault took effect;
+    - with room again and the member started (``restart``), grants made through
+      it alone (``member_url``) go on above every token before.
+
+    Returns counts for the report: grants in all, and grants while the disk was full.
+    """
+    import stockade
+
+    tokens: dict[str, list[int]] = {scope: [] for scope in SCOPES}
+    coord = stockade.connect(url)
+    try:
+        for _ in range(3):
+            _round(coord, tokens)
+        fill(mount / "filler")
+        during = 0
+        while not gone() and during < ROUNDS_UNTIL_GONE_MAX:
+            _round(coord, tokens)
+            during += 1
+        assert gone(), f"the member on the full disk still runs after {during} rounds"
+        for _ in range(5):
+            _round(coord, tokens)
+        during += 5
+    finally:
+        coord.close()
+    (mount / "filler").unlink()
+    restart()
+    through_member = stockade.connect(member_url)
+    try:
+        for _ in range(3):
+            _round(through_member, tokens)
+    finally:
+        through_member.close()
+    for scope, values in tokens.items():
+        assert values == sorted(set(values)), f"{scope}: tokens not strictly increasing: {values}"
+    return {"grants": sum(len(v) for v in tokens.values()), "rounds_on_full_disk": during}
