@@ -168,3 +168,31 @@ def test_a_keepalive_that_cannot_start_marks_the_lease_lost(monkeypatch):
         assert lost.wait(10), "the lease was not marked lost"
         assert lease.lost and "the keepalive could not start" in lease.lost_cause
         lease.release()
+
+
+def _runs_after_idle(idle_exit_s: float, monkeypatch, look_s: float) -> tuple[bool, _timer._Timer]:
+    """A timer of its own runs one callback; is its thread still there once nothing is scheduled for a while?"""
+    import time
+
+    monkeypatch.setattr(_timer, "IDLE_EXIT_S", idle_exit_s)
+    timer = _timer._Timer()
+    done = threading.Event()
+    timer.call_later(0.0, done.set)
+    assert done.wait(10)
+    deadline = time.monotonic() + look_s
+    while timer.running() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return timer.running(), timer
+
+
+def test_the_timer_thread_ends_when_nothing_is_scheduled(monkeypatch):
+    """A process that holds no lease keeps no thread of stockade's (fork, preexec_fn); the next call starts one."""
+    running, timer = _runs_after_idle(0.05, monkeypatch, look_s=10)
+    assert not running
+    again = threading.Event()
+    timer.call_later(0.0, again.set)
+    assert again.wait(10)  # a new thread ran it
+
+
+def test_control_a_timer_that_never_idles_out_keeps_its_thread(monkeypatch):
+    assert _runs_after_idle(3600.0, monkeypatch, look_s=0.5)[0]

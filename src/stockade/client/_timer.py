@@ -6,8 +6,10 @@ Asyncio has a timer of its own (``loop.call_later``); threads have none that
 does not cost a thread per call, so this module is the sync twin of it
 (`stockade.client._io.SyncIO.call_later`).
 
-- One thread per process, started by the first `call_later`, and started again
-  in a child after ``fork``; it waits on a condition while nothing is due.
+- One thread per process, started by a `call_later` when none runs (and in a
+  child after ``fork``); it waits on a condition until the next entry is due,
+  and ends after `IDLE_EXIT_S` with nothing scheduled, so that a process that
+  holds no lease has no thread of stockade's (``fork``, ``preexec_fn``).
 - A callback must be short and must not block: it runs on the shared thread,
   and every later callback waits for it. An exception in it is logged and the
   thread goes on.
@@ -27,12 +29,14 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["TimerEntry", "call_later", "COMPACT_AT"]
+__all__ = ["TimerEntry", "call_later", "COMPACT_AT", "IDLE_EXIT_S"]
 
 log = logging.getLogger("stockade.client")
 
 #: Cancelled entries tolerated in the heap before a rebuild is considered.
 COMPACT_AT = 1024
+#: The timer's thread ends after this long with nothing scheduled (the next `call_later` starts one).
+IDLE_EXIT_S = 1.0
 
 
 class TimerEntry:
@@ -89,15 +93,28 @@ class _Timer:
         with self._cond:
             return len(self._heap)
 
-    def _next_due(self) -> TimerEntry:
-        """Wait for the earliest pending entry to be due; take it off the heap (called holding the lock)."""
+    def running(self) -> bool:
+        """Whether the timer's thread runs (for tests)."""
+        with self._cond:
+            return self._thread is not None
+
+    def _next_due(self) -> TimerEntry | None:
+        """Wait for the earliest pending entry to be due and take it off the heap; None: idle, the thread ends.
+
+        Called holding the lock.
+        """
+        idle = False
         while True:
             while self._heap and self._heap[0].state == "cancelled":
                 heapq.heappop(self._heap)
                 self._cancelled -= 1
             if not self._heap:
-                self._cond.wait()
+                if idle:
+                    self._thread = None  # under the lock: the next call_later starts another
+                    return None
+                idle = not self._cond.wait(IDLE_EXIT_S)
                 continue
+            idle = False
             wait_s = self._heap[0].when - time.monotonic()
             if wait_s <= 0:
                 entry = heapq.heappop(self._heap)
@@ -109,6 +126,8 @@ class _Timer:
         while True:
             with self._cond:
                 entry = self._next_due()
+            if entry is None:
+                return
             try:
                 entry.callback()
             except Exception:  # a callback's bug must not stop every later one
