@@ -54,6 +54,14 @@ def test_bench_without_url_uses_a_temporary_directory(tmp_path: Path) -> None:
     assert not data.exists()
 
 
+def test_bench_lock_keepalive_is_asked_for_by_name(tmp_path: Path) -> None:
+    """Lock cycles with the keepalive on (what coord.lock() runs): only when named, never in the default run."""
+    done = cli(*BENCH_SHORT, "--workloads", "lock-keepalive", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "lock-keepalive r1" in done.stdout and "write r1" not in done.stdout
+    assert "lock-keepalive" in cli("bench", "--help", cwd=tmp_path).stdout
+
+
 def test_bench_with_data_dir_keeps_its_files(tmp_path: Path) -> None:
     """The control of the test above: with --data-dir the bench-* scopes land there, as asked."""
     data = tmp_path / "data"

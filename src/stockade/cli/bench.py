@@ -25,7 +25,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from stockade.bench import WORKLOADS, format_table, run_workload
+from stockade.bench import DEFAULT_WORKLOADS, WORKLOADS, format_table, run_workload
 from stockade.cli._common import URL_ENV, add_url, fail, help_text
 from stockade.core.errors import InvariantViolation
 
@@ -39,7 +39,8 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--store-url", help="store url for fenced writes (default: --url for http, else --data-dir)")
     parser.add_argument("--data-dir", default=None,
                         help="an embedded coordinator and store here (default: a temporary directory)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                        help=f"comma list of {', '.join(WORKLOADS)} (default {','.join(DEFAULT_WORKLOADS)})")
     parser.add_argument("--clients", type=int, default=8, help="clients in the concurrent run (default 8)")
     parser.add_argument("--conc-mode", choices=["procs", "threads"], default="procs")
     parser.add_argument("--seconds", type=float, default=3.0, help="per client, per run (default 3)")
