@@ -1,4 +1,4 @@
-"""The only hand-written twins of the client: how to sleep, wait, spawn and block.
+"""The only hand-written twins of the client: how to sleep, wait, spawn, schedule and block.
 
 Everything else in `stockade.client` is written once, async, in ``_async/``,
 and ``_sync/`` is generated from it by ``scripts/unasync.py`` (a test checks
