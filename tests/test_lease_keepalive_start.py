@@ -196,3 +196,38 @@ def test_the_timer_thread_ends_when_nothing_is_scheduled(monkeypatch):
 
 def test_control_a_timer_that_never_idles_out_keeps_its_thread(monkeypatch):
     assert _runs_after_idle(3600.0, monkeypatch, look_s=0.5)[0]
+
+
+def _child_cancels_an_inherited_entry(guarded: bool, monkeypatch, wait_s: float) -> bool:
+    """Fork while the timer's lock is held (its thread was in the heap); does the child's cancel return?"""
+    import os
+    import time
+
+    entry = _timer.call_later(3600, lambda: None)
+    if not guarded:  # the control: cancel goes to the timer it was made on, as without the guard
+        monkeypatch.setattr(_timer.TimerEntry, "cancel", lambda self: self._timer.cancel(self))
+    lock = _timer.timer()._cond
+    with lock:
+        pid = os.fork()
+        if pid == 0:  # the child: the lock is held here for ever (no thread of the parent's runs)
+            entry.cancel()
+            os._exit(0)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            entry.cancel()
+            return True
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    entry.cancel()
+    return False
+
+
+def test_a_child_cancels_an_entry_inherited_over_fork_without_blocking(monkeypatch):
+    assert _child_cancels_an_inherited_entry(True, monkeypatch, wait_s=60)
+
+
+def test_control_a_cancel_on_the_parents_timer_blocks_the_child(monkeypatch):
+    assert not _child_cancels_an_inherited_entry(False, monkeypatch, wait_s=1)

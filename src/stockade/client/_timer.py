@@ -7,7 +7,8 @@ does not cost a thread per call, so this module is the sync twin of it
 (`stockade.client._io.SyncIO.call_later`).
 
 - One thread per process, started by a `call_later` when none runs (and in a
-  child after ``fork``); it waits on a condition until the next entry is due,
+  child after ``fork``, where an entry inherited from the parent cancels as a
+  no-op: the parent's lock may have been held at the fork); it waits on a condition until the next entry is due,
   and ends after `IDLE_EXIT_S` with nothing scheduled, so that a process that
   holds no lease has no thread of stockade's (``fork``, ``preexec_fn``).
 - A callback must be short and must not block: it runs on the shared thread,
@@ -55,7 +56,8 @@ class TimerEntry:
         return (self.when, self.seq) < (other.when, other.seq)
 
     def cancel(self) -> None:
-        self._timer.cancel(self)
+        if self._timer is _timer:  # an entry inherited over fork belongs to a timer (and a lock) left behind
+            self._timer.cancel(self)
 
 
 class _Timer:
