@@ -56,7 +56,7 @@ class TimerEntry:
         return (self.when, self.seq) < (other.when, other.seq)
 
     def cancel(self) -> None:
-        if self._timer is _timer:  # an entry inherited over fork belongs to a timer (and a lock) left behind
+        if self._timer.pid == os.getpid():  # inherited over fork: its timer's thread (and lock) stayed behind
             self._timer.cancel(self)
 
 
@@ -67,6 +67,7 @@ class _Timer:
         self._cancelled = 0  # cancelled entries still in the heap
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        self.pid = os.getpid()
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> TimerEntry:
         entry = TimerEntry(time.monotonic() + max(0.0, delay_s), next(self._seq), callback, self)
