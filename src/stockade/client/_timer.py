@@ -6,11 +6,12 @@ Asyncio has a timer of its own (``loop.call_later``); threads have none that
 does not cost a thread per call, so this module is the sync twin of it
 (`stockade.client._io.SyncIO.call_later`).
 
-- One thread per process, started by a `call_later` when none runs (and in a
-  child after ``fork``, where an entry inherited from the parent cancels as a
-  no-op: the parent's lock may have been held at the fork); it waits on a condition until the next entry is due,
-  and ends after `IDLE_EXIT_S` with nothing scheduled, so that a process that
-  holds no lease has no thread of stockade's (``fork``, ``preexec_fn``).
+- One thread per process, started by a `call_later` when none runs. It waits
+  on a condition until the next entry is due, and ends after `IDLE_EXIT_S`
+  with nothing scheduled, so that a process that holds no lease has no thread
+  of stockade's (``fork``, ``preexec_fn``).
+- After ``fork`` the child gets a timer of its own; an entry inherited from the
+  parent cancels as a no-op (the parent's lock may have been held at the fork).
 - A callback must be short and must not block: it runs on the shared thread,
   and every later callback waits for it. An exception in it is logged and the
   thread goes on.

@@ -62,8 +62,9 @@ CREATE TABLE IF NOT EXISTS stockade_coord_history (
     token bigint NOT NULL,
     at_unix_ms bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
 );
-CREATE INDEX IF NOT EXISTS stockade_coord_history_scope ON stockade_coord_history (scope, seq);
 """
+#: A scope's events, newest first, without a scan (`HISTORY_READ`).
+_SCOPE_INDEX = "CREATE INDEX IF NOT EXISTS stockade_coord_history_scope ON stockade_coord_history (scope, seq);\n"
 
 
 def journal_function(*, total_max: int = HISTORY_TOTAL_MAX, sweep_every: int = SWEEP_EVERY,
@@ -88,13 +89,12 @@ $$;
 
 
 #: Migration 4: the journal's table and function (the server rules are re-created beside it).
-HISTORY_SCHEMA = _TABLE + journal_function()
+HISTORY_SCHEMA = _TABLE + _SCOPE_INDEX + journal_function()
 
 #: Migration 7: the journal appends only. A table of schema 4 to 6 loses its per-scope number ``n``
 #: (and the unique index on ``(scope, n)``) and is read through ``(scope, seq)``.
 HISTORY_APPEND_ONLY = ("ALTER TABLE stockade_coord_history DROP COLUMN IF EXISTS n;\n"
-                       "CREATE INDEX IF NOT EXISTS stockade_coord_history_scope ON stockade_coord_history (scope, seq);"
-                       + journal_function())
+                       + _SCOPE_INDEX + journal_function())
 
 #: A scope's last events, oldest first, in one row (what has committed), the server's time last.
 HISTORY_READ = Prepared(

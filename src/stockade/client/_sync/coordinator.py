@@ -244,7 +244,8 @@ class Lease:
             if self._stop.is_set():
                 return
             try:
-                return self._start_keepalive(first_wait_s=max(0.0, self._renew_at_s - time.monotonic()))
+                self._start_keepalive(first_wait_s=max(0.0, self._renew_at_s - time.monotonic()))
+                return
             except Exception as exc:  # noqa: BLE001 - e.g. no thread can be started: nobody renews the lease
                 failed = exc
         self._mark_lost(f"the keepalive could not start: {failed!r}")
