@@ -1,0 +1,119 @@
+"""What a lock cycle writes to PostgreSQL's WAL, counted record by record (docs/coordinator-postgres.md, "Cost").
+
+A lock cycle through the client (`acquire` with ``keepalive=False``, then
+`release`: the two one-statement server rules) writes an exact set of WAL
+records, the same on every machine: the count does not depend on how busy the
+host is, unlike a time. The test reads them with ``pg_walinspect`` (shipped with
+PostgreSQL 15), keeps the records of this database's transactions, and holds
+the count per cycle to the table in the docs, so that a change that writes
+more per cycle (an index, a row, a lock) is seen and written down. The same
+for the lease row the side by side compares with.
+
+Control: one index more on the history table is counted (two B-tree leaf
+inserts more per cycle: one per event).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+import psycopg
+
+import stockade
+
+CYCLES = 100
+WARM_UP = 20
+
+#: Per lock cycle, by record type (docs/coordinator-postgres.md, "Cost", the WAL table).
+STOCKADE_CYCLE = {
+    "Heap/INSERT": 3,  # the lease row, two events
+    "Btree/INSERT_LEAF": 7,  # the lease's three indexes, each event's two
+    "Heap/LOCK": 1,  # the scope row, locked by the grant's upsert before its update
+    "Heap/HOT_UPDATE": 1,  # the scope row's last token
+    "Heap/DELETE": 1,  # the lease row, at the release
+    "Transaction/COMMIT": 2,
+}
+LEASE_ROW_CYCLE = {
+    "Heap/INSERT": 1,
+    "Heap/HEAP_CONFIRM": 1,  # the upsert's speculative insert, confirmed
+    "Btree/INSERT_LEAF": 1,
+    "Heap/DELETE": 1,
+    "Transaction/COMMIT": 2,
+}
+#: Records that come now and then, not with every cycle (a split's downlink, pruning, a sequence's log-ahead).
+OCCASIONAL = ("Btree/INSERT_UPPER", "Btree/NEWROOT", "Heap2/", "Sequence/",
+              "Standby/", "XLOG/")
+
+#: A record that does the same for this count: a heap insert that starts a page, a leaf insert that splits one.
+_SAME = {"Heap/INSERT+INIT": "Heap/INSERT", "Btree/SPLIT_L": "Btree/INSERT_LEAF", "Btree/SPLIT_R": "Btree/INSERT_LEAF"}
+
+_LEASE_ROW = """
+CREATE SEQUENCE IF NOT EXISTS fence_seq;
+CREATE TABLE IF NOT EXISTS lock_lease (name text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL,
+                                       expires_at timestamptz NOT NULL)
+"""
+_LEASE_ROW_GRANT = ("INSERT INTO lock_lease (name, holder, token, expires_at) "
+                    "VALUES (%s, %s, nextval('fence_seq'), now() + interval '10 seconds') "
+                    "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
+                    "expires_at = excluded.expires_at WHERE lock_lease.expires_at < now() RETURNING token")
+
+
+def _per_cycle(conn: psycopg.Connection, start: str, end: str) -> dict[str, float]:
+    """The records of this database's transactions between two LSNs, by type, per cycle (the occasional left out)."""
+    db = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
+    rows = conn.execute(
+        "WITH r AS (SELECT xid, resource_manager || '/' || record_type AS kind, block_ref "
+        "FROM pg_get_wal_records_info(%s, %s)) "
+        "SELECT kind, count(*) FROM r WHERE xid IN (SELECT xid FROM r WHERE xid <> '0' AND block_ref LIKE %s) "
+        "GROUP BY kind", (start, end, f"%/{db}/%")).fetchall()
+    counts: Counter[str] = Counter()
+    for kind, n in rows:
+        counts[_SAME.get(kind, kind)] += n
+    counts = Counter({kind: n for kind, n in counts.items() if not kind.startswith(OCCASIONAL)})
+    return {kind: round(n / CYCLES, 2) for kind, n in counts.items()}
+
+
+def _measure(url: str, cycle) -> dict[str, float]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        for _ in range(WARM_UP):
+            cycle()
+        start = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        for _ in range(CYCLES):
+            cycle()
+        end = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+        return _per_cycle(conn, str(start), str(end))
+
+
+def _stockade_cycles(url: str) -> dict[str, float]:
+    coord = stockade.connect(url)
+    try:
+        return _measure(url, lambda: coord.acquire("wal", ttl_ms=10_000, keepalive=False).release())
+    finally:
+        coord.close()
+
+
+def test_a_lock_cycle_writes_the_records_the_docs_count(pg_coord_url):
+    assert _stockade_cycles(pg_coord_url) == STOCKADE_CYCLE
+
+
+def test_the_lease_row_cycle_writes_the_records_the_docs_count(pg_coord_url):
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        conn.execute(_LEASE_ROW)
+        holder = uuid.uuid4().hex
+
+        def cycle() -> None:
+            token = conn.execute(_LEASE_ROW_GRANT, ("wal", holder)).fetchone()[0]
+            conn.execute("DELETE FROM lock_lease WHERE name = %s AND token = %s", ("wal", token))
+
+        assert _measure(pg_coord_url, cycle) == LEASE_ROW_CYCLE
+
+
+def test_control_one_index_more_is_counted(pg_coord_url):
+    stockade.connect(pg_coord_url).close()  # the tables
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        conn.execute("CREATE INDEX stockade_coord_history_holder ON stockade_coord_history (holder)")
+    got = _stockade_cycles(pg_coord_url)
+    assert got != STOCKADE_CYCLE
+    assert got == {**STOCKADE_CYCLE, "Btree/INSERT_LEAF": STOCKADE_CYCLE["Btree/INSERT_LEAF"] + 2}
