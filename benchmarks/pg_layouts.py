@@ -38,8 +38,10 @@ Each run measures every layout once, in an order rotated run after run, with 1
 client and with N client processes; the table gives the medians of cycles per
 second, their ratio to ``lease-row``, and the CPU per cycle of the client
 processes and of their PostgreSQL backends (read from ``/proc``: the server runs
-on this host). It starts its own PostgreSQL 15 with durable settings on a free
-loopback port in a temporary directory, and stops it.
+on this host), and the WAL written per cycle, in bytes and in records (read with
+``pg_walinspect``; unlike a time, these do not depend on how busy the host is).
+It starts its own PostgreSQL 15 with durable settings on a free loopback port
+in a temporary directory, and stops it.
 
     PYTHONPATH=src python benchmarks/pg_layouts.py --runs 5 --seconds 4 --clients 8 [--breakdown]
 """
@@ -241,22 +243,43 @@ def _measure_client(layout: str, dsn: str, scope: str, seconds: float, barrier, 
         results.put((cycles, time.perf_counter() - start, time.process_time() - cpu0, _cpu_s(backend) - server0))
 
 
+def _wal_lsn(dsn: str) -> str:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return str(conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0])
+
+
+def _wal_per_cycle(dsn: str, start: str, end: str, cycles: int) -> tuple[float, float]:
+    """WAL bytes and records per cycle between two LSNs (the whole server's: this benchmark's own server)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        records, size = conn.execute("SELECT sum(count), sum(combined_size) FROM pg_get_wal_stats(%s, %s)",
+                                     (start, end)).fetchone()
+    return int(size or 0) / cycles, int(records or 0) / cycles
+
+
 def measure(layout: str, dsn: str, clients: int, seconds: float, run: int) -> dict:
-    """One run of ``layout``: ``clients`` processes for ``seconds``; cycles/s and CPU µs per cycle."""
+    """One run of ``layout``: ``clients`` processes for ``seconds``; cycles/s, CPU µs and WAL per cycle."""
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(clients), ctx.Queue()
     procs = [ctx.Process(target=_client, args=(layout, dsn, f"{layout}-{run}-{i}", seconds, barrier, results))
              for i in range(clients)]
     for p in procs:
         p.start()
+    wal_start = _wal_lsn(dsn)  # the clients warm up before the barrier: some of theirs is counted (20 of thousands)
     got = [results.get(timeout=seconds + 120) for _ in procs]
+    wal_end = _wal_lsn(dsn)
     for p in procs:
         p.join(30)
     failed = [g for g in got if isinstance(g, str)]
     if failed:
         raise RuntimeError(f"{layout}, {clients} clients: {failed[0]}")
     cycles = sum(g[0] for g in got)
+    wal_bytes, wal_records = _wal_per_cycle(dsn, wal_start, wal_end, cycles + clients * WARM_UP_CYCLES)
     return {"layout": layout, "clients": clients, "run": run, "cycles": cycles,
+            "wal_bytes": wal_bytes, "wal_records": wal_records,
             "per_s": cycles / max(g[1] for g in got),
             "client_cpu_us": sum(g[2] for g in got) / cycles * 1e6,
             "server_cpu_us": sum(g[3] for g in got) / cycles * 1e6}
@@ -264,7 +287,7 @@ def measure(layout: str, dsn: str, clients: int, seconds: float, run: int) -> di
 
 def table(rows: list[dict], clients: list[int]) -> str:
     out = ["| layout | clients | runs | cycles/s (median) | ratio to lease-row | client CPU µs/cycle "
-           "| server CPU µs/cycle |", "|---|---|---|---|---|---|---|"]
+           "| server CPU µs/cycle | WAL bytes/cycle | WAL records/cycle |", "|---|---|---|---|---|---|---|---|---|"]
     for n in clients:
         base = statistics.median(r["per_s"] for r in rows if r["layout"] == "lease-row" and r["clients"] == n)
         for layout in LAYOUTS:
@@ -272,7 +295,9 @@ def table(rows: list[dict], clients: list[int]) -> str:
             per_s = statistics.median(r["per_s"] for r in mine)
             out.append(f"| {layout} | {n} | {len(mine)} | {per_s:.0f} | {per_s / base:.2f}x | "
                        f"{statistics.median(r['client_cpu_us'] for r in mine):.0f} | "
-                       f"{statistics.median(r['server_cpu_us'] for r in mine):.0f} |")
+                       f"{statistics.median(r['server_cpu_us'] for r in mine):.0f} | "
+                       f"{statistics.median(r['wal_bytes'] for r in mine):.0f} | "
+                       f"{statistics.median(r['wal_records'] for r in mine):.1f} |")
     return "\n".join(out)
 
 
@@ -299,6 +324,7 @@ def main() -> int:
 
         stockade.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres").close()  # its tables and functions
         with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")  # the WAL per cycle (PostgreSQL 15)
             conn.execute(SETUP)
             if args.breakdown:
                 for name in BREAKDOWN:
@@ -311,7 +337,8 @@ def main() -> int:
                     rows.append(measure(layout, dsn, clients, args.seconds, run))
                     r = rows[-1]
                     print(f"run {run} clients {clients} {layout:16s} {r['per_s']:7.0f}/s  client "
-                          f"{r['client_cpu_us']:5.0f} µs  server {r['server_cpu_us']:5.0f} µs", flush=True)
+                          f"{r['client_cpu_us']:5.0f} µs  server {r['server_cpu_us']:5.0f} µs  WAL "
+                          f"{r['wal_bytes']:5.0f} B {r['wal_records']:4.1f} records", flush=True)
         print(table(rows, [1, args.clients]))
         if args.json:
             args.json.write_text(json.dumps({"runs": rows}, indent=1))
