@@ -9,8 +9,10 @@ the count per cycle to the table in the docs, so that a change that writes
 more per cycle (an index, a row, a lock) is seen and written down. The same
 for the lease row the side by side compares with.
 
-Control: one index more on the history table is counted (two B-tree leaf
-inserts more per cycle: one per event).
+Controls: one index more on the history table is counted (two B-tree leaf
+inserts more per cycle: one per event); so is the row lock of schema 7's grant
+(an upsert of the scope row), and a database of schema 7 migrates to the grant
+without it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections import Counter
 import psycopg
 
 import stockade
+from stockade.coordinators import postgres as pg_module
+from stockade.coordinators._postgres_coord_rows import MIGRATIONS, SERVER_RULES
 
 CYCLES = 100
 WARM_UP = 20
@@ -29,7 +33,6 @@ WARM_UP = 20
 STOCKADE_CYCLE = {
     "Heap/INSERT": 3,  # the lease row, two events
     "Btree/INSERT_LEAF": 7,  # the lease's three indexes, each event's two
-    "Heap/LOCK": 1,  # the scope row, locked by the grant's upsert before its update
     "Heap/HOT_UPDATE": 1,  # the scope row's last token
     "Heap/DELETE": 1,  # the lease row, at the release
     "Transaction/COMMIT": 2,
@@ -117,3 +120,35 @@ def test_control_one_index_more_is_counted(pg_coord_url):
     got = _stockade_cycles(pg_coord_url)
     assert got != STOCKADE_CYCLE
     assert got == {**STOCKADE_CYCLE, "Btree/INSERT_LEAF": STOCKADE_CYCLE["Btree/INSERT_LEAF"] + 2}
+
+
+#: Schema 7's grant: the scope row's compare-and-set as an upsert, which locks the row before updating it.
+_UPSERT_7 = """    WITH s AS (
+        INSERT INTO stockade_coord_scopes AS s (scope, last_token, delay_until_ns) VALUES (p_scope, v_base + 1, v_delay)
+            ON CONFLICT (scope) DO UPDATE SET last_token = excluded.last_token WHERE s.last_token = v_last
+            RETURNING 1)"""
+_UPDATE_8 = SERVER_RULES[SERVER_RULES.index("    WITH u AS ("):
+                         SERVER_RULES.index("    INSERT INTO stockade_coord_leases")]
+
+
+def test_control_schema_7_grant_locks_the_scope_row_and_migrates_without(pg_coord_url, monkeypatch):
+    rules_7 = SERVER_RULES.replace(_UPDATE_8, _UPSERT_7 + "\n")
+    assert rules_7 != SERVER_RULES and len(MIGRATIONS) == 8
+    monkeypatch.setattr(pg_module, "MIGRATIONS", (*MIGRATIONS[:6], MIGRATIONS[6] + rules_7))
+    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 7)
+    assert _stockade_cycles(pg_coord_url) == {**STOCKADE_CYCLE, "Heap/LOCK": 1}
+    before = _one_grant(pg_coord_url, "wal")
+    monkeypatch.undo()
+    assert _stockade_cycles(pg_coord_url) == STOCKADE_CYCLE  # migration 8 replaced the grant
+    assert _one_grant(pg_coord_url, "wal") > before + CYCLES + WARM_UP  # a used scope's tokens go on
+    assert _one_grant(pg_coord_url, "a-new-scope") > 0  # a new scope's row is inserted
+
+
+def _one_grant(url: str, scope: str) -> int:
+    coord = stockade.connect(url)
+    try:
+        lease = coord.acquire(scope, ttl_ms=10_000, keepalive=False)
+        lease.release()
+        return lease.token.value
+    finally:
+        coord.close()
