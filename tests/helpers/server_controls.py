@@ -10,6 +10,8 @@ patches one rule of the real server, as small as possible:
 - ``auth-after-apply``: runs the handler first and checks the bearer token
   afterwards, so an unauthenticated request changes state but still gets 401.
 - ``crash-on-holder``: an uncaught exception (500) for holder names longer than 3.
+- ``fencing-off``: the store is `stockade.testing.mutants.FencingOffStore`: it accepts
+  every token, so a delayed write from an old holder lands (S05's control).
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ elif CONTROL == "crash-on-holder":
         return original_validate(holder)
 
     app.validate_holder = validate_holder  # type: ignore[assignment]
+
+elif CONTROL == "fencing-off":
+    from stockade.testing.mutants import FencingOffStore
+
+    app.SQLiteStore = FencingOffStore  # type: ignore[misc]
 
 else:
     raise SystemExit(f"unknown control {CONTROL!r}")
