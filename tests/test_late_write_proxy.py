@@ -190,11 +190,11 @@ class Servers:
             server.stop()
 
 
-def start_servers(tmp_path: Path, *, control: str | None = None) -> Servers:
+def start_servers(tmp_path: Path, *, control: str | None = None, both: bool = True) -> Servers:
     coord_dir = tmp_path / "coord"
     coord_dir.mkdir()
     coord_url = f"sqlite://{coord_dir / 'coord.db'}"
-    dirs = {"own": tmp_path / "serve-own"} if control else {"own": tmp_path / "serve-own", "coord": coord_dir}
+    dirs = {"own": tmp_path / "serve-own", "coord": coord_dir} if both and not control else {"own": tmp_path / "serve-own"}
     processes: dict[str, ServerProcess] = {}
     proxies: dict[str, HoldProxy] = {}
     try:
@@ -291,7 +291,13 @@ class Run:
 
     @property
     def accepted(self) -> list[dict[str, Any]]:
-        return [r for r in self.results if r["a"]["type"] == "ok"]
+        """Late writes that applied (a replay of an applied idempotency key is answered 200 too: R3)."""
+        return [r for r in self.results if r["a"]["type"] == "ok" and not r["a"].get("replayed")]
+
+    @property
+    def not_late(self) -> list[dict[str, Any]]:
+        """Rounds whose held write reached the server before B's ack (the hold leaked): none may count."""
+        return [r for r in self.results if r["proxy"]["released_ns"] < r["b"]["complete_ns"]]
 
     @property
     def refused(self) -> list[dict[str, Any]]:
@@ -389,10 +395,12 @@ def test_s05_late_writes_through_a_proxy_are_refused(tmp_path: Path, capsys: Any
     other = Counter(f"{r['a']['type']}:{r['a'].get('error')}" for r in run.results
                     if r not in run.accepted and r not in run.refused)
     figure(capsys, f"S05 (serve --coordinator sqlite://, embedded holders): late writes accepted "
-                   f"{len(run.accepted)} of {len(run.results)}; refused stale {len(run.refused)}; other "
+                   f"{len(run.accepted)} of {len(run.results)}; held past B's ack "
+                   f"{len(run.results) - len(run.not_late)} of {len(run.results)}; refused stale {len(run.refused)}; other "
                    f"{dict(other) or 0}; key not B's after the round {len(run.not_b())}; checkers: "
                    f"{dict(run.verdict.by_property()) or 'no violations'}\n  {timings(run)}\n"
                    f"  rounds by axis: {by_axis(run)}\n  history: {run.history_path}")
+    assert not run.not_late, [(r["round"], r["proxy"], r["b"]) for r in run.not_late]
     assert not run.accepted, [(r["round"], r["variant"], r["a"], r["proxy"]) for r in run.accepted]
     assert not run.not_b(), [(r["round"], r["variant"], r["read"]) for r in run.not_b()]
     assert run.verdict.ok, str(run.verdict)
@@ -417,7 +425,7 @@ def test_s05_control_fencing_off_accepts_the_late_writes(tmp_path: Path, capsys:
 @pytest.mark.parametrize("mode", MODES)
 def test_hold_proxy_holds_a_request_until_released(tmp_path: Path, mode: str) -> None:
     """The proxy itself: a held PUT is not applied until released (the server's mark shows it)."""
-    servers = start_servers(tmp_path)
+    servers = start_servers(tmp_path, both=False)
     holder = Holder(servers.coord_url, "solo")
     try:
         proxy = servers.proxies["own"]
@@ -436,3 +444,44 @@ def test_hold_proxy_holds_a_request_until_released(tmp_path: Path, mode: str) ->
     finally:
         holder.close()
         servers.close()
+
+
+def test_s05_a_late_retry_of_an_applied_write_is_answered_as_a_replay(tmp_path: Path, capsys: Any) -> None:
+    """R3 comes before R1: a delayed copy of a write that already applied is answered 200 ``replayed``.
+
+    That answer is not an acceptance: the key keeps B's value and the mark B's
+    token. A harness that counts 200s as accepted late writes counts it (one way
+    to read finding 11). The same key with another value is refused (422), unchanged.
+    """
+    servers = start_servers(tmp_path, both=False)
+    a, b = Holder(servers.coord_url, "A"), Holder(servers.coord_url, "B")
+    server, proxy = servers.processes["own"], servers.proxies["own"]
+    answers = []
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            for r, (key, value) in enumerate([("A", "A"), ("B", "A")]):
+                scope = f"retry-{r}"
+                t1 = a.acquire(scope, ttl_ms=HOLD_TTL_MS, wait_ms=0, keepalive=False)["token_value"]
+                assert a.write(server.url, scope, "k", "A", "A")["type"] == "ok"
+                hold = proxy.hold_next("head")
+                late = pool.submit(a.write, proxy.url, scope, "k", value, key)
+                hold.wait_caught(WAIT_S)
+                a.release()
+                t2 = b.acquire(scope, ttl_ms=HOLD_TTL_MS, wait_ms=WAIT_MS, keepalive=False)["token_value"]
+                assert b.write(server.url, scope, "k", "B", "B")["type"] == "ok"
+                hold.release()
+                answer = late.result(WAIT_S)
+                read = b.read(server.url, scope, "k")
+                b.release()
+                answers.append((answer, read, t1, t2))
+    finally:
+        a.close()
+        b.close()
+        servers.close()
+    (replay, read_1, t1, _), (collision, read_2, _, _) = answers
+    figure(capsys, f"S05 retry of an applied key: answered {replay['type']} replayed={replay.get('replayed')} "
+                   f"(high-water {replay.get('high_water')} = t1 {t1}), key holds {read_1['value']}; "
+                   f"B's key with A's value: {collision['type']} {collision.get('error')}, key holds {read_2['value']}")
+    assert replay["type"] == "ok" and replay["replayed"] and replay["high_water"] == t1
+    assert read_1["value"] == "B" and read_2["value"] == "B"
+    assert collision["type"] == "fail" and collision["error"] == "invalid-argument"

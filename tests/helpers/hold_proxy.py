@@ -96,6 +96,7 @@ class HoldProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="hold-proxy", daemon=True)
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
 
     @property
@@ -115,6 +116,9 @@ class HoldProxy:
             self._server.close()
             for writer in list(self._writers):
                 writer.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -152,6 +156,10 @@ class HoldProxy:
     # -- the loop's side ---------------------------------------------------------------------
 
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         try:
             server_reader, server_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -167,7 +175,7 @@ class HoldProxy:
         finally:
             try:
                 await asyncio.wait_for(asyncio.shield(answers), 30)  # the last answer still goes back
-            except (asyncio.TimeoutError, OSError):
+            except (asyncio.TimeoutError, OSError, asyncio.CancelledError):
                 answers.cancel()
             for writer in (client_writer, server_writer):
                 writer.close()

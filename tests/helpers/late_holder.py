@@ -85,7 +85,8 @@ class Holder:
             result.update(type="fail" if certain or not isinstance(exc, BackendUnavailable) else "info",
                           error=exc.code, detail=str(exc)[:200])
         else:
-            result.update(type="ok", high_water=written.high_water, commit_seq=written.commit_seq)
+            result.update(type="ok", high_water=written.high_water, commit_seq=written.commit_seq,
+                          replayed=written.replayed)
         result["complete_ns"] = time.monotonic_ns()
         return result
 
