@@ -21,7 +21,8 @@ What varies, round by round (every value of every axis is covered):
   directory is the coordinator file's (both serve that one coordinator file);
 - A and B in the test process, or each in a process of its own;
 - B's grant from the embedded coordinator, or through the server's lease routes;
-- B's write straight to the server, or through the proxy (not held).
+- B's write straight to the server, through the proxy (not held), or into the
+  server's store file by B itself (another writer of that file on the host).
 
 Every request's timings and outcome go into a history (JSON lines, the form of
 `stockade.testing.history`, kept as ``late-writes.jsonl`` in the test's
@@ -83,12 +84,13 @@ class Variant:
     server: str  # own: the store in a directory of its own; coord: in the coordinator file's directory
     processes: str  # same: A and B in the test process; separate: each in a process of its own
     b_grant: str  # embedded | server
-    b_write: str  # direct | proxy
+    b_write: str  # direct | proxy | file (B opens the server's store file itself, another writer on the host)
 
 
 AXES: dict[str, tuple[str, ...]] = {
     "mode": MODES, "end": ("release", "release-keepalive", "expire"), "server": ("own", "coord"),
-    "processes": ("same", "separate"), "b_grant": ("embedded", "server"), "b_write": ("direct", "proxy"),
+    "processes": ("same", "separate"), "b_grant": ("embedded", "server"),
+    "b_write": ("direct", "proxy", "file"),
 }
 
 
@@ -232,7 +234,7 @@ def round_of(r: int, v: Variant, holders: dict[str, Handle], servers: Servers, h
                   via=server.url if v.b_grant == "server" else None)
     history.op(f"{b.name}:lease", "acquire", b_granted, **fields)
     assert b_granted["type"] == "ok", (b_granted, v)
-    store_url = server.url if v.b_write == "direct" else proxy.url
+    store_url = {"direct": server.url, "proxy": proxy.url, "file": f"sqlite://{server.data_dir / 'store.db'}"}[v.b_write]
     written = b("write", store_url=store_url, scope=scope, key="k", value=f"B{r}", idempotency_key=f"B{r}")
     history.op(f"{b.name}:write", "write", written, key="k", value=f"B{r}", idempotency_key=f"B{r}", **fields)
     hold.release()
@@ -303,6 +305,11 @@ class Run:
     def refused(self) -> list[dict[str, Any]]:
         return [r for r in self.results if r["a"]["type"] == "fail" and r["a"].get("error") == "stale-token"]
 
+    def early_grants(self) -> list[dict[str, Any]]:
+        """Expiry rounds in which B was granted before A's TTL could have run out (C2: must be none)."""
+        return [r for r in self.results if r["variant"].end == "expire"
+                and r["b_granted"]["complete_ns"] - r["a_granted"]["invoke_ns"] < EXPIRE_TTL_MS * 1_000_000]
+
     def not_b(self) -> list[dict[str, Any]]:
         return [r for r in self.results if r["read"].get("value") != f"B{r['round']}"]
 
@@ -369,11 +376,11 @@ def timings(run: Run) -> str:
 
 
 def by_axis(run: Run) -> str:
-    counts: Counter[str] = Counter()
-    for r in run.results:
-        for axis in AXES:
-            counts[f"{getattr(r['variant'], axis)}"] += 1
-    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
+    parts = []
+    for axis, values in AXES.items():
+        counts = Counter(getattr(r["variant"], axis) for r in run.results)
+        parts.append(f"{axis}: " + " ".join(f"{value} {counts[value]}" for value in values))
+    return "; ".join(parts)
 
 
 def figure(capsys: Any, line: str) -> None:
@@ -400,6 +407,7 @@ def test_s05_late_writes_through_a_proxy_are_refused(tmp_path: Path, capsys: Any
                    f"{dict(other) or 0}; key not B's after the round {len(run.not_b())}; checkers: "
                    f"{dict(run.verdict.by_property()) or 'no violations'}\n  {timings(run)}\n"
                    f"  rounds by axis: {by_axis(run)}\n  history: {run.history_path}")
+    assert not run.early_grants(), [(r["round"], r["a_granted"], r["b_granted"]) for r in run.early_grants()]
     assert not run.not_late, [(r["round"], r["proxy"], r["b"]) for r in run.not_late]
     assert not run.accepted, [(r["round"], r["variant"], r["a"], r["proxy"]) for r in run.accepted]
     assert not run.not_b(), [(r["round"], r["variant"], r["read"]) for r in run.not_b()]

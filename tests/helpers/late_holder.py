@@ -2,7 +2,8 @@
 
 `Holder` acquires a scope on an embedded coordinator (``sqlite://`` on the
 coordinator file a `stockade serve --coordinator` serves; or the server's own
-url), writes to a fenced store (the server, directly or through a proxy),
+url), writes to a fenced store (the server, directly or through a proxy, or
+its store file itself, ``sqlite://``, as another process on the host may),
 releases, reads. Every call returns one dict with its timings on the host's
 monotonic clock (``invoke_ns``, ``complete_ns``) and its outcome (``type``:
 ok, fail, info; ``error``, ``high_water``), which the test turns into history
@@ -47,7 +48,8 @@ class Holder:
     def store(self, url: str) -> Any:
         with self._lock:
             if url not in self._stores:
-                self._stores[url] = stockade.open_store(url, timeout_ms=30_000)
+                remote = url.startswith(("http://", "https://"))
+                self._stores[url] = stockade.open_store(url, timeout_ms=30_000) if remote else stockade.open_store(url)
             return self._stores[url]
 
     def coordinator(self, url: str | None) -> Any:
