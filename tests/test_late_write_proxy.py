@@ -169,7 +169,7 @@ class Recorder:
     def op(self, process: str, f: str, result: dict[str, Any], **fields: Any) -> None:
         common = {k: v for k, v in fields.items() if v is not None}
         invoke = {"t_ns": result["invoke_ns"], "process": process, "type": "invoke", "f": f, **common}
-        if "token" in result and f != "read":
+        if "token" in result and f in ("write", "release"):  # an acquire learns its token on completion
             invoke["token"] = result["token"]
         done = {**invoke, **{k: v for k, v in result.items() if k not in ("invoke_ns", "complete_ns")},
                 "t_ns": result["complete_ns"], "type": result["type"]}
@@ -196,7 +196,9 @@ def start_servers(tmp_path: Path, *, control: str | None = None, both: bool = Tr
     coord_dir = tmp_path / "coord"
     coord_dir.mkdir()
     coord_url = f"sqlite://{coord_dir / 'coord.db'}"
-    dirs = {"own": tmp_path / "serve-own", "coord": coord_dir} if both and not control else {"own": tmp_path / "serve-own"}
+    dirs = {"own": tmp_path / "serve-own"}
+    if both and not control:
+        dirs["coord"] = coord_dir
     processes: dict[str, ServerProcess] = {}
     proxies: dict[str, HoldProxy] = {}
     try:
@@ -234,7 +236,8 @@ def round_of(r: int, v: Variant, holders: dict[str, Handle], servers: Servers, h
                   via=server.url if v.b_grant == "server" else None)
     history.op(f"{b.name}:lease", "acquire", b_granted, **fields)
     assert b_granted["type"] == "ok", (b_granted, v)
-    store_url = {"direct": server.url, "proxy": proxy.url, "file": f"sqlite://{server.data_dir / 'store.db'}"}[v.b_write]
+    store_file = f"sqlite://{server.data_dir / 'store.db'}"
+    store_url = {"direct": server.url, "proxy": proxy.url, "file": store_file}[v.b_write]
     written = b("write", store_url=store_url, scope=scope, key="k", value=f"B{r}", idempotency_key=f"B{r}")
     history.op(f"{b.name}:write", "write", written, key="k", value=f"B{r}", idempotency_key=f"B{r}", **fields)
     hold.release()
@@ -352,7 +355,7 @@ def run_rounds(tmp_path: Path, servers: Servers, count: int, *, seed: int, load:
     audit = [entry for server in servers.processes.values() for entry in all_audit(server.data_dir / "store.db")]
     verdict = check(history.records, audit=audit)
     with open(tmp_path / "late-writes-audit.jsonl", "w") as out:
-        dump_jsonl([dict(zip(("scope", "token", "idempotency_key", "commit_seq"), e)) for e in audit], out)
+        dump_jsonl([dict(zip(("scope", "token", "idempotency_key", "commit_seq"), e, strict=True)) for e in audit], out)
     return Run(results, history.records, verdict, history_path)
 
 
@@ -403,7 +406,8 @@ def test_s05_late_writes_through_a_proxy_are_refused(tmp_path: Path, capsys: Any
                     if r not in run.accepted and r not in run.refused)
     figure(capsys, f"S05 (serve --coordinator sqlite://, embedded holders): late writes accepted "
                    f"{len(run.accepted)} of {len(run.results)}; held past B's ack "
-                   f"{len(run.results) - len(run.not_late)} of {len(run.results)}; refused stale {len(run.refused)}; other "
+                   f"{len(run.results) - len(run.not_late)} of {len(run.results)}; refused stale "
+                   f"{len(run.refused)}; other "
                    f"{dict(other) or 0}; key not B's after the round {len(run.not_b())}; checkers: "
                    f"{dict(run.verdict.by_property()) or 'no violations'}\n  {timings(run)}\n"
                    f"  rounds by axis: {by_axis(run)}\n  history: {run.history_path}")

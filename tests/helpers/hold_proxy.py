@@ -175,7 +175,7 @@ class HoldProxy:
         finally:
             try:
                 await asyncio.wait_for(asyncio.shield(answers), 30)  # the last answer still goes back
-            except (asyncio.TimeoutError, OSError, asyncio.CancelledError):
+            except (TimeoutError, OSError, asyncio.CancelledError):
                 answers.cancel()
             for writer in (client_writer, server_writer):
                 writer.close()
