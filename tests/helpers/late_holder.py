@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 import stockade
-from stockade.core.errors import BackendUnavailable, StaleToken, StockadeError
+from stockade.core.errors import BackendUnavailable, LeaseLost, StaleToken, StockadeError
 
 TRAFFIC_CYCLES_MAX = 5_000
 
@@ -67,7 +67,8 @@ class Holder:
             self.lease = coord.acquire(scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=self.name,
                                             keepalive=keepalive)
         except StockadeError as exc:
-            result.update(type="info" if isinstance(exc, BackendUnavailable) else "fail", error=exc.code)
+            # LeaseLost: granted, but so late (a busy host) that the lease had lapsed: a token was issued.
+            result.update(type="info" if isinstance(exc, (BackendUnavailable, LeaseLost)) else "fail", error=exc.code)
         else:
             result.update(type="ok", token=self.lease.token.encode(), token_value=self.lease.token.value)
         result["complete_ns"] = time.monotonic_ns()
