@@ -185,7 +185,6 @@ class Servers:
     coord_url: str
     processes: dict[str, ServerProcess]
     proxies: dict[str, HoldProxy]
-    cluster_id: str = ""
 
     def close(self) -> None:
         for proxy in self.proxies.values():
