@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded
+from stockade.core.errors import BackendUnavailable, InvalidArgument, InvariantViolation, LimitExceeded
 from stockade.core.limits import VALUE_BYTES_MAX, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -49,8 +49,11 @@ except ImportError as error:  # pragma: no cover - the extra is missing
 
 __all__ = ["RedisFence", "AsyncRedisFence", "RedisBatch", "AsyncRedisBatch", "open_floor_target"]
 
-#: The code of the errors the script's first pass reports before any write: the batch does not fit the data.
+#: The code of the errors the script's first pass reports before any write: Redis would refuse a command
+#: of the batch (its data's type, an integer it cannot read or that would overflow), so nothing is applied.
 _REFUSED_BY_SCRIPT = "FENCEBATCH"
+#: The code the script answers with if a command fails all the same after a write: a bug in its first pass.
+_PARTIAL = "FENCEPARTIAL"
 
 
 def _translate(error: Exception, resource: str) -> Exception:
@@ -58,6 +61,8 @@ def _translate(error: Exception, resource: str) -> Exception:
     text = str(error)
     if isinstance(error, redis_py.ResponseError) and _REFUSED_BY_SCRIPT in text:
         return InvalidArgument("batch", f"refused by {resource}, nothing applied: {text}")
+    if isinstance(error, redis_py.ResponseError) and _PARTIAL in text:
+        return InvariantViolation(f"{resource}: a fenced batch failed halfway, its first pass missed it: {text}")
     return BackendUnavailable(f"{resource}: {text}")
 
 
