@@ -15,18 +15,22 @@ model to the real redis-server:
   command on a copy: the fence refuses exactly the batches Redis refuses
   somewhere, and otherwise leaves exactly what Redis leaves;
 - a stream at the last possible id, and a command the first pass missed
-  (forced by a mutated script) reported as a bug, never as an unknown outcome.
+  (forced by a mutated script) reported as a bug, never as an unknown outcome;
+- the shared suite's "partial failure inside a unit" tests
+  (`stockade.testing.conformance.fence_partial`) catch the control too.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from helpers.fence_redis import old_first_pass, redis_state
+from helpers.fence_partial import REDIS as REDIS_WAYS
+from helpers.fence_redis import make_redis_harness, old_first_pass, redis_state
 from helpers.redis_server import RedisServer, require_redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -34,7 +38,8 @@ from hypothesis import strategies as st
 from stockade.core.errors import BackendUnavailable, InvalidArgument, InvariantViolation
 from stockade.resources import _redis_script as script
 from stockade.resources.redis import RedisFence
-from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.conformance import fence_partial as partial
+from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 GENERATED_BATCHES = 2000 if LONG else 150
@@ -351,3 +356,14 @@ def test_values_the_old_first_pass_refused_are_taken_as_redis_takes_them(fence: 
         fence.incrby(tok(2), "{a}:m", -1)
     assert plain.get("{a}:m") == b"-9223372036854775808"
 
+
+
+def test_control_the_conformance_suites_partial_failures_catch_the_old_first_pass(tmp_path: Path) -> None:
+    """The suite's refused-write test (run on every adapter by test_fence_conformance) fails on the control."""
+    harness = make_redis_harness(tmp_path, CLUSTER, KEYS, None)
+    old_first_pass(harness.fence)
+    try:
+        with pytest.raises(AssertionError, match="6 of 7 units half-applied"):
+            partial.test_a_unit_whose_later_write_the_resource_refuses_applies_nothing(harness, REDIS_WAYS)
+    finally:
+        harness.close()
