@@ -59,9 +59,9 @@ _PARTIAL = "FENCEPARTIAL"
 def _translate(error: Exception, resource: str) -> Exception:
     """A redis-py error as stockade's: the user's data refused the batch, or Redis failed."""
     text = str(error)
-    if isinstance(error, redis_py.ResponseError) and _REFUSED_BY_SCRIPT in text:
+    if isinstance(error, redis_py.ResponseError) and text.startswith(_REFUSED_BY_SCRIPT):
         return InvalidArgument("batch", f"refused by {resource}, nothing applied: {text}")
-    if isinstance(error, redis_py.ResponseError) and _PARTIAL in text:
+    if isinstance(error, redis_py.ResponseError) and text.startswith(_PARTIAL):
         return InvariantViolation(f"{resource}: a fenced batch failed halfway, its first pass missed it: {text}")
     return BackendUnavailable(f"{resource}: {text}")
 
