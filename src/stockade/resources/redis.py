@@ -227,8 +227,10 @@ class RedisFence(_FenceBase):
 
         Raises:
             StaleToken, TokenMismatch: refused (R1, R2, forged); nothing applied.
-            InvalidArgument: a bad token, key or value (nothing applied).
-            BackendUnavailable: Redis could not be reached; outcome unknown.
+            InvalidArgument: a bad token, key or value, or a batch Redis would refuse a command of (a
+                key's type, an INCRBY it cannot read or that would overflow, a stream at its last id):
+                nothing applied, no mark moved (docs/fence-redis.md, "All or nothing").
+            BackendUnavailable: Redis could not be reached; outcome unknown (the whole batch or none of it).
         """
         checked, scope = self._open(token, scope)
         unit = RedisBatch(self, checked, scope)
