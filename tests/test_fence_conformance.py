@@ -1,7 +1,10 @@
 """The fence-adapter conformance suite (`stockade.testing.conformance.fence`) over every adapter.
 
 A new adapter adds one entry to `TARGETS`: a factory ``(tmp_path, cluster_id,
-keys, mutant) -> harness`` on a fresh resource. `test_the_suite_catches_every_control`
+keys, mutant) -> harness`` on a fresh resource; and one to
+`helpers.fence_partial.PARTIAL_FAILURES`: how a later write of its unit fails,
+or why a kind of that failure does not apply to it
+(`stockade.testing.conformance.fence_partial`). `test_the_suite_catches_every_control`
 runs the suite's own tests against each control on each adapter and requires
 a failure.
 """
