@@ -1,7 +1,10 @@
 """The fence-adapter conformance suite (`stockade.testing.conformance.fence`) over every adapter.
 
 A new adapter adds one entry to `TARGETS`: a factory ``(tmp_path, cluster_id,
-keys, mutant) -> harness`` on a fresh resource. `test_the_suite_catches_every_control`
+keys, mutant) -> harness`` on a fresh resource; and one to
+`helpers.fence_partial.PARTIAL_FAILURES`: how a later write of its unit fails,
+or why a kind of that failure does not apply to it
+(`stockade.testing.conformance.fence_partial`). `test_the_suite_catches_every_control`
 runs the suite's own tests against each control on each adapter and requires
 a failure.
 """
@@ -15,6 +18,7 @@ from typing import Any
 
 import pytest
 from helpers.fence_files import make_files_harness
+from helpers.fence_partial import PARTIAL_FAILURES
 from helpers.fence_postgres import make_postgres_harness
 from helpers.fence_redis import make_async_redis_harness, make_redis_harness
 from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
@@ -23,6 +27,8 @@ from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 import stockade.testing.conformance.fence as suite
 from stockade.keys import FixedKeys
 from stockade.testing.conformance.fence import *  # noqa: F403 - the suite's tests and its `fence` fixture
+from stockade.testing.conformance.fence_partial import *  # noqa: F403 - partial failure inside a unit
+from stockade.testing.conformance.fence_partial import PartialFailures
 
 Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 
@@ -61,6 +67,16 @@ def make_harness(
     yield make
     for harness in opened:
         harness.close()
+
+
+@pytest.fixture
+def partial_failures(request: pytest.FixtureRequest, make_harness: Callable[..., Any]) -> PartialFailures:
+    """The target's declaration for the partial-failure tests (`helpers.fence_partial`)."""
+    return PARTIAL_FAILURES[request.node.callspec.params["make_harness"]]
+
+
+def test_every_target_declares_its_partial_failures() -> None:
+    assert set(PARTIAL_FAILURES) == set(TARGETS)
 
 
 # Which of the suite's tests each control must fail. The suite's numbers are cut down here so

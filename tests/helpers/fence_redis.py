@@ -25,6 +25,7 @@ from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.fence import Reject, decide
 from stockade.keys import FixedKeys
+from stockade.resources import _redis_script as script_module
 from stockade.resources._inputs import coerce_token
 from stockade.resources.redis import AsyncRedisFence, RedisFence
 from stockade.testing.mutants import accept_everything, reject_equal
@@ -209,3 +210,93 @@ def make_async_redis_harness(
 ) -> AsyncRedisHarness:
     require_redis()
     return AsyncRedisHarness(RedisServer(tmp_path), cluster_id, keys, mutant)
+
+
+# -- the control of the batch's first pass -----------------------------------------------------------
+
+def old_first_pass(fence: Any) -> Any:
+    """Turn ``fence`` into the control ``old-first-pass``: its script is the one before issue 26.
+
+    That first pass read any ``-?digits`` of at most 18 characters as an
+    integer (Redis refuses ``01``, ``-0``, ``007``) and forgot what the batch's
+    earlier INCRBYs added, so Redis could refuse a command after the mark and
+    the earlier commands were written: the batch half-applied, reported as
+    `BackendUnavailable` (outcome unknown). Returns ``fence``.
+    """
+    fence._write = fence.client.register_script(OLD_FENCED_WRITE)
+    return fence
+
+
+OLD_FENCED_WRITE = script_module._LESS + """
+local token, compare = ARGV[1], ARGV[2]
+local marks = redis.call('MGET', KEYS[1], KEYS[2])
+local own, floor = marks[1] or '0', marks[2] or '0'
+local mark = own
+if less(mark, floor) then mark = floor end
+if (compare == 'ge' and less(token, mark)) or (compare == 'gt' and not less(mark, token)) then
+  return {0, mark}
+end
+local kinds, values = {}, {}  -- each key's type (and a SET's value) as the batch leaves it
+local function kind(key)
+  local k = kinds[key]
+  if k == nil then k = redis.call('TYPE', key)['ok']; kinds[key] = k end
+  return k
+end
+local integer = '^-?%d+$'
+local i = 3
+while i <= #ARGV do
+  local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
+  if name == 'SET' then
+    kinds[key], values[key] = 'string', ARGV[i + 3]
+  elseif name == 'DEL' then
+    kinds[key], values[key] = 'none', nil
+  elseif name == 'HSET' then
+    local k = kind(key)
+    if k ~= 'none' and k ~= 'hash' then
+      return redis.error_reply('FENCEBATCH WRONGTYPE HSET on a ' .. k .. ' key')
+    end
+    kinds[key] = 'hash'
+  elseif name == 'INCRBY' then
+    local k = kind(key)
+    if k ~= 'none' and k ~= 'string' then
+      return redis.error_reply('FENCEBATCH WRONGTYPE INCRBY on a ' .. k .. ' key')
+    end
+    if k == 'string' then
+      local v = values[key] or redis.call('GET', key)
+      if not string.match(v, integer) or #v > 18 then
+        return redis.error_reply('FENCEBATCH INCRBY on a value that is not a small integer')
+      end
+    end
+    kinds[key], values[key] = 'string', '0'
+  elseif name == 'XADD' then
+    local k = kind(key)
+    if k ~= 'none' and k ~= 'stream' then
+      return redis.error_reply('FENCEBATCH WRONGTYPE XADD on a ' .. k .. ' key')
+    end
+    kinds[key] = 'stream'
+  else
+    return redis.error_reply('FENCEBATCH command not allowed in a fenced batch: ' .. name)
+  end
+  i = i + 3 + n
+end
+local out = {1, mark}
+if less(own, token) then redis.call('SET', KEYS[1], token); out[2] = token end
+if less(out[2], mark) then out[2] = mark end
+i = 3
+while i <= #ARGV do
+  local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
+  local args = {}
+  for j = 1, n do args[j] = ARGV[i + 2 + j] end
+  if name == 'SET' then
+    redis.call('SET', key, unpack(args))
+    out[#out + 1] = 1
+  elseif name == 'INCRBY' then
+    redis.call('INCRBY', key, args[1])
+    out[#out + 1] = redis.call('GET', key)  -- as a string: exact past 2**53
+  else
+    out[#out + 1] = redis.call(name, key, unpack(args))
+  end
+  i = i + 3 + n
+end
+return out
+"""

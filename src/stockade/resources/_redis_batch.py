@@ -36,7 +36,7 @@ __all__ = ["Commands", "FenceCore", "ARGS_PER_COMMAND_MAX", "INCREMENT_MAX", "SC
            "EVICTING_POLICIES", "as_bytes"]
 
 ARGS_PER_COMMAND_MAX: Final = 1000  # arguments of one command (Lua's unpack has a stack limit)
-INCREMENT_MAX: Final = 2**62  # |INCRBY amount|; with the script's 18-digit check, no overflow
+INCREMENT_MAX: Final = 2**62  # |INCRBY amount|; the script refuses a sum past signed 64 bits, as Redis does
 PX_MS_MAX: Final = 2**46  # a SET's PX, about 2,000 years
 SCAN_SCOPES_MAX: Final = 100_000  # marks `high_waters` lists before it refuses
 #: How often a fence reads Redis's eviction policy again before a write (an operator can change it any time).
@@ -138,7 +138,9 @@ class Commands:
         args: list[str | bytes] = []
         if maxlen is not None:
             args += ["MAXLEN", "~", str(validate_int("maxlen", maxlen, 1, TOKEN_VALUE_MAX))]
-        args.append("*")  # an id Redis picks cannot fail, so the batch stays all or nothing
+        # An id Redis picks fails only on a stream at its last id, which the script's first pass checks.
+        # The entry stays far below Redis's 1 GiB (ARGS_PER_COMMAND_MAX values of at most 1 MiB each).
+        args.append("*")
         for field, value in fields.items():
             args += [validate_key(field), validate_value(value, self.value_bytes_max)]
         self.written[self._add("XADD", key, args)] = ...

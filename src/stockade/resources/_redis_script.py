@@ -44,16 +44,52 @@ local function less(a, b)
 end
 """
 
+# Redis's own refusals, predicted (Redis 7.0, src/util.c string2ll, src/t_string.c incrDecrCommand,
+# src/t_stream.c xaddCommand). A 64-bit integer is held exactly as two Lua numbers, value = hi * 1e9 + lo
+# with 0 <= lo < 1e9 (a Lua number is exact only to 2**53).
+_INT64 = """
+local E9 = 1000000000
+local MIN_HI, MIN_LO, MAX_HI, MAX_LO = -9223372037, 145224192, 9223372036, 854775807
+local function norm(hi, lo)
+  local carry = math.floor(lo / E9)
+  return hi + carry, lo - carry * E9
+end
+local function in_range(hi, lo)
+  return (hi > MIN_HI or (hi == MIN_HI and lo >= MIN_LO)) and (hi < MAX_HI or (hi == MAX_HI and lo <= MAX_LO))
+end
+-- string2ll: '0', or an optional '-', a digit 1-9, digits; at most 20 bytes; within int64. Else nil.
+local function int64(s)
+  if s == '0' then return 0, 0 end
+  if #s > 20 or not string.find(s, '^%-?[1-9][0-9]*$') then return nil end
+  local neg = string.byte(s, 1) == 45
+  local digits = neg and string.sub(s, 2) or s
+  if #digits > 19 then return nil end
+  local hi, lo = tonumber(string.sub(digits, 1, -10)) or 0, tonumber(string.sub(digits, -9))
+  if neg then hi, lo = norm(-hi, -lo) end
+  if not in_range(hi, lo) then return nil end
+  return hi, lo
+end
+"""
+
 #: KEYS[1] the scope's mark, KEYS[2] its slot's floor, KEYS[3..] the user's keys.
 #: ARGV[1] the token value, ARGV[2] the comparison (`COMPARE_MODES`), then the
 #: commands: name, index of its key in KEYS, count of arguments, the arguments.
 #: Returns {0, mark} for a stale token (nothing written), else {1, mark, result...}.
 #:
-#: Redis does not undo a script that fails halfway, so a first pass checks that
-#: no command can fail (each key's type, as the earlier commands of the batch
-#: leave it; INCRBY on an integer) before the first write; the mark is written
-#: with the commands, in the same script, so both or neither are applied.
-FENCED_WRITE = _LESS + """
+#: Redis does not undo a script that fails halfway, so a first pass runs every
+#: command on a model of the keys it touches, before the first write, and refuses
+#: the batch (a ``FENCEBATCH`` error, nothing written) wherever Redis would refuse
+#: a command: the wrong type for HSET, INCRBY and XADD; INCRBY on a value that
+#: Redis's string2ll does not read as a 64-bit integer, or whose sum leaves the
+#: signed 64-bit range, counting the earlier commands of the batch exactly; XADD
+#: on a stream whose last id is the greatest there is. What else could fail is
+#: ruled out before the script (`stockade.resources._redis_batch.Commands`):
+#: SET's PX is bounded, an XADD's id is ``*`` and its entry below Redis's 1 GiB,
+#: and Redis refuses a script for OOM, READONLY or NOREPLICAS only at its first
+#: write. The mark is written with the commands, in the same script, so both or
+#: neither are applied. Should a command fail all the same, the script stops
+#: there and says ``FENCEPARTIAL`` (a bug in this model, never an unknown outcome).
+FENCED_WRITE = _LESS + _INT64 + """
 local token, compare = ARGV[1], ARGV[2]
 local marks = redis.call('MGET', KEYS[1], KEYS[2])
 local own, floor = marks[1] or '0', marks[2] or '0'
@@ -62,46 +98,58 @@ if less(mark, floor) then mark = floor end
 if (compare == 'ge' and less(token, mark)) or (compare == 'gt' and not less(mark, token)) then
   return {0, mark}
 end
-local kinds, values = {}, {}  -- each key's type (and a SET's value) as the batch leaves it
+-- each key as the batch leaves it: its type; a string's value (its bytes, or {hi, lo} once counted);
+-- a stream's room (how many more ids XADD can make: math.huge unless its last id's ms is 2**64-1)
+local kinds, values, room = {}, {}, {}
 local function kind(key)
   local k = kinds[key]
   if k == nil then k = redis.call('TYPE', key)['ok']; kinds[key] = k end
   return k
 end
-local integer = '^-?%d+$'
+local function refuse(why) return redis.error_reply('FENCEBATCH ' .. why) end
 local i = 3
 while i <= #ARGV do
   local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
   if name == 'SET' then
-    kinds[key], values[key] = 'string', ARGV[i + 3]
+    kinds[key], values[key], room[key] = 'string', ARGV[i + 3], nil
   elseif name == 'DEL' then
-    kinds[key], values[key] = 'none', nil
+    kinds[key], values[key], room[key] = 'none', nil, nil
   elseif name == 'HSET' then
     local k = kind(key)
-    if k ~= 'none' and k ~= 'hash' then
-      return redis.error_reply('FENCEBATCH WRONGTYPE HSET on a ' .. k .. ' key')
-    end
+    if k ~= 'none' and k ~= 'hash' then return refuse('WRONGTYPE HSET on a ' .. k .. ' key') end
     kinds[key] = 'hash'
   elseif name == 'INCRBY' then
     local k = kind(key)
-    if k ~= 'none' and k ~= 'string' then
-      return redis.error_reply('FENCEBATCH WRONGTYPE INCRBY on a ' .. k .. ' key')
+    if k ~= 'none' and k ~= 'string' then return refuse('WRONGTYPE INCRBY on a ' .. k .. ' key') end
+    local v = values[key]
+    if k == 'none' then v = {0, 0} elseif v == nil then v = redis.call('GET', key) end
+    if type(v) == 'string' then
+      local hi, lo = int64(v)
+      if hi == nil then return refuse('INCRBY on a value that is not an integer or out of range') end
+      v = {hi, lo}
     end
-    if k == 'string' then
-      local v = values[key] or redis.call('GET', key)
-      if not string.match(v, integer) or #v > 18 then
-        return redis.error_reply('FENCEBATCH INCRBY on a value that is not a small integer')
-      end
-    end
-    kinds[key], values[key] = 'string', '0'
+    local by_hi, by_lo = int64(ARGV[i + 3])
+    local hi, lo = norm(v[1] + by_hi, v[2] + by_lo)
+    if not in_range(hi, lo) then return refuse('INCRBY: increment or decrement would overflow') end
+    kinds[key], values[key] = 'string', {hi, lo}
   elseif name == 'XADD' then
     local k = kind(key)
-    if k ~= 'none' and k ~= 'stream' then
-      return redis.error_reply('FENCEBATCH WRONGTYPE XADD on a ' .. k .. ' key')
+    if k ~= 'none' and k ~= 'stream' then return refuse('WRONGTYPE XADD on a ' .. k .. ' key') end
+    if k == 'none' then room[key] = math.huge end
+    if room[key] == nil then
+      local info, last = redis.call('XINFO', 'STREAM', key), nil
+      for j = 1, #info, 2 do if info[j] == 'last-generated-id' then last = info[j + 1] end end
+      local ms, seq = string.match(last, '^(%d+)%-(%d+)$')
+      room[key] = math.huge
+      if ms == '18446744073709551615' then
+        local hi, lo = tonumber(string.sub(seq, 1, -10)) or 0, tonumber(string.sub(seq, -9))
+        room[key] = (18446744073 - hi) * E9 + (709551615 - lo)
+      end
     end
-    kinds[key] = 'stream'
+    if room[key] < 1 then return refuse('XADD: the stream has exhausted the last possible ID') end
+    kinds[key], room[key] = 'stream', room[key] - 1
   else
-    return redis.error_reply('FENCEBATCH command not allowed in a fenced batch: ' .. name)
+    return refuse('command not allowed in a fenced batch: ' .. name)
   end
   i = i + 3 + n
 end
@@ -113,14 +161,16 @@ while i <= #ARGV do
   local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
   local args = {}
   for j = 1, n do args[j] = ARGV[i + 2 + j] end
+  local result = redis.pcall(name, key, unpack(args))
+  if type(result) == 'table' and result['err'] then
+    return redis.error_reply('FENCEPARTIAL after ' .. (#out - 2) .. ' commands: ' .. result['err'])
+  end
   if name == 'SET' then
-    redis.call('SET', key, unpack(args))
     out[#out + 1] = 1
   elseif name == 'INCRBY' then
-    redis.call('INCRBY', key, args[1])
     out[#out + 1] = redis.call('GET', key)  -- as a string: exact past 2**53
   else
-    out[#out + 1] = redis.call(name, key, unpack(args))
+    out[#out + 1] = result
   end
   i = i + 3 + n
 end

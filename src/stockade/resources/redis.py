@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded
+from stockade.core.errors import BackendUnavailable, InvalidArgument, InvariantViolation, LimitExceeded
 from stockade.core.limits import VALUE_BYTES_MAX, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -49,15 +49,20 @@ except ImportError as error:  # pragma: no cover - the extra is missing
 
 __all__ = ["RedisFence", "AsyncRedisFence", "RedisBatch", "AsyncRedisBatch", "open_floor_target"]
 
-#: The code of the errors the script's first pass reports before any write: the batch does not fit the data.
+#: The code of the errors the script's first pass reports before any write: Redis would refuse a command
+#: of the batch (its data's type, an integer it cannot read or that would overflow), so nothing is applied.
 _REFUSED_BY_SCRIPT = "FENCEBATCH"
+#: The code the script answers with if a command fails all the same after a write: a bug in its first pass.
+_PARTIAL = "FENCEPARTIAL"
 
 
 def _translate(error: Exception, resource: str) -> Exception:
     """A redis-py error as stockade's: the user's data refused the batch, or Redis failed."""
     text = str(error)
-    if isinstance(error, redis_py.ResponseError) and _REFUSED_BY_SCRIPT in text:
+    if isinstance(error, redis_py.ResponseError) and text.startswith(_REFUSED_BY_SCRIPT):
         return InvalidArgument("batch", f"refused by {resource}, nothing applied: {text}")
+    if isinstance(error, redis_py.ResponseError) and text.startswith(_PARTIAL):
+        return InvariantViolation(f"{resource}: a fenced batch failed halfway, its first pass missed it: {text}")
     return BackendUnavailable(f"{resource}: {text}")
 
 
@@ -222,8 +227,10 @@ class RedisFence(_FenceBase):
 
         Raises:
             StaleToken, TokenMismatch: refused (R1, R2, forged); nothing applied.
-            InvalidArgument: a bad token, key or value (nothing applied).
-            BackendUnavailable: Redis could not be reached; outcome unknown.
+            InvalidArgument: a bad token, key or value, or a batch Redis would refuse a command of (a
+                key's type, an INCRBY it cannot read or that would overflow, a stream at its last id):
+                nothing applied, no mark moved (docs/fence-redis.md, "All or nothing").
+            BackendUnavailable: Redis could not be reached; outcome unknown (the whole batch or none of it).
         """
         checked, scope = self._open(token, scope)
         unit = RedisBatch(self, checked, scope)

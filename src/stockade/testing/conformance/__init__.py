@@ -8,6 +8,10 @@
 - `stockade.testing.conformance.fence`: the adapters that keep the mark inside
   a user's own data (PostgreSQL, SQLite, Redis, files): R1, R2 with forged
   tokens, R4 floors, R5, R6, S05, S19, S20 and bad input.
+- `stockade.testing.conformance.fence_partial`: the same adapters, a unit whose
+  later write fails (refused by the resource, or a fault injected after the
+  first write): nothing of it applied, no mark moved; an optional capability
+  each adapter declares, with the reason where a kind does not apply.
 - `stockade.testing.conformance.history`: every coordinator's lease history
   (grants, expiries, releases), in order and bounded, run beside the
   coordinator suite with its fixtures.
