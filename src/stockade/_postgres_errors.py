@@ -1,10 +1,47 @@
-"""A PostgreSQL error as one line for a person, for every part of stockade that talks to PostgreSQL."""
+"""What every part of stockade that talks to PostgreSQL shares: an error in one line, and how text crosses.
+
+**Text and the database's encoding.** psycopg decodes a text column with the
+connection's ``client_encoding``, which defaults to the database's encoding.
+A ``SQL_ASCII`` database (what ``initdb`` makes under the C/POSIX locale) has
+no encoding: psycopg then hands text back as ``bytes``, so an ``int()`` or an
+f-string of a value read back is silently wrong (``"b'8'"``). So:
+
+- every connection stockade opens itself (the coordinator's, `PostgresFence`'s,
+  the shard log's) asks for ``client_encoding`` `CLIENT_ENCODING` (UTF8) in its
+  startup packet, at no cost: a ``SQL_ASCII`` database stores the UTF-8 bytes
+  as they are, a UTF8 one is unchanged, and any other server encoding is
+  converted by the server, which refuses a character it cannot store (SQLSTATE
+  22P05) instead of storing another one;
+- a value read on a connection the *user* opened (``install(conn)``,
+  ``high_waters(conn)``) goes through `text_of`: stockade's own text there
+  (cluster ids, scopes, schema names) is ASCII, the same bytes in every encoding.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["error_text"]
+__all__ = ["CLIENT_ENCODING", "error_text", "server_encoding", "text_of"]
+
+#: The ``client_encoding`` of every connection stockade opens (a connection parameter: no round trip).
+CLIENT_ENCODING = "UTF8"
+
+
+def text_of(value: Any) -> Any:
+    """A text value read back from PostgreSQL as ``str``, whatever the connection's encoding (None stays None).
+
+    psycopg returns ``bytes`` for text on a ``SQL_ASCII`` connection; what
+    stockade reads back there is ASCII it wrote itself (or UTF-8, which
+    psycopg sends on such a connection), so it is decoded as UTF-8.
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    return value
+
+
+def server_encoding(conn: Any) -> str:
+    """The database's encoding, as the server reported it when the connection started (no round trip)."""
+    return str(conn.info.parameter_status("server_encoding") or "")
 
 
 def error_text(exc: BaseException) -> str:

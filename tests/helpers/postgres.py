@@ -174,15 +174,27 @@ def shared_server() -> PostgresServer:
 _databases = 0
 
 
-def fresh_database(server: PostgresServer) -> str:
-    """A new empty database on ``server``; its name."""
+#: The database encodings the PostgreSQL tests run on: the server's own (UTF8), and SQL_ASCII, what
+#: ``initdb`` makes under a C/POSIX locale (psycopg hands its text back as bytes).
+ENCODINGS = ("UTF8", "SQL_ASCII")
+
+
+def fresh_database(server: PostgresServer, encoding: str = "UTF8") -> str:
+    """A new empty database on ``server`` in ``encoding`` (one of `ENCODINGS`); its name.
+
+    UTF8 copies ``template1`` (the server's encoding); any other encoding
+    copies ``template0`` with the C locale, as PostgreSQL requires.
+    """
     global _databases
     import psycopg
 
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}")
     _databases += 1
     name = f"t{os.getpid()}_{_databases}"
+    options = "" if encoding == "UTF8" else f" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
     with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{options}')
     return name
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stockade._postgres_errors import error_text
+from stockade._postgres_errors import CLIENT_ENCODING, error_text, server_encoding
 from stockade.coordinators._postgres_coord_call import Prepared, run_prepared
 from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_of_row
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
@@ -80,6 +80,10 @@ _KEYRING_NAME = Path("postgresql table stockade_coord_keyring")
 
 #: Settings the coordinator refuses to run with: each would let a crash forget an acknowledged grant.
 REFUSED_SETTINGS = {"fsync": "off", "full_page_writes": "off", "synchronous_commit": "off"}
+#: The database encodings the coordinator runs on. A holder name is any Unicode text: UTF8 stores every
+#: one, SQL_ASCII stores the UTF-8 bytes as they are; LATIN1, EUC_JP ... would refuse some holder at its
+#: first acquire, so such a database is refused when it is opened instead (docs/coordinator-postgres.md).
+ENCODINGS = ("UTF8", "SQL_ASCII")
 
 
 def _psycopg() -> Any:
@@ -167,6 +171,9 @@ class PostgresRecords:
     """
 
     timelines = True
+    #: The connections' ``client_encoding`` (`CLIENT_ENCODING`); a seam for the control of the encoding
+    #: tests (None: the database's own, which hands a SQL_ASCII database's text back as bytes).
+    client_encoding: str | None = CLIENT_ENCODING
     idle_in_transaction_ms = 2_000  # a unit paused between its statements (SIGSTOP) frees its scopes this soon
 
     def __init__(
@@ -197,12 +204,22 @@ class PostgresRecords:
 
     def _connect(self, *, autocommit_only: bool = False) -> Any:
         psycopg = _psycopg()
-        extra = {} if "connect_timeout" in self._conninfo else {"connect_timeout": CONNECT_TIMEOUT_S}
+        extra: dict[str, object] = {}
+        if "connect_timeout" not in self._conninfo:
+            extra["connect_timeout"] = CONNECT_TIMEOUT_S
+        if self.client_encoding is not None:  # `stockade._postgres_errors`: text as str on SQL_ASCII too
+            extra["client_encoding"] = self.client_encoding
         try:
             conn = psycopg.connect(self._conninfo, autocommit=True, **extra)
         except psycopg.Error as exc:
             raise BackendUnavailable(f"cannot connect to the coordinator database: {error_text(exc)}",
                                      certain_no_effect=True) from exc
+        encoding = server_encoding(conn)
+        if encoding not in ENCODINGS:
+            conn.close()
+            raise BackendUnavailable(
+                f"the coordinator database's encoding is {encoding}, which cannot store every holder name; "
+                "create it with ENCODING 'UTF8' (docs/coordinator-postgres.md)", certain_no_effect=True)
         if not autocommit_only:
             try:
                 check_settings(conn)
