@@ -8,20 +8,30 @@ f-string of a value read back is silently wrong (``"b'8'"``). So:
 
 - every connection stockade opens itself (the coordinator's, `PostgresFence`'s,
   the shard log's) asks for ``client_encoding`` `CLIENT_ENCODING` (UTF8) in its
-  startup packet, at no cost: a ``SQL_ASCII`` database stores the UTF-8 bytes
-  as they are, a UTF8 one is unchanged, and any other server encoding is
-  converted by the server, which refuses a character it cannot store (SQLSTATE
-  22P05) instead of storing another one;
+  startup packet, at no cost: a ``SQL_ASCII`` database stores the bytes as
+  they are, a UTF8 one is unchanged, and any other server encoding is
+  converted by the server (all that stockade stores as text is ASCII: scopes,
+  holders, cluster ids, numbers; keys and records are ``bytea``). The one
+  server encoding without a conversion to UTF8, MULE_INTERNAL, is refused by
+  the server when the connection starts, in one line that names it;
 - a value read on a connection the *user* opened (``install(conn)``,
   ``high_waters(conn)``) goes through `text_of`: stockade's own text there
   (cluster ids, scopes, schema names) is ASCII, the same bytes in every encoding.
+
+psycopg raises two errors of its own here that are not ``psycopg.Error``s
+of the server: a url whose %-escapes are not UTF-8 (``UnicodeDecodeError``,
+`unreadable_conninfo`), and a user's connection in an encoding Python has no
+codec for (EUC_TW, MULE_INTERNAL: ``NotSupportedError`` without a SQLSTATE,
+`no_codec`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CLIENT_ENCODING", "error_text", "server_encoding", "text_of"]
+from stockade.core.errors import InvalidArgument
+
+__all__ = ["CLIENT_ENCODING", "error_text", "no_codec", "text_of", "unreadable_conninfo"]
 
 #: The ``client_encoding`` of every connection stockade opens (a connection parameter: no round trip).
 CLIENT_ENCODING = "UTF8"
@@ -39,9 +49,16 @@ def text_of(value: Any) -> Any:
     return value
 
 
-def server_encoding(conn: Any) -> str:
-    """The database's encoding, as the server reported it when the connection started (no round trip)."""
-    return str(conn.info.parameter_status("server_encoding") or "")
+def unreadable_conninfo(exc: UnicodeError) -> InvalidArgument:
+    """The error for a connection string psycopg cannot read (``raise unreadable_conninfo(exc) from exc``)."""
+    return InvalidArgument("url", f"is not UTF-8 once its %-escapes are decoded ({exc.reason})")
+
+
+def no_codec(exc: BaseException) -> InvalidArgument | None:
+    """The error for a connection whose client encoding psycopg cannot decode; None for any other error."""
+    if type(exc).__name__ != "NotSupportedError" or getattr(exc, "sqlstate", None) is not None:
+        return None
+    return InvalidArgument("conn", f"{error_text(exc)}: connect with a client_encoding it has, e.g. UTF8")
 
 
 def error_text(exc: BaseException) -> str:

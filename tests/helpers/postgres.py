@@ -58,10 +58,11 @@ class PostgresServer:
     Args:
         settings: extra ``-c name=value`` settings for the server.
         datadir: an existing data directory to start (a base backup); None: initdb a new one.
+        encoding: initdb's ``-E``; None: what ``initdb --locale C`` chooses itself (SQL_ASCII).
     """
 
     def __init__(self, settings: dict[str, str] | None = None, *, datadir: Path | None = None,
-                 root: Path | None = None) -> None:
+                 root: Path | None = None, encoding: str | None = "UTF8") -> None:
         self.root = root or Path(tempfile.mkdtemp(prefix="stockade-pg-"))
         os.chmod(self.root, 0o755)
         self.datadir = datadir or self.root / "data"
@@ -71,7 +72,7 @@ class PostgresServer:
         self._chown(self.root)
         if datadir is None:
             self._run([str(BIN / "initdb"), "-D", str(self.datadir), "-U", SUPERUSER, "-A", "trust",
-                       "--no-sync", "-E", "UTF8", "--locale", "C"])
+                       "--no-sync", *(["-E", encoding] if encoding else []), "--locale", "C"])
         self.start()
 
     def _chown(self, path: Path) -> None:

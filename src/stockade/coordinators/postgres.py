@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stockade._postgres_errors import CLIENT_ENCODING, error_text, server_encoding
+from stockade._postgres_errors import CLIENT_ENCODING, error_text, unreadable_conninfo
 from stockade.coordinators._postgres_coord_call import Prepared, run_prepared
 from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_of_row
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
@@ -80,10 +80,6 @@ _KEYRING_NAME = Path("postgresql table stockade_coord_keyring")
 
 #: Settings the coordinator refuses to run with: each would let a crash forget an acknowledged grant.
 REFUSED_SETTINGS = {"fsync": "off", "full_page_writes": "off", "synchronous_commit": "off"}
-#: The database encodings the coordinator runs on. A holder name is any Unicode text: UTF8 stores every
-#: one, SQL_ASCII stores the UTF-8 bytes as they are; LATIN1, EUC_JP ... would refuse some holder at its
-#: first acquire, so such a database is refused when it is opened instead (docs/coordinator-postgres.md).
-ENCODINGS = ("UTF8", "SQL_ASCII")
 
 
 def _psycopg() -> Any:
@@ -214,12 +210,8 @@ class PostgresRecords:
         except psycopg.Error as exc:
             raise BackendUnavailable(f"cannot connect to the coordinator database: {error_text(exc)}",
                                      certain_no_effect=True) from exc
-        encoding = server_encoding(conn)
-        if encoding not in ENCODINGS:
-            conn.close()
-            raise BackendUnavailable(
-                f"the coordinator database's encoding is {encoding}, which cannot store every holder name; "
-                "create it with ENCODING 'UTF8' (docs/coordinator-postgres.md)", certain_no_effect=True)
+        except UnicodeError as exc:  # psycopg decodes the url's %-escapes as UTF-8
+            raise unreadable_conninfo(exc) from exc
         if not autocommit_only:
             try:
                 check_settings(conn)
