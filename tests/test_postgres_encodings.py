@@ -35,8 +35,9 @@ from conftest import python_env
 from helpers.postgres import PostgresServer, available, drop_database, shared_server
 
 import stockade
+from stockade import _postgres_errors
 from stockade._postgres_errors import error_text
-from stockade.coordinators.postgres import PostgresRecords, open_postgres
+from stockade.coordinators.postgres import open_postgres
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken
 from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import FencingToken
@@ -150,7 +151,7 @@ def test_both_integrations_work_on_an_initdb_locale_c_cluster(c_cluster: Postgre
 def test_control_the_old_text_handling_fails_on_the_same_cluster(c_cluster: PostgresServer,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The database's own client encoding, values read back as psycopg returns them: both failures."""
-    monkeypatch.setattr(PostgresRecords, "client_encoding", None)
+    monkeypatch.setattr(_postgres_errors, "CLIENT_ENCODING", None)
     monkeypatch.setattr(pg, "text_of", lambda value: value)
     problems = _round_on_c_cluster(c_cluster)
     assert any(p.startswith("connect 2: ValueError: invalid literal for int()") for p in problems), problems
@@ -231,3 +232,10 @@ def test_a_server_message_that_is_not_utf8_reaches_the_user_in_one_line(c_cluste
             conn.execute("DO $$ BEGIN RAISE EXCEPTION E'caf\\351 ferm\\351'; END $$")
     text = error_text(raised.value)
     assert text.startswith("caf\ufffd ferm\ufffd") and text.endswith("[SQLSTATE P0001]")
+    # stockade's own connections (client_encoding UTF8): the server cannot convert the message and
+    # sends its own error instead, still one line with its SQLSTATE.
+    with psycopg.connect(c_cluster.dsn_of("messages"), autocommit=True, client_encoding="UTF8") as conn:
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("DO $$ BEGIN RAISE EXCEPTION E'caf\\351 ferm\\351'; END $$")
+    text = error_text(raised.value)
+    assert "\n" not in text and text.endswith("[SQLSTATE 22021]"), text

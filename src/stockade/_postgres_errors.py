@@ -20,21 +20,25 @@ f-string of a value read back is silently wrong (``"b'8'"``). So:
 
 psycopg raises two errors of its own here that are not ``psycopg.Error``s
 of the server: a url whose %-escapes are not UTF-8 (``UnicodeDecodeError``,
-`unreadable_conninfo`), and a user's connection in an encoding Python has no
-codec for (EUC_TW, MULE_INTERNAL: ``NotSupportedError`` without a SQLSTATE,
-`no_codec`).
+turned into `InvalidArgument` by `open_connection`), and a user's connection
+in an encoding Python has no codec for (EUC_TW, MULE_INTERNAL:
+``NotSupportedError`` without a SQLSTATE, `no_codec`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from stockade.core.errors import InvalidArgument
 
-__all__ = ["CLIENT_ENCODING", "error_text", "no_codec", "text_of", "unreadable_conninfo"]
+__all__ = ["CLIENT_ENCODING", "error_text", "no_codec", "open_connection", "text_of"]
+
+T = TypeVar("T")
 
 #: The ``client_encoding`` of every connection stockade opens (a connection parameter: no round trip).
-CLIENT_ENCODING = "UTF8"
+#: None, the database's own, only in the control of tests/test_postgres_encodings.py (the old behaviour).
+CLIENT_ENCODING: str | None = "UTF8"
 
 
 def text_of(value: Any) -> Any:
@@ -49,9 +53,19 @@ def text_of(value: Any) -> Any:
     return value
 
 
-def unreadable_conninfo(exc: UnicodeError) -> InvalidArgument:
-    """The error for a connection string psycopg cannot read (``raise unreadable_conninfo(exc) from exc``)."""
-    return InvalidArgument("url", f"is not UTF-8 once its %-escapes are decoded ({exc.reason})")
+def open_connection(connect: Callable[..., T], conninfo: str, **kwargs: Any) -> T:
+    """``connect(conninfo, **kwargs)`` (``psycopg.connect``) in `CLIENT_ENCODING`, whatever the url says.
+
+    Raises:
+        InvalidArgument: the url's %-escapes are not UTF-8 (psycopg raises a bare ``UnicodeDecodeError``).
+        psycopg.Error: as ``connect`` does; each caller turns it into its own typed error.
+    """
+    if CLIENT_ENCODING is not None:
+        kwargs["client_encoding"] = CLIENT_ENCODING
+    try:
+        return connect(conninfo, **kwargs)
+    except UnicodeError as exc:
+        raise InvalidArgument("url", f"is not UTF-8 once its %-escapes are decoded ({exc})") from exc
 
 
 def no_codec(exc: BaseException) -> InvalidArgument | None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stockade._postgres_errors import CLIENT_ENCODING, error_text, unreadable_conninfo
+from stockade._postgres_errors import error_text, open_connection
 from stockade.coordinators._postgres_coord_call import Prepared, run_prepared
 from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_of_row
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
@@ -167,9 +167,6 @@ class PostgresRecords:
     """
 
     timelines = True
-    #: The connections' ``client_encoding`` (`CLIENT_ENCODING`); a seam for the control of the encoding
-    #: tests (None: the database's own, which hands a SQL_ASCII database's text back as bytes).
-    client_encoding: str | None = CLIENT_ENCODING
     idle_in_transaction_ms = 2_000  # a unit paused between its statements (SIGSTOP) frees its scopes this soon
 
     def __init__(
@@ -200,18 +197,12 @@ class PostgresRecords:
 
     def _connect(self, *, autocommit_only: bool = False) -> Any:
         psycopg = _psycopg()
-        extra: dict[str, object] = {}
-        if "connect_timeout" not in self._conninfo:
-            extra["connect_timeout"] = CONNECT_TIMEOUT_S
-        if self.client_encoding is not None:  # `stockade._postgres_errors`: text as str on SQL_ASCII too
-            extra["client_encoding"] = self.client_encoding
-        try:
-            conn = psycopg.connect(self._conninfo, autocommit=True, **extra)
+        extra = {} if "connect_timeout" in self._conninfo else {"connect_timeout": CONNECT_TIMEOUT_S}
+        try:  # in UTF8 whatever the database's encoding (`stockade._postgres_errors`)
+            conn = open_connection(psycopg.connect, self._conninfo, autocommit=True, **extra)
         except psycopg.Error as exc:
             raise BackendUnavailable(f"cannot connect to the coordinator database: {error_text(exc)}",
                                      certain_no_effect=True) from exc
-        except UnicodeError as exc:  # psycopg decodes the url's %-escapes as UTF-8
-            raise unreadable_conninfo(exc) from exc
         if not autocommit_only:
             try:
                 check_settings(conn)

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
-from stockade._postgres_errors import CLIENT_ENCODING, error_text, no_codec, text_of, unreadable_conninfo
+from stockade._postgres_errors import error_text, no_codec, open_connection, text_of
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.fence import Reject
 from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_scope
@@ -535,11 +535,7 @@ class PostgresFence:
     def connect(self) -> Any:
         """A new psycopg connection (autocommit: each `fenced` block is its own transaction)."""
         with _edge():
-            try:
-                return psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout_s,
-                                       client_encoding=CLIENT_ENCODING)
-            except UnicodeError as exc:  # psycopg decodes the url's %-escapes as UTF-8
-                raise unreadable_conninfo(exc) from exc
+            return open_connection(psycopg.connect, self.dsn, autocommit=True, connect_timeout=self.connect_timeout_s)
 
     def install(self, *, cluster_id: str | None = None) -> None:
         with self.connect() as conn:
