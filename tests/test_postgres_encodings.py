@@ -92,7 +92,7 @@ def _connect_twice_and_status(url: str) -> list[str]:
 
 
 def _fence_round(conninfo: str, keys: object, token: FencingToken, stale: FencingToken) -> list[str]:
-    """install twice, a fenced write, a stale write refused, the marks; what went wrong (empty: nothing)."""
+    """install twice, a fenced write, a stale one refused, the marks, a floor; what went wrong (empty: nothing)."""
     problems = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
         try:
@@ -112,6 +112,9 @@ def _fence_round(conninfo: str, keys: object, token: FencingToken, stale: Fencin
             marks = pg.high_waters(conn)
             if marks != {token.scope: token.value}:
                 problems.append(f"marks read back as {marks}")
+            floored = pg.open_floor_target(conninfo, cluster_id=token.cluster).raise_high_waters({"other": 9})
+            if floored != {"other": 9}:  # what `stockade floor` does, on a connection of its own
+                problems.append(f"the floor read back {floored}")
         except Exception as exc:  # noqa: BLE001 - what escapes is the finding
             problems.append(f"{type(exc).__name__}: {exc}")
     return problems
