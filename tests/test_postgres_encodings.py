@@ -9,8 +9,9 @@ both integrations on a SQL_ASCII database of the shared server
 (tests/conftest.py ``CONFORMANCE_BACKENDS``, tests/helpers/fence_postgres.py
 ``postgres-sql_ascii``); here:
 
-- a real ``initdb --locale=C`` cluster: install, connect twice, a non-ASCII
-  holder, ``stockade status --url``, a fenced write, a rejection; the control
+- a real ``initdb --locale=C`` cluster: connect twice, a holder read back,
+  ``stockade status --url``, then the fence with that coordinator's keys and
+  tokens (install twice, a fenced write, a rejection, a floor); the control
   (the old text handling: the database's own client encoding, values read
   back unconverted) shows both failures;
 - other encodings (all that stockade stores as text is ASCII): the coordinator
