@@ -108,6 +108,11 @@ BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "ht
             "zookeeper": ("zookeeper", "zk")}
 if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3 min (the default runs the core)
     BACKENDS["serve-postgres"] = ("http",)
+#: The PostgreSQL backend on each database encoding (tests/helpers/postgres.py ``ENCODINGS``).
+PG_ENCODINGS = {"postgres": "UTF8", "postgres-sql_ascii": "SQL_ASCII"}
+#: What the coordinator conformance suite runs on: every backend, and PostgreSQL once more on a
+#: SQL_ASCII database (the other files that take ``backend`` run UTF8 only: the suite is the port's proof).
+CONFORMANCE_BACKENDS = [*BACKENDS, "postgres-sql_ascii"]
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -128,6 +133,8 @@ def coord_url(tmp_path: Path, backend: str, request) -> str:
         return f"memory://{tmp_path.name}"
     if backend == "postgres":
         return request.getfixturevalue("pg_coord_url")
+    if backend == "postgres-sql_ascii":
+        return request.getfixturevalue("pg_sql_ascii_coord_url")
     if backend == "etcd":  # one three-member cluster per session, a namespace per test
         return f"{request.getfixturevalue('etcd_cluster').url}/{tmp_path.name}"
     if backend == "zookeeper":  # one three-server ensemble per session, a chroot per test
@@ -145,8 +152,9 @@ def store_url(tmp_path: Path, backend: str, request) -> str:
 
 
 @contextlib.contextmanager
-def fresh_pg_url() -> Iterator[str]:
-    """A fresh database on the session's PostgreSQL 15 (tests/helpers/postgres.py) as a url, dropped after."""
+def fresh_pg_url(encoding: str = "UTF8") -> Iterator[str]:
+    """A fresh database in ``encoding`` on the session's PostgreSQL 15 (tests/helpers/postgres.py) as a url,
+    dropped after."""
     from helpers import postgres as pg_helper
 
     if not pg_helper.available():
@@ -154,7 +162,7 @@ def fresh_pg_url() -> Iterator[str]:
             raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
         pytest.skip("PostgreSQL 15 is not installed")
     server = pg_helper.shared_server()
-    name = pg_helper.fresh_database(server)
+    name = pg_helper.fresh_database(server, encoding)
     yield server.url(name)
     pg_helper.drop_database(server, name)
 
@@ -176,6 +184,13 @@ def pg_db():
 def pg_coord_url():
     """A fresh database as a coordinator url (`fresh_pg_url`)."""
     with fresh_pg_url() as url:
+        yield url
+
+
+@pytest.fixture
+def pg_sql_ascii_coord_url():
+    """A fresh SQL_ASCII database as a coordinator url (`fresh_pg_url`)."""
+    with fresh_pg_url("SQL_ASCII") as url:
         yield url
 
 

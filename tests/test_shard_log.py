@@ -77,8 +77,9 @@ def child_env() -> dict[str, str]:
 # -- fixtures ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "postgres-sql_ascii"])
 def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """The log on SQLite, on a UTF8 PostgreSQL database, and on a SQL_ASCII one (text came back as bytes)."""
     if request.param == "sqlite":
         opened: Any = SQLiteShardLog(tmp_path / "log.db", cluster_id=CLUSTER, keys=KEYS)
         opened.floor_url = f"sqlite://{tmp_path / 'log.db'}"
@@ -86,7 +87,7 @@ def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         opened.close()
         return
     server = shared_server()
-    name = fresh_database(server)
+    name = fresh_database(server, "SQL_ASCII" if request.param == "postgres-sql_ascii" else "UTF8")
     opened = open_postgres_log(server.dsn_of(name), keys=KEYS)
     opened.floor_url = server.url(name)
     try:

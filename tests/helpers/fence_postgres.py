@@ -1,5 +1,7 @@
 """Fence harnesses over a real PostgreSQL: ``postgres`` (psycopg sync), ``postgres-async`` (psycopg
-async, driven from a private event loop thread) and ``postgres-sqlalchemy`` (a sync SQLAlchemy Session).
+async, driven from a private event loop thread) and ``postgres-sqlalchemy`` (a sync SQLAlchemy Session),
+each on a UTF8 database; ``postgres-sql_ascii`` is ``postgres`` on a SQL_ASCII database (the user's
+connection then gets text back as bytes: `helpers.postgres.ENCODINGS`).
 
 Each harness gets an empty database on one shared server (a new one, or one a
 closed harness left, emptied), `install`s the fence in it and keeps the user's
@@ -82,8 +84,9 @@ class PgHarness:
     between_check_and_write: Callable[[], None] | None = None
 
     def __init__(self, server: PostgresServer, dbname: str, cluster_id: str, keys: FixedKeys,
-                 mutant: str | None, *, owner: bool) -> None:
+                 mutant: str | None, *, owner: bool, encoding: str = "UTF8") -> None:
         self.server, self.dbname, self.cluster_id, self.keys, self.mutant = server, dbname, cluster_id, keys, mutant
+        self.encoding = encoding
         self._owner = owner
         self.admin = psycopg.connect(server.dsn_of(dbname), autocommit=True)
         if owner:
@@ -112,7 +115,8 @@ class PgHarness:
         self.conn.execute(statement, params)  # autocommit: its own transaction
 
     def clone(self) -> PgHarness:
-        return type(self)(self.server, self.dbname, self.cluster_id, self.keys, self.mutant, owner=False)
+        return type(self)(self.server, self.dbname, self.cluster_id, self.keys, self.mutant, owner=False,
+                          encoding=self.encoding)
 
     # -- the harness protocol --
 
@@ -153,7 +157,7 @@ class PgHarness:
         self.close_driver()
         self.admin.close()
         if self._owner:
-            _free.setdefault(self.server.port, []).append(self.dbname)
+            _free.setdefault((self.server.port, self.encoding), []).append(self.dbname)
 
 
 class AsyncPgHarness(PgHarness):
@@ -226,18 +230,20 @@ class SqlAlchemyHarness(PgHarness):
             self.session.connection().exec_driver_sql(statement, params)
 
 
-HARNESSES = {"postgres": PgHarness, "postgres-async": AsyncPgHarness, "postgres-sqlalchemy": SqlAlchemyHarness}
+#: kind -> (harness, database encoding).
+HARNESSES = {"postgres": (PgHarness, "UTF8"), "postgres-async": (AsyncPgHarness, "UTF8"),
+             "postgres-sqlalchemy": (SqlAlchemyHarness, "UTF8"), "postgres-sql_ascii": (PgHarness, "SQL_ASCII")}
 
 
-#: Databases of closed harnesses, by server port, to be emptied and used again: creating a
-#: database costs ~0.3 s (it copies and fsyncs a template), emptying one ~0.05 s.
-_free: dict[int, list[str]] = {}
+#: Databases of closed harnesses, by server port and encoding, to be emptied and used again: creating
+#: a database costs ~0.3 s (it copies and fsyncs a template), emptying one ~0.05 s.
+_free: dict[tuple[int, str], list[str]] = {}
 
 
-def _database(server: PostgresServer) -> str:
-    """An empty database with ``kv`` and the fence's schema but no cluster, keys or marks."""
-    free = _free.setdefault(server.port, [])
-    name = free.pop() if free else fresh_database(server)
+def _database(server: PostgresServer, encoding: str) -> str:
+    """An empty database in ``encoding`` with ``kv`` and the fence's schema but no cluster, keys or marks."""
+    free = _free.setdefault((server.port, encoding), [])
+    name = free.pop() if free else fresh_database(server, encoding)
     with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
         if conn.execute("SELECT to_regclass('kv')").fetchone()[0] is None:
             conn.execute(KV_TABLE)
@@ -251,6 +257,7 @@ def make_postgres_harness(kind: str) -> Callable[[Any, str, FixedKeys, str | Non
 
     def make(tmp_path: Any, cluster_id: str, keys: FixedKeys, mutant: str | None) -> PgHarness:
         server = shared_server()
-        return HARNESSES[kind](server, _database(server), cluster_id, keys, mutant, owner=True)
+        harness, encoding = HARNESSES[kind]
+        return harness(server, _database(server, encoding), cluster_id, keys, mutant, owner=True, encoding=encoding)
 
     return make

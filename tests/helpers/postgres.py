@@ -58,10 +58,11 @@ class PostgresServer:
     Args:
         settings: extra ``-c name=value`` settings for the server.
         datadir: an existing data directory to start (a base backup); None: initdb a new one.
+        encoding: initdb's ``-E``; None: what ``initdb --locale C`` chooses itself (SQL_ASCII).
     """
 
     def __init__(self, settings: dict[str, str] | None = None, *, datadir: Path | None = None,
-                 root: Path | None = None) -> None:
+                 root: Path | None = None, encoding: str | None = "UTF8") -> None:
         self.root = root or Path(tempfile.mkdtemp(prefix="stockade-pg-"))
         os.chmod(self.root, 0o755)
         self.datadir = datadir or self.root / "data"
@@ -71,7 +72,7 @@ class PostgresServer:
         self._chown(self.root)
         if datadir is None:
             self._run([str(BIN / "initdb"), "-D", str(self.datadir), "-U", SUPERUSER, "-A", "trust",
-                       "--no-sync", "-E", "UTF8", "--locale", "C"])
+                       "--no-sync", *(["-E", encoding] if encoding else []), "--locale", "C"])
         self.start()
 
     def _chown(self, path: Path) -> None:
@@ -174,15 +175,27 @@ def shared_server() -> PostgresServer:
 _databases = 0
 
 
-def fresh_database(server: PostgresServer) -> str:
-    """A new empty database on ``server``; its name."""
+#: The database encodings the PostgreSQL tests run on: the server's own (UTF8), and SQL_ASCII, what
+#: ``initdb`` makes under a C/POSIX locale (psycopg hands its text back as bytes).
+ENCODINGS = ("UTF8", "SQL_ASCII")
+
+
+def fresh_database(server: PostgresServer, encoding: str = "UTF8") -> str:
+    """A new empty database on ``server`` in ``encoding`` (one of `ENCODINGS`); its name.
+
+    UTF8 copies ``template1`` (the server's encoding); any other encoding
+    copies ``template0`` with the C locale, as PostgreSQL requires.
+    """
     global _databases
     import psycopg
 
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}")
     _databases += 1
     name = f"t{os.getpid()}_{_databases}"
+    options = "" if encoding == "UTF8" else f" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
     with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{options}')
     return name
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stockade._postgres_errors import error_text
+from stockade._postgres_errors import error_text, open_connection
 from stockade.coordinators._postgres_coord_call import Prepared, run_prepared
 from stockade.coordinators._postgres_coord_journal import HISTORY_READ, events_of_row
 from stockade.coordinators._postgres_coord_notify import Notifier, ServerClock
@@ -198,8 +198,8 @@ class PostgresRecords:
     def _connect(self, *, autocommit_only: bool = False) -> Any:
         psycopg = _psycopg()
         extra = {} if "connect_timeout" in self._conninfo else {"connect_timeout": CONNECT_TIMEOUT_S}
-        try:
-            conn = psycopg.connect(self._conninfo, autocommit=True, **extra)
+        try:  # in UTF8 whatever the database's encoding (`stockade._postgres_errors`)
+            conn = open_connection(psycopg.connect, self._conninfo, autocommit=True, **extra)
         except psycopg.Error as exc:
             raise BackendUnavailable(f"cannot connect to the coordinator database: {error_text(exc)}",
                                      certain_no_effect=True) from exc

@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from stockade._postgres_errors import error_text
+from stockade._postgres_errors import error_text, open_connection
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, invariant
 from stockade.core.fence import Replay, check_write
 from stockade.core.limits import validate_int, validate_scope
@@ -131,7 +131,7 @@ class PostgresShardLog:
 
     def _connect(self) -> Any:
         with pg._edge():
-            return psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout_s)
+            return open_connection(psycopg.connect, self.dsn, autocommit=True, connect_timeout=self.connect_timeout_s)
 
     @contextmanager
     def _connection(self) -> Iterator[Any]:

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
-from stockade._postgres_errors import error_text
+from stockade._postgres_errors import error_text, no_codec, open_connection, text_of
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.fence import Reject
 from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_scope
@@ -137,7 +137,7 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
         conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA stockade")
         row = conn.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
                            "WHERE e.extname = 'pgcrypto'").fetchone()
-        pgcrypto_schema = row[0]
+        pgcrypto_schema = text_of(row[0])
         version = 0
         if conn.execute("SELECT to_regclass('stockade.version')").fetchone()[0] is not None:
             version = conn.execute("SELECT version FROM stockade.version").fetchone()[0]
@@ -150,7 +150,7 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
                      "excluded.version", (q.SCHEMA_VERSION,))
         conn.execute("INSERT INTO stockade.settings (id, cluster_id, verify_macs) VALUES (1, %s, true) "
                      "ON CONFLICT (id) DO NOTHING", (cluster,))
-        installed = conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0]
+        installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         if installed != cluster:
             raise InvalidArgument("keys", f"this database is fenced for cluster {installed}, not {cluster}")
         conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when))
@@ -165,7 +165,7 @@ def sync_keys(conn: Connection, keys: object) -> None:
         InvalidArgument: keys of another cluster than the installed one.
     """
     with _edge(), conn.transaction():
-        installed = conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0]
+        installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         keyring, _ = _keyring_of(keys, installed)
         _write_keys(conn, keyring)
 
@@ -219,6 +219,9 @@ def _edge() -> Iterator[None]:
     except psycopg.Error as error:
         if _lost(error):
             raise BackendUnavailable(f"postgres: {error_text(error)}") from error
+        refused = no_codec(error)  # the user's connection is in an encoding Python cannot decode
+        if refused is not None:
+            raise refused from error
         raise
 
 
@@ -416,7 +419,7 @@ async def fenced_sqlalchemy_async(bind: Any, token: FencingToken | str, scope: s
 def _relation(conn: Connection, table: str) -> str:
     if not isinstance(table, str) or not table:
         raise InvalidArgument("table", "must be a table name")
-    name = conn.execute("SELECT to_regclass(%s)::text", (table,)).fetchone()[0]
+    name = text_of(conn.execute("SELECT to_regclass(%s)::text", (table,)).fetchone()[0])
     if name is None:
         raise InvalidArgument("table", f"no table {table!r} in this database")
     return str(name)
@@ -461,7 +464,7 @@ def high_waters(conn: Connection) -> dict[str, int]:
     with _edge(), conn.transaction():
         rows = conn.execute("SELECT h.scope, greatest(h.high_water, s.default_floor) FROM stockade.high_water h, "
                             "stockade.settings s ORDER BY h.scope").fetchall()
-    return {scope: int(mark) for scope, mark in rows}
+    return {text_of(scope): int(mark) for scope, mark in rows}
 
 
 def default_floor(conn: Connection) -> int:
@@ -504,7 +507,7 @@ def raise_high_waters(conn: Connection, floors: Mapping[str, int] | FenceFloors,
                 "excluded.high_water)", (list(checked), list(checked.values())))
         rows = conn.execute("SELECT h.scope, greatest(h.high_water, s.default_floor) FROM stockade.high_water h, "
                             "stockade.settings s WHERE h.scope = ANY(%s)", (list(checked),)).fetchall()
-    return {scope: int(mark) for scope, mark in rows}
+    return {text_of(scope): int(mark) for scope, mark in rows}
 
 
 class PostgresFence:
@@ -532,7 +535,7 @@ class PostgresFence:
     def connect(self) -> Any:
         """A new psycopg connection (autocommit: each `fenced` block is its own transaction)."""
         with _edge():
-            return psycopg.connect(self.dsn, autocommit=True, connect_timeout=self.connect_timeout_s)
+            return open_connection(psycopg.connect, self.dsn, autocommit=True, connect_timeout=self.connect_timeout_s)
 
     def install(self, *, cluster_id: str | None = None) -> None:
         with self.connect() as conn:
