@@ -121,7 +121,10 @@ def _same_directory(a: Path, b: Path) -> bool:
         return False
 
 
-def announce_created(url: str) -> Callable[[], None]:
+ANNOUNCE_HINT = "other hosts reach it through 'stockade serve' and --url"
+
+
+def announce_created(url: str, hint: str = ANNOUNCE_HINT) -> Callable[[], None]:
     """Call before opening ``url``; the returned function prints one line if that created the coordinator file.
 
     A coordinator made where none was expected is how two jobs end up with
@@ -134,8 +137,7 @@ def announce_created(url: str) -> Callable[[], None]:
 
     def announce() -> None:
         if path.exists():
-            print(f"stockade: created a new coordinator at {path.resolve()} (other hosts reach it through "
-                  f"'stockade serve' and --url)", file=sys.stderr, flush=True)
+            print(f"stockade: created a new coordinator at {path.resolve()} ({hint})", file=sys.stderr, flush=True)
 
     return announce
 

@@ -78,7 +78,8 @@ def run(argv: list[str]) -> int:
     configure(args.log_level)
     try:
         directory = data_dir(args)
-        announce = announce_created(f"sqlite://{directory / 'coord.db'}") if not args.coordinator else (lambda: None)
+        announce = (announce_created(f"sqlite://{directory / 'coord.db'}", "clients reach it through this server's url")
+                    if not args.coordinator else (lambda: None))
 
         def ready(server: Any) -> None:
             announce()
