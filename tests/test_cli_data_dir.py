@@ -131,11 +131,14 @@ def test_serve_uses_the_same_default_and_names_what_it_created(tmp_path: Path) -
         assert server.stdout is not None
         listening = server.stdout.readline()
         assert listening.startswith("stockade serve: listening on http://127.0.0.1:"), listening
+        created = server.stdout.readline()
     finally:
         server.terminate()
         _, err = server.communicate(timeout=60)
     state = tmp_path / "state" / "stockade"
-    assert f"stockade: created a new coordinator at {state / 'coord.db'}" in err
+    assert created == (f"stockade serve: created a new coordinator at {state / 'coord.db'} "
+                       "(clients reach it through this url)\n")
+    assert "created" not in err  # stderr holds the JSON logs alone
     assert (state / "coord.db").is_file() and not (tmp_path / "stockade-data").exists()
     # a lock from another directory without --url reaches the same files (the server holds no lock on them)
     other = tmp_path / "other"

@@ -23,6 +23,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from stockade.client import Coordinator, FencedStore, connect, open_store
 from stockade.core.errors import InvalidArgument
@@ -124,12 +125,13 @@ def _same_directory(a: Path, b: Path) -> bool:
 ANNOUNCE_HINT = "other hosts reach it through 'stockade serve' and --url"
 
 
-def announce_created(url: str, hint: str = ANNOUNCE_HINT) -> Callable[[], None]:
+def announce_created(url: str, hint: str = ANNOUNCE_HINT, *, prefix: str = "stockade",
+                     stream: TextIO | None = None) -> Callable[[], None]:
     """Call before opening ``url``; the returned function prints one line if that created the coordinator file.
 
     A coordinator made where none was expected is how two jobs end up with
-    two locks: so creating one is never silent (on stderr, out of a
-    command's output).
+    two locks: so creating one is never silent. The line goes to ``stream``
+    (default stderr, out of a command's output).
     """
     path = local_file(url)
     if path is None or path.exists():
@@ -137,7 +139,8 @@ def announce_created(url: str, hint: str = ANNOUNCE_HINT) -> Callable[[], None]:
 
     def announce() -> None:
         if path.exists():
-            print(f"stockade: created a new coordinator at {path.resolve()} ({hint})", file=sys.stderr, flush=True)
+            print(f"{prefix}: created a new coordinator at {path.resolve()} ({hint})", file=stream or sys.stderr,
+                  flush=True)
 
     return announce
 

@@ -78,12 +78,14 @@ def run(argv: list[str]) -> int:
     configure(args.log_level)
     try:
         directory = data_dir(args)
-        announce = (announce_created(f"sqlite://{directory / 'coord.db'}", "clients reach it through this server's url")
+        # On stdout after the ready line: stderr holds JSON logs only, and the first line stays "listening on".
+        announce = (announce_created(f"sqlite://{directory / 'coord.db'}", "clients reach it through this url",
+                                     prefix="stockade serve", stream=sys.stdout)
                     if not args.coordinator else (lambda: None))
 
         def ready(server: Any) -> None:
-            announce()
             print(f"stockade serve: listening on {server.url}", flush=True)
+            announce()
 
         config = ServerConfig(
             data_dir=directory, host=args.host, port=args.port,
