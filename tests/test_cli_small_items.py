@@ -219,3 +219,11 @@ def test_misplaced_or_unknown_leading_options_are_refused_in_one_line(capsys: py
                        (["--url", "http://x"], "a command is needed after --url")):
         code, out = _run(argv, capsys)
         assert code == 2 and said in out, (argv, out)
+
+
+def test_a_malformed_bearer_token_from_the_environment_is_named_so(tmp_path: Path) -> None:
+    done = cli("status", "--url", "http://127.0.0.1:9", cwd=tmp_path, env={"STOCKADE_AUTH_TOKEN": "two words"})
+    assert done.returncode in (1, 2) and "$STOCKADE_AUTH_TOKEN: must be" in done.stderr, done.stderr
+    with pytest.raises(InvalidArgument) as given:  # in code, the parameter's name
+        stockade.connect("http://127.0.0.1:9", auth_token="two words")
+    assert given.value.field == "auth_token"
