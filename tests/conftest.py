@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +22,12 @@ from helpers import reaper
 import stockade
 
 HELPERS = Path(__file__).parent / "helpers"
+
+# The CLI's default data directory is per user ($XDG_STATE_HOME/stockade, else ~/.local/state/stockade): no
+# test, nor any process a test starts, writes to the real home's. A test that uses the default sets its own.
+_STATE_HOME = Path(tempfile.mkdtemp(prefix="stockade-tests-state-"))
+os.environ["XDG_STATE_HOME"] = str(_STATE_HOME)
+atexit.register(shutil.rmtree, _STATE_HOME, True)
 
 
 def python_env() -> dict[str, str]:

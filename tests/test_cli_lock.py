@@ -204,7 +204,8 @@ def test_command_not_executable_126_not_found_127(tmp_path):
         result = run_lock(tmp_path, "exec", "--", *cmd)
         assert result.returncode == expected, (cmd, result.returncode, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        said = [line for line in result.stderr.splitlines() if "created a new coordinator" not in line]  # 1st run
+        assert len(said) == 1, result.stderr
     # nothing was left held
     assert run_lock(tmp_path, "exec", "--", "true").returncode == 0
 

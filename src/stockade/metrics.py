@@ -103,5 +103,6 @@ FENCE_REJECTIONS = REGISTRY.counter(
 )
 FENCE_REJECTION_LOGS_SUPPRESSED = REGISTRY.counter(
     "stockade_fence_rejection_logs_suppressed_total",
-    "Fence rejections counted but not logged one by one (log rate limit; see the summary records).",
+    "Fence rejections counted but not logged one by one (a repeat, or past the log's bound; see the summary "
+    "records).",
 )

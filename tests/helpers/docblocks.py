@@ -192,6 +192,9 @@ class Runner:
 
 def run_file(path: Path, workdir: Path, env: dict[str, str], services: dict[str, Service]) -> list[str]:
     """Run every block of ``path`` in order; returns where the run blocks are. Fails at the first failure."""
+    # The CLI's default data directory is per user ($XDG_STATE_HOME/stockade): each file gets its own, never
+    # the real home's.
+    env = {**env, "XDG_STATE_HOME": str(workdir / ".state")}
     runner = Runner(workdir, env, services)
     try:
         for block in blocks(path):

@@ -2,9 +2,17 @@
 
 Every command that talks to a coordinator finds it the same way: ``--url``,
 else ``$STOCKADE_URL``, else the files in the data directory (``--data-dir``,
-else ``$STOCKADE_DATA``, else ``./stockade-data``). An ``http(s)://`` url is a
-`stockade serve`, whose bearer token comes from ``$STOCKADE_AUTH_TOKEN`` (the
-client reads it).
+else ``$STOCKADE_DATA``, else the user's state directory,
+``$XDG_STATE_HOME/stockade``, by default ``~/.local/state/stockade``). An
+``http(s)://`` url is a `stockade serve`, whose bearer token comes from
+``$STOCKADE_AUTH_TOKEN`` (the client reads it).
+
+Why not the working directory: a cron job's working directory is an
+accident, and ``./stockade-data`` (the old default) gave two jobs run
+from two directories two coordinators, each granting the same lock. The
+default is now one place per user; a ``./stockade-data`` holding a
+coordinator in the working directory is refused unless named (`LegacyDataDir`),
+so an upgrade never silently moves a job to a fresh coordinator either.
 """
 
 from __future__ import annotations
@@ -13,17 +21,22 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from stockade.client import Coordinator, FencedStore, connect, open_store
+from stockade.core.errors import InvalidArgument
 
 __all__ = [
     "add_data_dir", "add_url", "data_dir", "coordinator_url", "local_dir", "child_env", "store_url", "is_remote",
     "open_coordinator", "open_default_store", "fail", "help_text", "DATA_DIR_ENV", "URL_ENV",
+    "default_data_dir", "LEGACY_DATA_DIR", "LegacyDataDir", "announce_created",
 ]
 
 DATA_DIR_ENV = "STOCKADE_DATA"
-DATA_DIR_DEFAULT = "./stockade-data"
+DATA_DIR_DEFAULT_SHOWN = "$XDG_STATE_HOME/stockade, by default ~/.local/state/stockade"
+LEGACY_DATA_DIR = "stockade-data"  # the old default, relative to the working directory
 URL_ENV = "STOCKADE_URL"
 _LITERAL = re.compile(r"``(.+?)``|`([^`\n]+)`")
 
@@ -37,7 +50,7 @@ def add_data_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
         default=None,
-        help=f"directory of coord.db and store.db (default: ${DATA_DIR_ENV}, else {DATA_DIR_DEFAULT})",
+        help=f"directory of coord.db and store.db (default: ${DATA_DIR_ENV}, else {DATA_DIR_DEFAULT_SHOWN})",
     )
 
 
@@ -53,15 +66,90 @@ def add_url(parser: argparse.ArgumentParser, default: str = "the data directory'
     )
 
 
+class LegacyDataDir(InvalidArgument):
+    """No data directory was named, and ``./stockade-data`` in the working directory holds a coordinator.
+
+    That was the old default. Using it would make the coordinator
+    depend on the working directory again; ignoring it would move its users to
+    a fresh coordinator without a word (two coordinators, one lock). So the
+    command refuses and names both: the user picks with ``--data-dir``.
+    """
+
+    def __init__(self, legacy: Path, default: Path) -> None:
+        self.legacy = legacy
+        self.default = default
+        move = "" if default.exists() else f", or move it to the default: mv {legacy} {default}"
+        super().__init__(
+            "data_dir",
+            f"{legacy} in the working directory holds a coordinator (the old default data directory); "
+            f"the default is now {default}, the same from every directory. Name the one you mean: "
+            f"--data-dir {legacy} (or ${DATA_DIR_ENV}={legacy.resolve()}){move}",
+        )
+
+
+def default_data_dir() -> Path:
+    """The per-user data directory: ``$XDG_STATE_HOME/stockade``, else ``~/.local/state/stockade``.
+
+    As the XDG Base Directory specification says, a relative
+    ``$XDG_STATE_HOME`` is ignored: a relative path would depend on the
+    working directory, which is what this default exists to avoid.
+    """
+    state = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
+    return base / "stockade"
+
+
 def data_dir(args: argparse.Namespace) -> Path:
-    return Path(args.data_dir or os.environ.get(DATA_DIR_ENV) or DATA_DIR_DEFAULT)
+    """``--data-dir``, else ``$STOCKADE_DATA``, else `default_data_dir`.
+
+    Raises:
+        LegacyDataDir: neither was given and ``./stockade-data/coord.db`` exists.
+    """
+    given = getattr(args, "data_dir", None) or os.environ.get(DATA_DIR_ENV)
+    if given:
+        return Path(given)
+    default = default_data_dir()
+    legacy = Path(LEGACY_DATA_DIR)
+    if (legacy / "coord.db").exists() and not _same_directory(legacy, default):
+        raise LegacyDataDir(legacy, default)
+    return default
+
+
+def _same_directory(a: Path, b: Path) -> bool:
+    try:
+        return b.exists() and a.samefile(b)
+    except OSError:
+        return False
+
+
+ANNOUNCE_HINT = "other hosts reach it through 'stockade serve' and --url"
+
+
+def announce_created(url: str, hint: str = ANNOUNCE_HINT, *, prefix: str = "stockade",
+                     stream: TextIO | None = None) -> Callable[[], None]:
+    """Call before opening ``url``; the returned function prints one line if that created the coordinator file.
+
+    A coordinator made where none was expected is how two jobs end up with
+    two locks: so creating one is never silent. The line goes to ``stream``
+    (default stderr, out of a command's output).
+    """
+    path = local_file(url)
+    if path is None or path.exists():
+        return lambda: None
+
+    def announce() -> None:
+        if path.exists():
+            print(f"{prefix}: created a new coordinator at {path.resolve()} ({hint})", file=stream or sys.stderr,
+                  flush=True)
+
+    return announce
 
 
 def coordinator_url(args: argparse.Namespace) -> str:
     """The coordinator's url: a flag before the environment, the url before the data directory.
 
     ``--url``, else ``--data-dir``'s ``coord.db``, else ``$STOCKADE_URL``, else
-    ``$STOCKADE_DATA``'s (or ``./stockade-data``'s) ``coord.db``. So a command
+    ``$STOCKADE_DATA``'s (or `default_data_dir`'s) ``coord.db``. So a command
     run by ``stockade lock`` (which sets both variables) reaches the same
     coordinator, and a ``--data-dir`` given inside it still wins.
     """

@@ -59,7 +59,10 @@ def run(argv: list[str]) -> int:
         return _bench(args, workloads, url, args.store_url)
     if args.data_dir:
         directory = Path(args.data_dir)
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return fail(f"--data-dir {directory}: {exc.strerror or exc}", 2)
         return _bench(args, workloads, f"sqlite://{directory / 'coord.db'}",
                       args.store_url or f"sqlite://{directory / 'store.db'}")
     with tempfile.TemporaryDirectory(prefix="stockade-bench-") as temporary:

@@ -42,13 +42,23 @@ TARGET_MAX = 1 << 62
 PROGRESS_EVERY_S = 5.0
 
 
+def _redact(url: str) -> str:
+    from stockade.resources.floor import redact_url
+
+    return redact_url(url)
+
+
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="stockade etcd", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    url_help = f"etcd://h1:2379,h2:2379,h3:2379[/namespace] (default: ${URL_ENV})"
+    # --url before the action too (`stockade --url U etcd bump-revision`); the action's own one is SUPPRESSed
+    # when absent, so it does not overwrite the first with None.
+    parser.add_argument("--url", default=None, help=url_help)
     commands = parser.add_subparsers(dest="command", required=True)
     bump = commands.add_parser("bump-revision", help="advance etcd's revision past every issued token")
-    bump.add_argument("--url", default=None, help=f"etcd://h1:2379,h2:2379,h3:2379[/namespace] (default: ${URL_ENV})")
+    bump.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
     bump.add_argument("--to", type=int, default=None, help="the highest token issued, if known (N)")
     bump.add_argument("--from-store", action="append", default=[], metavar="URL",
                       help="a fenced resource whose highest mark is a token issued (repeatable)")
@@ -62,7 +72,8 @@ def run(argv: list[str]) -> int:
     url = args.url or os.environ.get(URL_ENV, "")
     try:
         if not url.startswith("etcd://"):
-            raise InvalidArgument("url", "stockade etcd needs --url etcd://h1:2379,h2:2379,... (or $STOCKADE_URL)")
+            raise InvalidArgument("url", "stockade etcd needs --url etcd://h1:2379,h2:2379,... (or $STOCKADE_URL)"
+                                  + (f", not {_redact(url)}" if url else ""))
         if args.to is None and not args.from_store:
             raise InvalidArgument("to", "give the highest token issued: --to N, or --from-store URL (repeatable)")
         if args.to is not None:

@@ -3,7 +3,8 @@
 The coordinator is --url (http://HOST:PORT of a `stockade serve`,
 sqlite:///PATH/coord.db, postgresql://..., etcd://H1:2379,... or
 zookeeper://H1:2181,...), else --data-dir, else $STOCKADE_URL, else the data
-directory ($STOCKADE_DATA, else ./stockade-data). A local file is read
+directory ($STOCKADE_DATA, else ~/.local/state/stockade or
+$XDG_STATE_HOME/stockade). A local file is read
 read-only: nothing is created. Its journal keeps the last
 100 events per scope, each written in the commit of the change it records
 (docs/history.md). The fenced store's refusals of stale or foreign tokens are

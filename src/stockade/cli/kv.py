@@ -7,7 +7,8 @@
 The store is the one of the coordinator: --url (http://HOST:PORT of a
 `stockade serve`, or sqlite:///PATH/coord.db for store.db beside it), else
 --data-dir, else $STOCKADE_URL, else the data directory ($STOCKADE_DATA, else
-./stockade-data). Under `stockade lock` both variables are set, so a command
+$XDG_STATE_HOME/stockade, by default ~/.local/state/stockade). Under `stockade lock`
+both variables are set, so a command
 writes where its lease came from. A bearer token comes from
 $STOCKADE_AUTH_TOKEN.
 

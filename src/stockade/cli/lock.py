@@ -3,7 +3,9 @@
 The coordinator is --url (http://HOST:PORT of a `stockade serve`,
 sqlite:///PATH/coord.db, postgresql://..., etcd://H1:2379,... or
 zookeeper://H1:2181,...), else --data-dir, else $STOCKADE_URL, else the data
-directory ($STOCKADE_DATA, else ./stockade-data). CMD gets the encoded fencing
+directory ($STOCKADE_DATA, else $XDG_STATE_HOME/stockade, by default
+~/.local/state/stockade: the same from every working directory; creating a
+coordinator there prints one line naming it). CMD gets the encoded fencing
 token in STOCKADE_TOKEN (and STOCKADE_SCOPE, STOCKADE_TOKEN_VALUE, and
 STOCKADE_URL, plus STOCKADE_DATA for a local coordinator), so `stockade kv put`
 inside CMD writes to the same place with the lease's token. A keepalive renews
@@ -36,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from stockade.cli._common import add_data_dir, add_url, child_env, coordinator_url, fail, help_text
+from stockade.cli._common import add_data_dir, add_url, announce_created, child_env, coordinator_url, fail, help_text
 from stockade.client import connect
 from stockade.core.errors import LockTimeout, StockadeError
 
@@ -162,8 +164,10 @@ def run(argv: list[str]) -> int:
 
 def _run(args: argparse.Namespace, command: list[str]) -> int:
     url = coordinator_url(args)
+    announce = announce_created(url)
     try:
         coord = connect(url)
+        announce()
         lease = coord.acquire(
             args.name, ttl_ms=args.ttl_ms, wait_ms=args.wait_ms, holder=args.holder, keepalive=False
         )

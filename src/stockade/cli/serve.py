@@ -3,6 +3,11 @@
 With ``--coordinator URL`` the lease routes serve that backend (PostgreSQL,
 etcd, ...) instead of the server's own ``coord.db``; the store in ``--data-dir``
 then trusts that backend's tokens ("Serving another backend" in docs/http-api.md).
+
+The data directory is --data-dir, else $STOCKADE_DATA, else the user's state
+directory ($XDG_STATE_HOME/stockade, by default ~/.local/state/stockade), the
+one `stockade lock` uses too; a coordinator created there is named in one
+line. Other hosts reach it with ``--url http://HOST:PORT``.
 """
 
 from __future__ import annotations
@@ -10,8 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
-from stockade.cli._common import add_data_dir, data_dir, fail, help_text
+from stockade.cli._common import add_data_dir, announce_created, data_dir, fail, help_text
 from stockade.core.errors import StockadeError
 from stockade.wire import DEFAULT_PORT
 
@@ -71,8 +77,18 @@ def run(argv: list[str]) -> int:
 
     configure(args.log_level)
     try:
+        directory = data_dir(args)
+        # On stdout after the ready line: stderr holds JSON logs only, and the first line stays "listening on".
+        announce = (announce_created(f"sqlite://{directory / 'coord.db'}", "clients reach it through this url",
+                                     prefix="stockade serve", stream=sys.stdout)
+                    if not args.coordinator else (lambda: None))
+
+        def ready(server: Any) -> None:
+            print(f"stockade serve: listening on {server.url}", flush=True)
+            announce()
+
         config = ServerConfig(
-            data_dir=data_dir(args), host=args.host, port=args.port,
+            data_dir=directory, host=args.host, port=args.port,
             auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else None,
             tls_cert=Path(args.tls_cert) if args.tls_cert else None,
             tls_key=Path(args.tls_key) if args.tls_key else None,
@@ -81,9 +97,7 @@ def run(argv: list[str]) -> int:
             body_timeout_s=args.body_timeout_s, body_rate_min=args.body_rate_min,
             connections_max=args.connections_max, buffer_bytes_max=args.buffer_bytes_max,
         )
-        status = run_server(
-            config, ready=lambda server: print(f"stockade serve: listening on {server.url}", flush=True)
-        )
+        status = run_server(config, ready=ready)
     except StockadeError as exc:
         return fail(" ".join(str(exc).split()))  # one line, whatever the backend's driver said
     except OSError as exc:

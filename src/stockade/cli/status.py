@@ -3,7 +3,8 @@
 The coordinator is --url (http://HOST:PORT of a `stockade serve`,
 sqlite:///PATH/coord.db, postgresql://..., etcd://H1:P1,H2:P2[/NAMESPACE] or
 zookeeper://H1:2181,...),
-else --data-dir, else $STOCKADE_URL, else the data directory ($STOCKADE_DATA, else ./stockade-data).
+else --data-dir, else $STOCKADE_URL, else the data directory ($STOCKADE_DATA, else
+$XDG_STATE_HOME/stockade, by default ~/.local/state/stockade).
 
 A local coordinator's and store's files are read read-only and no file is
 created, so status works on a read-only data directory and on a full disk.

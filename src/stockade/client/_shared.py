@@ -198,6 +198,7 @@ def http_endpoint(
         1,
         TIMEOUT_MS_MAX,
     )
+    from_environment = auth_token is None and bool(os.environ.get(AUTH_TOKEN_ENV))
     if auth_token is None:
         auth_token = os.environ.get(AUTH_TOKEN_ENV) or None
     if auth_token is not None:
@@ -206,7 +207,9 @@ def http_endpoint(
             or not 1 <= len(auth_token) <= _AUTH_TOKEN_BYTES_MAX
             or not all("\x21" <= c <= "\x7e" for c in auth_token)
         ):
-            raise InvalidArgument("auth_token", "must be 1..4096 characters of printable ASCII without spaces")
+            # Name where the value came from: a CLI user set the variable, not a parameter.
+            raise InvalidArgument(f"${AUTH_TOKEN_ENV}" if from_environment else "auth_token",
+                                  "must be 1..4096 characters of printable ASCII without spaces")
     tls: ssl.SSLContext | None = None
     if tls_on:
         try:

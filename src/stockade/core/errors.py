@@ -125,11 +125,14 @@ class StaleToken(FenceRejected):
 
 
 class TokenMismatch(FenceRejected):
-    """The token was issued for another scope or another coordinator cluster (R2).
+    """The token was issued for another scope or another coordinator cluster (R2), or not by it at all.
 
     Attributes:
         token: the rejected token.
-        reason: ``"wrong-scope"`` or ``"wrong-cluster"``.
+        reason: ``"wrong-scope"``, ``"wrong-cluster"``, or ``"forged (DETAIL)"``:
+            the resource's keys did not verify it. ``"forged (unsigned)"`` is
+            most often ``str(token)`` (the display form, without the MAC) passed
+            as the token; the message says to pass ``token.encode()``.
         expected: the scope or cluster the resource expected.
     """
 
@@ -139,7 +142,12 @@ class TokenMismatch(FenceRejected):
         self.token = token
         self.reason = reason
         self.expected = expected
-        super().__init__(f"{reason}: token {token} does not belong to {expected!r}")
+        message = f"{reason}: token {token} does not belong to {expected!r}"
+        if reason == "forged (unsigned)":
+            # The usual cause: ``str(token)`` (the display form, MAC left out on purpose) passed as the token.
+            message += ("; it carries no MAC: str(token) is only the token's display form, so write with the token "
+                        "itself or token.encode() (what $STOCKADE_TOKEN and the Fencing-Token header hold)")
+        super().__init__(message)
 
 
 class LeaseError(StockadeError):

@@ -59,35 +59,41 @@ def load_tokens(path: str | os.PathLike[str]) -> list[str]:
             too long, or not printable ASCII without spaces, or a bad scope pattern.
     """
     try:
-        text = Path(path).read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         raise InvalidArgument("auth_tokens", f"cannot read {path}: {exc}") from None
-    entries = [" ".join(line.split()) for line in text.splitlines()]
-    entries = [e for e in entries if e and not e.startswith("#")]
-    if not entries:
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InvalidArgument("auth_tokens", f"{path} line {line}: not ASCII (byte {data[exc.start]:#04x})") from None
+    # (line number, entry): an error names the line a reader opens the file at, comments and blanks counted
+    numbered = [(number, " ".join(line.split())) for number, line in enumerate(text.split("\n"), 1)]
+    numbered = [(number, e) for number, e in numbered if e and not e.startswith("#")]
+    if not numbered:
         raise InvalidArgument("auth_tokens", f"{path} holds no tokens")
-    if len(entries) > AUTH_TOKENS_MAX:
+    if len(numbered) > AUTH_TOKENS_MAX:
         raise InvalidArgument("auth_tokens", f"at most {AUTH_TOKENS_MAX} tokens")
-    for number, entry in enumerate(entries, 1):
-        _parse(entry, number)
-    return entries
+    for number, entry in numbered:
+        _parse(entry, f"{path} line {number}")
+    return [entry for _, entry in numbered]
 
 
-def _parse(entry: str, number: int) -> tuple[str, tuple[str, ...] | None]:
-    """``(token, patterns)``; patterns None: every scope and route."""
+def _parse(entry: str, where: str) -> tuple[str, tuple[str, ...] | None]:
+    """``(token, patterns)``; patterns None: every scope and route. ``where`` names the entry in errors."""
     token, *patterns = entry.split()
     if not AUTH_TOKEN_CHARS_MIN <= len(token) <= AUTH_TOKEN_CHARS_MAX or not all(
         "\x21" <= c <= "\x7e" for c in token
     ):
         raise InvalidArgument(
             "auth_tokens",
-            f"token {number} must be {AUTH_TOKEN_CHARS_MIN}..{AUTH_TOKEN_CHARS_MAX} printable ASCII characters",
+            f"{where}: the token must be {AUTH_TOKEN_CHARS_MIN}..{AUTH_TOKEN_CHARS_MAX} printable ASCII characters",
         )
     if len(patterns) > SCOPE_PATTERNS_MAX:
-        raise InvalidArgument("auth_tokens", f"token {number}: at most {SCOPE_PATTERNS_MAX} scope patterns")
+        raise InvalidArgument("auth_tokens", f"{where}: at most {SCOPE_PATTERNS_MAX} scope patterns")
     for pattern in patterns:
         if not _PATTERN.fullmatch(pattern) or pattern in ("",):
-            raise InvalidArgument("auth_tokens", f"token {number}: {pattern!r} is not a scope or a scope prefix "
+            raise InvalidArgument("auth_tokens", f"{where}: {pattern!r} is not a scope or a scope prefix "
                                   "followed by *")
     return token, tuple(patterns) if patterns and "*" not in patterns else None
 
@@ -100,7 +106,7 @@ class BearerAuth:
     """Checks ``Authorization: Bearer <token>`` against the configured tokens, and their scopes."""
 
     def __init__(self, entries: list[str]) -> None:
-        parsed = [_parse(entry, number) for number, entry in enumerate(entries, 1)]
+        parsed = [_parse(entry, f"auth token {number}") for number, entry in enumerate(entries, 1)]
         self._digests = [hashlib.sha256(token.encode("ascii")).digest() for token, _ in parsed]
         self._patterns = [patterns for _, patterns in parsed]
 

@@ -222,7 +222,13 @@ def error_for(
         error = LimitExceeded(str(doc.get("limit") or f"http_{status}"), value if isinstance(value, int) else 0, detail)
     elif code == "unauthorized" or status in (401, 403):
         # The caller's configuration is at fault, and the server changed nothing.
-        error = Unauthorized(f"the server refused the credentials (HTTP {status}); check auth_token")
+        # The caller reads $STOCKADE_AUTH_TOKEN (or auth_token= in code): name it, not a parameter.
+        if status == 403:
+            error = Unauthorized(f"the server refused the credentials (HTTP 403): the token in $STOCKADE_AUTH_TOKEN "
+                                 f"(or auth_token=) does not cover this scope or route ({detail})")
+        else:
+            error = Unauthorized(f"the server refused the credentials (HTTP {status}): set $STOCKADE_AUTH_TOKEN "
+                                 "(or auth_token= in code) to a token of its --auth-tokens file")
     elif code == "invariant-violation":
         error = InvariantViolation(f"server: {detail}")
     elif code == "backend-unavailable" or status >= 500:
