@@ -7,11 +7,15 @@ the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
 ``stockade.fence`` is the one statement a fenced transaction runs. In order:
 
     0. parse the token (stk2 signed, stk1 unsigned)        -> SQLSTATE 22023 if malformed
+       read the settings, the key and the mark, holding the
+       floor's gate until the transaction ends
     1. verify its MAC with the keys in stockade.keys       -> reject "forged" (nothing else looked at)
     2. cluster, then scope                                 -> reject "wrong-cluster" / "wrong-scope"
-    3. lock the scope until the transaction ends (shared
-       when the token equals the mark, exclusive when it
-       would raise it), then read the mark again
+    3. the default floor as committed                      -> SQLSTATE 40001 under REPEATABLE READ or
+                                                              SERIALIZABLE if raised since the snapshot
+       lock the scope's mark row until the transaction
+       ends (shared when the token does not raise it,
+       exclusive when it does), reading it as committed    -> 40001 likewise if it moved since
     4. token < max(mark, default floor)                    -> reject "stale"
     5. raise the mark, remember the token in the
        transaction-local setting stockade.tokens           -> return the mark
@@ -20,22 +24,30 @@ A rejection is ``RAISE`` with SQLSTATE `REJECT_SQLSTATE` and a detail
 ``reason=<r> high_water=<n> cluster=<c> detail=<d>`` that the Python side
 parses back into `stockade.core.fence.Reject`.
 
-The scope's lock is a transaction-scoped advisory lock on
-``(SCOPE_LOCK_CLASS, hashtext(scope))``. Holders of the current token share it
-(no false waits, S19); a higher token takes it exclusively, so it waits until
-every open transaction admitted under the current mark has ended (R6), and a
-transaction that arrives after it reads the raised mark and is refused. An
-advisory lock writes nothing, where a row lock (``FOR SHARE``) writes a WAL
-record and dirties a page in every transaction: measured, the row lock made a
-fenced transaction about 1.5x as slow as a plain one, the advisory lock
-adds no write at all for an equal token. Two scopes whose hashes collide
-only share a lock (more waiting, never a wrong answer). Under REPEATABLE READ
-or SERIALIZABLE the row is locked as well, so that a mark raised while the
-check waited is a serialization failure (SQLSTATE 40001), not a stale admission.
+**Locks no other role can take.** The scope's lock is its row in
+``stockade.high_water`` (``FOR SHARE`` for a token that does not raise the
+mark, ``FOR NO KEY UPDATE`` for one that does), and the floor's is the view
+`FLOOR_GATE` (each check holds it ACCESS SHARE, `raise_high_waters` takes it
+ACCESS EXCLUSIVE, so a floor is never raised between a check and its commit).
+Locking a row needs a privilege on its table, and naming the view needs USAGE on
+its schema: only the installing role has them, and other roles reach both only
+through this ``SECURITY DEFINER`` function, which locks a scope only after the
+token's MAC passed (a failed call's locks go with its aborted transaction or
+savepoint). Schema 1 used advisory locks, which any role that may connect can
+take, on keys it can derive or read in ``pg_locks``: one idle session froze
+every fenced write. The row lock costs one WAL record (Heap/LOCK, 54 bytes) per
+transaction whose token equals the mark; a raising token writes what it wrote
+before. Measured side by side (benchmarks/fence_postgres.py), a fenced
+transaction took about 1.05x the time of schema 1's.
 
-The floor (`FLOOR_LOCK_KEY`) is an advisory lock too: each check holds it
-shared, `raise_high_waters` takes it exclusively, so a floor is never raised
-between a check and its commit.
+**Read as committed, at every isolation level.** The first statement reads
+through the statement's snapshot, which under REPEATABLE READ and SERIALIZABLE
+is the transaction's and may predate a floor raised before the gate was
+granted. The settings version a committed transaction replaced carries that
+transaction's id as its ``xmax`` (nothing locks that row, and the newest version
+carries 0): then READ COMMITTED reads it again, after the gate, and the other
+levels fail with 40001. The mark row is locked, and a locked row is read as
+committed (its newest version, or 40001 when that is newer than the snapshot).
 """
 
 from __future__ import annotations
@@ -385,7 +397,7 @@ BEGIN
             DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_cluster_id);
     END IF;
 
-    -- 5. raise the mark (only when it moves: an equal token writes nothing)
+    -- 5. raise the mark (only when it moves)
     IF v_value > v_own THEN  -- the row is locked exclusively (3b)
         UPDATE stockade.high_water h SET high_water = v_value WHERE h.scope = fence.scope;
     END IF;

@@ -476,8 +476,11 @@ def raise_high_waters(conn: Connection, floors: Mapping[str, int] | FenceFloors,
                       default: int = 0) -> dict[str, int]:
     """Raise marks to floors, never lowering one, in one transaction (R4: after a failover or a restore).
 
-    Waits for every open fenced transaction to end (they hold the floor lock
-    shared), so no check admitted below the new floor commits after it.
+    Waits for every open fenced transaction to end (each holds the floor's gate,
+    a view only the installing role can name), so no check admitted below the new
+    floor commits after it; a transaction whose snapshot predates the raise is
+    refused, or fails with a serialization failure (40001) under REPEATABLE READ
+    or SERIALIZABLE.
 
     Args:
         conn: a psycopg 3 connection.

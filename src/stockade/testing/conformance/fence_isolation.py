@@ -85,6 +85,7 @@ def check_floor_raised_mid_transaction(harness: IsolationHarness, *, rounds: int
     tries a token between the own mark and the floor.
     """
     rounds = rounds or FLOOR_ROUNDS
+    refusals: tuple[type[BaseException], ...] = (StaleToken, *harness.isolation_refusals)
     other = harness.clone()
     admitted: dict[str, int] = {}
     floor = 10
@@ -106,7 +107,7 @@ def check_floor_raised_mid_transaction(harness: IsolationHarness, *, rounds: int
                     with harness.fenced_after_read(level, scope, tok(new_floor - 1, scope=scope),
                                                    raise_floor) as unit:
                         unit.write("k", b"below")
-                except (StaleToken, *harness.isolation_refusals):
+                except refusals:
                     pass
                 if harness.read(scope, "k") == b"below":
                     admitted[level] += 1
