@@ -94,7 +94,7 @@ class PgHarness:
         if owner:
             rule = q.STALE_WHEN[mutant] if mutant in ("fencing-off", "strict-greater") else q.STALE_WHEN["decide"]
             pg._install(self.admin, keys.keyring, cluster_id, rule,
-                        body="advisory" if mutant == "advisory-locks" else "rows")
+                        body="advisory" if mutant == "advisory-locks" else "private")
         self.open_driver()
 
     # -- the driver (replaced by the subclasses) --

@@ -55,7 +55,7 @@ from __future__ import annotations
 __all__ = [
     "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
     "SCOPE_LOCK_CLASS",
-    "STALE_WHEN", "FENCE_BODIES", "FLOOR_GATE", "fence_function", "guard_function",
+    "STALE_WHEN", "FENCE_BODIES", "FLOOR_GATE", "SCOPE_LOCKS", "fence_function", "guard_function",
 ]
 
 #: The schema version `install` migrates to.
@@ -68,6 +68,8 @@ NO_TOKEN_SQLSTATE = "SKF02"
 INSTALL_LOCK_KEY = 0x73746B6400000001
 #: The view whose lock orders checks against floors: each check holds it ACCESS SHARE, a raise ACCESS EXCLUSIVE.
 FLOOR_GATE = "stockade_private.floor_gate"
+#: How many views ``stockade_private.scope_lock_<n>`` lock scopes (by ``hashtext(scope) & (n - 1)``).
+SCOPE_LOCKS = 1024
 #: Schema 1's advisory keys, used only by the ``advisory`` control body (`FENCE_BODIES`): the
 #: floor's, and the first key of the two-key locks of scopes (the second is ``hashtext(scope)``).
 FLOOR_LOCK_KEY = 0x73746B6400000002
@@ -102,14 +104,20 @@ MIGRATIONS = (
     REVOKE ALL ON ALL TABLES IN SCHEMA stockade FROM PUBLIC;
     GRANT USAGE ON SCHEMA stockade TO PUBLIC;
     """,
-    # The floor's gate: a view in a schema no other role may use, so that no other role can name
-    # it, and so none can lock it (an advisory lock any role can take). A view, not a table:
-    # pg_dump locks the tables it dumps until it ends, and a raise would wait for that dump.
-    """
+    # The locks of the check: views in a schema no other role may use, so that no other role can
+    # name them, and so none can lock them (an advisory lock any role can take): the floor's gate,
+    # and SCOPE_LOCKS views that scopes are spread over. Views, not tables: pg_dump locks the
+    # tables it dumps until it ends, and a raise would wait for that dump.
+    f"""
     CREATE SCHEMA IF NOT EXISTS stockade_private;
     REVOKE ALL ON SCHEMA stockade_private FROM PUBLIC;
     CREATE OR REPLACE VIEW stockade_private.floor_gate AS SELECT 1 AS one;
-    REVOKE ALL ON stockade_private.floor_gate FROM PUBLIC;
+    DO $views$ BEGIN
+        FOR i IN 0..{SCOPE_LOCKS - 1} LOOP
+            EXECUTE format('CREATE OR REPLACE VIEW stockade_private.scope_lock_%s AS SELECT 1 AS one', i);
+        END LOOP;
+    END $views$;
+    REVOKE ALL ON ALL TABLES IN SCHEMA stockade_private FROM PUBLIC;
     """,
 )
 
@@ -256,6 +264,24 @@ GRANT EXECUTE ON FUNCTION stockade.fence(text, text) TO PUBLIC;
 """
 
 _FENCE = r"""
+-- Whether the version of stockade.settings whose xmax is this (32-bit) transaction id was replaced
+-- by a committed transaction. Only plain UPDATEs set that xmax (nothing locks the row, nor may: a
+-- lock would leave its locker's id on the newest version); an update that rolled back, or this
+-- transaction's own, has not replaced it.
+CREATE OR REPLACE FUNCTION stockade_private.replaced(xmax text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $replaced$
+DECLARE
+    v_next bigint := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
+    v_xid bigint;
+BEGIN
+    -- The full id nearest the snapshot's (the two are less than 2^31 apart).
+    v_xid := v_next + ((xmax::bigint - (v_next & 4294967295)) % 4294967296 + 6442450944) % 4294967296
+             - 2147483648;
+    RETURN coalesce(pg_xact_status(v_xid::text::xid8), 'committed') = 'committed';
+END
+$replaced$;
+REVOKE ALL ON FUNCTION stockade_private.replaced(text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION stockade.fence(token text, scope text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fence$
 DECLARE
@@ -269,8 +295,6 @@ DECLARE
     v_verify boolean;
     v_floor bigint;
     v_replaced text;
-    v_next bigint;
-    v_xid bigint;
     v_key_found boolean;
     v_secret bytea;
     v_until bigint;
@@ -353,42 +377,41 @@ BEGIN
     -- 3. the floor as committed. The statement above may have read the settings through a snapshot
     --    taken before a raise_high_waters that committed before the gate was granted: always so
     --    under REPEATABLE READ and SERIALIZABLE, where the snapshot is the transaction's first. The
-    --    version a committed transaction replaced carries that transaction's id as its xmax, the
-    --    newest one carries 0 (nothing locks the row, and a failed update leaves an aborted xmax).
-    --    Then READ COMMITTED reads it again (a new snapshot, taken after the gate was granted), and
-    --    the other levels fail with a serialization failure (SQLSTATE 40001): never a stale floor.
-    IF v_replaced <> '0' THEN
-        -- The 32-bit xmax as the full id nearest the snapshot's (they are less than 2^31 apart).
-        v_next := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
-        v_xid := v_next + ((v_replaced::bigint - (v_next & 4294967295)) % 4294967296 + 6442450944) % 4294967296
-                 - 2147483648;
-        IF coalesce(pg_xact_status(v_xid::text::xid8), 'committed') = 'committed' THEN
-            IF current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE EXCEPTION USING ERRCODE = '40001',
-                    MESSAGE = 'stockade.fence: could not serialize access: the fence floor was raised '
-                              'after this transaction took its snapshot';
-            END IF;
-            SELECT s.default_floor INTO STRICT v_floor FROM stockade.settings s WHERE s.id = 1;
+    --    version a committed transaction replaced carries that transaction's id as its xmax (the
+    --    gate was held when it was read, so no raise was under way). Then READ COMMITTED reads it
+    --    again (a new snapshot, taken after the gate was granted), and the other levels fail with
+    --    a serialization failure (SQLSTATE 40001): never a stale floor.
+    IF v_replaced <> '0' AND stockade_private.replaced(v_replaced) THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION USING ERRCODE = '40001',
+                MESSAGE = 'stockade.fence: could not serialize access: the fence floor was raised '
+                          'after this transaction took its snapshot';
         END IF;
+        SELECT s.default_floor INTO STRICT v_floor FROM stockade.settings s WHERE s.id = 1;
     END IF;
 
-    -- 3b. the scope's lock: the row of its mark, locked until the transaction ends (a row of a
-    --    table only the installing role can lock). Shared by holders of a token that does not
-    --    raise it (no false waits, S19); exclusive to raise it, so that a higher token waits until
-    --    every open transaction admitted under the current mark has ended (R6), and a transaction
-    --    that arrives after it reads the raised mark and is refused. A locked row is read as
-    --    committed: under READ COMMITTED its newest version, under the other levels a version
-    --    newer than the snapshot is a serialization failure (40001), never a stale admission.
-    IF v_own IS NULL THEN  -- a row to lock (a scope's first write, or a mark committed since)
-        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
-    END IF;
-    IF v_value > coalesce(v_own, 0) THEN
-        SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope
-           FOR NO KEY UPDATE;
+    -- 3b. the scope's lock, held until the transaction ends: a lock on one of the views
+    --    stockade_private.scope_lock_<hashtext(scope) & @STRIPE_MASK@>, which only the installing role
+    --    can name. Shared (ROW SHARE) by holders of a token that does not raise the mark (no false
+    --    waits, S19); EXCLUSIVE to raise it, so that a higher token waits until every open
+    --    transaction admitted under the current mark has ended (R6), and a transaction that
+    --    arrives after it waits in the lock's queue, reads the raised mark and is refused. The
+    --    queue is first come, first served (a row lock is not: FOR SHARE lockers that keep
+    --    overlapping starve a waiting raise). A lock writes nothing. Scopes of one view only share
+    --    a lock (more waiting, never a wrong answer).
+    EXECUTE format('LOCK TABLE stockade_private.scope_lock_%s IN %s MODE', hashtext(fence.scope) & @STRIPE_MASK@,
+                   CASE WHEN v_value > coalesce(v_own, 0) THEN 'EXCLUSIVE' ELSE 'ROW SHARE' END);
+    -- The mark as committed, read again now that the lock is held: under READ COMMITTED with a
+    -- fresh snapshot; under the other levels the row is locked too (FOR SHARE, one WAL record),
+    -- so that a mark committed after the transaction's snapshot is a serialization failure
+    -- (40001), never a stale admission.
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
     ELSE
-        SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope
-           FOR SHARE;
+        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
+        SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
     END IF;
+    v_own := coalesce(v_own, 0);
     v_mark := greatest(v_own, v_floor);
 
     -- 4. R1
@@ -397,9 +420,11 @@ BEGIN
             DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_cluster_id);
     END IF;
 
-    -- 5. raise the mark (only when it moves)
-    IF v_value > v_own THEN  -- the row is locked exclusively (3b)
-        UPDATE stockade.high_water h SET high_water = v_value WHERE h.scope = fence.scope;
+    -- 5. raise the mark (only when it moves: an equal token writes nothing)
+    IF v_value > v_own THEN
+        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, v_value)
+            ON CONFLICT ON CONSTRAINT high_water_pkey
+            DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
     END IF;
     v_tokens := coalesce(nullif(current_setting('stockade.tokens', true), ''), '{}')::jsonb;
     IF v_tokens ->> scope IS DISTINCT FROM token THEN
@@ -442,19 +467,19 @@ def _pgcrypto_ident(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '"'
 
 
-def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "rows") -> str:
+def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "private") -> str:
     """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`) and `FENCE_BODIES` entry."""
     return (FENCE_BODIES[body].replace("@PGCRYPTO@", _pgcrypto_ident(pgcrypto_schema))
             .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY))
             .replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
-            .replace("@STALE_WHEN@", stale_when))
+            .replace("@STRIPE_MASK@", str(SCOPE_LOCKS - 1)).replace("@STALE_WHEN@", stale_when))
 
 
-#: The private seam of the locking controls: ``rows`` is the function `install` defines; ``advisory``
+#: The private seam of the locking controls: ``private`` is the function `install` defines; ``advisory``
 #: is schema 1's, kept verbatim as the control of two findings: it reads the default floor through the
 #: transaction's snapshot (a REPEATABLE READ transaction commits below a floor raised after its
 #: first read) and serialises with advisory locks, which every role that may connect can take.
-FENCE_BODIES = {"rows": _FENCE, "advisory": _FENCE_ADVISORY}
+FENCE_BODIES = {"private": _FENCE, "advisory": _FENCE_ADVISORY}
 
 
 def guard_function() -> str:

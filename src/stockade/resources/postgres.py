@@ -130,7 +130,7 @@ def install(conn: Connection, *, keys: object, cluster_id: str | None = None) ->
 
 
 def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when: str, *,
-             body: str = "rows") -> None:
+             body: str = "private") -> None:
     """`install` with its comparison and its function body chosen: the private seams the controls
     use (`q.STALE_WHEN`, `q.FENCE_BODIES`)."""
     with _edge(), conn.transaction():
