@@ -200,3 +200,87 @@ def test_the_wal_a_fenced_transaction_writes(harness: PgHarness, kind: str) -> N
         "WHERE xid <> '0' AND resource_manager <> 'Heap2' GROUP BY 1", (str(start), str(end))).fetchall()
     got = {name: round(n / WAL_TRANSACTIONS, 2) for name, n in rows}  # Heap2: a prune now and then
     assert got == WAL_PER_TRANSACTION[(_body(harness), kind)]
+
+
+#: The row-lock design this replaced, as a mutant of the function: FOR SHARE lockers do not queue
+#: behind a waiting FOR NO KEY UPDATE (the control of the fairness test).
+_ROW_LOCK = ("IF v_value > coalesce(v_own, 0) THEN PERFORM 1 FROM stockade.high_water h WHERE h.scope = fence.scope "
+             "FOR NO KEY UPDATE; ELSE PERFORM 1 FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE; "
+             "END IF;")
+WRITERS = 8
+
+
+def _install_row_locks(harness: PgHarness) -> None:
+    schema = harness.admin.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
+                                   "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
+    text = q.fence_function(pgcrypto_schema=schema, stale_when=q.STALE_WHEN["decide"])
+    start = text.index("    EXECUTE format('LOCK TABLE stockade_private.scope_lock_")
+    end = text.index(";", text.index("END);", start)) + 1
+    harness.admin.execute(text[:start] + "    " + _ROW_LOCK + text[end:])
+
+
+@pytest.mark.parametrize("locks", ["private", "row-locks"])
+def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one(rows: PgHarness,
+                                                                                 locks: str) -> None:
+    """8 writers of the current token keep overlapping transactions open; a higher token comes.
+
+    Counted: the current token's commits after the higher token was seen waiting for its lock.
+    First come, first served, only the transactions open when it arrived may commit before it
+    (at most 8). Control: a row lock (FOR SHARE), whose lockers jump the queue.
+    """
+    harness = rows
+    if locks == "row-locks":
+        _install_row_locks(harness)
+    with pg.fenced(harness.conn, tok(5, scope="busy")):
+        pass
+    stop, committed, lock = threading.Event(), [0], threading.Lock()
+
+    def writer() -> None:
+        with psycopg.connect(harness.server.dsn_of(harness.dbname), autocommit=True) as conn:
+            while not stop.is_set():
+                try:
+                    with pg.fenced(conn, tok(5, scope="busy")):
+                        conn.execute("SELECT pg_sleep(0.02)")  # a transaction that does some work
+                except StaleToken:
+                    return
+                with lock:
+                    committed[0] += 1
+
+    threads = [threading.Thread(target=writer) for _ in range(WRITERS)]
+    for thread in threads:
+        thread.start()
+    raiser = psycopg.connect(harness.server.dsn_of(harness.dbname), autocommit=True)
+    raiser.execute("SET lock_timeout = '20s'")  # the control's bound: a starved raise gives up
+    done, outcome = threading.Event(), []
+
+    def raise_it() -> None:
+        try:
+            with pg.fenced(raiser, tok(6, scope="busy")):
+                pass
+            outcome.append("committed")
+        except psycopg.Error as error:
+            outcome.append(error)
+        done.set()
+
+    try:
+        while committed[0] < 3 * WRITERS:  # all writers under way
+            stop.wait(0.01)
+        pid = raiser.info.backend_pid
+        raising = threading.Thread(target=raise_it)
+        raising.start()
+        while not done.is_set() and not _waiting(harness.admin, pid):
+            done.wait(0.001)
+        seen_waiting = committed[0]
+        done.wait(60)
+        jumped = committed[0] - seen_waiting
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        raising.join(60)
+        raiser.close()
+    print(f"\n{locks}: {jumped} commits of the current token after the higher one waited; {outcome}")
+    if locks == "private":
+        assert outcome == ["committed"] and jumped <= WRITERS
+    else:
+        assert jumped > 10 * WRITERS
