@@ -7,11 +7,17 @@
   ``STOCKADE_LONG=1`` for the figure). The same when the check itself waited
   at the floor's gate while the raise committed, at all three levels.
 - An aborted raise leaves no trace: REPEATABLE READ checks after it are admitted.
-- What a role that may only connect can hold, and what it cannot: the gate and
-  the mark rows are out of its reach, so 6 of 6 honest writes complete.
+- What a role that may only connect can hold, and what it cannot: the views the
+  check locks and the mark rows are out of its reach, so 6 of 6 honest writes
+  and a floor raise complete.
+- A check holds the floor's gate and no advisory lock; the WAL a fenced
+  transaction writes, counted (the locks write nothing).
+- A higher token is not starved by writers of the current one that keep
+  overlapping transactions open (control: the row lock, FOR SHARE).
 
-Control: schema 1's function (``advisory``, `_postgres_sql.FENCE_BODIES`), which
-read the floor through the snapshot and locked with advisory keys.
+Control, unless a test says otherwise: schema 1's function (``advisory``,
+`_postgres_sql.FENCE_BODIES`), which read the floor through the snapshot and
+locked with advisory keys.
 """
 
 from __future__ import annotations
