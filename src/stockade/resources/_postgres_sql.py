@@ -13,9 +13,9 @@ the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
     2. cluster, then scope                                 -> reject "wrong-cluster" / "wrong-scope"
     3. the default floor as committed                      -> SQLSTATE 40001 under REPEATABLE READ or
                                                               SERIALIZABLE if raised since the snapshot
-       lock the scope's mark row until the transaction
-       ends (shared when the token does not raise it,
-       exclusive when it does), reading it as committed    -> 40001 likewise if it moved since
+       lock the scope until the transaction ends (shared
+       when the token does not raise the mark, exclusive
+       when it does), then read the mark as committed      -> 40001 likewise if it moved since
     4. token < max(mark, default floor)                    -> reject "stale"
     5. raise the mark, remember the token in the
        transaction-local setting stockade.tokens           -> return the mark
@@ -24,21 +24,24 @@ A rejection is ``RAISE`` with SQLSTATE `REJECT_SQLSTATE` and a detail
 ``reason=<r> high_water=<n> cluster=<c> detail=<d>`` that the Python side
 parses back into `stockade.core.fence.Reject`.
 
-**Locks no other role can take.** The scope's lock is its row in
-``stockade.high_water`` (``FOR SHARE`` for a token that does not raise the
-mark, ``FOR NO KEY UPDATE`` for one that does), and the floor's is the view
-`FLOOR_GATE` (each check holds it ACCESS SHARE, `raise_high_waters` takes it
-ACCESS EXCLUSIVE, so a floor is never raised between a check and its commit).
-Locking a row needs a privilege on its table, and naming the view needs USAGE on
-its schema: only the installing role has them, and other roles reach both only
-through this ``SECURITY DEFINER`` function, which locks a scope only after the
-token's MAC passed (a failed call's locks go with its aborted transaction or
-savepoint). Schema 1 used advisory locks, which any role that may connect can
-take, on keys it can derive or read in ``pg_locks``: one idle session froze
-every fenced write. The row lock costs one WAL record (Heap/LOCK, 54 bytes) per
-transaction whose token equals the mark; a raising token writes what it wrote
-before. Measured side by side (benchmarks/fence_postgres.py), a fenced
-transaction took about 1.05x the time of schema 1's.
+**Locks no other role can take.** The scope's lock is a lock on one of
+`SCOPE_LOCKS` views ``stockade_private.scope_lock_<hashtext(scope) & 1023>``
+(ROW SHARE for a token that does not raise the mark, EXCLUSIVE for one that
+does), and the floor's is the view `FLOOR_GATE` (each check holds it ACCESS
+SHARE, `raise_high_waters` takes it ACCESS EXCLUSIVE, so a floor is never
+raised between a check and its commit). Only the installing role may use the
+schema ``stockade_private``, so no other role can name the views, nor lock
+them; others reach them only through this ``SECURITY DEFINER`` function, which
+locks a scope only after the token's MAC passed (a failed call's locks go with
+its aborted transaction or savepoint). Schema 1 used advisory locks, which any
+role that may connect can take, on keys it can derive or read in ``pg_locks``:
+one idle session froze every fenced write. A lock on a view is a heavyweight
+lock like the advisory one: it writes nothing, and its queue is first come,
+first served. A row lock would write a WAL record in every transaction, and
+its FOR SHARE lockers jump the queue of a waiting raise (measured: a higher
+token waited while 1,428 transactions of the current one committed). Scopes of
+one view only share a lock (more waiting, never a wrong answer). Views, not
+tables: pg_dump locks the tables it dumps until it ends.
 
 **Read as committed, at every isolation level.** The first statement reads
 through the statement's snapshot, which under REPEATABLE READ and SERIALIZABLE
@@ -46,8 +49,9 @@ is the transaction's and may predate a floor raised before the gate was
 granted. The settings version a committed transaction replaced carries that
 transaction's id as its ``xmax`` (nothing locks that row, and the newest version
 carries 0): then READ COMMITTED reads it again, after the gate, and the other
-levels fail with 40001. The mark row is locked, and a locked row is read as
-committed (its newest version, or 40001 when that is newer than the snapshot).
+levels fail with 40001. The mark is read again once the scope's lock is held:
+under READ COMMITTED with a fresh snapshot, under the other levels with its row
+locked FOR SHARE (a row changed since the snapshot is 40001).
 """
 
 from __future__ import annotations
