@@ -39,7 +39,7 @@ one idle session froze every fenced write. A lock on a view is a heavyweight
 lock like the advisory one: it writes nothing, and its queue is first come,
 first served. A row lock would write a WAL record in every transaction, and
 its FOR SHARE lockers jump the queue of a waiting raise (measured: a higher
-token waited while 1,428 transactions of the current one committed). Scopes of
+token waited while over 1,400 transactions of the current one committed). Scopes of
 one view only share a lock (more waiting, never a wrong answer). Views, not
 tables: pg_dump locks the tables it dumps until it ends.
 
