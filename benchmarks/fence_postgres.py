@@ -13,6 +13,10 @@ load of a shared machine hits every variant alike:
   the database)
 * ``fenced+keys``: the same with ``keys=`` (the MAC is also checked in Python first)
 * ``protected``: ``fenced`` on a table under `protect` (its trigger checks again)
+* ``fenced-advisory``: ``fenced`` in a second database of the same server, where
+  the fence is schema 1's function (advisory locks, which any role may take;
+  the private seam `_postgres_sql.FENCE_BODIES`): the side by side of the
+  row-lock function with the one it replaced
 
 each transaction of one variant followed by one of each other variant, and
 prints the median over rounds of each variant's throughput and p50/p99
@@ -39,6 +43,7 @@ import psycopg
 
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring
+from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -78,7 +83,8 @@ def start_postgres(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("PostgreSQL did not start")
 
 
-def variants(conn: psycopg.Connection, keys: FixedKeys) -> dict[str, Callable[[int], None]]:
+def variants(conn: psycopg.Connection, keys: FixedKeys,
+             advisory: psycopg.Connection) -> dict[str, Callable[[int], None]]:
     token = keys.sign(FencingToken(CLUSTER, "orders", 7)).encode()
     upsert = ("INSERT INTO {t} (id, state) VALUES (%s, 'paid') "
               "ON CONFLICT (id) DO UPDATE SET state = excluded.state")
@@ -99,7 +105,12 @@ def variants(conn: psycopg.Connection, keys: FixedKeys) -> dict[str, Callable[[i
         with pg.fenced(conn, token):
             conn.execute(upsert.format(t="protected_orders"), (i % ROWS,))
 
-    return {"plain": plain, "fenced": fenced, "fenced+keys": fenced_keys, "protected": protected}
+    def fenced_advisory(i: int) -> None:
+        with pg.fenced(advisory, token):
+            advisory.execute(upsert.format(t="fenced_orders"), (i % ROWS,))
+
+    return {"plain": plain, "fenced": fenced, "fenced+keys": fenced_keys, "protected": protected,
+            "fenced-advisory": fenced_advisory}
 
 
 def run_round(ops: dict[str, Callable[[int], None]], count: int) -> dict[str, tuple[float, float, float]]:
@@ -134,13 +145,18 @@ def main() -> int:
     try:
         keys = FixedKeys(ephemeral_keyring(CLUSTER))
         with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE bench_advisory")
+        advisory = psycopg.connect(dsn.replace("dbname=postgres", "dbname=bench_advisory"), autocommit=True)
+        pg._install(advisory, keys.keyring, CLUSTER, q.STALE_WHEN["decide"], body="advisory")
+        advisory.execute("CREATE TABLE fenced_orders (id int PRIMARY KEY, state text NOT NULL)")
+        with psycopg.connect(dsn, autocommit=True) as conn:
             pg.install(conn, keys=keys)
             for table in ("plain_orders", "fenced_orders", "protected_orders"):
                 conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, state text NOT NULL)")
             pg.protect(conn, "protected_orders", scope="orders")
             settings = conn.execute("SELECT name, setting FROM pg_settings WHERE name IN "
                                     "('fsync', 'synchronous_commit', 'wal_sync_method')").fetchall()
-            ops = variants(conn, keys)
+            ops = variants(conn, keys, advisory)
             run_round(ops, 200)  # warm up (prepared statements, caches)
             results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ops}
             for _ in range(args.rounds):

@@ -29,6 +29,12 @@ from stockade.keys import FixedKeys
 from stockade.testing.conformance.fence import *  # noqa: F403 - the suite's tests and its `fence` fixture
 from stockade.testing.conformance.fence_partial import *  # noqa: F403 - partial failure inside a unit
 from stockade.testing.conformance.fence_partial import PartialFailures
+from stockade.testing.conformance.fence_isolation import (  # noqa: F401 - the optional capabilities' tests
+    check_floor_raised_mid_transaction,
+    check_outsider_cannot_stall,
+    test_a_floor_raised_mid_transaction_is_never_committed_below,
+    test_a_role_that_may_only_connect_cannot_stall_fenced_writes,
+)
 
 Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 
@@ -115,3 +121,63 @@ def test_the_suite_catches_every_control(
             harness.close()
         pytest.fail(f"{name} passed on {target} with {mutant}")
 
+
+
+# -- the optional capabilities (stockade.testing.conformance.fence_isolation) --------------------------
+# Every target either offers each one or says here why it does not apply; nothing is skipped in silence.
+
+ISOLATION = {"postgres", "sqlite-db", "sqlite-db-sqlalchemy"}
+ISOLATION_NOT_APPLICABLE = {
+    "store-memory": "no transaction of the user's: the unit is the store's own, checked when it applies",
+    "store-sqlite": "no transaction of the user's: the unit is the store's own, checked when it applies",
+    "files": "no snapshot: the check and the rename happen under the scope's file lock, at the unit's end",
+    "redis": "no snapshot: the check runs in the script that applies the batch (MULTI/EXEC reads nothing)",
+    "redis-async": "no snapshot: the check runs in the script that applies the batch (MULTI/EXEC reads nothing)",
+    "postgres-async": "the same SQL function as 'postgres' (its front end adds no check); run there",
+    "postgres-sqlalchemy": "the same SQL function as 'postgres' (its front end adds no check); run there",
+}
+OUTSIDERS = {"postgres"}
+OUTSIDERS_NOT_APPLICABLE = {
+    "store-memory": "no roles: one process's memory",
+    "store-sqlite": "no roles: a file of stockade's own; who may open it is the file's permissions",
+    "sqlite-db": "no roles: whoever may open the file may lock it (the file's permissions are the boundary)",
+    "sqlite-db-sqlalchemy": "no roles: whoever may open the file may lock it (the file's permissions are the boundary)",
+    "files": "no roles but the file system's: whoever may open the lock file may lock it",
+    "redis": "the fence takes no lock (one script); a client that may call the script may call any",
+    "redis-async": "the fence takes no lock (one script); a client that may call the script may call any",
+    "postgres-async": "the same SQL function and locks as 'postgres'; run there",
+    "postgres-sqlalchemy": "the same SQL function and locks as 'postgres'; run there",
+}
+
+
+def test_every_target_declares_the_optional_capabilities() -> None:
+    for offered, not_applicable in ((ISOLATION, ISOLATION_NOT_APPLICABLE), (OUTSIDERS, OUTSIDERS_NOT_APPLICABLE)):
+        assert not offered & set(not_applicable)
+        assert offered | set(not_applicable) == set(TARGETS)
+
+
+@pytest.fixture(params=sorted(ISOLATION))
+def isolated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    harness = TARGETS[request.param](tmp_path / "r", suite.CLUSTER, suite.KEYS, None)
+    yield harness
+    harness.close()
+
+
+@pytest.fixture(params=sorted(OUTSIDERS))
+def outsider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    harness = TARGETS[request.param](tmp_path / "r", suite.CLUSTER, suite.KEYS, None)
+    yield harness
+    harness.close()
+
+
+def test_the_optional_capabilities_catch_their_control(tmp_path: Path) -> None:
+    """``advisory-locks``, schema 1's PostgreSQL function: it admits below a floor raised
+    mid-transaction, and an outsider's advisory locks freeze the honest writes."""
+    harness = TARGETS["postgres"](tmp_path / "c", suite.CLUSTER, suite.KEYS, "advisory-locks")
+    try:
+        admitted = check_floor_raised_mid_transaction(harness, rounds=3)
+        assert admitted == {"repeatable read": 3, "serializable": 3}
+        completed, tried, floor_raised, _ = check_outsider_cannot_stall(harness, write_s=2.0)
+        assert (completed, tried, floor_raised) == (0, 6, True)
+    finally:
+        harness.close()

@@ -15,6 +15,11 @@ The controls:
 - ``check-then-write``: the mark is read in one transaction and judged with
   `stockade.core.fence.decide`; then every write runs in a transaction of its
   own that raises the mark without comparing (it trusts the earlier check).
+- ``advisory-locks``: schema 1's function (`_postgres_sql.FENCE_BODIES`): it reads
+  the default floor through the transaction's snapshot and serialises with
+  advisory locks any role can take (the control of the optional capabilities of
+  `stockade.testing.conformance.fence_isolation`, which the plain ``postgres``
+  harness offers: a floor raised mid-transaction, and an outsider role).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from helpers.postgres import PostgresServer, fresh_database, shared_server
+from helpers.postgres import SUPERUSER, PostgresServer, fresh_database, shared_server
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.fence import Reject, decide
@@ -91,7 +96,8 @@ class PgHarness:
         self.admin = psycopg.connect(server.dsn_of(dbname), autocommit=True)
         if owner:
             rule = q.STALE_WHEN[mutant] if mutant in ("fencing-off", "strict-greater") else q.STALE_WHEN["decide"]
-            pg._install(self.admin, keys.keyring, cluster_id, rule)
+            pg._install(self.admin, keys.keyring, cluster_id, rule,
+                        body="advisory" if mutant == "advisory-locks" else "private")
         self.open_driver()
 
     # -- the driver (replaced by the subclasses) --
@@ -158,6 +164,88 @@ class PgHarness:
         self.admin.close()
         if self._owner:
             _free.setdefault((self.server.port, self.encoding), []).append(self.dbname)
+
+
+    # -- the optional capabilities (stockade.testing.conformance.fence_isolation) --
+
+    isolation_levels = ("repeatable read", "serializable")
+    isolation_refusals: tuple[type[BaseException], ...] = (psycopg.errors.SerializationFailure,)
+
+    @contextmanager
+    def fenced_after_read(self, level: str, scope: str, token: Any, between: Callable[[], None]) -> Iterator[Any]:
+        with psycopg.connect(self.server.dsn_of(self.dbname)) as conn:  # not autocommit: psycopg begins
+            conn.isolation_level = _LEVELS[level]
+            conn.execute("SELECT count(*) FROM kv")  # the transaction's snapshot is taken here
+            between()
+            try:
+                with pg.fenced(conn, token, scope, keys=self.keys):  # a savepoint of the open transaction
+                    yield _ConnUnit(conn, scope, self.value_bytes_max)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+
+    @contextmanager
+    def outsider_holds_what_it_can(self, scopes: list[str]) -> Iterator[list[str]]:
+        """A session of `OUTSIDER_ROLE` (LOGIN, CONNECT on this database, nothing else), holding what it can."""
+        self.admin.execute(f"REVOKE ALL ON DATABASE {self.dbname} FROM PUBLIC")
+        self.admin.execute(f"GRANT CONNECT ON DATABASE {self.dbname} TO {OUTSIDER_ROLE}")
+        held: list[str] = []
+        dsn = self.server.dsn_of(self.dbname).replace(f"user={SUPERUSER}", f"user={OUTSIDER_ROLE}")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SET idle_in_transaction_session_timeout = 0")
+            keys = [f"pg_advisory_lock({q.FLOOR_LOCK_KEY})", f"pg_advisory_lock({q.INSTALL_LOCK_KEY})"]
+            keys += [f"pg_advisory_lock({q.SCOPE_LOCK_CLASS}, hashtext('{s}'))" for s in scopes]
+            for key in keys:  # session locks: outside any transaction, no idle timeout applies
+                conn.execute(f"SELECT {key}")
+                held.append(key)
+            conn.execute("BEGIN")
+            tables = [r[0] for r in conn.execute(
+                "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname LIKE 'stockade%' "
+                "UNION ALL SELECT schemaname || '.' || viewname FROM pg_views WHERE schemaname LIKE 'stockade%'"
+            ).fetchall()]
+            tables.append(q.FLOOR_GATE)
+            attempts = []
+            for n, table in enumerate(tables):
+                attempts += [f"PREPARE p{n} AS SELECT * FROM {table}", f"LOCK TABLE {table} IN ACCESS SHARE MODE",
+                             f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE", f"SELECT 1 FROM {table} FOR SHARE"]
+            attempts += [f"SELECT scope FROM stockade.high_water WHERE scope = '{s}' FOR UPDATE" for s in scopes]
+            attempts += [f"SELECT stockade.fence('stk1.{self.cluster_id}.9.{s}', '{s}')" for s in scopes]
+            for attempt in attempts:
+                conn.execute("SAVEPOINT attempt")
+                try:
+                    conn.execute(attempt)
+                except psycopg.Error:
+                    conn.execute("ROLLBACK TO SAVEPOINT attempt")
+                else:
+                    conn.execute("RELEASE SAVEPOINT attempt")
+                    held.append(attempt)
+            try:
+                yield held
+            finally:
+                conn.execute("ROLLBACK")
+
+
+_LEVELS = {"repeatable read": psycopg.IsolationLevel.REPEATABLE_READ,
+           "serializable": psycopg.IsolationLevel.SERIALIZABLE}
+#: The role of `PgHarness.outsider_holds_what_it_can`: it may log in, and nothing else.
+OUTSIDER_ROLE = "stockade_outsider"
+
+
+class _ConnUnit(PgUnit):
+    """A unit on a connection of its own (`PgHarness.fenced_after_read`)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], scope: str, value_bytes_max: int) -> None:
+        self._conn, self._scope, self._value_bytes_max = conn, scope, value_bytes_max
+
+    def write(self, key: str, value: bytes) -> None:
+        if len(value) > self._value_bytes_max:
+            raise InvalidArgument("value", f"must be at most {self._value_bytes_max} bytes")
+        self._conn.execute(UPSERT, (self._scope, key, value))
+
+    def read(self, key: str) -> bytes | None:
+        row = self._conn.execute(SELECT, (self._scope, key)).fetchone()
+        return None if row is None else bytes(row[0])
 
 
 class AsyncPgHarness(PgHarness):
@@ -252,12 +340,22 @@ def _database(server: PostgresServer, encoding: str) -> str:
     return name
 
 
+def _outsider_role(server: PostgresServer) -> None:
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (OUTSIDER_ROLE,)).fetchone() is None:
+            try:
+                conn.execute(f"CREATE ROLE {OUTSIDER_ROLE} LOGIN")
+            except psycopg.errors.DuplicateObject:
+                pass  # another worker made it meanwhile
+
+
 def make_postgres_harness(kind: str) -> Callable[[Any, str, FixedKeys, str | None], PgHarness]:
     """A `TARGETS` factory: a fresh database on the shared server, with the ``kind`` harness over it."""
 
     def make(tmp_path: Any, cluster_id: str, keys: FixedKeys, mutant: str | None) -> PgHarness:
         server = shared_server()
         harness, encoding = HARNESSES[kind]
+        _outsider_role(server)
         return harness(server, _database(server, encoding), cluster_id, keys, mutant, owner=True, encoding=encoding)
 
     return make

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from stockade.core.errors import InvalidArgument
 from stockade.core.fence import Accept, FenceDecision, Reject, decide
 from stockade.core.limits import validate_key, validate_value
 from stockade.core.tokens import FencingToken
@@ -142,6 +143,36 @@ class SQLiteDbHarness:
                 return harness.read(scope, key)
 
         yield EachStepAlone()
+
+    # -- the optional capability of stockade.testing.conformance.fence_isolation ----------------------
+
+    isolation_levels = ("deferred",)  # a transaction that read before the check (WAL: a snapshot)
+    isolation_refusals: tuple[type[BaseException], ...] = (InvalidArgument,)  # fenced() refuses an open one
+
+    @contextmanager
+    def fenced_after_read(self, level: str, scope: str, token: Any, between: Callable[[], None]) -> Iterator[Any]:
+        assert level == "deferred", level
+        if self.sqlalchemy:
+            from sqlalchemy.orm import Session
+
+            with Session(self._engine) as session:
+                session.connection().exec_driver_sql("SELECT count(*) FROM user_data").fetchall()
+                between()
+                with self.fence.fenced_sqlalchemy(session, token, scope=scope):
+                    yield SQLUnit(session.connection().exec_driver_sql, scope, self.value_bytes_max)
+            return
+        conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=30)
+        try:
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("BEGIN DEFERRED")
+            conn.execute("SELECT count(*) FROM user_data").fetchall()  # the read snapshot (WAL) starts here
+            between()
+            with self.fence.fenced(token, scope=scope, conn=conn):
+                yield SQLUnit(conn.execute, scope, self.value_bytes_max)
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.close()
 
     # -- the harness -------------------------------------------------------------------------------
 

@@ -7,11 +7,15 @@ the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
 ``stockade.fence`` is the one statement a fenced transaction runs. In order:
 
     0. parse the token (stk2 signed, stk1 unsigned)        -> SQLSTATE 22023 if malformed
+       read the settings, the key and the mark, holding the
+       floor's gate until the transaction ends
     1. verify its MAC with the keys in stockade.keys       -> reject "forged" (nothing else looked at)
     2. cluster, then scope                                 -> reject "wrong-cluster" / "wrong-scope"
-    3. lock the scope until the transaction ends (shared
-       when the token equals the mark, exclusive when it
-       would raise it), then read the mark again
+    3. the default floor as committed                      -> SQLSTATE 40001 under REPEATABLE READ or
+                                                              SERIALIZABLE if raised since the snapshot
+       lock the scope until the transaction ends (shared
+       when the token does not raise the mark, exclusive
+       when it does), then read the mark as committed      -> 40001 likewise if it moved since
     4. token < max(mark, default floor)                    -> reject "stale"
     5. raise the mark, remember the token in the
        transaction-local setting stockade.tokens           -> return the mark
@@ -20,22 +24,34 @@ A rejection is ``RAISE`` with SQLSTATE `REJECT_SQLSTATE` and a detail
 ``reason=<r> high_water=<n> cluster=<c> detail=<d>`` that the Python side
 parses back into `stockade.core.fence.Reject`.
 
-The scope's lock is a transaction-scoped advisory lock on
-``(SCOPE_LOCK_CLASS, hashtext(scope))``. Holders of the current token share it
-(no false waits, S19); a higher token takes it exclusively, so it waits until
-every open transaction admitted under the current mark has ended (R6), and a
-transaction that arrives after it reads the raised mark and is refused. An
-advisory lock writes nothing, where a row lock (``FOR SHARE``) writes a WAL
-record and dirties a page in every transaction: measured, the row lock made a
-fenced transaction about 1.5x as slow as a plain one, the advisory lock
-adds no write at all for an equal token. Two scopes whose hashes collide
-only share a lock (more waiting, never a wrong answer). Under REPEATABLE READ
-or SERIALIZABLE the row is locked as well, so that a mark raised while the
-check waited is a serialization failure (SQLSTATE 40001), not a stale admission.
+**Locks no other role can take.** The scope's lock is a lock on one of
+`SCOPE_LOCKS` views ``stockade_private.scope_lock_<hashtext(scope) & 1023>``
+(ROW SHARE for a token that does not raise the mark, EXCLUSIVE for one that
+does), and the floor's is the view `FLOOR_GATE` (each check holds it ACCESS
+SHARE, `raise_high_waters` takes it ACCESS EXCLUSIVE, so a floor is never
+raised between a check and its commit). Only the installing role may use the
+schema ``stockade_private``, so no other role can name the views, nor lock
+them; others reach them only through this ``SECURITY DEFINER`` function, which
+locks a scope only after the token's MAC passed (a failed call's locks go with
+its aborted transaction or savepoint). Schema 1 used advisory locks, which any
+role that may connect can take, on keys it can derive or read in ``pg_locks``:
+one idle session froze every fenced write. A lock on a view is a heavyweight
+lock like the advisory one: it writes nothing, and its queue is first come,
+first served. A row lock would write a WAL record in every transaction, and
+its FOR SHARE lockers jump the queue of a waiting raise (measured: a higher
+token waited while over 1,400 transactions of the current one committed). Scopes of
+one view only share a lock (more waiting, never a wrong answer). Views, not
+tables: pg_dump locks the tables it dumps until it ends.
 
-The floor (`FLOOR_LOCK_KEY`) is an advisory lock too: each check holds it
-shared, `raise_high_waters` takes it exclusively, so a floor is never raised
-between a check and its commit.
+**Read as committed, at every isolation level.** The first statement reads
+through the statement's snapshot, which under REPEATABLE READ and SERIALIZABLE
+is the transaction's and may predate a floor raised before the gate was
+granted. The settings version a committed transaction replaced carries that
+transaction's id as its ``xmax`` (nothing locks that row, and the newest version
+carries 0): then READ COMMITTED reads it again, after the gate, and the other
+levels fail with 40001. The mark is read again once the scope's lock is held:
+under READ COMMITTED with a fresh snapshot, under the other levels with its row
+locked FOR SHARE (a row changed since the snapshot is 40001).
 """
 
 from __future__ import annotations
@@ -43,19 +59,24 @@ from __future__ import annotations
 __all__ = [
     "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
     "SCOPE_LOCK_CLASS",
-    "STALE_WHEN", "fence_function", "guard_function",
+    "STALE_WHEN", "FENCE_BODIES", "FLOOR_GATE", "SCOPE_LOCKS", "fence_function", "guard_function",
 ]
 
 #: The schema version `install` migrates to.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: SQLSTATE of a fence rejection (class "SK": stockade's own).
 REJECT_SQLSTATE = "SKF01"
 #: SQLSTATE of a write to a protected table in a transaction that passed no fence for its scope.
 NO_TOKEN_SQLSTATE = "SKF02"
-#: Advisory lock keys (bigint): one serialises installs, one orders checks against floors.
+#: Advisory lock key (bigint) that serialises installs.
 INSTALL_LOCK_KEY = 0x73746B6400000001
+#: The view whose lock orders checks against floors: each check holds it ACCESS SHARE, a raise ACCESS EXCLUSIVE.
+FLOOR_GATE = "stockade_private.floor_gate"
+#: How many views ``stockade_private.scope_lock_<n>`` lock scopes (by ``hashtext(scope) & (n - 1)``).
+SCOPE_LOCKS = 1024
+#: Schema 1's advisory keys, used only by the ``advisory`` control body (`FENCE_BODIES`): the
+#: floor's, and the first key of the two-key locks of scopes (the second is ``hashtext(scope)``).
 FLOOR_LOCK_KEY = 0x73746B6400000002
-#: The first key of the two-key advisory locks of scopes (the second is ``hashtext(scope)``).
 SCOPE_LOCK_CLASS = 0x73746B64
 
 #: Migration n (1-based) takes the schema from version n-1 to n. Never edit one that shipped: add one.
@@ -87,6 +108,21 @@ MIGRATIONS = (
     REVOKE ALL ON ALL TABLES IN SCHEMA stockade FROM PUBLIC;
     GRANT USAGE ON SCHEMA stockade TO PUBLIC;
     """,
+    # The locks of the check: views in a schema no other role may use, so that no other role can
+    # name them, and so none can lock them (an advisory lock any role can take): the floor's gate,
+    # and SCOPE_LOCKS views that scopes are spread over. Views, not tables: pg_dump locks the
+    # tables it dumps until it ends, and a raise would wait for that dump.
+    f"""
+    CREATE SCHEMA IF NOT EXISTS stockade_private;
+    REVOKE ALL ON SCHEMA stockade_private FROM PUBLIC;
+    CREATE OR REPLACE VIEW stockade_private.floor_gate AS SELECT 1 AS one;
+    DO $views$ BEGIN
+        FOR i IN 0..{SCOPE_LOCKS - 1} LOOP
+            EXECUTE format('CREATE OR REPLACE VIEW stockade_private.scope_lock_%s AS SELECT 1 AS one', i);
+        END LOOP;
+    END $views$;
+    REVOKE ALL ON ALL TABLES IN SCHEMA stockade_private FROM PUBLIC;
+    """,
 )
 
 #: The private seam of the controls: the SQL condition under which a token is stale, on
@@ -97,7 +133,7 @@ STALE_WHEN = {
     "fencing-off": "false",
 }
 
-_FENCE = r"""
+_FENCE_ADVISORY = r"""
 CREATE OR REPLACE FUNCTION stockade.fence(token text, scope text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fence$
 DECLARE
@@ -231,6 +267,180 @@ REVOKE ALL ON FUNCTION stockade.fence(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION stockade.fence(text, text) TO PUBLIC;
 """
 
+_FENCE = r"""
+-- Whether the version of stockade.settings whose xmax is this (32-bit) transaction id was replaced
+-- by a committed transaction. Only plain UPDATEs set that xmax (nothing locks the row, nor may: a
+-- lock would leave its locker's id on the newest version); an update that rolled back, or this
+-- transaction's own, has not replaced it.
+CREATE OR REPLACE FUNCTION stockade_private.replaced(xmax text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $replaced$
+DECLARE
+    v_next bigint := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
+    v_xid bigint;
+BEGIN
+    -- The full id nearest the snapshot's (the two are less than 2^31 apart).
+    v_xid := v_next + ((xmax::bigint - (v_next & 4294967295)) % 4294967296 + 6442450944) % 4294967296
+             - 2147483648;
+    RETURN coalesce(pg_xact_status(v_xid::text::xid8), 'committed') = 'committed';
+END
+$replaced$;
+REVOKE ALL ON FUNCTION stockade_private.replaced(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION stockade.fence(token text, scope text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fence$
+DECLARE
+    v_parts text[];
+    v_cluster text;
+    v_value bigint;
+    v_kid text := '';
+    v_mac text := '';
+    v_scope text;
+    v_cluster_id text;
+    v_verify boolean;
+    v_floor bigint;
+    v_replaced text;
+    v_key_found boolean;
+    v_secret bytea;
+    v_until bigint;
+    v_forged text;
+    v_void text;
+    v_own bigint;
+    v_mark bigint;
+    v_tokens jsonb;
+BEGIN
+    -- Parsed with split_part and plain character classes: bounded repeats ({16}) make
+    -- PostgreSQL's regex engine cost ~150 us a call, more than the rest of the check.
+    IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[A-Za-z0-9._:-]+$'
+       OR scope IN ('.', '..') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: bad scope or no token';
+    END IF;
+    IF left(token, 5) = 'stk2.' THEN
+        v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3), split_part(token, '.', 4),
+                         split_part(token, '.', 5)];
+        v_kid := v_parts[3];
+        v_mac := v_parts[4];
+        v_scope := substr(token, 10 + length(v_parts[1]) + length(v_parts[2]) + length(v_kid) + length(v_mac));
+        IF length(v_kid) <> 8 OR v_kid !~ '^[0-9a-f]+$' OR length(v_mac) <> 22 OR v_mac !~ '^[A-Za-z0-9_-]+$' THEN
+            v_parts := NULL;
+        END IF;
+    ELSIF left(token, 5) = 'stk1.' THEN
+        v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3)];
+        v_scope := substr(token, 8 + length(v_parts[1]) + length(v_parts[2]));
+    END IF;
+    IF v_parts IS NULL OR length(v_parts[1]) <> 16 OR v_parts[1] !~ '^[0-9a-f]+$'
+       OR length(v_parts[2]) NOT BETWEEN 1 AND 19 OR v_parts[2] !~ '^[1-9][0-9]*$'
+       OR v_parts[2]::numeric > 9223372036854775807
+       OR length(v_scope) NOT BETWEEN 1 AND 200 OR v_scope !~ '^[A-Za-z0-9._:-]+$' OR v_scope IN ('.', '..') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: malformed token';
+    END IF;
+    v_cluster := v_parts[1];
+    v_value := v_parts[2]::bigint;
+    -- One statement reads the settings, the token's key and the scope's mark, and takes the floor's
+    -- gate: ACCESS SHARE on the view stockade_private.floor_gate, held until the transaction ends, so
+    -- that raise_high_waters (ACCESS EXCLUSIVE on it) waits for this transaction. Only the installing
+    -- role can name that schema, so no other role can hold the gate (an advisory lock any role can
+    -- take, and pg_locks shows every key to every role).
+    SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax::text, k.kid IS NOT NULL, k.secret,
+           k.verify_until_s, h.high_water
+      INTO STRICT v_cluster_id, v_verify, v_floor, v_replaced, v_key_found, v_secret, v_until, v_own
+      FROM stockade.settings s
+      CROSS JOIN stockade_private.floor_gate g
+      LEFT JOIN stockade.keys k ON k.kid = v_kid
+      LEFT JOIN stockade.high_water h ON h.scope = fence.scope
+     WHERE s.id = 1;
+
+    -- 1. the MAC, before anything else is looked at (P3)
+    IF v_verify THEN
+        IF v_mac = '' THEN
+            v_forged := 'unsigned';
+        ELSIF NOT v_key_found THEN
+            v_forged := 'unknown-key';
+        ELSIF v_until IS NOT NULL AND extract(epoch FROM clock_timestamp()) >= v_until THEN
+            v_forged := 'retired-key';
+        ELSIF rtrim(translate(encode(substring(@PGCRYPTO@.hmac(
+                  convert_to('stk2', 'UTF8') || '\x00'::bytea || convert_to(v_kid, 'UTF8')
+                  || '\x00'::bytea || convert_to(v_cluster, 'UTF8') || '\x00'::bytea
+                  || convert_to(v_parts[2], 'UTF8') || '\x00'::bytea || convert_to(v_scope, 'UTF8'),
+                  v_secret, 'sha256') FROM 1 FOR 16), 'base64'), '+/', '-_'), '=') IS DISTINCT FROM v_mac THEN
+            v_forged := 'bad-mac';
+        END IF;
+        IF v_forged IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (forged)',
+                DETAIL = format('reason=forged high_water=0 cluster=%s detail=%s', v_cluster_id, v_forged);
+        END IF;
+    END IF;
+
+    -- 2. R2: the cluster, then the scope
+    IF v_cluster <> v_cluster_id OR v_scope <> scope THEN
+        RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (R2)',
+            DETAIL = format('reason=%s high_water=0 cluster=%s detail=',
+                            CASE WHEN v_cluster <> v_cluster_id THEN 'wrong-cluster' ELSE 'wrong-scope' END,
+                            v_cluster_id);
+    END IF;
+
+    -- 3. the floor as committed. The statement above may have read the settings through a snapshot
+    --    taken before a raise_high_waters that committed before the gate was granted: always so
+    --    under REPEATABLE READ and SERIALIZABLE, where the snapshot is the transaction's first. The
+    --    version a committed transaction replaced carries that transaction's id as its xmax (the
+    --    gate was held when it was read, so no raise was under way). Then READ COMMITTED reads it
+    --    again (a new snapshot, taken after the gate was granted), and the other levels fail with
+    --    a serialization failure (SQLSTATE 40001): never a stale floor.
+    IF v_replaced <> '0' AND stockade_private.replaced(v_replaced) THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION USING ERRCODE = '40001',
+                MESSAGE = 'stockade.fence: could not serialize access: the fence floor was raised '
+                          'after this transaction took its snapshot';
+        END IF;
+        SELECT s.default_floor INTO STRICT v_floor FROM stockade.settings s WHERE s.id = 1;
+    END IF;
+
+    -- 3b. the scope's lock, held until the transaction ends: a lock on one of the views
+    --    stockade_private.scope_lock_<hashtext(scope) & @STRIPE_MASK@>, which only the installing role
+    --    can name. Shared (ROW SHARE) by holders of a token that does not raise the mark (no false
+    --    waits, S19); EXCLUSIVE to raise it, so that a higher token waits until every open
+    --    transaction admitted under the current mark has ended (R6), and a transaction that
+    --    arrives after it waits in the lock's queue, reads the raised mark and is refused. The
+    --    queue is first come, first served (a row lock is not: FOR SHARE lockers that keep
+    --    overlapping starve a waiting raise). A lock writes nothing. Scopes of one view only share
+    --    a lock (more waiting, never a wrong answer).
+    EXECUTE format('LOCK TABLE stockade_private.scope_lock_%s IN %s MODE', hashtext(fence.scope) & @STRIPE_MASK@,
+                   CASE WHEN v_value > coalesce(v_own, 0) THEN 'EXCLUSIVE' ELSE 'ROW SHARE' END);
+    -- The mark as committed, read again now that the lock is held: under READ COMMITTED with a
+    -- fresh snapshot; under the other levels the row is locked too (FOR SHARE, one WAL record),
+    -- so that a mark committed after the transaction's snapshot is a serialization failure
+    -- (40001), never a stale admission.
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
+    ELSE
+        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
+        SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
+    END IF;
+    v_own := coalesce(v_own, 0);
+    v_mark := greatest(v_own, v_floor);
+
+    -- 4. R1
+    IF @STALE_WHEN@ THEN
+        RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (stale)',
+            DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_cluster_id);
+    END IF;
+
+    -- 5. raise the mark (only when it moves: an equal token writes nothing)
+    IF v_value > v_own THEN
+        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, v_value)
+            ON CONFLICT ON CONSTRAINT high_water_pkey
+            DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
+    END IF;
+    v_tokens := coalesce(nullif(current_setting('stockade.tokens', true), ''), '{}')::jsonb;
+    IF v_tokens ->> scope IS DISTINCT FROM token THEN
+        v_void := set_config('stockade.tokens', (v_tokens || jsonb_build_object(scope, token))::text, true);
+    END IF;
+    RETURN greatest(v_value, v_mark);
+END
+$fence$;
+REVOKE ALL ON FUNCTION stockade.fence(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION stockade.fence(text, text) TO PUBLIC;
+"""
+
 _GUARD = r"""
 CREATE OR REPLACE FUNCTION stockade.guard() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $guard$
@@ -261,12 +471,19 @@ def _pgcrypto_ident(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '"'
 
 
-def fence_function(*, pgcrypto_schema: str, stale_when: str) -> str:
-    """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`)."""
-    return (_FENCE.replace("@PGCRYPTO@", _pgcrypto_ident(pgcrypto_schema))
+def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "private") -> str:
+    """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`) and `FENCE_BODIES` entry."""
+    return (FENCE_BODIES[body].replace("@PGCRYPTO@", _pgcrypto_ident(pgcrypto_schema))
             .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY))
             .replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
-            .replace("@STALE_WHEN@", stale_when))
+            .replace("@STRIPE_MASK@", str(SCOPE_LOCKS - 1)).replace("@STALE_WHEN@", stale_when))
+
+
+#: The private seam of the locking controls: ``private`` is the function `install` defines; ``advisory``
+#: is schema 1's, kept verbatim as the control of two findings: it reads the default floor through the
+#: transaction's snapshot (a REPEATABLE READ transaction commits below a floor raised after its
+#: first read) and serialises with advisory locks, which every role that may connect can take.
+FENCE_BODIES = {"private": _FENCE, "advisory": _FENCE_ADVISORY}
 
 
 def guard_function() -> str:

@@ -129,8 +129,10 @@ def install(conn: Connection, *, keys: object, cluster_id: str | None = None) ->
     _install(conn, keyring, cluster, q.STALE_WHEN["decide"])
 
 
-def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when: str) -> None:
-    """`install` with its comparison chosen: the private seam the controls use (`q.STALE_WHEN`)."""
+def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when: str, *,
+             body: str = "private") -> None:
+    """`install` with its comparison and its function body chosen: the private seams the controls
+    use (`q.STALE_WHEN`, `q.FENCE_BODIES`)."""
     with _edge(), conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.INSTALL_LOCK_KEY,))
         conn.execute("CREATE SCHEMA IF NOT EXISTS stockade")
@@ -153,7 +155,7 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
         installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         if installed != cluster:
             raise InvalidArgument("keys", f"this database is fenced for cluster {installed}, not {cluster}")
-        conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when))
+        conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when, body=body))
         conn.execute(q.guard_function())
         _write_keys(conn, keyring)
 
@@ -477,8 +479,11 @@ def raise_high_waters(conn: Connection, floors: Mapping[str, int] | FenceFloors,
                       default: int = 0) -> dict[str, int]:
     """Raise marks to floors, never lowering one, in one transaction (R4: after a failover or a restore).
 
-    Waits for every open fenced transaction to end (they hold the floor lock
-    shared), so no check admitted below the new floor commits after it.
+    Waits for every open fenced transaction to end (each holds the floor's gate,
+    a view only the installing role can name), so no check admitted below the new
+    floor commits after it; a transaction whose snapshot predates the raise is
+    refused, or fails with a serialization failure (40001) under REPEATABLE READ
+    or SERIALIZABLE.
 
     Args:
         conn: a psycopg 3 connection.
@@ -498,7 +503,7 @@ def raise_high_waters(conn: Connection, floors: Mapping[str, int] | FenceFloors,
     else:
         checked = check_floors(floors)
     with _edge(), conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.FLOOR_LOCK_KEY,))
+        conn.execute(f"LOCK TABLE {q.FLOOR_GATE} IN ACCESS EXCLUSIVE MODE")  # waits for every open check
         conn.execute("UPDATE stockade.settings SET default_floor = greatest(default_floor, %s)", (default,))
         if checked:  # one statement, not executemany (a pipeline's Flush disarms the idle timeout)
             conn.execute(

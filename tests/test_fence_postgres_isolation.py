@@ -1,0 +1,292 @@
+"""The PostgreSQL fence at every isolation level, and against a role that may only connect (docs/fence-postgres.md).
+
+- A transaction that took its snapshot before `raise_high_waters` committed, then
+  fences a scope the floor covers only through its default: refused (StaleToken)
+  or a serialization failure, never committed, at REPEATABLE READ and
+  SERIALIZABLE (`ROUNDS` per level; ``STOCKADE_FLOOR_ROUNDS`` or
+  ``STOCKADE_LONG=1`` for the figure). The same when the check itself waited
+  at the floor's gate while the raise committed, at all three levels.
+- An aborted raise leaves no trace: REPEATABLE READ checks after it are admitted.
+- What a role that may only connect can hold, and what it cannot: the views the
+  check locks and the mark rows are out of its reach, so 6 of 6 honest writes
+  and a floor raise complete.
+- A check holds the floor's gate and no advisory lock; the WAL a fenced
+  transaction writes, counted (the locks write nothing).
+- A higher token is not starved by writers of the current one that keep
+  overlapping transactions open (control: the row lock, FOR SHARE).
+
+Control, unless a test says otherwise: schema 1's function (``advisory``,
+`_postgres_sql.FENCE_BODIES`), which read the floor through the snapshot and
+locked with advisory keys.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from helpers.fence_postgres import OUTSIDER_ROLE, PgHarness, make_postgres_harness
+from helpers.postgres import available
+
+from stockade.core.errors import StaleToken
+from stockade.resources import _postgres_sql as q
+from stockade.resources import postgres as pg
+from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
+from stockade.testing.conformance.fence_isolation import check_floor_raised_mid_transaction, check_outsider_cannot_stall
+
+if not available():
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
+    pytest.skip("PostgreSQL 15 is not installed", allow_module_level=True)
+
+#: Rounds per isolation level (the figure: >= 30 per level, >= 60 in all).
+ROUNDS = int(os.environ.get("STOCKADE_FLOOR_ROUNDS", "0") or 0) or (
+    30 if os.environ.get("STOCKADE_LONG") == "1" else 10)
+LEVELS = {"read committed": psycopg.IsolationLevel.READ_COMMITTED,
+          "repeatable read": psycopg.IsolationLevel.REPEATABLE_READ,
+          "serializable": psycopg.IsolationLevel.SERIALIZABLE}
+WAIT_S = 30.0
+
+
+@pytest.fixture(params=["private", "advisory"])
+def harness(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[PgHarness]:
+    opened = make_postgres_harness("postgres")(tmp_path, CLUSTER, KEYS,
+                                               None if request.param == "private" else "advisory-locks")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def rows(tmp_path: object) -> Iterator[PgHarness]:
+    opened = make_postgres_harness("postgres")(tmp_path, CLUSTER, KEYS, None)
+    yield opened
+    opened.close()
+
+
+def _body(harness: PgHarness) -> str:
+    return "advisory" if harness.mutant == "advisory-locks" else "private"
+
+
+def test_a_floor_raised_after_the_snapshot_is_never_committed_below(harness: PgHarness) -> None:
+    admitted = check_floor_raised_mid_transaction(harness, rounds=ROUNDS)
+    total = sum(admitted.values())
+    print(f"\n{_body(harness)}: admitted below the floor {total} of {ROUNDS * len(admitted)} {admitted}")
+    if _body(harness) == "private":
+        assert total == 0, admitted
+    else:  # the control: schema 1 read the default floor through the old snapshot
+        assert admitted == {level: ROUNDS for level in admitted}
+
+
+def _waiting(admin: psycopg.Connection, pid: int) -> bool:
+    row = admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+def test_a_floor_raised_while_the_check_waits_at_the_gate(harness: PgHarness, level: str) -> None:
+    """The raise holds the gate (and schema 1's key, for the control); the check, the first
+    statement of its transaction, waits for it; the raise commits; the check must refuse."""
+    admin, dsn = harness.admin, harness.server.dsn_of(harness.dbname)
+    admitted = rounds = 0
+    for i in range(ROUNDS // 2 or 1):
+        scope, floor = f"gate-{i}", 100 * (i + 1)
+        rounds += 1
+        with psycopg.connect(dsn) as raiser, psycopg.connect(dsn) as old:
+            raiser.execute(f"LOCK TABLE {q.FLOOR_GATE} IN ACCESS EXCLUSIVE MODE")
+            raiser.execute("SELECT pg_advisory_xact_lock(%s)", (q.FLOOR_LOCK_KEY,))
+            raiser.execute("UPDATE stockade.settings SET default_floor = greatest(default_floor, %s)", (floor,))
+            old.isolation_level = LEVELS[level]
+            outcome: list[object] = []
+
+            def check(old: psycopg.Connection = old, scope: str = scope, floor: int = floor,
+                      outcome: list[object] = outcome) -> None:
+                try:
+                    with pg.fenced(old, tok(floor - 1, scope=scope)):
+                        old.execute("INSERT INTO kv VALUES (%s, 'k', 'below')", (scope,))
+                    old.commit()
+                    outcome.append("committed")
+                except (StaleToken, psycopg.errors.SerializationFailure) as error:
+                    old.rollback()
+                    outcome.append(error)
+
+            pid = old.info.backend_pid
+            thread = threading.Thread(target=check)
+            thread.start()
+            for _ in range(int(WAIT_S / 0.01)):  # until the check waits for the raise's lock
+                if _waiting(admin, pid):
+                    break
+                thread.join(0.01)
+            assert _waiting(admin, pid), "the check did not wait at the gate"
+            raiser.commit()
+            thread.join(WAIT_S)
+            assert outcome, "the check did not end"
+            admitted += outcome[0] == "committed"
+    print(f"\n{_body(harness)}, {level}: admitted below the floor {admitted} of {rounds}")
+    if _body(harness) == "private" or level == "read committed":
+        assert admitted == 0
+    else:  # the control: its statement's snapshot was taken before it waited
+        assert admitted == rounds
+
+
+def test_an_aborted_raise_leaves_no_trace_at_repeatable_read(rows: PgHarness) -> None:
+    """A raise that rolled back leaves its xmax on the settings row: the check sees it aborted."""
+    harness = rows
+    dsn = harness.server.dsn_of(harness.dbname)
+    with psycopg.connect(dsn) as raiser:
+        raiser.execute("UPDATE stockade.settings SET default_floor = 50")
+        raiser.rollback()
+    for n in range(3):
+        with psycopg.connect(dsn) as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            with pg.fenced(conn, tok(n + 1, scope="after-abort")):
+                conn.execute("INSERT INTO kv VALUES ('after-abort', %s, 'ok')", (str(n),))
+            conn.commit()
+    assert harness.high_water("after-abort") == 3
+
+
+def test_what_a_role_that_may_only_connect_can_hold(harness: PgHarness) -> None:
+    """6 of 6 honest writes and the floor raise complete; the control freezes them with schema 1's keys."""
+    completed, tried, floor_raised, held = check_outsider_cannot_stall(
+        harness, write_s=20.0 if _body(harness) == "private" else 2.0)
+    privileges = harness.admin.execute(
+        "SELECT rolsuper, rolcreatedb, rolcreaterole, has_database_privilege(%s, current_database(), 'CREATE'), "
+        "has_database_privilege(%s, current_database(), 'TEMP'), "
+        "has_schema_privilege(%s, 'stockade_private', 'USAGE') FROM pg_roles WHERE rolname = %s",
+        (OUTSIDER_ROLE,) * 4).fetchone()
+    print(f"\n{_body(harness)}: honest writes completed {completed} of {tried}, floor raised {floor_raised}; "
+          f"the outsider held {held}")
+    assert privileges == (False, False, False, False, False, False)
+    assert not [h for h in held if "floor_gate" in h or "FOR " in h]  # the gate and the mark rows are out of reach
+    assert any("pg_advisory_lock" in h for h in held) and any("PREPARE" in h for h in held)
+    if _body(harness) == "private":
+        assert (completed, tried, floor_raised) == (6, 6, True)
+    else:  # the control: schema 1's advisory keys, held by the outsider
+        assert (completed, tried) == (0, 6)
+
+
+def test_a_check_holds_the_gate_and_no_advisory_lock(rows: PgHarness) -> None:
+    conn = rows.conn
+    with pg.fenced(conn, tok(3, scope="held")):
+        rows = conn.execute("SELECT locktype, relation::regclass::text, mode FROM pg_locks "
+                            "WHERE pid = pg_backend_pid() AND locktype IN ('relation', 'advisory')").fetchall()
+    assert ("relation", q.FLOOR_GATE, "AccessShareLock") in rows
+    assert not [r for r in rows if r[0] == "advisory"]
+
+
+#: WAL records per fenced transaction of one upsert into ``kv`` (the user's own upsert writes a LOCK
+#: and a HOT_UPDATE), by token: equal to the mark, or raising it (the mark's upsert: a LOCK and a
+#: HOT_UPDATE more). The same for schema 1's function: the locks write nothing.
+_EQUAL = {"Heap/HOT_UPDATE": 1.0, "Heap/LOCK": 1.0, "Transaction/COMMIT": 1.0}
+_HIGHER = {"Heap/HOT_UPDATE": 2.0, "Heap/LOCK": 2.0, "Transaction/COMMIT": 1.0}
+WAL_PER_TRANSACTION = {("private", "equal"): _EQUAL, ("advisory", "equal"): _EQUAL,
+                       ("private", "higher"): _HIGHER, ("advisory", "higher"): _HIGHER}
+WAL_TRANSACTIONS = 100
+
+
+@pytest.mark.parametrize("kind", ["equal", "higher"])
+def test_the_wal_a_fenced_transaction_writes(harness: PgHarness, kind: str) -> None:
+    """Counted, not timed: the views' locks write nothing, as schema 1's advisory locks did (a row
+    lock, FOR SHARE, would write a Heap/LOCK record in every transaction)."""
+    admin, conn = harness.admin, harness.conn
+    admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    upsert = ("INSERT INTO kv VALUES ('a', 'k', 'v') ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value")
+    for _ in range(20):  # warm up: the rows exist, the plans are cached
+        with pg.fenced(conn, tok(9)):
+            conn.execute(upsert)
+    start = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+    for i in range(WAL_TRANSACTIONS):
+        with pg.fenced(conn, tok(9 if kind == "equal" else 10 + i)):
+            conn.execute(upsert)
+    end = admin.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+    rows = admin.execute(
+        "SELECT resource_manager || '/' || record_type, count(*) FROM pg_get_wal_records_info(%s, %s) "
+        "WHERE xid <> '0' AND resource_manager <> 'Heap2' GROUP BY 1", (str(start), str(end))).fetchall()
+    got = {name: round(n / WAL_TRANSACTIONS, 2) for name, n in rows}  # Heap2: a prune now and then
+    assert got == WAL_PER_TRANSACTION[(_body(harness), kind)]
+
+
+#: The row-lock design this replaced, as a mutant of the function: FOR SHARE lockers do not queue
+#: behind a waiting FOR NO KEY UPDATE (the control of the fairness test).
+_ROW_LOCK = ("IF v_value > coalesce(v_own, 0) THEN PERFORM 1 FROM stockade.high_water h WHERE h.scope = fence.scope "
+             "FOR NO KEY UPDATE; ELSE PERFORM 1 FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE; "
+             "END IF;")
+WRITERS = 8
+
+
+def _install_row_locks(harness: PgHarness) -> None:
+    schema = harness.admin.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
+                                   "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
+    text = q.fence_function(pgcrypto_schema=schema, stale_when=q.STALE_WHEN["decide"])
+    start = text.index("    EXECUTE format('LOCK TABLE stockade_private.scope_lock_")
+    end = text.index(";", text.index("END);", start)) + 1
+    harness.admin.execute(text[:start] + "    " + _ROW_LOCK + text[end:])
+
+
+@pytest.mark.parametrize("locks", ["private", "row-locks"])
+def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one(rows: PgHarness,
+                                                                                 locks: str) -> None:
+    """8 writers of the current token keep overlapping transactions open; a higher token comes.
+
+    Counted: the current token's commits after the higher token was seen waiting for its lock.
+    First come, first served, only the transactions open when it arrived may commit before it
+    (at most 8). Control: a row lock (FOR SHARE), whose lockers jump the queue.
+    """
+    harness = rows
+    if locks == "row-locks":
+        _install_row_locks(harness)
+    with pg.fenced(harness.conn, tok(5, scope="busy")):
+        pass
+    stop, committed, lock = threading.Event(), [0], threading.Lock()
+
+    def writer() -> None:
+        with psycopg.connect(harness.server.dsn_of(harness.dbname), autocommit=True) as conn:
+            while not stop.is_set():
+                try:
+                    with pg.fenced(conn, tok(5, scope="busy")):
+                        conn.execute("SELECT pg_sleep(0.02)")  # a transaction that does some work
+                except StaleToken:
+                    return
+                with lock:
+                    committed[0] += 1
+
+    threads = [threading.Thread(target=writer) for _ in range(WRITERS)]
+    for thread in threads:
+        thread.start()
+    raiser = psycopg.connect(harness.server.dsn_of(harness.dbname), autocommit=True)
+    raiser.execute("SET lock_timeout = '20s'")  # the control's bound: a starved raise gives up
+    done, outcome = threading.Event(), []
+
+    def raise_it() -> None:
+        try:
+            with pg.fenced(raiser, tok(6, scope="busy")):
+                pass
+            outcome.append("committed")
+        except psycopg.Error as error:
+            outcome.append(error)
+        done.set()
+
+    try:
+        while committed[0] < 3 * WRITERS:  # all writers under way
+            stop.wait(0.01)
+        pid = raiser.info.backend_pid
+        raising = threading.Thread(target=raise_it)
+        raising.start()
+        while not done.is_set() and not _waiting(harness.admin, pid):
+            done.wait(0.001)
+        seen_waiting = committed[0]
+        done.wait(60)
+        jumped = committed[0] - seen_waiting
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        raising.join(60)
+        raiser.close()
+    print(f"\n{locks}: {jumped} commits of the current token after the higher one waited; {outcome}")
+    if locks == "private":
+        assert outcome == ["committed"] and jumped <= WRITERS
+    else:
+        assert jumped > 10 * WRITERS
