@@ -4,10 +4,10 @@ PostgreSQL and SQLite (docs/fence-postgres.md, docs/fence-sqlite.md, "Retries").
 (tests/helpers/retry_writer.py) is a real process: each operation inserts one row in a fenced
 transaction; it prints ``commit i`` just before the commit and ``committed i`` once it returned,
 and the test kills it at a random moment after one of them (before the commit was sent, during
-it, or after it landed and before the writer recorded that it had). Restarted, the writer retries the operation whose outcome it does
-not know with the same token and the same id. Applications are counted from the data: rows per
-operation. With operation ids, 0 operations are applied twice; the control (the same writer
-without ids) applies some twice.
+it, or after it landed and before the writer recorded that it had). Restarted, the writer
+retries the operation whose outcome it does not know with the same token and the same id.
+Applications are counted from the data: rows per operation. With operation ids, 0 operations
+are applied twice; the control (the same writer without ids) applies some twice.
 
 ``STOCKADE_LONG=1`` runs 300 kills per adapter, the control too (the figures); by default 8, and the
 control stops at its first operation applied twice (at most 40 kills).
@@ -47,7 +47,8 @@ def _writer(kind: str, target: str, token: str, keyring: Path, journal: Path, op
             ) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
-        [sys.executable, str(WRITER), kind, target, token, str(keyring), str(journal), str(ops), "1" if op_ids else "0"],
+        [sys.executable, str(WRITER), kind, target, token, str(keyring), str(journal), str(ops),
+         "1" if op_ids else "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

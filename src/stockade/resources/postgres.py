@@ -66,7 +66,8 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
 
 __all__ = [
     "install", "sync_keys", "fenced", "fenced_async", "fenced_sqlalchemy", "fenced_sqlalchemy_async",
-    "protect", "unprotect", "install_ddl_guard", "AlreadyApplied", "high_waters", "default_floor", "raise_high_waters", "PostgresFence",
+    "protect", "unprotect", "install_ddl_guard", "AlreadyApplied", "high_waters", "default_floor",
+    "raise_high_waters", "PostgresFence",
     "FENCE_SQL", "FENCE_OP_SQL", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "ALREADY_APPLIED_SQLSTATE",
 ]
 

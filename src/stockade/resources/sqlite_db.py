@@ -47,10 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from stockade.core.errors import AlreadyApplied, BackendUnavailable, InvalidArgument
-from stockade.core.fence import Accept, FenceRule, Reject, check_write, decide
+from stockade.core.fence import Accept, FenceRule, Recorded, Reject, Replay, check_write, decide
 from stockade.core.limits import OPERATION_IDS_MAX, TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
 from stockade.core.tokens import FencingToken
-from stockade.core.values import FenceFloors
+from stockade.core.values import FenceFloors, WriteResult
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, check_floors, coerce_token
 from stockade.resources._observe import reject
 from stockade.resources._sqlite_files import rollback
@@ -79,6 +79,7 @@ _SCHEMA = (
     " token_value INTEGER NOT NULL,"
     " UNIQUE (scope, op_id))",
 )
+_TRANSACTION = "transaction"  # the fingerprint of every operation id: it names a whole transaction
 _APPLIED = "SELECT token_value FROM stockade_operations WHERE scope = ? AND op_id = ?"
 # fetchall: a RETURNING statement must run to completion before the next one.
 _RECORD = "INSERT INTO stockade_operations (scope, op_id, token_value) VALUES (?, ?, ?) RETURNING seq"
@@ -233,15 +234,19 @@ class _Admission:
         if version != SCHEMA_VERSION:
             raise BackendUnavailable(f"fence schema version {version} is not supported", certain_no_effect=True)
         high_water = max(own or 0, default_floor)
-        decision = check_write(
-            token, scope=scope, cluster=self.cluster_id, high_water=high_water, fingerprint=None, recorded=None,
+        recorded = None
+        if op_id is not None:  # the write lock is held: no other transaction can be recording this id now
+            applied = _operation(execute, scope, op_id)
+            if applied is not None:  # an operation id is an idempotency key of the whole transaction
+                recorded = Recorded(_TRANSACTION, WriteResult(scope, op_id, applied, applied, 0, replayed=True))
+        decision = check_write(  # R2, then R3 (the id), then R1: the store's order, composed once in the core
+            token, scope=scope, cluster=self.cluster_id, high_water=high_water,
+            fingerprint=None if op_id is None else _TRANSACTION, recorded=recorded,
             rule=self.rule, forged=self.verification.forged(token),
         )
-        if op_id is not None and (isinstance(decision, Accept) or decision.reason == "stale"):
-            # The write lock is held: no other transaction can be recording this id now.
-            applied = _operation(execute, scope, op_id)
-            if applied is not None:
-                raise AlreadyApplied(scope, op_id, applied)
+        if isinstance(decision, Replay):
+            assert op_id is not None
+            raise AlreadyApplied(scope, op_id, decision.result.token_value)
         if isinstance(decision, Reject):
             resource = self.resource or _resource_name(execute)
             reject(decision, resource=resource, cluster=self.cluster_id, token=token, scope=scope, key=None)
