@@ -378,7 +378,7 @@ def test_install_twice_at_once_and_again_is_harmless() -> None:
             thread.join()
         assert not errors
         with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
-            assert conn.execute("SELECT version FROM stockade.version").fetchone()[0] == 1
+            assert conn.execute("SELECT version FROM stockade.version").fetchone()[0] == pg.q.SCHEMA_VERSION
             with pg.fenced(conn, tok(4)):
                 pass
             pg.install(conn, keys=KEYS)  # again, with a mark in place: it stays

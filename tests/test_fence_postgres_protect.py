@@ -206,6 +206,8 @@ def test_protect_refuses_a_member_and_the_ddl_guard_refuses_what_it_cannot_cover
         assert info.value.sqlstate == "SKF03" and "protect(public.outer_parent) first" in str(info.value)
         assert owner.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outer_parent'::regclass"
                              ).fetchone() == (0,)
+        with pytest.raises(InvalidArgument, match="unprotect the root"):
+            pg.unprotect(owner, "base_child")
         pg.unprotect(owner, "base")
         assert owner.execute("SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
                              "WHERE t.tgname = 'stockade_fence' AND c.relname LIKE 'base%'").fetchone() == (0,)

@@ -137,9 +137,18 @@ def protect(conn: Any, table: str, *, scope: str,
 
 
 def unprotect(conn: Any, table: str) -> None:
-    """Remove `protect`'s triggers from ``table`` and every table of its inheritance tree."""
+    """Remove `protect`'s triggers from ``table`` and every table of its inheritance tree.
+
+    Raises:
+        InvalidArgument: no such table, or a table that is a partition or child (name the root).
+    """
     with conn.transaction():
         relation = _relation(conn, table)
+        roots = conn.execute("SELECT member::text FROM stockade.tree(%s::regclass) WHERE NOT has_parent",
+                             (relation,)).fetchall()
+        if (relation,) not in roots:
+            raise InvalidArgument("table", f"{relation} is part of the inheritance tree of {roots[0][0]}: "
+                                           "unprotect the root of the tree")
         members = conn.execute("SELECT member::text FROM stockade.tree(%s::regclass) WHERE scope IS NOT NULL",
                                (relation,)).fetchall()
         try:
@@ -151,8 +160,8 @@ def unprotect(conn: Any, table: str) -> None:
             if refusal is None:
                 raise
             raise refusal from None
-        conn.execute("DELETE FROM stockade.protected WHERE relation IN (SELECT member FROM stockade.tree(%s))",
-                     (relation,))
+        conn.execute("DELETE FROM stockade.protected WHERE relation IN "
+                     "(SELECT member FROM stockade.tree(%s::regclass))", (relation,))
 
 
 def _control_protect_named_table_only(conn: Any, table: str, *, scope: str) -> None:
