@@ -8,6 +8,9 @@
 - `stockade.testing.conformance.fence`: the adapters that keep the mark inside
   a user's own data (PostgreSQL, SQLite, Redis, files): R1, R2 with forged
   tokens, R4 floors, R5, R6, S05, S19, S20 and bad input.
+- `stockade.testing.conformance.fence_retry`: the same adapters' retry class,
+  a retry after an unknown outcome (R3 by operation id), on every adapter that
+  offers operation ids; the others declare in words why they do not.
 - `stockade.testing.conformance.history`: every coordinator's lease history
   (grants, expiries, releases), in order and bounded, run beside the
   coordinator suite with its fixtures.
