@@ -151,6 +151,7 @@ def main() -> int:
         advisory.execute("CREATE TABLE fenced_orders (id int PRIMARY KEY, state text NOT NULL)")
         with psycopg.connect(dsn, autocommit=True) as conn:
             pg.install(conn, keys=keys)
+            pg.install_ddl_guard(conn)  # the benchmark's server runs as its superuser
             for table in ("plain_orders", "fenced_orders", "protected_orders"):
                 conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, state text NOT NULL)")
             pg.protect(conn, "protected_orders", scope="orders")

@@ -135,6 +135,7 @@ ISOLATION_NOT_APPLICABLE = {
     "redis-async": "no snapshot: the check runs in the script that applies the batch (MULTI/EXEC reads nothing)",
     "postgres-async": "the same SQL function as 'postgres' (its front end adds no check); run there",
     "postgres-sqlalchemy": "the same SQL function as 'postgres' (its front end adds no check); run there",
+    "postgres-sql_ascii": "the same SQL function as 'postgres', on a SQL_ASCII database; run there",
 }
 OUTSIDERS = {"postgres"}
 OUTSIDERS_NOT_APPLICABLE = {
@@ -147,6 +148,7 @@ OUTSIDERS_NOT_APPLICABLE = {
     "redis-async": "the fence takes no lock (one script); a client that may call the script may call any",
     "postgres-async": "the same SQL function and locks as 'postgres'; run there",
     "postgres-sqlalchemy": "the same SQL function and locks as 'postgres'; run there",
+    "postgres-sql_ascii": "the same SQL function and locks as 'postgres', on a SQL_ASCII database; run there",
 }
 
 
@@ -181,3 +183,65 @@ def test_the_optional_capabilities_catch_their_control(tmp_path: Path) -> None:
         assert (completed, tried, floor_raised) == (0, 6, True)
     finally:
         harness.close()
+# -- the retry class (`stockade.testing.conformance.fence_retry`): operation ids, R3 ---------------------
+
+import stockade.testing.conformance.fence_retry as retry_suite  # noqa: E402 - this section's own suite
+from stockade.testing.conformance.fence_retry import *  # noqa: E402, F403 - its tests and `retry_fence`
+
+#: Every adapter, with or without operation ids: True, or why not in words. No adapter is left out.
+OPERATION_IDS: dict[str, bool | str] = {
+    "sqlite-db": True, "sqlite-db-sqlalchemy": True,
+    "postgres": True, "postgres-async": True, "postgres-sqlalchemy": True, "postgres-sql_ascii": True,
+    "redis": "no operation ids: a retried batch is safe for SET, DEL and HSET, which land the same twice, "
+             "and not for INCRBY or XADD (docs/fence-redis.md, Retries)",
+    "redis-async": "as redis",
+    "files": "no operation ids: a file write replaces the whole file, so its retry lands the same bytes "
+             "(docs/fence-files.md)",
+    "store-memory": "the store's own idempotency keys (R3, Idempotency-Key), held by the store suite",
+    "store-sqlite": "the store's own idempotency keys (R3, Idempotency-Key), held by the store suite",
+}
+RETRY_TARGETS = sorted(name for name, offered in OPERATION_IDS.items() if offered is True)
+
+
+def test_every_adapter_declares_whether_it_offers_operation_ids() -> None:
+    assert set(OPERATION_IDS) == set(TARGETS)
+    assert all(offered is True or (isinstance(offered, str) and offered) for offered in OPERATION_IDS.values())
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_the_declared_capability_is_the_harness_s(tmp_path: Path, target: str) -> None:
+    harness = TARGETS[target](tmp_path, suite.CLUSTER, suite.KEYS, None)
+    try:
+        assert callable(getattr(type(harness), "fenced_once", None)) == (OPERATION_IDS[target] is True)
+    finally:
+        harness.close()
+
+
+@pytest.fixture(params=RETRY_TARGETS)
+def make_retry_harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    opened: list[Any] = []
+
+    def make(cluster_id: str, keys: FixedKeys, mutant: str | None) -> Any:
+        opened.append(TARGETS[request.param](tmp_path / f"r{len(opened)}", cluster_id, keys, mutant))
+        return opened[-1]
+
+    yield make
+    for harness in opened:
+        harness.close()
+
+
+@pytest.mark.parametrize("target", RETRY_TARGETS)
+def test_the_retry_suite_catches_its_control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    """With the id dropped (a fence without operation ids), each retry test fails: it applies again."""
+    monkeypatch.setattr(retry_suite, "RETRY_RACES", 5)
+    for name in ("test_r3_a_retry_of_a_committed_operation_applies_nothing",
+                 "test_r3_a_retry_answers_even_after_its_token_went_stale",
+                 "test_r3_an_original_and_its_retry_at_once_apply_once"):
+        harness = TARGETS[target](tmp_path / name, suite.CLUSTER, suite.KEYS, retry_suite.RETRY_CONTROL)
+        try:
+            getattr(retry_suite, name)(harness)
+        except (Exception, pytest.fail.Exception):  # noqa: BLE001 - any failure of the test counts
+            continue
+        finally:
+            harness.close()
+        pytest.fail(f"{name} passed on {target} with {retry_suite.RETRY_CONTROL}")

@@ -55,6 +55,7 @@ def db() -> Iterator[tuple[PostgresServer, str, psycopg.Connection]]:
     name = fresh_database(server)
     conn = psycopg.connect(server.dsn_of(name), autocommit=True)
     pg.install(conn, keys=KEYS)
+    pg.install_ddl_guard(conn)  # the server's superuser: protect covers tables added later
     conn.execute("CREATE TABLE orders (id int PRIMARY KEY, state text NOT NULL)")
     try:
         yield server, name, conn

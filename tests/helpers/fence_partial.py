@@ -132,6 +132,7 @@ PARTIAL_FAILURES: dict[str, PartialFailures] = {
     "postgres": POSTGRES,
     "postgres-async": POSTGRES,
     "postgres-sqlalchemy": POSTGRES,
+    "postgres-sql_ascii": POSTGRES,
     "redis": REDIS,
     "redis-async": REDIS,
 }

@@ -20,6 +20,9 @@ The controls:
   advisory locks any role can take (the control of the optional capabilities of
   `stockade.testing.conformance.fence_isolation`, which the plain ``postgres``
   harness offers: a floor raised mid-transaction, and an outsider role).
+- ``op-ids-off`` (the retry suite's): ``fenced_once`` drops the operation id.
+
+Every harness offers operation ids (``fenced_once``, the retry suite's capability).
 """
 
 from __future__ import annotations
@@ -109,8 +112,8 @@ class PgHarness:
         self.conn.close()
 
     @contextmanager
-    def native_fenced(self, scope: str, token: Any) -> Iterator[None]:
-        with pg.fenced(self.conn, token, scope, keys=self.keys):
+    def native_fenced(self, scope: str, token: Any, op_id: str | None = None) -> Iterator[None]:
+        with pg.fenced(self.conn, token, scope, keys=self.keys, op_id=op_id):
             yield
 
     def execute(self, statement: str, params: tuple[Any, ...]) -> list[Any]:
@@ -132,6 +135,11 @@ class PgHarness:
             yield self._checked_then_trusted(scope, token)
             return
         with self.native_fenced(scope, token):
+            yield PgUnit(self, scope)
+
+    @contextmanager
+    def fenced_once(self, scope: str, token: Any, op_id: str) -> Iterator[PgUnit]:
+        with self.native_fenced(scope, token, None if self.mutant == "op-ids-off" else op_id):
             yield PgUnit(self, scope)
 
     def _checked_then_trusted(self, scope: str, token: Any) -> PgUnit:
@@ -267,8 +275,8 @@ class AsyncPgHarness(PgHarness):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     @contextmanager
-    def native_fenced(self, scope: str, token: Any) -> Iterator[None]:
-        manager = pg.fenced_async(self.aconn, token, scope, keys=self.keys)
+    def native_fenced(self, scope: str, token: Any, op_id: str | None = None) -> Iterator[None]:
+        manager = pg.fenced_async(self.aconn, token, scope, keys=self.keys, op_id=op_id)
         self._run(manager.__aenter__())
         try:
             yield
@@ -305,8 +313,8 @@ class SqlAlchemyHarness(PgHarness):
         self.engine.dispose()
 
     @contextmanager
-    def native_fenced(self, scope: str, token: Any) -> Iterator[None]:
-        with pg.fenced_sqlalchemy(self.session, token, scope, keys=self.keys):
+    def native_fenced(self, scope: str, token: Any, op_id: str | None = None) -> Iterator[None]:
+        with pg.fenced_sqlalchemy(self.session, token, scope, keys=self.keys, op_id=op_id):
             yield
 
     def execute(self, statement: str, params: tuple[Any, ...]) -> list[Any]:
@@ -336,7 +344,7 @@ def _database(server: PostgresServer, encoding: str) -> str:
         if conn.execute("SELECT to_regclass('kv')").fetchone()[0] is None:
             conn.execute(KV_TABLE)
         if conn.execute("SELECT to_regclass('stockade.settings')").fetchone()[0] is not None:
-            conn.execute("TRUNCATE kv, stockade.high_water, stockade.keys, stockade.settings")
+            conn.execute("TRUNCATE kv, stockade.high_water, stockade.keys, stockade.settings, stockade.operations")
     return name
 
 

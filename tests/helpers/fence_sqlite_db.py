@@ -8,7 +8,9 @@ transaction, as an application would write them. The file is in WAL mode with
 Controls: ``fencing-off`` and ``strict-greater`` swap the fence's
 ``fence_rule``; ``check-then-write`` reads the mark in one step (its own read),
 judges it, calls ``between_check_and_write``, then applies each write in a
-fenced transaction of its own whose rule trusts the earlier check.
+fenced transaction of its own whose rule trusts the earlier check. The retry
+suite's ``op-ids-off`` drops the operation id of ``fenced_once`` (every harness
+here offers operation ids).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class SQLiteDbHarness:
         elif mutant == "strict-greater":
             self.fence.fence_rule = reject_equal
         else:
-            assert mutant in (None, "check-then-write"), mutant
+            assert mutant in (None, "check-then-write", "op-ids-off"), mutant
         self._engine: Any = None
         if sqlalchemy:
             import sqlalchemy as sa
@@ -99,15 +101,15 @@ class SQLiteDbHarness:
     # -- one unit ----------------------------------------------------------------------------------
 
     @contextmanager
-    def _unit(self, fence: SQLiteFence, scope: str, token: Any) -> Iterator[SQLUnit]:
+    def _unit(self, fence: SQLiteFence, scope: str, token: Any, op_id: str | None = None) -> Iterator[SQLUnit]:
         if not self.sqlalchemy:
-            with fence.fenced(token, scope=scope) as conn:
+            with fence.fenced(token, scope=scope, op_id=op_id) as conn:
                 yield SQLUnit(conn.execute, scope, self.value_bytes_max)
             return
         from sqlalchemy.orm import Session
 
         with Session(self._engine) as session:
-            with fence.fenced_sqlalchemy(session, token, scope=scope):
+            with fence.fenced_sqlalchemy(session, token, scope=scope, op_id=op_id):
                 connection = session.connection()
                 yield SQLUnit(connection.exec_driver_sql, scope, self.value_bytes_max)
 
@@ -115,6 +117,9 @@ class SQLiteDbHarness:
         if self.mutant == "check-then-write":
             return self._check_then_write(scope, token)
         return self._unit(self.fence, scope, token)
+
+    def fenced_once(self, scope: str, token: Any, op_id: str) -> Any:
+        return self._unit(self.fence, scope, token, None if self.mutant == "op-ids-off" else op_id)
 
     @contextmanager
     def _check_then_write(self, scope: str, token: Any) -> Iterator[Any]:

@@ -22,6 +22,7 @@ every instance carries structured fields, so callers never parse messages.
     ├── FenceRejected            the resource refused a write (nothing changed)
     │   ├── StaleToken           token < high-water mark
     │   └── TokenMismatch        token for another scope or cluster
+    ├── AlreadyApplied           the operation id was applied before (R3; nothing applied now)
     ├── LeaseError
     │   ├── NotHolder            lease id is not the current holder (gone/unknown)
     │   ├── LeaseLost            the client gave the lease up as lost (K2)
@@ -44,6 +45,7 @@ __all__ = [
     "FenceRejected",
     "StaleToken",
     "TokenMismatch",
+    "AlreadyApplied",
     "LeaseError",
     "NotHolder",
     "LeaseLost",
@@ -148,6 +150,29 @@ class TokenMismatch(FenceRejected):
             message += ("; it carries no MAC: str(token) is only the token's display form, so write with the token "
                         "itself or token.encode() (what $STOCKADE_TOKEN and the Fencing-Token header hold)")
         super().__init__(message)
+
+
+class AlreadyApplied(StockadeError):
+    """A transaction carried an operation id that a committed transaction applied before (R3).
+
+    Nothing of this attempt was applied: the retry of an operation whose
+    outcome was unknown (a lost connection, a killed writer) learns that its
+    original committed. Raised even when the token has gone stale since, and
+    never for a token that is forged or of another scope.
+
+    Attributes:
+        scope: the operation's scope.
+        op_id: the operation id.
+        token_value: the value of the token the operation was applied with.
+    """
+
+    code = "already-applied"
+
+    def __init__(self, scope: str, op_id: str, token_value: int) -> None:
+        self.scope = scope
+        self.op_id = op_id
+        self.token_value = token_value
+        super().__init__(f"operation {op_id!r} of scope {scope!r} was applied already, under token {token_value}")
 
 
 class LeaseError(StockadeError):

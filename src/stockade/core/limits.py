@@ -35,6 +35,8 @@ __all__ = [
     "IDEMPOTENCY_KEYS_MAX",
     "STORE_SCOPES_MAX",
     "TX_WRITES_MAX",
+    "OP_ID_BYTES_MAX",
+    "OPERATION_IDS_MAX",
     "validate_int",
     "validate_ttl_ms",
     "validate_wait_ms",
@@ -43,6 +45,7 @@ __all__ = [
     "validate_value",
     "validate_holder",
     "validate_idempotency_key",
+    "validate_op_id",
 ]
 
 TTL_MS_MIN = 100
@@ -70,6 +73,12 @@ AUDIT_RECORDS_MAX = 100_000  # newest accepted writes kept in the audit trail
 IDEMPOTENCY_KEYS_MAX = 100_000  # idempotency keys remembered per store
 STORE_SCOPES_MAX = 100_000  # scopes (high-water marks) per store
 TX_WRITES_MAX = 10_000  # writes in one multi-step transaction
+
+# Operation ids of the fences over a user's own database (PostgreSQL, SQLite): R3 for a transaction.
+OP_ID_BYTES_MAX = 200
+# Operation ids remembered per database: each new one past the bound forgets the oldest, so a
+# retry is recognised while fewer than this many newer ids were recorded after its original.
+OPERATION_IDS_MAX = 100_000
 
 _SCOPE_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 # Printable ASCII without space: safe in headers, logs and file names of reports.
@@ -160,3 +169,11 @@ def validate_idempotency_key(key: object) -> str:
     if not _PRINTABLE_RE.fullmatch(key):
         raise InvalidArgument("idempotency_key", "must be printable ASCII without spaces")
     return key
+
+
+def validate_op_id(op_id: object) -> str:
+    """An operation id: printable ASCII without spaces, 1..200 bytes (like an idempotency key)."""
+    op_id = _validate_text("op_id", op_id, OP_ID_BYTES_MAX)
+    if not _PRINTABLE_RE.fullmatch(op_id):
+        raise InvalidArgument("op_id", "must be printable ASCII without spaces")
+    return op_id

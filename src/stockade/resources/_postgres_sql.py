@@ -52,22 +52,34 @@ carries 0): then READ COMMITTED reads it again, after the gate, and the other
 levels fail with 40001. The mark is read again once the scope's lock is held:
 under READ COMMITTED with a fresh snapshot, under the other levels with its row
 locked FOR SHARE (a row changed since the snapshot is 40001).
+
+``stockade.fence_op(token, scope, op_id)`` is the check of a transaction that
+carries an operation id (R3): `fence_op_function` says what it adds.
+``stockade.cover(relation, scope)`` and the event trigger function
+``stockade.ddl_guard()`` keep protected tables whole: `cover_functions` says how.
 """
 
 from __future__ import annotations
 
+from stockade.core.limits import OP_ID_BYTES_MAX, OPERATION_IDS_MAX
+
 __all__ = [
     "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
-    "SCOPE_LOCK_CLASS",
+    "SCOPE_LOCK_CLASS", "ALREADY_APPLIED_SQLSTATE", "PROTECT_SQLSTATE", "DDL_GUARD_NAME", "DDL_GUARD_SQL",
     "STALE_WHEN", "FENCE_BODIES", "FLOOR_GATE", "SCOPE_LOCKS", "fence_function", "guard_function",
+    "fence_op_function",
 ]
 
 #: The schema version `install` migrates to.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: SQLSTATE of a fence rejection (class "SK": stockade's own).
 REJECT_SQLSTATE = "SKF01"
 #: SQLSTATE of a write to a protected table in a transaction that passed no fence for its scope.
 NO_TOKEN_SQLSTATE = "SKF02"
+#: SQLSTATE of a protected tree that cannot be covered (`protect`, or DDL refused by the DDL guard).
+PROTECT_SQLSTATE = "SKF03"
+#: SQLSTATE of ``stockade.fence_op`` for an operation id already applied (detail ``token_value=<n>``).
+ALREADY_APPLIED_SQLSTATE = "SKF04"
 #: Advisory lock key (bigint) that serialises installs.
 INSTALL_LOCK_KEY = 0x73746B6400000001
 #: The view whose lock orders checks against floors: each check holds it ACCESS SHARE, a raise ACCESS EXCLUSIVE.
@@ -122,6 +134,17 @@ MIGRATIONS = (
         END LOOP;
     END $views$;
     REVOKE ALL ON ALL TABLES IN SCHEMA stockade_private FROM PUBLIC;
+    """,
+    # Operation ids (R3): one row per applied operation, the newest OPERATION_IDS_MAX kept (`fence_op_function`).
+    """
+    CREATE TABLE stockade.operations (
+        scope text NOT NULL,
+        op_id text NOT NULL,
+        token_value bigint NOT NULL,
+        seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+        PRIMARY KEY (scope, op_id)
+    );
+    REVOKE ALL ON stockade.operations FROM PUBLIC;
     """,
 )
 
@@ -487,5 +510,200 @@ FENCE_BODIES = {"private": _FENCE, "advisory": _FENCE_ADVISORY}
 
 
 def guard_function() -> str:
-    """The ``CREATE OR REPLACE`` of the protected tables' trigger function ``stockade.guard``."""
-    return _GUARD.replace("@NO_TOKEN@", NO_TOKEN_SQLSTATE)
+    """The ``CREATE OR REPLACE`` of the protected tables' functions: the trigger function
+    ``stockade.guard``, the tree rule ``stockade.cover`` and the DDL guard's ``stockade.ddl_guard``."""
+    return (_GUARD + _COVER + _DDL_GUARD).replace("@NO_TOKEN@", NO_TOKEN_SQLSTATE).replace(
+        "@PROTECT@", PROTECT_SQLSTATE)
+
+
+# -- protected trees -------------------------------------------------------------------------------
+#
+# A trigger fires only on the relation it is on: a statement trigger on a partitioned table
+# fires for statements that name that table, not for an UPDATE or a TRUNCATE that names a
+# partition; PostgreSQL clones row triggers to partitions, never statement or TRUNCATE
+# triggers; inheritance children inherit no trigger at all. And a write through a parent
+# reaches the rows of every child without firing the child's statement triggers. So the unit
+# of protection is the whole inheritance tree (the relations linked through pg_inherits,
+# either way): every member carries the trigger, with one scope, or none does.
+# ``stockade.cover`` is that rule, once, for `protect` and for the DDL guard.
+
+#: The event trigger that covers members added later (its creation needs a superuser).
+DDL_GUARD_NAME = "stockade_ddl_guard"
+DDL_GUARD_SQL = (
+    "CREATE EVENT TRIGGER stockade_ddl_guard ON ddl_command_end "
+    "WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE FOREIGN TABLE', 'ALTER FOREIGN TABLE') "
+    "EXECUTE FUNCTION stockade.ddl_guard()"
+)
+
+_COVER = r"""
+-- The members of rel's inheritance tree, with their kind, whether they have a parent, and the
+-- scope of their stockade_fence trigger (NULL: none).
+CREATE OR REPLACE FUNCTION stockade.tree(rel regclass)
+RETURNS TABLE (member regclass, kind "char", has_parent boolean, scope text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $tree$
+    WITH RECURSIVE linked(id) AS (
+        SELECT rel::oid
+        UNION
+        SELECT CASE WHEN i.inhrelid = l.id THEN i.inhparent ELSE i.inhrelid END
+          FROM linked l JOIN pg_inherits i ON i.inhrelid = l.id OR i.inhparent = l.id
+    )
+    SELECT c.oid::regclass, c.relkind,
+           EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid),
+           (SELECT split_part(encode(t.tgargs, 'escape'), '\000', 1) FROM pg_trigger t
+             WHERE t.tgrelid = c.oid AND t.tgname = 'stockade_fence'
+               AND t.tgfoid = 'stockade.guard()'::regprocedure)
+      FROM linked l JOIN pg_class c ON c.oid = l.id
+     ORDER BY c.oid
+$tree$;
+
+-- Put the trigger on every member of rel's tree. With new_scope (protect): rel must be the
+-- tree's only root, and every member gets new_scope. Without (the DDL guard, after a DDL
+-- command on rel): if any member is protected, every member that is not gets its scope, and
+-- a tree that cannot be covered is refused (the DDL command with it). Runs as the caller: it
+-- creates triggers only where the caller may (the owner of a table, who alone can add a
+-- partition or child to it). Returns the scope, or NULL when nothing in the tree is protected.
+CREATE OR REPLACE FUNCTION stockade.cover(rel regclass, new_scope text) RETURNS text
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $cover$
+DECLARE
+    v_scope text := new_scope;
+    v_member record;
+BEGIN
+    IF v_scope IS NULL THEN
+        SELECT t.scope INTO v_scope FROM stockade.tree(rel) t WHERE t.scope IS NOT NULL LIMIT 1;
+        IF v_scope IS NULL THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    FOR v_member IN SELECT * FROM stockade.tree(rel) LOOP
+        IF v_member.kind NOT IN ('r', 'p') THEN
+            RAISE EXCEPTION USING ERRCODE = '@PROTECT@',
+                MESSAGE = format('stockade: %s is in the inheritance tree of %s, and it is not a table whose '
+                                 'writes a trigger sees (a foreign table holds its rows on another server): '
+                                 'the tree cannot be protected', v_member.member, rel);
+        END IF;
+        IF new_scope IS NOT NULL AND NOT v_member.has_parent AND v_member.member <> rel THEN
+            RAISE EXCEPTION USING ERRCODE = '@PROTECT@',
+                MESSAGE = format('stockade: %s is part of the inheritance tree of %s (writes through %s reach '
+                                 'rows of that tree): protect the root of the tree, %s', rel, v_member.member,
+                                 v_member.member, v_member.member);
+        END IF;
+        IF new_scope IS NULL AND NOT v_member.has_parent AND v_member.scope IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '@PROTECT@',
+                MESSAGE = format('stockade: %s is not protected, and writes through it would reach rows of a '
+                                 'table protected with scope %s: protect(%s) first', v_member.member, v_scope,
+                                 v_member.member);
+        END IF;
+        IF new_scope IS NULL AND v_member.scope IS DISTINCT FROM v_scope AND v_member.scope IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '@PROTECT@',
+                MESSAGE = format('stockade: one inheritance tree would hold tables protected with scopes %s '
+                                 'and %s (%s): protect its root again with one scope', v_scope,
+                                 v_member.scope, v_member.member);
+        END IF;
+    END LOOP;
+    FOR v_member IN SELECT * FROM stockade.tree(rel) LOOP
+        IF new_scope IS NOT NULL AND v_member.scope IS NOT NULL THEN
+            EXECUTE format('DROP TRIGGER stockade_fence ON %s', v_member.member);
+        END IF;
+        IF new_scope IS NOT NULL OR v_member.scope IS NULL THEN
+            EXECUTE format('CREATE TRIGGER stockade_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
+                           'FOR EACH STATEMENT EXECUTE FUNCTION stockade.guard(%L)', v_member.member, v_scope);
+        END IF;
+    END LOOP;
+    RETURN v_scope;
+END
+$cover$;
+REVOKE ALL ON FUNCTION stockade.cover(regclass, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION stockade.cover(regclass, text) TO PUBLIC;
+"""
+
+_DDL_GUARD = r"""
+-- ddl_command_end of CREATE/ALTER [FOREIGN] TABLE: cover the trees the command touched. A new
+-- partition, sub-partition or child of a protected table gets its trigger in the same
+-- transaction as the command; a tree that cannot be covered fails the command.
+CREATE OR REPLACE FUNCTION stockade.ddl_guard() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $ddl$
+DECLARE
+    v_rel oid;
+BEGIN
+    FOR v_rel IN SELECT DISTINCT d.objid FROM pg_event_trigger_ddl_commands() d
+                   JOIN pg_class c ON c.oid = d.objid
+                  WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p', 'f') LOOP
+        PERFORM stockade.cover(v_rel::regclass, NULL);
+    END LOOP;
+END
+$ddl$;
+"""
+
+
+# -- operation ids (R3) ----------------------------------------------------------------------------
+
+_FENCE_OP = r"""
+CREATE OR REPLACE FUNCTION stockade.fence_op(token text, scope text, op_id text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $op$
+DECLARE
+    v_mark bigint;
+    v_seq bigint;
+    v_applied bigint;
+    v_message text;
+    v_detail text;
+BEGIN
+    IF op_id IS NULL OR length(op_id) NOT BETWEEN 1 AND @OP_BYTES@ OR op_id !~ '^[!-~]+$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence_op: op_id must be 1..@OP_BYTES@ '
+                                                           'printable ASCII characters without spaces';
+    END IF;
+    -- The whole check first (MAC, R2, R1): only a holder of a real token for this scope learns
+    -- whether an operation id was applied. A stale token is caught (a subtransaction), because
+    -- R3 answers for an applied operation even when its token has since gone stale.
+    BEGIN
+        v_mark := stockade.fence(token, scope);
+    EXCEPTION WHEN SQLSTATE '@REJECT@' THEN
+        GET STACKED DIAGNOSTICS v_message = MESSAGE_TEXT, v_detail = PG_EXCEPTION_DETAIL;
+        SELECT o.token_value INTO v_applied FROM stockade.operations o
+         WHERE o.scope = fence_op.scope AND o.op_id = fence_op.op_id;
+        IF v_applied IS NULL OR v_detail NOT LIKE 'reason=stale %' THEN
+            RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = v_message, DETAIL = v_detail;
+        END IF;
+    END;
+    IF v_applied IS NULL THEN
+        -- Waits for a transaction that recorded the same id and is still open: if it commits,
+        -- this one is the retry of an applied operation; if it rolls back, this one applies.
+        INSERT INTO stockade.operations AS o (scope, op_id, token_value)
+             VALUES (fence_op.scope, fence_op.op_id, split_part(token, '.', 3)::bigint)
+        ON CONFLICT DO NOTHING RETURNING o.seq INTO v_seq;
+        IF v_seq IS NULL THEN
+            SELECT o.token_value INTO STRICT v_applied FROM stockade.operations o
+             WHERE o.scope = fence_op.scope AND o.op_id = fence_op.op_id;
+        END IF;
+    END IF;
+    IF v_applied IS NOT NULL THEN
+        -- An error, not a result: the whole transaction (the caller's writes, a raised mark)
+        -- rolls back even where the caller does not look at the answer.
+        RAISE EXCEPTION USING ERRCODE = '@ALREADY@',
+            MESSAGE = format('stockade: operation %s of scope %s was applied already', op_id, scope),
+            DETAIL = format('token_value=%s', v_applied);
+    END IF;
+    -- The bound: keep the newest @OPS_MAX@ ids. SKIP LOCKED: a row another open transaction is
+    -- pruning is left to a later prune, never waited for (no transaction waits on another scope's).
+    DELETE FROM stockade.operations WHERE seq IN (
+        SELECT o.seq FROM stockade.operations o WHERE o.seq <= v_seq - @OPS_MAX@ FOR UPDATE SKIP LOCKED);
+    RETURN v_mark;
+END
+$op$;
+REVOKE ALL ON FUNCTION stockade.fence_op(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION stockade.fence_op(text, text, text) TO PUBLIC;
+"""
+
+
+def fence_op_function(*, operation_ids_max: int = OPERATION_IDS_MAX) -> str:
+    """The ``CREATE OR REPLACE`` of ``stockade.fence_op``: ``stockade.fence`` plus an operation id (R3).
+
+    In order: the whole check (``stockade.fence``); a stale rejection of an
+    operation already recorded becomes "applied already" (R3: even when the
+    token has since gone stale); otherwise the id is recorded in
+    ``stockade.operations`` in this transaction, and an id recorded by another
+    committed transaction raises `ALREADY_APPLIED_SQLSTATE` (detail
+    ``token_value=<n>``, the token that applied it), which rolls this one back.
+    The table keeps the newest ``operation_ids_max`` ids.
+    """
+    return (_FENCE_OP.replace("@REJECT@", REJECT_SQLSTATE).replace("@ALREADY@", ALREADY_APPLIED_SQLSTATE)
+            .replace("@OPS_MAX@", str(operation_ids_max)).replace("@OP_BYTES@", str(OP_ID_BYTES_MAX)))

@@ -16,8 +16,11 @@ the scope's lock is held until that commit (R1, R6)::
 
 `fenced_sqlalchemy` and `fenced_sqlalchemy_async` do the same for an
 SQLAlchemy ``Session``/``Connection`` (and their async twins) on PostgreSQL.
-`protect` puts a trigger on a table so that PostgreSQL itself refuses a write
-to it from a transaction that passed no current token for its scope.
+`protect` puts a trigger on a table, and on every partition and inheritance
+child of it, so that PostgreSQL itself refuses a write to any of them from a
+transaction that passed no current token for its scope. ``op_id=`` makes a
+fenced transaction an operation that applies once (R3): its retry raises
+`AlreadyApplied`.
 
 **Which check is the truth.** The SQL function is: it holds the mark and the
 scope lock, and it is what protected tables run. Given ``keys=``, the Python
@@ -35,19 +38,23 @@ is trusted like the coordinator.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from stockade._postgres_errors import error_text, no_codec, open_connection, text_of
 from stockade.core.errors import BackendUnavailable, InvalidArgument
+from stockade._postgres_errors import error_text
+from stockade.core.errors import AlreadyApplied, BackendUnavailable, InvalidArgument
 from stockade.core.fence import Reject
-from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_scope
+from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
 from stockade.core.signing import Keyring
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import FenceFloors
 from stockade.keys import KeyFile, load_keyring, verifier_of
+from stockade.resources import _postgres_protect as protected
 from stockade.resources import _postgres_sql as q
 from stockade.resources._inputs import check_floors, coerce_token
 from stockade.resources._observe import reject
@@ -61,19 +68,25 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
 
 __all__ = [
     "install", "sync_keys", "fenced", "fenced_async", "fenced_sqlalchemy", "fenced_sqlalchemy_async",
-    "protect", "unprotect", "high_waters", "default_floor", "raise_high_waters", "PostgresFence",
-    "FENCE_SQL", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE",
+    "protect", "unprotect", "install_ddl_guard", "AlreadyApplied", "high_waters", "default_floor",
+    "raise_high_waters", "PostgresFence",
+    "FENCE_SQL", "FENCE_OP_SQL", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "ALREADY_APPLIED_SQLSTATE",
 ]
 
 #: The one statement of a fenced transaction (any language or ORM can run it).
 FENCE_SQL = "SELECT stockade.fence(%s, %s)"
+#: The same with an operation id (R3): refused with `ALREADY_APPLIED_SQLSTATE` if it was applied before.
+FENCE_OP_SQL = "SELECT stockade.fence_op(%s, %s, %s)"
 REJECT_SQLSTATE = q.REJECT_SQLSTATE
 NO_TOKEN_SQLSTATE = q.NO_TOKEN_SQLSTATE
+ALREADY_APPLIED_SQLSTATE = q.ALREADY_APPLIED_SQLSTATE
 _DETAIL_RE = re.compile(
     r"reason=(stale|wrong-scope|wrong-cluster|forged) high_water=(\d+) cluster=([0-9a-f]{16}) detail=([a-z-]*)")
 _REASONS: dict[str, Any] = {"stale": "stale", "wrong-scope": "wrong-scope", "wrong-cluster": "wrong-cluster",
                             "forged": "forged"}
 
+P = ParamSpec("P")
+T = TypeVar("T")
 Connection = Any  # psycopg.Connection[Any]; Any so that every row factory is accepted
 AsyncConnection = Any
 
@@ -157,6 +170,7 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
             raise InvalidArgument("keys", f"this database is fenced for cluster {installed}, not {cluster}")
         conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when, body=body))
         conn.execute(q.guard_function())
+        conn.execute(q.fence_op_function())
         _write_keys(conn, keyring)
 
 
@@ -185,8 +199,12 @@ def _rejection(error: BaseException) -> Reject | None:
     return Reject(_REASONS[match[1]], int(match[2]), match[4])
 
 
-def _translate(error: BaseException, token: FencingToken, scope: str, resource: str) -> None:
+def _translate(error: BaseException, token: FencingToken, scope: str, resource: str, op_id: str | None = None
+               ) -> None:
     """Raise the typed error for a driver error (`reject` for a fence rejection); return if it is the user's."""
+    if op_id is not None and getattr(error, "sqlstate", None) == ALREADY_APPLIED_SQLSTATE:
+        detail = error.diag.message_detail or ""  # type: ignore[attr-defined]
+        raise AlreadyApplied(scope, op_id, int(detail.removeprefix("token_value="))) from None
     decision = _rejection(error)
     if decision is not None:
         match = _DETAIL_RE.fullmatch(error.diag.message_detail)  # type: ignore[attr-defined]
@@ -234,10 +252,12 @@ def _resource(info: Any) -> str:
         return "postgres"
 
 
-def _prepare(token: object, scope: object, keys: object) -> tuple[FencingToken, str]:
+def _prepare(token: object, scope: object, keys: object, op_id: object = None) -> tuple[FencingToken, str]:
     """Validate the arguments and, with ``keys``, verify the MAC here (no round trip for a forgery)."""
     fencing_token = coerce_token(token)
     scope = validate_scope(fencing_token.scope if scope is None else scope)
+    if op_id is not None:
+        validate_op_id(op_id)
     if keys is not None and keys != UNSIGNED:
         verification = Verification()
         verifier = verifier_of(keys, None)
@@ -251,24 +271,35 @@ def _prepare(token: object, scope: object, keys: object) -> tuple[FencingToken, 
     return fencing_token, scope
 
 
-def _check_result(error: BaseException, token: FencingToken, scope: str, resource: str) -> NoReturn:
-    _translate(error, token, scope, resource)
+def _check_result(error: BaseException, token: FencingToken, scope: str, resource: str,
+                  op_id: str | None = None) -> NoReturn:
+    _translate(error, token, scope, resource, op_id)
     raise error
+
+
+def _fence_statement(op_id: str | None) -> tuple[str, Any]:
+    """The check's statement and its parameters' builder: ``stockade.fence``, or ``fence_op`` with an id."""
+    if op_id is None:
+        return FENCE_SQL, lambda token, scope: (token.encode(), scope)
+    return FENCE_OP_SQL, lambda token, scope: (token.encode(), scope, op_id)
 
 
 # -- fenced transactions ---------------------------------------------------------------------------
 
 
-def _begin_and_fence(token: FencingToken, scope: str) -> str:
+def _begin_and_fence(token: FencingToken, scope: str, op_id: str | None = None, conn: Any = None) -> str:
     """``BEGIN`` and the fence in one simple query: one round trip, as many as a plain ``BEGIN``.
 
     The values are inlined: a validated token and scope hold only ``[A-Za-z0-9._:-]``
-    (checked again here, so no quote can ever reach the text).
+    (checked again here, so no quote can ever reach the text); an operation id,
+    printable ASCII, is quoted by psycopg for this connection.
     """
     encoded = token.encode()
     if not (_INLINE_SAFE.fullmatch(encoded) and _INLINE_SAFE.fullmatch(scope)):
         raise InvalidArgument("token", "holds characters a token never holds")
-    return f"BEGIN; SELECT stockade.fence('{encoded}', '{scope}')"
+    if op_id is None:
+        return f"BEGIN; SELECT stockade.fence('{encoded}', '{scope}')"
+    return f"BEGIN; SELECT stockade.fence_op('{encoded}', '{scope}', {sql.Literal(op_id).as_string(conn)})"
 
 
 _INLINE_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
@@ -281,7 +312,7 @@ def _owns_transaction(conn: Any) -> bool:
 
 @contextmanager
 def fenced(conn: Connection, token: FencingToken | str, scope: str | None = None, *,
-           keys: object = None) -> Iterator[Connection]:
+           keys: object = None, op_id: str | None = None) -> Iterator[Connection]:
     """A transaction of ``conn`` admitted by ``token``: ``with fenced(conn, token): conn.execute(...)``.
 
     Runs ``SELECT stockade.fence(token, scope)`` as the first statement of a
@@ -293,40 +324,52 @@ def fenced(conn: Connection, token: FencingToken | str, scope: str | None = None
     in the body rolls the block back: nothing of it is applied, and the mark is
     not raised.
 
+    With ``op_id``, the block is one operation (R3): the id is recorded in
+    ``stockade.operations`` in the same transaction, and a transaction that
+    comes with an id already committed raises `AlreadyApplied` before the
+    block runs, applying nothing: the retry of a transaction whose outcome was
+    unknown (`BackendUnavailable`, a writer killed around its commit) is safe.
+    Ids are per scope; the newest `stockade.core.limits.OPERATION_IDS_MAX`
+    are remembered.
+
     Args:
         conn: a psycopg 3 ``Connection`` to a database where `install` ran.
         token: the lease's token (a `FencingToken` or its encoded string).
         scope: the scope written (default: the token's own; another one is refused, R2).
         keys: the coordinator's keys, to refuse a forged token before any round trip (optional:
             the database checks the MAC anyway).
+        op_id: the operation's id (1..200 printable ASCII characters, no spaces), or None.
 
     Raises:
+        AlreadyApplied: ``op_id`` was applied by a committed transaction (even under a token
+            that has gone stale since); nothing of this one was applied.
         StaleToken: the token is below the scope's mark (``.high_water``).
         TokenMismatch: another scope's or cluster's token, or a forged one.
         InvalidArgument: a malformed token or scope.
         BackendUnavailable: the connection failed (the commit's outcome is unknown).
     """
-    fencing_token, scope = _prepare(token, scope, keys)
+    fencing_token, scope = _prepare(token, scope, keys, op_id)
+    statement, parameters = _fence_statement(op_id)
     if not _owns_transaction(conn):
         try:
             with conn.transaction():
-                conn.execute(FENCE_SQL, (fencing_token.encode(), scope))
+                conn.execute(statement, parameters(fencing_token, scope))
                 yield conn
         except psycopg.Error as error:  # the check's, the body's (a protected table's trigger) or the commit's
-            _check_result(error, fencing_token, scope, _resource(conn.info))
+            _check_result(error, fencing_token, scope, _resource(conn.info), op_id)
         return
     try:
-        conn.execute(_begin_and_fence(fencing_token, scope))
+        conn.execute(_begin_and_fence(fencing_token, scope, op_id, conn))
         yield conn
     except BaseException as error:
         _rollback_quietly(conn)
         if isinstance(error, psycopg.Error):
-            _check_result(error, fencing_token, scope, _resource(conn.info))
+            _check_result(error, fencing_token, scope, _resource(conn.info), op_id)
         raise
     try:
         conn.commit()
     except psycopg.Error as error:
-        _check_result(error, fencing_token, scope, _resource(conn.info))
+        _check_result(error, fencing_token, scope, _resource(conn.info), op_id)
 
 
 def _rollback_quietly(conn: Any) -> None:
@@ -345,29 +388,30 @@ async def _arollback_quietly(aconn: Any) -> None:
 
 @asynccontextmanager
 async def fenced_async(aconn: AsyncConnection, token: FencingToken | str, scope: str | None = None, *,
-                       keys: object = None) -> AsyncIterator[AsyncConnection]:
+                       keys: object = None, op_id: str | None = None) -> AsyncIterator[AsyncConnection]:
     """`fenced` for a psycopg 3 ``AsyncConnection``: ``async with fenced_async(aconn, token): ...``."""
-    fencing_token, scope = _prepare(token, scope, keys)
+    fencing_token, scope = _prepare(token, scope, keys, op_id)
+    statement, parameters = _fence_statement(op_id)
     if not _owns_transaction(aconn):
         try:
             async with aconn.transaction():
-                await aconn.execute(FENCE_SQL, (fencing_token.encode(), scope))
+                await aconn.execute(statement, parameters(fencing_token, scope))
                 yield aconn
         except psycopg.Error as error:
-            _check_result(error, fencing_token, scope, _resource(aconn.info))
+            _check_result(error, fencing_token, scope, _resource(aconn.info), op_id)
         return
     try:
-        await aconn.execute(_begin_and_fence(fencing_token, scope))
+        await aconn.execute(_begin_and_fence(fencing_token, scope, op_id, aconn))
         yield aconn
     except BaseException as error:
         await _arollback_quietly(aconn)
         if isinstance(error, psycopg.Error):
-            _check_result(error, fencing_token, scope, _resource(aconn.info))
+            _check_result(error, fencing_token, scope, _resource(aconn.info), op_id)
         raise
     try:
         await aconn.commit()
     except psycopg.Error as error:
-        _check_result(error, fencing_token, scope, _resource(aconn.info))
+        _check_result(error, fencing_token, scope, _resource(aconn.info), op_id)
 
 
 def _sqlalchemy() -> Any:
@@ -381,81 +425,65 @@ def _sqlalchemy() -> Any:
 
 @contextmanager
 def fenced_sqlalchemy(bind: Any, token: FencingToken | str, scope: str | None = None, *,
-                      keys: object = None) -> Iterator[Any]:
+                      keys: object = None, op_id: str | None = None) -> Iterator[Any]:
     """`fenced` for an SQLAlchemy ``Session`` or ``Connection`` on PostgreSQL (any DBAPI driver).
 
     Begins a transaction (a SAVEPOINT if one is already open), runs the fence
     statement in it, yields ``bind``, and commits (releases) at the end.
+    ``op_id`` as in `fenced`.
     """
     sa = _sqlalchemy()
-    fencing_token, scope = _prepare(token, scope, keys)
-    statement = sa.text("SELECT stockade.fence(:token, :scope)")
+    fencing_token, scope = _prepare(token, scope, keys, op_id)
+    statement, parameters = _sqlalchemy_fence(sa, fencing_token, scope, op_id)
     try:
         with bind.begin_nested() if bind.in_transaction() else bind.begin():
-            bind.execute(statement, {"token": fencing_token.encode(), "scope": scope})
+            bind.execute(statement, parameters)
             yield bind
     except sa.exc.DBAPIError as error:
-        _translate(error.orig, fencing_token, scope, "postgres")
+        _translate(error.orig, fencing_token, scope, "postgres", op_id)
         raise
+
+
+def _sqlalchemy_fence(sa: Any, token: FencingToken, scope: str, op_id: str | None) -> tuple[Any, dict[str, str]]:
+    if op_id is None:
+        return sa.text("SELECT stockade.fence(:token, :scope)"), {"token": token.encode(), "scope": scope}
+    return (sa.text("SELECT stockade.fence_op(:token, :scope, :op_id)"),
+            {"token": token.encode(), "scope": scope, "op_id": op_id})
 
 
 @asynccontextmanager
 async def fenced_sqlalchemy_async(bind: Any, token: FencingToken | str, scope: str | None = None, *,
-                                  keys: object = None) -> AsyncIterator[Any]:
+                                  keys: object = None, op_id: str | None = None) -> AsyncIterator[Any]:
     """`fenced_sqlalchemy` for an ``AsyncSession`` or ``AsyncConnection`` (``postgresql+psycopg``)."""
     sa = _sqlalchemy()
-    fencing_token, scope = _prepare(token, scope, keys)
-    statement = sa.text("SELECT stockade.fence(:token, :scope)")
+    fencing_token, scope = _prepare(token, scope, keys, op_id)
+    statement, parameters = _sqlalchemy_fence(sa, fencing_token, scope, op_id)
     try:
         async with bind.begin_nested() if bind.in_transaction() else bind.begin():
-            await bind.execute(statement, {"token": fencing_token.encode(), "scope": scope})
+            await bind.execute(statement, parameters)
             yield bind
     except sa.exc.DBAPIError as error:
-        _translate(error.orig, fencing_token, scope, "postgres")
+        _translate(error.orig, fencing_token, scope, "postgres", op_id)
         raise
 
 
-# -- protected tables ------------------------------------------------------------------------------
+# -- protected tables (docs/fence-postgres.md; the rule in `_postgres_protect` and SQL's stockade.cover) --------
 
 
-def _relation(conn: Connection, table: str) -> str:
-    if not isinstance(table, str) or not table:
-        raise InvalidArgument("table", "must be a table name")
-    name = text_of(conn.execute("SELECT to_regclass(%s)::text", (table,)).fetchone()[0])
-    if name is None:
-        raise InvalidArgument("table", f"no table {table!r} in this database")
-    return str(name)
+def _edged(function: Callable[P, T]) -> Callable[P, T]:
+    """``function`` inside `_edge` (a lost connection as `BackendUnavailable`), its name and docstring kept."""
+
+    @functools.wraps(function)
+    def edged(*args: P.args, **kwargs: P.kwargs) -> T:
+        with _edge():
+            return function(*args, **kwargs)
+
+    return edged
 
 
-def protect(conn: Connection, table: str, *, scope: str) -> None:
-    """Make PostgreSQL refuse INSERT, UPDATE, DELETE and TRUNCATE on ``table`` without a current token.
-
-    A statement-level trigger runs ``stockade.fence`` again with the token this
-    transaction passed for ``scope`` (the transaction-local setting only says
-    where to find it; the MAC, the scope and the mark are checked again, under
-    the same scope lock), so a writer that forgot its token, or carries a stale,
-    forged or another scope's one, is refused by the database itself.
-
-    Raises:
-        InvalidArgument: a bad scope or no such table.
-    """
-    scope = validate_scope(scope)
-    with _edge(), conn.transaction():
-        relation = sql.SQL(_relation(conn, table))  # regclass text: already quoted by PostgreSQL
-        conn.execute(sql.SQL("DROP TRIGGER IF EXISTS stockade_fence ON {}").format(relation))
-        conn.execute(sql.SQL("CREATE TRIGGER stockade_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {} "
-                             "FOR EACH STATEMENT EXECUTE FUNCTION stockade.guard({})")
-                     .format(relation, sql.Literal(scope)))
-        conn.execute("INSERT INTO stockade.protected (relation, scope) VALUES (to_regclass(%s), %s) "
-                     "ON CONFLICT (relation) DO UPDATE SET scope = excluded.scope", (table, scope))
-
-
-def unprotect(conn: Connection, table: str) -> None:
-    """Remove `protect`'s trigger from ``table``."""
-    with _edge(), conn.transaction():
-        relation = sql.SQL(_relation(conn, table))
-        conn.execute(sql.SQL("DROP TRIGGER IF EXISTS stockade_fence ON {}").format(relation))
-        conn.execute("DELETE FROM stockade.protected WHERE relation = to_regclass(%s)", (table,))
+protect = _edged(protected.protect)
+unprotect = _edged(protected.unprotect)
+install_ddl_guard = _edged(protected.install_ddl_guard)
 
 
 # -- marks and floors (R4) -------------------------------------------------------------------------

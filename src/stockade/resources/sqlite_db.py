@@ -1,9 +1,10 @@
 """Fence a user's own SQLite database: the high-water mark lives in the user's file (docs/fence-sqlite.md).
 
-`install` adds two tables to the user's database::
+`install` adds three tables to the user's database::
 
     stockade_fence        one row: cluster_id, default_floor, schema_version
     stockade_high_water   scope -> high_water
+    stockade_operations   (scope, op_id) -> token_value: the operation ids applied (R3)
 
 and a fenced transaction is the user's own transaction with the check as its
 first step::
@@ -23,6 +24,10 @@ Python inside the transaction; every rejection goes through
 `stockade.resources._observe.reject` (R5). `SQLiteFence` holds the rule as its
 ``fence_rule`` attribute (the controls of `stockade.testing.mutants` swap it).
 
+With ``op_id=``, the block is one operation (R3): the id is recorded in the
+same transaction, and a retry of an operation that committed raises
+`AlreadyApplied` before the block runs, applying nothing.
+
 Durability: a transaction is durable when COMMIT returns only if the
 connection runs ``synchronous=FULL`` (or EXTRA) with a rollback journal or
 WAL; with NORMAL in WAL mode a power loss may undo the last commits, marks
@@ -41,17 +46,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stockade.core.errors import BackendUnavailable, InvalidArgument
-from stockade.core.fence import Accept, FenceRule, Reject, check_write, decide
-from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_scope
+from stockade.core.errors import AlreadyApplied, BackendUnavailable, InvalidArgument
+from stockade.core.fence import Accept, FenceRule, Recorded, Reject, Replay, check_write, decide
+from stockade.core.limits import OPERATION_IDS_MAX, TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
 from stockade.core.tokens import FencingToken
-from stockade.core.values import FenceFloors
+from stockade.core.values import FenceFloors, WriteResult
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, check_floors, coerce_token
 from stockade.resources._observe import reject
 from stockade.resources._sqlite_files import rollback
 from stockade.resources._verify import UNSIGNED, Verification
 
-__all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION"]
+__all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION",
+           "AlreadyApplied"]
 
 SCHEMA_VERSION = 1
 
@@ -64,7 +70,20 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS stockade_high_water ("
     " scope TEXT PRIMARY KEY,"
     " high_water INTEGER NOT NULL CHECK (high_water >= 0))",
+    # Added without a version change: a file installed before it gets it from `install`, and an
+    # older library ignores it. seq orders the ids for the bound (the oldest are forgotten).
+    "CREATE TABLE IF NOT EXISTS stockade_operations ("
+    " seq INTEGER PRIMARY KEY,"
+    " scope TEXT NOT NULL,"
+    " op_id TEXT NOT NULL,"
+    " token_value INTEGER NOT NULL,"
+    " UNIQUE (scope, op_id))",
 )
+_TRANSACTION = "transaction"  # the fingerprint of every operation id: it names a whole transaction
+_APPLIED = "SELECT token_value FROM stockade_operations WHERE scope = ? AND op_id = ?"
+# fetchall: a RETURNING statement must run to completion before the next one.
+_RECORD = "INSERT INTO stockade_operations (scope, op_id, token_value) VALUES (?, ?, ?) RETURNING seq"
+_FORGET = "DELETE FROM stockade_operations WHERE seq <= ?"
 
 # One statement reads the mark and the connection's settings: each statement costs ~10-20 µs.
 _READ = (
@@ -193,13 +212,17 @@ class _Admission:
         self.rule = rule
         self.resource = resource
 
-    def admit(self, execute: Any, token: FencingToken, scope: str) -> int:
+    def admit(self, execute: Any, token: FencingToken, scope: str, op_id: str | None = None) -> int:
         """Check ``token`` inside the open IMMEDIATE transaction and raise the mark; the new mark.
 
         ``execute(sql, params)`` returns a cursor-like object with ``fetchone``.
+        With ``op_id``: an id already recorded raises `AlreadyApplied` (after
+        the MAC and R2, before R1: R3 answers even for a token gone stale since);
+        a new one is recorded, and the oldest past `OPERATION_IDS_MAX` forgotten.
 
         Raises:
             StaleToken, TokenMismatch: rejected (R5: counted, logged); the caller rolls back.
+            AlreadyApplied: ``op_id`` was applied before; the caller rolls back.
         """
         row = execute(_READ, (scope,)).fetchone()
         if row is None:
@@ -211,41 +234,68 @@ class _Admission:
         if version != SCHEMA_VERSION:
             raise BackendUnavailable(f"fence schema version {version} is not supported", certain_no_effect=True)
         high_water = max(own or 0, default_floor)
-        decision = check_write(
-            token, scope=scope, cluster=self.cluster_id, high_water=high_water, fingerprint=None, recorded=None,
+        recorded = None
+        if op_id is not None:  # the write lock is held: no other transaction can be recording this id now
+            applied = _operation(execute, scope, op_id)
+            if applied is not None:  # an operation id is an idempotency key of the whole transaction
+                recorded = Recorded(_TRANSACTION, WriteResult(scope, op_id, applied, applied, 0, replayed=True))
+        decision = check_write(  # R2, then R3 (the id), then R1: the store's order, composed once in the core
+            token, scope=scope, cluster=self.cluster_id, high_water=high_water,
+            fingerprint=None if op_id is None else _TRANSACTION, recorded=recorded,
             rule=self.rule, forged=self.verification.forged(token),
         )
+        if isinstance(decision, Replay):
+            assert op_id is not None
+            raise AlreadyApplied(scope, op_id, decision.result.token_value)
         if isinstance(decision, Reject):
             resource = self.resource or _resource_name(execute)
             reject(decision, resource=resource, cluster=self.cluster_id, token=token, scope=scope, key=None)
         assert isinstance(decision, Accept)
         if own is None or decision.new_high_water > own:
             execute(_RAISE, (scope, decision.new_high_water))
+        if op_id is not None:
+            seq = execute(_RECORD, (scope, op_id, token.value)).fetchall()[0][0]
+            execute(_FORGET, (seq - OPERATION_IDS_MAX,))
         return decision.new_high_water
 
 
-def _arguments(token: object, scope: object) -> tuple[FencingToken, str]:
+def _operation(execute: Any, scope: str, op_id: str) -> int | None:
+    """The token value that applied ``op_id`` of ``scope``, or None."""
+    try:
+        row = execute(_APPLIED, (scope, op_id)).fetchone()
+    except Exception as error:  # noqa: BLE001 - sqlite3's, or SQLAlchemy's wrapping of it
+        if "no such table" not in str(error):
+            raise
+        raise InvalidArgument("op_id", "this database's fence predates operation ids: run install() on it "
+                                       "again (SQLiteFence does on opening)") from None
+    return None if row is None else int(row[0])
+
+
+def _arguments(token: object, scope: object, op_id: object = None) -> tuple[FencingToken, str]:
     checked = coerce_token(token)
+    if op_id is not None:
+        validate_op_id(op_id)
     return checked, validate_scope(checked.scope if scope is None else scope)
 
 
 @contextmanager
 def _fenced_sqlite3(
-    conn: sqlite3.Connection, token: object, scope: object, admission: _Admission, durable: bool
+    conn: sqlite3.Connection, token: object, scope: object, admission: _Admission, durable: bool,
+    op_id: str | None = None,
 ) -> Iterator[sqlite3.Connection]:
-    checked, scope_name = _arguments(token, scope)
+    checked, scope_name = _arguments(token, scope, op_id)
     if not isinstance(conn, sqlite3.Connection):
         raise InvalidArgument("conn", f"must be a sqlite3.Connection, got {type(conn).__name__}")
     admission.durable = durable
     with _transaction(conn):
         with _ours("cannot read the fence"):
-            admission.admit(conn.execute, checked, scope_name)
+            admission.admit(conn.execute, checked, scope_name, op_id)
         yield conn
 
 
 def fenced(
     conn: sqlite3.Connection, token: FencingToken | str, *, keys: object, cluster_id: str | None = None,
-    scope: str | None = None, durable: bool = True,
+    scope: str | None = None, durable: bool = True, op_id: str | None = None,
 ) -> Any:
     """``with fenced(conn, token, keys=...):`` the block's statements as one fenced transaction.
 
@@ -258,11 +308,15 @@ def fenced(
         cluster_id: the trusted cluster (default: the keys' cluster).
         scope: the scope the block writes (default: the token's scope).
         durable: require ``synchronous=FULL`` (see the module docstring).
+        op_id: the operation's id (1..200 printable ASCII characters, no spaces), or None:
+            recorded in the transaction; a retry of one that committed applies nothing (R3).
 
     Returns:
         A context manager yielding ``conn``; it commits when the block ends.
 
     Raises:
+        AlreadyApplied: ``op_id`` was applied by a committed transaction (even under a token
+            that has gone stale since); nothing of this one was applied, the block did not run.
         StaleToken: a token below the scope's mark (nothing applied).
         TokenMismatch: another scope's or cluster's token, or one the keys do not verify.
         InvalidArgument: a malformed token or scope, a connection in a transaction or
@@ -271,7 +325,7 @@ def fenced(
     """
     cluster = _cluster_of(keys, cluster_id)
     admission = _Admission(cluster, _verification(keys, cluster), decide, "")  # named when it rejects
-    return _fenced_sqlite3(conn, token, scope, admission, durable)
+    return _fenced_sqlite3(conn, token, scope, admission, durable, op_id)
 
 
 def _resource_name(execute: Any) -> str:
@@ -287,7 +341,7 @@ def _resource_name(execute: Any) -> str:
 
 @contextmanager
 def _fenced_sqlalchemy(
-    target: Any, token: object, scope: object, admission: _Admission, durable: bool
+    target: Any, token: object, scope: object, admission: _Admission, durable: bool, op_id: str | None = None
 ) -> Iterator[Any]:
     """SQLAlchemy's pysqlite quirk: its ``begin()`` emits nothing, and the driver begins lazily (DEFERRED) at
     the first DML, too late for the check. So the session's transaction is begun, then ``BEGIN IMMEDIATE`` is
@@ -298,7 +352,7 @@ def _fenced_sqlalchemy(
         from sqlalchemy.orm import Session
     except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
         raise ImportError("fenced_sqlalchemy needs SQLAlchemy: pip install 'stockade[sqlalchemy]'") from exc
-    checked, scope_name = _arguments(token, scope)
+    checked, scope_name = _arguments(token, scope, op_id)
     if not isinstance(target, (Session, Connection)):
         raise InvalidArgument("session_or_connection", f"must be a Session or Connection, not {type(target).__name__}")
     if target.in_transaction():
@@ -316,7 +370,7 @@ def _fenced_sqlalchemy(
         admission.durable = durable
         _begin(driver)
         try:
-            admission.admit(connection.exec_driver_sql, checked, scope_name)
+            admission.admit(connection.exec_driver_sql, checked, scope_name, op_id)
         except (sqlite3.Error, DBAPIError) as exc:
             raise BackendUnavailable(f"cannot read the fence: {exc}", certain_no_effect=True) from exc
         yield target
@@ -337,7 +391,7 @@ def _fenced_sqlalchemy(
 
 def fenced_sqlalchemy(
     session_or_connection: Any, token: FencingToken | str, *, keys: object, cluster_id: str | None = None,
-    scope: str | None = None, durable: bool = True,
+    scope: str | None = None, durable: bool = True, op_id: str | None = None,
 ) -> Any:
     """`fenced` for an SQLAlchemy ``Session`` or ``Connection`` on SQLite (pysqlite driver).
 
@@ -347,7 +401,7 @@ def fenced_sqlalchemy(
     """
     cluster = _cluster_of(keys, cluster_id)
     admission = _Admission(cluster, _verification(keys, cluster), decide, "")  # named when it rejects
-    return _fenced_sqlalchemy(session_or_connection, token, scope, admission, durable)
+    return _fenced_sqlalchemy(session_or_connection, token, scope, admission, durable, op_id)
 
 
 # -- one database file, opened by path (the floor, the harnesses) --------------------------------
@@ -401,17 +455,18 @@ class SQLiteFence:
 
     def fenced(
         self, token: FencingToken | str, *, scope: str | None = None, conn: sqlite3.Connection | None = None,
-        durable: bool = True,
+        durable: bool = True, op_id: str | None = None,
     ) -> Any:
         """`fenced` on ``conn`` (default: the fence's own connection), with this fence's keys and rule."""
-        return _fenced_sqlite3(self._conn if conn is None else conn, token, scope, self._admission(), durable)
+        return _fenced_sqlite3(self._conn if conn is None else conn, token, scope, self._admission(), durable,
+                               op_id)
 
     def fenced_sqlalchemy(
         self, session_or_connection: Any, token: FencingToken | str, *, scope: str | None = None,
-        durable: bool = True,
+        durable: bool = True, op_id: str | None = None,
     ) -> Any:
         """`fenced_sqlalchemy` with this fence's keys and rule."""
-        return _fenced_sqlalchemy(session_or_connection, token, scope, self._admission(), durable)
+        return _fenced_sqlalchemy(session_or_connection, token, scope, self._admission(), durable, op_id)
 
     def high_water(self, scope: str) -> int:
         """The scope's mark: its own, or the default floor if higher (0 if never written)."""

@@ -12,6 +12,9 @@
   later write fails (refused by the resource, or a fault injected after the
   first write): nothing of it applied, no mark moved; an optional capability
   each adapter declares, with the reason where a kind does not apply.
+- `stockade.testing.conformance.fence_retry`: the same adapters' retry class,
+  a retry after an unknown outcome (R3 by operation id), on every adapter that
+  offers operation ids; the others declare in words why they do not.
 - `stockade.testing.conformance.history`: every coordinator's lease history
   (grants, expiries, releases), in order and bounded, run beside the
   coordinator suite with its fixtures.
