@@ -27,14 +27,14 @@ from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 import stockade.testing.conformance.fence as suite
 from stockade.keys import FixedKeys
 from stockade.testing.conformance.fence import *  # noqa: F403 - the suite's tests and its `fence` fixture
-from stockade.testing.conformance.fence_partial import *  # noqa: F403 - partial failure inside a unit
-from stockade.testing.conformance.fence_partial import PartialFailures
 from stockade.testing.conformance.fence_isolation import (  # noqa: F401 - the optional capabilities' tests
     check_floor_raised_mid_transaction,
     check_outsider_cannot_stall,
     test_a_floor_raised_mid_transaction_is_never_committed_below,
     test_a_role_that_may_only_connect_cannot_stall_fenced_writes,
 )
+from stockade.testing.conformance.fence_partial import *  # noqa: F403 - partial failure inside a unit
+from stockade.testing.conformance.fence_partial import PartialFailures
 
 Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 

@@ -45,8 +45,6 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from stockade._postgres_errors import error_text, no_codec, open_connection, text_of
-from stockade.core.errors import BackendUnavailable, InvalidArgument
-from stockade._postgres_errors import error_text
 from stockade.core.errors import AlreadyApplied, BackendUnavailable, InvalidArgument
 from stockade.core.fence import Reject
 from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
