@@ -29,7 +29,7 @@ CLUSTER = "0123456789abcdef"
 
 def _order_while_locked(path: Path, *, never_wait: bool) -> tuple[list[str], object]:
     """Hold the store's write lock elsewhere, submit a write, and record what the loop did first."""
-    store = SQLiteStore(path, cluster_id=CLUSTER, busy_timeout_ms=1_000)
+    store = SQLiteStore(path, cluster_id=CLUSTER, busy_timeout_ms=1_000, keys="unsigned")
     holder = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")  # another "process" holds the write lock
 

@@ -199,7 +199,7 @@ class _ThreadH:
 
 def _h_process(path: str, connection) -> None:
     """H in a separate process: write each requested batch, answer when done."""
-    with SQLiteStore(path, busy_timeout_ms=30_000) as store:
+    with SQLiteStore(path, busy_timeout_ms=30_000, keys="unsigned") as store:
         connection.send("ready")
         while True:
             request = connection.recv()
@@ -349,7 +349,7 @@ def run_s04(store_class, tmp_path: Path, *, iterations: int, hold_s: float) -> t
     cluster = "0123456789abcdef"
     path = tmp_path / f"s04-{store_class.__name__}.db"
     with store_class(path, cluster_id=cluster, busy_timeout_ms=30_000) as store_l, \
-            SQLiteStore(path, busy_timeout_ms=30_000) as store_h:
+            SQLiteStore(path, busy_timeout_ms=30_000, keys="unsigned") as store_h:
         stale_commits = 0
         for i in range(iterations):
             t = 2 * i + 1
@@ -417,7 +417,7 @@ with SQLiteStore(path) as store:
 def test_s16_kill_minus_9_never_rolls_back_the_high_water_mark(tmp_path, capsys):
     cluster = "0123456789abcdef"
     path = tmp_path / "s16.db"
-    SQLiteStore(path, cluster_id=cluster).close()
+    SQLiteStore(path, cluster_id=cluster, keys="unsigned").close()
     rounds, rollbacks = 3 * SCALE, 0
     for _ in range(rounds):
         child = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), cluster],
@@ -433,7 +433,7 @@ def test_s16_kill_minus_9_never_rolls_back_the_high_water_mark(tmp_path, capsys)
         child.wait(WAIT_S)
         child.stdout.close()
         assert last_acked > 1, "the writer acknowledged fewer than two writes"
-        with SQLiteStore(path) as store:
+        with SQLiteStore(path, keys="unsigned") as store:
             if store.high_water("s16") < last_acked:
                 rollbacks += 1
             with pytest.raises(StaleToken):

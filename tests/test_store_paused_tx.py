@@ -84,7 +84,7 @@ print(ok, failed, flush=True)
 def run(tmp_path: Path, mode: str) -> tuple[int, int, str]:
     """Returns (writes ok, writes failed, the holder's last line) while the holder is frozen in its transaction."""
     path = tmp_path / f"{mode}.db"
-    SQLiteStore(path, cluster_id=CLUSTER).close()
+    SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned").close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     # The writer opens the store first (opening writes the schema check), then waits for the pause.
     writer = subprocess.Popen(
@@ -128,7 +128,7 @@ def test_a_holder_paused_inside_a_transaction_stalls_no_other_scope(tmp_path, ca
               f"the holder then committed: {last == 'committed'}")
     assert ok + failed >= WRITES_MIN and failed == 0
     assert last == "committed"
-    with SQLiteStore(tmp_path / "buffered.db") as store:
+    with SQLiteStore(tmp_path / "buffered.db", keys="unsigned") as store:
         assert store.get("held", "step-1").value == b"before the pause"
         assert store.get("held", "step-2").value == b"after the pause"
 

@@ -33,6 +33,7 @@ from stockade.core.tokens import FencingToken
 __all__ = [
     "KeyFile", "FixedKeys", "TokenVerifier", "keyring_path", "create_keyring", "load_keyring", "rotate",
     "ephemeral_keyring", "verifier_of", "find_keyring", "ROTATE_GRACE_S_DEFAULT", "KIND",
+    "DISCOVERY_FILES_MAX",
 ]
 
 KIND = "stockade-keyring"
@@ -281,7 +282,7 @@ def verifier_of(keys: object, cluster_id: str | None) -> TokenVerifier | None:
         InvalidArgument: anything else, or keys of another cluster.
     """
     if keys is None:
-        return None
+        return None  # the caller refuses None itself (L2: stockade.resources._verify.check_keys_given)
     if isinstance(keys, Keyring):
         keys = FixedKeys(keys)
     elif isinstance(keys, (str, os.PathLike)):
@@ -293,17 +294,43 @@ def verifier_of(keys: object, cluster_id: str | None) -> TokenVerifier | None:
     return keys
 
 
-def find_keyring(directory: str | os.PathLike[str], cluster_id: str) -> Path | None:
-    """The one keyring of ``cluster_id`` in ``directory`` (a store next to its coordinator), or None."""
-    found = []
+#: Files named ``*.keys`` that keyring discovery reads in one directory; more is refused (named).
+DISCOVERY_FILES_MAX = 256
+
+
+def find_keyring(directory: str | os.PathLike[str], cluster_id: str) -> Path:
+    """The one keyring of ``cluster_id`` among the ``*.keys`` files of ``directory`` (a store beside its coordinator).
+
+    Discovery never falls back to checking nothing (L2): none, several, or too
+    many files to read is refused, in one line naming what was found and the
+    ``keys=`` choice that settles it.
+
+    Raises:
+        InvalidArgument: no keyring of the cluster there, several, or more than
+            `DISCOVERY_FILES_MAX` ``*.keys`` files.
+    """
+    where = Path(directory)
     try:
-        candidates = sorted(Path(directory).glob("*.keys"))
-    except OSError:
-        return None
-    for candidate in candidates[:16]:
+        candidates = sorted(where.glob("*.keys"))
+    except OSError as exc:
+        candidates, unreadable = [], f" ({where} cannot be listed: {exc.strerror})"
+    else:
+        unreadable = ""
+    choose = "pass keys=<keyring path> (or coord.verify_keys()), or keys='unsigned' to check no MAC (unsafe)"
+    if len(candidates) > DISCOVERY_FILES_MAX:
+        raise InvalidArgument("keys", f"{len(candidates)} *.keys files in {where}, more than discovery reads "
+                                      f"({DISCOVERY_FILES_MAX}): {choose}")
+    found, others = [], []
+    for candidate in candidates:
         try:
-            if load_keyring(candidate).cluster_id == cluster_id:
-                found.append(candidate)
+            owner = load_keyring(candidate).cluster_id
         except BackendUnavailable:
-            continue
-    return found[0] if len(found) == 1 else None
+            owner = "unreadable"
+        (found if owner == cluster_id else others).append(f"{candidate.name} ({owner})")
+    if len(found) == 1:
+        return where / found[0].split(" (")[0]
+    seen = ", ".join((found or others)[:4]) + (", ..." if len(found or others) > 4 else "")
+    what = (f"{len(found)} keyrings of cluster {cluster_id} in {where}: {seen}" if found else
+            f"no keyring of cluster {cluster_id} in {where}{unreadable}"
+            + (f" ({len(others)} of other clusters or unreadable: {seen})" if others else ""))
+    raise InvalidArgument("keys", f"{what}; {choose}")

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stockade.client._io import AsyncIO
+from stockade.client._server_keys import fetch_verify_keys
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.client._wire import (
     RESPONSE_HEAD_BYTES_MAX,
@@ -50,6 +51,7 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, Write
+from stockade.keys import FixedKeys
 from stockade.resources.store import Item, WriteResult
 from stockade.wire import codecs
 from stockade.wire.routes import ROUTE, Route, page_query
@@ -326,6 +328,11 @@ class AsyncHTTPCoordinatorPort:
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
         self._described = False  # the server's cluster document was read (`open`)
+
+    @property
+    def keys(self) -> FixedKeys:
+        """The server's verify keys: one blocking round trip, administrators only (`fetch_verify_keys`)."""
+        return fetch_verify_keys(self._client.endpoint)
 
     async def open(self) -> None:
         if self._described:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stockade.client._server_keys import fetch_verify_keys
 from stockade.client._io import SyncIO
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.client._wire import (
@@ -40,6 +41,7 @@ from stockade.clock import SystemClock
 from stockade.coordinators._history import HistoryEvent
 from stockade.coordinators.registry import COORDINATORS, Capability
 from stockade.core import leases as core_leases
+from stockade.keys import FixedKeys
 from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
 from stockade.core.limits import (
     LEASES_MAX,
@@ -327,6 +329,11 @@ class HTTPCoordinatorPort:
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
         self._described = False  # the server's cluster document was read (`open`)
+
+    @property
+    def keys(self) -> FixedKeys:
+        """The server's verify keys: one blocking round trip, administrators only (`fetch_verify_keys`)."""
+        return fetch_verify_keys(self._client.endpoint)
 
     def open(self) -> None:
         if self._described:

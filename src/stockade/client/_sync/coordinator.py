@@ -561,9 +561,13 @@ class Coordinator(Handle):
 
         For an embedded coordinator: its keyring (a `stockade.keys.KeyFile`
         following the keyring file, or the in-memory keys of ``memory://``);
-        pass it as ``open_store(url, cluster_id=..., keys=coord.verify_keys())``.
+        etcd, ZooKeeper, PostgreSQL: the keyring the backend keeps. For a
+        ``stockade serve`` (``http(s)://``): a copy fetched from its
+        administrators' route in one blocking round trip, which needs a bearer
+        token without scope patterns (else `Unauthorized`; docs/tokens.md).
+        Pass it as ``keys=coord.verify_keys()`` to a store or a fence.
         It can sign as well as verify: whoever holds it is trusted like the
-        coordinator. None for a remote coordinator, whose keys never leave its host.
+        coordinator.
         """
         return getattr(self._port, "keys", None)
 
