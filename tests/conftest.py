@@ -141,7 +141,12 @@ def store_url(tmp_path: Path, backend: str, request) -> str:
         return request.getfixturevalue("serve_pg" if backend == "serve-postgres" else "http_server").url
     if backend == "memory":
         return f"memory://{tmp_path.name}"  # the in-memory store beside the in-memory engine
-    return f"sqlite://{tmp_path / 'store.db'}"  # postgres too: a store in a directory without its keyring
+    if backend != "embedded":  # the backend's keyring beside the store, as `stockade keys export` leaves it
+        from stockade.keys import save_keyring
+
+        with stockade.connect(request.getfixturevalue("coord_url")) as coord:
+            save_keyring(tmp_path / "coord.keys", coord.verify_keys().keyring)
+    return f"sqlite://{tmp_path / 'store.db'}"
 
 
 @contextlib.contextmanager

@@ -58,7 +58,7 @@ def test_readme_restore_snippet_lowers_no_mark(tmp_path, capsys):
         coord.close()
     capsys.readouterr()
     report = namespace["report"]
-    with SQLiteStore(data / "store.db", keys="unsigned") as restored:
+    with SQLiteStore(data / "store.db", keys=data / "coord.keys") as restored:
         lowered = [s for s, mark in marks.items() if restored.high_water(s) < mark]
         zombies = 0
         for scope, mark in marks.items():

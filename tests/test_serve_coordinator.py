@@ -248,7 +248,7 @@ def test_kill9_backend_keeps_leases_restored_store_refuses_zombie(tmp_path, pg_c
             status, _, _ = request(first.url, "PUT", f"/v1/kv/{doc['scope']}/k", body=b"v",
                                    headers={"Fencing-Token": doc["token"]})
             assert status == 200
-        SQLiteStore(data_dir / "store.db", keys="unsigned").backup(tmp_path / "backup.db")
+        SQLiteStore(data_dir / "store.db", keys="tokenless").backup(tmp_path / "backup.db")  # admits no token
         first.process.kill()  # SIGKILL by pid
         first.process.wait(30)
     finally:

@@ -115,7 +115,7 @@ _PAUSED_HOLDER = """
 import sys
 from stockade.resources.store import SQLiteStore
 path, token = sys.argv[1], sys.argv[2]
-with SQLiteStore(path) as store:
+with SQLiteStore(path, keys=path.replace("store.db", "coord.keys")) as store:  # serve's keyring beside
     with store.transaction("held", token=token) as tx:
         tx.put("step-1", b"before the pause")
         print("in-transaction", flush=True)

@@ -95,7 +95,7 @@ def test_refuses_a_file_that_is_not_a_store(tmp_path):
 )
 def test_bad_constructor_arguments(tmp_path, kwargs):
     with pytest.raises(InvalidArgument):
-        SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, **kwargs)
+        SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned", **kwargs)
     assert not (tmp_path / "s.db").exists()
 
 
@@ -691,7 +691,7 @@ def _run_model(store_class, ops):
     audit: list[tuple] = []
     failures = []
     with tempfile.TemporaryDirectory() as directory:
-        with store_class(Path(directory) / "s.db", cluster_id=CLUSTER) as store:
+        with store_class(Path(directory) / "s.db", cluster_id=CLUSTER, keys="unsigned") as store:
             for scope, value, op, key, payload, ikey in ops:
                 token = tok(value, scope)
                 request = (op, key, payload if op == "put" else b"")
@@ -777,7 +777,7 @@ def test_restore_refuses_a_store_in_use(tmp_path):
 
 
 def test_fencing_off_control_never_lowers_the_mark_but_accepts_stale(tmp_path):
-    with FencingOffStore(tmp_path / "s.db", cluster_id=CLUSTER) as s:
+    with FencingOffStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"new", token=tok(5))
         s.put("a", "k", b"stale", token=tok(1))  # the bug
         s.put("a", "k", b"alien", token=tok(9, cluster=OTHER_CLUSTER))  # the bug

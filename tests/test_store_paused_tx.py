@@ -47,7 +47,7 @@ class LockHeldAcrossCallerCode(SQLiteStore):
 
 path, cluster, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 store_class = LockHeldAcrossCallerCode if mode == "control" else SQLiteStore
-with store_class(path) as store:
+with store_class(path, keys="unsigned") as store:
     with store.transaction("held", token=FencingToken(cluster, "held", 1)) as tx:
         tx.put("step-1", b"before the pause")
         print("in-transaction", flush=True)
@@ -64,7 +64,7 @@ from stockade.resources.store import SQLiteStore
 path, cluster = sys.argv[1], sys.argv[2]
 writes_min, pause_s, busy_ms = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 ok = failed = 0
-with SQLiteStore(path, busy_timeout_ms=busy_ms) as store:
+with SQLiteStore(path, busy_timeout_ms=busy_ms, keys="unsigned") as store:
     print("ready", flush=True)
     sys.stdin.readline()  # the holder is frozen inside its transaction now
     started = time.monotonic()

@@ -33,7 +33,7 @@ from stockade.core.tokens import FencingToken
 __all__ = [
     "KeyFile", "FixedKeys", "TokenVerifier", "keyring_path", "create_keyring", "load_keyring", "rotate",
     "ephemeral_keyring", "verifier_of", "find_keyring", "ROTATE_GRACE_S_DEFAULT", "KIND",
-    "DISCOVERY_FILES_MAX",
+    "DISCOVERY_FILES_MAX", "save_keyring",
 ]
 
 KIND = "stockade-keyring"
@@ -118,6 +118,22 @@ def _sync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def save_keyring(path: str | os.PathLike[str], keyring: Keyring) -> Path:
+    """Write ``keyring`` to ``path`` (0600; written aside, then renamed over it): a copy for a resource host.
+
+    Raises:
+        BackendUnavailable: it cannot be written.
+    """
+    path = Path(path)
+    try:
+        aside = _write_aside(path, _dump(keyring))
+        os.replace(aside, path)
+        _sync_dir(path)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot write the keyring {path}: {exc.strerror}", certain_no_effect=True) from None
+    return path
 
 
 def create_keyring(path: str | os.PathLike[str], cluster_id: str) -> Keyring:

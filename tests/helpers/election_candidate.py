@@ -29,7 +29,7 @@ def zombie(coord_url: str, store_path: str, name: str) -> None:
 
     coord = stockade.connect(coord_url)
     fenced = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
-    unfenced = FencingOffStore(store_path, cluster_id=coord.cluster_id)
+    unfenced = FencingOffStore(store_path, cluster_id=coord.cluster_id, keys=coord.verify_keys())
     while (command := sys.stdin.readline().split())[:1] == ["round"]:
         store = unfenced if command[1:] == ["fencing-off"] else fenced
         # Right after its session expired (the pause), the coordinator waits for the next one itself.

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from stockade.cli._common import add_data_dir, add_url, coordinator_url, data_dir, fail, help_text, is_remote
 from stockade.core.errors import StockadeError
-from stockade.keys import ROTATE_GRACE_S_DEFAULT, _dump, _write_aside, load_keyring, rotate
+from stockade.keys import ROTATE_GRACE_S_DEFAULT, load_keyring, rotate, save_keyring
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -38,8 +38,7 @@ def _export(args: argparse.Namespace) -> int:
     try:
         with connect(url) as coord:
             keys = coord.verify_keys()
-        aside = _write_aside(out, _dump(keys.keyring))  # type: ignore[attr-defined]
-        aside.replace(out)
+        save_keyring(out, keys.keyring)  # type: ignore[attr-defined]
     except (StockadeError, OSError) as exc:
         return fail(str(exc))
     print(f"keyring of cluster {keys.cluster_id} written to {out}")  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from pathlib import Path
 from stockade.core.errors import BackendUnavailable, InvalidArgument, invariant
 from stockade.core.values import AuditRecord, Item
 from stockade.resources._sqlite_journal import collecting, journal_alone
-from stockade.resources._verify import UNSIGNED, refuse_unsigned_after_signed
+from stockade.resources._verify import TOKENLESS, UNSIGNED, refuse_unsigned_after_signed
 
 __all__: list[str] = []  # private to the SQLite adapter and its backup
 
@@ -138,7 +138,7 @@ def remember_verifying(conn: sqlite3.Connection, resource: str, keys: object) ->
     """
     verified = conn.execute("SELECT 1 FROM counters WHERE name = 'verified'").fetchone() is not None
     refuse_unsigned_after_signed(resource, verified, keys)
-    if keys != UNSIGNED and not verified:
+    if keys not in (UNSIGNED, TOKENLESS) and not verified:
         conn.execute("INSERT INTO counters (name, value) VALUES ('verified', 1)")
 
 

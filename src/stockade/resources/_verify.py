@@ -19,13 +19,18 @@ from collections.abc import Callable
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.tokens import FencingToken
-from stockade.keys import TokenVerifier, verifier_of
+from stockade.keys import FixedKeys, TokenVerifier, ephemeral_keyring, verifier_of
 from stockade.resources._issued import CoordinatorIssued
 
-__all__ = ["Verification", "UNSIGNED", "NO_KEYS", "check_keys_given", "refuse_unsigned_after_signed"]
+__all__ = ["Verification", "UNSIGNED", "TOKENLESS", "NO_KEYS", "check_keys_given", "refuse_unsigned_after_signed"]
 
 #: Pass as ``keys=`` to open a resource that checks no MAC (legacy tokens; unsafe, docs/tokens.md).
 UNSIGNED = "unsigned"
+
+#: Pass as ``keys=`` to open a handle that admits no token at all (every one is refused as forged,
+#: ``unknown-key``): for tools that only read, back up or raise floors (R4), on any resource,
+#: including one that remembers verifying.
+TOKENLESS = "tokenless"
 
 #: What a resource says when it is given no keys (L2): the two ways to choose, in words.
 NO_KEYS = ("no keys given: pass the coordinator's keys (coord.verify_keys(), a keyring path, a KeyFile or "
@@ -66,13 +71,18 @@ class Verification:
             InvalidArgument: no keys (None), keys of another cluster or of an unknown kind.
         """
         check_keys_given(keys)
+        if keys == TOKENLESS:  # a key no coordinator holds: every token is refused as unknown-key
+            keys = FixedKeys(ephemeral_keyring(cluster_id))
+            self.tokenless = True
         self.verifier = None if keys == UNSIGNED else verifier_of(keys, cluster_id)
         self.issued = issued
 
+    tokenless = False
+
     @property
     def verifies(self) -> bool:
-        """Whether token MACs are checked (False only when `UNSIGNED` was chosen)."""
-        return self.verifier is not None
+        """Whether token MACs are checked with the coordinator's keys (not `UNSIGNED`, not `TOKENLESS`)."""
+        return self.verifier is not None and not self.tokenless
 
     def _issued_at_least(self, token: FencingToken) -> int:
         issued = self.issued

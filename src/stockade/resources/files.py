@@ -46,7 +46,7 @@ from stockade.resources import _files_io as fio
 from stockade.resources._files_tokens import VerifiedTokens
 from stockade.resources._inputs import check_floors
 from stockade.resources._observe import reject
-from stockade.resources._verify import UNSIGNED, Verification, check_keys_given, refuse_unsigned_after_signed
+from stockade.resources._verify import TOKENLESS, UNSIGNED, Verification, check_keys_given, refuse_unsigned_after_signed
 
 __all__ = ["FencedDirectory", "FileBatch", "open_floor_target", "UNSIGNED", "FILE_BYTES_MAX_DEFAULT",
            "LOCK_WAIT_MS_DEFAULT"]
@@ -563,4 +563,4 @@ def open_floor_target(url: str, *, cluster_id: str) -> FencedDirectory:
         raise InvalidArgument("resource", "file url needs a directory: file:///path/to/dir")
     if not Path(path).is_dir():
         raise InvalidArgument("resource", f"no directory at {path} (a floor never creates a resource)")
-    return FencedDirectory(path, keys=UNSIGNED, cluster_id=cluster_id)
+    return FencedDirectory(path, keys=TOKENLESS, cluster_id=cluster_id)

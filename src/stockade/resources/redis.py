@@ -38,7 +38,7 @@ from stockade.core.values import FenceFloors
 from stockade.resources import _redis_script as script
 from stockade.resources._inputs import coerce_token
 from stockade.resources._redis_batch import SCAN_SCOPES_MAX, Commands, FenceCore, scope_of_mark_key
-from stockade.resources._verify import UNSIGNED, check_keys_given
+from stockade.resources._verify import TOKENLESS, check_keys_given
 
 try:
     import redis as redis_py
@@ -515,4 +515,4 @@ def open_floor_target(url: str, *, cluster_id: str) -> RedisFence:
     needed: the fence it returns is only for `RedisFence.high_waters`,
     `RedisFence.raise_high_waters` and `RedisFence.close`.
     """
-    return RedisFence.from_url(url, keys=UNSIGNED, cluster_id=cluster_id)
+    return RedisFence.from_url(url, keys=TOKENLESS, cluster_id=cluster_id)

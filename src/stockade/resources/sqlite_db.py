@@ -49,7 +49,7 @@ from stockade.core.values import FenceFloors
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, check_floors, coerce_token
 from stockade.resources._observe import reject
 from stockade.resources._sqlite_files import rollback
-from stockade.resources._verify import UNSIGNED, Verification, check_keys_given
+from stockade.resources._verify import TOKENLESS, UNSIGNED, Verification, check_keys_given
 
 __all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION"]
 
@@ -489,4 +489,4 @@ def open_floor_target(url: str, *, cluster_id: str) -> SQLiteFence:
         raise InvalidArgument("resource", "sqlite url needs a file path: sqlite:///path/to/app.db")
     if not Path(path).is_file():
         raise InvalidArgument("resource", f"no SQLite file at {path} (a floor never creates a resource)")
-    return SQLiteFence(path, keys=UNSIGNED, cluster_id=cluster_id)
+    return SQLiteFence(path, keys=TOKENLESS, cluster_id=cluster_id)
