@@ -15,14 +15,17 @@ from typing import Any
 
 import pytest
 from helpers.fence_files import make_files_harness
+from helpers.fence_keyed import KEYED
 from helpers.fence_postgres import make_postgres_harness
 from helpers.fence_redis import make_async_redis_harness, make_redis_harness
 from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
 from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 
 import stockade.testing.conformance.fence as suite
+import stockade.testing.conformance.fence_keys as l2_suite
 from stockade.keys import FixedKeys
 from stockade.testing.conformance.fence import *  # noqa: F403 - the suite's tests and its `fence` fixture
+from stockade.testing.conformance.fence_keys import *  # noqa: F403 - the L2 suite (a missing or ambiguous keyring)
 
 Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 
@@ -96,3 +99,33 @@ def test_the_suite_catches_every_control(
             harness.close()
         pytest.fail(f"{name} passed on {target} with {mutant}")
 
+
+
+# -- L2: a missing or ambiguous keyring (stockade.testing.conformance.fence_keys) ---------------------
+
+assert set(KEYED) == set(TARGETS), "every adapter runs the L2 suite too"
+
+
+@pytest.fixture(params=sorted(KEYED))
+def open_keyed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    with KEYED[request.param](tmp_path / "keyed", f"{tmp_path.name}-{request.param}") as opener:
+        yield opener
+
+
+# Before L2 every adapter but PostgreSQL (whose install always refused keys=None) had the hole.
+HAD_THE_HOLE = sorted(set(KEYED) - {"postgres", "postgres-async", "postgres-sqlalchemy"})
+
+
+@pytest.mark.parametrize("target", sorted(KEYED))
+def test_the_l2_suite_catches_the_legacy_control(tmp_path: Path, target: str) -> None:
+    """Under `legacy_keys` (keys=None meant unsigned; discovery gave up into unsigned) the L2 tests fail on
+    every adapter that had the hole, and pass on PostgreSQL, which refused None before too."""
+    failed = []
+    with l2_suite.legacy_keys():
+        for name in l2_suite.L2_TESTS:
+            with KEYED[target](tmp_path / name, f"{tmp_path.name}-{target}-{name}") as opener:
+                try:
+                    getattr(l2_suite, name)(opener)
+                except (Exception, pytest.fail.Exception):  # noqa: BLE001 - any failure of the test counts
+                    failed.append(name)
+    assert failed == (l2_suite.L2_TESTS if target in HAD_THE_HOLE else []), failed

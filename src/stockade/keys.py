@@ -310,22 +310,42 @@ def verifier_of(keys: object, cluster_id: str | None) -> TokenVerifier | None:
     return keys
 
 
+#: The control of the L2 tests, and nothing else: True brings back the behaviour before L2 (``keys=None``
+#: meant unsigned, and discovery that found none or several, or lost its keyring past the first 16
+#: files, returned None and the store opened unsigned). Tests set it through
+#: `stockade.testing.conformance.fence_keys.legacy_keys`; never set it elsewhere.
+LEGACY_NONE_MEANS_UNSIGNED = False
+
 #: Files named ``*.keys`` that keyring discovery reads in one directory; more is refused (named).
 DISCOVERY_FILES_MAX = 256
 
 
-def find_keyring(directory: str | os.PathLike[str], cluster_id: str) -> Path:
+def _legacy_find(directory: Path, cluster_id: str) -> Path | None:
+    found = []
+    for candidate in sorted(directory.glob("*.keys"))[:16]:
+        try:
+            if load_keyring(candidate).cluster_id == cluster_id:
+                found.append(candidate)
+        except BackendUnavailable:
+            continue
+    return found[0] if len(found) == 1 else None
+
+
+def find_keyring(directory: str | os.PathLike[str], cluster_id: str) -> Path | None:
     """The one keyring of ``cluster_id`` among the ``*.keys`` files of ``directory`` (a store beside its coordinator).
 
     Discovery never falls back to checking nothing (L2): none, several, or too
     many files to read is refused, in one line naming what was found and the
-    ``keys=`` choice that settles it.
+    ``keys=`` choice that settles it. (It returns None only under the test
+    control `LEGACY_NONE_MEANS_UNSIGNED`, as it did before.)
 
     Raises:
         InvalidArgument: no keyring of the cluster there, several, or more than
             `DISCOVERY_FILES_MAX` ``*.keys`` files.
     """
     where = Path(directory)
+    if LEGACY_NONE_MEANS_UNSIGNED:
+        return _legacy_find(where, cluster_id)
     try:
         candidates = sorted(where.glob("*.keys"))
     except OSError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import stockade.keys
 from stockade.core.errors import InvalidArgument
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, TokenVerifier, ephemeral_keyring, verifier_of
@@ -43,7 +44,7 @@ def check_keys_given(keys: object) -> None:
     Raises:
         InvalidArgument: ``keys`` is None.
     """
-    if keys is None:
+    if keys is None and not stockade.keys.LEGACY_NONE_MEANS_UNSIGNED:
         raise InvalidArgument("keys", NO_KEYS)
 
 
