@@ -38,7 +38,6 @@ from stockade.core.signing import Keyring
 from stockade.keys import ephemeral_keyring
 from stockade.testing.conformance.fence import KEYS, FenceHarness, tok, write
 
-
 #: Keyrings of other clusters a directory may hold (the finding's "16 other clusters").
 OTHER_CLUSTERS = [ephemeral_keyring(f"{index:016x}") for index in range(1, 17)]
 
