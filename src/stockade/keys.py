@@ -356,7 +356,8 @@ def find_keyring(directory: str | os.PathLike[str], cluster_id: str) -> Path | N
     if len(candidates) > DISCOVERY_FILES_MAX:
         raise InvalidArgument("keys", f"{len(candidates)} *.keys files in {where}, more than discovery reads "
                                       f"({DISCOVERY_FILES_MAX}): {choose}")
-    found, others = [], []
+    found: list[str] = []
+    others: list[str] = []
     for candidate in candidates:
         try:
             owner = load_keyring(candidate).cluster_id

@@ -7,11 +7,13 @@ refuses a token above the coordinator's last issued one for the scope, as
 ``stockade serve`` does. The coordinator makes a token durable before it hands
 it out (C1), so a token it issued is always at or below what is read here.
 
-`CoordinatorIssued` reads the file through its own read-only connection (the
-coordinator's WAL is read, never written), and only when a token is above the
-greatest value it has already read for the scope: issued values only grow, so
-a remembered one is a valid bound, and a lease's writes after its first cost
-no read. It remembers at most `ISSUED_CACHED_MAX` scopes (then starts over).
+`CoordinatorIssued` reads the file through a read-only connection opened for
+the read and closed after it (so it holds no file the store's owner would have
+to close: a store's lifetime is not tied to its coordinator's), and only when
+a token is above the greatest value it has already read for the scope: issued
+values only grow, so a remembered one is a valid bound, and a lease's writes
+after its first cost no read. It remembers at most `ISSUED_CACHED_MAX` scopes
+(then starts over).
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ class CoordinatorIssued:
         self.path = path
         self._known: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
 
     def __repr__(self) -> str:
         return f"CoordinatorIssued({str(self.path)!r})"
@@ -66,10 +67,11 @@ class CoordinatorIssued:
             if at_least and known >= at_least:
                 return known
             try:
-                if self._conn is None:
-                    uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
-                    self._conn = sqlite3.connect(uri, uri=True, timeout=5, check_same_thread=False)
-                value = int(self._conn.execute(_LAST_ISSUED, (scope,)).fetchone()[0])
+                conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True, timeout=5)
+                try:
+                    value = int(conn.execute(_LAST_ISSUED, (scope,)).fetchone()[0])
+                finally:
+                    conn.close()
             except sqlite3.Error as exc:
                 raise BackendUnavailable(f"cannot read the coordinator's last issued token from {self.path}: {exc}",
                                          certain_no_effect=True) from exc
@@ -77,9 +79,3 @@ class CoordinatorIssued:
                 self._known.clear()
             self._known[scope] = max(known, value)
             return self._known[scope]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None

@@ -9,6 +9,7 @@ conformance suite, which refuses a scheme it does not test).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from stockade.core.errors import InvalidArgument
 from stockade.core.limits import AUDIT_RECORDS_MAX, IDEMPOTENCY_KEYS_MAX, VALUE_BYTES_MAX
 from stockade.keys import KeyFile, find_keyring
 from stockade.resources._issued import CoordinatorIssued, coordinator_beside
+from stockade.resources._verify import TOKENLESS, UNSIGNED
 from stockade.resources.memory import MemoryStore
 from stockade.resources.port import TransactionalStorePort
 from stockade.resources.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT, SQLiteStore
@@ -65,6 +67,15 @@ def _cluster_of_file(path: Path) -> str | None:
     return row[0] if row is not None and isinstance(row[0], str) else None
 
 
+def _keyring_file(keys: object) -> Path | None:
+    """The keyring file ``keys`` name (a path or a `KeyFile`), if any: where its coordinator may be beside."""
+    if isinstance(keys, KeyFile):
+        return keys.path
+    if isinstance(keys, (str, os.PathLike)) and keys not in (UNSIGNED, TOKENLESS):
+        return Path(keys)
+    return None
+
+
 def _open_sqlite(target: str, cluster_id: str | None, options: StoreOptions) -> SQLiteStore:
     if not target or "\x00" in target:
         raise InvalidArgument("url", "sqlite url needs a file path: sqlite:///path/to/file.db")
@@ -72,7 +83,7 @@ def _open_sqlite(target: str, cluster_id: str | None, options: StoreOptions) -> 
     cluster = cluster_id if cluster_id is not None else _cluster_of_file(path)
     if keys is None and cluster is not None:  # discovery: the one keyring of the cluster beside it, else refuse (L2)
         keys = find_keyring(path.parent, cluster)
-    keyring = keys if isinstance(keys, Path) else keys.path if isinstance(keys, KeyFile) else None
+    keyring = _keyring_file(keys)
     if issued is None and keyring is not None:
         beside = coordinator_beside(keyring)
         issued = None if beside is None else CoordinatorIssued(beside)

@@ -35,6 +35,7 @@ import stockade.keys
 from stockade.core.errors import InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.limits import TOKEN_VALUE_MAX
 from stockade.core.signing import Keyring
+from stockade.core.tokens import FencingToken
 from stockade.keys import ephemeral_keyring
 from stockade.testing.conformance.fence import KEYS, FenceHarness, tok, write
 
@@ -42,7 +43,7 @@ from stockade.testing.conformance.fence import KEYS, FenceHarness, tok, write
 OTHER_CLUSTERS = [ephemeral_keyring(f"{index:016x}") for index in range(1, 17)]
 
 
-def FORGED_MAX() -> object:  # noqa: N802 - a constant, built on use (tokens are frozen values)
+def FORGED_MAX() -> FencingToken:  # noqa: N802 - a constant, built on use (tokens are frozen values)
     """The forgery: the largest value, our cluster, no MAC."""
     return tok(TOKEN_VALUE_MAX, keys=None)
 
