@@ -25,7 +25,7 @@ import stockade
 from stockade.core.errors import InvalidArgument, StockadeError
 from stockade.core.limits import TOKEN_VALUE_MAX
 from stockade.core.tokens import FencingToken
-from stockade.keys import ephemeral_keyring, save_keyring
+from stockade.keys import FixedKeys, ephemeral_keyring, save_keyring
 from stockade.resources import postgres as pg
 from stockade.resources.files import FencedDirectory
 from stockade.resources.redis import RedisFence
@@ -165,26 +165,27 @@ def test_control_the_behaviour_before_l2_accepts_it_in_seven(tmp_path: Path) -> 
     assert len(accepted) == 7
 
 
-@pytest.mark.parametrize("keys", [None, "unsigned"])
-def test_an_embedded_store_refuses_a_token_above_the_last_issued(tmp_path: Path, keys: object) -> None:
-    """Even with the keyring (leaked: it signs too), a store beside its coordinator refuses a value above
-    the coordinator's last issued token for the scope (``keys=None``: discovery; the control,
-    ``"unsigned"`` on a fresh store, which cannot see the coordinator's keys nor its issue, takes it)."""
+@pytest.mark.parametrize("sees_the_coordinator", [True, False], ids=["beside", "control-keys-in-memory"])
+def test_an_embedded_store_refuses_a_token_above_the_last_issued(tmp_path: Path, sees_the_coordinator: bool) -> None:
+    """Even with the keyring (leaked: it signs too), a store that can see its coordinator (discovered
+    beside ``coord.db``) refuses a value above the coordinator's last issued token for the scope. The
+    control is the store as it was before: the same keys, but no view of the coordinator (the keyring
+    given in memory), which takes the forgery and raises its mark to the maximum."""
     data = tmp_path / "data"
     with stockade.connect(f"sqlite://{data}/coord.db") as coord:
-        url = f"sqlite://{data}/{'store' if keys is None else 'plain'}.db"
-        with stockade.open_store(url, cluster_id=coord.cluster_id, keys=keys) as store:
+        leaked = coord.verify_keys()
+        keys = None if sees_the_coordinator else FixedKeys(leaked.keyring)  # type: ignore[attr-defined]
+        with stockade.open_store(f"sqlite://{data}/store.db", cluster_id=coord.cluster_id, keys=keys) as store:
             with coord.lock("reports", ttl_ms=5_000) as lease:
                 store.put("reports", "daily.csv", b"honest", token=lease.token)
-            leaked = coord.verify_keys()
             forged = leaked.sign(FencingToken(coord.cluster_id, "reports", TOKEN_VALUE_MAX))  # type: ignore[attr-defined]
-            if keys is None:
-                with pytest.raises(stockade.TokenMismatch) as info:
-                    store.put("reports", "daily.csv", b"forged", token=forged)
-                assert info.value.reason == "forged (above-issued)"
-                assert store.high_water("reports") == lease.token.value
-                with coord.lock("reports", ttl_ms=5_000) as next_lease:  # the next holder is unaffected
-                    store.put("reports", "daily.csv", b"next", token=next_lease.token)
-            else:
+            if not sees_the_coordinator:
                 store.put("reports", "daily.csv", b"forged", token=forged)
                 assert store.high_water("reports") == TOKEN_VALUE_MAX
+                return
+            with pytest.raises(stockade.TokenMismatch) as info:
+                store.put("reports", "daily.csv", b"forged", token=forged)
+            assert info.value.reason == "forged (above-issued)"
+            assert store.high_water("reports") == lease.token.value
+            with coord.lock("reports", ttl_ms=5_000) as next_lease:  # the next holder is unaffected
+                store.put("reports", "daily.csv", b"next", token=next_lease.token)

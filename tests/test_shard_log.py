@@ -34,9 +34,9 @@ import pytest
 from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 import stockade
-from stockade.keys import save_keyring
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StaleToken, TokenMismatch
 from stockade.core.values import FenceFloors
+from stockade.keys import save_keyring
 from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
 from stockade.resources._log_postgres import PostgresShardLog, install_log
