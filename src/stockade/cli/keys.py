@@ -57,6 +57,8 @@ def run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.action == "export":
         return _export(args)
+    if args.url is not None:  # the keyring is read and rotated on the coordinator's host, never over HTTP
+        parser.error("show and rotate take no --url: run them on the coordinator's host, with --data-dir")
     path = data_dir(args) / "coord.keys"
     if not path.exists():
         return fail(f"no keyring at {path} (it is created with the coordinator; use --data-dir)")
