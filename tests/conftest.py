@@ -157,7 +157,26 @@ def store_url(tmp_path: Path, backend: str, request) -> str:
         return request.getfixturevalue("serve_pg" if backend == "serve-postgres" else "http_server").url
     if backend == "memory":
         return f"memory://{tmp_path.name}"  # the in-memory store beside the in-memory engine
-    return f"sqlite://{tmp_path / 'store.db'}"  # postgres too: a store in a directory without its keyring
+    request.getfixturevalue("keyring_here")  # a store opened without keys= discovers it
+    return f"sqlite://{tmp_path / 'store.db'}"
+
+
+@pytest.fixture
+def keyring_here(tmp_path: Path, backend: str, request) -> Path:
+    """The coordinator's keyring in ``tmp_path`` (as `stockade keys export` leaves it on a resource host), so
+    that a store there opened without ``keys=`` finds it (L2: else it refuses to open)."""
+    from stockade.keys import load_keyring, save_keyring
+
+    path = tmp_path / "coord.keys"
+    if backend == "embedded":
+        return path  # the coordinator's own, beside coord.db
+    if backend == "http":  # this fixture's server runs without auth: its keyring file, copied by hand
+        keyring = load_keyring(request.getfixturevalue("http_server").data_dir / "coord.keys")
+    else:
+        with stockade.connect(request.getfixturevalue("coord_url")) as coord:
+            keyring = coord.verify_keys().keyring
+    save_keyring(path, keyring)
+    return path
 
 
 @contextlib.contextmanager

@@ -147,7 +147,8 @@ def _storm(cluster: EtcdCluster, tmp_path: Path, failovers: int, mutant: str = "
     """Run the storm through ``failovers`` leader faults; the figures of `_check`."""
     store_url = f"sqlite://{tmp_path / 'store.db'}"
     coord = stockade.connect(cluster.url)
-    stockade.open_store(store_url, cluster_id=coord.cluster_id).close()  # created once, before the workers
+    keys = "unsigned" if mutant else coord.verify_keys()  # the control's made-up tokens carry no MAC
+    stockade.open_store(store_url, cluster_id=coord.cluster_id, keys=keys).close()  # created once, first
     coord.close()
     logs = [tmp_path / f"worker{i}.log" for i in range(STORM_PROCESSES)]
     workers = []

@@ -145,7 +145,7 @@ def _listing(directory):
 
 
 def _store_file(tmp_path):
-    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id="0123456789abcdef")
+    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id="0123456789abcdef", keys="unsigned")
     store.close()
     return tmp_path / "store.db"
 

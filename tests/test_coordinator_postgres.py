@@ -551,7 +551,7 @@ def _paused_rounds(coord_url: str, store_path, rounds: int, *, control: bool) ->
     child = subprocess.Popen([sys.executable, helper, coord_url, str(store_path), str(rounds), "1" if control else "0"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     coord = stockade.connect(coord_url)
-    store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
+    store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id, keys=coord.verify_keys())
     accepted = 0
     try:
         for _ in range(rounds):

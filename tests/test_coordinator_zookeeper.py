@@ -154,7 +154,8 @@ def test_sequence_suffix_is_a_32_bit_counter_that_restarts_with_its_container(zk
 
 def test_control_the_sequence_suffix_as_token_goes_back_after_the_container_is_deleted(url, zk_ensemble, tmp_path):
     coord = stockade.connect(url)
-    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
+    # keys="unsigned": the control's tokens are made from the suffix, without a MAC; it shows their order only.
+    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id, keys="unsigned")
     client = _kazoo(zk_ensemble)
     queue = f"/{tmp_path.name}/stockade/q/seq"
     outcomes = {"czxid": [], "sequence": []}
@@ -392,7 +393,8 @@ def _storm(ensemble: ZkEnsemble, tmp_path: Path, changes: int, mutant: str = "",
     store_url = f"sqlite://{tmp_path / 'store.db'}"
     url = f"{ensemble.url}/{tmp_path.name}?session_timeout_ms={STORM_SESSION_MS}"
     coord = stockade.connect(url)
-    stockade.open_store(store_url, cluster_id=coord.cluster_id).close()  # created once, before the workers
+    keys = "unsigned" if mutant else coord.verify_keys()  # the control's made-up tokens carry no MAC
+    stockade.open_store(store_url, cluster_id=coord.cluster_id, keys=keys).close()  # created once, first
     coord.close()
     logs = [tmp_path / f"worker{i}.log" for i in range(STORM_PROCESSES)]
     workers = []

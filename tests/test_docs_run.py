@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ServeProcess
-from helpers.docblocks import blocks, environment, run_file
+from helpers.docblocks import Runner, blocks, environment, run_file
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -41,6 +41,34 @@ def _redis(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
 
 
 SERVICES = {"serve": _serve, "postgres": _postgres, "redis": _redis}
+
+
+ADMIN_TOKEN = "docs-admin-token-2f6a9c1d7e8b0a4f"
+EMBEDDED = 'stockade.connect("sqlite://stockade-data/coord.db")'
+
+
+def test_readme_adapter_examples_run_against_serve(tmp_path: Path) -> None:
+    """README's adapter examples (PostgreSQL, Redis) with ``stockade.connect("http://...")`` in place of the
+    embedded coordinator: ``coord.verify_keys()`` fetches the server's keyring with an administrator's token
+    (``$STOCKADE_AUTH_TOKEN``, a line without scopes in ``--auth-tokens``; docs/tokens.md)."""
+    readme = ROOT / "README.md"
+    adapter = [b for b in blocks(readme) if b.directive in ("postgres", "redis")]
+    assert len(adapter) >= 2 and all(EMBEDDED in b.code for b in adapter), [b.where for b in adapter]
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{ADMIN_TOKEN}\n")
+    server = ServeProcess(tmp_path / "serve-data", "--auth-tokens", str(tokens))
+    work = tmp_path / "work"
+    work.mkdir()
+    runner = Runner(work, {**environment(ENV_BIN), "STOCKADE_AUTH_TOKEN": ADMIN_TOKEN}, SERVICES)
+    runner.substitutions[EMBEDDED] = f'stockade.connect("{server.url}")'
+    try:
+        for block in adapter:
+            runner.run(block)
+    finally:
+        runner.close()
+        server.stop()
+    assert runner.ran == [b.where for b in adapter]
+    assert not (work / "stockade-data").exists()  # nothing ran on an embedded coordinator
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[p.name for p in DOCS])

@@ -288,7 +288,7 @@ def _failover_gaps_ms(coord_url: str, child_url: str, kills: int) -> list[float]
 
 
 @pytest.mark.parametrize("backend", SHARED)
-def test_a_zombie_leader_is_refused_by_the_resource_and_a_dead_one_replaced(coord_url, tmp_path, backend):
+def test_a_zombie_leader_is_refused_by_the_resource_and_a_dead_one_replaced(coord_url, tmp_path, backend, keyring_here):
     """The acceptance run, one server per backend: the zombie rounds beside their control (which must
     let the zombie in), then the time from a leader's kill -9 to the next leader (TTL 1 s)."""
     child_url = _candidate_url(coord_url, backend)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from helpers.fence_files import make_files_harness
+from helpers.fence_keyed import KEYED
 from helpers.fence_partial import PARTIAL_FAILURES
 from helpers.fence_postgres import make_postgres_harness
 from helpers.fence_redis import make_async_redis_harness, make_redis_harness
@@ -25,6 +26,7 @@ from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlal
 from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 
 import stockade.testing.conformance.fence as suite
+import stockade.testing.conformance.fence_keys as l2_suite
 from stockade.keys import FixedKeys
 from stockade.testing.conformance.fence import *  # noqa: F403 - the suite's tests and its `fence` fixture
 from stockade.testing.conformance.fence_isolation import (  # noqa: F401 - the optional capabilities' tests
@@ -33,6 +35,7 @@ from stockade.testing.conformance.fence_isolation import (  # noqa: F401 - the o
     test_a_floor_raised_mid_transaction_is_never_committed_below,
     test_a_role_that_may_only_connect_cannot_stall_fenced_writes,
 )
+from stockade.testing.conformance.fence_keys import *  # noqa: F403 - the L2 suite (a missing or ambiguous keyring)
 from stockade.testing.conformance.fence_partial import *  # noqa: F403 - partial failure inside a unit
 from stockade.testing.conformance.fence_partial import PartialFailures
 
@@ -245,3 +248,31 @@ def test_the_retry_suite_catches_its_control(tmp_path: Path, monkeypatch: pytest
         finally:
             harness.close()
         pytest.fail(f"{name} passed on {target} with {retry_suite.RETRY_CONTROL}")
+# -- L2: a missing or ambiguous keyring (stockade.testing.conformance.fence_keys) ---------------------
+
+assert set(KEYED) == set(TARGETS), "every adapter runs the L2 suite too"
+
+
+@pytest.fixture(params=sorted(KEYED))
+def open_keyed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    with KEYED[request.param](tmp_path / "keyed", f"{tmp_path.name}-{request.param}") as opener:
+        yield opener
+
+
+# Before L2 every adapter but PostgreSQL (whose install always refused keys=None) had the hole.
+HAD_THE_HOLE = sorted(set(KEYED) - {"postgres", "postgres-async", "postgres-sqlalchemy", "postgres-sql_ascii"})
+
+
+@pytest.mark.parametrize("target", sorted(KEYED))
+def test_the_l2_suite_catches_the_legacy_control(tmp_path: Path, target: str) -> None:
+    """Under `legacy_keys` (keys=None meant unsigned; discovery gave up into unsigned) the L2 tests fail on
+    every adapter that had the hole, and pass on PostgreSQL, which refused None before too."""
+    failed = []
+    with l2_suite.legacy_keys():
+        for name in l2_suite.L2_TESTS:
+            with KEYED[target](tmp_path / name, f"{tmp_path.name}-{target}-{name}") as opener:
+                try:
+                    getattr(l2_suite, name)(opener)
+                except (Exception, pytest.fail.Exception):  # noqa: BLE001 - any failure of the test counts
+                    failed.append(name)
+    assert failed == (l2_suite.L2_TESTS if target in HAD_THE_HOLE else []), failed

@@ -38,7 +38,7 @@ def _batch(store: SQLiteStore, broken_scope_token: int) -> list:
 
 
 def test_store_batch_does_not_commit_around_an_invariant_violation(tmp_path):
-    store = SQLiteStore(tmp_path / "store.db", cluster_id=CLUSTER)
+    store = SQLiteStore(tmp_path / "store.db", cluster_id=CLUSTER, keys="unsigned")
     store.put("broken", "k", b"old", token=FencingToken(CLUSTER, "broken", 5))
     store.fence_rule = _lowering_rule
     with pytest.raises(InvariantViolation, match="would go down"):
@@ -50,7 +50,7 @@ def test_store_batch_does_not_commit_around_an_invariant_violation(tmp_path):
 
 def test_store_batch_commits_around_an_operating_error(tmp_path):
     """Control: a stale token is an operating error; it takes its slot and the others commit."""
-    store = SQLiteStore(tmp_path / "store.db", cluster_id=CLUSTER)
+    store = SQLiteStore(tmp_path / "store.db", cluster_id=CLUSTER, keys="unsigned")
     store.put("broken", "k", b"old", token=FencingToken(CLUSTER, "broken", 5))
     results = _batch(store, broken_scope_token=4)
     assert isinstance(results[1], stockade.StaleToken)

@@ -35,7 +35,7 @@ def lose(path: Path) -> None:
 def scenario(tmp_path: Path) -> tuple[Path, Path, dict[str, int]]:
     """A backup; afterwards "old" rises to 4 and "late" is created and rises to 4; then the store is lost."""
     path, backup_path = tmp_path / "store.db", tmp_path / "backup.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as store:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as store:
         store.put("old", "k", b"v", token=tok(2, "old"))
         store.backup(backup_path)
         for value in range(3, 5):
@@ -48,14 +48,14 @@ def scenario(tmp_path: Path) -> tuple[Path, Path, dict[str, int]]:
 
 
 def marks_lowered(path: Path, before: dict[str, int]) -> list[str]:
-    with SQLiteStore(path) as store:
+    with SQLiteStore(path, keys="unsigned") as store:
         return [s for s, mark in before.items() if store.high_water(s) < mark]
 
 
 def zombie_writes_accepted(path: Path, marks: dict[str, int]) -> int:
     """Every token below each scope's last mark, written by a zombie: how many get in."""
     accepted = 0
-    with SQLiteStore(path) as store:
+    with SQLiteStore(path, keys="unsigned") as store:
         for scope, mark in marks.items():
             for value in range(1, mark):
                 try:
@@ -81,7 +81,7 @@ def test_restore_with_a_missing_old_store_and_a_scope_created_after_the_backup_l
     assert report.raised == {"old": (2, 4)} and report.default_floor == 4 and report.old_store == "missing"
     document = json.loads((tmp_path / "report.json").read_text())
     assert document["raised"] == {"old": {"backup": 2, "after": 4}} and document["default_floor"] == 4
-    with SQLiteStore(path) as store:
+    with SQLiteStore(path, keys="unsigned") as store:
         assert store.high_water("late") == 4 and store.high_water("never-seen") == 4
         store.put("late", "k", b"current", token=tok(4, "late"))  # the current holder continues
         store.put("fresh", "k", b"v", token=tok(5, "fresh"))
@@ -108,7 +108,7 @@ def test_a_complete_mapping_is_taken_when_the_caller_vouches_for_it(tmp_path):
 def test_old_store_marks_are_kept_when_the_floors_are_lower(tmp_path):
     """The old store is present: its marks count even where the coordinator's floors are lower."""
     path, backup_path = tmp_path / "store.db", tmp_path / "backup.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as store:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as store:
         store.put("a", "k", b"v", token=tok(2, "a"))
         store.backup(backup_path)
         store.put("a", "k", b"v", token=tok(4, "a"))
@@ -123,7 +123,7 @@ def test_old_store_marks_are_kept_when_the_floors_are_lower(tmp_path):
 def test_the_default_floor_survives_a_second_restore(tmp_path):
     path, backup_path, marks = scenario(tmp_path)
     restore(backup_path, path, fence_floors=FenceFloors({"old": 4}, default=4), report_path=tmp_path / "r1.json")
-    with SQLiteStore(path) as store:
+    with SQLiteStore(path, keys="unsigned") as store:
         store.backup(tmp_path / "backup2.db")
     lose(path)
     report = restore(tmp_path / "backup2.db", path, fence_floors={}, floors_complete=True,

@@ -14,6 +14,7 @@ import pytest
 
 import stockade
 from stockade.core.errors import StaleToken
+from stockade.keys import KeyFile
 from stockade.resources.store import SQLiteStore
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -58,14 +59,16 @@ def test_readme_restore_snippet_lowers_no_mark(tmp_path, capsys):
         coord.close()
     capsys.readouterr()
     report = namespace["report"]
-    with SQLiteStore(data / "store.db") as restored:
+    keys = KeyFile(data / "coord.keys")
+    with SQLiteStore(data / "store.db", keys=keys) as restored:
         lowered = [s for s, mark in marks.items() if restored.high_water(s) < mark]
         zombies = 0
         for scope, mark in marks.items():
             # every token a zombie of this scope could hold: each earlier holder's, the first, the one just below
             for value in sorted({1, mark - 1, *earlier[scope]}):
                 try:
-                    restored.put(scope, "k", b"zombie", token=stockade.FencingToken(coord.cluster_id, scope, value))
+                    token = keys.sign(stockade.FencingToken(coord.cluster_id, scope, value))  # a real, old token
+                    restored.put(scope, "k", b"zombie", token=token)
                     zombies += 1
                 except StaleToken:
                     pass

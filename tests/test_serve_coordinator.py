@@ -210,7 +210,7 @@ def test_an_unreachable_backend_fails_in_one_line(tmp_path):
 
 
 def test_store_of_another_cluster_is_refused(tmp_path, module_pg_url):
-    SQLiteStore(tmp_path / "store.db", cluster_id="0123456789abcdef").close()
+    SQLiteStore(tmp_path / "store.db", cluster_id="0123456789abcdef", keys="unsigned").close()
     assert "differs from the store's cluster" in _serve_fails(tmp_path, "--coordinator", module_pg_url)
 
 
@@ -248,7 +248,7 @@ def test_kill9_backend_keeps_leases_restored_store_refuses_zombie(tmp_path, pg_c
             status, _, _ = request(first.url, "PUT", f"/v1/kv/{doc['scope']}/k", body=b"v",
                                    headers={"Fencing-Token": doc["token"]})
             assert status == 200
-        SQLiteStore(data_dir / "store.db").backup(tmp_path / "backup.db")
+        SQLiteStore(data_dir / "store.db", keys="tokenless").backup(tmp_path / "backup.db")  # admits no token
         first.process.kill()  # SIGKILL by pid
         first.process.wait(30)
     finally:

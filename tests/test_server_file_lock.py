@@ -29,7 +29,7 @@ CLUSTER = "0123456789abcdef"
 
 def _order_while_locked(path: Path, *, never_wait: bool) -> tuple[list[str], object]:
     """Hold the store's write lock elsewhere, submit a write, and record what the loop did first."""
-    store = SQLiteStore(path, cluster_id=CLUSTER, busy_timeout_ms=1_000)
+    store = SQLiteStore(path, cluster_id=CLUSTER, busy_timeout_ms=1_000, keys="unsigned")
     holder = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")  # another "process" holds the write lock
 
@@ -115,7 +115,7 @@ _PAUSED_HOLDER = """
 import sys
 from stockade.resources.store import SQLiteStore
 path, token = sys.argv[1], sys.argv[2]
-with SQLiteStore(path) as store:
+with SQLiteStore(path, keys=path.replace("store.db", "coord.keys")) as store:  # serve's keyring beside
     with store.transaction("held", token=token) as tx:
         tx.put("step-1", b"before the pause")
         print("in-transaction", flush=True)

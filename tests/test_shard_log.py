@@ -36,6 +36,7 @@ from helpers.postgres import PostgresServer, available, drop_database, fresh_dat
 import stockade
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StaleToken, TokenMismatch
 from stockade.core.values import FenceFloors
+from stockade.keys import save_keyring
 from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
 from stockade.resources._log_postgres import PostgresShardLog, install_log
@@ -392,6 +393,7 @@ def test_kill9_of_a_writer_mid_append_leaves_no_gap_and_no_half_batch(
         url = server.url(name)
     else:
         log = SQLiteShardLog(tmp_path / "log.db", cluster_id=CLUSTER, keys=KEYS)
+        save_keyring(tmp_path / "log.keys", KEYS.keyring)  # the writers verify with the same keys (L2)
         url = f"sqlite://{tmp_path / 'log.db'}"
     token = tok(7, "kv.shard-k").encode()
     count, size = 50, 2048

@@ -47,7 +47,7 @@ def dump(path: Path) -> dict[str, list[tuple]]:
 
 @pytest.fixture
 def store(tmp_path):
-    with SQLiteStore(tmp_path / "store.db", cluster_id=CLUSTER) as s:
+    with SQLiteStore(tmp_path / "store.db", cluster_id=CLUSTER, keys="unsigned") as s:
         yield s
 
 
@@ -57,23 +57,23 @@ def store(tmp_path):
 def test_new_file_requires_cluster_id_and_creates_nothing(tmp_path):
     path = tmp_path / "new.db"
     with pytest.raises(InvalidArgument) as info:
-        SQLiteStore(path)
+        SQLiteStore(path, keys="unsigned")
     assert info.value.field == "cluster_id"
     assert not path.exists()
 
 
 def test_existing_file_reads_cluster_and_refuses_another(tmp_path):
     path = tmp_path / "s.db"
-    SQLiteStore(path, cluster_id=CLUSTER).close()
-    with SQLiteStore(path) as s:
+    SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned").close()
+    with SQLiteStore(path, keys="unsigned") as s:
         assert s.cluster_id == CLUSTER and s.path == path
-    with SQLiteStore(path, cluster_id=CLUSTER) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s:
         assert s.cluster_id == CLUSTER
     before = dump(path)
     with pytest.raises(InvalidArgument):
-        SQLiteStore(path, cluster_id=OTHER_CLUSTER)
+        SQLiteStore(path, cluster_id=OTHER_CLUSTER, keys="unsigned")
     with pytest.raises(InvalidArgument):
-        SQLiteStore(path, cluster_id="not-hex")
+        SQLiteStore(path, cluster_id="not-hex", keys="unsigned")
     assert dump(path) == before
 
 
@@ -85,7 +85,7 @@ def test_refuses_a_file_that_is_not_a_store(tmp_path):
     conn.commit()
     conn.close()
     with pytest.raises(InvalidArgument):
-        SQLiteStore(path)
+        SQLiteStore(path, keys="unsigned")
 
 
 @pytest.mark.parametrize(
@@ -95,7 +95,7 @@ def test_refuses_a_file_that_is_not_a_store(tmp_path):
 )
 def test_bad_constructor_arguments(tmp_path, kwargs):
     with pytest.raises(InvalidArgument):
-        SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, **kwargs)
+        SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned", **kwargs)
     assert not (tmp_path / "s.db").exists()
 
 
@@ -139,7 +139,7 @@ def test_encoded_token_string_is_accepted(store):
 
 
 def test_values_up_to_the_configured_bound(tmp_path):
-    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, value_bytes_max=10) as s:
+    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, value_bytes_max=10, keys="unsigned") as s:
         s.put("a", "k", b"x" * 10, token=tok(1))
         s.put("a", "empty", b"", token=tok(1))
         with pytest.raises(InvalidArgument):
@@ -195,10 +195,10 @@ def test_token_of_another_scope_or_cluster_is_never_compared(store, bad, reason)
 
 def test_high_water_and_seq_survive_reopen(tmp_path):
     path = tmp_path / "s.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"v", token=tok(9))
         s.put("b", "k", b"v", token=tok(2, "b"))
-    with SQLiteStore(path) as s:
+    with SQLiteStore(path, keys="unsigned") as s:
         assert s.high_waters() == {"a": 9, "b": 2}
         with pytest.raises(StaleToken):
             s.put("a", "k", b"zombie", token=tok(8))
@@ -207,7 +207,7 @@ def test_high_water_and_seq_survive_reopen(tmp_path):
 
 def test_two_objects_on_one_file_share_the_mark(tmp_path):
     path = tmp_path / "s.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s1, SQLiteStore(path) as s2:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s1, SQLiteStore(path, keys="unsigned") as s2:
         s1.put("a", "k", b"v", token=tok(4))
         with pytest.raises(StaleToken):
             s2.put("a", "k", b"v", token=tok(3))
@@ -302,7 +302,7 @@ def test_idempotency_replay_needs_a_token_of_this_scope_and_cluster(store):
 
 
 def test_idempotency_keys_are_a_bounded_window_of_the_newest(tmp_path):
-    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, idempotency_keys_max=3) as s:
+    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, idempotency_keys_max=3, keys="unsigned") as s:
         for i in range(4):
             s.put("a", f"k{i}", b"v", token=tok(1), idempotency_key=f"i{i}")
         rows = dump(s.path)["idempotency"]
@@ -314,7 +314,7 @@ def test_idempotency_keys_are_a_bounded_window_of_the_newest(tmp_path):
 
 
 def test_audit_trail_is_bounded_and_seq_keeps_counting(tmp_path):
-    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, audit_records_max=5) as s:
+    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, audit_records_max=5, keys="unsigned") as s:
         for i in range(12):
             s.put("a", "k", str(i), token=tok(1))
         assert [r.commit_seq for r in s.audit()] == [8, 9, 10, 11, 12]
@@ -369,7 +369,8 @@ def test_transaction_misuse(store):
 
 def test_transaction_does_not_block_others_and_aborts_whole_under_a_higher_token(tmp_path):
     path = tmp_path / "s.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s1, SQLiteStore(path, busy_timeout_ms=1_000) as s2:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s1, \
+            SQLiteStore(path, busy_timeout_ms=1_000, keys="unsigned") as s2:
         before = dump(path)
         with pytest.raises(StaleToken):
             with s1.transaction("a", token=tok(1)) as tx:
@@ -397,12 +398,13 @@ def test_transaction_results_get_their_seq_at_commit(store):
 
 def test_busy_store_fails_with_certain_no_effect(tmp_path):
     path = tmp_path / "s.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s1, SQLiteStore(path, busy_timeout_ms=50) as s2:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s1, \
+            SQLiteStore(path, busy_timeout_ms=50, keys="unsigned") as s2:
         with s1.admitted(tok(1), "a"):  # the port's locked unit holds the write lock
             with pytest.raises(BackendUnavailable) as info:
                 s2.put("a", "k", b"v", token=tok(2))
         assert info.value.certain_no_effect
-    with SQLiteStore(path, busy_timeout_ms=50) as shared:
+    with SQLiteStore(path, busy_timeout_ms=50, keys="unsigned") as shared:
         errors = []
         with shared.admitted(tok(2), "a"):
             t = threading.Thread(target=lambda: errors.append(_catch(lambda: shared.high_water("a"))))
@@ -420,7 +422,7 @@ def _catch(fn):
 
 
 def test_closed_store_is_unavailable(tmp_path):
-    s = SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER)
+    s = SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned")
     s.close()
     s.close()  # idempotent
     with pytest.raises(BackendUnavailable):
@@ -432,7 +434,7 @@ def test_closed_store_is_unavailable(tmp_path):
 
 def test_backup_and_restore_with_fence_floor_and_report(tmp_path):
     path, backup_path, report_path = tmp_path / "s.db", tmp_path / "b.db", tmp_path / "report.json"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"before", token=tok(3))
         info = s.backup(backup_path)
         assert (info.commit_seq, info.high_waters, info.path) == (1, {"a": 3}, backup_path)
@@ -447,7 +449,7 @@ def test_backup_and_restore_with_fence_floor_and_report(tmp_path):
     assert document["removed_complete"] is True and document["old_store"]["state"] == "present"
     assert [r["commit_seq"] for r in document["removed"]] == [2, 3]
     assert document["high_waters_after"] == {"a": 6, "new": 2}
-    with SQLiteStore(path) as s:
+    with SQLiteStore(path, keys="unsigned") as s:
         assert s.get("a", "k").value == b"before"
         assert s.high_waters() == {"a": 6, "new": 2}
         for zombie in (tok(3), tok(4), tok(5)):  # holders from before the restore are fenced out (P5)
@@ -463,7 +465,7 @@ def test_backup_and_restore_with_fence_floor_and_report(tmp_path):
 
 def test_restore_takes_max_of_backup_mark_floor_and_old_store(tmp_path):
     path, backup_path = tmp_path / "s.db", tmp_path / "b.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"v", token=tok(8))
         s.put("b", "k", b"v", token=tok(2, "b"))
         s.backup(backup_path)
@@ -471,14 +473,14 @@ def test_restore_takes_max_of_backup_mark_floor_and_old_store(tmp_path):
     report = restore(backup_path, path, fence_floors=FenceFloors({"a": 1}, default=3), report_path=tmp_path / "r.json")
     assert report.fence_floors == {"a": 1, "b": 3}  # "b" is not named: the default covers it
     assert report.raised == {"b": (2, 5)}  # only "b" ends above the backup's mark (the old store's 5)
-    with SQLiteStore(path) as s:
+    with SQLiteStore(path, keys="unsigned") as s:
         # a floor below the backup's mark never lowers it; the old store's 5 is kept too
         assert s.high_waters() == {"a": 8, "b": 5}
 
 
 def test_restore_without_old_store_says_so(tmp_path):
     path, backup_path, report_path = tmp_path / "s.db", tmp_path / "b.db", tmp_path / "r.json"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"v", token=tok(2))
         s.backup(backup_path)
     for suffix in ("", "-wal", "-shm"):
@@ -488,13 +490,13 @@ def test_restore_without_old_store_says_so(tmp_path):
     assert report.removed == []
     document = json.loads(report_path.read_text())
     assert document["old_store"]["state"] == "missing" and document["removed_complete"] is False
-    with SQLiteStore(path) as s:
+    with SQLiteStore(path, keys="unsigned") as s:
         assert s.high_waters() == {"a": 4, "gone": 7}
 
 
 def test_restore_report_says_when_the_audit_no_longer_covers_the_gap(tmp_path):
     path, backup_path, report_path = tmp_path / "s.db", tmp_path / "b.db", tmp_path / "r.json"
-    with SQLiteStore(path, cluster_id=CLUSTER, audit_records_max=3) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, audit_records_max=3, keys="unsigned") as s:
         s.put("a", "k", b"v", token=tok(1))
         s.backup(backup_path)
         for i in range(6):
@@ -506,7 +508,7 @@ def test_restore_report_says_when_the_audit_no_longer_covers_the_gap(tmp_path):
 
 def test_restore_refusals_change_nothing(tmp_path):
     path, backup_path = tmp_path / "s.db", tmp_path / "b.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"v", token=tok(2))
         s.backup(backup_path)
         s.put("a", "k", b"w", token=tok(3))
@@ -521,7 +523,7 @@ def test_restore_refusals_change_nothing(tmp_path):
     with pytest.raises(InvalidArgument):
         restore(path, path, fence_floors={}, floors_complete=True, report_path=tmp_path / "r.json")
     other = tmp_path / "other.db"
-    with SQLiteStore(other, cluster_id=OTHER_CLUSTER) as s:
+    with SQLiteStore(other, cluster_id=OTHER_CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"v", token=tok(1, cluster=OTHER_CLUSTER))
         s.backup(tmp_path / "other-backup.db")
     with pytest.raises(InvalidArgument):
@@ -533,7 +535,7 @@ def test_restore_refusals_change_nothing(tmp_path):
 
 
 def test_restore_refuses_to_replace_a_file_that_is_not_a_store(tmp_path):
-    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER) as s:
+    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned") as s:
         s.backup(tmp_path / "b.db")
     foreign = tmp_path / "coordinator.db"
     conn = sqlite3.connect(str(foreign))
@@ -552,7 +554,7 @@ def test_backup_refuses_the_store_itself(store):
 
 def test_backup_is_online_and_consistent(tmp_path):
     path = tmp_path / "s.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as writer, SQLiteStore(path) as backer:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as writer, SQLiteStore(path, keys="unsigned") as backer:
         stop = threading.Event()
 
         def write():
@@ -569,7 +571,7 @@ def test_backup_is_online_and_consistent(tmp_path):
             stop.set()
             thread.join()
     for info in infos:
-        with SQLiteStore(info.path) as copy:
+        with SQLiteStore(info.path, keys="unsigned") as copy:
             assert copy.commit_seq() == info.commit_seq
             assert copy.high_waters() == info.high_waters
             audit = copy.audit(limit=LIST_PAGE_MAX)
@@ -646,7 +648,7 @@ def _tx_then(store, step):
 @pytest.fixture(scope="module")
 def bad_input_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("bad-input") / "store.db"
-    with SQLiteStore(path, cluster_id=CLUSTER, value_bytes_max=_SMALL_VALUE_MAX) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, value_bytes_max=_SMALL_VALUE_MAX, keys="unsigned") as s:
         s.put("a", "k", b"v", token=_GOOD, idempotency_key="seen")
         s.put("b", "k", b"v", token=tok(9, "b"))
         yield s
@@ -689,7 +691,7 @@ def _run_model(store_class, ops):
     audit: list[tuple] = []
     failures = []
     with tempfile.TemporaryDirectory() as directory:
-        with store_class(Path(directory) / "s.db", cluster_id=CLUSTER) as store:
+        with store_class(Path(directory) / "s.db", cluster_id=CLUSTER, keys="unsigned") as store:
             for scope, value, op, key, payload, ikey in ops:
                 token = tok(value, scope)
                 request = (op, key, payload if op == "put" else b"")
@@ -742,7 +744,7 @@ def test_model_check_catches_the_controls():
 
 def test_restore_over_an_unreadable_store_says_so(tmp_path):
     path, backup_path, report_path = tmp_path / "s.db", tmp_path / "b.db", tmp_path / "r.json"
-    with SQLiteStore(path, cluster_id=CLUSTER) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"v", token=tok(2))
         s.backup(backup_path)
     for suffix in ("-wal", "-shm"):
@@ -751,13 +753,13 @@ def test_restore_over_an_unreadable_store_says_so(tmp_path):
     restore(backup_path, path, fence_floors={"a": 3}, floors_complete=True, report_path=report_path)
     document = json.loads(report_path.read_text())
     assert document["old_store"]["state"] == "unreadable" and document["removed_complete"] is False
-    with SQLiteStore(path) as s:
+    with SQLiteStore(path, keys="unsigned") as s:
         assert s.high_waters() == {"a": 3} and s.get("a", "k").value == b"v"
 
 
 def test_restore_refuses_a_store_in_use(tmp_path):
     path, backup_path = tmp_path / "s.db", tmp_path / "b.db"
-    with SQLiteStore(path, cluster_id=CLUSTER, busy_timeout_ms=100) as s:
+    with SQLiteStore(path, cluster_id=CLUSTER, busy_timeout_ms=100, keys="unsigned") as s:
         s.put("a", "k", b"v", token=tok(2))
         s.backup(backup_path)
         s.put("a", "k", b"w", token=tok(3))
@@ -775,7 +777,7 @@ def test_restore_refuses_a_store_in_use(tmp_path):
 
 
 def test_fencing_off_control_never_lowers_the_mark_but_accepts_stale(tmp_path):
-    with FencingOffStore(tmp_path / "s.db", cluster_id=CLUSTER) as s:
+    with FencingOffStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned") as s:
         s.put("a", "k", b"new", token=tok(5))
         s.put("a", "k", b"stale", token=tok(1))  # the bug
         s.put("a", "k", b"alien", token=tok(9, cluster=OTHER_CLUSTER))  # the bug

@@ -24,8 +24,9 @@ def _fresh(path: Path) -> Path:
 
 
 TARGETS: dict[str, Callable[[Path, str], TransactionalStorePort]] = {
-    "sqlite": lambda tmp_path, cluster_id: SQLiteStore(_fresh(tmp_path) / "store.db", cluster_id=cluster_id),
-    "memory": lambda tmp_path, cluster_id: MemoryStore(cluster_id=cluster_id),
+    "sqlite": lambda tmp_path, cluster_id: SQLiteStore(_fresh(tmp_path) / "store.db", cluster_id=cluster_id,
+                                                       keys="unsigned"),
+    "memory": lambda tmp_path, cluster_id: MemoryStore(cluster_id=cluster_id, keys="unsigned"),
 }
 
 

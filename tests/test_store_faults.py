@@ -101,8 +101,8 @@ class S19Figures:
 def run_s19(store_class, tmp_path: Path, *, threads: int, writes_per_thread: int, shared: bool) -> S19Figures:
     token = grant(tmp_path / "coord.db", "s19")
     path = tmp_path / f"s19-{store_class.__name__}-{'shared' if shared else 'own'}.db"
-    first = store_class(path, cluster_id=token.cluster, busy_timeout_ms=30_000)
-    stores = [first if shared else store_class(path, busy_timeout_ms=30_000) for _ in range(threads)]
+    first = store_class(path, cluster_id=token.cluster, busy_timeout_ms=30_000, keys="unsigned")
+    stores = [first if shared else store_class(path, busy_timeout_ms=30_000, keys="unsigned") for _ in range(threads)]
     figures = S19Figures()
     barrier = threading.Barrier(threads)
 
@@ -199,7 +199,7 @@ class _ThreadH:
 
 def _h_process(path: str, connection) -> None:
     """H in a separate process: write each requested batch, answer when done."""
-    with SQLiteStore(path, busy_timeout_ms=30_000) as store:
+    with SQLiteStore(path, busy_timeout_ms=30_000, keys="unsigned") as store:
         connection.send("ready")
         while True:
             request = connection.recv()
@@ -237,11 +237,12 @@ def run_s20(store_class, tmp_path: Path, *, iterations: int, h_mode: str, hold_s
     cluster = "0123456789abcdef"
     path = tmp_path / f"s20-{store_class.__name__}-{h_mode}.db"
     scope = "s20"
-    store_l = store_class(path, cluster_id=cluster, busy_timeout_ms=30_000)
+    store_l = store_class(path, cluster_id=cluster, busy_timeout_ms=30_000, keys="unsigned")
     if h_mode == "process":
         h = _ProcessH(path)
     else:
-        h = _ThreadH(store_l if h_mode == "shared-object" else store_class(path, busy_timeout_ms=30_000))
+        h = _ThreadH(store_l if h_mode == "shared-object"
+                     else store_class(path, busy_timeout_ms=30_000, keys="unsigned"))
     figures = S20Figures()
     after_seq = 0
     try:
@@ -348,8 +349,8 @@ def run_s04(store_class, tmp_path: Path, *, iterations: int, hold_s: float) -> t
     """L.put(t) pauses after its check; H.put(t+1) runs meanwhile. Returns (stale commits, P2 violations)."""
     cluster = "0123456789abcdef"
     path = tmp_path / f"s04-{store_class.__name__}.db"
-    with store_class(path, cluster_id=cluster, busy_timeout_ms=30_000) as store_l, \
-            SQLiteStore(path, busy_timeout_ms=30_000) as store_h:
+    with store_class(path, cluster_id=cluster, busy_timeout_ms=30_000, keys="unsigned") as store_l, \
+            SQLiteStore(path, busy_timeout_ms=30_000, keys="unsigned") as store_h:
         stale_commits = 0
         for i in range(iterations):
             t = 2 * i + 1
@@ -405,7 +406,7 @@ import sys
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import SQLiteStore
 path, cluster = sys.argv[1], sys.argv[2]
-with SQLiteStore(path) as store:
+with SQLiteStore(path, keys="unsigned") as store:
     value = store.high_water("s16") + 1
     while True:
         store.put("s16", "k%d" % (value % 8), str(value), token=FencingToken(cluster, "s16", value))
@@ -417,7 +418,7 @@ with SQLiteStore(path) as store:
 def test_s16_kill_minus_9_never_rolls_back_the_high_water_mark(tmp_path, capsys):
     cluster = "0123456789abcdef"
     path = tmp_path / "s16.db"
-    SQLiteStore(path, cluster_id=cluster).close()
+    SQLiteStore(path, cluster_id=cluster, keys="unsigned").close()
     rounds, rollbacks = 3 * SCALE, 0
     for _ in range(rounds):
         child = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), cluster],
@@ -433,7 +434,7 @@ def test_s16_kill_minus_9_never_rolls_back_the_high_water_mark(tmp_path, capsys)
         child.wait(WAIT_S)
         child.stdout.close()
         assert last_acked > 1, "the writer acknowledged fewer than two writes"
-        with SQLiteStore(path) as store:
+        with SQLiteStore(path, keys="unsigned") as store:
             if store.high_water("s16") < last_acked:
                 rollbacks += 1
             with pytest.raises(StaleToken):

@@ -34,7 +34,7 @@ def mode(path: Path) -> int:
 
 def test_store_wal_shm_backup_and_report_are_0600_under_umask_022(tmp_path, umask_022):
     path = tmp_path / "store.db"
-    with SQLiteStore(path, cluster_id=CLUSTER) as store:
+    with SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned") as store:
         store.put("a", "k", b"secret", token=FencingToken(CLUSTER, "a", 1))
         side = [Path(f"{path}-wal"), Path(f"{path}-shm")]
         assert all(p.exists() for p in side)  # checked while open: WAL mode keeps them
@@ -50,7 +50,7 @@ def test_store_wal_shm_backup_and_report_are_0600_under_umask_022(tmp_path, umas
 
 def test_an_existing_file_keeps_its_owners_mode(tmp_path, umask_022):
     path = tmp_path / "store.db"
-    SQLiteStore(path, cluster_id=CLUSTER).close()
+    SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned").close()
     os.chmod(path, 0o640)  # the operator chose group read
-    SQLiteStore(path).close()
+    SQLiteStore(path, keys="unsigned").close()
     assert mode(path) == 0o640

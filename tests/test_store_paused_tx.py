@@ -47,7 +47,7 @@ class LockHeldAcrossCallerCode(SQLiteStore):
 
 path, cluster, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 store_class = LockHeldAcrossCallerCode if mode == "control" else SQLiteStore
-with store_class(path) as store:
+with store_class(path, keys="unsigned") as store:
     with store.transaction("held", token=FencingToken(cluster, "held", 1)) as tx:
         tx.put("step-1", b"before the pause")
         print("in-transaction", flush=True)
@@ -64,7 +64,7 @@ from stockade.resources.store import SQLiteStore
 path, cluster = sys.argv[1], sys.argv[2]
 writes_min, pause_s, busy_ms = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 ok = failed = 0
-with SQLiteStore(path, busy_timeout_ms=busy_ms) as store:
+with SQLiteStore(path, busy_timeout_ms=busy_ms, keys="unsigned") as store:
     print("ready", flush=True)
     sys.stdin.readline()  # the holder is frozen inside its transaction now
     started = time.monotonic()
@@ -84,7 +84,7 @@ print(ok, failed, flush=True)
 def run(tmp_path: Path, mode: str) -> tuple[int, int, str]:
     """Returns (writes ok, writes failed, the holder's last line) while the holder is frozen in its transaction."""
     path = tmp_path / f"{mode}.db"
-    SQLiteStore(path, cluster_id=CLUSTER).close()
+    SQLiteStore(path, cluster_id=CLUSTER, keys="unsigned").close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     # The writer opens the store first (opening writes the schema check), then waits for the pause.
     writer = subprocess.Popen(
@@ -128,7 +128,7 @@ def test_a_holder_paused_inside_a_transaction_stalls_no_other_scope(tmp_path, ca
               f"the holder then committed: {last == 'committed'}")
     assert ok + failed >= WRITES_MIN and failed == 0
     assert last == "committed"
-    with SQLiteStore(tmp_path / "buffered.db") as store:
+    with SQLiteStore(tmp_path / "buffered.db", keys="unsigned") as store:
         assert store.get("held", "step-1").value == b"before the pause"
         assert store.get("held", "step-2").value == b"after the pause"
 

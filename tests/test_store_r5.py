@@ -52,7 +52,7 @@ def test_a_flood_of_rejections_is_counted_whole_and_logged_within_the_limit(tmp_
     shown = _observe.SCOPES_PER_REASON_MAX
     stale_before = metrics.FENCE_REJECTIONS.value(reason="stale")
     suppressed_before = metrics.FENCE_REJECTION_LOGS_SUPPRESSED.value()
-    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER) as store:
+    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned") as store:
         # junk: a made-up scope each, raised to 2 (in one transaction) and then written with 1
         store.raise_high_waters({f"junk-{i}": 2 for i in range(FLOOD - 1)})
         with caplog.at_level(logging.WARNING, logger="stockade.fence"):
@@ -83,7 +83,7 @@ def test_a_flood_of_rejections_is_counted_whole_and_logged_within_the_limit(tmp_
 
 def test_the_rejection_metric_has_one_series_per_reason_and_no_overflow(tmp_path, monkeypatch):
     monkeypatch.setattr(_observe, "_limit", _observe.RejectionLog())
-    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER) as store:
+    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned") as store:
         for i in range(50):
             with pytest.raises(TokenMismatch):
                 store.put(f"made-up-{i}", "k", b"x", token=FencingToken(CLUSTER, f"other-{i}", 1))
@@ -100,7 +100,7 @@ def test_real_clock_bound_on_lines(tmp_path, caplog, monkeypatch):
 
     monkeypatch.setattr(_observe, "_limit", _observe.RejectionLog(interval_s=1.0))
     before = metrics.FENCE_REJECTIONS.value(reason="stale")
-    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER) as store:
+    with SQLiteStore(tmp_path / "s.db", cluster_id=CLUSTER, keys="unsigned") as store:
         store.put("s", "k", b"v", token=FencingToken(CLUSTER, "s", 9))
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="stockade.fence"):

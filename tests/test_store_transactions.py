@@ -550,7 +550,7 @@ def _tx_order_while_locked(path, *, inline_control: bool):
     from stockade.server._store_tx import StoreWrites, TxWrite
 
     cluster = "0123456789abcdef"
-    store = SQLiteStore(path, cluster_id=cluster, busy_timeout_ms=1_000)
+    store = SQLiteStore(path, cluster_id=cluster, busy_timeout_ms=1_000, keys="unsigned")
     writes = StoreWrites(store)
     holder = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock

@@ -74,7 +74,9 @@ def _open(url: str, store_url: str | None, *, need_store: bool) -> tuple[Any, An
     coord = stockade.connect(url)
     store = None
     if need_store:
-        store = stockade.open_store(store_url or url, cluster_id=coord.cluster_id)
+        target = store_url or url
+        remote = target.startswith(("http://", "https://"))  # a server's store verifies with its own keys
+        store = stockade.open_store(target, cluster_id=coord.cluster_id, keys=None if remote else coord.verify_keys())
     return coord, store
 
 

@@ -33,6 +33,7 @@ from stockade.core.tokens import FencingToken
 __all__ = [
     "KeyFile", "FixedKeys", "TokenVerifier", "keyring_path", "create_keyring", "load_keyring", "rotate",
     "ephemeral_keyring", "verifier_of", "find_keyring", "ROTATE_GRACE_S_DEFAULT", "KIND",
+    "DISCOVERY_FILES_MAX", "save_keyring",
 ]
 
 KIND = "stockade-keyring"
@@ -117,6 +118,22 @@ def _sync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def save_keyring(path: str | os.PathLike[str], keyring: Keyring) -> Path:
+    """Write ``keyring`` to ``path`` (0600; written aside, then renamed over it): a copy for a resource host.
+
+    Raises:
+        BackendUnavailable: it cannot be written.
+    """
+    path = Path(path)
+    try:
+        aside = _write_aside(path, _dump(keyring))
+        os.replace(aside, path)
+        _sync_dir(path)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot write the keyring {path}: {exc.strerror}", certain_no_effect=True) from None
+    return path
 
 
 def create_keyring(path: str | os.PathLike[str], cluster_id: str) -> Keyring:
@@ -281,7 +298,7 @@ def verifier_of(keys: object, cluster_id: str | None) -> TokenVerifier | None:
         InvalidArgument: anything else, or keys of another cluster.
     """
     if keys is None:
-        return None
+        return None  # the caller refuses None itself (L2: stockade.resources._verify.check_keys_given)
     if isinstance(keys, Keyring):
         keys = FixedKeys(keys)
     elif isinstance(keys, (str, os.PathLike)):
@@ -293,17 +310,64 @@ def verifier_of(keys: object, cluster_id: str | None) -> TokenVerifier | None:
     return keys
 
 
-def find_keyring(directory: str | os.PathLike[str], cluster_id: str) -> Path | None:
-    """The one keyring of ``cluster_id`` in ``directory`` (a store next to its coordinator), or None."""
+#: The control of the L2 tests, and nothing else: True brings back the behaviour before L2 (``keys=None``
+#: meant unsigned, and discovery that found none or several, or lost its keyring past the first 16
+#: files, returned None and the store opened unsigned). Tests set it through
+#: `stockade.testing.conformance.fence_keys.legacy_keys`; never set it elsewhere.
+LEGACY_NONE_MEANS_UNSIGNED = False
+
+#: Files named ``*.keys`` that keyring discovery reads in one directory; more is refused (named).
+DISCOVERY_FILES_MAX = 256
+
+
+def _legacy_find(directory: Path, cluster_id: str) -> Path | None:
     found = []
-    try:
-        candidates = sorted(Path(directory).glob("*.keys"))
-    except OSError:
-        return None
-    for candidate in candidates[:16]:
+    for candidate in sorted(directory.glob("*.keys"))[:16]:
         try:
             if load_keyring(candidate).cluster_id == cluster_id:
                 found.append(candidate)
         except BackendUnavailable:
             continue
     return found[0] if len(found) == 1 else None
+
+
+def find_keyring(directory: str | os.PathLike[str], cluster_id: str) -> Path | None:
+    """The one keyring of ``cluster_id`` among the ``*.keys`` files of ``directory`` (a store beside its coordinator).
+
+    Discovery never falls back to checking nothing (L2): none, several, or too
+    many files to read is refused, in one line naming what was found and the
+    ``keys=`` choice that settles it. (It returns None only under the test
+    control `LEGACY_NONE_MEANS_UNSIGNED`, as it did before.)
+
+    Raises:
+        InvalidArgument: no keyring of the cluster there, several, or more than
+            `DISCOVERY_FILES_MAX` ``*.keys`` files.
+    """
+    where = Path(directory)
+    if LEGACY_NONE_MEANS_UNSIGNED:
+        return _legacy_find(where, cluster_id)
+    try:
+        candidates = sorted(where.glob("*.keys"))
+    except OSError as exc:
+        candidates, unreadable = [], f" ({where} cannot be listed: {exc.strerror})"
+    else:
+        unreadable = ""
+    choose = "pass keys=<keyring path> (or coord.verify_keys()), or keys='unsigned' to check no MAC (unsafe)"
+    if len(candidates) > DISCOVERY_FILES_MAX:
+        raise InvalidArgument("keys", f"{len(candidates)} *.keys files in {where}, more than discovery reads "
+                                      f"({DISCOVERY_FILES_MAX}): {choose}")
+    found: list[str] = []
+    others: list[str] = []
+    for candidate in candidates:
+        try:
+            owner = load_keyring(candidate).cluster_id
+        except BackendUnavailable:
+            owner = "unreadable"
+        (found if owner == cluster_id else others).append(f"{candidate.name} ({owner})")
+    if len(found) == 1:
+        return where / found[0].split(" (")[0]
+    seen = ", ".join((found or others)[:4]) + (", ..." if len(found or others) > 4 else "")
+    what = (f"{len(found)} keyrings of cluster {cluster_id} in {where}: {seen}" if found else
+            f"no keyring of cluster {cluster_id} in {where}{unreadable}"
+            + (f" ({len(others)} of other clusters or unreadable: {seen})" if others else ""))
+    raise InvalidArgument("keys", f"{what}; {choose}")

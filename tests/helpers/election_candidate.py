@@ -17,6 +17,7 @@ leadership is lost, it prints ``lost`` and stands again).
 
 import os
 import sys
+from pathlib import Path
 
 import stockade
 
@@ -29,7 +30,8 @@ def zombie(coord_url: str, store_path: str, name: str) -> None:
 
     coord = stockade.connect(coord_url)
     fenced = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
-    unfenced = FencingOffStore(store_path, cluster_id=coord.cluster_id)
+    beside = str(Path(store_path).with_name("coord.keys"))  # the keyring the test left beside the store
+    unfenced = FencingOffStore(store_path, cluster_id=coord.cluster_id, keys=beside)
     while (command := sys.stdin.readline().split())[:1] == ["round"]:
         store = unfenced if command[1:] == ["fencing-off"] else fenced
         # Right after its session expired (the pause), the coordinator waits for the next one itself.

@@ -25,7 +25,7 @@ import stockade
 coord_url, store_url, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mutant = sys.argv[4] if len(sys.argv) > 4 else ""
 coord = stockade.connect(coord_url)
-store = stockade.open_store(store_url, cluster_id=coord.cluster_id, keys=None if mutant else coord.verify_keys())
+store = stockade.open_store(store_url, cluster_id=coord.cluster_id, keys="unsigned" if mutant else coord.verify_keys())
 rng = random.Random(seed)
 counter = 0
 

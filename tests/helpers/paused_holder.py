@@ -18,7 +18,8 @@ from stockade.testing.mutants import FencingOffStore
 coord_url, store_path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mutant = sys.argv[4] if len(sys.argv) > 4 else ""
 coord = stockade.connect(coord_url)
-store = (FencingOffStore if mutant == "fencing-off" else SQLiteStore)(store_path, cluster_id=coord.cluster_id)
+store = (FencingOffStore if mutant == "fencing-off" else SQLiteStore)(store_path, cluster_id=coord.cluster_id,
+                                                                     keys=coord.verify_keys())
 
 
 def acquire(scope: str) -> stockade.Lease:

@@ -38,7 +38,7 @@ while coord is None and not stop.is_set():
         coord = stockade.connect(coord_url)
     except BackendUnavailable:
         time.sleep(0.1)
-store = stockade.open_store(store_url, cluster_id=coord.cluster_id) if coord else None
+store = stockade.open_store(store_url, cluster_id=coord.cluster_id, keys=coord.verify_keys()) if coord else None
 say(ready=1)
 while not stop.is_set():
     scope = f"s{rng.randrange(scopes)}"

@@ -25,11 +25,13 @@
 
 The PostgreSQL log is opened with ``keys="unsigned"``: the database checks every
 MAC with its own copy of the keys, so the test's keys never leave its process.
-The store file is opened with no keys: its process checks no MAC (the test
-checks what landed).
+The store file is opened with the keyring the test left beside it
+(``log.keys``), or, where there is none, with ``keys="unsigned"``: that
+process checks no MAC (the test checks what landed).
 """
 
 import sys
+from pathlib import Path
 
 import stockade
 from stockade.core.errors import LeaseError, StaleToken, StockadeError
@@ -37,7 +39,9 @@ from stockade.resources.log import SQLiteShardLog, open_postgres_log
 
 mode, url, shard = sys.argv[1], sys.argv[2], sys.argv[3]
 if url.startswith("sqlite://"):  # the store file; it checks no MAC here (the test's keys stay in the test)
-    log = SQLiteShardLog(url.removeprefix("sqlite://"))
+    path = Path(url.removeprefix("sqlite://"))
+    keyring = path.with_suffix(".keys")
+    log = SQLiteShardLog(path, keys=str(keyring) if keyring.exists() else "unsigned")
 else:
     log = open_postgres_log(url, keys="unsigned", install=False)
 

@@ -64,7 +64,8 @@ def _worker(name: str, root: Path | None, store_class: str | None, url: str | No
     else:  # a control: e.g. stockade.testing.mutants:FencingOffStore
         assert root is not None
         module, _, attr = store_class.partition(":")
-        store = getattr(importlib.import_module(module), attr)(root / "store.db", cluster_id=coord.cluster_id)
+        store = getattr(importlib.import_module(module), attr)(root / "store.db", cluster_id=coord.cluster_id,
+                                                               keys=coord.verify_keys())
     lease = coord.acquire(scope, ttl_ms=TTL_MS, wait_ms=10_000, holder=f"worker-{name}")
     _emit(step="acquired", worker=name, token=lease.token.value, pid=os.getpid())
     store.put(scope, KEY, f"{name}: first draft", token=lease.token)

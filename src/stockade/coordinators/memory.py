@@ -310,6 +310,12 @@ _NAMED_LOCK = threading.Lock()
 NAMED_MAX = 1_000
 
 
+def find_named(name: str) -> MemoryCoordinator | None:
+    """The process's coordinator called ``name`` if one was opened (never creates one)."""
+    with _NAMED_LOCK:
+        return _NAMED.get(name)
+
+
 def named(name: str, *, policy: LeasePolicy | None = None) -> MemoryCoordinator:
     """The process's coordinator called ``name`` (created on first use).
 

@@ -50,10 +50,10 @@ def open_floor_target(url: str, *, cluster_id: str) -> FloorTarget:
     if not path.is_file():
         raise InvalidArgument("resource", f"no SQLite file at {path} (a floor never creates a resource)")
     if _is_stockade_store(path):
-        from stockade.resources._verify import UNSIGNED
+        from stockade.resources._verify import TOKENLESS
         from stockade.resources.sqlite_store import SQLiteStore
 
-        return SQLiteStore(path, cluster_id=cluster_id, keys=UNSIGNED)  # refuses another cluster's store
+        return SQLiteStore(path, cluster_id=cluster_id, keys=TOKENLESS)  # refuses another cluster's store
     opened: FloorTarget = importlib.import_module("stockade.resources.sqlite_db").open_floor_target(
         url, cluster_id=cluster_id
     )

@@ -25,6 +25,7 @@ from pathlib import Path
 from stockade.core.errors import BackendUnavailable, InvalidArgument, invariant
 from stockade.core.values import AuditRecord, Item
 from stockade.resources._sqlite_journal import collecting, journal_alone
+from stockade.resources._verify import TOKENLESS, UNSIGNED, refuse_unsigned_after_signed
 
 __all__: list[str] = []  # private to the SQLite adapter and its backup
 
@@ -125,6 +126,20 @@ def initialise(conn: sqlite3.Connection, path: Path, cluster_id: str | None) -> 
     if cluster_id is not None and cluster_id != meta["cluster_id"]:
         raise InvalidArgument("cluster_id", f"{cluster_id!r} differs from the store's cluster {meta['cluster_id']!r}")
     return meta["cluster_id"]
+
+
+def remember_verifying(conn: sqlite3.Connection, resource: str, keys: object) -> None:
+    """L2 in the file: a store opened once with keys keeps verifying (a ``verified`` counter row).
+
+    Runs inside the caller's write transaction; writes only the first time.
+
+    Raises:
+        InvalidArgument: ``keys`` is ``"unsigned"`` and the file was opened with keys before.
+    """
+    verified = conn.execute("SELECT 1 FROM counters WHERE name = 'verified'").fetchone() is not None
+    refuse_unsigned_after_signed(resource, verified, keys)
+    if keys not in (UNSIGNED, TOKENLESS) and not verified:
+        conn.execute("INSERT INTO counters (name, value) VALUES ('verified', 1)")
 
 
 class FileBusy(BackendUnavailable):

@@ -46,7 +46,7 @@ from stockade.resources import _files_io as fio
 from stockade.resources._files_tokens import VerifiedTokens
 from stockade.resources._inputs import check_floors
 from stockade.resources._observe import reject
-from stockade.resources._verify import UNSIGNED, Verification
+from stockade.resources._verify import TOKENLESS, UNSIGNED, Verification, check_keys_given, refuse_unsigned_after_signed
 
 __all__ = ["FencedDirectory", "FileBatch", "open_floor_target", "UNSIGNED", "FILE_BYTES_MAX_DEFAULT",
            "LOCK_WAIT_MS_DEFAULT"]
@@ -154,7 +154,8 @@ class FencedDirectory:
         path: the directory (created if missing; a link at ``path`` itself is followed once,
             nothing inside it is).
         keys: what verifies token MACs (``coord.verify_keys()``, a `stockade.keys.KeyFile`,
-            `stockade.keys.FixedKeys`, a keyring path, or ``"unsigned"``: no check, unsafe).
+            `stockade.keys.FixedKeys`, a keyring path, or ``"unsigned"``: no check, unsafe). None is
+            refused (L2), and so is ``"unsigned"`` on a directory once opened with keys.
         cluster_id: the trusted cluster (default: the keys').
         file_bytes_max: the largest file written or read, in bytes.
         lock_wait_ms: how long a batch or the floor waits for a lock before `BackendUnavailable`.
@@ -168,9 +169,10 @@ class FencedDirectory:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, keys: object, cluster_id: str | None = None,
+        self, path: str | os.PathLike[str], *, keys: object = None, cluster_id: str | None = None,
         file_bytes_max: int = FILE_BYTES_MAX_DEFAULT, lock_wait_ms: int = LOCK_WAIT_MS_DEFAULT,
     ) -> None:
+        check_keys_given(keys)  # L2: None never means unsigned
         found = getattr(keys, "cluster_id", None) if keys not in (None, UNSIGNED) else None
         cluster = cluster_id if cluster_id is not None else found
         if not isinstance(cluster, str) or not cluster:
@@ -197,6 +199,10 @@ class FencedDirectory:
                     self._write_meta(0)
                 elif meta["cluster_id"] != cluster:
                     raise InvalidArgument("cluster_id", f"{self.path} is fenced for cluster {meta['cluster_id']}")
+                elif self._verification.verifies and not meta.get("verified"):  # L2: remembered from now on
+                    self._write_meta(int(meta["default_floor"]))
+                else:
+                    refuse_unsigned_after_signed(str(self.path), bool(meta.get("verified")), keys)
         except BaseException:
             os.close(self._root)
             raise
@@ -412,7 +418,8 @@ class FencedDirectory:
             raise BackendUnavailable(f"{self.path}/{fio.META_NAME} is not a fence's file: {exc}") from exc
 
     def _write_meta(self, default_floor: int) -> None:
-        meta = {"kind": _KIND, "version": _VERSION, "cluster_id": self.cluster_id, "default_floor": default_floor}
+        meta = {"kind": _KIND, "version": _VERSION, "cluster_id": self.cluster_id, "default_floor": default_floor,
+                "verified": self._verification.verifies or bool((self._meta() or {}).get("verified"))}
         fio.replace_durably(self._root, fio.META_NAME, json.dumps(meta).encode() + b"\n")
 
     def _default_floor(self) -> int:
@@ -556,4 +563,4 @@ def open_floor_target(url: str, *, cluster_id: str) -> FencedDirectory:
         raise InvalidArgument("resource", "file url needs a directory: file:///path/to/dir")
     if not Path(path).is_dir():
         raise InvalidArgument("resource", f"no directory at {path} (a floor never creates a resource)")
-    return FencedDirectory(path, keys=UNSIGNED, cluster_id=cluster_id)
+    return FencedDirectory(path, keys=TOKENLESS, cluster_id=cluster_id)

@@ -53,7 +53,7 @@ from stockade.resources._inputs import (
 )
 from stockade.resources._observe import reject
 from stockade.resources._tx import Tx
-from stockade.resources._verify import Verification
+from stockade.resources._verify import Verification, refuse_unsigned_after_signed
 
 __all__ = ["MemoryStore", "NAMED_STORES_MAX", "BUSY_TIMEOUT_MS_DEFAULT", "BUSY_TIMEOUT_MS_MAX"]
 
@@ -74,6 +74,7 @@ class _State:
         self.audit: list[AuditRecord] = []  # by commit_seq
         self.idempotency: dict[tuple[str, str], Recorded] = {}  # insertion order is commit order
         self.commit_seq = 0
+        self.verified = False  # opened once with keys: it keeps verifying (L2)
 
 
 _named: dict[str, _State] = {}
@@ -123,7 +124,9 @@ class MemoryStore(Verification):
         self.name = name
         self._state = self._open_state(name, cluster_id)
         self.cluster_id: str = self._state.cluster_id
+        refuse_unsigned_after_signed(f"memory store {name!r}", self._state.verified, keys)
         self.use_keys(keys, self.cluster_id, issued)
+        self._state.verified = self._state.verified or self.verifies
         self.resource = f"memory-store:{name if name is not None else hex(id(self._state))}"
         self._closed = False
 

@@ -38,7 +38,7 @@ from stockade.core.values import FenceFloors
 from stockade.resources import _redis_script as script
 from stockade.resources._inputs import coerce_token
 from stockade.resources._redis_batch import SCAN_SCOPES_MAX, Commands, FenceCore, scope_of_mark_key
-from stockade.resources._verify import UNSIGNED
+from stockade.resources._verify import TOKENLESS, check_keys_given
 
 try:
     import redis as redis_py
@@ -143,6 +143,7 @@ class RedisBatch(_Batch):
 
 class _FenceBase(FenceCore):
     def __init__(self, client: Any, *, keys: object, cluster_id: str | None, value_bytes_max: int) -> None:
+        check_keys_given(keys)  # L2: None never means unsigned
         super().__init__(keys=keys, cluster_id=cluster_id, value_bytes_max=value_bytes_max,
                          resource=_resource_name(client))
         self.client = client
@@ -187,7 +188,7 @@ class RedisFence(_FenceBase):
     Args:
         client: the user's client. Replies may be bytes or str.
         keys: what token MACs are verified with (`stockade.keys.FixedKeys`, a
-            `KeyFile`, a keyring path; ``"unsigned"``: none, unsafe, docs/tokens.md).
+            `KeyFile`, a keyring path; ``"unsigned"``: none, unsafe, docs/tokens.md). None is refused (L2).
         cluster_id: the coordinator cluster trusted (default: the keys' own).
         value_bytes_max: the largest value a command may write.
 
@@ -196,7 +197,7 @@ class RedisFence(_FenceBase):
     """
 
     def __init__(
-        self, client: Any, *, keys: object, cluster_id: str | None = None, value_bytes_max: int = VALUE_BYTES_MAX
+        self, client: Any, *, keys: object = None, cluster_id: str | None = None, value_bytes_max: int = VALUE_BYTES_MAX
     ) -> None:
         super().__init__(client, keys=keys, cluster_id=cluster_id, value_bytes_max=value_bytes_max)
 
@@ -384,7 +385,7 @@ class AsyncRedisFence(_FenceBase):
     """`RedisFence` over ``redis.asyncio.Redis`` (or ``RedisCluster``): the same methods, awaited."""
 
     def __init__(
-        self, client: Any, *, keys: object, cluster_id: str | None = None, value_bytes_max: int = VALUE_BYTES_MAX
+        self, client: Any, *, keys: object = None, cluster_id: str | None = None, value_bytes_max: int = VALUE_BYTES_MAX
     ) -> None:
         super().__init__(client, keys=keys, cluster_id=cluster_id, value_bytes_max=value_bytes_max)
         from redis.asyncio.cluster import RedisCluster as AsyncCluster
@@ -521,4 +522,4 @@ def open_floor_target(url: str, *, cluster_id: str) -> RedisFence:
     needed: the fence it returns is only for `RedisFence.high_waters`,
     `RedisFence.raise_high_waters` and `RedisFence.close`.
     """
-    return RedisFence.from_url(url, keys=UNSIGNED, cluster_id=cluster_id)
+    return RedisFence.from_url(url, keys=TOKENLESS, cluster_id=cluster_id)

@@ -54,7 +54,7 @@ from stockade.core.values import FenceFloors, WriteResult
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, check_floors, coerce_token
 from stockade.resources._observe import reject
 from stockade.resources._sqlite_files import rollback
-from stockade.resources._verify import UNSIGNED, Verification
+from stockade.resources._verify import TOKENLESS, UNSIGNED, Verification, check_keys_given
 
 __all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION",
            "AlreadyApplied"]
@@ -133,6 +133,7 @@ def install(conn: sqlite3.Connection, *, cluster_id: str) -> None:
 
 
 def _cluster_of(keys: object, cluster_id: str | None) -> str:
+    check_keys_given(keys)  # L2: None never means unsigned
     found = getattr(keys, "cluster_id", None) if keys not in (None, UNSIGNED) else None
     if cluster_id is None:
         if not isinstance(found, str):
@@ -294,7 +295,7 @@ def _fenced_sqlite3(
 
 
 def fenced(
-    conn: sqlite3.Connection, token: FencingToken | str, *, keys: object, cluster_id: str | None = None,
+    conn: sqlite3.Connection, token: FencingToken | str, *, keys: object = None, cluster_id: str | None = None,
     scope: str | None = None, durable: bool = True, op_id: str | None = None,
 ) -> Any:
     """``with fenced(conn, token, keys=...):`` the block's statements as one fenced transaction.
@@ -390,7 +391,7 @@ def _fenced_sqlalchemy(
 
 
 def fenced_sqlalchemy(
-    session_or_connection: Any, token: FencingToken | str, *, keys: object, cluster_id: str | None = None,
+    session_or_connection: Any, token: FencingToken | str, *, keys: object = None, cluster_id: str | None = None,
     scope: str | None = None, durable: bool = True, op_id: str | None = None,
 ) -> Any:
     """`fenced` for an SQLAlchemy ``Session`` or ``Connection`` on SQLite (pysqlite driver).
@@ -424,7 +425,7 @@ class SQLiteFence:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, keys: object, cluster_id: str | None = None,
+        self, path: str | os.PathLike[str], *, keys: object = None, cluster_id: str | None = None,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
     ) -> None:
         self.fence_rule: FenceRule = decide
@@ -543,4 +544,4 @@ def open_floor_target(url: str, *, cluster_id: str) -> SQLiteFence:
         raise InvalidArgument("resource", "sqlite url needs a file path: sqlite:///path/to/app.db")
     if not Path(path).is_file():
         raise InvalidArgument("resource", f"no SQLite file at {path} (a floor never creates a resource)")
-    return SQLiteFence(path, keys=UNSIGNED, cluster_id=cluster_id)
+    return SQLiteFence(path, keys=TOKENLESS, cluster_id=cluster_id)

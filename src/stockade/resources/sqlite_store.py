@@ -83,12 +83,13 @@ from stockade.resources._sqlite_files import (
     get_item,
     initialise,
     raise_default_floor,
+    remember_verifying,
     write_transaction,
 )
 from stockade.resources._sqlite_journal import reject  # _observe.reject, noted in the store's journal
 from stockade.resources._sqlite_tx import PENDING_SEQ, TX_BUFFER_BYTES_MAX, BufferedUnit, LockedUnit
 from stockade.resources._tx import Tx
-from stockade.resources._verify import Verification
+from stockade.resources._verify import Verification, check_keys_given
 
 __all__ = [
     "SQLiteStore",
@@ -130,9 +131,9 @@ class SQLiteStore(Verification):
             failing with `BackendUnavailable` (``certain_no_effect=True``).
         audit_records_max: audit records kept (newest first); at most `AUDIT_RECORDS_MAX`.
         idempotency_keys_max: idempotency keys kept; at most `IDEMPOTENCY_KEYS_MAX`.
-        keys: the coordinator's keys to verify every token's MAC with (a keyring
-            path, `stockade.keys.KeyFile`, `FixedKeys` or `Keyring`); None or
-            ``"unsigned"``: no MAC check (legacy, unsafe: docs/tokens.md).
+        keys: the coordinator's keys to verify every token's MAC with (a keyring path, `KeyFile`,
+            `FixedKeys`, `Keyring`), or ``"unsigned"``: no MAC check (legacy, unsafe: docs/tokens.md).
+            None is refused (L2), and so is ``"unsigned"`` on a file once opened with keys.
         issued: the coordinator's last issued token of a scope, where it lives
             in this process: a token above it is refused as forged.
 
@@ -154,6 +155,7 @@ class SQLiteStore(Verification):
         keys: object = None,
         issued: Callable[[str], int] | None = None,
     ) -> None:
+        check_keys_given(keys)  # L2, before the disk is touched
         if cluster_id is not None:
             validate_cluster_id(cluster_id, "cluster_id")
         self.value_bytes_max, self.busy_timeout_ms, self.audit_records_max, self.idempotency_keys_max = check_bounds(
@@ -172,18 +174,16 @@ class SQLiteStore(Verification):
         except (sqlite3.Error, OSError) as exc:
             raise BackendUnavailable(f"cannot open store file {self.path}: {exc}") from exc
         try:
-            self.cluster_id: str = self._initialise(cluster_id)
-            self.use_keys(keys, self.cluster_id, issued)
+            with self._write() as conn:  # one transaction: refused keys leave the file as it was
+                self.cluster_id: str = initialise(conn, self.path, cluster_id)
+                self.use_keys(keys, self.cluster_id, issued)
+                remember_verifying(conn, f"the store {self.path}", keys)  # L2: once verified, always
         except BaseException:
             self._conn.close()
             self._conn = None
             raise
 
     # -- lifecycle -----------------------------------------------------------------------
-
-    def _initialise(self, cluster_id: str | None) -> str:
-        with self._write() as conn:
-            return initialise(conn, self.path, cluster_id)
 
     def close(self) -> None:
         """Close the connection. Idempotent. Waits (bounded) for an open transaction."""

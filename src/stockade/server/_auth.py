@@ -16,7 +16,8 @@ scopes may call the routes of those scopes (acquire, inspect, the store
 and its transactions, the high-water mark), renew and release leases by id (a lease id is itself the
 capability, and only an acquire on an allowed scope hands one out),
 ``/v1/cluster`` and ``/openapi.json``; it is refused (403) the routes that
-show every scope: ``/v1/locks``, ``/v1/fence-floors``, ``/metrics`` and ``/``.
+show every scope: ``/v1/locks``, ``/v1/fence-floors``, ``/metrics`` and ``/``, and the
+administrators' ``/v1/admin/verify-keys`` (the keyring, which can mint tokens).
 
 Only the tokens' SHA-256 digests are kept, and a presented token is compared
 with every digest in constant time, so neither the timing nor the answer (a

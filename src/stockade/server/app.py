@@ -68,6 +68,7 @@ from stockade.server._inputs import (
     query,
     segment,
 )
+from stockade.server._keys_route import verify_keys
 from stockade.server._leases import LeaseService, validate_lease_id
 from stockade.server._port_leases import PortLeaseService
 from stockade.server._store_tx import StoreOp, StoreWrites, TxWrite, parse_steps
@@ -316,6 +317,7 @@ class App:
         return json_response(200, codecs.lock_doc(await self.leases.inspect(scope)))
 
     lock_history = lock_history  # GET /v1/locks/{scope}/history (server/_history_route.py)
+    verify_keys = verify_keys  # GET /v1/admin/verify-keys, administrators only (server/_keys_route.py)
 
     async def list_locks(self, request: Request) -> Response:
         params = query(request, ("after", "limit"))

@@ -211,6 +211,10 @@ def _schemas(value_bytes_max: int) -> dict[str, Any]:
         "FenceFloors": {"type": "object", "required": ["floors", "default"],
                         "properties": {"floors": {"type": "object", "additionalProperties": floor},
                                        "default": floor}},
+        "Keyring": {"type": "object", "required": ["kind", "version", "cluster_id", "keys"],
+                    "properties": {"kind": {"const": "stockade-keyring"}, "version": {"const": 1},
+                                   "cluster_id": {"type": "string"},
+                                   "keys": {"type": "array", "items": {"type": "object"}}}},
         **_transaction_schemas(value_bytes_max),
     }
 

@@ -26,6 +26,7 @@ a route is written once (docs/http-api.md is its prose).
     GET     /v1/hwm/{scope}               highWater      yes   -
     POST    /v1/tx/{scope}                transaction    yes   JSON (required; up to TX_BODY_BYTES_MAX)
     GET     /v1/fence-floors              fenceFloors    yes   -
+    GET     /v1/admin/verify-keys         verifyKeys     admin -     (the keyring: it can mint)
 
 ``{key}`` is the rest of the path: a store key may hold ``/``, encoded or not.
 """
@@ -162,6 +163,13 @@ ROUTES: tuple[Route, ...] = (
           "Every scope's fence floor, for a store's restore (R4): the last issued token of each scope the "
           "coordinator holds, and a default above every token of the scopes it forgot.",
           answer_schema="FenceFloors"),
+    Route("GET", "/v1/admin/verify-keys", "verifyKeys",
+          "The coordinator's keyring (the keyring file's JSON), for a resource host to verify tokens with.",
+          answer_schema="Keyring", summary="Verify keys (administrators only)",
+          description="HMAC keys verify and mint alike: whoever holds them is trusted like the coordinator. "
+                      "Served only to a bearer token without scope patterns, on a server started with "
+                      "--auth-tokens (403 otherwise, and to every token limited to scopes); never logged.",
+          problems=(_MALFORMED, Answer(403, ("unauthorized",), "Not an administrator's token, or no auth."))),
     Route("GET", "/v1/locks", "listLocks", "A page of scopes in name order.", answer_schema="LockList",
           query=(("after", "scope"), ("limit", "limit")), problems=_COMMON),
     Route("GET", "/v1/locks/{scope}", "inspectLock", "The scope's state.", answer_schema="LockInfo",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from stockade.client._io import SyncIO
@@ -51,6 +52,7 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, Write
+from stockade.keys import FixedKeys, _parse
 from stockade.resources.store import Item, WriteResult
 from stockade.wire import codecs
 from stockade.wire.routes import ROUTE, Route, page_query
@@ -294,6 +296,7 @@ class HTTPClient:
 # The routes this client calls, from the one table (`stockade.wire.routes`): no path is written here.
 _CLUSTER, _ACQUIRE, _RENEW, _RELEASE = ROUTE["cluster"], ROUTE["acquire"], ROUTE["renew"], ROUTE["release"]
 _INSPECT, _LIST_LOCKS, _FENCE_FLOORS = ROUTE["inspectLock"], ROUTE["listLocks"], ROUTE["fenceFloors"]
+_VERIFY_KEYS = ROUTE["verifyKeys"]
 _PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER, _TRANSACTION = (
     ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"], ROUTE["transaction"])
 
@@ -308,6 +311,29 @@ def fetch_cluster_id(client: HTTPClient) -> str:
     """The server's cluster id (the ``cluster`` route): what its tokens carry."""
     _, doc = client.get_json(_CLUSTER.target())
     return codecs.cluster_id_from(doc)
+
+
+def fetch_verify_keys(endpoint: HTTPEndpoint) -> FixedKeys:
+    """A ``stockade serve``'s verify keys, from ``GET /v1/admin/verify-keys``, in one blocking round trip.
+
+    What ``coord.verify_keys()`` gives on an ``http(s)://`` coordinator (docs/tokens.md). The keys can
+    mint tokens as well as verify them, so the server hands them only to a bearer token without scope
+    patterns, on a server started with ``--auth-tokens``. They are a copy: after ``stockade keys rotate``
+    on the server's host fetch them again, or keep them in a file (``stockade keys export``) that a
+    `stockade.keys.KeyFile` follows. Blocking even in the async client, as reading a keyring file is.
+
+    Raises:
+        Unauthorized: no administrator's token, or a server without auth.
+        BackendUnavailable: the server cannot be reached, or the answer is not a keyring.
+    """
+    from stockade.client._sync._http import HTTPClient  # the blocking client, whichever twin asks
+
+    client = HTTPClient(endpoint)
+    try:
+        _, doc = client.get_json(_VERIFY_KEYS.target())
+    finally:
+        client.close()
+    return FixedKeys(_parse(codecs.dumps(doc), Path(f"{endpoint.authority}{_VERIFY_KEYS.path}")))
 
 
 class HTTPCoordinatorPort:
@@ -327,6 +353,11 @@ class HTTPCoordinatorPort:
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
         self._described = False  # the server's cluster document was read (`open`)
+
+    @property
+    def keys(self) -> FixedKeys:
+        """The server's verify keys: one blocking round trip, administrators only (`fetch_verify_keys`)."""
+        return fetch_verify_keys(self._client.endpoint)
 
     def open(self) -> None:
         if self._described:

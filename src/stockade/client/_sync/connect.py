@@ -19,6 +19,7 @@ from stockade.client._sync.store import FencedStore
 from stockade.client._hooks import Hooks, validate_hooks
 from stockade.client._io import SyncIO
 from stockade.client._shared import HTTPEndpoint, http_endpoint, is_http_url, sqlite_path
+from stockade.coordinators.memory import find_named
 from stockade.coordinators.registry import Capability, coordinator_backend
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
@@ -174,9 +175,15 @@ def open_store(
             checked against the store's own when given.
         timeout_ms, connect_timeout_ms, auth_token, tls_ca: as for `connect`.
         keys: embedded only; what the store verifies token MACs with
-            (``coord.verify_keys()``, a keyring path; docs/tokens.md). None: a
-            ``sqlite://`` store uses its coordinator's keyring when it is in the
-            same directory, else checks no MAC; ``"unsigned"``: never (legacy, unsafe).
+            (``coord.verify_keys()``, a keyring path; docs/tokens.md), or
+            ``"unsigned"``: no MAC check (legacy, unsafe). None: a ``sqlite://``
+            store uses the one keyring of its cluster in its own directory and
+            refuses to open if there is none or several; a ``memory://`` store
+            the keys of the ``memory://`` coordinator of its name, if one is open,
+            else it refuses (L2: verification never turns itself off). Where the
+            store can see its coordinator (the coordinator file beside the keyring,
+            the ``memory://`` coordinator), it also refuses a token above the
+            coordinator's last issued one for the scope.
         hooks: the user's telemetry; ``hooks.on_reject`` sees every fence rejection.
 
     Raises:
@@ -203,8 +210,19 @@ def open_store(
     _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     if scheme_of(url) not in STORE_SCHEMES:
         sqlite_path(url)  # raises the client's one message for a bad, unknown or planned url
-    store = open_resource(url, cluster_id=cluster_id, options=StoreOptions(keys=keys))
+    store = open_resource(url, cluster_id=cluster_id, options=_store_options(url, keys))
     return FencedStore(EmbeddedStorePort(store), hooks=hooks)
+
+
+def _store_options(url: str, keys: object) -> StoreOptions:
+    """``keys`` and, for a ``memory://`` store beside an open ``memory://`` coordinator, that coordinator's
+    keys (when none are given) and its last issued tokens."""
+    if scheme_of(url) != "memory":
+        return StoreOptions(keys=keys)
+    coordinator = find_named(url.partition("://")[2])
+    if coordinator is None:
+        return StoreOptions(keys=keys)
+    return StoreOptions(keys=coordinator.signer if keys is None else keys, issued=coordinator.last_issued)
 
 
 def _embedded_only(**remote_options: object) -> None:

@@ -559,11 +559,11 @@ class Coordinator(Handle):
     def verify_keys(self) -> object:
         """What a fenced store of this coordinator verifies token MACs with (docs/tokens.md).
 
-        For an embedded coordinator: its keyring (a `stockade.keys.KeyFile`
-        following the keyring file, or the in-memory keys of ``memory://``);
-        pass it as ``open_store(url, cluster_id=..., keys=coord.verify_keys())``.
-        It can sign as well as verify: whoever holds it is trusted like the
-        coordinator. None for a remote coordinator, whose keys never leave its host.
+        Embedded: its keyring (a `stockade.keys.KeyFile` following the file; ``memory://``: in-process keys);
+        etcd, ZooKeeper, PostgreSQL: the keyring the backend keeps; ``stockade serve``: a copy fetched in
+        one blocking round trip from its administrators' route (a bearer token without scope patterns, else
+        `Unauthorized`). Pass it as ``keys=coord.verify_keys()`` to a store or a fence. It can sign as well
+        as verify: whoever holds it is trusted like the coordinator.
         """
         return getattr(self._port, "keys", None)
 

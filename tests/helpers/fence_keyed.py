@@ -1,0 +1,137 @@
+"""Openers for the L2 suite (`stockade.testing.conformance.fence_keys`): each adapter's resource of one
+test, opened again and again with ``keys=`` exactly as a user passes them.
+
+`KEYED` has one entry per target of tests/test_fence_conformance.py. An entry is a context manager
+``(directory, name) -> opener``: it owns the resource (a directory, a file, a Redis server, a
+PostgreSQL database) for the test, and every harness the opener returns is a handle on it that does
+not own it (closing one leaves the resource to the next).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from helpers.fence_files import FilesHarness
+from helpers.fence_postgres import HARNESSES, _database, _free
+from helpers.fence_redis import AsyncRedisHarness, SyncRedisHarness, _Loop
+from helpers.fence_sqlite_db import SQLiteDbHarness, user_database
+from helpers.fence_store import StoreHarness
+from helpers.postgres import shared_server
+from helpers.redis_server import RedisServer, require_redis
+
+from stockade.core.signing import Keyring
+from stockade.keys import save_keyring
+from stockade.resources import postgres as pg
+from stockade.resources.memory import MemoryStore
+from stockade.resources.registry import StoreOptions, open_resource
+from stockade.testing.conformance.fence import CLUSTER
+
+Opener = Callable[..., Any]
+
+
+def _place(directory: Path, beside: Sequence[tuple[str, Keyring]]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, keyring in beside:
+        save_keyring(directory / name, keyring)
+
+
+@contextmanager
+def _files(directory: Path, name: str) -> Iterator[Opener]:
+    def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
+        _place(directory, beside)
+        return FilesHarness(directory / "files", CLUSTER, keys, None)  # type: ignore[arg-type]
+
+    yield open_keyed
+
+
+def _sqlite_db(sqlalchemy: bool) -> Callable[[Path, str], AbstractContextManager[Opener]]:
+    @contextmanager
+    def owner(directory: Path, name: str) -> Iterator[Opener]:
+        directory.mkdir(parents=True, exist_ok=True)
+        user_database(directory / "user.db")
+
+        def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
+            _place(directory, beside)
+            return SQLiteDbHarness(directory / "user.db", CLUSTER, keys, None, sqlalchemy)  # type: ignore[arg-type]
+
+        yield open_keyed
+
+    return owner
+
+
+@contextmanager
+def _store_sqlite(directory: Path, name: str) -> Iterator[Opener]:
+    def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
+        _place(directory, beside)  # the store's own directory: where discovery looks
+        url = f"sqlite://{directory / 'store.db'}"
+        return StoreHarness(open_resource(url, cluster_id=CLUSTER, options=StoreOptions(keys=keys)))
+
+    yield open_keyed
+
+
+@contextmanager
+def _store_memory(directory: Path, name: str) -> Iterator[Opener]:
+    def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
+        _place(directory, beside)
+        return StoreHarness(MemoryStore(f"l2-{name}", cluster_id=CLUSTER, keys=keys,
+                                        value_bytes_max=StoreHarness.value_bytes_max))
+
+    yield open_keyed
+
+
+def _redis(kind: str) -> Callable[[Path, str], AbstractContextManager[Opener]]:
+    @contextmanager
+    def owner(directory: Path, name: str) -> Iterator[Opener]:
+        require_redis()
+        server = RedisServer(directory / "redis")
+        loop = _Loop() if kind == "redis-async" else None
+        try:
+            def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
+                _place(directory, beside)
+                if loop is None:
+                    return SyncRedisHarness(server, CLUSTER, keys, None, owner=False)  # type: ignore[arg-type]
+                return AsyncRedisHarness(server, CLUSTER, keys, None, loop=loop)  # type: ignore[arg-type]
+
+            yield open_keyed
+        finally:
+            if loop is not None:
+                loop.close()
+            server.stop()
+
+    return owner
+
+
+def _postgres(kind: str) -> Callable[[Path, str], AbstractContextManager[Opener]]:
+    @contextmanager
+    def owner(directory: Path, name: str) -> Iterator[Opener]:
+        server = shared_server()
+        harness, encoding = HARNESSES[kind]
+        dbname = _database(server, encoding)
+        try:
+            def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
+                _place(directory, beside)
+                with psycopg.connect(server.dsn_of(dbname), autocommit=True) as admin:
+                    pg.install(admin, keys=keys, cluster_id=CLUSTER)  # what a user runs first: it refuses None
+                return harness(server, dbname, CLUSTER, keys, None, owner=False, encoding=encoding)  # type: ignore[arg-type]
+
+            yield open_keyed
+        finally:
+            _free.setdefault((server.port, encoding), []).append(dbname)
+
+    return owner
+
+
+KEYED: dict[str, Callable[[Path, str], AbstractContextManager[Opener]]] = {
+    "store-memory": _store_memory,
+    "store-sqlite": _store_sqlite,
+    "sqlite-db": _sqlite_db(False),
+    "sqlite-db-sqlalchemy": _sqlite_db(True),
+    "files": _files,
+    **{kind: _postgres(kind) for kind in ("postgres", "postgres-async", "postgres-sqlalchemy", "postgres-sql_ascii")},
+    "redis": _redis("redis"),
+    "redis-async": _redis("redis-async"),
+}
