@@ -49,7 +49,9 @@ class Holder:
         with self._lock:
             if url not in self._stores:
                 remote = url.startswith(("http://", "https://"))
-                self._stores[url] = stockade.open_store(url, timeout_ms=30_000) if remote else stockade.open_store(url)
+                # A local store file verifies with the embedded coordinator's keys (L2: never unsigned by default).
+                self._stores[url] = (stockade.open_store(url, timeout_ms=30_000) if remote
+                                     else stockade.open_store(url, keys=self._coords[self.coord_url].verify_keys()))
             return self._stores[url]
 
     def coordinator(self, url: str | None) -> Any:
