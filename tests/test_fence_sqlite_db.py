@@ -201,7 +201,8 @@ def test_a_file_that_verified_refuses_unsigned_at_opening_and_admission_and_toke
     by `SQLiteFence` (opening) and by `fenced` (admission), nothing written; a tokenless handle still opens."""
     conn = sqlite3.connect(str(db), isolation_level=None)
     conn.execute("PRAGMA synchronous=FULL")
-    with fenced(conn, FencingToken(CLUSTER, "a", 1), keys="unsigned", cluster_id=CLUSTER):  # never verified: unsigned mode is the choice
+    # Never verified: unsigned mode is the caller's choice.
+    with fenced(conn, FencingToken(CLUSTER, "a", 1), keys="unsigned", cluster_id=CLUSTER):
         conn.execute(UPSERT, ("a", "k", "unsigned"))
     with fenced(conn, tok(2), keys=KEYS):
         conn.execute(UPSERT, ("a", "k", "signed"))
