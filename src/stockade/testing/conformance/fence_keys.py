@@ -16,11 +16,16 @@ store opened by url) take nothing from that directory: for them the
 "ambiguous discovery" cases are the ``keys=None`` case, which is what a
 caller who relied on discovery passes.
 
+A resource that once verified keeps verifying: opened again with
+``keys="unsigned"`` it refuses to open or to admit
+(`test_l2_once_verified_unsigned_is_refused`).
+
 The control, `legacy_keys`, brings back the behaviour before L2 (None meant
 unsigned; discovery gave up on any ambiguity, or lost its keyring past 16
-files, and the store opened unsigned); tests/test_fence_conformance.py shows
-these tests fail under it on every adapter that had the hole (all but
-PostgreSQL, whose ``install`` always refused None).
+files, and the store opened unsigned; nothing remembered verifying);
+tests/test_fence_conformance.py shows `L2_TESTS` fail under it on every
+adapter that had the hole (all but PostgreSQL, whose ``install`` always
+refused None), and `L2_MEMORY_TESTS` on every adapter.
 """
 
 from __future__ import annotations
