@@ -31,7 +31,7 @@ import psycopg
 import pytest
 from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
-from stockade.core.errors import BackendUnavailable, StaleToken, TokenMismatch
+from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.tokens import FencingToken
 from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
@@ -472,3 +472,20 @@ def test_sync_keys_follows_a_rotation(db: tuple[PostgresServer, str, psycopg.Con
         with pg.fenced(conn, tok(5)):
             pass
     assert pg.high_waters(conn) == {"a": 4}
+
+
+def test_a_database_that_verified_refuses_unsigned_install_and_sync(
+        db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    """L2: ``verify_macs`` is set only by keys, so install or sync_keys with ``keys="unsigned"`` on a database
+    installed with keys is refused in one line, and the database keeps its keys and keeps verifying."""
+    _, _, conn = db
+    for attempt in (lambda: pg.install(conn, keys="unsigned", cluster_id=CLUSTER),
+                    lambda: pg.sync_keys(conn, "unsigned")):
+        with pytest.raises(InvalidArgument, match="has verified signed tokens before") as info:
+            attempt()
+        assert "\n" not in str(info.value)
+    assert conn.execute("SELECT verify_macs, (SELECT count(*) FROM stockade.keys) > 0 FROM stockade.settings"
+                        ).fetchone() == (True, True)
+    with pytest.raises(TokenMismatch), pg.fenced(conn, tok(5, scope="orders", keys=None)):
+        conn.execute("INSERT INTO orders VALUES (1, 'forged')")
+    pg.install(conn, keys=KEYS)  # with keys, as often as wanted

@@ -181,6 +181,37 @@ def test_unsigned_needs_a_cluster_id_and_a_down_server_is_backend_unavailable(se
     fence.close()
 
 
+def test_a_redis_that_verified_refuses_unsigned_and_a_tokenless_floor_still_raises(server: RedisServer) -> None:
+    """L2: the script of a fence with keys sets ``stockade:verified`` with the mark; after it an unsigned fence
+    (sync or async) is refused in one line, on any scope, nothing written; ``stockade floor`` still raises."""
+    with RedisFence.from_url(server.url, keys="unsigned", cluster_id=CLUSTER) as fence:  # never verified
+        assert fence.set(tok(1, keys=None), "{a}:k", b"unsigned") is True
+    with RedisFence.from_url(server.url, keys=KEYS) as fence:
+        assert fence.set(tok(2), "{a}:k", b"signed") is True
+    plain = redis.Redis.from_url(server.url)
+    before = redis_state(plain)
+    assert plain.get("stockade:verified") == b"1"
+    for scope in ("a", "never-seen"):
+        with RedisFence.from_url(server.url, keys="unsigned", cluster_id=CLUSTER) as fence:
+            with pytest.raises(InvalidArgument, match="has verified signed tokens before") as info:
+                fence.set(tok(9, scope=scope, keys=None), f"{{{scope}}}:k", b"forged")
+            assert "\n" not in str(info.value)
+
+    async def twin() -> None:
+        async with AsyncRedisFence.from_url(server.url, keys="unsigned", cluster_id=CLUSTER) as fence:
+            with pytest.raises(InvalidArgument, match="has verified signed tokens before"):
+                await fence.set(tok(9, keys=None), "{a}:k", b"forged")
+
+    asyncio.run(twin())
+    assert redis_state(plain) == before
+    with RedisFence.from_url(server.url, keys=KEYS) as fence, pytest.raises(InvalidArgument, match="fence mark"):
+        fence.set(tok(3), "stockade:verified:{a}", b"0")  # the memory is the fence's, as the marks are
+    target = stockade.resources.redis.open_floor_target(server.url, cluster_id=CLUSTER)
+    assert target.raise_high_waters({"a": 5}) == {"a": 5}
+    target.close()
+    plain.close()
+
+
 def test_the_async_twin(server: RedisServer) -> None:
     async def main() -> None:
         async with AsyncRedisFence.from_url(server.url, keys=KEYS) as fence:
@@ -414,6 +445,15 @@ def test_redis_cluster_scopes_in_their_slots_and_a_default_floor_in_every_slot(t
         for scope in ("never-seen", "n2", "n3"):  # whatever their shard, the default floor covers them
             with pytest.raises(StaleToken):
                 fence.set(tok(5, scope=scope), f"{{{scope}}}:k", b"old")
+        # L2 on a cluster: each slot's memory is set with its marks, and the cluster-wide one before the
+        # fence's first write, so an unsigned fence is refused in a verified slot and in one never written.
+        for scope in ("a", "never-seen"):
+            unsigned = RedisFence(redis.RedisCluster(host="127.0.0.1", port=servers[0].port), keys="unsigned",
+                                  cluster_id=CLUSTER)
+            with pytest.raises(InvalidArgument, match="has verified signed tokens before"):
+                unsigned.set(tok(99, scope=scope, keys=None), f"{{{scope}}}:k", b"forged")
+            unsigned.close()
+        assert fence.high_water("never-seen") == 6 and fence.high_water("a") == 9
         fence.close()
 
         async def twin() -> None:

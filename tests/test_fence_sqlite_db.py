@@ -194,3 +194,38 @@ def test_the_users_own_errors_pass_through_and_roll_back(db: Path) -> None:
     assert rows(db) == []
     with SQLiteFence(db, keys=KEYS) as fence:
         assert fence.high_waters() == {}
+
+
+def test_a_file_that_verified_refuses_unsigned_at_opening_and_admission_and_tokenless_still_opens(db: Path) -> None:
+    """L2: the first transaction with keys makes ``stockade_verified``; after it, ``keys="unsigned"`` is refused
+    by `SQLiteFence` (opening) and by `fenced` (admission), nothing written; a tokenless handle still opens."""
+    conn = sqlite3.connect(str(db), isolation_level=None)
+    conn.execute("PRAGMA synchronous=FULL")
+    # Never verified: unsigned mode is the caller's choice.
+    with fenced(conn, FencingToken(CLUSTER, "a", 1), keys="unsigned", cluster_id=CLUSTER):
+        conn.execute(UPSERT, ("a", "k", "unsigned"))
+    with fenced(conn, tok(2), keys=KEYS):
+        conn.execute(UPSERT, ("a", "k", "signed"))
+    assert conn.execute("SELECT count(*) FROM stockade_verified").fetchone() == (1,)
+    with pytest.raises(InvalidArgument, match="has verified signed tokens before") as info:
+        with fenced(conn, FencingToken(CLUSTER, "a", 9), keys="unsigned", cluster_id=CLUSTER):
+            conn.execute(UPSERT, ("a", "k", "forged"))
+    assert "\n" not in str(info.value)
+    with pytest.raises(InvalidArgument, match="has verified signed tokens before"):
+        SQLiteFence(db, keys="unsigned", cluster_id=CLUSTER)
+    assert rows(db) == [("a", "k", "signed")]
+    with SQLiteFence(db, keys="tokenless", cluster_id=CLUSTER) as floor:  # floors, backups: no token admitted
+        assert floor.raise_high_waters({"a": 5}) == {"a": 5}
+    conn.close()
+
+
+def test_a_file_fenced_before_the_memory_keeps_working_and_learns_it(db: Path) -> None:
+    """A file installed without ``stockade_verified`` (every file before it) opens unsigned as before, and the
+    first transaction with keys adds the table inside that transaction."""
+    with SQLiteFence(db, keys="unsigned", cluster_id=CLUSTER) as fence:
+        assert fence.connection.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'stockade_verified'").fetchone() == (0,)
+    with SQLiteFence(db, keys=KEYS) as fence, fence.fenced(tok(3)) as conn:
+        conn.execute(UPSERT, ("a", "k", "v"))
+    with pytest.raises(InvalidArgument, match="has verified signed tokens before"):
+        SQLiteFence(db, keys="unsigned", cluster_id=CLUSTER)

@@ -312,7 +312,8 @@ def verifier_of(keys: object, cluster_id: str | None) -> TokenVerifier | None:
 
 #: The control of the L2 tests, and nothing else: True brings back the behaviour before L2 (``keys=None``
 #: meant unsigned, and discovery that found none or several, or lost its keyring past the first 16
-#: files, returned None and the store opened unsigned). Tests set it through
+#: files, returned None and the store opened unsigned; no resource remembered verifying, so a later
+#: ``keys="unsigned"`` was accepted on one that had verified). Tests set it through
 #: `stockade.testing.conformance.fence_keys.legacy_keys`; never set it elsewhere.
 LEGACY_NONE_MEANS_UNSIGNED = False
 

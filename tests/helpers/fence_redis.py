@@ -243,7 +243,7 @@ local function kind(key)
   return k
 end
 local integer = '^-?%d+$'
-local i = 3
+local i = 4  -- KEYS[3], ARGV[3]: L2's memory, which this old script ignores
 while i <= #ARGV do
   local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
   if name == 'SET' then
@@ -282,7 +282,7 @@ end
 local out = {1, mark}
 if less(own, token) then redis.call('SET', KEYS[1], token); out[2] = token end
 if less(out[2], mark) then out[2] = mark end
-i = 3
+i = 4
 while i <= #ARGV do
   local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
   local args = {}

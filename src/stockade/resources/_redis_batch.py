@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from types import EllipsisType
 from typing import Any, Final
 
+import stockade.keys
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.fence import Reject, decide
 from stockade.core.limits import (
@@ -30,7 +31,7 @@ from stockade.core.values import FenceFloors
 from stockade.resources import _redis_script as script
 from stockade.resources._inputs import check_floors_and_default
 from stockade.resources._observe import reject
-from stockade.resources._verify import Verification
+from stockade.resources._verify import UNSIGNED, Verification, refuse_unsigned_after_signed
 
 __all__ = ["Commands", "FenceCore", "ARGS_PER_COMMAND_MAX", "INCREMENT_MAX", "SCAN_SCOPES_MAX", "EVICTION_CHECK_NS",
            "EVICTING_POLICIES", "as_bytes"]
@@ -86,7 +87,7 @@ class Commands:
             InvalidArgument: a bad key, or one outside the scope's hash slot.
         """
         key = validate_key(key)
-        if key.startswith((script.HWM_PREFIX, script.FLOOR_PREFIX)):
+        if key.startswith((script.HWM_PREFIX, script.FLOOR_PREFIX, script.VERIFIED_KEY)):
             raise InvalidArgument("key", f"{key!r} is a fence mark: only the fence writes it")
         tag = script.key_tag(key)
         if self.scope is None:
@@ -105,8 +106,8 @@ class Commands:
         if len(args) > ARGS_PER_COMMAND_MAX:
             raise InvalidArgument("batch", f"a command takes at most {ARGS_PER_COMMAND_MAX} arguments")
         key = self.check_key(key)
-        index = self._key_index.setdefault(key, len(self.keys) + 3)  # KEYS[1], KEYS[2]: mark, floor
-        if index == len(self.keys) + 3:
+        index = self._key_index.setdefault(key, len(self.keys) + 4)  # KEYS[1..3]: mark, floor, memory
+        if index == len(self.keys) + 4:
             self.keys.append(key)
         self.args += [kind, str(index), str(len(args)), *args]
         self.kinds.append(kind)
@@ -145,11 +146,12 @@ class Commands:
             args += [validate_key(field), validate_value(value, self.value_bytes_max)]
         self.written[self._add("XADD", key, args)] = ...
 
-    def script_call(self, token: FencingToken, compare: str) -> tuple[list[str], list[str | bytes]]:
-        """KEYS and ARGV of `FENCED_WRITE` for this batch under ``token``."""
+    def script_call(self, token: FencingToken, compare: str, memory: str, cluster: bool
+                    ) -> tuple[list[str], list[str | bytes]]:
+        """KEYS and ARGV of `FENCED_WRITE` for this batch under ``token`` (``memory``: `script.MEMORY_MODES`)."""
         assert self.scope is not None
-        keys = [*script.mark_keys(self.scope), *self.keys]
-        return keys, [str(token.value), compare, *self.args]
+        keys = [*script.mark_keys(self.scope), script.verified_key(self.scope, cluster), *self.keys]
+        return keys, [str(token.value), compare, memory, *self.args]
 
 
 class FenceCore:
@@ -173,6 +175,9 @@ class FenceCore:
         self._compare = "ge"
         #: When the eviction policy was last read and found safe (`policy_due`), monotonic ns.
         self._policy_read_ns: int | None = None
+        #: Whether the cluster-wide memory of verifying (`script.VERIFIED_KEY`) was written or checked: on
+        #: Redis Cluster, before a handle's first write (each slot's own, the script checks on every write).
+        self._memory_seen = False
 
     def admit(self, token: FencingToken, scope: str, high_water: int) -> None:
         """Refuse, before any script runs, a token the keys do not verify or of another cluster or scope.
@@ -215,10 +220,23 @@ class FenceCore:
     def refuse(self, token: FencingToken, scope: str, decision: Reject, key: str | None = None) -> None:
         reject(decision, resource=self.resource, cluster=self.cluster_id, token=token, scope=scope, key=key)
 
+    @property
+    def memory(self) -> str:
+        """The script's part in L2 (`script.MEMORY_MODES`) for this handle."""
+        if self._verification.verifies:
+            return "v"
+        return "u" if self._verification.verifier is None and not stockade.keys.LEGACY_NONE_MEANS_UNSIGNED else "-"
+
     def judge(self, token: FencingToken, commands: Commands, reply: Any) -> list[Any]:
-        """The results of the batch's commands from the script's reply, or the rejection it reports."""
+        """The results of the batch's commands from the script's reply, or the rejection it reports.
+
+        Raises:
+            InvalidArgument: this handle is unsigned and Redis remembers verifying (L2; nothing written).
+        """
         assert commands.scope is not None
         status, mark = int(reply[0]), int(_text(reply[1]))
+        if status == 2:
+            refuse_unsigned_after_signed(self.resource, True, UNSIGNED)
         if status == 0:
             self.refuse(token, commands.scope, Reject("stale", mark))
         results: list[Any] = []

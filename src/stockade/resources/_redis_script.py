@@ -12,6 +12,10 @@ Key layout (docs/fence-redis.md):
   ``raise_high_waters(..., default=N)``. A scope's mark is
   ``max(own, floor of its slot)``, so a floor covers scopes the resource has
   never seen, and the fenced script reads it in the scope's own slot.
+- ``stockade:verified`` (on Redis Cluster ``stockade:verified:{TAG}``, one per
+  slot, TAG as the floor's): L2's memory. A fenced write of a handle with keys
+  sets it, in the script that raises the mark; the script refuses a write of an
+  unsigned handle where it is set (`verified_key`, `MEMORY_MODES`).
 
 Token values go up to 2**63-1, past the 2**53 that a Lua number holds
 exactly, so the script compares marks as decimal strings (`LESS`), never as
@@ -25,7 +29,7 @@ import functools
 
 __all__ = [
     "FENCED_WRITE", "RAISE_MARKS", "READ_CHECKED", "SLOTS", "hwm_key", "floor_key", "slot_of", "slot_tag",
-    "key_tag", "COMPARE_MODES", "mark_keys",
+    "key_tag", "COMPARE_MODES", "mark_keys", "verified_key", "VERIFIED_KEY", "MEMORY_MODES",
 ]
 
 SLOTS = 16384  # Redis Cluster's hash slots
@@ -35,6 +39,11 @@ FLOOR_PREFIX = "stockade:floor:"
 #: The script's comparison. "ge" is the rule (R1: stale iff token < mark); the others exist
 #: only for the controls (`stockade.testing.mutants`): ">" for ">=", and no check at all.
 COMPARE_MODES = ("ge", "gt", "off")
+
+VERIFIED_KEY = "stockade:verified"
+#: The script's part in L2: "v" a handle with keys (sets the memory), "u" an unsigned handle (refused
+#: where it is set), "-" neither (a tokenless handle, which admits nothing; the test control).
+MEMORY_MODES = ("v", "u", "-")
 
 # `a < b` for decimal strings without leading zeros (token values and marks).
 _LESS = """
@@ -71,10 +80,12 @@ local function int64(s)
 end
 """
 
-#: KEYS[1] the scope's mark, KEYS[2] its slot's floor, KEYS[3..] the user's keys.
-#: ARGV[1] the token value, ARGV[2] the comparison (`COMPARE_MODES`), then the
+#: KEYS[1] the scope's mark, KEYS[2] its slot's floor, KEYS[3] the memory of verifying
+#: (`verified_key`), KEYS[4..] the user's keys. ARGV[1] the token value, ARGV[2] the
+#: comparison (`COMPARE_MODES`), ARGV[3] the handle's mode (`MEMORY_MODES`), then the
 #: commands: name, index of its key in KEYS, count of arguments, the arguments.
-#: Returns {0, mark} for a stale token (nothing written), else {1, mark, result...}.
+#: Returns {0, mark} for a stale token, {2, mark} for an unsigned handle on a Redis that
+#: verified (L2; nothing written either way), else {1, mark, result...}.
 #:
 #: Redis does not undo a script that fails halfway, so a first pass runs every
 #: command on a model of the keys it touches, before the first write, and refuses
@@ -90,7 +101,7 @@ end
 #: neither are applied. Should a command fail all the same, the script stops
 #: there and says ``FENCEPARTIAL`` (a bug in this model, never an unknown outcome).
 FENCED_WRITE = _LESS + _INT64 + """
-local token, compare = ARGV[1], ARGV[2]
+local token, compare, memory = ARGV[1], ARGV[2], ARGV[3]
 local marks = redis.call('MGET', KEYS[1], KEYS[2])
 local own, floor = marks[1] or '0', marks[2] or '0'
 local mark = own
@@ -98,6 +109,8 @@ if less(mark, floor) then mark = floor end
 if (compare == 'ge' and less(token, mark)) or (compare == 'gt' and not less(mark, token)) then
   return {0, mark}
 end
+local verified = redis.call('EXISTS', KEYS[3]) == 1
+if memory == 'u' and verified then return {2, mark} end
 -- each key as the batch leaves it: its type; a string's value (its bytes, or {hi, lo} once counted);
 -- a stream's room (how many more ids XADD can make: math.huge unless its last id's ms is 2**64-1)
 local kinds, values, room = {}, {}, {}
@@ -107,7 +120,7 @@ local function kind(key)
   return k
 end
 local function refuse(why) return redis.error_reply('FENCEBATCH ' .. why) end
-local i = 3
+local i = 4
 while i <= #ARGV do
   local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
   if name == 'SET' then
@@ -156,7 +169,8 @@ end
 local out = {1, mark}
 if less(own, token) then redis.call('SET', KEYS[1], token); out[2] = token end
 if less(out[2], mark) then out[2] = mark end
-i = 3
+if memory == 'v' and not verified then redis.call('SET', KEYS[3], '1') end
+i = 4
 while i <= #ARGV do
   local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
   local args = {}
@@ -224,6 +238,11 @@ def slot_tag(slot: int) -> str:
 def mark_keys(scope: str) -> tuple[str, str]:
     """``(hwm_key(scope), floor_key(scope))``, kept for the scopes in use (a CRC per write saved)."""
     return hwm_key(scope), floor_key(scope)
+
+
+def verified_key(scope: str, cluster: bool) -> str:
+    """The key of L2's memory that ``scope``'s script reads: the one key on one server, its slot's on a cluster."""
+    return f"{VERIFIED_KEY}:{{{slot_tag(slot_of(scope))}}}" if cluster else VERIFIED_KEY
 
 
 def hwm_key(scope: str) -> str:

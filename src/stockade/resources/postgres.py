@@ -56,7 +56,7 @@ from stockade.resources import _postgres_protect as protected
 from stockade.resources import _postgres_sql as q
 from stockade.resources._inputs import check_floors, coerce_token
 from stockade.resources._observe import reject
-from stockade.resources._verify import UNSIGNED, Verification
+from stockade.resources._verify import UNSIGNED, Verification, refuse_unsigned_after_signed
 
 try:
     import psycopg
@@ -108,6 +108,9 @@ def _keyring_of(keys: object, cluster_id: str | None) -> tuple[Keyring | None, s
 
 
 def _write_keys(conn: Connection, keyring: Keyring | None) -> None:
+    if keyring is None:  # L2: a database that verified (verify_macs, set only by keys) keeps verifying
+        verified = conn.execute("SELECT verify_macs FROM stockade.settings").fetchone()[0]
+        refuse_unsigned_after_signed(_resource(conn.info), bool(verified), UNSIGNED)
     conn.execute("DELETE FROM stockade.keys")
     if keyring is not None:
         with conn.cursor() as cur:
@@ -161,7 +164,7 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
             conn.execute(migration)
         conn.execute("INSERT INTO stockade.version VALUES (1, %s) ON CONFLICT (id) DO UPDATE SET version = "
                      "excluded.version", (q.SCHEMA_VERSION,))
-        conn.execute("INSERT INTO stockade.settings (id, cluster_id, verify_macs) VALUES (1, %s, true) "
+        conn.execute("INSERT INTO stockade.settings (id, cluster_id, verify_macs) VALUES (1, %s, false) "
                      "ON CONFLICT (id) DO NOTHING", (cluster,))
         installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         if installed != cluster:

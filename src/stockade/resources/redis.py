@@ -38,7 +38,7 @@ from stockade.core.values import FenceFloors
 from stockade.resources import _redis_script as script
 from stockade.resources._inputs import coerce_token
 from stockade.resources._redis_batch import SCAN_SCOPES_MAX, Commands, FenceCore, scope_of_mark_key
-from stockade.resources._verify import TOKENLESS, check_keys_given
+from stockade.resources._verify import TOKENLESS, UNSIGNED, check_keys_given, refuse_unsigned_after_signed
 
 try:
     import redis as redis_py
@@ -348,7 +348,16 @@ class RedisFence(_FenceBase):
         self._check_policy()
         if not self.premise(token, commands.scope):
             self.admit(token, commands.scope, self.high_water(commands.scope))
-        keys, args = commands.script_call(token, self._compare)
+        if self._cluster and not self._memory_seen:
+            try:
+                if self.memory == "v":
+                    self.client.set(script.VERIFIED_KEY, "1")
+                elif self.memory == "u" and self.client.exists(script.VERIFIED_KEY):
+                    refuse_unsigned_after_signed(self.resource, True, UNSIGNED)
+            except redis_py.RedisError as error:
+                raise _translate(error, self.resource) from error
+            self._memory_seen = True
+        keys, args = commands.script_call(token, self._compare, self.memory, self._cluster)
         try:
             reply = self._write(keys=keys, args=args)
         except redis_py.RedisError as error:
@@ -497,7 +506,16 @@ class AsyncRedisFence(_FenceBase):
         await self._check_policy()
         if not self.premise(token, commands.scope):
             self.admit(token, commands.scope, await self.high_water(commands.scope))
-        keys, args = commands.script_call(token, self._compare)
+        if self._cluster and not self._memory_seen:  # as RedisFence._apply
+            try:
+                if self.memory == "v":
+                    await self.client.set(script.VERIFIED_KEY, "1")
+                elif self.memory == "u" and await self.client.exists(script.VERIFIED_KEY):
+                    refuse_unsigned_after_signed(self.resource, True, UNSIGNED)
+            except redis_py.RedisError as error:
+                raise _translate(error, self.resource) from error
+            self._memory_seen = True
+        keys, args = commands.script_call(token, self._compare, self.memory, self._cluster)
         try:
             reply = await self._write(keys=keys, args=args)
         except redis_py.RedisError as error:

@@ -6,6 +6,9 @@
     stockade_high_water   scope -> high_water
     stockade_operations   (scope, op_id) -> token_value: the operation ids applied (R3)
 
+and the first open or admission with keys a fourth, ``stockade_verified``: the
+file remembers that it verified, and refuses ``keys="unsigned"`` from then on (L2).
+
 and a fenced transaction is the user's own transaction with the check as its
 first step::
 
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,7 +57,13 @@ from stockade.core.values import FenceFloors, WriteResult
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, check_floors, coerce_token
 from stockade.resources._observe import reject
 from stockade.resources._sqlite_files import rollback
-from stockade.resources._verify import TOKENLESS, UNSIGNED, Verification, check_keys_given
+from stockade.resources._verify import (
+    TOKENLESS,
+    UNSIGNED,
+    Verification,
+    check_keys_given,
+    refuse_unsigned_after_signed,
+)
 
 __all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION",
            "AlreadyApplied"]
@@ -85,12 +94,17 @@ _APPLIED = "SELECT token_value FROM stockade_operations WHERE scope = ? AND op_i
 _RECORD = "INSERT INTO stockade_operations (scope, op_id, token_value) VALUES (?, ?, ?) RETURNING seq"
 _FORGET = "DELETE FROM stockade_operations WHERE seq <= ?"
 
-# One statement reads the mark and the connection's settings: each statement costs ~10-20 µs.
+# L2's memory: the table exists once the file verified (made by the first open or admission with keys,
+# never by `install`), so a file fenced by an older library reads as "never verified" and keeps working.
+_VERIFIED = "(SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'stockade_verified')"
+_REMEMBER = ("CREATE TABLE IF NOT EXISTS stockade_verified (id INTEGER PRIMARY KEY CHECK (id = 1))",
+             "INSERT OR IGNORE INTO stockade_verified (id) VALUES (1)")
+# One statement reads the mark, the memory and the connection's settings: each statement costs ~10-20 µs.
 _READ = (
     "SELECT f.cluster_id, f.default_floor, f.schema_version,"
     " (SELECT high_water FROM stockade_high_water WHERE scope = ?),"
-    " (SELECT journal_mode FROM pragma_journal_mode), (SELECT synchronous FROM pragma_synchronous)"
-    " FROM stockade_fence AS f"
+    " (SELECT journal_mode FROM pragma_journal_mode), (SELECT synchronous FROM pragma_synchronous),"
+    f" {_VERIFIED} FROM stockade_fence AS f"
 )
 _RAISE = (
     "INSERT INTO stockade_high_water (scope, high_water) VALUES (?, ?)"
@@ -130,6 +144,20 @@ def install(conn: sqlite3.Connection, *, cluster_id: str) -> None:
             raise InvalidArgument("cluster_id", f"the database is fenced for cluster {row[0]}, not {cluster_id}")
         elif row[1] != SCHEMA_VERSION:
             raise BackendUnavailable(f"fence schema version {row[1]} is not supported", certain_no_effect=True)
+
+
+def _remember(execute: Any, verification: Verification, verified: object, resource: Callable[[], str]) -> None:
+    """L2 in the file, inside the caller's IMMEDIATE transaction: refuse unsigned mode on a file that verified;
+    a verifying handle's first transaction makes the memory (a tokenless one neither).
+
+    Raises:
+        InvalidArgument: the handle is unsigned and the file verified before (the caller rolls back).
+    """
+    if verified and verification.verifier is None:
+        refuse_unsigned_after_signed(resource(), True, UNSIGNED)
+    if verification.verifies and not verified:
+        for statement in _REMEMBER:
+            execute(statement, ())
 
 
 def _cluster_of(keys: object, cluster_id: str | None) -> str:
@@ -228,8 +256,9 @@ class _Admission:
         row = execute(_READ, (scope,)).fetchone()
         if row is None:
             raise InvalidArgument("conn", "the database has no fence: call install(conn, cluster_id=...) first")
-        cluster, default_floor, version, own, journal, synchronous = row
+        cluster, default_floor, version, own, journal, synchronous, verified = row
         _check_settings(journal, synchronous, self.durable)
+        _remember(execute, self.verification, verified, lambda: self.resource or _resource_name(execute))
         if cluster != self.cluster_id:
             raise InvalidArgument("keys", f"the database is fenced for cluster {cluster}, not {self.cluster_id}")
         if version != SCHEMA_VERSION:
@@ -442,6 +471,9 @@ class SQLiteFence:
         try:
             self._conn.execute("PRAGMA synchronous=FULL")
             install(self._conn, cluster_id=self.cluster_id)
+            with _transaction(self._conn), _ours("cannot read the fence"):  # L2, at the opening too
+                (verified,) = self._conn.execute(f"SELECT {_VERIFIED}").fetchone()
+                _remember(self._conn.execute, self._verification, verified, lambda: self.resource)
         except BaseException:
             self._conn.close()
             raise

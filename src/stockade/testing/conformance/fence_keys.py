@@ -16,11 +16,16 @@ store opened by url) take nothing from that directory: for them the
 "ambiguous discovery" cases are the ``keys=None`` case, which is what a
 caller who relied on discovery passes.
 
+A resource that once verified keeps verifying: opened again with
+``keys="unsigned"`` it refuses to open or to admit
+(`test_l2_once_verified_unsigned_is_refused`).
+
 The control, `legacy_keys`, brings back the behaviour before L2 (None meant
 unsigned; discovery gave up on any ambiguity, or lost its keyring past 16
-files, and the store opened unsigned); tests/test_fence_conformance.py shows
-these tests fail under it on every adapter that had the hole (all but
-PostgreSQL, whose ``install`` always refused None).
+files, and the store opened unsigned; nothing remembered verifying);
+tests/test_fence_conformance.py shows `L2_TESTS` fail under it on every
+adapter that had the hole (all but PostgreSQL, whose ``install`` always
+refused None), and `L2_MEMORY_TESTS` on every adapter.
 """
 
 from __future__ import annotations
@@ -150,6 +155,31 @@ def test_l2_unsigned_is_chosen_in_words(open_keyed: OpenKeyed) -> None:
         harness.close()
 
 
+def test_l2_once_verified_unsigned_is_refused(open_keyed: OpenKeyed) -> None:
+    """A resource that once verified keeps verifying: opened again with ``keys="unsigned"``, it refuses to
+    open or to admit (`InvalidArgument`, one line naming what it found), and nothing changes."""
+    harness = open_keyed(KEYS)
+    try:
+        write(harness, tok(3), k=b"honest")
+    finally:
+        harness.close()
+    with pytest.raises(InvalidArgument, match="has verified signed tokens before") as info:
+        harness = open_keyed("unsigned")
+        try:
+            write(harness, FORGED_MAX(), k=b"forged")
+        finally:
+            harness.close()
+    assert "\n" not in str(info.value)
+    checker = open_keyed(KEYS)
+    try:
+        assert checker.high_water("a") == 3, "the refused open moved the mark"
+        write(checker, tok(4), k=b"honest")  # the resource still works, with keys
+    finally:
+        checker.close()
+
+
 #: The suite's tests that the control (`legacy_keys`) must fail on an adapter that had the hole.
 L2_TESTS = ["test_l2_keys_none_is_refused", "test_l2_ambiguous_discovery_is_refused",
             "test_l2_no_keyring_of_the_cluster_is_refused"]
+#: The suite's tests that the control must fail on every adapter (none remembered verifying before L2).
+L2_MEMORY_TESTS = ["test_l2_once_verified_unsigned_is_refused"]
