@@ -35,6 +35,10 @@ from stockade.server._guard import (
     CONNECTIONS_MAX,
     HEADER_TIMEOUT_S,
     IDLE_TIMEOUT_S,
+    PEER_CONNECTIONS_MAX,
+    PEER_WAITERS_MAX,
+    TOKEN_CONNECTIONS_MAX,
+    TOKEN_WAITERS_MAX,
     ConnectionLimits,
     TransportSettings,
     raise_file_limit,
@@ -53,7 +57,9 @@ class ServerConfig(_app.ServerConfig):
     (a keep-alive connection with no request), ``header_timeout_s`` (a request's
     first byte to the end of its headers), ``body_timeout_s`` and ``body_rate_min``
     (bytes/s on average after 2 s) for its body, ``connections_max``, and
-    ``buffer_bytes_max`` (request bytes in memory, all connections together).
+    ``buffer_bytes_max`` (request bytes in memory, all connections together), and the
+    fair shares: ``peer_connections_max`` and ``peer_waiters_max`` per source address,
+    ``token_connections_max`` and ``token_waiters_max`` per bearer token.
     ``coordinator``: serve the leases of this backend url (``postgresql://``,
     ``etcd://``...; `stockade.server._port_leases`) instead of ``data_dir/coord.db``;
     ``lock_delay_ms`` then applies to the grants made through the server (C5).
@@ -67,6 +73,10 @@ class ServerConfig(_app.ServerConfig):
     body_rate_min: int = BODY_RATE_MIN
     connections_max: int = CONNECTIONS_MAX
     buffer_bytes_max: int = BUFFER_BYTES_MAX
+    peer_connections_max: int = PEER_CONNECTIONS_MAX
+    peer_waiters_max: int = PEER_WAITERS_MAX
+    token_connections_max: int = TOKEN_CONNECTIONS_MAX
+    token_waiters_max: int = TOKEN_WAITERS_MAX
 
     def transport(self) -> TransportSettings:
         """The transport settings (raises InvalidArgument for a bad one)."""

@@ -1,0 +1,165 @@
+"""`stockade serve` shared by tenants (issue 27, item 4): one fills its share, another is still served.
+
+A flooding tenant (tests/helpers/tenant_flood.py, a real client process) keeps
+as many acquires waiting on a held scope as the server lets it, asking again as
+soon as it is refused. An honest tenant then runs acquire+release 10 times on
+fresh connections. Two ways to tell tenants apart: the source address with auth
+off (the flood binds 127.0.0.2 and the honest one 127.0.0.3; all of 127/8 is
+loopback on Linux, so these model two hosts), and the bearer token with auth on
+(both from 127.0.0.1). The control is the same server with the shares off
+(flag values past the connection cap): the honest tenant is starved, 0 of 10.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import time
+
+import pytest
+from conftest import HELPERS, PYTHON, python_env
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+FLOOD_TOKEN = "flood-tenant-token-0123456789abcdef"
+HONEST_TOKEN = "honest-tenant-token-0123456789abcdef"
+CAP = 48  # --connections-max
+SHARE = 16  # the waiting acquires (and, by token, connections) one tenant may hold
+FLOOD = 64  # the flooding tenant's connections: more than the cap
+OFF = "1000000"  # a share this large is no share: the control
+
+
+def call(port: int, source: str, method: str, path: str, body: dict | None = None,
+         token: str | None = None) -> tuple[int, dict]:
+    """One request on a fresh connection from ``source``: (status, document); (0, {"error": ...}) on a reset."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        document = json.loads(data) if data else {}
+        if response.status in (429, 503):
+            document["retry_after"] = response.getheader("Retry-After")
+        return response.status, document
+    except OSError as exc:
+        return 0, {"error": type(exc).__name__}
+    finally:
+        conn.close()
+
+
+def honest_cycles(port: int, source: str, token: str | None, rounds: int = 10) -> tuple[int, list]:
+    """Acquire+release ``rounds`` times, each request on a fresh connection: (served, what went wrong)."""
+    served, failures = 0, []
+    for number in range(rounds):
+        status, grant = call(port, source, "POST", "/v1/locks/honest/acquire", {"ttl_ms": 5000}, token)
+        if status != 200:
+            failures.append((number, "acquire", status, grant))
+            continue
+        status, answer = call(port, source, "DELETE", f"/v1/leases/{grant['lease_id']}", None, token)
+        if status == 204:
+            served += 1
+        else:
+            failures.append((number, "release", status, answer))
+    return served, failures
+
+
+def waiting_on(port: int, source: str, token: str | None) -> int:
+    """The waiters on the flooded scope; CAP if the server cannot even answer (its cap is full)."""
+    status, document = call(port, source, "GET", "/v1/locks/reports.daily", None, token)
+    return int(document.get("waiters", 0)) if status == 200 else CAP
+
+
+def flooded(serve, tmp_path, *, auth: bool, shares: bool) -> tuple[int, list, dict]:
+    """Start a server, hold the scope, start the flood, wait until it holds ``SHARE`` waiters, run the honest
+    tenant. Returns (served of 10, failures, the flood's counts)."""
+    flags = ["--connections-max", str(CAP)]
+    if auth:
+        tokens = tmp_path / "tokens"
+        tokens.write_text(f"{FLOOD_TOKEN} reports.*\n{HONEST_TOKEN}\n")
+        flags += ["--auth-tokens", str(tokens), "--token-waiters-max", str(SHARE) if shares else OFF,
+                  "--token-connections-max", str(SHARE) if shares else OFF]
+        flood_source = honest_source = "127.0.0.1"
+    else:
+        flags += ["--peer-waiters-max", str(SHARE) if shares else OFF,
+                  "--peer-connections-max", str(SHARE + 4) if shares else OFF]
+        flood_source, honest_source = "127.0.0.2", "127.0.0.3"
+    server = serve(*flags)
+    flood_token = FLOOD_TOKEN if auth else None
+    honest_token = HONEST_TOKEN if auth else None
+    status, _ = call(server.port, flood_source, "POST", "/v1/locks/reports.daily/acquire", {"ttl_ms": 60_000},
+                     flood_token)
+    assert status == 200
+    flood = subprocess.Popen(
+        [PYTHON, str(HELPERS / "tenant_flood.py"), "127.0.0.1", str(server.port), "--source", flood_source,
+         "--connections", str(FLOOD), "--scope", "reports.daily", "--seconds", "60",
+         *(["--token", flood_token] if flood_token else [])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=python_env())
+    try:
+        assert flood.stdout is not None and flood.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 20
+        while waiting_on(server.port, honest_source, honest_token) < SHARE:  # the flood holds its share (or more)
+            assert time.monotonic() < deadline, "the flood never filled its share"
+            time.sleep(0.05)
+        served, failures = honest_cycles(server.port, honest_source, honest_token)
+        out, _ = flood.communicate(input="", timeout=30)  # closing its stdin stops it
+    finally:
+        if flood.poll() is None:
+            flood.kill()
+            flood.wait()
+    counts = json.loads(out.strip().splitlines()[-1])
+    print(f"\nauth {'on' if auth else 'off'}, shares {'on' if shares else 'OFF (control)'}: honest tenant served "
+          f"{served} of 10; flood {counts}; first failure {failures[:1]}")
+    return served, failures, counts
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["by-address", "by-token"])
+def test_a_tenant_is_served_while_another_fills_its_share(serve, tmp_path, auth):
+    served, failures, counts = flooded(serve, tmp_path, auth=auth, shares=True)
+    assert served == 10, failures
+    # the flood was refused promptly with a problem document, not reset
+    assert counts.get("429", 0) > 0, counts
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["by-address", "by-token"])
+def test_control_without_shares_the_other_tenant_is_starved(serve, tmp_path, auth):
+    served, failures, _ = flooded(serve, tmp_path, auth=auth, shares=False)
+    assert served == 0, failures
+    # at the cap the new connection is answered 503 with Retry-After, not reset
+    assert all(f[2] == 503 and f[3]["retry_after"] == "1" for f in failures), failures[:2]
+
+
+def test_a_share_refusal_is_a_problem_document_with_retry_after(serve):
+    server = serve("--peer-waiters-max", "1", "--peer-connections-max", "3")
+    assert call(server.port, "127.0.0.4", "POST", "/v1/locks/s/acquire", {"ttl_ms": 60_000})[0] == 200
+    waiting = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10, source_address=("127.0.0.4", 0))
+    waiting.request("POST", "/v1/locks/s/acquire", body=b'{"ttl_ms": 1000, "wait_ms": 3000}',
+                    headers={"Content-Type": "application/json"})
+    time.sleep(0.3)  # (only so that the waiter is in; the assertion below reads the server's answer)
+    status, document = call(server.port, "127.0.0.4", "POST", "/v1/locks/s/acquire", {"ttl_ms": 1000, "wait_ms": 10})
+    assert status == 429, document
+    assert document["type"].endswith("/limit-exceeded") and document["limit"] == "peer_waiters_max"
+    assert document["value"] == 1 and document["retry_after"] == "1"
+    # another address is not in this share
+    assert call(server.port, "127.0.0.5", "POST", "/v1/locks/s/acquire", {"ttl_ms": 1000, "wait_ms": 10})[0] == 409
+    # connections: the third one from .4 (one waiting, one idle) closes the idle one; no fourth while all serve
+    idle = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5, source_address=("127.0.0.4", 0))
+    idle.connect()
+    more = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=5, source_address=("127.0.0.4", 0))
+            for _ in range(2)]
+    for conn in more:
+        conn.connect()
+    assert call(server.port, "127.0.0.4", "GET", "/healthz")[0] == 200  # room made from its own idle ones
+    waiting.getresponse().read()
+    for conn in (idle, *more, waiting):
+        conn.close()
+
+
+def test_serve_refuses_bad_share_numbers(tmp_path):
+    for flag in ("--peer-connections-max", "--peer-waiters-max", "--token-connections-max", "--token-waiters-max"):
+        result = subprocess.run([PYTHON, "-m", "stockade", "serve", "--data-dir", str(tmp_path / "d"), "--port",
+                                 "0", flag, "0"], capture_output=True, text=True, timeout=30, env=python_env())
+        assert result.returncode != 0 and "must be" in result.stderr, (flag, result.stderr)
