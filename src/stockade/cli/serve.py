@@ -55,9 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                              "refused with 503 and Retry-After (default 67108864: 64 MiB)")
     shares = parser.add_argument_group(
         "fair shares (per source address, and per bearer token with --auth-tokens; past one: 429, Retry-After)")
-    shares.add_argument("--peer-connections-max", type=int, default=1024, metavar="CONNECTIONS",
+    shares.add_argument("--peer-connections-max", type=int, default=4096, metavar="CONNECTIONS",
                         help="open connections per source address; past it the address's own oldest idle one "
-                             "is closed, or the new one refused (default 1024)")
+                             "is closed, or the new one refused (default 4096)")
     shares.add_argument("--peer-waiters-max", type=int, default=256, metavar="ACQUIRES",
                         help="acquires waiting (wait_ms > 0) at once per source address (default 256)")
     shares.add_argument("--token-connections-max", type=int, default=1024, metavar="CONNECTIONS",

@@ -98,7 +98,7 @@ STALE_S = 1.0  # a partial request this old may be closed to make room for other
 SMALL_BODY_BYTES = 64 * 1024  # a body this small fits in one read, and always finds room
 RETRY_AFTER_S = 1
 EVICT_SCAN = 256  # partial requests looked at, at most, to make room for one body read
-PEER_CONNECTIONS_MAX = 1024  # open connections per source address
+PEER_CONNECTIONS_MAX = 4096  # open connections per source address (by default: the whole cap)
 PEER_WAITERS_MAX = 256  # acquires waiting at once per source address
 TOKEN_CONNECTIONS_MAX = 1024  # connections per bearer token (auth on)
 TOKEN_WAITERS_MAX = 256  # acquires waiting at once per bearer token (auth on)
@@ -166,6 +166,8 @@ class ConnectionLimits:
         self._timer: asyncio.TimerHandle | None = None
         # the shares: open connections by peer address and by credential (age order), waiters by both
         self.peers: dict[str, OrderedDict[HttpProtocol, None]] = {}
+        self._by_size: dict[int, set[str]] = {}  # peers by their open connections: the largest in O(1)
+        self._largest = 0
         self.credentials: dict[bytes, OrderedDict[HttpProtocol, None]] = {}
         self.peer_waiters: dict[str, int] = {}
         self.credential_waiters: dict[bytes, int] = {}
@@ -194,7 +196,7 @@ class ConnectionLimits:
                             "retry", None, None)
         self.open[conn] = None
         self.idle[conn] = time.monotonic()
-        self.peers.setdefault(conn.peer, OrderedDict())[conn] = None
+        self._peer_add(conn)
         self._start_sweeping()
         return None
 
@@ -250,11 +252,38 @@ class ConnectionLimits:
                          extra={"limit": limit})
         return _problem("limit-exceeded", f"at most {share} {what} ({limit}); retry", limit, share)
 
+    def _peer_add(self, conn: HttpProtocol) -> None:
+        group = self.peers.setdefault(conn.peer, OrderedDict())
+        size = len(group)
+        group[conn] = None
+        if size:
+            self._by_size[size].discard(conn.peer)
+        self._by_size.setdefault(size + 1, set()).add(conn.peer)
+        self._largest = max(self._largest, size + 1)
+
+    def _peer_remove(self, conn: HttpProtocol) -> None:
+        group = self.peers.get(conn.peer)
+        if group is None or conn not in group:
+            return
+        size = len(group)
+        del group[conn]
+        if not group:
+            del self.peers[conn.peer]
+        bucket = self._by_size[size]
+        bucket.discard(conn.peer)
+        if not bucket:
+            del self._by_size[size]
+            if size == self._largest:
+                self._largest -= 1
+        if size > 1:
+            self._by_size.setdefault(size - 1, set()).add(conn.peer)
+
     def _evict_from(self, group: OrderedDict[HttpProtocol, None]) -> bool:
         """Close the oldest idle, or stale reading, connection of ``group`` (one peer's or credential's)."""
         now = time.monotonic()
+        scan = EVICT_SCAN + min(self.settings.peer_waiters_max, self.settings.token_waiters_max, 4096)
         for scanned, victim in enumerate(group):
-            if scanned >= EVICT_SCAN:
+            if scanned >= scan:  # past its waiters (never closed), a group's first few hold an idle one
                 break
             if victim in self.idle:
                 self.forget(victim)
@@ -274,6 +303,9 @@ class ConnectionLimits:
             conn.credential = None
 
     def _evict_one(self) -> bool:
+        """Make room at the cap: from the address holding the most connections first, then from any."""
+        if self._largest and self._evict_from(self.peers[next(iter(self._by_size[self._largest]))]):
+            return True
         if self.idle:
             victim = next(iter(self.idle))
             self.forget(victim)
@@ -317,7 +349,7 @@ class ConnectionLimits:
         self.lingering.discard(conn)
         if conn in self.open:
             del self.open[conn]
-            _remove(self.peers, conn.peer, conn)
+            self._peer_remove(conn)
             self._untag(conn)
         self.idle.pop(conn, None)
         self.reading.pop(conn, None)
