@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import subprocess
 import time
 
@@ -133,29 +134,42 @@ def test_control_without_shares_the_other_tenant_is_starved(serve, tmp_path, aut
 
 
 def test_a_share_refusal_is_a_problem_document_with_retry_after(serve):
-    server = serve("--peer-waiters-max", "1", "--peer-connections-max", "3")
-    assert call(server.port, "127.0.0.4", "POST", "/v1/locks/s/acquire", {"ttl_ms": 60_000})[0] == 200
-    waiting = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10, source_address=("127.0.0.4", 0))
-    waiting.request("POST", "/v1/locks/s/acquire", body=b'{"ttl_ms": 1000, "wait_ms": 3000}',
-                    headers={"Content-Type": "application/json"})
-    time.sleep(0.3)  # (only so that the waiter is in; the assertion below reads the server's answer)
-    status, document = call(server.port, "127.0.0.4", "POST", "/v1/locks/s/acquire", {"ttl_ms": 1000, "wait_ms": 10})
+    server = serve("--peer-waiters-max", "2", "--peer-connections-max", "3")
+    port = server.port
+    assert call(port, "127.0.0.4", "POST", "/v1/locks/s/acquire", {"ttl_ms": 60_000})[0] == 200
+    waiting = []
+    for _ in range(2):  # two long polls from .4: its whole share of waiters
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.4", 0))
+        conn.request("POST", "/v1/locks/s/acquire", body=b'{"ttl_ms": 1000, "wait_ms": 4000}',
+                     headers={"Content-Type": "application/json"})
+        waiting.append(conn)
+    deadline = time.monotonic() + 10
+    while call(port, "127.0.0.5", "GET", "/v1/locks/s")[1].get("waiters") != 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    status, document = call(port, "127.0.0.4", "POST", "/v1/locks/s/acquire", {"ttl_ms": 1000, "wait_ms": 10})
     assert status == 429, document
     assert document["type"].endswith("/limit-exceeded") and document["limit"] == "peer_waiters_max"
-    assert document["value"] == 1 and document["retry_after"] == "1"
-    # another address is not in this share
-    assert call(server.port, "127.0.0.5", "POST", "/v1/locks/s/acquire", {"ttl_ms": 1000, "wait_ms": 10})[0] == 409
-    # connections: the third one from .4 (one waiting, one idle) closes the idle one; no fourth while all serve
-    idle = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5, source_address=("127.0.0.4", 0))
-    idle.connect()
-    more = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=5, source_address=("127.0.0.4", 0))
-            for _ in range(2)]
-    for conn in more:
-        conn.connect()
-    assert call(server.port, "127.0.0.4", "GET", "/healthz")[0] == 200  # room made from its own idle ones
-    waiting.getresponse().read()
-    for conn in (idle, *more, waiting):
+    assert document["value"] == 2 and document["retry_after"] == "1"
+    # another address is not in this share: it waits (and times out: the scope is held)
+    assert call(port, "127.0.0.5", "POST", "/v1/locks/s/acquire", {"ttl_ms": 1000, "wait_ms": 10})[0] == 409
+    # connections: .4 holds 2 (both waiting) + 1 idle; a 4th closes .4's idle one, never a waiting one
+    idle = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.4", 0))
+    time.sleep(0.1)  # (only so that the server has counted it; the assertions read what the server did)
+    assert call(port, "127.0.0.4", "GET", "/healthz")[0] == 200
+    assert idle.recv(100) == b""  # closed to make room
+    # with no idle connection left, the next one from .4 is answered 429 at once, not reset
+    extra = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.4", 0))
+    blocker = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.4", 0))
+    blocker.sendall(b"POST /v1/locks/s/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n")  # slow
+    status, document = call(port, "127.0.0.4", "GET", "/healthz")
+    assert status == 429 and document["limit"] == "peer_connections_max" and document["retry_after"] == "1", (
+        status, document)
+    for conn in waiting:  # the long polls were never evicted: both get their answer (409 at the deadline)
+        assert conn.getresponse().status == 409
         conn.close()
+    for sock in (idle, extra, blocker):
+        sock.close()
 
 
 def test_serve_refuses_bad_share_numbers(tmp_path):

@@ -15,9 +15,11 @@ Apart from these, a connection whose peer stops reading its answers (the send
 buffer is full, or the connection is closing with bytes still unsent) is cut
 off once it has stayed so for ``idle_timeout_s``.
 
-When ``connections_max`` are open, a new connection closes the oldest idle one,
-or else the oldest request that has been reading for `STALE_S` or more; if there
-is neither (every connection is serving), the new one is refused. Request bodies
+When ``connections_max`` are open, a new connection closes the oldest idle one
+(or a request reading for `STALE_S` or more) of the address holding the most
+connections, or else the oldest idle one, or else the oldest request that has
+been reading for `STALE_S` or more, of any; if there is none (every connection
+is serving), the new one is refused with 503. Request bodies
 buffered in memory, across all connections, stay under ``buffer_bytes_max``
 (plus one read per connection): a body that would pass it first closes the
 oldest partial bodies that started `STALE_S` ago or more, and if there are none
