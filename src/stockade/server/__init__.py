@@ -98,6 +98,11 @@ class Server(_app.Server):
             self._limits.authorize = BearerAuth(config.auth_tokens).refusal
         raise_file_limit(settings.connections_max)
 
+    async def start(self) -> None:
+        await super().start()  # binds; no connection is served before this method returns
+        if self.app is not None:
+            self.app.shares = self._limits  # the waiting acquires' shares (the transport keeps the rest)
+
     async def open_leases(self, loop: asyncio.AbstractEventLoop) -> tuple[_app.Leases, object]:
         """``--coordinator``'s backend and its keyring, or (without it) the server's own coordinator file."""
         if self.coordinator is None:

@@ -59,7 +59,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from stockade.core.errors import InvalidArgument
 
@@ -87,6 +87,7 @@ __all__ = [
     "TOKEN_CONNECTIONS_MAX",
     "TOKEN_WAITERS_MAX",
     "LINGER_MAX",
+    "Refusal",
 ]
 
 IDLE_TIMEOUT_S = 60.0  # a keep-alive connection with no request
@@ -110,6 +111,15 @@ DISCARD_SECONDS = 1.0  # how long a refused connection lingers, reading and drop
 
 _log = logging.getLogger("stockade.server")
 _Key = TypeVar("_Key", str, bytes)
+
+
+class Refusal(NamedTuple):
+    """Why a connection or request is refused (the transport answers it with Retry-After)."""
+
+    code: str  # limit-exceeded (a share: 429) or backend-unavailable (the cap: 503)
+    detail: str
+    limit: str | None = None  # the share's name, e.g. peer_waiters_max
+    value: int | None = None  # its size
 
 
 @dataclass(frozen=True)
@@ -178,7 +188,7 @@ class ConnectionLimits:
 
     # -- connection states ----------------------------------------------------------------------
 
-    def admit(self, conn: HttpProtocol) -> Response | None:
+    def admit(self, conn: HttpProtocol) -> Refusal | None:
         """Count ``conn`` in, making room if its peer's share or the cap is full; else the refusal to send.
 
         Past its peer's share, ``conn``'s own peer gives room (its oldest idle or
@@ -194,15 +204,14 @@ class ConnectionLimits:
             if self.refused & (self.refused - 1) == 0:  # 1, 2, 4, ...: the log stays small under attack
                 _log.warning("connection refused: %d open, all serving (%d refused so far)",
                              len(self.open), self.refused)
-            return _problem("backend-unavailable", f"the server holds its {self.connections_max} connections; "
-                            "retry", None, None)
+            return Refusal("backend-unavailable", f"the server holds its {self.connections_max} connections; retry")
         self.open[conn] = None
         self.idle[conn] = time.monotonic()
         self._peer_add(conn)
         self._start_sweeping()
         return None
 
-    def tag(self, conn: HttpProtocol, authorization: str) -> Response | None:
+    def tag(self, conn: HttpProtocol, authorization: str) -> Refusal | None:
         """Count ``conn`` for the credential of its request; the refusal to send if that share is full.
 
         A connection counts for one credential, its latest. Past the share, the
@@ -220,7 +229,7 @@ class ConnectionLimits:
         conn.credential = key
         return None
 
-    def wait_begin(self, peer: str, credential: bytes | None) -> Response | None:
+    def wait_begin(self, peer: str, credential: bytes | None) -> Refusal | None:
         """Count one waiting acquire for ``peer`` and ``credential``; the 429 to answer if a share is full.
         Each successful call is paired with one `wait_end`."""
         settings = self.settings
@@ -247,12 +256,12 @@ class ConnectionLimits:
         self.lingering.add(conn)
         return True
 
-    def _share_refusal(self, limit: str, share: int, what: str) -> Response:
+    def _share_refusal(self, limit: str, share: int, what: str) -> Refusal:
         self.share_refused += 1
         if self.share_refused & (self.share_refused - 1) == 0:
             _log.warning("share full: %s=%d (%d refused so far)", limit, share, self.share_refused,
                          extra={"limit": limit})
-        return _problem("limit-exceeded", f"at most {share} {what} ({limit}); retry", limit, share)
+        return Refusal("limit-exceeded", f"at most {share} {what} ({limit}); retry", limit, share)
 
     def _peer_add(self, conn: HttpProtocol) -> None:
         group = self.peers.setdefault(conn.peer, OrderedDict())
@@ -428,13 +437,6 @@ class ConnectionLimits:
             if since <= deadline:  # a peer that has not read its answers for idle_timeout_s
                 self.forget(conn)
                 conn.abort()
-
-
-def _problem(code: str, detail: str, limit: str | None, value: int | None) -> Response:
-    from stockade.server._http import problem  # the transport imports this module
-
-    extra = {"limit": limit, "value": value} if limit is not None else None
-    return problem(code, detail, extra=extra, headers=[("Retry-After", str(RETRY_AFTER_S))])
 
 
 def _remove(groups: dict[_Key, OrderedDict[HttpProtocol, None]], key: _Key, conn: HttpProtocol) -> None:

@@ -46,6 +46,7 @@ from stockade.server._guard import (
     RETRY_AFTER_S,
     SMALL_BODY_BYTES,
     ConnectionLimits,
+    Refusal,
     TransportSettings,
 )
 from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
@@ -60,6 +61,8 @@ __all__ = [
     "json_response",
     "problem",
     "problem_response",
+    "refusal_response",
+    "within_share",
 ]
 
 URL_BYTES_MAX = 8 * 1024
@@ -152,6 +155,27 @@ def problem_response(status: int, code: str, title: str, detail: str | None = No
     return Response(status, dumps(document), PROBLEM_JSON, headers)
 
 
+def refusal_response(refusal: Refusal) -> Response:
+    """The problem document for a refusal by the connection cap or a fair share, with Retry-After."""
+    extra = {"limit": refusal.limit, "value": refusal.value} if refusal.limit is not None else None
+    return problem(refusal.code, refusal.detail, extra=extra, headers=[("Retry-After", str(RETRY_AFTER_S))])
+
+
+async def within_share(limits: ConnectionLimits | None, request: Request, wait_ms: int,
+                       acquire: Callable[[], Awaitable[Any]]) -> Any:
+    """``await acquire()``, counted in the waiting acquires of the request's address and token when
+    ``wait_ms`` > 0; the 429 `Response` instead when one of those shares is full."""
+    if limits is None or not wait_ms:
+        return await acquire()
+    refusal = limits.wait_begin(request.peer, request.credential)
+    if refusal is not None:
+        return refusal_response(refusal)
+    try:
+        return await acquire()
+    finally:
+        limits.wait_end(request.peer, request.credential)
+
+
 class HttpError(Exception):
     """Raised by the transport layer itself (size, framing); carries the problem to send."""
 
@@ -220,7 +244,7 @@ class HttpProtocol(asyncio.Protocol):
         self.peer = peer[0] if isinstance(peer, tuple) else ""
         refusal = self._limits.admit(self)
         if refusal is not None:
-            self._fail(refusal)
+            self._fail(refusal_response(refusal))
 
     def pause_writing(self) -> None:
         # The send buffer passed its high-water mark: stop reading and stop answering
@@ -397,9 +421,9 @@ class HttpProtocol(asyncio.Protocol):
                 self._refusal = refusal
             credential = self._headers.get("authorization")
             if credential is not None:
-                refusal = self._limits.tag(self, credential)
-                if refusal is not None:
-                    raise HttpError(refusal.status, "limit-exceeded", "", response=refusal)
+                over = self._limits.tag(self, credential)
+                if over is not None:
+                    raise HttpError(429, over.code, over.detail, response=refusal_response(over))
         if has_body and not self._limits.room(self, 0):
             raise HttpError(503, "backend-unavailable", "request bodies in memory are at their bound; retry",
                             headers=[("Retry-After", str(RETRY_AFTER_S))])

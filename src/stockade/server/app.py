@@ -57,6 +57,7 @@ from stockade.server._http import (
     json_response,
     problem,
     problem_response,  # noqa: F401 - the test controls build their 401 with it
+    within_share,
 )
 from stockade.server._inputs import (
     BodyField,
@@ -140,7 +141,7 @@ class App:
         self.auth = auth
         self.wait_ms_cap = wait_ms_cap
         self.value_bytes_max = value_bytes_max
-        self.shares: ConnectionLimits | None = None  # waiting acquires per peer and per token (the server sets it)
+        self.shares: ConnectionLimits | None = None  # the waiters' shares (stockade.server.Server sets it)
         self.cluster_id = leases.cluster_id
         self.openapi = json.dumps(openapi_document(auth=auth is not None, value_bytes_max=value_bytes_max)).encode()
         self.handlers = self.handlers_of(self)
@@ -288,19 +289,11 @@ class App:
             holder = validate_holder(document["holder"]) if "holder" in document else "anonymous"
         except InvalidArgument as exc:
             raise BodyField(exc) from None
-        if self.wait_ms_cap is not None:
-            wait_ms = min(wait_ms, self.wait_ms_cap)
-        shares = self.shares
-        if wait_ms == 0 or shares is None:
-            lease = await self.leases.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
-            return json_response(200, codecs.grant_doc(lease, scope))
-        refusal = shares.wait_begin(request.peer, request.credential)
-        if refusal is not None:  # this peer or token holds its share of waiting acquires: 429 at once
-            return refusal
-        try:
-            lease = await self.leases.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
-        finally:
-            shares.wait_end(request.peer, request.credential)
+        wait_ms = min(wait_ms, self.wait_ms_cap) if self.wait_ms_cap is not None else wait_ms
+        lease = await within_share(self.shares, request, wait_ms, lambda: self.leases.acquire(
+            scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms))
+        if isinstance(lease, Response):  # the caller's address or token holds its share of waiting acquires
+            return lease
         return json_response(200, codecs.grant_doc(lease, scope))
 
     async def renew(self, request: Request, raw_lease_id: str) -> Response:
@@ -525,7 +518,6 @@ class Server:
         self.app = App(self.leases, self.store_writer, reader_store, auth=auth, wait_ms_cap=config.wait_ms_cap,
                        value_bytes_max=writer_store.value_bytes_max)
         app, limits = self.app, self._limits
-        app.shares = limits
         self._server = await loop.create_server(
             lambda: HttpProtocol(app.dispatch, app.observe, app.body_limit, limits),
             host=config.host, port=config.port, ssl=context, backlog=1024, reuse_address=True,
