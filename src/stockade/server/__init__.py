@@ -8,7 +8,8 @@ problem types, documents), shared with the remote client. OpenAPI at
 - `_inputs`: strict input parsing (JSON bodies, query, headers, path segments).
 - `openapi`: the OpenAPI 3.1 document, rendered from the route table and `stockade.core.limits`.
 - `_http`: a lean HTTP/1.1 server on asyncio + httptools, with its bounds.
-- `_guard`: bounds across connections: timeouts, the connection cap, request bytes in memory.
+- `_guard`: bounds across connections: timeouts, the connection cap, request bytes in memory,
+  fair shares per source address and per bearer token.
 - `_leases`: the lease table in memory, FIFO long-poll waits, durable writes.
 - `_port_leases`: the same routes over another backend's coordinator port (``--coordinator URL``).
 - `_groupcommit`: one writer thread per file; one transaction and fsync per batch.

@@ -9,9 +9,11 @@ What this layer enforces before an application sees a request (each bound named)
 URL length, header count and bytes, body size by route (checked against
 ``Content-Length`` before the body is read, and while reading a chunked one),
 pipelined requests per connection, and, through `stockade.server._guard`,
-connections per server, request bytes in memory across connections, and idle /
-slow request timeouts. A request that breaks one is answered with a problem
-document and the connection is closed.
+connections per server, request bytes in memory across connections, idle /
+slow request timeouts, and each source address's and bearer token's fair share
+of connections and of waiting acquires (`within_share` counts the latter). A
+request that breaks one is answered with a problem document (a share's with
+``Retry-After``) and the connection is closed.
 
 Authentication comes before the body: once a request's headers are complete,
 the guard's ``authorize`` hook may refuse it (401 without a valid bearer token,
