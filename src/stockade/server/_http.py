@@ -13,7 +13,8 @@ connections per server, request bytes in memory across connections, idle /
 slow request timeouts, and each source address's and bearer token's fair share
 of connections and of waiting acquires (`within_share` counts the latter). A
 request that breaks one is answered with a problem document (a share's with
-``Retry-After``) and the connection is closed.
+``Retry-After``) and the connection is closed; only an acquire past its share of
+waiting acquires gets its 429 on a connection that stays open.
 
 Authentication comes before the body: once a request's headers are complete,
 the guard's ``authorize`` hook may refuse it (401 without a valid bearer token,
