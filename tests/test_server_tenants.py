@@ -6,15 +6,18 @@ soon as it is refused. An honest tenant then runs acquire+release 10 times on
 fresh connections. Two ways to tell tenants apart: the source address with auth
 off (the flood binds 127.0.0.2 and the honest one 127.0.0.3; all of 127/8 is
 loopback on Linux, so these model two hosts), and the bearer token with auth on
-(both from 127.0.0.1). The control is the same server with the shares off
-(flag values past the connection cap): the honest tenant is starved, 0 of 10.
+(both from 127.0.0.1). Then the flood is frozen (SIGSTOP) with its connections
+open, and the honest tenant runs 10 more (rule L1: a frozen client's connection
+slots stall no one). The control is the same server with the shares off (flag
+values past the connection cap): the honest tenant is starved, 0 of 10, live or frozen.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import socket
+import os
+import signal
 import subprocess
 import time
 
@@ -74,9 +77,10 @@ def waiting_on(port: int, source: str, token: str | None) -> int:
     return int(document.get("waiters", 0)) if status == 200 else CAP
 
 
-def flooded(serve, tmp_path, *, auth: bool, shares: bool) -> tuple[int, list, dict]:
+def flooded(serve, tmp_path, *, auth: bool, shares: bool) -> tuple[int, int, list, dict]:
     """Start a server, hold the scope, start the flood, wait until it holds ``SHARE`` waiters, run the honest
-    tenant. Returns (served of 10, failures, the flood's counts)."""
+    tenant, freeze the flood, run it again. Returns (served of 10, served of 10 with the flood frozen,
+    failures, the flood's counts)."""
     flags = ["--connections-max", str(CAP)]
     if auth:
         tokens = tmp_path / "tokens"
@@ -106,6 +110,11 @@ def flooded(serve, tmp_path, *, auth: bool, shares: bool) -> tuple[int, list, di
             assert time.monotonic() < deadline, "the flood never filled its share"
             time.sleep(0.05)
         served, failures = honest_cycles(server.port, honest_source, honest_token)
+        os.kill(flood.pid, signal.SIGSTOP)
+        try:
+            frozen, frozen_failures = honest_cycles(server.port, honest_source, honest_token)
+        finally:
+            os.kill(flood.pid, signal.SIGCONT)
         out, _ = flood.communicate(input="", timeout=30)  # closing its stdin stops it
     finally:
         if flood.poll() is None:
@@ -113,63 +122,77 @@ def flooded(serve, tmp_path, *, auth: bool, shares: bool) -> tuple[int, list, di
             flood.wait()
     counts = json.loads(out.strip().splitlines()[-1])
     print(f"\nauth {'on' if auth else 'off'}, shares {'on' if shares else 'OFF (control)'}: honest tenant served "
-          f"{served} of 10; flood {counts}; first failure {failures[:1]}")
-    return served, failures, counts
+          f"{served} of 10, {frozen} of 10 with the flood frozen; flood {counts}; first failure {failures[:1]}")
+    return served, frozen, failures + frozen_failures, counts
 
 
 @pytest.mark.parametrize("auth", [False, True], ids=["by-address", "by-token"])
 def test_a_tenant_is_served_while_another_fills_its_share(serve, tmp_path, auth):
-    served, failures, counts = flooded(serve, tmp_path, auth=auth, shares=True)
-    assert served == 10, failures
+    served, frozen, failures, counts = flooded(serve, tmp_path, auth=auth, shares=True)
+    assert (served, frozen) == (10, 10), failures
     # the flood was refused promptly with a problem document, not reset
     assert counts.get("429", 0) > 0, counts
 
 
 @pytest.mark.parametrize("auth", [False, True], ids=["by-address", "by-token"])
 def test_control_without_shares_the_other_tenant_is_starved(serve, tmp_path, auth):
-    served, failures, _ = flooded(serve, tmp_path, auth=auth, shares=False)
-    assert served == 0, failures
+    served, frozen, failures, _ = flooded(serve, tmp_path, auth=auth, shares=False)
+    assert (served, frozen) == (0, 0), failures
     # at the cap the new connection is answered 503 with Retry-After, not reset
     assert all(f[2] == 503 and f[3]["retry_after"] == "1" for f in failures), failures[:2]
+
+
+def long_polls(port: int, source: str, count: int) -> list[http.client.HTTPConnection]:
+    """``count`` acquires of the held scope ``s`` waiting 4 s, from ``source``; returns once the server counts
+    them (read from another address)."""
+    polls = []
+    for _ in range(count):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+        conn.request("POST", "/v1/locks/s/acquire", body=b'{"ttl_ms": 1000, "wait_ms": 4000}',
+                     headers={"Content-Type": "application/json"})
+        polls.append(conn)
+    deadline = time.monotonic() + 10
+    while call(port, "127.0.0.5", "GET", "/v1/locks/s")[1].get("waiters") != count:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return polls
 
 
 def test_a_share_refusal_is_a_problem_document_with_retry_after(serve):
     server = serve("--peer-waiters-max", "2", "--peer-connections-max", "3")
     port = server.port
-    assert call(port, "127.0.0.4", "POST", "/v1/locks/s/acquire", {"ttl_ms": 60_000})[0] == 200
-    waiting = []
-    for _ in range(2):  # two long polls from .4: its whole share of waiters
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.4", 0))
-        conn.request("POST", "/v1/locks/s/acquire", body=b'{"ttl_ms": 1000, "wait_ms": 4000}',
-                     headers={"Content-Type": "application/json"})
-        waiting.append(conn)
-    deadline = time.monotonic() + 10
-    while call(port, "127.0.0.5", "GET", "/v1/locks/s")[1].get("waiters") != 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    assert call(port, "127.0.0.5", "POST", "/v1/locks/s/acquire", {"ttl_ms": 60_000})[0] == 200
+    polls = long_polls(port, "127.0.0.4", 2)  # .4's whole share of waiting acquires
     status, document = call(port, "127.0.0.4", "POST", "/v1/locks/s/acquire", {"ttl_ms": 1000, "wait_ms": 10})
     assert status == 429, document
     assert document["type"].endswith("/limit-exceeded") and document["limit"] == "peer_waiters_max"
     assert document["value"] == 2 and document["retry_after"] == "1"
     # another address is not in this share: it waits (and times out: the scope is held)
     assert call(port, "127.0.0.5", "POST", "/v1/locks/s/acquire", {"ttl_ms": 1000, "wait_ms": 10})[0] == 409
-    # connections: .4 holds 2 (both waiting) + 1 idle; a 4th closes .4's idle one, never a waiting one
-    idle = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.4", 0))
-    time.sleep(0.1)  # (only so that the server has counted it; the assertions read what the server did)
+    # connections: .4 holds its 2 long polls + 1 idle connection; one more closes .4's idle one
+    idle = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=("127.0.0.4", 0))
+    idle.request("GET", "/healthz")
+    assert idle.getresponse().read() and idle.sock is not None  # answered, kept alive: idle on the server
     assert call(port, "127.0.0.4", "GET", "/healthz")[0] == 200
-    assert idle.recv(100) == b""  # closed to make room
-    # with no idle connection left, the next one from .4 is answered 429 at once, not reset
-    extra = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.4", 0))
-    blocker = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.4", 0))
-    blocker.sendall(b"POST /v1/locks/s/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n")  # slow
+    assert idle.sock.recv(100) == b""  # closed to make room
+    for conn in polls:  # the long polls were never closed: both get their answer (409 at the deadline)
+        assert conn.getresponse().status == 409
+        conn.close()
+    idle.close()
+
+
+def test_an_address_whose_connections_all_serve_gets_429_at_once(serve):
+    server = serve("--peer-connections-max", "2")
+    port = server.port
+    assert call(port, "127.0.0.5", "POST", "/v1/locks/s/acquire", {"ttl_ms": 60_000})[0] == 200
+    polls = long_polls(port, "127.0.0.4", 2)
     status, document = call(port, "127.0.0.4", "GET", "/healthz")
     assert status == 429 and document["limit"] == "peer_connections_max" and document["retry_after"] == "1", (
         status, document)
-    for conn in waiting:  # the long polls were never evicted: both get their answer (409 at the deadline)
+    assert call(port, "127.0.0.5", "GET", "/healthz")[0] == 200
+    for conn in polls:
         assert conn.getresponse().status == 409
         conn.close()
-    for sock in (idle, extra, blocker):
-        sock.close()
 
 
 def test_serve_refuses_bad_share_numbers(tmp_path):
