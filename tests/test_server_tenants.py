@@ -77,7 +77,8 @@ def waiting_on(port: int, source: str, token: str | None) -> int:
     return int(document.get("waiters", 0)) if status == 200 else CAP
 
 
-def flooded(serve, tmp_path, *, auth: bool, shares: bool) -> tuple[int, int, list, dict]:
+def flooded(serve, tmp_path, *, auth: bool, shares: bool,
+            connections_share: bool = True) -> tuple[int, int, list, dict]:
     """Start a server, hold the scope, start the flood, wait until it holds ``SHARE`` waiters, run the honest
     tenant, freeze the flood, run it again. Returns (served of 10, served of 10 with the flood frozen,
     failures, the flood's counts)."""
@@ -89,8 +90,9 @@ def flooded(serve, tmp_path, *, auth: bool, shares: bool) -> tuple[int, int, lis
                   "--token-connections-max", str(SHARE) if shares else OFF]
         flood_source = honest_source = "127.0.0.1"
     else:
-        flags += ["--peer-waiters-max", str(SHARE) if shares else OFF,
-                  "--peer-connections-max", str(SHARE + 4) if shares else OFF]
+        flags += ["--peer-waiters-max", str(SHARE) if shares else OFF]
+        if connections_share:  # else the default, the whole cap: room is made from the largest address
+            flags += ["--peer-connections-max", str(SHARE + 4) if shares else OFF]
         flood_source, honest_source = "127.0.0.2", "127.0.0.3"
     server = serve(*flags)
     flood_token = FLOOD_TOKEN if auth else None
@@ -126,9 +128,11 @@ def flooded(serve, tmp_path, *, auth: bool, shares: bool) -> tuple[int, int, lis
     return served, frozen, failures + frozen_failures, counts
 
 
-@pytest.mark.parametrize("auth", [False, True], ids=["by-address", "by-token"])
-def test_a_tenant_is_served_while_another_fills_its_share(serve, tmp_path, auth):
-    served, frozen, failures, counts = flooded(serve, tmp_path, auth=auth, shares=True)
+@pytest.mark.parametrize(("auth", "connections_share"), [(False, True), (False, False), (True, True)],
+                         ids=["by-address", "by-address-waiters-only", "by-token"])
+def test_a_tenant_is_served_while_another_fills_its_share(serve, tmp_path, auth, connections_share):
+    served, frozen, failures, counts = flooded(serve, tmp_path, auth=auth, shares=True,
+                                               connections_share=connections_share)
     assert (served, frozen) == (10, 10), failures
     # the flood was refused promptly with a problem document, not reset
     assert counts.get("429", 0) > 0, counts
