@@ -292,7 +292,7 @@ class ConnectionLimits:
     def _evict_from(self, group: OrderedDict[HttpProtocol, None]) -> bool:
         """Close the oldest idle, or stale reading, connection of ``group`` (one peer's or credential's)."""
         now = time.monotonic()
-        scan = EVICT_SCAN + min(self.settings.peer_waiters_max, self.settings.token_waiters_max, 4096)
+        scan = EVICT_SCAN + min(max(self.settings.peer_waiters_max, self.settings.token_waiters_max), 4096)
         for scanned, victim in enumerate(group):
             if scanned >= scan:  # past its waiters (never closed), a group's first few hold an idle one
                 break
