@@ -147,12 +147,12 @@ def test_control_without_shares_the_other_tenant_is_starved(serve, tmp_path, aut
 
 
 def long_polls(port: int, source: str, count: int) -> list[http.client.HTTPConnection]:
-    """``count`` acquires of the held scope ``s`` waiting 4 s, from ``source``; returns once the server counts
+    """``count`` acquires of the held scope ``s`` waiting 3 s, from ``source``; returns once the server counts
     them (read from another address)."""
     polls = []
     for _ in range(count):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
-        conn.request("POST", "/v1/locks/s/acquire", body=b'{"ttl_ms": 1000, "wait_ms": 4000}',
+        conn.request("POST", "/v1/locks/s/acquire", body=b'{"ttl_ms": 1000, "wait_ms": 3000}',
                      headers={"Content-Type": "application/json"})
         polls.append(conn)
     deadline = time.monotonic() + 10
@@ -204,3 +204,20 @@ def test_serve_refuses_bad_share_numbers(tmp_path):
         result = subprocess.run([PYTHON, "-m", "stockade", "serve", "--data-dir", str(tmp_path / "d"), "--port",
                                  "0", flag, "0"], capture_output=True, text=True, timeout=30, env=python_env())
         assert result.returncode != 0 and "must be" in result.stderr, (flag, result.stderr)
+
+
+def test_the_client_raises_limit_exceeded_naming_the_share(serve):
+    import stockade
+
+    server = serve("--peer-waiters-max", "1")
+    assert call(server.port, "127.0.0.5", "POST", "/v1/locks/s/acquire", {"ttl_ms": 60_000})[0] == 200
+    polls = long_polls(server.port, "127.0.0.1", 1)  # the client below connects from 127.0.0.1 too
+    coord = stockade.connect(server.url, timeout_ms=5_000)
+    try:
+        with pytest.raises(stockade.LimitExceeded) as raised:
+            coord.acquire("s", ttl_ms=1000, wait_ms=2000, keepalive=False)
+        assert raised.value.limit == "peer_waiters_max", raised.value
+    finally:
+        coord.close()
+    polls[0].getresponse().read()
+    polls[0].close()
