@@ -200,10 +200,18 @@ def test_an_address_whose_connections_all_serve_gets_429_at_once(serve):
 
 
 def test_serve_refuses_bad_share_numbers(tmp_path):
-    for flag in ("--peer-connections-max", "--peer-waiters-max", "--token-connections-max", "--token-waiters-max"):
-        result = subprocess.run([PYTHON, "-m", "stockade", "serve", "--data-dir", str(tmp_path / "d"), "--port",
-                                 "0", flag, "0"], capture_output=True, text=True, timeout=30, env=python_env())
-        assert result.returncode != 0 and "must be" in result.stderr, (flag, result.stderr)
+    from stockade.core.errors import InvalidArgument
+    from stockade.server._guard import TransportSettings
+
+    for name in ("peer_connections_max", "peer_waiters_max", "token_connections_max", "token_waiters_max"):
+        for bad in (0, -1, 1_000_001, 2.5, True, "8"):
+            with pytest.raises(InvalidArgument, match="must be an integer in 1..1000000"):
+                TransportSettings(**{name: bad})
+    result = subprocess.run([PYTHON, "-m", "stockade", "serve", "--data-dir", str(tmp_path / "d"), "--port", "0",
+                             "--token-waiters-max", "0"], capture_output=True, text=True, timeout=30, env=python_env())
+    assert result.returncode != 0 and "token_waiters_max" in result.stderr and "must be" in result.stderr, (
+        result.stderr)
+    assert "Traceback" not in result.stderr
 
 
 def test_the_client_raises_limit_exceeded_naming_the_share(serve):
