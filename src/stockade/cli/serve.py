@@ -59,6 +59,17 @@ def _parser() -> argparse.ArgumentParser:
     limits.add_argument("--buffer-bytes-max", type=int, default=64 * 1024 * 1024,
                         help="request bytes held in memory, all connections together; past it a body is "
                              "refused with 503 and Retry-After (default 67108864: 64 MiB)")
+    shares = parser.add_argument_group(
+        "fair shares (per source address, and per bearer token with --auth-tokens; past one: 429, Retry-After)")
+    shares.add_argument("--peer-connections-max", type=int, default=4096, metavar="CONNECTIONS",
+                        help="open connections per source address; past it the address's own oldest idle one "
+                             "is closed, or the new one refused (default 4096)")
+    shares.add_argument("--peer-waiters-max", type=int, default=256, metavar="ACQUIRES",
+                        help="acquires waiting (wait_ms > 0) at once per source address (default 256)")
+    shares.add_argument("--token-connections-max", type=int, default=1024, metavar="CONNECTIONS",
+                        help="connections per bearer token, counted from their latest request (default 1024)")
+    shares.add_argument("--token-waiters-max", type=int, default=256, metavar="ACQUIRES",
+                        help="acquires waiting (wait_ms > 0) at once per bearer token (default 256)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="JSON logs on stderr; debug adds one line per request")
     return parser
@@ -96,6 +107,8 @@ def run(argv: list[str]) -> int:
             idle_timeout_s=args.idle_timeout_s, header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s, body_rate_min=args.body_rate_min,
             connections_max=args.connections_max, buffer_bytes_max=args.buffer_bytes_max,
+            peer_connections_max=args.peer_connections_max, peer_waiters_max=args.peer_waiters_max,
+            token_connections_max=args.token_connections_max, token_waiters_max=args.token_waiters_max,
         )
         status = run_server(config, ready=ready)
     except StockadeError as exc:

@@ -8,7 +8,8 @@ problem types, documents), shared with the remote client. OpenAPI at
 - `_inputs`: strict input parsing (JSON bodies, query, headers, path segments).
 - `openapi`: the OpenAPI 3.1 document, rendered from the route table and `stockade.core.limits`.
 - `_http`: a lean HTTP/1.1 server on asyncio + httptools, with its bounds.
-- `_guard`: bounds across connections: timeouts, the connection cap, request bytes in memory.
+- `_guard`: bounds across connections: timeouts, the connection cap, request bytes in memory,
+  fair shares per source address and per bearer token.
 - `_leases`: the lease table in memory, FIFO long-poll waits, durable writes.
 - `_port_leases`: the same routes over another backend's coordinator port (``--coordinator URL``).
 - `_groupcommit`: one writer thread per file; one transaction and fsync per batch.
@@ -35,6 +36,10 @@ from stockade.server._guard import (
     CONNECTIONS_MAX,
     HEADER_TIMEOUT_S,
     IDLE_TIMEOUT_S,
+    PEER_CONNECTIONS_MAX,
+    PEER_WAITERS_MAX,
+    TOKEN_CONNECTIONS_MAX,
+    TOKEN_WAITERS_MAX,
     ConnectionLimits,
     TransportSettings,
     raise_file_limit,
@@ -53,7 +58,9 @@ class ServerConfig(_app.ServerConfig):
     (a keep-alive connection with no request), ``header_timeout_s`` (a request's
     first byte to the end of its headers), ``body_timeout_s`` and ``body_rate_min``
     (bytes/s on average after 2 s) for its body, ``connections_max``, and
-    ``buffer_bytes_max`` (request bytes in memory, all connections together).
+    ``buffer_bytes_max`` (request bytes in memory, all connections together), and the
+    fair shares: ``peer_connections_max`` and ``peer_waiters_max`` per source address,
+    ``token_connections_max`` and ``token_waiters_max`` per bearer token.
     ``coordinator``: serve the leases of this backend url (``postgresql://``,
     ``etcd://``...; `stockade.server._port_leases`) instead of ``data_dir/coord.db``;
     ``lock_delay_ms`` then applies to the grants made through the server (C5).
@@ -67,6 +74,10 @@ class ServerConfig(_app.ServerConfig):
     body_rate_min: int = BODY_RATE_MIN
     connections_max: int = CONNECTIONS_MAX
     buffer_bytes_max: int = BUFFER_BYTES_MAX
+    peer_connections_max: int = PEER_CONNECTIONS_MAX
+    peer_waiters_max: int = PEER_WAITERS_MAX
+    token_connections_max: int = TOKEN_CONNECTIONS_MAX
+    token_waiters_max: int = TOKEN_WAITERS_MAX
 
     def transport(self) -> TransportSettings:
         """The transport settings (raises InvalidArgument for a bad one)."""
@@ -87,6 +98,11 @@ class Server(_app.Server):
         if config.auth_tokens:
             self._limits.authorize = BearerAuth(config.auth_tokens).refusal
         raise_file_limit(settings.connections_max)
+
+    async def start(self) -> None:
+        await super().start()  # binds; no connection is served before this method returns
+        if self.app is not None:
+            self.app.shares = self._limits  # the waiting acquires' shares (the transport keeps the rest)
 
     async def open_leases(self, loop: asyncio.AbstractEventLoop) -> tuple[_app.Leases, object]:
         """``--coordinator``'s backend and its keyring, or (without it) the server's own coordinator file."""

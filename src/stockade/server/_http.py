@@ -9,9 +9,12 @@ What this layer enforces before an application sees a request (each bound named)
 URL length, header count and bytes, body size by route (checked against
 ``Content-Length`` before the body is read, and while reading a chunked one),
 pipelined requests per connection, and, through `stockade.server._guard`,
-connections per server, request bytes in memory across connections, and idle /
-slow request timeouts. A request that breaks one is answered with a problem
-document and the connection is closed.
+connections per server, request bytes in memory across connections, idle /
+slow request timeouts, and each source address's and bearer token's fair share
+of connections and of waiting acquires (`within_share` counts the latter). A
+request that breaks one is answered with a problem document (a share's with
+``Retry-After``) and the connection is closed; only an acquire past its share of
+waiting acquires gets its 429 on a connection that stays open.
 
 Authentication comes before the body: once a request's headers are complete,
 the guard's ``authorize`` hook may refuse it (401 without a valid bearer token,
@@ -42,9 +45,11 @@ import httptools
 
 from stockade.server._guard import (
     BODY_GRACE_S,
+    DISCARD_SECONDS,
     RETRY_AFTER_S,
     SMALL_BODY_BYTES,
     ConnectionLimits,
+    Refusal,
     TransportSettings,
 )
 from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
@@ -59,6 +64,8 @@ __all__ = [
     "json_response",
     "problem",
     "problem_response",
+    "refusal_response",
+    "within_share",
 ]
 
 URL_BYTES_MAX = 8 * 1024
@@ -66,7 +73,6 @@ HEADERS_MAX = 64
 HEADER_BYTES_MAX = 16 * 1024
 PIPELINED_MAX = 16
 DISCARD_BYTES_MAX = 4 * 1024 * 1024  # after an early 413, drain this much so the client reads the answer
-DISCARD_SECONDS = 1.0
 _LINGER_RESET = struct.pack("ii", 1, 0)  # close with a reset, dropping unsent bytes
 RAW_BYTES_MAX = 64 * 1024  # unparsed bytes kept while a handler runs; then reading pauses
 
@@ -85,10 +91,12 @@ class Request:
     """One parsed request. ``headers`` keys are lowercase; a repeated header keeps its last value
     and is noted in ``repeated`` (the application rejects repeats of the headers it reads)."""
 
-    __slots__ = ("method", "raw_path", "query", "headers", "repeated", "body", "started", "refusal")
+    __slots__ = ("method", "raw_path", "query", "headers", "repeated", "body", "started", "refusal", "peer",
+                 "credential")
 
     def __init__(self, method: str, raw_path: str, query: str, headers: dict[str, str], repeated: set[str],
-                 body: bytes, started: float, refusal: Response | None = None) -> None:
+                 body: bytes, started: float, refusal: Response | None = None, peer: str = "",
+                 credential: bytes | None = None) -> None:
         self.method = method
         self.raw_path = raw_path
         self.query = query
@@ -97,6 +105,8 @@ class Request:
         self.body = body
         self.started = started
         self.refusal = refusal  # answered without the application (a bodyless request refused by scope)
+        self.peer = peer  # the source address: whose shares the request counts in
+        self.credential = credential  # its bearer token's digest (auth on), or None
 
 
 class Response:
@@ -148,6 +158,27 @@ def problem_response(status: int, code: str, title: str, detail: str | None = No
     return Response(status, dumps(document), PROBLEM_JSON, headers)
 
 
+def refusal_response(refusal: Refusal) -> Response:
+    """The problem document for a refusal by the connection cap or a fair share, with Retry-After."""
+    extra = {"limit": refusal.limit, "value": refusal.value} if refusal.limit is not None else None
+    return problem(refusal.code, refusal.detail, extra=extra, headers=[("Retry-After", str(RETRY_AFTER_S))])
+
+
+async def within_share(limits: ConnectionLimits | None, request: Request, wait_ms: int,
+                       acquire: Callable[[], Awaitable[Any]]) -> Any:
+    """``await acquire()``, counted in the waiting acquires of the request's address and token when
+    ``wait_ms`` > 0; the 429 `Response` instead when one of those shares is full."""
+    if limits is None or not wait_ms:
+        return await acquire()
+    refusal = limits.wait_begin(request.peer, request.credential)
+    if refusal is not None:
+        return refusal_response(refusal)
+    try:
+        return await acquire()
+    finally:
+        limits.wait_end(request.peer, request.credential)
+
+
 class HttpError(Exception):
     """Raised by the transport layer itself (size, framing); carries the problem to send."""
 
@@ -167,7 +198,7 @@ class HttpProtocol(asyncio.Protocol):
         "_dispatch", "_observe", "_body_limit", "_limits", "_loop", "_transport", "_parser", "_url", "_headers",
         "_repeated", "_header_bytes", "_body", "_body_size", "_body_max", "_pending", "_current", "_closing",
         "_write_paused", "_discarding", "_discarded", "_request_started", "_header_name", "_held", "_raw",
-        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small",
+        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small", "peer", "credential",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
@@ -191,6 +222,8 @@ class HttpProtocol(asyncio.Protocol):
         self._raw_size = 0
         self._feeding = False
         self._reading_paused = False
+        self.peer = ""  # the source address (the guard's peer shares)
+        self.credential: bytes | None = None  # the digest of its latest request's bearer token (auth on)
         self._reset()
 
     def _reset(self) -> None:
@@ -210,9 +243,11 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        if not self._limits.admit(self):
-            self._closing = True
-            self._transport.abort()  # type: ignore[union-attr]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else ""
+        refusal = self._limits.admit(self)
+        if refusal is not None:
+            self._fail(refusal_response(refusal))
 
     def pause_writing(self) -> None:
         # The send buffer passed its high-water mark: stop reading and stop answering
@@ -387,6 +422,11 @@ class HttpProtocol(asyncio.Protocol):
                 if has_body:
                     raise HttpError(refusal.status, "unauthorized", "", response=refusal)  # the body is not read
                 self._refusal = refusal
+            credential = self._headers.get("authorization")
+            if credential is not None:
+                over = self._limits.tag(self, credential)
+                if over is not None:
+                    raise HttpError(429, over.code, over.detail, response=refusal_response(over))
         if has_body and not self._limits.room(self, 0):
             raise HttpError(503, "backend-unavailable", "request bodies in memory are at their bound; retry",
                             headers=[("Retry-After", str(RETRY_AFTER_S))])
@@ -413,6 +453,8 @@ class HttpProtocol(asyncio.Protocol):
             body=b"".join(self._body),
             started=self._request_started,
             refusal=self._refusal,
+            peer=self.peer,
+            credential=self.credential,
         )
         self._body = []
         keep_alive = self._parser.should_keep_alive()
@@ -460,12 +502,19 @@ class HttpProtocol(asyncio.Protocol):
         self._drain_raw()
 
     def _fail(self, response: Response) -> None:
-        """Answer a request the transport refused, then drain briefly and close."""
+        """Answer a request (or a connection) the transport refused, then drain briefly and close.
+
+        The connection leaves the server's count and its shares at once; if too many
+        refused ones linger already, it is reset instead.
+        """
         if self._transport is None or self._closing:
             return
-        self._limits.to_serving(self)  # neither idle nor reading: it closes shortly
+        self._limits.forget(self)  # it closes shortly: counted in no share, never evicted
         if self._current is not None or self._pending:
             self._close()  # an earlier request is still being answered; do not interleave
+            return
+        if not self._limits.linger(self):
+            self.abort()
             return
         self._transport.write(response.encode(False))
         self._closing = True

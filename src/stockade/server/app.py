@@ -57,6 +57,7 @@ from stockade.server._http import (
     json_response,
     problem,
     problem_response,  # noqa: F401 - the test controls build their 401 with it
+    within_share,
 )
 from stockade.server._inputs import (
     BodyField,
@@ -141,6 +142,7 @@ class App:
         self.auth = auth
         self.wait_ms_cap = wait_ms_cap
         self.value_bytes_max = value_bytes_max
+        self.shares: ConnectionLimits | None = None  # the waiters' shares (stockade.server.Server sets it)
         self.cluster_id = leases.cluster_id
         self.openapi = json.dumps(openapi_document(auth=auth is not None, value_bytes_max=value_bytes_max)).encode()
         self.handlers = self.handlers_of(self)
@@ -288,9 +290,11 @@ class App:
             holder = validate_holder(document["holder"]) if "holder" in document else "anonymous"
         except InvalidArgument as exc:
             raise BodyField(exc) from None
-        if self.wait_ms_cap is not None:
-            wait_ms = min(wait_ms, self.wait_ms_cap)
-        lease = await self.leases.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
+        wait_ms = min(wait_ms, self.wait_ms_cap) if self.wait_ms_cap is not None else wait_ms
+        lease = await within_share(self.shares, request, wait_ms, lambda: self.leases.acquire(
+            scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms))
+        if isinstance(lease, Response):  # the caller's address or token holds its share of waiting acquires
+            return lease
         return json_response(200, codecs.grant_doc(lease, scope))
 
     async def renew(self, request: Request, raw_lease_id: str) -> Response:

@@ -181,7 +181,8 @@ ROUTES: tuple[Route, ...] = (
           description="Long-polls up to wait_ms; waiters are served first in, first out.",
           body="json", body_schema="AcquireRequest", body_required=True,
           problems=(*_COMMON, *_BODY, Answer(409, ("lock-timeout",), "lock-timeout: still held at the deadline."),
-                    Answer(429, ("limit-exceeded",), "limit-exceeded: queue or lease bound reached."))),
+                    Answer(429, ("limit-exceeded",), "limit-exceeded: queue or lease bound reached, or the "
+                           "caller's address or token holds its share of waiting acquires (Retry-After)."))),
     Route("POST", "/v1/leases/{lease_id}/renew", "renew", "Renewed for its TTL from now.", answer_schema="Renewal",
           body="json", body_schema="RenewRequest",
           problems=(*_COMMON, *_BODY, Answer(410, ("not-holder",), "not-holder: expired, released, or unknown."))),
