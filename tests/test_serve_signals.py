@@ -4,7 +4,7 @@ The finding: the server ran its event loop twice (start, then serve), and
 installed its signal handlers and printed "listening on" in between, while the
 loop was stopped. uvloop listens to its signal pipe only while it runs, so a
 signal sent the instant the ready line was read was recorded and never acted
-on: the server went on serving, 6 of 20 times. `stockade.server._lifetime.run`
+on: the server went on serving, 20 of 100 times. `stockade.server._lifetime.run`
 now keeps one run of the loop from the handlers to the close.
 
 - `test_signal_at_the_ready_line_stops_serve`: the real ``stockade serve``,

@@ -6,7 +6,7 @@ twice, for the start and then for the serving, with the handlers installed and
 ``ready`` called in between, while the loop was not running. uvloop listens to
 its signal wakeup pipe only while it runs, and a signal that arrived in that
 gap (as when a supervisor sends SIGTERM the instant it reads "listening on")
-was recorded and never acted on: the server went on serving, 6 of 20 times
+was recorded and never acted on: the server went on serving, 20 of 100 times
 (`tests/test_serve_signals.py`, whose control keeps the old order).
 
 Needs the ``server`` extra, as `stockade.server.app` does.
