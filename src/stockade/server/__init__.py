@@ -5,6 +5,7 @@ problem types, documents), shared with the remote client. OpenAPI at
 ``/openapi.json``. Layout:
 
 - `app`: handlers for the routes of `stockade.wire.routes`, errors to problem documents, lifecycle.
+- `_lifetime`: the process: one event loop, the stop signals, the ready callback.
 - `_inputs`: strict input parsing (JSON bodies, query, headers, path segments).
 - `openapi`: the OpenAPI 3.1 document, rendered from the route table and `stockade.core.limits`.
 - `_http`: a lean HTTP/1.1 server on asyncio + httptools, with its bounds.
@@ -27,6 +28,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from stockade.server import _lifetime
 from stockade.server import app as _app
 from stockade.server._auth import BearerAuth
 from stockade.server._guard import (
@@ -117,5 +119,5 @@ class Server(_app.Server):
 
 
 def run(config: _app.ServerConfig, *, ready: Callable[[_app.Server], None] | None = None) -> int:
-    """Run a `Server` (transport bounds included) until SIGTERM or SIGINT; see `stockade.server.app.run`."""
-    return _app.run(config, ready=ready, server_class=Server)
+    """Run a `Server` (transport bounds included) until SIGTERM or SIGINT; see `stockade.server._lifetime.run`."""
+    return _lifetime.run(config, ready=ready, server_class=Server)

@@ -15,7 +15,6 @@ import asyncio
 import html
 import json
 import logging
-import signal
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -485,7 +484,8 @@ class Server:
         self.port: int | None = None
         self._server: asyncio.base_events.Server | None = None
         self._limits = ConnectionLimits()
-        self._stopping: asyncio.Event | None = None
+        # Made here, not in `start`: a stop asked for during startup is kept, and acted on once it ends.
+        self._stopping = asyncio.Event()
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         if self.config.tls_cert is None:
@@ -526,7 +526,6 @@ class Server:
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
-        self._stopping = asyncio.Event()
         _log.info("listening on %s", self.url, extra={"url": self.url, "cluster_id": cluster_id,
                                                        "auth": auth is not None, "tls": context is not None})
 
@@ -557,8 +556,12 @@ class Server:
             self._limits.sweep()
 
     def stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
+        """Ask the server to stop (a signal handler: safe before, during and after `start`)."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def _coordinator_failed(self, detail: str) -> None:
         # The lease table in memory may now differ from coord.db. Like PostgreSQL and
@@ -568,7 +571,6 @@ class Server:
         self.stop()
 
     async def serve_until_stopped(self) -> None:
-        assert self._stopping is not None
         await self._stopping.wait()
         await self.close()
 
@@ -595,28 +597,3 @@ class Server:
         for file in self._files:
             file.close()
 
-
-def run(config: ServerConfig, *, ready: Callable[[Server], None] | None = None,
-        server_class: Callable[[ServerConfig], Server] = Server) -> int:
-    """Run a server (of ``server_class``) until SIGTERM or SIGINT (uvloop when installed).
-
-    Returns:
-        0, or `EXIT_COMMIT_FAILED` when it stopped because a coordinator commit failed.
-    """
-    try:
-        import uvloop
-    except ImportError:  # optional: the server works on the standard loop, somewhat slower
-        uvloop = None  # type: ignore[assignment]
-    loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    server = server_class(config)
-    try:
-        loop.run_until_complete(server.start())
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, server.stop)
-        if ready is not None:
-            ready(server)
-        loop.run_until_complete(server.serve_until_stopped())
-    finally:
-        loop.close()
-    return server.exit_status
