@@ -27,12 +27,13 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import re
 import secrets
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ BUSY_TIMEOUT_MS_DEFAULT = 5_000
 SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
 BUSY_RETRY_S = 0.0005  # our retry step for BEGIN IMMEDIATE (jittered)
 CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
+#: The tables a coordinator file of this version has (an opener that finds them all may join reading only).
+_SCHEMA_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
 
 class _ChangeFailed(Exception):
     """Carries the error of a single change out of its transaction (which is rolled back)."""
@@ -141,6 +144,9 @@ class SQLiteRecords:
 
     #: Whether tokens carry epochs; a seam for the controls of the test suite, never off in production.
     epochs = True
+    #: Whether a caller's deadline bounds a unit's wait (`within`) and a joiner opens reading only; a seam
+    #: for the controls of the test suite (the old behaviour: every wait is the busy timeout), never off in production.
+    bounded_waits = True
 
     def __init__(
         self,
@@ -155,6 +161,7 @@ class SQLiteRecords:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._busy_timeout_ms = busy_timeout_ms
+        self._budget = threading.local()  # a unit's own bound, set by `within` (per thread)
         self.epoch = 0
         self._epoch_floor = 0
         self._alone_at_open = False
@@ -283,6 +290,9 @@ class SQLiteRecords:
             raise WrongFileKind(str(self.path), "coordinator", found)
 
     def _initialise(self) -> str:
+        joined = self._join_reading() if self.bounded_waits else None
+        if joined is not None:
+            return joined
         with self._write() as conn:
             found = classify(conn.execute("PRAGMA application_id").fetchone()[0],
                              {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")},
@@ -321,6 +331,39 @@ class SQLiteRecords:
                 self._check_clock(conn, meta.get("mono_offset_ns"), offset)
             self._start_epoch(conn, meta)
             return meta["cluster_id"]
+
+    def _join_reading(self) -> str | None:
+        """Join a file that others have open and that needs no change, reading only; None if it needs one.
+
+        Opening must not need the write lock: a process frozen inside a write
+        unit holds it for as long as it is frozen, and a new process's
+        ``connect()`` would wait for it (docs/leases.md, "A frozen party").
+        The file needs a write only when it is new or of another version, after
+        a reboot, on another clock, or when this opener is alone (a new epoch);
+        a WAL reader sees the last committed state and takes no write lock.
+        """
+        if self._alone_at_open:
+            return None  # a new epoch is written (and nobody else can hold the write lock)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN")
+            try:
+                application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                meta = dict(conn.execute("SELECT k, v FROM meta").fetchall()) if "meta" in tables else {}
+            finally:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            return None  # the writing path says what is wrong, within the busy timeout
+        if (
+            application_id != APPLICATION_ID or not _SCHEMA_TABLES <= tables or "cluster_id" not in meta
+            or meta.get("schema_version") != SCHEMA_VERSION or meta.get("kind") != KIND
+            or meta.get("boot_id") != boot_id() or meta.get("mono_offset_ns") != str(monotonic_offset_ns())
+        ):
+            return None
+        self.cluster_id = meta["cluster_id"]
+        self._start_epoch(conn, meta)  # joins: reads only
+        return self.cluster_id
 
     def _check_clock(self, conn: sqlite3.Connection, stored: str | None, offset: int) -> None:
         """Same boot: refuse when the file's times are on another time namespace's monotonic clock."""
@@ -381,10 +424,38 @@ class SQLiteRecords:
                 self._claim = -1
 
     @contextmanager
+    def within(self, until_s: float) -> Iterator[None]:
+        """Units begun in this thread inside the block wait for the file at most until ``until_s``.
+
+        ``until_s`` is on ``time.monotonic()``. Past it a unit still makes one
+        attempt at the write lock, so an expired bound means "only if free now".
+        The bound never extends the busy timeout.
+        """
+        if not self.bounded_waits:
+            yield
+            return
+        previous = getattr(self._budget, "until_s", None)
+        self._budget.until_s = until_s if previous is None else min(previous, until_s)
+        try:
+            yield
+        finally:
+            self._budget.until_s = previous
+
+    def _wait_until_s(self) -> tuple[float, int]:
+        """(monotonic deadline, its length in ms) of the wait for the connection and the write lock."""
+        now_s = time.monotonic()
+        until_s = now_s + self._busy_timeout_ms / 1000
+        bound = getattr(self._budget, "until_s", None)
+        if bound is not None:
+            until_s = min(until_s, max(now_s, bound))
+        return until_s, round((until_s - now_s) * 1000)
+
+    @contextmanager
     def _locked(self) -> Iterator[sqlite3.Connection]:
-        """This process's connection, waited for at most the busy timeout."""
-        if not self._lock.acquire(timeout=self._busy_timeout_ms / 1000):
-            raise BackendUnavailable(f"coordinator busy for {self._busy_timeout_ms} ms", certain_no_effect=True)
+        """This process's connection, waited for at most the busy timeout (or the thread's `within` bound)."""
+        until_s, wait_ms = self._wait_until_s()
+        if not self._lock.acquire(timeout=max(0.0, until_s - time.monotonic())):
+            raise BackendUnavailable(f"coordinator busy for {wait_ms} ms", certain_no_effect=True)
         try:
             yield self._conn
         except sqlite3.Error as exc:
@@ -396,7 +467,7 @@ class SQLiteRecords:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction; its COMMIT is fsync'd before we return."""
         with self._locked() as conn:
-            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
+            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
             try:
                 yield conn
             except BaseException as exc:
@@ -412,11 +483,14 @@ class SQLiteRecords:
                     conn.execute("ROLLBACK")
                 raise BackendUnavailable(f"coordinator commit failed: {exc}") from exc
 
-    def _retry_busy(self, statement: Any) -> None:
+    def _retry_busy(self, statement: Any, *, bounded: bool = False) -> None:
         # SQLite's own busy handler sleeps in growing steps (up to 100 ms), so a
         # process that loops on the lock starves the others. Retrying here in
         # short, jittered steps keeps entry to the queue fair between processes.
-        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        if bounded:
+            deadline, wait_ms = self._wait_until_s()
+        else:
+            deadline, wait_ms = time.monotonic() + self._busy_timeout_ms / 1000, self._busy_timeout_ms
         while True:
             try:
                 statement()
@@ -425,9 +499,7 @@ class SQLiteRecords:
                 if "locked" not in str(exc) and "busy" not in str(exc):
                     raise BackendUnavailable(f"coordinator unavailable: {exc}", certain_no_effect=True) from exc
                 if time.monotonic() >= deadline:
-                    raise BackendUnavailable(
-                        f"coordinator busy for {self._busy_timeout_ms} ms", certain_no_effect=True
-                    ) from exc
+                    raise BackendUnavailable(f"coordinator busy for {wait_ms} ms", certain_no_effect=True) from exc
                 time.sleep(BUSY_RETRY_S * (0.5 + random.random()))
             except sqlite3.Error as exc:
                 raise BackendUnavailable(f"coordinator unavailable: {exc}", certain_no_effect=True) from exc
@@ -606,6 +678,10 @@ class SQLiteCoordinator(LeaseEngine):
 
     def __enter__(self) -> SQLiteCoordinator:
         return self
+
+    def within(self, until_ns: int) -> AbstractContextManager[None]:
+        """Units begun in this thread inside the block wait for the file at most until ``until_ns`` (engine clock)."""
+        return self.records.within(time.monotonic() + (until_ns - self.clock.now_ns()) / 1e9)
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()

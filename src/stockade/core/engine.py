@@ -20,7 +20,7 @@ it needs, decides, and hands back the changes; the store never decides.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Protocol
 
@@ -241,6 +241,17 @@ class LeaseEngine:
     def close(self) -> None:
         """Release what the record store holds (files, locks)."""
         self.records.close()
+
+    def within(self, until_ns: int) -> AbstractContextManager[None]:
+        """Units begun in this thread inside the block wait for their store at most until ``until_ns``.
+
+        ``until_ns`` is on this engine's clock. A store that never waits for
+        another party (memory) ignores it; one that does (a file shared with
+        other processes, whose write lock a frozen process may hold) gives up
+        at ``until_ns`` with `BackendUnavailable`, so that a caller's own
+        deadline (an acquire's wait) holds whatever the others are doing.
+        """
+        return nullcontext()
 
     # -- writes ------------------------------------------------------------------------------
 
