@@ -1,4 +1,4 @@
-"""A frozen process does not stall the others on the embedded coordinator beyond their own waits (L1).
+"""A frozen process does not stall the others on the embedded coordinator beyond their own waits.
 
 A holder process takes 20 leases (TTL 1 s, keepalive on) on one coordinator
 file and is frozen with SIGSTOP, half of the rounds at a moment chosen inside
@@ -252,3 +252,41 @@ def test_control_switch_is_the_old_open(tmp_path: Path, control: bool) -> None:
         assert (len(writes) == 1) if control else (writes == [])
     finally:
         first.close()
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["floor", "control"])
+def test_a_try_waits_for_another_process_brief_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     control: bool) -> None:
+    """``wait_ms=0`` means "only if the scope is free", not "only if nobody is writing the file this instant"."""
+    import sqlite3
+    import threading
+
+    import stockade
+    from stockade.client._sync import _embedded
+
+    if control:  # an acquire's file wait bounded by its own wait alone
+        monkeypatch.setattr(_embedded, "STORE_WAIT_MS_MIN", 0)
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    other = sqlite3.connect(tmp_path / "coord.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process's write, in progress
+        outcome: list[object] = []
+
+        def try_lock() -> None:
+            try:
+                outcome.append(coord.acquire("s", ttl_ms=1_000, wait_ms=0, keepalive=False))
+            except stockade.StockadeError as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=try_lock)
+        worker.start()
+        time.sleep(0.05)  # the write lasts a moment (the floor is 1,000 ms: 20 times this)
+        other.execute("COMMIT")
+        worker.join()
+        if control:
+            assert isinstance(outcome[0], stockade.BackendUnavailable)
+        else:
+            assert isinstance(outcome[0], stockade.Lease), outcome
+    finally:
+        other.close()
+        coord.close()

@@ -27,12 +27,15 @@ from stockade.resources.port import TransactionalStorePort
 from stockade.resources.sqlite_store import TX_BUFFER_BYTES_MAX
 
 __all__ = ["EmbeddedCoordinatorPort", "EmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX",
-           "CLEANUP_MS_MAX"]
+           "CLEANUP_MS_MAX", "STORE_WAIT_MS_MIN"]
 
 POLL_INTERVAL_MS_MIN = 1
 POLL_INTERVAL_MS_MAX = 20
 #: How long the clean-up of a failed acquire waits for the store (the slack of an acquire's wait).
 CLEANUP_MS_MAX = 50
+#: However short its wait, an acquire waits this long for the store (other processes' writes take turns
+#: on a shared file: 8 processes cycling locks wait up to a few hundred ms for it on a loaded host).
+STORE_WAIT_MS_MIN = 1_000
 
 
 class EmbeddedCoordinatorPort:
@@ -58,8 +61,11 @@ class EmbeddedCoordinatorPort:
 
         The wait holds whatever the engine's store is doing: each attempt waits
         for the store (a file's write lock, which a frozen process may hold) at
-        most until the acquire's deadline, and the clean-up after a failed
-        acquire at most `CLEANUP_MS_MAX` more (docs/leases.md, "A frozen party").
+        most until the acquire's deadline, or `STORE_WAIT_MS_MIN` after the
+        start when that is later, and the clean-up after a failed acquire at
+        most `CLEANUP_MS_MAX` more: the acquire answers within
+        ``max(wait_ms, STORE_WAIT_MS_MIN) + CLEANUP_MS_MAX`` and one commit
+        (docs/leases.md, "A frozen party on the embedded coordinator").
 
         Returns:
             The grant; its ``sent_ns`` is the send time (``clock.now_ns()``) of the
@@ -72,7 +78,10 @@ class EmbeddedCoordinatorPort:
                 wait (``certain_no_effect``: nothing was granted).
         """
         lease_id = new_lease_id()
-        deadline_ns = self.clock.now_ns() + wait_ms * 1_000_000
+        start_ns = self.clock.now_ns()
+        deadline_ns = start_ns + wait_ms * 1_000_000
+        # A short wait (0: "only if free") still waits for other processes' brief writes.
+        store_until_ns = max(deadline_ns, start_ns + STORE_WAIT_MS_MIN * 1_000_000)
         interval_ms = POLL_INTERVAL_MS_MIN
         try:
             while True:
@@ -80,12 +89,12 @@ class EmbeddedCoordinatorPort:
                 try:
                     outcome = SyncIO.run_blocking(
                         _attempt, self.engine, scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
-                        wait_deadline_ns=deadline_ns,
+                        wait_deadline_ns=deadline_ns, store_until_ns=store_until_ns,
                     )
                 except BackendUnavailable as exc:
                     # Busy (another process holds the write lock): nothing was done; try
                     # again while the wait lasts (a store's busy timeout may be shorter).
-                    if not exc.certain_no_effect or self.clock.now_ns() >= deadline_ns:
+                    if not exc.certain_no_effect or self.clock.now_ns() >= store_until_ns:
                         raise
                     continue  # the attempt itself waited (its busy timeout): no spinning
                 if isinstance(outcome, core_leases.Granted):
@@ -189,10 +198,11 @@ class EmbeddedStorePort:
 
 
 def _attempt(
-    engine: LeaseEngine, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_deadline_ns: int
+    engine: LeaseEngine, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_deadline_ns: int,
+    store_until_ns: int,
 ) -> Outcome:
-    """One acquire attempt that waits for the engine's store no later than the acquire's deadline."""
-    with engine.within(wait_deadline_ns):
+    """One acquire attempt that waits for the engine's store no later than ``store_until_ns``."""
+    with engine.within(store_until_ns):
         return engine.try_acquire(
             scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms, wait_deadline_ns=wait_deadline_ns
         )
