@@ -56,31 +56,49 @@ import json, os, signal, sys, threading, time
 from contextlib import contextmanager
 import stockade
 from stockade.coordinators import sqlite as coord_sqlite
-if os.environ.get("FROZEN_CONTROL") == "1":
-    coord_sqlite.SQLiteRecords.bounded_waits = False  # the old behaviour
+from stockade.coordinators import _sqlite_renewals
+control = os.environ.get("FROZEN_CONTROL", "")
+if control in ("waits", "both"):
+    coord_sqlite.SQLiteRecords.bounded_waits = False  # the old waits and open
+if control in ("renewals", "both"):
+    coord_sqlite.SQLiteRecords.renewal_files = False  # the old renewals: a write transaction each
 """
 
-# The holder: 20 leases with keepalive; "arm" on stdin makes its next write unit stop
-# the process inside the unit (after its statements, before COMMIT: the write lock is held).
+# The holder: 20 leases with keepalive. "arm" on stdin makes its next write to the coordinator's
+# files (a renewal, wherever renewals are written) stop the process inside it; "arm-unit" makes it
+# acquire one more scope and stop inside that write transaction (after its statements, before
+# COMMIT: the write lock is held).
 _HOLDER = _PRELUDE + """
 armed = threading.Event()
 original = coord_sqlite.SQLiteRecords._write
+original_renewal = _sqlite_renewals.RenewalFiles.write
+
+def _stop_if_armed():
+    if armed.is_set():
+        armed.clear()
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 @contextmanager
 def _write(self):
     with original(self) as conn:
         yield conn
-        if armed.is_set():
-            armed.clear()
-            os.kill(os.getpid(), signal.SIGSTOP)
+        _stop_if_armed()
+
+def _renewal(self, lease_id, until_ns):
+    original_renewal(self, lease_id, until_ns)
+    _stop_if_armed()  # written, before the renewer reads its clock: the worst moment to stop
 
 coord_sqlite.SQLiteRecords._write = _write
+_sqlite_renewals.RenewalFiles.write = _renewal
 coord = stockade.connect(sys.argv[1])
 leases = [coord.acquire(f"h-{i}", ttl_ms=int(sys.argv[2]), wait_ms=5000) for i in range(int(sys.argv[3]))]
 print("ready", flush=True)
 for line in sys.stdin:
     if line.strip() == "arm":
         armed.set()
+    elif line.strip() == "arm-unit":
+        armed.set()
+        coord.acquire("h-extra", ttl_ms=int(sys.argv[2]), wait_ms=5000)
 """
 
 # The honest holder of another scope: reports at the end whether its lease was lost.
@@ -125,8 +143,8 @@ os._exit(0)
 """
 
 
-def _spawn(script: str, *args: str, control: bool) -> subprocess.Popen[str]:
-    env = dict(os.environ, FROZEN_CONTROL="1" if control else "0")
+def _spawn(script: str, *args: str, control: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, FROZEN_CONTROL=control)
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(script), *args], env=env, text=True,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -153,7 +171,7 @@ def _wait_stopped(pid: int) -> None:
             return
 
 
-def _round(url: str, *, aimed: bool, control: bool, rng: random.Random) -> dict:
+def _round(url: str, *, aimed: str, control: str, rng: random.Random) -> dict:
     holder = _spawn(_HOLDER, url, str(TTL_MS), str(LEASES), control=control)
     honest = _spawn(_HONEST, url, str(TTL_MS), control=control)
     try:
@@ -161,7 +179,7 @@ def _round(url: str, *, aimed: bool, control: bool, rng: random.Random) -> dict:
         _ready(honest)
         assert holder.stdin is not None
         if aimed:
-            holder.stdin.write("arm\n")
+            holder.stdin.write(f"{aimed}\n")
             holder.stdin.flush()
         else:
             time.sleep(rng.uniform(0.0, TTL_MS / 3 / 1000))  # a random moment of the renewal cycle
@@ -184,47 +202,69 @@ def _round(url: str, *, aimed: bool, control: bool, rng: random.Random) -> dict:
                 proc.wait()
 
 
-def _run(tmp_path: Path, rounds: int, *, control: bool, aimed_only: bool) -> dict[str, int]:
+#: The moments of the rounds, in turn: inside a renewal write, at random, inside a write transaction
+#: (the holder's own acquire), at random. Half of the rounds are chosen inside a write.
+MOMENTS = ("arm", "", "arm-unit", "")
+
+
+def _run(tmp_path: Path, rounds: int, *, control: str, moments: tuple[str, ...] = MOMENTS) -> dict[str, int]:
     rng = random.Random(27)
-    counts = {"rounds": 0, "aimed": 0, "acquire_in_bound": 0, "granted": 0, "connected": 0, "honest_lost": 0}
+    counts = {"rounds": 0, "aimed": 0, "in_unit": 0, "acquire_in_bound": 0, "granted": 0, "granted_outside_unit": 0,
+              "connected": 0, "honest_lost": 0}
     for n in range(rounds):
-        aimed = aimed_only or n % 2 == 0
+        aimed = moments[n % len(moments)]
         result = _round(f"sqlite:///{tmp_path}/coord-{n}.db", aimed=aimed, control=control, rng=rng)
         counts["rounds"] += 1
-        counts["aimed"] += aimed
+        counts["aimed"] += bool(aimed)
+        counts["in_unit"] += aimed == "arm-unit"
         acquire = result["acquire"]
         counts["acquire_in_bound"] += (
             acquire["ms"] <= WAIT_MS + SLACK_MS
             and acquire["outcome"] in ("granted", "LockTimeout", "BackendUnavailable")
         )
         counts["granted"] += acquire["outcome"] == "granted"
+        counts["granted_outside_unit"] += acquire["outcome"] == "granted" and aimed != "arm-unit"
         counts["connected"] += result["connect"]["outcome"] == "connected"
         counts["honest_lost"] += bool(result["honest_lost"])
-        print(f"round {n} aimed={aimed} control={control}: {result}")
+        print(f"round {n} moment={aimed or 'random'} control={control or 'none'}: {result}")
     return counts
 
 
-def test_a_frozen_holder_delays_an_acquire_by_at_most_its_wait_and_never_a_connect(tmp_path: Path) -> None:
-    counts = _run(tmp_path, ROUNDS, control=False, aimed_only=False)
+def _say(what: str, counts: dict[str, int]) -> None:
     n = counts["rounds"]
     print(
-        f"frozen holder ({counts['aimed']} of {n} frozen inside a write): acquire within wait+{SLACK_MS} ms "
-        f"{counts['acquire_in_bound']} of {n}, granted {counts['granted']} of {n}, connected "
-        f"{counts['connected']} of {n}, honest leases lost {counts['honest_lost']} of {n}"
+        f"{what} ({counts['aimed']} of {n} frozen inside a write, {counts['in_unit']} of them inside a write "
+        f"transaction): acquire within wait+{SLACK_MS} ms {counts['acquire_in_bound']} of {n}, granted "
+        f"{counts['granted']} of {n} ({counts['granted_outside_unit']} of {n - counts['in_unit']} outside a "
+        f"transaction), connected {counts['connected']} of {n}, honest leases lost {counts['honest_lost']} of {n}"
     )
+
+
+def test_a_frozen_holder_delays_an_acquire_by_at_most_its_wait_and_never_a_connect_or_a_renewal(
+    tmp_path: Path,
+) -> None:
+    counts = _run(tmp_path, ROUNDS, control="")
+    _say("frozen holder", counts)
+    n = counts["rounds"]
     assert counts["acquire_in_bound"] == n
     assert counts["connected"] == n
+    assert counts["honest_lost"] == 0
+    # A takeover waits only while the frozen process holds the write lock (its own acquire).
+    assert counts["granted_outside_unit"] == n - counts["in_unit"]
 
 
 def test_control_unbounded_waits_stall_behind_a_frozen_writer(tmp_path: Path) -> None:
-    counts = _run(tmp_path, 2, control=True, aimed_only=True)
-    n = counts["rounds"]
-    print(
-        f"control (old waits), frozen inside a write: acquire within bound {counts['acquire_in_bound']} of {n}, "
-        f"connected {counts['connected']} of {n}, honest leases lost {counts['honest_lost']} of {n}"
-    )
+    counts = _run(tmp_path, 2, control="waits", moments=("arm-unit",))
+    _say("control (the old waits and open)", counts)
     assert counts["acquire_in_bound"] == 0
     assert counts["connected"] == 0
+
+
+def test_control_renewal_transactions_lose_honest_leases_behind_a_frozen_writer(tmp_path: Path) -> None:
+    counts = _run(tmp_path, 2, control="renewals", moments=("arm",))
+    _say("control (renewals as write transactions)", counts)
+    assert counts["honest_lost"] == 2
+    assert counts["granted"] == 0
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["bounded", "control"])
@@ -289,4 +329,72 @@ def test_a_try_waits_for_another_process_brief_write(tmp_path: Path, monkeypatch
             assert isinstance(outcome[0], stockade.Lease), outcome
     finally:
         other.close()
+        coord.close()
+
+
+# A holder frozen between deciding to renew and writing the renewal, past its deadline, while
+# another process takes the scope over: the renewal must be refused (C2). The mutant renews
+# without reading the clock after the write (it trusts the check made before it): both processes
+# then hold the scope, each sure of its lease. The holder renews 50 ms before its local deadline
+# (TTL 2 s), so the mutant's renewal (TTL from before the freeze) is still in the future when it
+# resumes; whatever the timing, the real renewal is refused.
+_LATE_RENEWER = _PRELUDE + """
+from dataclasses import replace
+original_renewal = _sqlite_renewals.RenewalFiles.write
+
+def _stopped_before(self, lease_id, until_ns):
+    os.kill(os.getpid(), signal.SIGSTOP)  # decided to renew (the deadline had not passed); frozen before writing
+    original_renewal(self, lease_id, until_ns)
+
+_sqlite_renewals.RenewalFiles.write = _stopped_before
+if os.environ.get("RENEW_MUTANT") == "1":
+    def _renew_trusting(self, lease_id):
+        lease = self._held[lease_id]
+        now_ns = self.clock.now_ns()
+        if now_ns >= lease.expires_ns:
+            raise stockade.NotHolder(lease_id, "expired")
+        self.records.renewals.write(lease_id, now_ns + lease.ttl_ms * 1_000_000)
+        return replace(lease, expires_ns=now_ns + lease.ttl_ms * 1_000_000)
+    coord_sqlite.SQLiteCoordinator.renew = _renew_trusting
+coord = stockade.connect(sys.argv[1])
+lease = coord.acquire("r", ttl_ms=2000, keepalive=False)
+print("ready", flush=True)
+sys.stdin.readline()
+time.sleep(max(0, lease.remaining_ms - 50) / 1000)  # renew late, so that the deadline passes while it is stopped
+try:
+    lease.renew()
+    print(json.dumps({"renewed": True, "lost": lease.lost}), flush=True)
+except stockade.LeaseLost:
+    print(json.dumps({"renewed": False, "lost": lease.lost}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("mutant", [False, True], ids=["renewal", "mutant-trusts-its-check"])
+def test_a_renewal_written_after_a_takeover_is_refused(tmp_path: Path, mutant: bool) -> None:
+    import stockade
+
+    url = f"sqlite:///{tmp_path}/coord.db"
+    env = dict(os.environ, RENEW_MUTANT="1" if mutant else "0")
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_LATE_RENEWER), url], env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    coord = stockade.connect(url)
+    try:
+        _ready(holder)
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        _wait_stopped(holder.pid)  # it checked its deadline and stopped before writing
+        taken = coord.acquire("r", ttl_ms=60_000, wait_ms=10_000, keepalive=False)  # after the holder's deadline
+        os.kill(holder.pid, signal.SIGCONT)
+        answer = _result(holder)
+        if mutant:
+            assert answer["renewed"] and not answer["lost"]  # two holders, each sure of its lease
+        else:
+            assert answer == {"renewed": False, "lost": True}
+        assert taken.token.value > 1
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
         coord.close()

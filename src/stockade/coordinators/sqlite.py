@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from stockade.coordinators._sqlite_file import (
     monotonic_offset_ns,
     private_sidecars,
 )
+from stockade.coordinators._sqlite_renewals import RenewalFiles
 from stockade.coordinators._sqlite_rows import (
     SCHEMA,
     forget_record,
@@ -61,9 +63,9 @@ from stockade.coordinators._sqlite_rows import (
 )
 from stockade.coordinators.memory import wait_for_epoch
 from stockade.core.clock import Clock
-from stockade.core.engine import LeaseEngine, RecordTx, recover_records
-from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind
-from stockade.core.leases import LeasePolicy, ScopeRecord
+from stockade.core.engine import LeaseEngine, Outcome, RecordTx, recover_records
+from stockade.core.errors import BackendUnavailable, ClockMismatch, NotHolder, StockadeError, WrongFileKind
+from stockade.core.leases import Granted, Lease, LeasePolicy, Released, ScopeRecord, lease_hint
 from stockade.core.limits import validate_int
 from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, epoch_floor, epoch_of
 
@@ -147,6 +149,9 @@ class SQLiteRecords:
     #: Whether a caller's deadline bounds a unit's wait (`within`) and a joiner opens reading only; a seam
     #: for the controls of the test suite (the old behaviour: every wait is the busy timeout), never off in production.
     bounded_waits = True
+    #: Whether renewals written beside the file (`stockade.coordinators._sqlite_renewals`) count; a seam for the
+    #: controls of the test suite (the old behaviour: a renewal is a write transaction), never off in production.
+    renewal_files = True
 
     def __init__(
         self,
@@ -165,6 +170,7 @@ class SQLiteRecords:
         self.epoch = 0
         self._epoch_floor = 0
         self._alone_at_open = False
+        self.renewals = RenewalFiles(self.path, boot_id())
         exists = inspect_coordinator_path(self.path)
         if not exists:
             create_private(self.path)
@@ -314,6 +320,7 @@ class SQLiteRecords:
                 )
                 self.cluster_id = cluster
                 self._start_epoch(conn, meta)
+                self._sweep_renewals(conn)
                 return cluster
             if meta.get("schema_version") != SCHEMA_VERSION:
                 raise BackendUnavailable(f"{self.path}: schema version {meta.get('schema_version')!r} is not supported")
@@ -330,6 +337,7 @@ class SQLiteRecords:
             else:
                 self._check_clock(conn, meta.get("mono_offset_ns"), offset)
             self._start_epoch(conn, meta)
+            self._sweep_renewals(conn)
             return meta["cluster_id"]
 
     def _join_reading(self) -> str | None:
@@ -364,6 +372,26 @@ class SQLiteRecords:
         self.cluster_id = meta["cluster_id"]
         self._start_epoch(conn, meta)  # joins: reads only
         return self.cluster_id
+
+    def _sweep_renewals(self, conn: sqlite3.Connection) -> None:
+        """Alone (nobody else can be renewing) and holding the write lock: drop renewal files of ended leases."""
+        if self._alone_at_open:
+            self.renewals.sweep(r[0] for r in conn.execute("SELECT lease_id FROM leases"))
+
+    def renewed(self, record: ScopeRecord) -> ScopeRecord:
+        """``record`` with its lease's deadline moved to its last renewal beside the file, if that is later.
+
+        Every unit that loads a lease reads it through here. A unit that decides
+        an expiry must read its clock before it loads (the order the renewal
+        rule relies on: `stockade.coordinators._sqlite_renewals`).
+        """
+        lease = record.lease
+        if lease is None or not self.renewal_files:
+            return record
+        until = self.renewals.read(lease.lease_id)
+        if until is None or until <= lease.expires_ns:
+            return record
+        return replace(record, lease=replace(lease, expires_ns=until))
 
     def _check_clock(self, conn: sqlite3.Connection, stored: str | None, offset: int) -> None:
         """Same boot: refuse when the file's times are on another time namespace's monotonic clock."""
@@ -527,7 +555,7 @@ class SQLiteRecords:
         """
         with self._locked() as conn:
             names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
-            return {name: load_record(conn, self.cluster_id, name) for name in names}
+            return {name: self.renewed(load_record(conn, self.cluster_id, name)) for name in names}
 
     def commit_records(
         self, changes: Sequence[tuple[ScopeRecord, ScopeRecord | None]]
@@ -591,7 +619,7 @@ class _SQLiteTx:
         self._conn = conn
 
     def load(self, scope: str) -> ScopeRecord:
-        return load_record(self._conn, self._records.cluster_id, scope)
+        return self._records.renewed(load_record(self._conn, self._records.cluster_id, scope))
 
     def scope_of_lease(self, lease_id: str) -> str | None:
         row = self._conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
@@ -610,6 +638,10 @@ class _SQLiteTx:
 
     def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
         store_record(self._conn, old, new)
+        ended = old.lease
+        if ended is not None and (new.lease is None or new.lease.lease_id != ended.lease_id):
+            # Its holder's next renewal is refused by time alone (its deadline has passed, or it released).
+            self._records.renewals.remove(ended.lease_id)
 
     def token_floor(self) -> int:
         row = self._conn.execute("SELECT v FROM meta WHERE k = 'forgotten_floor'").fetchone()
@@ -675,6 +707,65 @@ class SQLiteCoordinator(LeaseEngine):
         records = SQLiteRecords(path, busy_timeout_ms=busy_timeout_ms, exclusive=exclusive, on_reboot=after_reboot)
         super().__init__(records, cluster_id=records.cluster_id, clock=clock, policy=policy)
         self.path = records.path
+        self._held: dict[str, Lease] = {}  # leases granted here, as last renewed here (see `renew`)
+        self._held_lock = threading.Lock()
+
+    def try_acquire(
+        self,
+        scope: str,
+        *,
+        lease_id: str,
+        holder: str,
+        ttl_ms: int,
+        wait_deadline_ns: int,
+        live_until_ns: int | None = None,
+    ) -> Outcome:
+        outcome = super().try_acquire(
+            scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms, wait_deadline_ns=wait_deadline_ns,
+            live_until_ns=live_until_ns,
+        )
+        if isinstance(outcome, Granted) and self.records.renewal_files:
+            with self._held_lock:
+                self._held[outcome.lease.lease_id] = outcome.lease
+        return outcome
+
+    def renew(self, lease_id: str) -> Lease:
+        """Extend a lease granted by this process by its TTL from now, writing only its renewal file.
+
+        No write transaction, so no process frozen inside one can stop it. The
+        renewal counts only if it was written before the deadline it extends
+        had passed, by this clock read after the write; an expirer reads its
+        clock before the file, so the two cannot both win
+        (`stockade.coordinators._sqlite_renewals`). A lease granted by another
+        process is renewed by a write transaction, as before.
+
+        Raises:
+            NotHolder: the lease's deadline passed before this renewal was written
+                (it may have been expired and the scope granted again).
+        """
+        with self._held_lock:
+            lease = self._held.get(lease_id) if isinstance(lease_id, str) else None
+        if lease is None:
+            return super().renew(lease_id)
+        now_ns = self.clock.now_ns()
+        until_ns = now_ns + lease.ttl_ms * 1_000_000
+        if now_ns < lease.expires_ns:
+            self.records.renewals.write(lease_id, until_ns)
+            if self.clock.now_ns() < lease.expires_ns:
+                renewed = replace(lease, expires_ns=until_ns)
+                with self._held_lock:
+                    if lease_id in self._held:
+                        self._held[lease_id] = renewed
+                return renewed
+        with self._held_lock:
+            self._held.pop(lease_id, None)
+        raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+
+    def release(self, lease_id: str) -> Released:
+        with self._held_lock:
+            if isinstance(lease_id, str):
+                self._held.pop(lease_id, None)
+        return super().release(lease_id)
 
     def __enter__(self) -> SQLiteCoordinator:
         return self

@@ -65,7 +65,13 @@ class RecordTx(Protocol):
     """One unit of work on the stored records (see `RecordStore`)."""
 
     def load(self, scope: str) -> ScopeRecord:
-        """The scope's record; a scope never seen reads as ``ScopeRecord(scope)``."""
+        """The scope's record; a scope never seen reads as ``ScopeRecord(scope)``.
+
+        The engine reads its clock before it loads the records it decides on: a
+        store may record renewals outside its write units (the embedded one
+        does), and a load that comes after the clock reading sees every renewal
+        that could count by then.
+        """
         ...
 
     def scope_of_lease(self, lease_id: str) -> str | None:
@@ -340,8 +346,8 @@ class LeaseEngine:
             scope = tx.scope_of_lease(_lease_id_arg(lease_id))
             if scope is None:
                 raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+            now_ns = self.clock.now_ns()  # before the load: see `RecordTx.load`
             record = tx.load(scope)
-            now_ns = self.clock.now_ns()
             try:
                 new, lease = rules.renew(record, lease_id, now_ns, self.policy)
             except NotHolder:
@@ -375,8 +381,9 @@ class LeaseEngine:
     def settle(self, scope: str) -> ScopeRecord:
         """Apply what time alone decides to ``scope`` (expire, drop lapsed waiters); returns the record."""
         with self.records.write() as tx:
+            now_ns = self.clock.now_ns()  # before the load: see `RecordTx.load`
             record = tx.load(scope)
-            new = rules.settle(record, self.clock.now_ns(), self.policy)
+            new = rules.settle(record, now_ns, self.policy)
             tx.save(record, new)
         return new
 

@@ -1,0 +1,127 @@
+"""Renewals beside the coordinator file: one small file per lease, written without any lock.
+
+A renewal in the coordinator file is a write transaction, and SQLite lets one
+process write at a time: a process frozen inside any write transaction would
+stop every other holder's renewals, and their leases would be lost (K2). So the
+process that holds a lease renews it by writing "renewed until" into the
+lease's own file here, ``PATH.renew/BOOT/HASH`` (16 bytes, no fsync), and every
+unit that loads the lease reads it: the lease's deadline is the later of the
+stored one and the file's.
+
+Why a renewal and an expiry decided at the same moment cannot both succeed
+(C2), with no lock between them: an expirer reads its clock (``now``) before
+it reads the file, and expires the lease only if what it read is ``<= now``.
+The renewer writes the file, then reads its clock (``after``), and counts the
+renewal as refused if ``after`` is at or past the deadline it renewed from
+(``E``). If the expirer's read missed the write, the read came first, so
+``E <= now <= read < write < after``: the renewal is refused. Both clocks are
+the host's one monotonic clock (the coordinator refuses processes on another,
+docs/coordinator-files.md "Time namespaces"). A read that sees half a write is
+recognised (each value is stored with its complement) and read again.
+
+Why no fsync: a process that dies leaves its write in the page cache, where
+the next reader finds it; a host crash loses it, but a host crash is a reboot,
+and after a reboot every lease that was held gets a full TTL from the first
+open (C3). The files of a boot live under that boot's directory, so the
+times of a past boot (another clock) are never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+from stockade.core.errors import BackendUnavailable
+
+__all__ = ["RenewalFiles"]
+
+_RECORD = struct.Struct("<qq")  # (renewed until, its complement): a torn read does not match
+_MASK = (1 << 64) - 1
+_TORN_READS_MAX = 10_000  # a write is one pwrite of 16 bytes; a reader never waits long for it
+
+
+def _complement(value: int) -> int:
+    return int(struct.unpack("<q", struct.pack("<Q", ~value & _MASK))[0])
+
+
+class RenewalFiles:
+    """The renewal files of one coordinator file, for the current boot.
+
+    Args:
+        path: the coordinator file.
+        boot: the boot id (`stockade.coordinators._sqlite_file.boot_id`).
+    """
+
+    def __init__(self, path: Path, boot: str) -> None:
+        self.root = Path(f"{path}.renew")
+        self.dir = self.root / boot
+
+    def _file(self, lease_id: str) -> Path:
+        return self.dir / hashlib.sha256(lease_id.encode()).hexdigest()[:32]
+
+    def read(self, lease_id: str) -> int | None:
+        """The time the lease was last renewed until here, or None (never renewed here)."""
+        try:
+            fd = os.open(self._file(lease_id), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot read a renewal: {exc}", certain_no_effect=True) from exc
+        try:
+            for _ in range(_TORN_READS_MAX):
+                data = os.pread(fd, _RECORD.size, 0)
+                if len(data) < _RECORD.size:
+                    return None  # created, not written yet: that renewal has not happened
+                until, check = _RECORD.unpack(data)
+                if check == _complement(until):
+                    return int(until)
+            raise BackendUnavailable("a renewal file keeps changing under its reader", certain_no_effect=True)
+        finally:
+            os.close(fd)
+
+    def write(self, lease_id: str, until_ns: int) -> None:
+        """Record that the lease is renewed until ``until_ns`` (see the module for when that counts)."""
+        try:
+            try:
+                fd = os.open(self._file(lease_id), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:
+                self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(self._file(lease_id), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.pwrite(fd, _RECORD.pack(until_ns, _complement(until_ns)), 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot write a renewal: {exc}", certain_no_effect=True) from exc
+
+    def remove(self, lease_id: str) -> None:
+        """Forget a lease that ended (best effort: a file left behind is swept by a later lone opener)."""
+        try:
+            os.unlink(self._file(lease_id))
+        except OSError:
+            pass
+
+    def sweep(self, live: Iterable[str]) -> None:
+        """Remove the files of other boots and of leases not in ``live`` (only when nobody else has the file open)."""
+        keep = {self._file(lease_id).name for lease_id in live}
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.name != self.dir.name:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        try:
+            files = list(os.scandir(self.dir))
+        except OSError:
+            return
+        for entry in files:
+            if entry.name not in keep:
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
