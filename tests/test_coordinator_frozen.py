@@ -1,30 +1,30 @@
 """A frozen process does not stall the others on the embedded coordinator beyond their own waits.
 
 A holder process takes 20 leases (TTL 1 s, keepalive on) on one coordinator
-file and is frozen with SIGSTOP, half of the rounds at a moment chosen inside
-a write unit (it stops itself between ``BEGIN IMMEDIATE`` and ``COMMIT``,
-holding the file's write lock: nobody can write the file until it is
-resumed), half at a random moment. While it is stopped, two new processes
-start: one acquires one of the holder's scopes with ``wait_ms=1000``, one
-connects and reads a scope. The holder stays stopped until both have
-finished (decided by order: the parent waits for them, then resumes it).
+file and is frozen with SIGSTOP, in turn: inside a renewal write (it stops
+itself right after writing its lease's renewal file, before it reads its
+clock), at a random moment, inside a write transaction (its own acquire,
+stopped between ``BEGIN IMMEDIATE`` and ``COMMIT``, holding the file's write
+lock: nobody can write the file until it is resumed), and at a random
+moment. While it is stopped, two new processes start: one acquires one of
+the holder's scopes with ``wait_ms=1000``, one connects and reads a scope; an
+honest process holds a lease on another scope throughout. The holder stays
+stopped until both have finished (decided by order: the parent waits for
+them, then resumes it).
 
 What is held: the acquire returns or raises within its wait plus
-`SLACK_MS` (granted when the holder's lease had expired and the file was
-free, else `LockTimeout` or, when the write lock stayed held for the whole
-wait, `BackendUnavailable` with ``certain_no_effect``); the connect succeeds.
-The control (``SQLiteRecords.bounded_waits`` off: the old behaviour, every
-wait is the 5 s busy timeout and opening takes the write lock) must fail
-both in every aimed round.
-
-What is not held, and printed only: whether the acquire was *granted* (it
-cannot be while the frozen process holds the write lock: SQLite has no lock
-stealing) and whether an honest holder of another scope lost its lease (its
-renewals need the same write lock). docs/leases.md, "A frozen party", states
-the bound and why.
+`SLACK_MS`, and is granted unless the frozen process holds the write lock;
+the connect succeeds; no honest lease is lost. The controls: the old waits
+and open (``SQLiteRecords.bounded_waits`` off: every wait is the 5 s busy
+timeout, opening takes the write lock) fail the acquire and the connect;
+the old renewals (``SQLiteRecords.renewal_files`` off: each a write
+transaction) lose the honest lease and block the takeover. And a renewal
+written after a takeover is refused (C2), which a mutant that trusts its
+check before the write is not.
 
 Figures are printed as ``N of M``; run with ``-s`` to see them.
-``STOCKADE_LONG=1`` runs 50 rounds (25 aimed); the default runs 4.
+``STOCKADE_LONG=1`` runs 52 rounds (26 inside a write, 13 of them inside a
+write transaction); the default runs 4.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
-ROUNDS = 50 if LONG else 4
+ROUNDS = 52 if LONG else 4
 LEASES = 20
 TTL_MS = 1_000
 WAIT_MS = 1_000
@@ -85,8 +85,9 @@ def _write(self):
         _stop_if_armed()
 
 def _renewal(self, lease_id, until_ns):
-    original_renewal(self, lease_id, until_ns)
+    counted = original_renewal(self, lease_id, until_ns)
     _stop_if_armed()  # written, before the renewer reads its clock: the worst moment to stop
+    return counted
 
 coord_sqlite.SQLiteRecords._write = _write
 _sqlite_renewals.RenewalFiles.write = _renewal
@@ -344,7 +345,7 @@ original_renewal = _sqlite_renewals.RenewalFiles.write
 
 def _stopped_before(self, lease_id, until_ns):
     os.kill(os.getpid(), signal.SIGSTOP)  # decided to renew (the deadline had not passed); frozen before writing
-    original_renewal(self, lease_id, until_ns)
+    return original_renewal(self, lease_id, until_ns)
 
 _sqlite_renewals.RenewalFiles.write = _stopped_before
 if os.environ.get("RENEW_MUTANT") == "1":

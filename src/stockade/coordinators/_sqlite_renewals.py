@@ -40,6 +40,8 @@ from stockade.core.errors import BackendUnavailable
 __all__ = ["RenewalFiles"]
 
 _RECORD = struct.Struct("<qq")  # (renewed until, its complement): a torn read does not match
+_ENDED_AT = _RECORD.size  # one byte after the record: set by whoever ends the lease (release, expiry)
+_ENDED = b"\x01"
 _MASK = (1 << 64) - 1
 _TORN_READS_MAX = 10_000  # a write is one pwrite of 16 bytes; a reader never waits long for it
 
@@ -83,23 +85,51 @@ class RenewalFiles:
         finally:
             os.close(fd)
 
-    def write(self, lease_id: str, until_ns: int) -> None:
-        """Record that the lease is renewed until ``until_ns`` (see the module for when that counts)."""
+    def _open(self, lease_id: str) -> int:
         try:
-            try:
-                fd = os.open(self._file(lease_id), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except FileNotFoundError:
-                self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(self._file(lease_id), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            return os.open(self._file(lease_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            return os.open(self._file(lease_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def write(self, lease_id: str, until_ns: int) -> bool:
+        """Record that the lease is renewed until ``until_ns``; False if it was ended meanwhile.
+
+        The end mark is read after the write: an end marked before that read
+        refuses this renewal; one marked after it comes after the renewal (as a
+        release committed after a renewal's transaction did). When the renewal
+        counts is the caller's rule (see the module).
+        """
+        try:
+            fd = self._open(lease_id)
             try:
                 os.pwrite(fd, _RECORD.pack(until_ns, _complement(until_ns)), 0)
+                return os.pread(fd, 1, _ENDED_AT) != _ENDED
             finally:
                 os.close(fd)
         except OSError as exc:
             raise BackendUnavailable(f"cannot write a renewal: {exc}", certain_no_effect=True) from exc
 
+    def end(self, lease_id: str) -> None:
+        """Mark the lease ended (released or expired), so that its holder's next renewal is refused.
+
+        The file stays: its holder removes it when it learns of the end (a
+        holder renewing through a file that is gone would not). Called inside
+        the transaction that ends the lease; if that transaction rolls back,
+        the lease is still stored but can no longer be renewed (its holder
+        loses it early: safe).
+        """
+        try:
+            fd = self._open(lease_id)
+            try:
+                os.pwrite(fd, _ENDED, _ENDED_AT)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot end a renewal: {exc}", certain_no_effect=True) from exc
+
     def remove(self, lease_id: str) -> None:
-        """Forget a lease that ended (best effort: a file left behind is swept by a later lone opener)."""
+        """Remove the file of a lease whose holder knows it ended (best effort: a lone opener sweeps the rest)."""
         try:
             os.unlink(self._file(lease_id))
         except OSError:

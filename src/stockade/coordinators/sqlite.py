@@ -32,7 +32,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -171,6 +171,9 @@ class SQLiteRecords:
         self._epoch_floor = 0
         self._alone_at_open = False
         self.renewals = RenewalFiles(self.path, boot_id())
+        #: The leases this process renews through their files (set by `SQLiteCoordinator`): ending one of
+        #: them here needs no end mark, its holder's own next renewal is refused by its deadline or not made.
+        self.renewing: Container[str] = ()
         exists = inspect_coordinator_path(self.path)
         if not exists:
             create_private(self.path)
@@ -639,9 +642,11 @@ class _SQLiteTx:
     def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
         store_record(self._conn, old, new)
         ended = old.lease
-        if ended is not None and (new.lease is None or new.lease.lease_id != ended.lease_id):
-            # Its holder's next renewal is refused by time alone (its deadline has passed, or it released).
-            self._records.renewals.remove(ended.lease_id)
+        records = self._records
+        if ended is not None and records.renewal_files and ended.lease_id not in records.renewing and (
+            new.lease is None or new.lease.lease_id != ended.lease_id
+        ):
+            records.renewals.end(ended.lease_id)  # its holder (another process) is refused its next renewal
 
     def token_floor(self) -> int:
         row = self._conn.execute("SELECT v FROM meta WHERE k = 'forgotten_floor'").fetchone()
@@ -709,6 +714,7 @@ class SQLiteCoordinator(LeaseEngine):
         self.path = records.path
         self._held: dict[str, Lease] = {}  # leases granted here, as last renewed here (see `renew`)
         self._held_lock = threading.Lock()
+        records.renewing = self._held
 
     def try_acquire(
         self,
@@ -749,23 +755,28 @@ class SQLiteCoordinator(LeaseEngine):
             return super().renew(lease_id)
         now_ns = self.clock.now_ns()
         until_ns = now_ns + lease.ttl_ms * 1_000_000
-        if now_ns < lease.expires_ns:
-            self.records.renewals.write(lease_id, until_ns)
-            if self.clock.now_ns() < lease.expires_ns:
-                renewed = replace(lease, expires_ns=until_ns)
-                with self._held_lock:
-                    if lease_id in self._held:
-                        self._held[lease_id] = renewed
-                return renewed
+        if (
+            now_ns < lease.expires_ns
+            and self.records.renewals.write(lease_id, until_ns)  # False: released or expired meanwhile
+            and self.clock.now_ns() < lease.expires_ns
+        ):
+            renewed = replace(lease, expires_ns=until_ns)
+            with self._held_lock:
+                if lease_id in self._held:
+                    self._held[lease_id] = renewed
+            return renewed
         with self._held_lock:
             self._held.pop(lease_id, None)
+        self.records.renewals.remove(lease_id)  # nobody renews it any more
         raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
 
     def release(self, lease_id: str) -> Released:
+        outcome = super().release(lease_id)  # a lease of this process: no end mark (see SQLiteRecords.renewing)
         with self._held_lock:
-            if isinstance(lease_id, str):
-                self._held.pop(lease_id, None)
-        return super().release(lease_id)
+            held = self._held.pop(lease_id, None) if isinstance(lease_id, str) else None
+        if held is not None:
+            self.records.renewals.remove(lease_id)  # released by its holder: nobody renews it any more
+        return outcome
 
     def __enter__(self) -> SQLiteCoordinator:
         return self
