@@ -32,12 +32,16 @@ import hashlib
 import os
 import shutil
 import struct
+import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
-from stockade.core.errors import BackendUnavailable
+from stockade.core.engine import LeaseEngine, Outcome
+from stockade.core.errors import BackendUnavailable, NotHolder
+from stockade.core.leases import Granted, Lease, Released, lease_hint
 
-__all__ = ["RenewalFiles"]
+__all__ = ["RenewalFiles", "RenewingEngine"]
 
 _RECORD = struct.Struct("<qq")  # (renewed until, its complement): a torn read does not match
 _ENDED_AT = _RECORD.size  # one byte after the record: set by whoever ends the lease (release, expiry)
@@ -155,3 +159,82 @@ class RenewalFiles:
                     os.unlink(entry.path)
                 except OSError:
                     pass
+
+
+class RenewingEngine(LeaseEngine):
+    """A lease engine whose own leases are renewed through their renewal files (`RenewalFiles`).
+
+    The leases granted by this engine object are remembered, as last renewed,
+    until released or refused; every other lease is renewed by the engine's
+    write unit, as before. ``_start_renewing(None)`` turns the files off.
+    """
+
+    _renewals: RenewalFiles | None = None
+
+    def _start_renewing(self, renewals: RenewalFiles | None) -> None:
+        self._renewals = renewals
+        self._held: dict[str, Lease] = {}  # leases granted here, as last renewed here (see `renew`)
+        self._held_lock = threading.Lock()
+
+    def try_acquire(
+        self,
+        scope: str,
+        *,
+        lease_id: str,
+        holder: str,
+        ttl_ms: int,
+        wait_deadline_ns: int,
+        live_until_ns: int | None = None,
+    ) -> Outcome:
+        outcome = super().try_acquire(
+            scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms, wait_deadline_ns=wait_deadline_ns,
+            live_until_ns=live_until_ns,
+        )
+        if isinstance(outcome, Granted) and self._renewals is not None:
+            with self._held_lock:
+                self._held[outcome.lease.lease_id] = outcome.lease
+        return outcome
+
+    def renew(self, lease_id: str) -> Lease:
+        """Extend a lease granted by this process by its TTL from now, writing only its renewal file.
+
+        No write transaction, so no process frozen inside one can stop it. The
+        renewal counts only if it was written before the deadline it extends
+        had passed, by this clock read after the write; an expirer reads its
+        clock before the file, so the two cannot both win
+        (this module's docstring). A lease granted by another
+        process is renewed by a write transaction, as before.
+
+        Raises:
+            NotHolder: the lease's deadline passed before this renewal was written
+                (it may have been expired and the scope granted again).
+        """
+        with self._held_lock:
+            lease = self._held.get(lease_id) if isinstance(lease_id, str) else None
+        if lease is None or self._renewals is None:
+            return super().renew(lease_id)
+        now_ns = self.clock.now_ns()
+        until_ns = now_ns + lease.ttl_ms * 1_000_000
+        if (
+            now_ns < lease.expires_ns
+            and self._renewals.write(lease_id, until_ns)  # False: released or expired meanwhile
+            and self.clock.now_ns() < lease.expires_ns
+        ):
+            renewed = replace(lease, expires_ns=until_ns)
+            with self._held_lock:
+                if lease_id in self._held:
+                    self._held[lease_id] = renewed
+            return renewed
+        with self._held_lock:
+            self._held.pop(lease_id, None)
+        if self._renewals is not None:
+            self._renewals.remove(lease_id)  # nobody renews it any more
+        raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+
+    def release(self, lease_id: str) -> Released:
+        outcome = super().release(lease_id)  # a lease of this process: no end mark (see SQLiteRecords.renewing)
+        with self._held_lock:
+            held = self._held.pop(lease_id, None) if isinstance(lease_id, str) else None
+        if held is not None and self._renewals is not None:
+            self._renewals.remove(lease_id)  # released by its holder: nobody renews it any more
+        return outcome

@@ -24,7 +24,6 @@ deadline so that no call here blocks beyond SQLite's busy timeout.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import random
 import re
@@ -45,27 +44,30 @@ from stockade.coordinators._sqlite_file import (
     STORE_APPLICATION_ID,
     TIMENS_OFFSETS,
     boot_id,
+    claim_is_alone,
+    claim_lock_file,
     classify,
     create_private,
+    drop_lock_file,
     inspect_coordinator_path,
     monotonic_offset_ns,
     private_sidecars,
 )
-from stockade.coordinators._sqlite_renewals import RenewalFiles
+from stockade.coordinators._sqlite_renewals import RenewalFiles, RenewingEngine
 from stockade.coordinators._sqlite_rows import (
     SCHEMA,
-    forget_record,
     forgotten_floor,
     load_record,
     set_meta,
     store_record,
     times_pending,
 )
+from stockade.coordinators._sqlite_tx import SQLiteTx as _SQLiteTx
 from stockade.coordinators.memory import wait_for_epoch
 from stockade.core.clock import Clock
-from stockade.core.engine import LeaseEngine, Outcome, RecordTx, recover_records
-from stockade.core.errors import BackendUnavailable, ClockMismatch, NotHolder, StockadeError, WrongFileKind
-from stockade.core.leases import Granted, Lease, LeasePolicy, Released, ScopeRecord, lease_hint
+from stockade.core.engine import RecordTx, recover_records
+from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind
+from stockade.core.leases import LeasePolicy, ScopeRecord
 from stockade.core.limits import validate_int
 from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, epoch_floor, epoch_of
 
@@ -80,7 +82,6 @@ SCHEMA_VERSION = "1"
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
 BUSY_RETRY_S = 0.0005  # our retry step for BEGIN IMMEDIATE (jittered)
-CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
 #: The tables a coordinator file of this version has (an opener that finds them all may join reading only).
 _SCHEMA_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
 
@@ -210,75 +211,12 @@ class SQLiteRecords:
     # -- lifecycle -------------------------------------------------------------------------
 
     def _claim_file(self, exclusive: bool) -> tuple[int, bool]:
-        """Hold ``PATH.lock``: shared by embedded users, exclusive for a server. Returns (fd, created)."""
-        lock_path = f"{self.path}.lock"
-        created = False
-        try:
-            try:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                created = True
-                os.fchmod(fd, 0o600)
-            except FileExistsError:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
-        try:
-            if exclusive:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._alone_at_open = True
-            else:
-                self._alone_at_open = self._claim_shared(fd)
-        except OSError:
-            os.close(fd)
-            if exclusive:
-                raise BackendUnavailable(
-                    f"{self.path} is open in other processes; a server must be its only user", certain_no_effect=True
-                ) from None
-            raise BackendUnavailable(
-                f"{self.path} is served by a running stockade server; connect to the server over http:// instead",
-                certain_no_effect=True,
-            ) from None
+        fd, created, self._alone_at_open = claim_lock_file(self.path, exclusive)
         return fd, created
 
-    @staticmethod
-    def _claim_shared(fd: int) -> bool:
-        """Take the shared claim; returns whether nobody else had the file open at that moment.
-
-        Being alone is tried first (an exclusive claim, turned shared at once).
-        Another opener doing the same holds it exclusively for a moment, so a
-        refused shared claim is retried briefly before it means a server.
-        """
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pass
-        else:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # raises if a server took it in between
-            return True
-        give_up = time.monotonic() + CLAIM_RETRY_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return False
-            except OSError:
-                if time.monotonic() >= give_up:
-                    raise
-                time.sleep(0.001)
-
     def _drop_claim(self, remove: bool) -> None:
-        """Release ``PATH.lock``; remove it too when this open created it and nobody else holds it."""
         fd, self._claim = self._claim, -1
-        if fd < 0:
-            return
-        try:
-            if remove:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    os.unlink(f"{self.path}.lock")
-                except OSError:
-                    pass
-        finally:
-            os.close(fd)
+        drop_lock_file(self.path, fd, remove)
 
     def _check_kind(self, conn: sqlite3.Connection) -> None:
         """Refuse a file that is not a coordinator, reading only (the header may not be rewritten yet)."""
@@ -415,16 +353,7 @@ class SQLiteRecords:
         set_meta(conn, "mono_offset_ns", str(offset))  # idle and ours alone: adopt this clock
 
     def _alone(self) -> bool:
-        """Whether no other process has the file open (an embedded claim is upgraded for a moment)."""
-        try:
-            fcntl.flock(self._claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(self._claim, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            pass  # keeps the exclusive claim: nobody else may open meanwhile, which is safe
-        return True
+        return claim_is_alone(self._claim)
 
     def _start_epoch(self, conn: sqlite3.Connection, meta: dict[str, str]) -> None:
         """Start this opener's epoch: above every epoch the file knows of, and past on the wall clock."""
@@ -612,70 +541,7 @@ class SQLiteRecords:
         return [None]
 
 
-class _SQLiteTx:
-    """One unit of `SQLiteRecords`: a transaction on its connection (`stockade.core.engine.RecordTx`)."""
-
-    __slots__ = ("_records", "_conn")
-
-    def __init__(self, records: SQLiteRecords, conn: sqlite3.Connection) -> None:
-        self._records = records
-        self._conn = conn
-
-    def load(self, scope: str) -> ScopeRecord:
-        return self._records.renewed(load_record(self._conn, self._records.cluster_id, scope))
-
-    def scope_of_lease(self, lease_id: str) -> str | None:
-        row = self._conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
-        return row[0] if row else None
-
-    def leases_at_least(self, n: int) -> bool:
-        row = self._conn.execute("SELECT COUNT(*) >= ? FROM (SELECT 1 FROM leases LIMIT ?)", (n, n)).fetchone()
-        return bool(row[0])
-
-    def lapsed_scopes(self, now_ns: int) -> list[str]:
-        return [r[0] for r in self._conn.execute("SELECT scope FROM leases WHERE expires_ns <= ?", (now_ns,))]
-
-    def names(self, *, after: str, limit: int) -> list[str]:
-        return [r[0] for r in self._conn.execute(
-            "SELECT scope FROM scopes WHERE scope > ? ORDER BY scope LIMIT ?", (after, limit))]
-
-    def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
-        store_record(self._conn, old, new)
-        ended = old.lease
-        records = self._records
-        if ended is not None and records.renewal_files and ended.lease_id not in records.renewing and (
-            new.lease is None or new.lease.lease_id != ended.lease_id
-        ):
-            records.renewals.end(ended.lease_id)  # its holder (another process) is refused its next renewal
-
-    def token_floor(self) -> int:
-        row = self._conn.execute("SELECT v FROM meta WHERE k = 'forgotten_floor'").fetchone()
-        return max(self._records._epoch_floor, int(row[0]) if row else 0)
-
-    def new_epoch(self, after: int) -> int | None:
-        records = self._records
-        if not records.epochs:
-            return None
-        row = self._conn.execute("SELECT v FROM meta WHERE k = 'epoch'").fetchone()
-        known = max(after, int(row[0]) if row else 0)
-        epoch = wait_for_epoch(known, time.time_ns)
-        set_meta(self._conn, "epoch", str(epoch))
-        return epoch
-
-    def forgotten_floor(self) -> int:
-        return forgotten_floor(self._conn)
-
-    def forget(self, record: ScopeRecord) -> None:
-        forget_record(self._conn, record)
-
-    def oldest(self, limit: int) -> list[str]:
-        return [r[0] for r in self._conn.execute("SELECT scope FROM scopes ORDER BY rowid LIMIT ?", (limit,))]
-
-    def full(self) -> bool:
-        return False  # the file bounds its leases (LEASES_MAX), not its scopes
-
-
-class SQLiteCoordinator(LeaseEngine):
+class SQLiteCoordinator(RenewingEngine):
     """The embedded coordinator: the lease engine over a `SQLiteRecords` file.
 
     Thread-safe; shareable across processes on one host. After a reboot (the
@@ -712,71 +578,8 @@ class SQLiteCoordinator(LeaseEngine):
         records = SQLiteRecords(path, busy_timeout_ms=busy_timeout_ms, exclusive=exclusive, on_reboot=after_reboot)
         super().__init__(records, cluster_id=records.cluster_id, clock=clock, policy=policy)
         self.path = records.path
-        self._held: dict[str, Lease] = {}  # leases granted here, as last renewed here (see `renew`)
-        self._held_lock = threading.Lock()
+        self._start_renewing(records.renewals if records.renewal_files else None)
         records.renewing = self._held
-
-    def try_acquire(
-        self,
-        scope: str,
-        *,
-        lease_id: str,
-        holder: str,
-        ttl_ms: int,
-        wait_deadline_ns: int,
-        live_until_ns: int | None = None,
-    ) -> Outcome:
-        outcome = super().try_acquire(
-            scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms, wait_deadline_ns=wait_deadline_ns,
-            live_until_ns=live_until_ns,
-        )
-        if isinstance(outcome, Granted) and self.records.renewal_files:
-            with self._held_lock:
-                self._held[outcome.lease.lease_id] = outcome.lease
-        return outcome
-
-    def renew(self, lease_id: str) -> Lease:
-        """Extend a lease granted by this process by its TTL from now, writing only its renewal file.
-
-        No write transaction, so no process frozen inside one can stop it. The
-        renewal counts only if it was written before the deadline it extends
-        had passed, by this clock read after the write; an expirer reads its
-        clock before the file, so the two cannot both win
-        (`stockade.coordinators._sqlite_renewals`). A lease granted by another
-        process is renewed by a write transaction, as before.
-
-        Raises:
-            NotHolder: the lease's deadline passed before this renewal was written
-                (it may have been expired and the scope granted again).
-        """
-        with self._held_lock:
-            lease = self._held.get(lease_id) if isinstance(lease_id, str) else None
-        if lease is None:
-            return super().renew(lease_id)
-        now_ns = self.clock.now_ns()
-        until_ns = now_ns + lease.ttl_ms * 1_000_000
-        if (
-            now_ns < lease.expires_ns
-            and self.records.renewals.write(lease_id, until_ns)  # False: released or expired meanwhile
-            and self.clock.now_ns() < lease.expires_ns
-        ):
-            renewed = replace(lease, expires_ns=until_ns)
-            with self._held_lock:
-                if lease_id in self._held:
-                    self._held[lease_id] = renewed
-            return renewed
-        with self._held_lock:
-            self._held.pop(lease_id, None)
-        self.records.renewals.remove(lease_id)  # nobody renews it any more
-        raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
-
-    def release(self, lease_id: str) -> Released:
-        outcome = super().release(lease_id)  # a lease of this process: no end mark (see SQLiteRecords.renewing)
-        with self._held_lock:
-            held = self._held.pop(lease_id, None) if isinstance(lease_id, str) else None
-        if held is not None:
-            self.records.renewals.remove(lease_id)  # released by its holder: nobody renews it any more
-        return outcome
 
     def __enter__(self) -> SQLiteCoordinator:
         return self
