@@ -47,6 +47,7 @@ _RECORD = struct.Struct("<qq")  # (renewed until, its complement): a torn read d
 _ENDED_AT = _RECORD.size  # one byte after the record: set by whoever ends the lease (release, expiry)
 _ENDED = b"\x01"
 _MASK = (1 << 64) - 1
+_HELD_PRUNE_AT = 4_096  # remembered leases of one engine past which the expired ones are forgotten
 _TORN_READS_MAX = 10_000  # a write is one pwrite of 16 bytes; a reader never waits long for it
 
 
@@ -192,6 +193,10 @@ class RenewingEngine(LeaseEngine):
         )
         if isinstance(outcome, Granted) and self._renewals is not None:
             with self._held_lock:
+                if len(self._held) >= _HELD_PRUNE_AT:  # leases never released nor renewed to the end
+                    now_ns = self.clock.now_ns()
+                    for lease_id in [i for i, lease in self._held.items() if lease.expires_ns <= now_ns]:
+                        del self._held[lease_id]
                 self._held[outcome.lease.lease_id] = outcome.lease
         return outcome
 
