@@ -175,6 +175,7 @@ class RenewingEngine(LeaseEngine):
     def _start_renewing(self, renewals: RenewalFiles | None) -> None:
         self._renewals = renewals
         self._held: dict[str, Lease] = {}  # leases granted here, as last renewed here (see `renew`)
+        self._filed: set[str] = set()  # those of them that have a renewal file
         self._held_lock = threading.Lock()
 
     def try_acquire(
@@ -197,6 +198,7 @@ class RenewingEngine(LeaseEngine):
                     now_ns = self.clock.now_ns()
                     for lease_id in [i for i, lease in self._held.items() if lease.expires_ns <= now_ns]:
                         del self._held[lease_id]
+                        self._filed.discard(lease_id)
                 self._held[outcome.lease.lease_id] = outcome.lease
         return outcome
 
@@ -219,27 +221,34 @@ class RenewingEngine(LeaseEngine):
         if lease is None or self._renewals is None:
             return super().renew(lease_id)
         now_ns = self.clock.now_ns()
-        until_ns = now_ns + lease.ttl_ms * 1_000_000
-        if (
-            now_ns < lease.expires_ns
-            and self._renewals.write(lease_id, until_ns)  # False: released or expired meanwhile
-            and self.clock.now_ns() < lease.expires_ns
-        ):
-            renewed = replace(lease, expires_ns=until_ns)
+        renewed = replace(lease, expires_ns=now_ns + lease.ttl_ms * 1_000_000)
+        if now_ns < lease.expires_ns:
             with self._held_lock:
-                if lease_id in self._held:
-                    self._held[lease_id] = renewed
-            return renewed
+                # Before the file: this process's own units read the lease from here, and must
+                # never see less than the file holds (a refused renewal only keeps it longer).
+                self._held[lease_id] = renewed
+                self._filed.add(lease_id)
+            if (
+                self._renewals.write(lease_id, renewed.expires_ns)  # False: released or expired meanwhile
+                and self.clock.now_ns() < lease.expires_ns
+            ):
+                return renewed
         with self._held_lock:
             self._held.pop(lease_id, None)
-        if self._renewals is not None:
-            self._renewals.remove(lease_id)  # nobody renews it any more
+        self._forget_file(lease_id)  # nobody renews it any more
         raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
 
     def release(self, lease_id: str) -> Released:
         outcome = super().release(lease_id)  # a lease of this process: no end mark (see SQLiteRecords.renewing)
         with self._held_lock:
-            held = self._held.pop(lease_id, None) if isinstance(lease_id, str) else None
-        if held is not None and self._renewals is not None:
-            self._renewals.remove(lease_id)  # released by its holder: nobody renews it any more
+            if isinstance(lease_id, str):
+                self._held.pop(lease_id, None)
+        self._forget_file(lease_id)  # released by its holder: nobody renews it any more
         return outcome
+
+    def _forget_file(self, lease_id: str) -> None:
+        with self._held_lock:
+            filed = isinstance(lease_id, str) and lease_id in self._filed
+            self._filed.discard(lease_id)
+        if filed and self._renewals is not None:
+            self._renewals.remove(lease_id)

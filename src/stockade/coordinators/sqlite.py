@@ -31,7 +31,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -67,7 +67,7 @@ from stockade.coordinators.memory import wait_for_epoch
 from stockade.core.clock import Clock
 from stockade.core.engine import RecordTx, recover_records
 from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind
-from stockade.core.leases import LeasePolicy, ScopeRecord
+from stockade.core.leases import Lease, LeasePolicy, ScopeRecord
 from stockade.core.limits import validate_int
 from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, epoch_floor, epoch_of
 
@@ -174,7 +174,7 @@ class SQLiteRecords:
         self.renewals = RenewalFiles(self.path, boot_id())
         #: The leases this process renews through their files (set by `SQLiteCoordinator`): ending one of
         #: them here needs no end mark, its holder's own next renewal is refused by its deadline or not made.
-        self.renewing: Container[str] = ()
+        self.renewing: Mapping[str, Lease] = {}
         exists = inspect_coordinator_path(self.path)
         if not exists:
             create_private(self.path)
@@ -329,7 +329,8 @@ class SQLiteRecords:
         lease = record.lease
         if lease is None or not self.renewal_files:
             return record
-        until = self.renewals.read(lease.lease_id)
+        own = self.renewing.get(lease.lease_id)  # this process's own lease: its latest renewal, no file read
+        until = own.expires_ns if own is not None else self.renewals.read(lease.lease_id)
         if until is None or until <= lease.expires_ns:
             return record
         return replace(record, lease=replace(lease, expires_ns=until))
