@@ -9,9 +9,11 @@ deadlines on the same clock as the processes that wrote them.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import stat
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from stockade.core.errors import BackendUnavailable, WrongFileKind
 __all__ = [
     "APPLICATION_ID", "STORE_APPLICATION_ID", "KIND", "TIMENS_OFFSETS", "boot_id", "monotonic_offset_ns",
     "classify", "inspect_coordinator_path", "create_private", "private_sidecars",
+    "claim_lock_file", "drop_lock_file", "claim_is_alone",
 ]
 
 #: ``PRAGMA application_id`` of a coordinator file ("STKC").
@@ -30,6 +33,7 @@ KIND = "coordinator"
 _COORDINATOR_TABLES = frozenset({"meta", "scopes", "leases", "waiters"})
 _STORE_TABLES = frozenset({"hwm", "kv", "audit", "idempotency", "counters"})
 _JOURNAL_TABLES = frozenset({"history", "sqlite_sequence"})  # the history journal (docs/history.md)
+CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
 
 
 def boot_id() -> str:
@@ -171,3 +175,97 @@ def private_sidecars(path: Path) -> None:
                 os.chmod(f"{path}{suffix}", stat.S_IMODE(side.st_mode) & mode)
         except OSError:
             pass
+
+
+def claim_lock_file(path: Path, exclusive: bool) -> tuple[int, bool, bool]:
+    """Hold ``PATH.lock``: shared by embedded users, exclusive for a server.
+
+    Returns:
+        ``(fd, created, alone)``: the claim (closing it releases it), whether
+        this call created the lock file, and whether nobody else had the file
+        open at that moment (always true for an exclusive claim).
+
+    Raises:
+        BackendUnavailable: held by the other kind of user, or cannot be opened.
+    """
+    lock_path = f"{path}.lock"
+    created = False
+    try:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            created = True
+            os.fchmod(fd, 0o600)
+        except FileExistsError:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot open coordinator file {path}: {exc}") from exc
+    try:
+        if exclusive:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        else:
+            alone = _claim_shared(fd)
+    except OSError:
+        os.close(fd)
+        if exclusive:
+            raise BackendUnavailable(
+                f"{path} is open in other processes; a server must be its only user", certain_no_effect=True
+            ) from None
+        raise BackendUnavailable(
+            f"{path} is served by a running stockade server; connect to the server over http:// instead",
+            certain_no_effect=True,
+        ) from None
+    return fd, created, alone
+
+
+def _claim_shared(fd: int) -> bool:
+    """Take the shared claim; returns whether nobody else had the file open at that moment.
+
+    Being alone is tried first (an exclusive claim, turned shared at once).
+    Another opener doing the same holds it exclusively for a moment, so a
+    refused shared claim is retried briefly before it means a server.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+    else:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # raises if a server took it in between
+        return True
+    give_up = time.monotonic() + CLAIM_RETRY_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            if time.monotonic() >= give_up:
+                raise
+            time.sleep(0.001)
+
+
+def drop_lock_file(path: Path, fd: int, remove: bool) -> None:
+    """Release the claim ``fd``; remove ``PATH.lock`` too when asked and nobody else holds it."""
+    if fd < 0:
+        return
+    try:
+        if remove:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.unlink(f"{path}.lock")
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def claim_is_alone(fd: int) -> bool:
+    """Whether no other process has the file open (an embedded claim is upgraded for a moment)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        pass  # keeps the exclusive claim: nobody else may open meanwhile, which is safe
+    return True

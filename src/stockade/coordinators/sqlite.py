@@ -24,15 +24,16 @@ deadline so that no call here blocks beyond SQLite's busy timeout.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import random
+import re
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,26 +44,30 @@ from stockade.coordinators._sqlite_file import (
     STORE_APPLICATION_ID,
     TIMENS_OFFSETS,
     boot_id,
+    claim_is_alone,
+    claim_lock_file,
     classify,
     create_private,
+    drop_lock_file,
     inspect_coordinator_path,
     monotonic_offset_ns,
     private_sidecars,
 )
+from stockade.coordinators._sqlite_renewals import RenewalFiles, RenewingEngine
 from stockade.coordinators._sqlite_rows import (
     SCHEMA,
-    forget_record,
     forgotten_floor,
     load_record,
     set_meta,
     store_record,
     times_pending,
 )
+from stockade.coordinators._sqlite_tx import SQLiteTx as _SQLiteTx
 from stockade.coordinators.memory import wait_for_epoch
 from stockade.core.clock import Clock
-from stockade.core.engine import LeaseEngine, RecordTx, recover_records
+from stockade.core.engine import RecordTx, recover_records
 from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind
-from stockade.core.leases import LeasePolicy, ScopeRecord
+from stockade.core.leases import Lease, LeasePolicy, ScopeRecord
 from stockade.core.limits import validate_int
 from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, epoch_floor, epoch_of
 
@@ -77,7 +82,8 @@ SCHEMA_VERSION = "1"
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
 BUSY_RETRY_S = 0.0005  # our retry step for BEGIN IMMEDIATE (jittered)
-CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
+#: The tables a coordinator file of this version has (an opener that finds them all may join reading only).
+_SCHEMA_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
 
 class _ChangeFailed(Exception):
     """Carries the error of a single change out of its transaction (which is rolled back)."""
@@ -141,6 +147,12 @@ class SQLiteRecords:
 
     #: Whether tokens carry epochs; a seam for the controls of the test suite, never off in production.
     epochs = True
+    #: Whether a caller's deadline bounds a unit's wait (`within`) and a joiner opens reading only; a seam
+    #: for the controls of the test suite (the old behaviour: every wait is the busy timeout), never off in production.
+    bounded_waits = True
+    #: Whether renewals written beside the file (`stockade.coordinators._sqlite_renewals`) count; a seam for the
+    #: controls of the test suite (the old behaviour: a renewal is a write transaction), never off in production.
+    renewal_files = True
 
     def __init__(
         self,
@@ -155,9 +167,14 @@ class SQLiteRecords:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._busy_timeout_ms = busy_timeout_ms
+        self._budget = threading.local()  # a unit's own bound, set by `within` (per thread)
         self.epoch = 0
         self._epoch_floor = 0
         self._alone_at_open = False
+        self.renewals = RenewalFiles(self.path, boot_id())
+        #: The leases this process renews through their files (set by `SQLiteCoordinator`): ending one of
+        #: them here needs no end mark, its holder's own next renewal is refused by its deadline or not made.
+        self.renewing: Mapping[str, Lease] = {}
         exists = inspect_coordinator_path(self.path)
         if not exists:
             create_private(self.path)
@@ -194,75 +211,12 @@ class SQLiteRecords:
     # -- lifecycle -------------------------------------------------------------------------
 
     def _claim_file(self, exclusive: bool) -> tuple[int, bool]:
-        """Hold ``PATH.lock``: shared by embedded users, exclusive for a server. Returns (fd, created)."""
-        lock_path = f"{self.path}.lock"
-        created = False
-        try:
-            try:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                created = True
-                os.fchmod(fd, 0o600)
-            except FileExistsError:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot open coordinator file {self.path}: {exc}") from exc
-        try:
-            if exclusive:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._alone_at_open = True
-            else:
-                self._alone_at_open = self._claim_shared(fd)
-        except OSError:
-            os.close(fd)
-            if exclusive:
-                raise BackendUnavailable(
-                    f"{self.path} is open in other processes; a server must be its only user", certain_no_effect=True
-                ) from None
-            raise BackendUnavailable(
-                f"{self.path} is served by a running stockade server; connect to the server over http:// instead",
-                certain_no_effect=True,
-            ) from None
+        fd, created, self._alone_at_open = claim_lock_file(self.path, exclusive)
         return fd, created
 
-    @staticmethod
-    def _claim_shared(fd: int) -> bool:
-        """Take the shared claim; returns whether nobody else had the file open at that moment.
-
-        Being alone is tried first (an exclusive claim, turned shared at once).
-        Another opener doing the same holds it exclusively for a moment, so a
-        refused shared claim is retried briefly before it means a server.
-        """
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pass
-        else:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # raises if a server took it in between
-            return True
-        give_up = time.monotonic() + CLAIM_RETRY_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return False
-            except OSError:
-                if time.monotonic() >= give_up:
-                    raise
-                time.sleep(0.001)
-
     def _drop_claim(self, remove: bool) -> None:
-        """Release ``PATH.lock``; remove it too when this open created it and nobody else holds it."""
         fd, self._claim = self._claim, -1
-        if fd < 0:
-            return
-        try:
-            if remove:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    os.unlink(f"{self.path}.lock")
-                except OSError:
-                    pass
-        finally:
-            os.close(fd)
+        drop_lock_file(self.path, fd, remove)
 
     def _check_kind(self, conn: sqlite3.Connection) -> None:
         """Refuse a file that is not a coordinator, reading only (the header may not be rewritten yet)."""
@@ -283,6 +237,9 @@ class SQLiteRecords:
             raise WrongFileKind(str(self.path), "coordinator", found)
 
     def _initialise(self) -> str:
+        joined = self._join_reading() if self.bounded_waits else None
+        if joined is not None:
+            return joined
         with self._write() as conn:
             found = classify(conn.execute("PRAGMA application_id").fetchone()[0],
                              {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")},
@@ -304,6 +261,7 @@ class SQLiteRecords:
                 )
                 self.cluster_id = cluster
                 self._start_epoch(conn, meta)
+                self._sweep_renewals(conn)
                 return cluster
             if meta.get("schema_version") != SCHEMA_VERSION:
                 raise BackendUnavailable(f"{self.path}: schema version {meta.get('schema_version')!r} is not supported")
@@ -320,7 +278,62 @@ class SQLiteRecords:
             else:
                 self._check_clock(conn, meta.get("mono_offset_ns"), offset)
             self._start_epoch(conn, meta)
+            self._sweep_renewals(conn)
             return meta["cluster_id"]
+
+    def _join_reading(self) -> str | None:
+        """Join a file that others have open and that needs no change, reading only; None if it needs one.
+
+        Opening must not need the write lock: a process frozen inside a write
+        unit holds it for as long as it is frozen, and a new process's
+        ``connect()`` would wait for it (docs/leases.md, "A frozen party").
+        The file needs a write only when it is new or of another version, after
+        a reboot, on another clock, or when this opener is alone (a new epoch);
+        a WAL reader sees the last committed state and takes no write lock.
+        """
+        if self._alone_at_open:
+            return None  # a new epoch is written (and nobody else can hold the write lock)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN")
+            try:
+                application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                meta = dict(conn.execute("SELECT k, v FROM meta").fetchall()) if "meta" in tables else {}
+            finally:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            return None  # the writing path says what is wrong, within the busy timeout
+        if (
+            application_id != APPLICATION_ID or not _SCHEMA_TABLES <= tables or "cluster_id" not in meta
+            or meta.get("schema_version") != SCHEMA_VERSION or meta.get("kind") != KIND
+            or meta.get("boot_id") != boot_id() or meta.get("mono_offset_ns") != str(monotonic_offset_ns())
+        ):
+            return None
+        self.cluster_id = meta["cluster_id"]
+        self._start_epoch(conn, meta)  # joins: reads only
+        return self.cluster_id
+
+    def _sweep_renewals(self, conn: sqlite3.Connection) -> None:
+        """Alone (nobody else can be renewing) and holding the write lock: drop renewal files of ended leases."""
+        if self._alone_at_open:
+            self.renewals.sweep(r[0] for r in conn.execute("SELECT lease_id FROM leases"))
+
+    def renewed(self, record: ScopeRecord) -> ScopeRecord:
+        """``record`` with its lease's deadline moved to its last renewal beside the file, if that is later.
+
+        Every unit that loads a lease reads it through here. A unit that decides
+        an expiry must read its clock before it loads (the order the renewal
+        rule relies on: `stockade.coordinators._sqlite_renewals`).
+        """
+        lease = record.lease
+        if lease is None or not self.renewal_files:
+            return record
+        own = self.renewing.get(lease.lease_id)  # this process's own lease: its latest renewal, no file read
+        until = own.expires_ns if own is not None else self.renewals.read(lease.lease_id)
+        if until is None or until <= lease.expires_ns:
+            return record
+        return replace(record, lease=replace(lease, expires_ns=until))
 
     def _check_clock(self, conn: sqlite3.Connection, stored: str | None, offset: int) -> None:
         """Same boot: refuse when the file's times are on another time namespace's monotonic clock."""
@@ -341,16 +354,7 @@ class SQLiteRecords:
         set_meta(conn, "mono_offset_ns", str(offset))  # idle and ours alone: adopt this clock
 
     def _alone(self) -> bool:
-        """Whether no other process has the file open (an embedded claim is upgraded for a moment)."""
-        try:
-            fcntl.flock(self._claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(self._claim, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            pass  # keeps the exclusive claim: nobody else may open meanwhile, which is safe
-        return True
+        return claim_is_alone(self._claim)
 
     def _start_epoch(self, conn: sqlite3.Connection, meta: dict[str, str]) -> None:
         """Start this opener's epoch: above every epoch the file knows of, and past on the wall clock."""
@@ -381,10 +385,38 @@ class SQLiteRecords:
                 self._claim = -1
 
     @contextmanager
+    def within(self, until_s: float) -> Iterator[None]:
+        """Units begun in this thread inside the block wait for the file at most until ``until_s``.
+
+        ``until_s`` is on ``time.monotonic()``. Past it a unit still makes one
+        attempt at the write lock, so an expired bound means "only if free now".
+        The bound never extends the busy timeout.
+        """
+        if not self.bounded_waits:
+            yield
+            return
+        previous = getattr(self._budget, "until_s", None)
+        self._budget.until_s = until_s if previous is None else min(previous, until_s)
+        try:
+            yield
+        finally:
+            self._budget.until_s = previous
+
+    def _wait_until_s(self) -> tuple[float, int]:
+        """(monotonic deadline, its length in ms) of the wait for the connection and the write lock."""
+        now_s = time.monotonic()
+        until_s = now_s + self._busy_timeout_ms / 1000
+        bound = getattr(self._budget, "until_s", None)
+        if bound is not None:
+            until_s = min(until_s, max(now_s, bound))
+        return until_s, round((until_s - now_s) * 1000)
+
+    @contextmanager
     def _locked(self) -> Iterator[sqlite3.Connection]:
-        """This process's connection, waited for at most the busy timeout."""
-        if not self._lock.acquire(timeout=self._busy_timeout_ms / 1000):
-            raise BackendUnavailable(f"coordinator busy for {self._busy_timeout_ms} ms", certain_no_effect=True)
+        """This process's connection, waited for at most the busy timeout (or the thread's `within` bound)."""
+        until_s, wait_ms = self._wait_until_s()
+        if not self._lock.acquire(timeout=max(0.0, until_s - time.monotonic())):
+            raise BackendUnavailable(f"coordinator busy for {wait_ms} ms", certain_no_effect=True)
         try:
             yield self._conn
         except sqlite3.Error as exc:
@@ -396,7 +428,7 @@ class SQLiteRecords:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction; its COMMIT is fsync'd before we return."""
         with self._locked() as conn:
-            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
+            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
             try:
                 yield conn
             except BaseException as exc:
@@ -412,11 +444,14 @@ class SQLiteRecords:
                     conn.execute("ROLLBACK")
                 raise BackendUnavailable(f"coordinator commit failed: {exc}") from exc
 
-    def _retry_busy(self, statement: Any) -> None:
+    def _retry_busy(self, statement: Any, *, bounded: bool = False) -> None:
         # SQLite's own busy handler sleeps in growing steps (up to 100 ms), so a
         # process that loops on the lock starves the others. Retrying here in
         # short, jittered steps keeps entry to the queue fair between processes.
-        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        if bounded:
+            deadline, wait_ms = self._wait_until_s()
+        else:
+            deadline, wait_ms = time.monotonic() + self._busy_timeout_ms / 1000, self._busy_timeout_ms
         while True:
             try:
                 statement()
@@ -425,9 +460,7 @@ class SQLiteRecords:
                 if "locked" not in str(exc) and "busy" not in str(exc):
                     raise BackendUnavailable(f"coordinator unavailable: {exc}", certain_no_effect=True) from exc
                 if time.monotonic() >= deadline:
-                    raise BackendUnavailable(
-                        f"coordinator busy for {self._busy_timeout_ms} ms", certain_no_effect=True
-                    ) from exc
+                    raise BackendUnavailable(f"coordinator busy for {wait_ms} ms", certain_no_effect=True) from exc
                 time.sleep(BUSY_RETRY_S * (0.5 + random.random()))
             except sqlite3.Error as exc:
                 raise BackendUnavailable(f"coordinator unavailable: {exc}", certain_no_effect=True) from exc
@@ -455,7 +488,7 @@ class SQLiteRecords:
         """
         with self._locked() as conn:
             names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
-            return {name: load_record(conn, self.cluster_id, name) for name in names}
+            return {name: self.renewed(load_record(conn, self.cluster_id, name)) for name in names}
 
     def commit_records(
         self, changes: Sequence[tuple[ScopeRecord, ScopeRecord | None]]
@@ -509,64 +542,7 @@ class SQLiteRecords:
         return [None]
 
 
-class _SQLiteTx:
-    """One unit of `SQLiteRecords`: a transaction on its connection (`stockade.core.engine.RecordTx`)."""
-
-    __slots__ = ("_records", "_conn")
-
-    def __init__(self, records: SQLiteRecords, conn: sqlite3.Connection) -> None:
-        self._records = records
-        self._conn = conn
-
-    def load(self, scope: str) -> ScopeRecord:
-        return load_record(self._conn, self._records.cluster_id, scope)
-
-    def scope_of_lease(self, lease_id: str) -> str | None:
-        row = self._conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
-        return row[0] if row else None
-
-    def leases_at_least(self, n: int) -> bool:
-        row = self._conn.execute("SELECT COUNT(*) >= ? FROM (SELECT 1 FROM leases LIMIT ?)", (n, n)).fetchone()
-        return bool(row[0])
-
-    def lapsed_scopes(self, now_ns: int) -> list[str]:
-        return [r[0] for r in self._conn.execute("SELECT scope FROM leases WHERE expires_ns <= ?", (now_ns,))]
-
-    def names(self, *, after: str, limit: int) -> list[str]:
-        return [r[0] for r in self._conn.execute(
-            "SELECT scope FROM scopes WHERE scope > ? ORDER BY scope LIMIT ?", (after, limit))]
-
-    def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
-        store_record(self._conn, old, new)
-
-    def token_floor(self) -> int:
-        row = self._conn.execute("SELECT v FROM meta WHERE k = 'forgotten_floor'").fetchone()
-        return max(self._records._epoch_floor, int(row[0]) if row else 0)
-
-    def new_epoch(self, after: int) -> int | None:
-        records = self._records
-        if not records.epochs:
-            return None
-        row = self._conn.execute("SELECT v FROM meta WHERE k = 'epoch'").fetchone()
-        known = max(after, int(row[0]) if row else 0)
-        epoch = wait_for_epoch(known, time.time_ns)
-        set_meta(self._conn, "epoch", str(epoch))
-        return epoch
-
-    def forgotten_floor(self) -> int:
-        return forgotten_floor(self._conn)
-
-    def forget(self, record: ScopeRecord) -> None:
-        forget_record(self._conn, record)
-
-    def oldest(self, limit: int) -> list[str]:
-        return [r[0] for r in self._conn.execute("SELECT scope FROM scopes ORDER BY rowid LIMIT ?", (limit,))]
-
-    def full(self) -> bool:
-        return False  # the file bounds its leases (LEASES_MAX), not its scopes
-
-
-class SQLiteCoordinator(LeaseEngine):
+class SQLiteCoordinator(RenewingEngine):
     """The embedded coordinator: the lease engine over a `SQLiteRecords` file.
 
     Thread-safe; shareable across processes on one host. After a reboot (the
@@ -603,9 +579,15 @@ class SQLiteCoordinator(LeaseEngine):
         records = SQLiteRecords(path, busy_timeout_ms=busy_timeout_ms, exclusive=exclusive, on_reboot=after_reboot)
         super().__init__(records, cluster_id=records.cluster_id, clock=clock, policy=policy)
         self.path = records.path
+        self._start_renewing(records.renewals if records.renewal_files else None)
+        records.renewing = self._held
 
     def __enter__(self) -> SQLiteCoordinator:
         return self
+
+    def within(self, until_ns: int) -> AbstractContextManager[None]:
+        """Units begun in this thread inside the block wait for the file at most until ``until_ns`` (engine clock)."""
+        return self.records.within(time.monotonic() + (until_ns - self.clock.now_ns()) / 1e9)
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -20,7 +20,7 @@ it needs, decides, and hands back the changes; the store never decides.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Protocol
 
@@ -65,7 +65,13 @@ class RecordTx(Protocol):
     """One unit of work on the stored records (see `RecordStore`)."""
 
     def load(self, scope: str) -> ScopeRecord:
-        """The scope's record; a scope never seen reads as ``ScopeRecord(scope)``."""
+        """The scope's record; a scope never seen reads as ``ScopeRecord(scope)``.
+
+        The engine reads its clock before it loads the records it decides on: a
+        store may record renewals outside its write units (the embedded one
+        does), and a load that comes after the clock reading sees every renewal
+        that could count by then.
+        """
         ...
 
     def scope_of_lease(self, lease_id: str) -> str | None:
@@ -242,6 +248,17 @@ class LeaseEngine:
         """Release what the record store holds (files, locks)."""
         self.records.close()
 
+    def within(self, until_ns: int) -> AbstractContextManager[None]:
+        """Units begun in this thread inside the block wait for their store at most until ``until_ns``.
+
+        ``until_ns`` is on this engine's clock. A store that never waits for
+        another party (memory) ignores it; one that does (a file shared with
+        other processes, whose write lock a frozen process may hold) gives up
+        at ``until_ns`` with `BackendUnavailable`, so that a caller's own
+        deadline (an acquire's wait) holds whatever the others are doing.
+        """
+        return nullcontext()
+
     # -- writes ------------------------------------------------------------------------------
 
     def try_acquire(
@@ -329,8 +346,8 @@ class LeaseEngine:
             scope = tx.scope_of_lease(_lease_id_arg(lease_id))
             if scope is None:
                 raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
+            now_ns = self.clock.now_ns()  # before the load: see `RecordTx.load`
             record = tx.load(scope)
-            now_ns = self.clock.now_ns()
             try:
                 new, lease = rules.renew(record, lease_id, now_ns, self.policy)
             except NotHolder:
@@ -364,8 +381,9 @@ class LeaseEngine:
     def settle(self, scope: str) -> ScopeRecord:
         """Apply what time alone decides to ``scope`` (expire, drop lapsed waiters); returns the record."""
         with self.records.write() as tx:
+            now_ns = self.clock.now_ns()  # before the load: see `RecordTx.load`
             record = tx.load(scope)
-            new = rules.settle(record, self.clock.now_ns(), self.policy)
+            new = rules.settle(record, now_ns, self.policy)
             tx.save(record, new)
         return new
 

@@ -18,18 +18,24 @@ from stockade.coordinators.history import HistoryEvent, history_of
 from stockade.coordinators.registry import Capability
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
-from stockade.core.engine import LeaseEngine
-from stockade.core.errors import InvariantViolation, LockTimeout, invariant
+from stockade.core.engine import LeaseEngine, Outcome
+from stockade.core.errors import BackendUnavailable, InvariantViolation, LockTimeout, invariant
 from stockade.core.limits import VALUE_BYTES_MAX
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, Item, Write, WriteResult
 from stockade.resources.port import TransactionalStorePort
 from stockade.resources.sqlite_store import TX_BUFFER_BYTES_MAX
 
-__all__ = ["EmbeddedCoordinatorPort", "EmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX"]
+__all__ = ["EmbeddedCoordinatorPort", "EmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX",
+           "CLEANUP_MS_MAX", "STORE_WAIT_MS_MIN"]
 
 POLL_INTERVAL_MS_MIN = 1
 POLL_INTERVAL_MS_MAX = 20
+#: How long the clean-up of a failed acquire waits for the store (the slack of an acquire's wait).
+CLEANUP_MS_MAX = 50
+#: However short its wait, an acquire waits this long for the store (other processes' writes take turns
+#: on a shared file: 8 processes cycling locks wait up to a few hundred ms for it on a loaded host).
+STORE_WAIT_MS_MIN = 1_000
 
 
 class EmbeddedCoordinatorPort:
@@ -53,6 +59,14 @@ class EmbeddedCoordinatorPort:
     def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
 
+        The wait holds whatever the engine's store is doing: each attempt waits
+        for the store (a file's write lock, which a frozen process may hold) at
+        most until the acquire's deadline, or `STORE_WAIT_MS_MIN` after the
+        start when that is later, and the clean-up after a failed acquire at
+        most `CLEANUP_MS_MAX` more: the acquire answers within
+        ``max(wait_ms, STORE_WAIT_MS_MIN) + CLEANUP_MS_MAX`` and one commit
+        (docs/leases.md, "A frozen party on the embedded coordinator").
+
         Returns:
             The grant; its ``sent_ns`` is the send time (``clock.now_ns()``) of the
             attempt that was granted: the start of the client's conservative
@@ -60,17 +74,29 @@ class EmbeddedCoordinatorPort:
 
         Raises:
             LockTimeout: still held (or others ahead) when ``wait_ms`` ran out.
+            BackendUnavailable: the store could not be written for the whole
+                wait (``certain_no_effect``: nothing was granted).
         """
         lease_id = new_lease_id()
-        deadline_ns = self.clock.now_ns() + wait_ms * 1_000_000
+        start_ns = self.clock.now_ns()
+        deadline_ns = start_ns + wait_ms * 1_000_000
+        # A short wait (0: "only if free") still waits for other processes' brief writes.
+        store_until_ns = max(deadline_ns, start_ns + STORE_WAIT_MS_MIN * 1_000_000)
         interval_ms = POLL_INTERVAL_MS_MIN
         try:
             while True:
                 sent_ns = self.clock.now_ns()
-                outcome = SyncIO.run_blocking(
-                    self.engine.try_acquire, scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
-                    wait_deadline_ns=deadline_ns,
-                )
+                try:
+                    outcome = SyncIO.run_blocking(
+                        _attempt, self.engine, scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
+                        wait_deadline_ns=deadline_ns, store_until_ns=store_until_ns,
+                    )
+                except BackendUnavailable as exc:
+                    # Busy (another process holds the write lock): nothing was done; try
+                    # again while the wait lasts (a store's busy timeout may be shorter).
+                    if not exc.certain_no_effect or self.clock.now_ns() >= store_until_ns:
+                        raise
+                    continue  # the attempt itself waited (its busy timeout): no spinning
                 if isinstance(outcome, core_leases.Granted):
                     lease = outcome.lease
                     return Grant(lease.lease_id, lease.holder, lease.token, lease.ttl_ms, sent_ns)
@@ -86,8 +112,7 @@ class EmbeddedCoordinatorPort:
             # Interrupted (cancelled, KeyboardInterrupt, backend error): leave the
             # queue and give back a grant that may have happened meanwhile.
             try:
-                self.engine.cancel_wait(scope, lease_id)
-                self.engine.release(lease_id)
+                _abandon(self.engine, scope, lease_id, self.clock.now_ns() + CLEANUP_MS_MAX * 1_000_000)
             except InvariantViolation:
                 raise  # a bug: shown, chained to what interrupted the acquire
             except Exception:  # noqa: BLE001 - best effort: the lease, if any, expires by TTL
@@ -170,6 +195,28 @@ class EmbeddedStorePort:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _attempt(
+    engine: LeaseEngine, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_deadline_ns: int,
+    store_until_ns: int,
+) -> Outcome:
+    """One acquire attempt that waits for the engine's store no later than ``store_until_ns``."""
+    with engine.within(store_until_ns):
+        return engine.try_acquire(
+            scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms, wait_deadline_ns=wait_deadline_ns
+        )
+
+
+def _abandon(engine: LeaseEngine, scope: str, lease_id: str, until_ns: int) -> None:
+    """Leave the queue and give back a grant that may have happened, waiting for the store until ``until_ns``.
+
+    A waiter this leaves behind (the store stayed busy) lapses by itself
+    (``waiter_stale_ms``); a grant, by its TTL.
+    """
+    with engine.within(until_ns):
+        engine.cancel_wait(scope, lease_id)
+        engine.release(lease_id)
 
 
 def _apply_transaction(
