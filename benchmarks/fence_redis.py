@@ -100,6 +100,7 @@ def writer(port: int, variant: str, worker: int, ops: int, barrier: Any, workloa
     client.ping()
     sha = client.script_load(script.FENCED_WRITE)
     hwm, floor = script.hwm_key("bench"), script.floor_key("bench")
+    verified = script.verified_key("bench", False)  # the memory of verifying (L2), a single server
     if workload == "batch":
         counter, table, log = (f"{{bench}}:w{worker}:{name}" for name in ("n", "h", "s"))
         client.set(counter, 1)
@@ -131,7 +132,7 @@ def writer(port: int, variant: str, worker: int, ops: int, barrier: Any, workloa
         run = client.evalsha if variant == "evalsha" else client.fcall
         name = sha if variant == "evalsha" else "stockade_fenced_write"
         for key in keys:
-            run(name, 3, hwm, floor, key, str(token.value), "ge", "SET", "3", "1", VALUE)
+            run(name, 4, hwm, floor, verified, key, str(token.value), "ge", "v", "SET", "4", "1", VALUE)
     elapsed = time.perf_counter() - start
     client.close()
     return elapsed
