@@ -399,3 +399,16 @@ def test_a_renewal_written_after_a_takeover_is_refused(tmp_path: Path, mutant: b
             holder.kill()
             holder.wait()
         coord.close()
+
+
+def test_a_lease_ended_before_any_renewal_reads_as_never_renewed(tmp_path: Path) -> None:
+    """`end` on a lease with no renewal file writes only its byte past an empty record: a reader
+    sees "never renewed", not a record torn forever (found by test_engine_faults' storm, where
+    every grant after one such end failed with 'keeps changing under its reader')."""
+    from stockade.coordinators._sqlite_renewals import RenewalFiles
+
+    files = RenewalFiles(tmp_path / "coord.db", "boot")
+    files.end("lease-1")
+    assert files.read("lease-1") is None
+    assert files.write("lease-1", 5_000_000_000) is False  # ended: the renewal is refused
+    assert files.read("lease-1") == 5_000_000_000

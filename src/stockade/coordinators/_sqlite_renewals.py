@@ -84,6 +84,8 @@ class RenewalFiles:
                 if len(data) < _RECORD.size:
                     return None  # created, not written yet: that renewal has not happened
                 until, check = _RECORD.unpack(data)
+                if until == 0 and check == 0:
+                    return None  # only ended (`end` wrote its byte past a record never written): never renewed
                 if check == _complement(until):
                     return int(until)
             raise BackendUnavailable("a renewal file keeps changing under its reader", certain_no_effect=True)
