@@ -222,7 +222,7 @@ def test_lock_delay_is_mapped_to_the_servers_grants(serve, module_pg_url):
     assert _json(delayed.url, "GET", "/v1/locks/delayed")[1]["state"] == "delayed"
     # Control: a client of the same backend without a lock-delay is granted at once after a lapse.
     with stockade.connect(module_pg_url) as plain:
-        plain.acquire("other", ttl_ms=100, keepalive=False)
+        plain.acquire("other", ttl_ms=1_000, keepalive=False)  # 100 ms lapsed before its renewal at load 21
         _until(lambda: plain.inspect("other").state is not ScopeState.HELD, "the lapse")
         plain.acquire("other", ttl_ms=30_000, keepalive=False)  # granted: no delay after the lapse
 
