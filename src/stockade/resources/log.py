@@ -23,7 +23,10 @@ Two backends share this contract and the conformance tests:
 
 - `SQLiteShardLog`: in stockade's own store file (`stockade.resources.sqlite_store`),
   in the same ``BEGIN IMMEDIATE`` transaction as the store's high-water mark;
-  ``stockade floor sqlite:///path`` raises its marks (R4).
+  ``stockade floor sqlite:///path`` raises its marks (R4). SQLite has one writer per
+  file and a writer frozen inside an append keeps the file's lock: ``partitions=N``
+  spreads the shards over N files so that it holds up only its own file's shards
+  (docs/shard-log.md, "A frozen writer").
 - `PostgresShardLog` (`open_postgres_log`): in the user's PostgreSQL, behind
   the SQL function ``stockade.fence(token, scope)`` of
   `stockade.resources.postgres`, in the same transaction; ``stockade floor
