@@ -43,8 +43,8 @@ from __future__ import annotations
 import builtins
 import os
 import zlib
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stockade.core.errors import InvalidArgument, invariant
