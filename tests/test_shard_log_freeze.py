@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -126,3 +127,29 @@ def test_control_one_file_a_frozen_writer_stalls_every_shard(tmp_path: Path) -> 
     counts = run_freezes(tmp_path, 1, CONTROL_FREEZES)
     assert counts["stalled"] == counts["attempts"]  # every other shard held up by the one frozen writer
     assert counts["landed"] == 0
+
+
+def test_the_layout_is_recorded_and_a_one_file_log_keeps_its_shards(tmp_path: Path) -> None:
+    from stockade.core.errors import InvalidArgument
+
+    spread = SQLiteShardLog(tmp_path / "spread.db", cluster_id=CLUSTER, keys=KEYS, partitions=4)
+    spread.append("a", b"1", token=tok(3, "a"))
+    spread.close()
+    assert sorted(p.name for p in tmp_path.glob("spread.db.part*")) == [f"spread.db.part{i:03d}" for i in range(4)]
+    reopened = SQLiteShardLog(tmp_path / "spread.db", keys=KEYS)  # None: the recorded layout
+    assert (reopened.partitions, reopened.next_offset("a"), reopened.high_water("a")) == (4, 1, 3)
+    reopened.close()
+    for bad in (0, 257, "4", 2):
+        with pytest.raises(InvalidArgument):
+            SQLiteShardLog(tmp_path / "spread.db", keys=KEYS, partitions=bad)
+    old = SQLiteShardLog(tmp_path / "old.db", cluster_id=CLUSTER, keys=KEYS)  # a log as they were: one file
+    old.append("a", b"1", token=tok(3, "a"))
+    old.close()
+    with sqlite3.connect(tmp_path / "old.db") as conn:  # written before the layout was recorded
+        conn.execute("DROP TABLE log_layout")
+    with pytest.raises(InvalidArgument, match="partitions"):
+        SQLiteShardLog(tmp_path / "old.db", keys=KEYS, partitions=4)
+    again = SQLiteShardLog(tmp_path / "old.db", keys=KEYS)
+    assert (again.partitions, [e.data for e in again.read("a")]) == (1, [b"1"])  # unchanged, still one file
+    again.close()
+    assert not list(tmp_path.glob("old.db.part*"))
