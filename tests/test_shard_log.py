@@ -78,11 +78,13 @@ def child_env() -> dict[str, str]:
 # -- fixtures ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "postgres", "postgres-sql_ascii"])
+@pytest.fixture(params=["sqlite", "sqlite-partitions", "postgres", "postgres-sql_ascii"])
 def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    """The log on SQLite, on a UTF8 PostgreSQL database, and on a SQL_ASCII one (text came back as bytes)."""
-    if request.param == "sqlite":
-        opened: Any = SQLiteShardLog(tmp_path / "log.db", cluster_id=CLUSTER, keys=KEYS)
+    """The log on SQLite (one file, and spread over 4 partition files), on a UTF8 PostgreSQL database,
+    and on a SQL_ASCII one (text came back as bytes)."""
+    if request.param.startswith("sqlite"):
+        opened: Any = SQLiteShardLog(tmp_path / "log.db", cluster_id=CLUSTER, keys=KEYS,
+                                     partitions=4 if request.param == "sqlite-partitions" else None)
         opened.floor_url = f"sqlite://{tmp_path / 'log.db'}"
         yield opened
         opened.close()

@@ -23,6 +23,13 @@
     print ``accepted`` or ``failed KIND``. With ``control`` the entries go in
     with ``executemany`` (psycopg's pipeline), as appends did before.
 
+``shardlog_writer.py freeze-in-append URL SHARD TOKEN``
+    For each line on stdin: append one entry under TOKEN to the store file at URL
+    (opened with its recorded partitions) and stop itself with SIGSTOP inside the
+    append's write transaction (after BEGIN IMMEDIATE and the mark's update,
+    before the entry and the COMMIT), printing ``frozen N`` first; on SIGCONT it
+    commits and prints ``ack N OFFSET``.
+
 The PostgreSQL log is opened with ``keys="unsigned"``: the database checks every
 MAC with its own copy of the keys, so the test's keys never leave its process.
 The store file is opened with the keyring the test left beside it
@@ -119,5 +126,21 @@ elif mode == "pause-in-append":
         print("accepted", flush=True)
     except StockadeError as exc:  # the server ended the transaction: the outcome is reported, not raised
         print(f"failed {type(exc).__name__}", flush=True)
+elif mode == "freeze-in-append":
+    import os
+    import signal
+
+    token, raise_mark, round_ = sys.argv[4], SQLiteShardLog._raise_high_water, 0
+
+    def freeze_holding_the_lock(self, conn, scope, old, new):  # inside BEGIN IMMEDIATE: the file's write lock
+        raise_mark(self, conn, scope, old, new)
+        print(f"frozen {round_}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    SQLiteShardLog._raise_high_water = freeze_holding_the_lock
+    while sys.stdin.readline():
+        round_ += 1
+        result = log.append(shard, f"frozen-writer {round_}".encode(), token=token)
+        print(f"ack {round_} {result.first_offset}", flush=True)
 else:
     raise SystemExit(f"unknown mode {mode}")

@@ -20,6 +20,22 @@ from stockade.resources.floor import FloorTarget
 __all__ = ["open_floor_target"]
 
 
+def _log_partitions(path: Path) -> int:
+    """How many partition files the shard log in this store file spreads over (1: none)."""
+    uri = "file:" + urllib.parse.quote("/" + str(path.absolute()).lstrip("/")) + "?mode=ro"
+    try:
+        view = sqlite3.connect(uri, uri=True)
+        try:
+            if view.execute("SELECT 1 FROM sqlite_master WHERE name = 'log_layout'").fetchone() is None:
+                return 1
+            row = view.execute("SELECT v FROM log_layout WHERE k = 'partitions'").fetchone()
+            return 1 if row is None else int(row[0])
+        finally:
+            view.close()
+    except sqlite3.Error as exc:
+        raise BackendUnavailable(f"cannot read {path} as an SQLite database: {exc}", certain_no_effect=True) from exc
+
+
 def _is_stockade_store(path: Path) -> bool:
     uri = "file:" + urllib.parse.quote("/" + str(path.absolute()).lstrip("/")) + "?mode=ro"
     try:
@@ -53,6 +69,10 @@ def open_floor_target(url: str, *, cluster_id: str) -> FloorTarget:
         from stockade.resources._verify import TOKENLESS
         from stockade.resources.sqlite_store import SQLiteStore
 
+        if _log_partitions(path) > 1:  # a shard log spread over partition files: floor every one of them
+            from stockade.resources.log import SQLiteShardLog
+
+            return SQLiteShardLog(path, cluster_id=cluster_id, keys=TOKENLESS)
         return SQLiteStore(path, cluster_id=cluster_id, keys=TOKENLESS)  # refuses another cluster's store
     opened: FloorTarget = importlib.import_module("stockade.resources.sqlite_db").open_floor_target(
         url, cluster_id=cluster_id

@@ -23,7 +23,10 @@ Two backends share this contract and the conformance tests:
 
 - `SQLiteShardLog`: in stockade's own store file (`stockade.resources.sqlite_store`),
   in the same ``BEGIN IMMEDIATE`` transaction as the store's high-water mark;
-  ``stockade floor sqlite:///path`` raises its marks (R4).
+  ``stockade floor sqlite:///path`` raises its marks (R4). SQLite has one writer per
+  file and a writer frozen inside an append keeps the file's lock: ``partitions=N``
+  spreads the shards over N files so that it holds up only its own file's shards
+  (docs/shard-log.md, "A frozen writer").
 - `PostgresShardLog` (`open_postgres_log`): in the user's PostgreSQL, behind
   the SQL function ``stockade.fence(token, scope)`` of
   `stockade.resources.postgres`, in the same transaction; ``stockade floor
@@ -39,10 +42,12 @@ from __future__ import annotations
 
 import builtins
 import os
+import zlib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stockade.core.errors import invariant
+from stockade.core.errors import InvalidArgument, invariant
 from stockade.core.fence import Accept, Reject, Replay, check_write
 from stockade.core.limits import validate_int, validate_scope
 from stockade.core.tokens import FencingToken
@@ -71,8 +76,11 @@ if TYPE_CHECKING:
 __all__ = [
     "SQLiteShardLog", "PostgresShardLog", "open_postgres_log", "LogEntry", "AppendResult", "OffsetConflict",
     "ENTRY_BYTES_MAX", "ENTRY_BYTES_CEILING", "BATCH_ENTRIES_MAX", "BATCH_BYTES_MAX", "READ_LIMIT_MAX",
-    "READ_WAIT_MS_MAX",
+    "READ_WAIT_MS_MAX", "PARTITIONS_MAX", "partition_of",
 ]
+
+#: The most partition files a log may be spread over (docs/shard-log.md, "A frozen writer").
+PARTITIONS_MAX = 256
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS log_heads (shard TEXT PRIMARY KEY, next_offset INTEGER NOT NULL "
@@ -82,7 +90,17 @@ _SCHEMA = (
     "fingerprint TEXT, PRIMARY KEY (shard, log_offset)) WITHOUT ROWID",
     "CREATE UNIQUE INDEX IF NOT EXISTS log_entries_idempotency ON log_entries (shard, idempotency_key) "
     "WHERE idempotency_key IS NOT NULL",
+    "CREATE TABLE IF NOT EXISTS log_layout (k TEXT PRIMARY KEY, v INTEGER NOT NULL) WITHOUT ROWID",
 )
+
+
+def partition_of(shard: str, partitions: int) -> int:
+    """The partition file (0..partitions-1) that holds ``shard``: crc32 of its name, modulo ``partitions``."""
+    return zlib.crc32(shard.encode()) % partitions
+
+
+def _partition_path(path: Path, index: int) -> Path:
+    return path.with_name(f"{path.name}.part{index:03d}")
 
 
 class SQLiteShardLog(SQLiteStore):
@@ -91,8 +109,14 @@ class SQLiteShardLog(SQLiteStore):
     Thread-safe, and several processes on one host may open the same file.
 
     Args:
-        path, cluster_id, busy_timeout_ms, keys, issued: as `SQLiteStore`.
+        path, cluster_id, busy_timeout_ms, keys, issued: as `SQLiteStore`. An append waits at
+            most ``busy_timeout_ms`` for its file's write lock, then raises `BackendUnavailable`
+            (``certain_no_effect``).
         entry_bytes_max: the largest entry accepted (at most `ENTRY_BYTES_CEILING`).
+        partitions: spread the shards over this many files (1..`PARTITIONS_MAX`), ``PATH.part000``
+            and on (`partition_of`), so that a writer frozen inside an append holds up only the
+            shards of its own file. Recorded in the file when it is created; ``None`` (the default)
+            opens an existing file with its recorded layout and creates a new one with 1 (one file).
 
     Raises:
         InvalidArgument, BackendUnavailable: as `SQLiteStore`.
@@ -107,17 +131,51 @@ class SQLiteShardLog(SQLiteStore):
         busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
         keys: object = None,
         issued: Callable[[str], int] | None = None,
+        partitions: int | None = None,
     ) -> None:
         self.entry_bytes_max = validate_int("entry_bytes_max", entry_bytes_max, 0, ENTRY_BYTES_CEILING)
+        wanted = None if partitions is None else validate_int("partitions", partitions, 1, PARTITIONS_MAX)
         super().__init__(path, cluster_id=cluster_id, busy_timeout_ms=busy_timeout_ms, keys=keys, issued=issued)
         self.resource = f"sqlite-log:{self.path}"
+        self._parts: builtins.list[SQLiteShardLog] = []
         try:
             with self._write() as conn:
                 for statement in _SCHEMA:
                     conn.execute(statement)
+                self.partitions = self._layout(conn, wanted)
+            if self.partitions > 1:
+                for index in range(self.partitions):
+                    self._parts.append(SQLiteShardLog(
+                        _partition_path(self.path, index), cluster_id=self.cluster_id,
+                        entry_bytes_max=entry_bytes_max, busy_timeout_ms=busy_timeout_ms, keys=keys, issued=issued,
+                        partitions=1))
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _layout(conn: Any, wanted: int | None) -> int:
+        """The recorded number of partition files; recorded now if the file has none (a new file)."""
+        row = conn.execute("SELECT v FROM log_layout WHERE k = 'partitions'").fetchone()
+        if row is None:
+            used = conn.execute("SELECT count(*) FROM log_heads").fetchone()[0]
+            if used and (wanted or 1) != 1:  # an older single-file log: its shards stay where they are
+                raise InvalidArgument("partitions", f"this log already holds {used} shards in one file; "
+                                      "partitions apply to a new log (docs/shard-log.md, moving a log)")
+            conn.execute("INSERT INTO log_layout (k, v) VALUES ('partitions', ?)", (wanted or 1,))
+            return wanted or 1
+        if wanted is not None and wanted != int(row[0]):
+            raise InvalidArgument("partitions", f"this log was created with {row[0]} partitions, not {wanted}")
+        return int(row[0])
+
+    def _part(self, shard: str) -> SQLiteShardLog:
+        return self._parts[partition_of(shard, self.partitions)] if self._parts else self
+
+    def close(self) -> None:
+        """Close the file and its partition files. Idempotent."""
+        for part in self._parts:
+            part.close()
+        super().close()
 
     def append(
         self, shard: str, data: bytes | str, *, token: FencingToken | str, idempotency_key: str | None = None,
@@ -153,6 +211,9 @@ class SQLiteShardLog(SQLiteStore):
             BackendUnavailable: SQLite failed or stayed busy (see ``certain_no_effect``).
         """
         shard = validate_scope(shard, "shard")
+        if self._parts:
+            return self._part(shard).append_batch(shard, entries, token=token, idempotency_key=idempotency_key,
+                                                  expected_offset=expected_offset)
         checked, key, expected = check_batch(entries, idempotency_key, expected_offset,
                                              entry_bytes_max=self.entry_bytes_max)
         fencing_token = coerce_token(token)
@@ -207,6 +268,8 @@ class SQLiteShardLog(SQLiteStore):
             InvalidArgument: a bad shard, offset, limit (1..`READ_LIMIT_MAX`) or wait.
         """
         shard = validate_scope(shard, "shard")
+        if self._parts:
+            return self._part(shard).read(shard, from_offset, limit, wait_ms=wait_ms)
         start, count, wait = check_read(from_offset, limit, wait_ms)
 
         def once() -> builtins.list[LogEntry]:
@@ -221,14 +284,48 @@ class SQLiteShardLog(SQLiteStore):
     def next_offset(self, shard: str) -> int:
         """The offset ``shard``'s next entry gets (0 for a shard never appended to)."""
         shard = validate_scope(shard, "shard")
+        if self._parts:
+            return self._part(shard).next_offset(shard)
         with self._read() as conn:
             row = conn.execute("SELECT next_offset FROM log_heads WHERE shard = ?", (shard,)).fetchone()
         return 0 if row is None else int(row[0])
 
     def shards(self) -> builtins.list[str]:
-        """The shards appended to (at most `SCOPES_MAX`), in name order."""
+        """The shards appended to (at most `SCOPES_MAX` per file), in name order."""
+        if self._parts:
+            return sorted(shard for part in self._parts for shard in part.shards())
         with self._read() as conn:
             return [r[0] for r in conn.execute("SELECT shard FROM log_heads ORDER BY shard").fetchall()]
+
+    # The marks (R4) of a partitioned log are its partition files' (each shard's in its own file);
+    # the store's own scopes stay in this file.
+
+    def high_water(self, scope: str) -> int:
+        """The shard's (or the store scope's) high-water mark; 0 if it was never written."""
+        scope = validate_scope(scope)
+        if not self._parts:
+            return super().high_water(scope)
+        return max(super().high_water(scope), self._part(scope).high_water(scope))
+
+    def high_waters(self) -> dict[str, int]:
+        """Every scope's own mark, in this file and in its partition files."""
+        marks = super().high_waters()
+        for part in self._parts:
+            for scope, mark in part.high_waters().items():
+                marks[scope] = max(mark, marks.get(scope, 0))
+        return dict(sorted(marks.items()))
+
+    def raise_high_waters(self, floors: Any, *, default: int = 0) -> dict[str, int]:
+        """Raise the marks (R4) in every partition file, each in its own transaction, then in this file.
+
+        Every file gets every floor (a bad one is refused by the first file, before anything is written).
+        """
+        marks: dict[str, int] = {}
+        for part in self._parts:
+            marks.update(part.raise_high_waters(floors, default=default))
+        for scope, mark in super().raise_high_waters(floors, default=default).items():
+            marks[scope] = max(mark, marks.get(scope, 0))
+        return marks
 
 
 def open_postgres_log(dsn: str, *, keys: object, entry_bytes_max: int = ENTRY_BYTES_MAX,
