@@ -40,14 +40,18 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from stockade._postgres_errors import error_text, no_codec, open_connection, text_of
-from stockade.core.errors import AlreadyApplied, BackendUnavailable, InvalidArgument
+from stockade.core.errors import AlreadyApplied, BackendUnavailable, InvalidArgument, Superseded
 from stockade.core.fence import Reject
-from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
+from stockade.core.limits import (
+    SUPERSEDE_AFTER_MS, SUPERSEDE_AFTER_MS_MAX, SUPERSEDE_AFTER_MS_MIN, TOKEN_VALUE_MAX, validate_int,
+    validate_op_id, validate_scope,
+)
 from stockade.core.signing import Keyring
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import FenceFloors
@@ -67,7 +71,7 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
 __all__ = [
     "install", "sync_keys", "fenced", "fenced_async", "fenced_sqlalchemy", "fenced_sqlalchemy_async",
     "protect", "unprotect", "install_ddl_guard", "AlreadyApplied", "high_waters", "default_floor",
-    "raise_high_waters", "PostgresFence",
+    "raise_high_waters", "PostgresFence", "Superseded", "SupersedeWarning",
     "FENCE_SQL", "FENCE_OP_SQL", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "ALREADY_APPLIED_SQLSTATE",
 ]
 
@@ -122,7 +126,8 @@ def _write_keys(conn: Connection, keyring: Keyring | None) -> None:
 # -- install ---------------------------------------------------------------------------------------
 
 
-def install(conn: Connection, *, keys: object, cluster_id: str | None = None) -> None:
+def install(conn: Connection, *, keys: object, cluster_id: str | None = None,
+            supersede_after_ms: int = SUPERSEDE_AFTER_MS) -> None:
     """Create or migrate the schema ``stockade`` and (re)define its functions; copy the keys in.
 
     Idempotent and safe to run from several processes at once (a transaction-scoped
@@ -134,17 +139,38 @@ def install(conn: Connection, *, keys: object, cluster_id: str | None = None) ->
         keys: the coordinator's keys (`stockade.keys.KeyFile`, `FixedKeys`, a `Keyring`,
             a keyring path), or ``"unsigned"`` to check no MAC (unsafe; docs/tokens.md).
         cluster_id: the coordinator cluster (needed only with ``"unsigned"``).
+        supersede_after_ms: how long a newer token waits for a transaction that holds its scope
+            with a lower token before that transaction's session is ended (docs/fence-postgres.md,
+            "A paused writer"). Ending it needs the installing role to be a superuser or a member of
+            ``pg_signal_backend``: without that, `install` warns (`SupersedeWarning`) and a newer
+            token waits as long as the lower transaction lasts.
 
     Raises:
         InvalidArgument: keys of another cluster than the one already installed, or bad keys.
         BackendUnavailable: the database cannot be reached.
     """
     keyring, cluster = _keyring_of(keys, cluster_id)
-    _install(conn, keyring, cluster, q.STALE_WHEN["decide"])
+    bound = validate_int("supersede_after_ms", supersede_after_ms, SUPERSEDE_AFTER_MS_MIN, SUPERSEDE_AFTER_MS_MAX)
+    _install(conn, keyring, cluster, q.STALE_WHEN["decide"], supersede_after_ms=bound)
+
+
+class SupersedeWarning(UserWarning):
+    """The installing role may not end sessions: a paused lower holder stalls a newer token without bound."""
+
+
+def _warn_without_signal_right(conn: Connection) -> None:
+    row = conn.execute("SELECT r.rolsuper OR pg_has_role(current_user, 'pg_signal_backend', 'MEMBER') "
+                       "FROM pg_roles r WHERE r.rolname = current_user").fetchone()
+    if not (row and row[0]):
+        warnings.warn(SupersedeWarning(
+            "stockade: the installing role is neither a superuser nor a member of pg_signal_backend, so a newer "
+            "token cannot end the session of a paused lower one and waits as long as it lasts: "
+            "GRANT pg_signal_backend TO <installing role> (docs/fence-postgres.md, 'A paused writer')"),
+            stacklevel=3)
 
 
 def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when: str, *,
-             body: str = "private") -> None:
+             body: str = "private", supersede_after_ms: int = SUPERSEDE_AFTER_MS) -> None:
     """`install` with its comparison and its function body chosen: the private seams the controls
     use (`q.STALE_WHEN`, `q.FENCE_BODIES`)."""
     with _edge(), conn.transaction():
@@ -169,10 +195,13 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
         installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         if installed != cluster:
             raise InvalidArgument("keys", f"this database is fenced for cluster {installed}, not {cluster}")
-        conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when, body=body))
+        conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when, body=body,
+                                      supersede_after_ms=supersede_after_ms))
         conn.execute(q.guard_function())
         conn.execute(q.fence_op_function())
         _write_keys(conn, keyring)
+        if supersede_after_ms:
+            _warn_without_signal_right(conn)
 
 
 def sync_keys(conn: Connection, keys: object) -> None:
@@ -213,6 +242,11 @@ def _translate(error: BaseException, token: FencingToken, scope: str, resource: 
         reject(decision, resource=resource, cluster=cluster, token=token, scope=scope, key=None)
     if getattr(error, "sqlstate", None) == "22023":
         raise InvalidArgument("token", str(error).splitlines()[0]) from error
+    if getattr(error, "sqlstate", None) == q.SUPERSEDED_SQLSTATE:
+        # The session was ended inside the fenced transaction, before its commit completed: nothing
+        # was applied. The fence ends one only for a newer token (q.SUPERSEDE); a server shutdown
+        # reads the same, and nothing of the transaction was applied either.
+        raise Superseded(token, error_text(error)) from error
     if _lost(error):
         raise BackendUnavailable(f"{resource}: {error_text(error)}") from error
 
