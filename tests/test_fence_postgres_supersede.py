@@ -147,3 +147,46 @@ def test_install_validates_the_bound() -> None:
         pg.install(None, keys=KEYS, supersede_after_ms=0)
     from stockade.core.errors import StaleToken
     assert issubclass(Superseded, StaleToken)  # a handler catching StaleToken catches it
+
+
+def test_a_non_superuser_installer_needs_pg_signal_backend() -> None:
+    """`install` warns when the installing role may not end sessions; granted pg_signal_backend, it does not,
+    and a paused lower holder of another (non-superuser) role is superseded."""
+    server = shared_server()
+    name = fresh_database(server)
+    owner, app = f"{name}_owner", f"{name}_app"
+    try:
+        with psycopg.connect(server.dsn_of(name), autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {owner} LOGIN")
+            admin.execute(f"CREATE ROLE {app} LOGIN")
+            admin.execute(f"ALTER DATABASE {name} OWNER TO {owner}")
+            admin.execute(f"GRANT ALL ON SCHEMA public TO {owner}")
+        owner_dsn = " ".join(f"user={owner}" if p.startswith("user=") else p for p in server.dsn_of(name).split())
+        with psycopg.connect(owner_dsn, autocommit=True) as conn:
+            with pytest.warns(pg.SupersedeWarning):
+                pg.install(conn, keys=KEYS, supersede_after_ms=BOUND_MS)
+            with psycopg.connect(server.dsn_of(name), autocommit=True) as admin:
+                admin.execute(f"GRANT pg_signal_backend TO {owner}")
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                pg.install(conn, keys=KEYS, supersede_after_ms=BOUND_MS)
+            conn.execute("CREATE TABLE kv (key text PRIMARY KEY, value text NOT NULL)")
+            conn.execute(f"GRANT ALL ON kv TO {app}")
+            app_dsn = owner_dsn.replace(f"user={owner}", f"user={app}")
+            app_server = _AsRole(server, app_dsn)
+            finished, _took, answer = _round(app_server, name, conn, 2, 3, True)  # type: ignore[arg-type]
+            assert (finished, answer) == (True, "superseded")
+    finally:
+        drop_database(server, name)
+        with psycopg.connect(server.dsn_of("postgres"), autocommit=True) as admin:
+            admin.execute(f"DROP ROLE IF EXISTS {app}")
+            admin.execute(f"DROP ROLE IF EXISTS {owner}")
+
+
+class _AsRole:
+    def __init__(self, server: PostgresServer, dsn: str) -> None:
+        self.server, self.dsn = server, dsn
+
+    def dsn_of(self, dbname: str) -> str:
+        return self.dsn

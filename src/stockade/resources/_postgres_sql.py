@@ -53,6 +53,11 @@ levels fail with 40001. The mark is read again once the scope's lock is held:
 under READ COMMITTED with a fresh snapshot, under the other levels with its row
 locked FOR SHARE (a row changed since the snapshot is 40001).
 
+**A newer token waits a bounded time.** A raise waits for the EXCLUSIVE
+lock at most the bound given to `install` (``supersede_after_ms``), then ends
+the sessions holding the scope with a lower token and waits again: `SUPERSEDE`
+says how a holder's token is known, and what the installing role needs.
+
 ``stockade.fence_op(token, scope, op_id)`` is the check of a transaction that
 carries an operation id (R3): `fence_op_function` says what it adds.
 ``stockade.cover(relation, scope)`` and the event trigger function
