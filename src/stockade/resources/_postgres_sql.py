@@ -55,7 +55,7 @@ locked FOR SHARE (a row changed since the snapshot is 40001).
 
 **A newer token waits a bounded time.** A raise waits for the EXCLUSIVE
 lock at most the bound given to `install` (``supersede_after_ms``), then ends
-the sessions holding the scope with a lower token and waits again: `SUPERSEDE`
+the sessions holding the scope with a lower token and waits again: `stockade.resources._postgres_supersede`
 says how a holder's token is known, and what the installing role needs.
 
 ``stockade.fence_op(token, scope, op_id)`` is the check of a transaction that
@@ -68,12 +68,13 @@ from __future__ import annotations
 
 from stockade.core.limits import OP_ID_BYTES_MAX, OPERATION_IDS_MAX, SUPERSEDE_AFTER_MS
 from stockade.resources._postgres_sql_schema1 import FENCE_ADVISORY
+from stockade.resources._postgres_supersede import NO_SUPERSEDE, SUPERSEDE_SQL
 
 __all__ = [
     "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
     "SCOPE_LOCK_CLASS", "ALREADY_APPLIED_SQLSTATE", "PROTECT_SQLSTATE", "DDL_GUARD_NAME", "DDL_GUARD_SQL",
     "STALE_WHEN", "FENCE_BODIES", "FLOOR_GATE", "SCOPE_LOCKS", "fence_function", "guard_function",
-    "fence_op_function", "SUPERSEDE", "SUPERSEDED_SQLSTATE",
+    "fence_op_function",
 ]
 
 #: The schema version `install` migrates to.
@@ -344,99 +345,6 @@ REVOKE ALL ON FUNCTION stockade.fence(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION stockade.fence(text, text) TO PUBLIC;
 """
 
-#: SQLSTATE a superseded transaction's client reads: its session was ended (admin_shutdown).
-SUPERSEDED_SQLSTATE = "57P01"
-
-SUPERSEDE = """A newer token waits a bounded time for a lower one (``install(supersede_after_ms=)``).
-
-A raise waits for the EXCLUSIVE lock of its scope's view with ``lock_timeout``
-set to the bound; when that runs out it ends (``pg_terminate_backend``, as the
-installing role) every session that holds the view's lock for the same scope
-with a lower token, and waits again. A holder is known by two shared advisory
-locks each check takes, without waiting, before the view's: key
-``(hashtext(scope), token >> 32)`` and ``(hashtext(scope || '/lo'), low 32 bits
-of the token)``. Only sessions holding the view's lock are looked at, and only
-the fence can lock the view, so a session of another role can at most make
-itself look lower (and be ended), never a holder of a real token; a holder
-whose identity is missing (another session holds one of its keys exclusively)
-is never ended, and is waited for as before. The upper bound of a holder's
-token (largest high part, largest low part) must be below the raising token.
-Ending a session needs the installing role to be a superuser or a member of
-``pg_signal_backend``, and never ends a superuser's session: without the right
-a raise waits as long as the lower holder lasts (`install` warns). A session
-ended while idle in its transaction (a paused writer) never commits; its
-client's next statement or commit reads SQLSTATE 57P01.
-"""
-
-_NO_SUPERSEDE = r"""
-CREATE OR REPLACE FUNCTION stockade_private.admitted(p_scope text, p_value bigint) RETURNS boolean
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $a$ SELECT true $a$;
-CREATE OR REPLACE FUNCTION stockade_private.raise_lock(p_view int, p_scope text, p_value bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $r$
-BEGIN
-    EXECUTE format('LOCK TABLE stockade_private.scope_lock_%s IN EXCLUSIVE MODE', p_view);
-    RETURN true;
-END
-$r$;
-REVOKE ALL ON FUNCTION stockade_private.admitted(text, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION stockade_private.raise_lock(int, text, bigint) FROM PUBLIC;
-"""
-
-_SUPERSEDE = r"""
--- The holder's identity: shared advisory locks on its scope and token, taken without waiting.
-CREATE OR REPLACE FUNCTION stockade_private.admitted(p_scope text, p_value bigint) RETURNS boolean
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $a$
-    SELECT pg_try_advisory_xact_lock_shared(hashtext(p_scope), (p_value >> 32)::int)
-       AND pg_try_advisory_xact_lock_shared(hashtext(p_scope || '/lo'),
-                                            (CASE WHEN p_value & 4294967295 >= 2147483648 THEN (p_value & 4294967295) - 4294967296
-                                                  ELSE p_value & 4294967295 END)::int)
-$a$;
-
--- The EXCLUSIVE lock of a raise: bounded waits, ending the lower holders of the scope between them.
-CREATE OR REPLACE FUNCTION stockade_private.raise_lock(p_view int, p_scope text, p_value bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $r$
-DECLARE
-    v_rel oid := format('stockade_private.scope_lock_%s', p_view)::regclass::oid;
-    v_hi oid := (hashtext(p_scope)::bigint & 4294967295)::oid;
-    v_lo oid := (hashtext(p_scope || '/lo')::bigint & 4294967295)::oid;
-    v_saved text := current_setting('lock_timeout');
-    v_holder record;
-BEGIN
-    LOOP
-        BEGIN
-            PERFORM set_config('lock_timeout', '@BOUND_MS@', true);
-            EXECUTE format('LOCK TABLE stockade_private.scope_lock_%s IN EXCLUSIVE MODE', p_view);
-            PERFORM set_config('lock_timeout', v_saved, true);
-            RETURN true;
-        EXCEPTION WHEN lock_not_available THEN
-            NULL;  -- the subtransaction's lock_timeout went with it
-        END;
-        FOR v_holder IN
-            SELECT l.pid,
-                   (SELECT max(a.objid::bigint) FROM pg_locks a WHERE a.pid = l.pid AND a.locktype = 'advisory'
-                       AND a.objsubid = 2 AND a.classid = v_hi AND a.granted) AS hi,
-                   (SELECT max(a.objid::bigint) FROM pg_locks a WHERE a.pid = l.pid AND a.locktype = 'advisory'
-                       AND a.objsubid = 2 AND a.classid = v_lo AND a.granted) AS lo
-              FROM pg_locks l
-             WHERE l.locktype = 'relation' AND l.relation = v_rel AND l.granted AND l.pid <> pg_backend_pid()
-               AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-        LOOP
-            IF v_holder.hi IS NOT NULL AND v_holder.lo IS NOT NULL
-               AND (v_holder.hi << 32) + v_holder.lo < p_value THEN
-                BEGIN
-                    PERFORM pg_terminate_backend(v_holder.pid);
-                EXCEPTION WHEN insufficient_privilege THEN
-                    NULL;  -- no right to end it: wait as long as it lasts (install warns)
-                END;
-            END IF;
-        END LOOP;
-    END LOOP;
-END
-$r$;
-REVOKE ALL ON FUNCTION stockade_private.admitted(text, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION stockade_private.raise_lock(int, text, bigint) FROM PUBLIC;
-"""
-
 _GUARD = r"""
 CREATE OR REPLACE FUNCTION stockade.guard() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $guard$
@@ -476,7 +384,7 @@ def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "privat
             .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY))
             .replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
             .replace("@STRIPE_MASK@", str(SCOPE_LOCKS - 1)).replace("@STALE_WHEN@", stale_when)
-            .replace("@SUPERSEDE@", _SUPERSEDE if supersede_after_ms else _NO_SUPERSEDE)
+            .replace("@SUPERSEDE@", SUPERSEDE_SQL if supersede_after_ms else NO_SUPERSEDE)
             .replace("@BOUND_MS@", str(supersede_after_ms)))
 
 
