@@ -42,15 +42,34 @@ WORKER = r"""
 import sys, psycopg
 from stockade.core.errors import StaleToken, Superseded, BackendUnavailable
 from stockade.resources import postgres as pg
-dsn, token = sys.argv[1:3]
+dsn, token, front = sys.argv[1:4]
 conn = psycopg.connect(dsn, autocommit=True)
 def out(line):
     print(line, flush=True)
+UPSERT = "INSERT INTO kv VALUES ('A', 'paused') ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 try:
-    with pg.fenced(conn, token):
-        conn.execute("INSERT INTO kv VALUES ('A', 'paused') ON CONFLICT (key) DO UPDATE SET value = excluded.value")
-        out("in-transaction")
-        sys.stdin.readline()
+    if front == "psycopg":
+        with pg.fenced(conn, token):
+            conn.execute(UPSERT)
+            out("in-transaction")
+            sys.stdin.readline()
+    elif front == "async":
+        import asyncio
+        async def main():
+            aconn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+            async with pg.fenced_async(aconn, token):
+                await aconn.execute(UPSERT)
+                out("in-transaction")
+                sys.stdin.readline()
+        asyncio.run(main())
+    else:
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.orm import Session
+        engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
+        with Session(engine) as session, pg.fenced_sqlalchemy(session, token):
+            session.execute(text(UPSERT))
+            out("in-transaction")
+            sys.stdin.readline()
     out("committed")
 except Superseded:
     out("superseded")
@@ -80,9 +99,9 @@ def kv_db(request: pytest.FixtureRequest) -> Iterator[tuple[PostgresServer, str,
 
 
 def _round(server: PostgresServer, dbname: str, conn: psycopg.Connection, old: int, new: int,
-           supersede: bool) -> tuple[bool, float, str]:
+           supersede: bool, front: str = "psycopg") -> tuple[bool, float, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, server.dsn_of(dbname), tok(old, scope="s").encode()],
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, server.dsn_of(dbname), tok(old, scope="s").encode(), front],
                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert worker.stdin is not None and worker.stdout is not None
     assert worker.stdout.readline().strip() == "in-transaction"
@@ -190,3 +209,15 @@ class _AsRole:
 
     def dsn_of(self, dbname: str) -> str:
         return self.dsn
+
+
+@pytest.mark.parametrize("front", ["async", "sqlalchemy"])
+def test_the_other_front_ends_read_superseded(kv_db: tuple[PostgresServer, str, psycopg.Connection, bool],
+                                             front: str) -> None:
+    server, dbname, conn, supersede = kv_db
+    if not supersede:
+        pytest.skip("the control is the psycopg front end's")
+    with pg.fenced(conn, tok(1, scope="s")):
+        pass
+    assert _round(server, dbname, conn, 2, 3, True, front)[::2] == (True, "superseded")
+    assert conn.execute("SELECT count(*) FROM kv WHERE key = 'A'").fetchone()[0] == 0
