@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from stockade.core.limits import OP_ID_BYTES_MAX, OPERATION_IDS_MAX, SUPERSEDE_AFTER_MS
 from stockade.resources._postgres_sql_schema1 import FENCE_ADVISORY
-from stockade.resources._postgres_supersede import NO_SUPERSEDE, SUPERSEDE_SQL
+from stockade.resources._postgres_supersede import IDENTITY_SQL, NO_SUPERSEDE, SUPERSEDE_SQL
 
 __all__ = [
     "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
@@ -302,7 +302,7 @@ BEGIN
     --    a lock (more waiting, never a wrong answer).
     --    Before it, the holder's identity (`SUPERSEDE`): the scope and the token, in two shared
     --    advisory locks taken without waiting, so that a newer token can tell a lower holder.
-    v_void := stockade_private.admitted(fence.scope, v_value)::text;
+    @IDENTITY@
     IF v_value > coalesce(v_own, 0) THEN
         v_void := stockade_private.raise_lock(hashtext(fence.scope) & @STRIPE_MASK@, fence.scope, v_value)::text;
     ELSE
@@ -385,6 +385,7 @@ def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "privat
             .replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
             .replace("@STRIPE_MASK@", str(SCOPE_LOCKS - 1)).replace("@STALE_WHEN@", stale_when)
             .replace("@SUPERSEDE@", SUPERSEDE_SQL if supersede_after_ms else NO_SUPERSEDE)
+            .replace("@IDENTITY@", IDENTITY_SQL if supersede_after_ms else "")
             .replace("@BOUND_MS@", str(supersede_after_ms)))
 
 

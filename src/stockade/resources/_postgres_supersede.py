@@ -24,15 +24,16 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["SUPERSEDED_SQLSTATE", "SUPERSEDE_SQL", "NO_SUPERSEDE", "SupersedeWarning", "warn_without_signal_right"]
+__all__ = [
+    "SUPERSEDED_SQLSTATE", "SUPERSEDE_SQL", "IDENTITY_SQL", "NO_SUPERSEDE", "SupersedeWarning",
+    "warn_without_signal_right",
+]
 
 #: SQLSTATE a superseded transaction's client reads: its session was ended (admin_shutdown).
 SUPERSEDED_SQLSTATE = "57P01"
 
 #: The control (and ``supersede_after_ms=0`` in the private seam): a raise waits without bound.
 NO_SUPERSEDE = r"""
-CREATE OR REPLACE FUNCTION stockade_private.admitted(p_scope text, p_value bigint) RETURNS boolean
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $a$ SELECT true $a$;
 CREATE OR REPLACE FUNCTION stockade_private.raise_lock(p_view int, p_scope text, p_value bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $r$
 BEGIN
@@ -40,22 +41,19 @@ BEGIN
     RETURN true;
 END
 $r$;
-REVOKE ALL ON FUNCTION stockade_private.admitted(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION stockade_private.raise_lock(int, text, bigint) FROM PUBLIC;
 """
 
-#: ``stockade_private.admitted`` (the identity) and ``raise_lock`` (bounded waits), ``@BOUND_MS@`` the bound.
-SUPERSEDE_SQL = r"""
--- The holder's identity: shared advisory locks on its scope and token, taken without waiting.
-CREATE OR REPLACE FUNCTION stockade_private.admitted(p_scope text, p_value bigint) RETURNS boolean
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $a$
-    SELECT pg_try_advisory_xact_lock_shared(hashtext(p_scope), (p_value >> 32)::int)
-       AND pg_try_advisory_xact_lock_shared(
-               hashtext(p_scope || '/lo'),
-               (CASE WHEN p_value & 4294967295 >= 2147483648 THEN (p_value & 4294967295) - 4294967296
-                     ELSE p_value & 4294967295 END)::int)
-$a$;
+#: The holder's identity, a statement of ``stockade.fence`` (inline: a call of an SQL function costs more
+#: than the two locks): shared advisory locks on its scope and token, taken without waiting.
+IDENTITY_SQL = """v_void := (pg_try_advisory_xact_lock_shared(hashtext(fence.scope), (v_value >> 32)::int)
+        AND pg_try_advisory_xact_lock_shared(
+            hashtext(fence.scope || '/lo'),
+            (CASE WHEN v_value & 4294967295 >= 2147483648 THEN (v_value & 4294967295) - 4294967296
+                  ELSE v_value & 4294967295 END)::int))::text;"""
 
+#: ``stockade_private.raise_lock``: bounded waits for the EXCLUSIVE lock, ``@BOUND_MS@`` the bound.
+SUPERSEDE_SQL = r"""
 -- The EXCLUSIVE lock of a raise: bounded waits, ending the lower holders of the scope between them.
 CREATE OR REPLACE FUNCTION stockade_private.raise_lock(p_view int, p_scope text, p_value bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $r$
@@ -97,7 +95,6 @@ BEGIN
     END LOOP;
 END
 $r$;
-REVOKE ALL ON FUNCTION stockade_private.admitted(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION stockade_private.raise_lock(int, text, bigint) FROM PUBLIC;
 """
 
