@@ -101,8 +101,8 @@ def kv_db(request: pytest.FixtureRequest) -> Iterator[tuple[PostgresServer, str,
 def _round(server: PostgresServer, dbname: str, conn: psycopg.Connection, old: int, new: int,
            supersede: bool, front: str = "psycopg") -> tuple[bool, float, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, server.dsn_of(dbname), tok(old, scope="s").encode(), front],
-                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", WORKER, server.dsn_of(dbname), tok(old, scope="s").encode(), front]
+    worker = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert worker.stdin is not None and worker.stdout is not None
     assert worker.stdout.readline().strip() == "in-transaction"
     os.kill(worker.pid, signal.SIGSTOP)
