@@ -8,8 +8,9 @@
   HWM rollbacks and acknowledged writes lost (control: ``synchronous_commit=off``
   loses acknowledged writes, which the same check sees).
 - A writer process paused with SIGSTOP: inside its fenced transaction (a
-  higher token waits; the server ends the idle transaction; the resumed commit
-  applies nothing) and before it (the resumed write is refused; control: a
+  higher token waits; the server's idle timeout, shorter than the supersession
+  bound, ends the idle transaction; the resumed commit applies nothing; the
+  supersession itself is tests/test_fence_postgres_supersede.py) and before it (the resumed write is refused; control: a
   check-then-write writer's stale write lands).
 - install twice at once, the SQLAlchemy async twin, `PostgresFence` by url.
 """
@@ -252,7 +253,7 @@ from stockade.core.errors import StaleToken, BackendUnavailable
 from stockade.resources import postgres as pg
 dsn, token, mode = sys.argv[1:4]
 conn = psycopg.connect(dsn, autocommit=True)
-conn.execute("SET idle_in_transaction_session_timeout = '3s'")
+conn.execute("SET idle_in_transaction_session_timeout = '1s'")  # shorter than the supersession bound (2 s)
 def out(line):
     print(line, flush=True)
 try:

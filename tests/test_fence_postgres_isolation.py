@@ -167,13 +167,15 @@ def test_what_a_role_that_may_only_connect_can_hold(harness: PgHarness) -> None:
         assert (completed, tried) == (0, 6)
 
 
-def test_a_check_holds_the_gate_and_no_advisory_lock(rows: PgHarness) -> None:
+def test_a_check_holds_the_gate_and_only_its_identity_advisory_locks(rows: PgHarness) -> None:
+    """The only advisory locks a check holds are its identity (scope, token) for supersession: two,
+    shared, taken without waiting (pg_try_advisory_xact_lock_shared), so no other role can stall it."""
     conn = rows.conn
     with pg.fenced(conn, tok(3, scope="held")):
-        rows = conn.execute("SELECT locktype, relation::regclass::text, mode FROM pg_locks "
+        rows = conn.execute("SELECT locktype, relation::regclass::text, mode, objid::bigint FROM pg_locks "
                             "WHERE pid = pg_backend_pid() AND locktype IN ('relation', 'advisory')").fetchall()
-    assert ("relation", q.FLOOR_GATE, "AccessShareLock") in rows
-    assert not [r for r in rows if r[0] == "advisory"]
+    assert ("relation", q.FLOOR_GATE, "AccessShareLock", None) in rows
+    assert sorted((r[2], r[3]) for r in rows if r[0] == "advisory") == [("ShareLock", 0), ("ShareLock", 3)]
 
 
 #: WAL records per fenced transaction of one upsert into ``kv`` (the user's own upsert writes a LOCK
@@ -220,8 +222,8 @@ def _install_row_locks(harness: PgHarness) -> None:
     schema = harness.admin.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
                                    "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
     text = q.fence_function(pgcrypto_schema=schema, stale_when=q.STALE_WHEN["decide"])
-    start = text.index("    EXECUTE format('LOCK TABLE stockade_private.scope_lock_")
-    end = text.index(";", text.index("END);", start)) + 1
+    start = text.index("    IF v_value > coalesce(v_own, 0) THEN\n        v_void := stockade_private.raise_lock")
+    end = text.index("END IF;", start) + len("END IF;")
     harness.admin.execute(text[:start] + "    " + _ROW_LOCK + text[end:])
 
 

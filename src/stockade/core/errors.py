@@ -44,6 +44,7 @@ __all__ = [
     "LimitExceeded",
     "FenceRejected",
     "StaleToken",
+    "Superseded",
     "TokenMismatch",
     "AlreadyApplied",
     "LeaseError",
@@ -124,6 +125,29 @@ class StaleToken(FenceRejected):
         self.high_water = high_water
         value = getattr(token, "value", token)
         super().__init__(f"token {value} < high-water mark {high_water}")
+
+
+class Superseded(StaleToken):
+    """A newer token for the scope ended this transaction's session before it committed (nothing applied).
+
+    The PostgreSQL fence ends the session of a transaction that holds a scope
+    with a lower token once a newer token has waited for it longer than its
+    bound (docs/fence-postgres.md, "A paused writer"); the paused writer's next
+    statement or commit then fails with this error. Nothing of the transaction
+    was applied: an ended session never commits.
+
+    Attributes:
+        token: the token of the ended transaction.
+        high_water: 0, not known to the ended session (the newer token is above ``token``).
+    """
+
+    code = "superseded"
+
+    def __init__(self, token: object, detail: str = "") -> None:
+        super().__init__(token, 0)
+        value = getattr(token, "value", token)
+        self.args = (f"token {value} was superseded: a newer token ended this transaction's session before it "
+                     f"committed (not applied){': ' + detail if detail else ''}",)
 
 
 class TokenMismatch(FenceRejected):

@@ -37,6 +37,9 @@ __all__ = [
     "TX_WRITES_MAX",
     "OP_ID_BYTES_MAX",
     "OPERATION_IDS_MAX",
+    "SUPERSEDE_AFTER_MS",
+    "SUPERSEDE_AFTER_MS_MIN",
+    "SUPERSEDE_AFTER_MS_MAX",
     "validate_int",
     "validate_ttl_ms",
     "validate_wait_ms",
@@ -79,6 +82,11 @@ OP_ID_BYTES_MAX = 200
 # Operation ids remembered per database: each new one past the bound forgets the oldest, so a
 # retry is recognised while fewer than this many newer ids were recorded after its original.
 OPERATION_IDS_MAX = 100_000
+#: How long a newer token waits, at the PostgreSQL fence, for a transaction that holds its scope
+#: with a lower token before that transaction's session is ended (the default of `install`).
+SUPERSEDE_AFTER_MS = 2_000
+SUPERSEDE_AFTER_MS_MIN = 10
+SUPERSEDE_AFTER_MS_MAX = 600_000
 
 _SCOPE_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 # Printable ASCII without space: safe in headers, logs and file names of reports.

@@ -53,6 +53,11 @@ levels fail with 40001. The mark is read again once the scope's lock is held:
 under READ COMMITTED with a fresh snapshot, under the other levels with its row
 locked FOR SHARE (a row changed since the snapshot is 40001).
 
+**A newer token waits a bounded time.** A raise waits for the EXCLUSIVE
+lock at most the bound given to `install` (``supersede_after_ms``), then ends
+the sessions holding the scope with a lower token and waits again: `stockade.resources._postgres_supersede`
+says how a holder's token is known, and what the installing role needs.
+
 ``stockade.fence_op(token, scope, op_id)`` is the check of a transaction that
 carries an operation id (R3): `fence_op_function` says what it adds.
 ``stockade.cover(relation, scope)`` and the event trigger function
@@ -61,8 +66,9 @@ carries an operation id (R3): `fence_op_function` says what it adds.
 
 from __future__ import annotations
 
-from stockade.core.limits import OP_ID_BYTES_MAX, OPERATION_IDS_MAX
+from stockade.core.limits import OP_ID_BYTES_MAX, OPERATION_IDS_MAX, SUPERSEDE_AFTER_MS
 from stockade.resources._postgres_sql_schema1 import FENCE_ADVISORY
+from stockade.resources._postgres_supersede import IDENTITY_SQL, NO_SUPERSEDE, SUPERSEDE_SQL
 
 __all__ = [
     "SCHEMA_VERSION", "MIGRATIONS", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "INSTALL_LOCK_KEY", "FLOOR_LOCK_KEY",
@@ -176,6 +182,7 @@ END
 $replaced$;
 REVOKE ALL ON FUNCTION stockade_private.replaced(text) FROM PUBLIC;
 
+@SUPERSEDE@
 CREATE OR REPLACE FUNCTION stockade.fence(token text, scope text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fence$
 DECLARE
@@ -293,8 +300,15 @@ BEGIN
     --    queue is first come, first served (a row lock is not: FOR SHARE lockers that keep
     --    overlapping starve a waiting raise). A lock writes nothing. Scopes of one view only share
     --    a lock (more waiting, never a wrong answer).
-    EXECUTE format('LOCK TABLE stockade_private.scope_lock_%s IN %s MODE', hashtext(fence.scope) & @STRIPE_MASK@,
-                   CASE WHEN v_value > coalesce(v_own, 0) THEN 'EXCLUSIVE' ELSE 'ROW SHARE' END);
+    --    Before it, the holder's identity (`SUPERSEDE`): the scope and the token, in two shared
+    --    advisory locks taken without waiting, so that a newer token can tell a lower holder.
+    @IDENTITY@
+    IF v_value > coalesce(v_own, 0) THEN
+        v_void := stockade_private.raise_lock(hashtext(fence.scope) & @STRIPE_MASK@, fence.scope, v_value)::text;
+    ELSE
+        EXECUTE format('LOCK TABLE stockade_private.scope_lock_%s IN ROW SHARE MODE',
+                       hashtext(fence.scope) & @STRIPE_MASK@);
+    END IF;
     -- The mark as committed, read again now that the lock is held: under READ COMMITTED with a
     -- fresh snapshot; under the other levels the row is locked too (FOR SHARE, one WAL record),
     -- so that a mark committed after the transaction's snapshot is a serialization failure
@@ -361,12 +375,18 @@ def _pgcrypto_ident(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '"'
 
 
-def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "private") -> str:
-    """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`) and `FENCE_BODIES` entry."""
+def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "private",
+                   supersede_after_ms: int = SUPERSEDE_AFTER_MS) -> str:
+    """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`) and `FENCE_BODIES` entry.
+
+    ``supersede_after_ms`` is the bound of `SUPERSEDE` (0: the control, a raise waits without bound)."""
     return (FENCE_BODIES[body].replace("@PGCRYPTO@", _pgcrypto_ident(pgcrypto_schema))
             .replace("@REJECT@", REJECT_SQLSTATE).replace("@FLOOR_KEY@", str(FLOOR_LOCK_KEY))
             .replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
-            .replace("@STRIPE_MASK@", str(SCOPE_LOCKS - 1)).replace("@STALE_WHEN@", stale_when))
+            .replace("@STRIPE_MASK@", str(SCOPE_LOCKS - 1)).replace("@STALE_WHEN@", stale_when)
+            .replace("@SUPERSEDE@", SUPERSEDE_SQL if supersede_after_ms else NO_SUPERSEDE)
+            .replace("@IDENTITY@", IDENTITY_SQL if supersede_after_ms else "")
+            .replace("@BOUND_MS@", str(supersede_after_ms)))
 
 
 #: The private seam of the locking controls: ``private`` is the function `install` defines; ``advisory``

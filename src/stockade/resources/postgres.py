@@ -44,8 +44,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from stockade._postgres_errors import error_text, no_codec, open_connection, text_of
-from stockade.core.errors import AlreadyApplied, BackendUnavailable, InvalidArgument
+from stockade._postgres_errors import open_connection, text_of
+from stockade.core import limits
+from stockade.core.errors import AlreadyApplied, InvalidArgument, Superseded
 from stockade.core.fence import Reject
 from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
 from stockade.core.signing import Keyring
@@ -56,6 +57,8 @@ from stockade.resources import _postgres_protect as protected
 from stockade.resources import _postgres_sql as q
 from stockade.resources._inputs import check_floors, coerce_token
 from stockade.resources._observe import reject
+from stockade.resources._postgres_edge import _edge, _lost, _rejection, _translate  # noqa: F401
+from stockade.resources._postgres_supersede import SupersedeWarning, warn_without_signal_right
 from stockade.resources._verify import UNSIGNED, Verification, refuse_unsigned_after_signed
 
 try:
@@ -67,7 +70,7 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
 __all__ = [
     "install", "sync_keys", "fenced", "fenced_async", "fenced_sqlalchemy", "fenced_sqlalchemy_async",
     "protect", "unprotect", "install_ddl_guard", "AlreadyApplied", "high_waters", "default_floor",
-    "raise_high_waters", "PostgresFence",
+    "raise_high_waters", "PostgresFence", "Superseded", "SupersedeWarning",
     "FENCE_SQL", "FENCE_OP_SQL", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "ALREADY_APPLIED_SQLSTATE",
 ]
 
@@ -78,10 +81,6 @@ FENCE_OP_SQL = "SELECT stockade.fence_op(%s, %s, %s)"
 REJECT_SQLSTATE = q.REJECT_SQLSTATE
 NO_TOKEN_SQLSTATE = q.NO_TOKEN_SQLSTATE
 ALREADY_APPLIED_SQLSTATE = q.ALREADY_APPLIED_SQLSTATE
-_DETAIL_RE = re.compile(
-    r"reason=(stale|wrong-scope|wrong-cluster|forged) high_water=(\d+) cluster=([0-9a-f]{16}) detail=([a-z-]*)")
-_REASONS: dict[str, Any] = {"stale": "stale", "wrong-scope": "wrong-scope", "wrong-cluster": "wrong-cluster",
-                            "forged": "forged"}
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -122,7 +121,8 @@ def _write_keys(conn: Connection, keyring: Keyring | None) -> None:
 # -- install ---------------------------------------------------------------------------------------
 
 
-def install(conn: Connection, *, keys: object, cluster_id: str | None = None) -> None:
+def install(conn: Connection, *, keys: object, cluster_id: str | None = None,
+            supersede_after_ms: int = limits.SUPERSEDE_AFTER_MS) -> None:
     """Create or migrate the schema ``stockade`` and (re)define its functions; copy the keys in.
 
     Idempotent and safe to run from several processes at once (a transaction-scoped
@@ -134,17 +134,24 @@ def install(conn: Connection, *, keys: object, cluster_id: str | None = None) ->
         keys: the coordinator's keys (`stockade.keys.KeyFile`, `FixedKeys`, a `Keyring`,
             a keyring path), or ``"unsigned"`` to check no MAC (unsafe; docs/tokens.md).
         cluster_id: the coordinator cluster (needed only with ``"unsigned"``).
+        supersede_after_ms: how long a newer token waits for a transaction that holds its scope
+            with a lower token before that transaction's session is ended (docs/fence-postgres.md,
+            "A paused writer"). Ending it needs the installing role to be a superuser or a member of
+            ``pg_signal_backend``: without that, `install` warns (`SupersedeWarning`) and a newer
+            token waits as long as the lower transaction lasts.
 
     Raises:
         InvalidArgument: keys of another cluster than the one already installed, or bad keys.
         BackendUnavailable: the database cannot be reached.
     """
     keyring, cluster = _keyring_of(keys, cluster_id)
-    _install(conn, keyring, cluster, q.STALE_WHEN["decide"])
+    bound = validate_int("supersede_after_ms", supersede_after_ms, limits.SUPERSEDE_AFTER_MS_MIN,
+                         limits.SUPERSEDE_AFTER_MS_MAX)
+    _install(conn, keyring, cluster, q.STALE_WHEN["decide"], supersede_after_ms=bound)
 
 
 def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when: str, *,
-             body: str = "private") -> None:
+             body: str = "private", supersede_after_ms: int = limits.SUPERSEDE_AFTER_MS) -> None:
     """`install` with its comparison and its function body chosen: the private seams the controls
     use (`q.STALE_WHEN`, `q.FENCE_BODIES`)."""
     with _edge(), conn.transaction():
@@ -169,10 +176,13 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
         installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         if installed != cluster:
             raise InvalidArgument("keys", f"this database is fenced for cluster {installed}, not {cluster}")
-        conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when, body=body))
+        conn.execute(q.fence_function(pgcrypto_schema=pgcrypto_schema, stale_when=stale_when, body=body,
+                                      supersede_after_ms=supersede_after_ms))
         conn.execute(q.guard_function())
         conn.execute(q.fence_op_function())
         _write_keys(conn, keyring)
+        if supersede_after_ms:
+            warn_without_signal_right(conn)
 
 
 def sync_keys(conn: Connection, keys: object) -> None:
@@ -185,65 +195,6 @@ def sync_keys(conn: Connection, keys: object) -> None:
         installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         keyring, _ = _keyring_of(keys, installed)
         _write_keys(conn, keyring)
-
-
-# -- the edge: errors of the driver, rejections of the SQL function --------------------------------
-
-
-def _rejection(error: BaseException) -> Reject | None:
-    """The `Reject` a ``stockade.fence`` error stands for, or None for any other error."""
-    if getattr(error, "sqlstate", None) != REJECT_SQLSTATE:
-        return None
-    match = _DETAIL_RE.fullmatch(error.diag.message_detail or "")  # type: ignore[attr-defined]
-    if match is None:
-        return None
-    return Reject(_REASONS[match[1]], int(match[2]), match[4])
-
-
-def _translate(error: BaseException, token: FencingToken, scope: str, resource: str, op_id: str | None = None
-               ) -> None:
-    """Raise the typed error for a driver error (`reject` for a fence rejection); return if it is the user's."""
-    if op_id is not None and getattr(error, "sqlstate", None) == ALREADY_APPLIED_SQLSTATE:
-        detail = error.diag.message_detail or ""  # type: ignore[attr-defined]
-        raise AlreadyApplied(scope, op_id, int(detail.removeprefix("token_value="))) from None
-    decision = _rejection(error)
-    if decision is not None:
-        match = _DETAIL_RE.fullmatch(error.diag.message_detail)  # type: ignore[attr-defined]
-        cluster = match[3] if match else token.cluster
-        reject(decision, resource=resource, cluster=cluster, token=token, scope=scope, key=None)
-    if getattr(error, "sqlstate", None) == "22023":
-        raise InvalidArgument("token", str(error).splitlines()[0]) from error
-    if _lost(error):
-        raise BackendUnavailable(f"{resource}: {error_text(error)}") from error
-
-
-#: The server ended the session under an open transaction: idle in it too long (25P03, a writer
-#: paused inside its transaction), or the transaction ran too long (25P04). psycopg files both
-#: under class 25, not as connection failures.
-_SESSION_ENDED = frozenset({"25P03", "25P04"})
-
-
-def _lost(error: BaseException) -> bool:
-    """A failure of the connection or server (outcome unknown), not a serialization failure or a deadlock
-    (class 40: rolled back, for the caller to retry as PostgreSQL users do)."""
-    sqlstate = getattr(error, "sqlstate", None) or ""
-    if isinstance(error, psycopg.Error) and sqlstate in _SESSION_ENDED:
-        return True
-    return isinstance(error, psycopg.OperationalError | psycopg.InterfaceError) and not sqlstate.startswith("40")
-
-
-@contextmanager
-def _edge() -> Iterator[None]:
-    """Driver failures as `BackendUnavailable` (the outcome unknown), for the non-fenced operations."""
-    try:
-        yield
-    except psycopg.Error as error:
-        if _lost(error):
-            raise BackendUnavailable(f"postgres: {error_text(error)}") from error
-        refused = no_codec(error)  # the user's connection is in an encoding Python cannot decode
-        if refused is not None:
-            raise refused from error
-        raise
 
 
 def _resource(info: Any) -> str:
