@@ -346,6 +346,10 @@ def _paused_in_append(server: PostgresServer, name: str, *extra: str) -> tuple[f
     with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:  # what docs/fence-postgres.md asks for
         conn.execute(f"ALTER DATABASE {name} SET idle_in_transaction_session_timeout = '1s'")
     log = open_postgres_log(server.dsn_of(name), keys=KEYS)
+    with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
+        # Supersession (a newer token ends a lower holder's session after 2 s) would cut both waits
+        # short; this test isolates the idle timeout, so the bound is put past its 5 s window.
+        pg.install(conn, keys=KEYS, supersede_after_ms=60_000)
     paused = subprocess.Popen([sys.executable, HELPER, "pause-in-append", server.url(name), "kv.shard-p",
                                tok(7, "kv.shard-p").encode(), *extra],
                               stdout=subprocess.PIPE, text=True, env=child_env())
