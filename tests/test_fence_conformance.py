@@ -67,13 +67,25 @@ SHARED_CORE = {"postgres-async", "postgres-sqlalchemy", "postgres-sql_ascii", "s
 def make_harness(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., Any]]:
-    opened: list[Any] = []
     if request.param in SHARED_CORE and os.environ.get("STOCKADE_LONG") != "1":
         for name in ("SAME_TOKEN_WRITES", "RACES", "DELAYED_WRITES"):
             monkeypatch.setattr(suite, name, getattr(suite, name) // 5)
+    yield from _opener(request.param, tmp_path)
+
+
+def _one_harness(target: str, tmp_path: Path) -> Iterator[Any]:
+    """One plain harness of ``target`` (the suite's cluster and keys), closed at the end."""
+    harness = TARGETS[target](tmp_path / "r", suite.CLUSTER, suite.KEYS, None)
+    yield harness
+    harness.close()
+
+
+def _opener(target: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """A factory of ``target``'s harnesses, each in a directory of its own, all closed at the end."""
+    opened: list[Any] = []
 
     def make(cluster_id: str, keys: FixedKeys, mutant: str | None) -> Any:
-        opened.append(TARGETS[request.param](tmp_path / f"r{len(opened)}", cluster_id, keys, mutant))
+        opened.append(TARGETS[target](tmp_path / f"r{len(opened)}", cluster_id, keys, mutant))
         return opened[-1]
 
     yield make
@@ -163,16 +175,12 @@ def test_every_target_declares_the_optional_capabilities() -> None:
 
 @pytest.fixture(params=sorted(ISOLATION))
 def isolated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    harness = TARGETS[request.param](tmp_path / "r", suite.CLUSTER, suite.KEYS, None)
-    yield harness
-    harness.close()
+    yield from _one_harness(request.param, tmp_path)
 
 
 @pytest.fixture(params=sorted(OUTSIDERS))
 def outsider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    harness = TARGETS[request.param](tmp_path / "r", suite.CLUSTER, suite.KEYS, None)
-    yield harness
-    harness.close()
+    yield from _one_harness(request.param, tmp_path)
 
 
 def test_the_optional_capabilities_catch_their_control(tmp_path: Path) -> None:
@@ -222,15 +230,7 @@ def test_the_declared_capability_is_the_harness_s(tmp_path: Path, target: str) -
 
 @pytest.fixture(params=RETRY_TARGETS)
 def make_retry_harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    opened: list[Any] = []
-
-    def make(cluster_id: str, keys: FixedKeys, mutant: str | None) -> Any:
-        opened.append(TARGETS[request.param](tmp_path / f"r{len(opened)}", cluster_id, keys, mutant))
-        return opened[-1]
-
-    yield make
-    for harness in opened:
-        harness.close()
+    yield from _opener(request.param, tmp_path)
 
 
 @pytest.mark.parametrize("target", RETRY_TARGETS)
