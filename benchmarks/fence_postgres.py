@@ -43,8 +43,8 @@ import psycopg
 
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring
-from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
+from stockade.resources.postgres import _sql as q
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 CLUSTER = "be4c4be4c4be4c4b"

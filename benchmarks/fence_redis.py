@@ -19,12 +19,12 @@ HSET, XADD on keys that exist: the script's first pass reads each one's type,
 the counter's value and the stream's last id), and ``plain`` sends them as one
 MULTI/EXEC. ``--before FILE`` adds ``fenced-before``: the same fence with the
 script of another revision (FILE: that revision's
-``src/stockade/resources/_redis_script.py``, e.g. from ``git show``), so a
+``src/stockade/resources/redis/_script.py``, e.g. from ``git show``), so a
 change of the script is measured before and after in one run, on one server.
 ``--appendfsync no`` takes the disk out, leaving the CPU the script costs.
 
     PYTHONPATH=src python benchmarks/fence_redis.py --rounds 5 --ops 2000
-    git show 75513f1:src/stockade/resources/_redis_script.py > /tmp/before.py
+    git show 75513f1:src/stockade/resources/redis/_script.py > /tmp/before.py
     PYTHONPATH=src python benchmarks/fence_redis.py --workload batch --before /tmp/before.py --appendfsync no
 """
 
@@ -48,8 +48,8 @@ import redis
 
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring
-from stockade.resources import _redis_script as script
 from stockade.resources.redis import RedisFence
+from stockade.resources.redis import _script as script
 
 CLUSTER = "be5c4be5c4be5c40"
 KEYS = FixedKeys(ephemeral_keyring(CLUSTER))

@@ -62,7 +62,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from side_by_side import Servers  # noqa: E402  (the servers it starts, and how)
 
-from stockade.coordinators._postgres_coord_rows import (  # noqa: E402
+from stockade.coordinators.postgres._rows import (  # noqa: E402
     _NEW_TIMELINE,
     LEASE_ROWS_MAX,
     SERVER_RULES,

@@ -384,7 +384,7 @@ def test_async_client_opened_inside_a_running_loop(url):
 def test_grants_never_released_are_forgotten_once_they_lapse(url, monkeypatch):
     """Holders that vanish without a release (a server in front of etcd sees many): what the
     port records of its grants stays bounded, and live grants are never forgotten."""
-    from stockade.client._sync import _etcd as sync_etcd
+    from stockade.coordinators.etcd._sync import port as sync_etcd
 
     monkeypatch.setattr(sync_etcd, "_PRUNE_AT_MIN", 4)
     coord = stockade.connect(url)
@@ -460,8 +460,8 @@ def test_a_grant_whose_answer_was_lost_waits_the_lock_delay_only_after_a_lapse(u
 
 
 def test_only_a_release_right_before_the_grant_spares_the_lock_delay():
-    from stockade.coordinators._etcd_journal import released_before
     from stockade.coordinators._history import HistoryEvent
+    from stockade.coordinators.etcd._journal import released_before
 
     def event(seq: int, kind: str, token: int) -> HistoryEvent:
         return HistoryEvent(seq, "s", kind, "h", token, 0)

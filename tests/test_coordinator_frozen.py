@@ -56,7 +56,7 @@ import json, os, signal, sys, threading, time
 from contextlib import contextmanager
 import stockade
 from stockade.coordinators import sqlite as coord_sqlite
-from stockade.coordinators import _sqlite_renewals
+from stockade.coordinators.sqlite import _renewals as _sqlite_renewals
 control = os.environ.get("FROZEN_CONTROL", "")
 if control in ("waits", "both"):
     coord_sqlite.SQLiteRecords.bounded_waits = False  # the old waits and open
@@ -405,7 +405,7 @@ def test_a_lease_ended_before_any_renewal_reads_as_never_renewed(tmp_path: Path)
     """`end` on a lease with no renewal file writes only its byte past an empty record: a reader
     sees "never renewed", not a record torn forever (found by test_engine_faults' storm, where
     every grant after one such end failed with 'keeps changing under its reader')."""
-    from stockade.coordinators._sqlite_renewals import RenewalFiles
+    from stockade.coordinators.sqlite._renewals import RenewalFiles
 
     files = RenewalFiles(tmp_path / "coord.db", "boot")
     files.end("lease-1")

@@ -706,7 +706,7 @@ def test_sql_rules_agree_with_the_lease_engine(model_sides):
 
 def test_control_a_barging_sql_rule_is_caught(model_sides):
     """The same check against a grant rule that ignores the queue: it must find the difference."""
-    from stockade.coordinators._postgres_coord_rows import SERVER_RULES
+    from stockade.coordinators.postgres._rows import SERVER_RULES
 
     sql_side, engine_side = model_sides
     waiters_check = "OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope)"
@@ -720,7 +720,7 @@ def test_control_a_barging_sql_rule_is_caught(model_sides):
 
 def test_control_a_sql_rule_that_journals_nothing_is_caught(model_sides):
     """The same check against grant and release functions that write no history: found at the first step."""
-    from stockade.coordinators._postgres_coord_rows import SERVER_RULES
+    from stockade.coordinators.postgres._rows import SERVER_RULES
 
     sql_side, engine_side = model_sides
     silent = "\n".join(line for line in SERVER_RULES.splitlines() if "stockade_coord_journal" not in line)

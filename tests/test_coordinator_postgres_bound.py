@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from stockade.coordinators import postgres as pg_module
-from stockade.coordinators._postgres_coord_journal import HISTORY_SCHEMA
-from stockade.coordinators._postgres_coord_rows import MIGRATIONS, SERVER_RULES, leases_at_least
 from stockade.coordinators.postgres import PostgresCoordinator
+from stockade.coordinators.postgres._journal import HISTORY_SCHEMA
+from stockade.coordinators.postgres._rows import MIGRATIONS, SERVER_RULES, leases_at_least
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.errors import LimitExceeded
 from stockade.core.leases import TimedOut

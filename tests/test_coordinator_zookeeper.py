@@ -121,8 +121,8 @@ def test_sequence_suffix_is_a_32_bit_counter_that_restarts_with_its_container(zk
     """The two facts that make the sequence suffix unfit as a token, shown on the server."""
     from kazoo.protocol.states import ZnodeStat
 
-    from stockade.coordinators._zk_session import ZkSession
     from stockade.coordinators.zookeeper import parse_location as parse
+    from stockade.coordinators.zookeeper.session import ZkSession
 
     # The suffix is the parent's cversion, which ZooKeeper's wire format carries as a signed int32.
     assert ZnodeStat._fields.index("cversion") == 5

@@ -55,30 +55,6 @@ def test_wire_purity_check_can_fail(tmp_path):
         test_pure_layers_import_no_io(fake)
 
 
-def test_imports_point_one_way():
-    """core <- wire, coordinators, resources <- client <- server <- cli (docs/architecture.md).
-
-    The server reaches another backend (``serve --coordinator``) through the client's ports."""
-    package = Path(stockade.core.__file__).parent.parent
-    allowed = {
-        "core": {"core"},
-        "wire": {"core", "wire"},
-        "coordinators": {"core", "clock", "coordinators", "keys", "_postgres_errors"},
-        "resources": {"core", "clock", "resources", "metrics", "keys", "_postgres_errors"},
-        "client": {"core", "clock", "coordinators", "resources", "client", "wire", "keys"},
-        "server": {"core", "clock", "coordinators", "resources", "metrics", "server", "wire", "keys", "client"},
-    }
-    for layer, may_use in allowed.items():
-        for path in sorted((package / layer).rglob("*.py")):
-            used = set()
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("stockade."):
-                    used.add(node.module.split(".")[1])
-                elif isinstance(node, ast.Import):
-                    used.update(a.name.split(".")[1] for a in node.names if a.name.startswith("stockade."))
-            assert used <= may_use, f"{path.relative_to(package)} imports {sorted(used - may_use)}"
-
-
 def test_testing_api_is_pinned():
     import stockade.testing
 

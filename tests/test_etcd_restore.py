@@ -21,7 +21,6 @@ from helpers.etcd_cluster import EtcdCluster, etcd_available
 
 import stockade
 from stockade.cli import etcd as etcd_cli
-from stockade.client._async._etcd import _RESTORE_CHECK_NS
 from stockade.coordinators.etcd import (
     GAP_SLACK,
     Incarnation,
@@ -30,6 +29,7 @@ from stockade.coordinators.etcd import (
     recordable,
     restored_reason,
 )
+from stockade.coordinators.etcd._async.port import _RESTORE_CHECK_NS
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 BUMP_WRITES_LONG = 100_000

@@ -20,9 +20,9 @@ import pytest
 from helpers.postgres import available, drop_database, fresh_database, shared_server
 
 from stockade.core.errors import AlreadyApplied, InvalidArgument
-from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
 from stockade.resources import sqlite_db
+from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
 
 BOUND = 3

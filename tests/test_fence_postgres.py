@@ -34,8 +34,8 @@ from helpers.postgres import PostgresServer, available, drop_database, fresh_dat
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.tokens import FencingToken
-from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
+from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import CLUSTER, KEYS, ROGUE_KEYS, tok
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,8 +32,8 @@ from helpers.fence_postgres import OUTSIDER_ROLE, PgHarness, make_postgres_harne
 from helpers.postgres import available
 
 from stockade.core.errors import StaleToken
-from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
+from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
 from stockade.testing.conformance.fence_isolation import check_floor_raised_mid_transaction, check_outsider_cannot_stall
 

@@ -20,8 +20,8 @@ import pytest
 from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 from stockade.core.errors import InvalidArgument
-from stockade.resources import _postgres_protect
 from stockade.resources import postgres as pg
+from stockade.resources.postgres import _protect as _postgres_protect
 from stockade.testing.conformance.fence import KEYS, tok
 
 if not available():

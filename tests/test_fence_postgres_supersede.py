@@ -25,8 +25,8 @@ import pytest
 from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 from stockade.core.errors import Superseded
-from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
+from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import KEYS, tok
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,8 +36,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, InvariantViolation
-from stockade.resources import _redis_script as script
 from stockade.resources.redis import RedisFence
+from stockade.resources.redis import _script as script
 from stockade.testing.conformance import fence_partial as partial
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
 

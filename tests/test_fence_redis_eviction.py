@@ -22,8 +22,8 @@ import redis
 from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.errors import BackendUnavailable, StaleToken
-from stockade.resources import _redis_batch
 from stockade.resources.redis import AsyncRedisFence, RedisFence
+from stockade.resources.redis import _batch as _redis_batch
 from stockade.testing.conformance.fence import KEYS, tok
 
 MAXMEMORY = "4mb"

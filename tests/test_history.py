@@ -22,11 +22,11 @@ from conftest import PYTHON, python_env
 
 import stockade
 from stockade.cli import main as cli_main
-from stockade.coordinators import _sqlite_journal
 from stockade.coordinators._history import MemoryJournal, events_of
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
+from stockade.coordinators.sqlite import _journal as _sqlite_journal
 from stockade.core.errors import BackendUnavailable, InvalidArgument
-from stockade.resources._sqlite_journal import rejections
+from stockade.resources.store._sqlite_journal import rejections
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 CYCLER = Path(__file__).parent / "helpers" / "jobs_history_cycler.py"
@@ -103,7 +103,7 @@ def test_a_failing_journal_write_undoes_the_change(tmp_path: Path, monkeypatch):
         _sqlite_journal.journal_change(conn, old, new)
         raise sqlite3.OperationalError("disk I/O error (injected after the journal insert)")
 
-    from stockade.coordinators import _sqlite_rows
+    from stockade.coordinators.sqlite import _rows as _sqlite_rows
 
     monkeypatch.setattr(_sqlite_rows, "journal_change", failing)
     with pytest.raises(BackendUnavailable):

@@ -25,9 +25,9 @@ from helpers.pg_history import SCHEMA_6_HISTORY, agreement, defer_journal
 import stockade
 from stockade.cli import main as cli_main
 from stockade.coordinators import postgres as pg_module
-from stockade.coordinators._postgres_coord_journal import HISTORY_APPEND_ONLY, HISTORY_SCHEMA, journal_function
-from stockade.coordinators._postgres_coord_rows import MIGRATIONS, SERVER_RULES
 from stockade.coordinators.postgres import PostgresCoordinator
+from stockade.coordinators.postgres._journal import HISTORY_APPEND_ONLY, HISTORY_SCHEMA, journal_function
+from stockade.coordinators.postgres._rows import MIGRATIONS, SERVER_RULES
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.errors import BackendUnavailable
 
@@ -118,7 +118,7 @@ def test_a_failing_history_insert_undoes_the_change(pg_coord_url, server_rules):
 
 
 def test_control_a_failing_insert_after_the_commit_leaves_a_change_without_its_event(pg_coord_url, monkeypatch):
-    from stockade.coordinators import _postgres_coord_rows
+    from stockade.coordinators.postgres import _rows as _postgres_coord_rows
 
     monkeypatch.setattr(_postgres_coord_rows, "journal_statements", _postgres_coord_rows.journal_statements)
     assert _release_fails(pg_coord_url, server_rules=False, control=True) == [

@@ -19,7 +19,7 @@ import pytest
 from conftest import HELPERS, PYTHON, python_env
 
 import stockade
-from stockade.coordinators import _zk_journal as journal
+from stockade.coordinators.zookeeper import _journal as journal
 from stockade.coordinators.zookeeper import last_of, sequence_of
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"

@@ -1,4 +1,4 @@
-"""Snowflake ids with leased worker numbers (stockade.ids): layout, clock, lease loss, handoff, every backend, faults.
+"""Snowflake ids with leased workers (stockade.recipes.ids): layout, clock, lease loss, handoff, every backend, faults.
 
 The fault runs (tests/helpers/ids_run.py) start 9 worker processes on 8
 worker numbers, kill -9 them, freeze them past their lease and step their
@@ -17,7 +17,7 @@ from conftest import python_env
 
 import stockade
 from stockade import InvalidArgument, LeaseLost, LimitExceeded
-from stockade.ids import ClockBehind, IdGenerator, Layout
+from stockade.recipes.ids import ClockBehind, IdGenerator, Layout
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 CI = os.environ.get("CI") == "true"

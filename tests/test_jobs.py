@@ -1,4 +1,4 @@
-"""Fenced jobs (stockade.jobs): at most once in effect, uncertain when that cannot be known.
+"""Fenced jobs (stockade.recipes.jobs): at most once in effect, uncertain when that cannot be known.
 
 The race test runs worker processes through the same job keys with kill -9 and
 SIGSTOP mid-job (tests/helpers/jobs_race.py); its control, a once that checks
@@ -15,8 +15,8 @@ import pytest
 from helpers.jobs_race import figure, race
 
 import stockade
-from stockade import jobs
 from stockade.core.errors import InvalidArgument, LimitExceeded
+from stockade.recipes import jobs
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 

@@ -7,7 +7,7 @@ lock cycle, more than the rest of the client. Each test counts what was started,
 never how long something took; the control starts the background at the grant,
 as before, and must be seen.
 
-The timer the sync client schedules on (`stockade.client._timer`) is checked
+The timer the sync client schedules on (`stockade.transport.timer`) is checked
 here too: order, cancellation, a failing callback, and the bound on its heap.
 """
 

@@ -36,14 +36,14 @@ from conftest import python_env
 from helpers.postgres import PostgresServer, available, drop_database, shared_server
 
 import stockade
-from stockade import _postgres_errors
-from stockade._postgres_errors import error_text
 from stockade.coordinators.postgres import open_postgres
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken
 from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import FencingToken
 from stockade.resources import postgres as pg
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.transport import postgres as _postgres_errors
+from stockade.transport.postgres import error_text
 
 if not available():
     if os.environ.get("CI") == "true":

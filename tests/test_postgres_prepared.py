@@ -2,7 +2,7 @@
 
 The common cases (a free scope's grant, a live lease's release or renewal) run
 as prepared statements on each pooled connection
-(`stockade.coordinators._postgres_coord_call`). What must hold: parameters and
+(`stockade.coordinators.postgres._call`). What must hold: parameters and
 answers keep their types and NULLs; a statement the server refuses is a
 refusal (nothing granted, the connection kept); and a statement is prepared
 again on the connection that replaces one the server ended. The control shares
@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from helpers import postgres as pg_helper
 
-from stockade.coordinators import _postgres_coord_call as call
 from stockade.coordinators.postgres import PostgresCoordinator
+from stockade.coordinators.postgres import _call as call
 from stockade.core.errors import BackendUnavailable
 from stockade.core.leases import Granted
 

@@ -24,7 +24,7 @@ import psycopg
 
 import stockade
 from stockade.coordinators import postgres as pg_module
-from stockade.coordinators._postgres_coord_rows import MIGRATIONS, SERVER_RULES
+from stockade.coordinators.postgres._rows import MIGRATIONS, SERVER_RULES
 
 CYCLES = 100
 WARM_UP = 20

@@ -20,8 +20,8 @@ import pytest
 import stockade
 from stockade import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder, StaleToken
 from stockade.client._shared import http_endpoint
-from stockade.client._wire import RemoteProblem, parse_head
 from stockade.core.tokens import FencingToken
+from stockade.transport.http11 import RemoteProblem, parse_head
 
 CLUSTER = "0123456789abcdef"
 PROBLEM = "https://stockade.invalid/problems/"

@@ -21,7 +21,7 @@ from helpers.server_fixtures import request
 
 from stockade.core.errors import BackendUnavailable
 from stockade.core.tokens import FencingToken
-from stockade.resources.sqlite_store import BatchWrite, SQLiteStore
+from stockade.resources.store.sqlite_store import BatchWrite, SQLiteStore
 from stockade.server._groupcommit import GroupCommitter
 
 CLUSTER = "0123456789abcdef"

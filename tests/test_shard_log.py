@@ -37,11 +37,8 @@ import stockade
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StaleToken, TokenMismatch
 from stockade.core.values import FenceFloors
 from stockade.keys import save_keyring
-from stockade.resources import _postgres_sql as q
-from stockade.resources import postgres as pg
-from stockade.resources._log_postgres import PostgresShardLog, install_log
-from stockade.resources.floor import open_floor_target, raise_to_floors
-from stockade.resources.log import (
+from stockade.recipes._log_postgres import PostgresShardLog, install_log
+from stockade.recipes.log import (
     BATCH_ENTRIES_MAX,
     READ_LIMIT_MAX,
     READ_WAIT_MS_MAX,
@@ -49,6 +46,9 @@ from stockade.resources.log import (
     SQLiteShardLog,
     open_postgres_log,
 )
+from stockade.resources import postgres as pg
+from stockade.resources.floor import open_floor_target, raise_to_floors
+from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import CLUSTER, KEYS, OTHER_CLUSTER, OTHER_KEYS, ROGUE_KEYS, tok
 from stockade.testing.mutants import fencing_off
 

@@ -28,7 +28,7 @@ import pytest
 
 from stockade.core.errors import BackendUnavailable
 from stockade.keys import save_keyring
-from stockade.resources.log import READ_LIMIT_MAX, SQLiteShardLog, partition_of
+from stockade.recipes.log import READ_LIMIT_MAX, SQLiteShardLog, partition_of
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,9 +30,9 @@ import pytest
 from helpers.postgres import PostgresServer, available
 
 import stockade
-from stockade.resources import _postgres_sql as q
+from stockade.recipes._log_postgres import install_log
 from stockade.resources import postgres as pg
-from stockade.resources._log_postgres import install_log
+from stockade.resources.postgres import _sql as q
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "shardkv"

@@ -14,7 +14,7 @@ import pytest
 from stockade.resources.memory import MemoryStore
 from stockade.resources.port import TransactionalStorePort
 from stockade.resources.registry import SCHEMES
-from stockade.resources.sqlite_store import SQLiteStore
+from stockade.resources.store.sqlite_store import SQLiteStore
 from stockade.testing.conformance.store import *  # noqa: F403 - the suite's tests and its `store` fixture
 
 

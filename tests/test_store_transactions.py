@@ -26,7 +26,7 @@ from conftest import HELPERS, PYTHON, free_port, python_env
 
 import stockade
 from stockade.core.limits import TX_WRITES_MAX
-from stockade.resources.sqlite_store import TX_BUFFER_BYTES_MAX
+from stockade.resources.store.sqlite_store import TX_BUFFER_BYTES_MAX
 from stockade.wire import codecs
 
 sys.path.insert(0, str(HELPERS))
@@ -545,7 +545,7 @@ def _tx_order_while_locked(path, *, inline_control: bool):
     import sqlite3
 
     from stockade.core.tokens import FencingToken
-    from stockade.resources.sqlite_store import SQLiteStore
+    from stockade.resources.store.sqlite_store import SQLiteStore
     from stockade.server._groupcommit import GroupCommitter
     from stockade.server._store_tx import StoreWrites, TxWrite
 

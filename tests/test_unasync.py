@@ -1,11 +1,14 @@
-"""The sync client is generated, never edited: the generator is checked, and so are its rules."""
+"""Every sync twin (client, backend ports) is generated, never edited: the generator and its rules are checked."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "unasync.py"
@@ -23,17 +26,33 @@ def test_check_mode_passes_on_the_tree():
     assert result.returncode == 0, result.stderr
 
 
-def test_check_mode_fails_when_a_generated_file_differs(monkeypatch, tmp_path, capsys):
-    """Control: --check is not a no-op; an edited twin makes it exit 1."""
+def _copy(unasync, tmp_path: Path) -> Path:
+    package = tmp_path / "stockade"
+    shutil.copytree(unasync.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    return package
+
+
+@pytest.mark.parametrize("twin", ["client/_sync/store.py", "coordinators/etcd/_sync/port.py"])
+def test_check_mode_fails_when_a_generated_file_differs(tmp_path, capsys, twin):
+    """Control: --check is not a no-op; an edited twin, in any _sync/ folder, makes it exit 1."""
     unasync = _load()
-    target = tmp_path / "_sync"
-    target.mkdir()
-    for path in unasync.TARGET.glob("*.py"):
-        (target / path.name).write_text(path.read_text())
-    (target / "store.py").write_text((target / "store.py").read_text() + "# edited by hand\n")
-    monkeypatch.setattr(unasync, "TARGET", target)
-    assert unasync.main(["--check"]) == 1
-    assert "store.py" in capsys.readouterr().err
+    package = _copy(unasync, tmp_path)
+    assert unasync.main(["--check"], package=package) == 0
+    (package / twin).write_text((package / twin).read_text() + "# edited by hand\n")
+    assert unasync.main(["--check"], package=package) == 1
+    assert twin in capsys.readouterr().err
+
+
+def test_every_async_folder_is_a_source(tmp_path):
+    """A new ``_async/`` folder anywhere in the package gets its ``_sync/`` sibling written, with no list to edit."""
+    unasync = _load()
+    package = _copy(unasync, tmp_path)
+    (package / "transport" / "_async").mkdir(exist_ok=True)
+    (package / "transport" / "_async" / "planted.py").write_text("async def f() -> None:\n    await g()\n")
+    assert unasync.main(["--check"], package=package) == 1
+    assert unasync.main([], package=package) == 0
+    written = (package / "transport" / "_sync" / "planted.py").read_text()
+    assert written == unasync.HEADER + "def f() -> None:\n    g()\n"
 
 
 def test_a_rule_that_matches_nothing_fails(monkeypatch, capsys):

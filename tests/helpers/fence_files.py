@@ -132,7 +132,7 @@ def _writer_loop(path: Path, keys: Any, cluster_id: str, start: int, mode: str) 
     import os
 
     from stockade.core.tokens import FencingToken
-    from stockade.resources import _files_io as fio
+    from stockade.resources.files import _io as fio
 
     directory = FencedDirectory(path, keys=keys, cluster_id=cluster_id, file_bytes_max=FILE_BYTES)
     value = start

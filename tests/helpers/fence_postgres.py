@@ -40,9 +40,9 @@ from stockade.core.errors import InvalidArgument
 from stockade.core.fence import Reject, decide
 from stockade.core.limits import validate_scope
 from stockade.keys import FixedKeys
-from stockade.resources import _postgres_sql as q
 from stockade.resources import postgres as pg
 from stockade.resources._observe import reject
+from stockade.resources.postgres import _sql as q
 
 T = TypeVar("T")
 

@@ -25,9 +25,9 @@ from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.fence import Reject, decide
 from stockade.keys import FixedKeys
-from stockade.resources import _redis_script as script_module
 from stockade.resources._inputs import coerce_token
 from stockade.resources.redis import AsyncRedisFence, RedisFence
+from stockade.resources.redis import _script as script_module
 from stockade.testing.mutants import accept_everything, reject_equal
 
 T = TypeVar("T")

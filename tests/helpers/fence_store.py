@@ -13,7 +13,7 @@ from typing import Any
 
 from stockade.keys import FixedKeys
 from stockade.resources.memory import MemoryStore
-from stockade.resources.sqlite_store import SQLiteStore
+from stockade.resources.store.sqlite_store import SQLiteStore
 from stockade.testing.mutants import CheckThenWrite, fencing_off, strict_greater
 
 SCOPES = ("a", "b")

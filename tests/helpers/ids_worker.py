@@ -24,7 +24,7 @@ time.sleep = lambda seconds: threading.Event().wait(seconds)  # type: ignore[ass
 
 import stockade  # noqa: E402
 from stockade.core.errors import LeaseLost, LimitExceeded, StockadeError  # noqa: E402
-from stockade.ids import ClockBehind, IdGenerator, Layout  # noqa: E402
+from stockade.recipes.ids import ClockBehind, IdGenerator, Layout  # noqa: E402
 
 
 def event(kind: str, **fields: object) -> None:

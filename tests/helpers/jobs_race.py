@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import stockade
-from stockade import jobs
+from stockade.recipes import jobs
 
 WORKER = Path(__file__).resolve().parent / "jobs_worker.py"
 SRC = Path(__file__).resolve().parents[2] / "src"

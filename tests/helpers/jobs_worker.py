@@ -2,7 +2,7 @@
 
     python jobs_worker.py DIR WORKER SEED KEYS MODE
 
-MODE ``once``: every job goes through `stockade.jobs.once`. MODE ``naive``
+MODE ``once``: every job goes through `stockade.recipes.jobs.once`. MODE ``naive``
 (the control): a job checks "done?" in the store, then runs, each write under
 a short lease of its own, and marks itself done: no lease spans the check and
 the run, so nothing fences a second run out.
@@ -26,7 +26,7 @@ import sys
 import time
 
 import stockade
-from stockade import jobs
+from stockade.recipes import jobs
 
 data, worker, seed, keys, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 # The keys whose (first) run kills itself before or after its effect, or stops itself: "KEY:kb,KEY:ka,KEY:st".

@@ -12,7 +12,7 @@ control that must let stale writes in.
 import sys
 
 import stockade
-from stockade.resources.sqlite_store import SQLiteStore
+from stockade.resources.store.sqlite_store import SQLiteStore
 from stockade.testing.mutants import FencingOffStore
 
 coord_url, store_path, count = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import psycopg
 
-from stockade.coordinators import _postgres_coord_rows
-from stockade.coordinators._postgres_coord_journal import journal_statements
-from stockade.coordinators._postgres_coord_rows import SCOPE_LOCK_CLASS
 from stockade.coordinators.postgres import PostgresCoordinator
+from stockade.coordinators.postgres import _rows as _postgres_coord_rows
+from stockade.coordinators.postgres._journal import journal_statements
+from stockade.coordinators.postgres._rows import SCOPE_LOCK_CLASS
 
 #: The journal of schema versions 4 to 6, as they created it: each scope's events numbered (``n``),
 #: and each event deleting its scope's event 100 behind and the table's event 100,000 behind.

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import stockade
 from stockade.core.errors import LeaseError, StaleToken, StockadeError
-from stockade.resources.log import SQLiteShardLog, open_postgres_log
+from stockade.recipes.log import SQLiteShardLog, open_postgres_log
 
 mode, url, shard = sys.argv[1], sys.argv[2], sys.argv[3]
 if url.startswith("sqlite://"):  # the store file; it checks no MAC here (the test's keys stay in the test)

@@ -18,8 +18,8 @@ import sys
 import time
 
 import stockade
-from stockade.client._sync._zk import ZkCoordinatorPort
-from stockade.coordinators._zk_journal import OWN_ZXID
+from stockade.coordinators.zookeeper._journal import OWN_ZXID
+from stockade.coordinators.zookeeper._sync.port import ZkCoordinatorPort
 
 url, scope = sys.argv[1], sys.argv[2]
 

@@ -17,7 +17,7 @@ import sys
 import time
 
 import stockade
-from stockade.client._sync._zk import ZkCoordinatorPort
+from stockade.coordinators.zookeeper._sync.port import ZkCoordinatorPort
 
 url = sys.argv[1]
 if len(sys.argv) > 2 and sys.argv[2] == "control":

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
 
-from stockade.coordinators import _sqlite_journal as journal
 from stockade.coordinators import sqlite as coordinator_files
 from stockade.coordinators._history import HistoryEvent
+from stockade.coordinators.sqlite import _journal as journal
 from stockade.core import leases as rules
 from stockade.core.errors import BackendUnavailable
 from stockade.core.tokens import FencingToken
-from stockade.resources import _sqlite_files as store_files
+from stockade.resources.store import _sqlite_files as store_files
 
 __all__ = ["CoordinatorSnapshot", "read_coordinator", "read_high_waters", "read_history", "check_store_file"]
 

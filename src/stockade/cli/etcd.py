@@ -114,8 +114,8 @@ async def bump_revision(
         LimitExceeded: the target needs more than `BUMP_WRITES_MAX` writes.
         BackendUnavailable: etcd or a resource failed; the bump can be run again (it only moves forward).
     """
-    from stockade.client._async._etcd import AsyncEtcdCoordinatorPort
     from stockade.coordinators import etcd as recipe
+    from stockade.coordinators.etcd._async.port import AsyncEtcdCoordinatorPort
     from stockade.coordinators.registry import coordinator_backend
     from stockade.resources.floor import open_floor_target, redact_url
 

@@ -61,7 +61,7 @@ def _coordinator_events(url: str, scope: str, limit: int) -> list[HistoryEvent]:
 
 
 def _events(url: str, scope: str, limit: int, store_file: Path | None) -> list[tuple[HistoryEvent, str]]:
-    from stockade.resources._sqlite_journal import rejections
+    from stockade.resources.store._sqlite_journal import rejections
 
     events = [(event, "coordinator") for event in _coordinator_events(url, scope, limit)]
     directory = local_dir(url)

@@ -1,9 +1,9 @@
 """The lease history of a coordinator that keeps its records in memory: a bounded journal.
 
 The events and what a change means are in `stockade.core.history`; the SQLite
-file's journal is `stockade.coordinators._sqlite_journal`. Rejections are seen
+file's journal is `stockade.coordinators.sqlite._journal`. Rejections are seen
 by the fenced stores, not the coordinator: the embedded SQLite store keeps them
-(`stockade.resources._sqlite_journal`).
+(`stockade.resources.store._sqlite_journal`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The writes that turn one stored scope record into the next, for the SQL record stores.
 
-The SQLite file (`stockade.coordinators._sqlite_rows`) and the PostgreSQL
-tables (`stockade.coordinators._postgres_coord_rows`) keep a scope's record in
+The SQLite file (`stockade.coordinators.sqlite._rows`) and the PostgreSQL
+tables (`stockade.coordinators.postgres._rows`) keep a scope's record in
 the same three tables (the scope row, its lease, its queue); only the table
 names and the placeholder differ (a `Dialect`). This module says once which
 statements a change of record needs for the lease and the queue; each store

@@ -6,21 +6,21 @@ file in a table of its own, ``memory://`` in memory. ``stockade serve`` keeps
 its table in memory and group-commits it to its coordinator file, journal
 included, so its history is read from the file: what has committed. The
 PostgreSQL coordinator journals in a table of its own, in the transaction of
-each change (`stockade.coordinators._postgres_coord_journal`): its record store
+each change (`stockade.coordinators.postgres._journal`): its record store
 has a ``history(scope, limit)`` method, read here as memory's is. The etcd
 coordinator keeps its journal in etcd, written in the Txn of each change
-(`stockade.coordinators._etcd_journal`) and read through its port
-(`stockade.client._async._etcd_history`); the ZooKeeper coordinator keeps it in
+(`stockade.coordinators.etcd._journal`) and read through its port
+(`stockade.coordinators.etcd._async.history`); the ZooKeeper coordinator keeps it in
 the ensemble, written in the transaction of each change
-(`stockade.coordinators._zk_journal`), and its client port reads it. Neither is
+(`stockade.coordinators.zookeeper._journal`), and its client port reads it. Neither is
 read through this module.
 """
 
 from __future__ import annotations
 
 from stockade.coordinators._history import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
-from stockade.coordinators._sqlite_journal import read_history
 from stockade.coordinators.sqlite import SQLiteRecords
+from stockade.coordinators.sqlite._journal import read_history
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_int, validate_scope
 

@@ -1,32 +1,35 @@
-"""The coordinator backends by url scheme: what `stockade.connect()` and the CLI read.
+"""The coordinator backends by url scheme: what `stockade.connect()`, the server and the CLI read.
 
-A backend that keeps its records in a store of its own is one module (a
-`stockade.core.engine.RecordStore` and a `LeaseEngine` over it) plus one entry
-here; the client's ports, the lease objects, the keepalive and the conformance
-suite come for free. ``http``/``https`` (a `stockade serve`) are spoken by the
-client itself and are listed only for their capabilities.
+A backend is a folder, ``coordinators/<name>/``, plus one entry here. The entry
+names what opens it as a ``"module:function"`` string, imported on use (as
+SQLAlchemy loads a dialect), so the base install imports no driver and this
+module imports no backend:
+
+- ``engine``: ``(location, policy) -> LeaseEngine`` for a backend the client
+  runs in process over the one lease engine (`stockade.core.engine`); the
+  client's engine port (`stockade.client._async._embedded`) serves it.
+- ``port``: ``(options: PortOptions) -> port`` for a backend with a client port
+  of its own (``coordinators/<name>/_async/port.py``, its sync twin generated
+  in ``_sync/``). The string names the async module; `CoordinatorBackend.open_port`
+  reads the twin the caller names.
 
 Every backend declares what it can do (`Capability`); `connect()` refuses an
-option a backend cannot honour instead of ignoring it.
+option a backend cannot honour instead of ignoring it. Every other list of
+schemes in the package, message and help text is read from `COORDINATORS`.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from stockade.coordinators import memory
-from stockade.coordinators.sqlite import SQLiteCoordinator
-from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvalidArgument
-from stockade.core.leases import LeasePolicy
-from stockade.keys import FixedKeys, KeyFile, create_keyring, ephemeral_keyring, keyring_path
 
 __all__ = [
-    "open_signed_sqlite", "Capability", "CoordinatorBackend", "COORDINATORS", "SCHEMES_PLANNED", "coordinator_backend",
+    "Capability", "CoordinatorBackend", "PortOptions", "COORDINATORS", "SCHEMES_PLANNED", "coordinator_backend",
+    "load", "schemes_where",
 ]
 
 
@@ -42,6 +45,48 @@ class Capability(enum.Enum):
     DENSE_TOKENS = "dense-tokens"
 
 
+def load(target: str) -> Any:
+    """The object a ``"module:function"`` string names, its module imported now."""
+    module_name, _, name = target.partition(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+@dataclass(frozen=True, slots=True)
+class PortOptions:
+    """What `connect()` was given, for a backend's ``port`` opener (each checks the ones it takes).
+
+    Attributes:
+        url: the whole url; ``location`` is the part after ``scheme://``.
+        capabilities: the backend's, from its entry.
+        lock_delay_ms: C5, already refused where the backend does not declare `Capability.CLIENT_LOCK_DELAY`.
+        timeout_ms, connect_timeout_ms, auth_token, tls_ca: as `connect()` took them (None: not given).
+    """
+
+    url: str
+    location: str
+    capabilities: frozenset[Capability]
+    lock_delay_ms: int = 0
+    timeout_ms: int | None = None
+    connect_timeout_ms: int | None = None
+    auth_token: str | None = None
+    tls_ca: Any = None
+
+    def refuse(self, *names: str) -> None:
+        """Raise `InvalidArgument` for the first of ``names`` given: an option this backend does not take.
+
+        Raises:
+            InvalidArgument: field is the option; the message names the schemes that take it.
+        """
+        for name in names:
+            if getattr(self, name) is not None:
+                takers = schemes_where(remote=True) if name.endswith("timeout_ms") else ["http", "https"]
+                raise InvalidArgument(name, f"applies only to {', '.join(f'{s}://' for s in takers)} urls")
+
+
+#: The options only a backend reached over the network takes.
+REMOTE_OPTIONS = ("timeout_ms", "connect_timeout_ms", "auth_token", "tls_ca")
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinatorBackend:
     """One url scheme.
@@ -50,68 +95,65 @@ class CoordinatorBackend:
         scheme: the url scheme.
         summary: one line for docs and errors.
         capabilities: what it guarantees or accepts.
-        open_engine: ``(location, policy) -> LeaseEngine`` for a backend the
-            client runs in process (``location`` is the url after ``scheme://``);
-            None for a remote protocol the client speaks itself.
+        engine: ``"module:function"`` of ``(location, policy) -> LeaseEngine``, for a backend run in
+            process over the lease engine; None when it has a port of its own.
+        port: ``"module:function"`` of ``(PortOptions) -> port``, in the backend's ``_async`` folder;
+            None when the engine port serves it.
+        served: a `stockade serve` can sit in front of it (``--coordinator``); not for another
+            server (a loop) nor for this process's memory.
+        remote: the client reaches it over the network: it takes ``timeout_ms``, ``connect_timeout_ms``
+            (and, where the port says so, ``auth_token`` and ``tls_ca``).
+        store: ``"module:function"`` of ``(PortOptions, *, cluster_id, keys) -> store port`` for a backend
+            that also serves a fenced store (a `stockade serve`); opened by `stockade.open_store`.
     """
 
     scheme: str
     summary: str
     capabilities: frozenset[Capability]
-    open_engine: Callable[[str, LeasePolicy], LeaseEngine] | None = None
+    engine: str | None = None
+    port: str | None = None
+    served: bool = True
+    remote: bool = True
+    store: str | None = None
 
     def __post_init__(self) -> None:
         # C4 is part of the contract, not an option: a backend without it is not a coordinator.
         if Capability.FIFO_WAIT not in self.capabilities:
             raise ValueError(f"backend {self.scheme!r} must serve waiters in FIFO order")
+        if (self.engine is None) == (self.port is None):
+            raise ValueError(f"backend {self.scheme!r} names an engine or a port, one of the two")
+        if self.port is not None and "._async." not in self.port:
+            raise ValueError(f"backend {self.scheme!r}: its port is the async source ``…._async.…:function``")
 
+    def open_port(self, twin: str, options: PortOptions) -> Any:
+        """Open this backend's own port; ``twin`` is ``"_async"`` or ``"_sync"`` (the generated one).
 
-def open_signed_sqlite(path: Path, policy: LeasePolicy, **options: Any) -> SQLiteCoordinator:
-    """A `SQLiteCoordinator` that signs its tokens with the keyring next to its file (created with it).
+        Raises:
+            InvalidArgument: a bad location or option; BackendUnavailable: not reachable, or its driver is
+            not installed.
+        """
+        if self.port is None:
+            raise ValueError(f"backend {self.scheme!r} is served by the engine port")
+        return load(self.port.replace("._async.", f".{twin}.", 1))(options)
 
-    ``dir/coord.db`` signs with ``dir/coord.keys`` (`stockade.keys`; docs/tokens.md).
+    def open_store(self, twin: str, options: PortOptions, *, cluster_id: str | None, keys: object) -> Any:
+        """Open the fenced store this backend serves; ``twin`` as for `open_port`."""
+        if self.store is None:
+            raise ValueError(f"backend {self.scheme!r} serves no store")
+        return load(self.store.replace("._async.", f".{twin}.", 1))(options, cluster_id=cluster_id, keys=keys)
 
-    Raises:
-        BackendUnavailable: the keyring cannot be created or read, or is another cluster's.
-    """
-    coordinator = SQLiteCoordinator(path, policy=policy, **options)
-    try:
-        keyring = create_keyring(keyring_path(path), coordinator.cluster_id)
-        coordinator.signer = KeyFile(keyring_path(path), keyring.cluster_id)
-    except BaseException:
-        coordinator.close()
-        raise
-    return coordinator
-
-
-def _open_sqlite(location: str, policy: LeasePolicy) -> LeaseEngine:
-    if not location or "\x00" in location:
-        raise InvalidArgument("url", "sqlite url needs a file path: sqlite:///path/to/file.db")
-    return open_signed_sqlite(Path(location), policy)
-
-
-def _open_memory(location: str, policy: LeasePolicy) -> LeaseEngine:
-    if not location or not location.isascii() or not location.isprintable() or len(location) > 200:
-        raise InvalidArgument("url", "memory url needs a name: memory://NAME (1..200 printable ASCII)")
-    coordinator = memory.named(location, policy=policy)
-    if coordinator.signer is None:  # in-process keys: they live and die with the coordinator
-        coordinator.signer = FixedKeys(ephemeral_keyring(coordinator.cluster_id))
-    return coordinator
-
-
-def _open_postgres(scheme: str) -> Callable[[str, LeasePolicy], LeaseEngine]:
-    def open_engine(location: str, policy: LeasePolicy) -> LeaseEngine:
-        if not location or "\x00" in location:
-            raise InvalidArgument("url", f"{scheme} url needs a server: {scheme}://user@host:5432/dbname")
-        from stockade.coordinators.postgres import open_postgres  # psycopg only when asked for
-
-        return open_postgres(f"{scheme}://{location}", policy)
-
-    return open_engine
+    def open_engine(self, location: str, policy: Any) -> Any:
+        """Open this backend's lease engine (`stockade.core.engine.LeaseEngine`)."""
+        if self.engine is None:
+            raise ValueError(f"backend {self.scheme!r} has a port of its own")
+        return load(self.engine)(location, policy)
 
 
 _DURABLE_REMOTE = frozenset({Capability.FIFO_WAIT, Capability.DURABLE_TOKENS, Capability.NATIVE_WAIT})
 _DENSE = frozenset({Capability.DENSE_TOKENS})
+_POSTGRES = frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS,
+                       Capability.NATIVE_WAIT}) | _DENSE
+_ZOOKEEPER = _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY}
 
 COORDINATORS: dict[str, CoordinatorBackend] = {
     backend.scheme: backend
@@ -119,38 +161,48 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
         CoordinatorBackend(
             "sqlite", "embedded: one SQLite file shared by the processes of one host",
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS}) | _DENSE,
-            _open_sqlite,
+            engine="stockade.coordinators.sqlite.signed:open_engine", remote=False,
         ),
         CoordinatorBackend(
             "memory", "in this process only; tokens do not survive it (tests, examples)",
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY}) | _DENSE,
-            _open_memory,
+            engine="stockade.coordinators.memory:open_engine", served=False, remote=False,
         ),
-        *(
-            CoordinatorBackend(
-                scheme, "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
-                frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS,
-                           Capability.NATIVE_WAIT}) | _DENSE,
-                _open_postgres(scheme),
-            )
-            for scheme in ("postgresql", "postgres")
+        CoordinatorBackend(
+            "postgresql", "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
+            _POSTGRES, port="stockade.coordinators.postgres._async.port:open_port", remote=False,
         ),
-        CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE | _DENSE),
-        CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE | _DENSE),
-        # The client speaks etcd itself (client/_async/_etcd.py): no engine in process.
+        CoordinatorBackend(
+            "postgres", "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
+            _POSTGRES, port="stockade.coordinators.postgres._async.port:open_port", remote=False,
+        ),
+        CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE | _DENSE,
+                           port="stockade.coordinators.http._async.open:open_port", served=False,
+                           store="stockade.coordinators.http._async.open:open_store_port"),
+        CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE | _DENSE,
+                           port="stockade.coordinators.http._async.open:open_port", served=False,
+                           store="stockade.coordinators.http._async.open:open_store_port"),
         CoordinatorBackend("etcd", "an etcd 3.4+ cluster: leases and watches, tokens from create revisions",
-                           _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY}),
-        # Likewise ZooKeeper (client/_async/_zk.py, over kazoo): tokens are czxids, not dense.
-        *(
-            CoordinatorBackend(scheme, "a ZooKeeper 3.5+ ensemble: ephemeral sequential nodes, tokens from czxids",
-                               _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY})
-            for scheme in ("zookeeper", "zk")
-        ),
+                           _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY},
+                           port="stockade.coordinators.etcd._async.open:open_port"),
+        # Tokens are czxids, not dense.
+        CoordinatorBackend("zookeeper", "a ZooKeeper 3.5+ ensemble: ephemeral sequential nodes, tokens from czxids",
+                           _ZOOKEEPER, port="stockade.coordinators.zookeeper._async.port:open_port"),
+        CoordinatorBackend("zk", "a ZooKeeper 3.5+ ensemble: ephemeral sequential nodes, tokens from czxids",
+                           _ZOOKEEPER, port="stockade.coordinators.zookeeper._async.port:open_port"),
     )
 }
 
 #: Schemes named in the docs whose backends are not built yet.
 SCHEMES_PLANNED: tuple[str, ...] = ()
+
+
+def schemes_where(*, served: bool | None = None, remote: bool | None = None) -> list[str]:
+    """The registered schemes, sorted, that are (or are not) served / remote; None: either."""
+    return sorted(
+        scheme for scheme, backend in COORDINATORS.items()
+        if (served is None or backend.served == served) and (remote is None or backend.remote == remote)
+    )
 
 
 def coordinator_backend(url: object, field: str = "url") -> tuple[CoordinatorBackend, str]:

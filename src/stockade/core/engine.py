@@ -441,7 +441,7 @@ class LeaseEngine:
             ``FenceFloors(floors, default)``: ``floors`` maps each stored scope
             to its last issued token; ``default`` is the floor of every scope not
             named (never used, or forgotten): above every token a forgotten scope
-            was issued. Pass it to `stockade.resources.backup.restore`.
+            was issued. Pass it to `stockade.resources.store.backup.restore`.
         """
         floors: dict[str, int] = {}
         with self.records.read() as tx:

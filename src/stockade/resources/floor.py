@@ -112,7 +112,7 @@ def raise_to_floors(target: FloorTarget, floors: FenceFloors, *, dry_run: bool =
 
 #: scheme -> the module whose ``open_floor_target(url, *, cluster_id)`` opens it.
 FLOOR_TARGETS: Mapping[str, str] = MappingProxyType({
-    "sqlite": "stockade.resources._floor_sqlite",
+    "sqlite": "stockade.resources.store._floor_sqlite",
     "postgresql": "stockade.resources.postgres",
     "postgres": "stockade.resources.postgres",
     "redis": "stockade.resources.redis",

@@ -24,7 +24,7 @@ from stockade.resources._issued import CoordinatorIssued, coordinator_beside
 from stockade.resources._verify import TOKENLESS, UNSIGNED
 from stockade.resources.memory import MemoryStore
 from stockade.resources.port import TransactionalStorePort
-from stockade.resources.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT, SQLiteStore
+from stockade.resources.store.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT, SQLiteStore
 
 __all__ = ["StoreOptions", "StoreFactory", "SCHEMES", "scheme_of", "open_resource"]
 

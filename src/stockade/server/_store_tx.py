@@ -29,7 +29,7 @@ from stockade.core.errors import InvalidArgument, LimitExceeded, invariant
 from stockade.core.limits import TX_WRITES_MAX, validate_key
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Op, WriteResult
-from stockade.resources.sqlite_store import BatchWrite, SQLiteStore
+from stockade.resources.store.sqlite_store import BatchWrite, SQLiteStore
 from stockade.server._inputs import BodyField, fields
 
 __all__ = ["TxWrite", "StoreOp", "StoreWrites", "parse_steps"]

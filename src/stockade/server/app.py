@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
-from stockade.coordinators.registry import open_signed_sqlite
+from stockade.coordinators.sqlite.signed import open_signed_sqlite
 from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
 from stockade.core.fence import Reject
 from stockade.core.leases import LeasePolicy, lease_hint, redact_lease_path

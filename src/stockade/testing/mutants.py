@@ -51,7 +51,7 @@ from stockade.resources._inputs import coerce_token, make_write
 from stockade.resources._observe import reject
 from stockade.resources._tx import Tx
 from stockade.resources.port import FenceAdapterPort
-from stockade.resources.sqlite_store import SQLiteStore
+from stockade.resources.store.sqlite_store import SQLiteStore
 
 __all__ = [
     "accept_everything",

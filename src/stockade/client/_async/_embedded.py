@@ -11,7 +11,6 @@ from __future__ import annotations
 import builtins
 from collections.abc import Sequence
 
-from stockade.client._io import AsyncIO
 from stockade.client._shared import Grant
 from stockade.coordinators.history import HistoryEvent, history_of
 from stockade.coordinators.registry import Capability
@@ -23,7 +22,8 @@ from stockade.core.limits import VALUE_BYTES_MAX
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, Item, Write, WriteResult
 from stockade.resources.port import TransactionalStorePort
-from stockade.resources.sqlite_store import TX_BUFFER_BYTES_MAX
+from stockade.resources.store.sqlite_store import TX_BUFFER_BYTES_MAX
+from stockade.transport.io import AsyncIO
 
 __all__ = ["AsyncEmbeddedCoordinatorPort", "AsyncEmbeddedStorePort", "POLL_INTERVAL_MS_MIN", "POLL_INTERVAL_MS_MAX",
            "CLEANUP_MS_MAX", "STORE_WAIT_MS_MIN"]

@@ -14,7 +14,6 @@ from typing import Any, ParamSpec, TypeVar
 from stockade.client._async.election import AsyncLeadership, watch_leader
 from stockade.client._async.port import AsyncCoordinatorPort
 from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
-from stockade.client._io import AsyncHandle, AsyncIO
 from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
@@ -40,6 +39,7 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
+from stockade.transport.io import AsyncHandle, AsyncIO
 
 __all__ = ["AsyncCoordinator", "AsyncLease"]
 

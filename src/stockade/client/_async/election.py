@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stockade.client._io import AsyncIO
 from stockade.client._leader import LeaderInfo, changed, leader_of, validate_watch
 from stockade.client._shared import CURRENT_LEASE
 from stockade.core.tokens import FencingToken
+from stockade.transport.io import AsyncIO
 
 __all__ = ["AsyncLeadership", "watch_leader"]
 

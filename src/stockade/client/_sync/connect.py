@@ -6,45 +6,18 @@ from __future__ import annotations
 import os
 
 from stockade.client._sync._embedded import EmbeddedCoordinatorPort, EmbeddedStorePort
-from stockade.client._sync._etcd import EtcdCoordinatorPort
-from stockade.client._sync._http import (
-    HTTPClient,
-    HTTPCoordinatorPort,
-    HTTPStorePort,
-    check_store_cluster,
-)
-from stockade.client._sync._pgcoord import NotifiedCoordinatorPort, WakingEngine
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
 from stockade.client._hooks import Hooks, validate_hooks
-from stockade.client._io import SyncIO
-from stockade.client._shared import HTTPEndpoint, http_endpoint, is_http_url, sqlite_path
+from stockade.client._shared import sqlite_path
 from stockade.coordinators.memory import find_named
-from stockade.coordinators.registry import Capability, coordinator_backend
+from stockade.coordinators.registry import COORDINATORS, REMOTE_OPTIONS, Capability, PortOptions, coordinator_backend
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
-from stockade.core.limits import validate_int
-from stockade.core.tokens import validate_cluster_id
 from stockade.resources.registry import SCHEMES as STORE_SCHEMES
 from stockade.resources.registry import StoreOptions, open_resource, scheme_of
 
 __all__ = ["connect", "open_store"]
-
-
-def _remote_cluster_id(endpoint: HTTPEndpoint) -> str:
-    """The server's cluster id, by one blocking round trip when the handle is opened.
-
-    Only where nothing can be blocked: in the sync client, or when the async
-    client is opened outside a running event loop. Inside a loop the async
-    handle fetches it on its first ``await`` instead (`HTTPCoordinatorPort.open`).
-    """
-    from stockade.client._sync._http import HTTPClient, fetch_cluster_id
-
-    client = HTTPClient(endpoint)
-    try:
-        return fetch_cluster_id(client)
-    finally:
-        client.close()
 
 
 def connect(
@@ -88,64 +61,14 @@ def connect(
     if lock_delay_ms and Capability.CLIENT_LOCK_DELAY not in backend.capabilities:
         raise InvalidArgument("lock_delay_ms", f"{backend.scheme}:// does not take it from the client "
                                                "(a server has its own setting)")
-    if backend.scheme == "etcd":
-        return _connect_etcd(location, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms,
-                             auth_token=auth_token, tls_ca=tls_ca, hooks=hooks, lock_delay_ms=lock_delay_ms)
-    if backend.scheme in ("zookeeper", "zk"):  # kazoo only when asked for
-        from stockade.client._sync._zk import connect_zk
-
-        return connect_zk(location, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms,
-                                auth_token=auth_token, tls_ca=tls_ca, hooks=hooks, lock_delay_ms=lock_delay_ms)
-    if backend.open_engine is None:
-        endpoint = http_endpoint(
-            url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
-        )
-        hooks = validate_hooks(hooks)
-        cluster_id = None if SyncIO.loop_running() else _remote_cluster_id(endpoint)
-        port = HTTPCoordinatorPort(HTTPClient(endpoint), cluster_id=cluster_id)
-        return Coordinator(port, hooks=hooks)
-    _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
+    options = PortOptions(url, location, backend.capabilities, lock_delay_ms=lock_delay_ms, timeout_ms=timeout_ms,
+                          connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     hooks = validate_hooks(hooks)
+    if backend.port is not None:
+        return Coordinator(backend.open_port("_sync", options), hooks=hooks)
+    options.refuse(*REMOTE_OPTIONS)
     engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
-    port_type = NotifiedCoordinatorPort if isinstance(engine, WakingEngine) else EmbeddedCoordinatorPort
-    return Coordinator(port_type(engine, capabilities=backend.capabilities), hooks=hooks)
-
-
-def _connect_etcd(
-    location: str, *, timeout_ms: int | None, connect_timeout_ms: int | None, auth_token: str | None,
-    tls_ca: object, hooks: Hooks | None, lock_delay_ms: int,
-) -> Coordinator:
-    """An etcd cluster's coordinator; outside a running loop its cluster id and keyring are read here."""
-    from stockade.client._shared import CONNECT_TIMEOUT_MS_DEFAULT, TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX
-    from stockade.coordinators.etcd import parse_location
-
-    if auth_token is not None or tls_ca is not None:
-        raise InvalidArgument("url", "etcd:// speaks plain HTTP without auth in this version")
-    hooks = validate_hooks(hooks)
-    members, layout = parse_location(location)
-    timeout_ms = validate_int("timeout_ms", TIMEOUT_MS_DEFAULT if timeout_ms is None else timeout_ms, 1, TIMEOUT_MS_MAX)
-    connect_timeout_ms = validate_int(
-        "connect_timeout_ms", CONNECT_TIMEOUT_MS_DEFAULT if connect_timeout_ms is None else connect_timeout_ms,
-        1, TIMEOUT_MS_MAX)
-    capabilities = coordinator_backend("etcd://")[0].capabilities
-    lock_delay_ms = LeasePolicy(lock_delay_ms=lock_delay_ms).lock_delay_ms  # validated before any I/O
-    identity = None
-    if not SyncIO.loop_running():  # one blocking read now, as for a remote server's cluster id
-        from stockade.client._sync import _etcd as sync_etcd
-
-        reader = sync_etcd.EtcdCoordinatorPort(
-            members, layout, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, capabilities=capabilities
-        )
-        try:
-            reader.open()
-            identity = reader.identity()
-        finally:
-            reader.close()
-    port = EtcdCoordinatorPort(
-        members, layout, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, capabilities=capabilities,
-        identity=identity, lock_delay_ms=lock_delay_ms,
-    )
-    return Coordinator(port, hooks=hooks)
+    return Coordinator(EmbeddedCoordinatorPort(engine, capabilities=backend.capabilities), hooks=hooks)
 
 
 def open_store(
@@ -191,24 +114,14 @@ def open_store(
         BackendUnavailable: the store cannot be opened or reached.
     """
     hooks = validate_hooks(hooks)
-    if is_http_url(url):
-        if keys is not None:
-            raise InvalidArgument("keys", "a stockade serve verifies with its own keys")
-        if cluster_id is not None:
-            validate_cluster_id(cluster_id, "cluster_id")
-        endpoint = http_endpoint(
-            url, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca
-        )
-        client = HTTPClient(endpoint)
-        if SyncIO.loop_running():  # checked on the first await or use, without blocking the loop
-            port = HTTPStorePort(client, cluster_id=None, expected_cluster_id=cluster_id)
-        else:
-            remote_cluster_id = _remote_cluster_id(endpoint)
-            check_store_cluster(cluster_id, remote_cluster_id)
-            port = HTTPStorePort(client, cluster_id=remote_cluster_id)
-        return FencedStore(port, hooks=hooks)
-    _embedded_only(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
-    if scheme_of(url) not in STORE_SCHEMES:
+    scheme = scheme_of(url)
+    options = PortOptions(url, url.partition("://")[2] if scheme else "", frozenset(), timeout_ms=timeout_ms,
+                          connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
+    remote = COORDINATORS.get(scheme) if scheme is not None else None
+    if remote is not None and remote.store is not None:  # a coordinator that serves a store (a stockade serve)
+        return FencedStore(remote.open_store("_sync", options, cluster_id=cluster_id, keys=keys), hooks=hooks)
+    options.refuse(*REMOTE_OPTIONS)
+    if scheme not in STORE_SCHEMES:
         sqlite_path(url)  # raises the client's one message for a bad, unknown or planned url
     store = open_resource(url, cluster_id=cluster_id, options=_store_options(url, keys))
     return FencedStore(EmbeddedStorePort(store), hooks=hooks)
@@ -223,9 +136,3 @@ def _store_options(url: str, keys: object) -> StoreOptions:
     if coordinator is None:
         return StoreOptions(keys=keys)
     return StoreOptions(keys=coordinator.signer if keys is None else keys, issued=coordinator.last_issued)
-
-
-def _embedded_only(**remote_options: object) -> None:
-    for name, value in remote_options.items():
-        if value is not None:
-            raise InvalidArgument(name, "applies only to http:// and https:// urls")

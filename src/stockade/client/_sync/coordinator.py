@@ -15,7 +15,6 @@ from typing import Any, ParamSpec, TypeVar
 from stockade.client._sync.election import Leadership, watch_leader
 from stockade.client._sync.port import CoordinatorPort
 from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
-from stockade.client._io import Handle, SyncIO
 from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
@@ -41,6 +40,7 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
+from stockade.transport.io import Handle, SyncIO
 
 __all__ = ["Coordinator", "Lease"]
 

@@ -8,12 +8,12 @@ from typing import Any
 from stockade.client._sync.port import StorePort
 from stockade.client._sync.transaction import StoreTransaction
 from stockade.client._hooks import Hooks, rejected, validate_hooks
-from stockade.client._io import Handle
 from stockade.client._shared import CURRENT_LEASE, resolve_token
 from stockade.core.errors import FenceRejected, InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import Item, WriteResult
+from stockade.transport.io import Handle
 
 __all__ = ["FencedStore", "lease_in_context"]
 

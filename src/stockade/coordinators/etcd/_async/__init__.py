@@ -1,0 +1,1 @@
+"""The etcd port, written once as async code; the sync port in _sync/ is generated from it."""

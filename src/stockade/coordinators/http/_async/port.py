@@ -1,0 +1,571 @@
+"""Ports to a remote `stockade serve` over HTTP/1.1 keep-alive (docs/http-api.md).
+
+The ports have the methods and return types of the embedded ones, and raise
+the same exceptions: a problem document becomes its typed error (``raise …
+from`` the `RemoteProblem`), and a connection that fails or times out becomes
+`BackendUnavailable`. Every request has a deadline; an acquire gets its
+``wait_ms`` on top, since the server long-polls.
+
+Connections are kept open and reused (one per concurrent request, up to
+`IDLE_CONNECTIONS_MAX` kept idle). An idle connection the server has closed is
+noticed before use; a reused one that fails before any byte of the answer
+arrived is retried once on a fresh connection (the server closed it between
+our check and our send, so it saw nothing).
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stockade.client._shared import Grant, HTTPEndpoint
+from stockade.clock import SystemClock
+from stockade.coordinators._history import HistoryEvent
+from stockade.coordinators.registry import COORDINATORS, Capability
+from stockade.core import leases as core_leases
+from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
+from stockade.core.limits import (
+    LEASES_MAX,
+    VALUE_BYTES_MAX,
+    validate_idempotency_key,
+    validate_key,
+    validate_scope,
+    validate_value,
+)
+from stockade.core.tokens import FencingToken
+from stockade.core.values import FenceFloors, Write
+from stockade.keys import FixedKeys, _parse
+from stockade.resources.store import Item, WriteResult
+from stockade.transport.http11 import (
+    RESPONSE_HEAD_BYTES_MAX,
+    HTTPResponse,
+    ProtocolError,
+    build_request,
+    error_for,
+    item_from,
+    json_body,
+    lease_from,
+    parse_head,
+    scope_info_from,
+    write_result_from,
+)
+from stockade.transport.io import AsyncIO
+from stockade.wire import codecs
+from stockade.wire.routes import ROUTE, Route, page_query
+
+__all__ = [
+    "AsyncHTTPClient",
+    "AsyncHTTPConnection",
+    "AsyncHTTPCoordinatorPort",
+    "AsyncHTTPStorePort",
+    "IDLE_CONNECTIONS_MAX",
+]
+
+IDLE_CONNECTIONS_MAX = 8
+RECEIVE_BYTES = 65536
+# A renewal must come back in time to matter: at most a third of the TTL.
+RENEW_TIMEOUT_MS_MIN = 50
+
+
+class _PeerClosed(ConnectionError):
+    """The server closed the connection before the answer was complete."""
+
+
+class AsyncHTTPConnection:
+    """One keep-alive HTTP/1.1 connection; one request at a time."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._buffer = b""
+        self.received_any = False
+        self.reusable = False
+
+    def is_stale(self) -> bool:
+        return bool(self._buffer) or self._stream.is_stale()
+
+    def close(self) -> None:
+        self.reusable = False
+        self._stream.close()
+
+    async def _receive(self, deadline: float) -> None:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise TimeoutError("deadline passed")
+        data = await self._stream.receive(RECEIVE_BYTES, remaining_s)
+        if not data:
+            raise _PeerClosed("server closed the connection")
+        self.received_any = True
+        self._buffer += data
+
+    async def _receive_until(self, marker: bytes, deadline: float, bytes_max: int) -> bytes:
+        while True:
+            end = self._buffer.find(marker)
+            if end >= 0:
+                found, self._buffer = self._buffer[:end], self._buffer[end + len(marker):]
+                return found
+            if len(self._buffer) > bytes_max:
+                raise ProtocolError(f"no {marker!r} within {bytes_max} bytes")
+            await self._receive(deadline)
+
+    async def _receive_exactly(self, size: int, deadline: float) -> bytes:
+        while len(self._buffer) < size:
+            await self._receive(deadline)
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    async def roundtrip(self, method: str, request: bytes, deadline: float) -> HTTPResponse:
+        """Send ``request`` and read its answer by ``deadline`` (``time.monotonic()``).
+
+        Raises:
+            OSError: the connection failed or the deadline passed (`TimeoutError`).
+            ProtocolError: the answer was not HTTP/1.1 as expected.
+        """
+        self.reusable = False
+        self.received_any = False
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise TimeoutError("deadline passed")
+        await self._stream.send(request, remaining_s)
+        while True:
+            head = parse_head(await self._receive_until(b"\r\n\r\n", deadline, RESPONSE_HEAD_BYTES_MAX), method=method)
+            if head.status >= 200:
+                break  # 1xx: interim answers are skipped
+        if head.body_length >= 0:
+            body = await self._receive_exactly(head.body_length, deadline)
+        elif head.body_length == -1:
+            body = await self._receive_chunked(deadline)
+        else:
+            body = await self._receive_until_close(deadline)
+        self.reusable = head.keep_alive and not self._buffer
+        return HTTPResponse(head.status, head.headers, body)
+
+    async def _receive_chunked(self, deadline: float) -> bytes:
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            size_line = await self._receive_until(b"\r\n", deadline, 1024)
+            try:
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
+            except ValueError as exc:
+                raise ProtocolError("bad chunk size") from exc
+            total += size
+            if size < 0 or total > RESPONSE_HEAD_BYTES_MAX * 64:
+                raise ProtocolError("chunked body too large")
+            if size == 0:
+                while await self._receive_until(b"\r\n", deadline, RESPONSE_HEAD_BYTES_MAX):
+                    pass  # trailer fields, unused
+                return b"".join(chunks)
+            chunks.append(await self._receive_exactly(size, deadline))
+            if await self._receive_exactly(2, deadline) != b"\r\n":
+                raise ProtocolError("bad chunk end")
+
+    async def _receive_until_close(self, deadline: float) -> bytes:
+        while True:
+            try:
+                await self._receive(deadline)
+            except _PeerClosed:
+                data, self._buffer = self._buffer, b""
+                return data
+            if len(self._buffer) > RESPONSE_HEAD_BYTES_MAX * 64:
+                raise ProtocolError("response body too large")
+
+
+class AsyncHTTPClient:
+    """Requests to one server over a small pool of keep-alive connections.
+
+    Safe to share between the caller and lease keepalives (tasks, or threads
+    in the sync client): each request takes a connection of its own.
+    """
+
+    def __init__(self, endpoint: HTTPEndpoint) -> None:
+        self.endpoint = endpoint
+        self._idle: list[AsyncHTTPConnection] = []
+        self._closed = False
+
+    async def _open(self) -> AsyncHTTPConnection:
+        endpoint = self.endpoint
+        try:
+            stream = await AsyncIO.open_tcp(
+                endpoint.host, endpoint.port, tls=endpoint.tls, timeout_s=endpoint.connect_timeout_ms / 1000
+            )
+        except TimeoutError as exc:
+            raise BackendUnavailable(
+                f"connect to {endpoint.authority} timed out after {endpoint.connect_timeout_ms} ms",
+                certain_no_effect=True,
+            ) from exc
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"cannot connect to {endpoint.authority}: {exc.strerror or exc}",
+                certain_no_effect=True,
+            ) from exc
+        return AsyncHTTPConnection(stream)
+
+    def _checkout(self) -> AsyncHTTPConnection | None:
+        while True:
+            try:
+                connection = self._idle.pop()
+            except IndexError:
+                return None
+            if not connection.is_stale():
+                return connection
+            connection.close()
+
+    def _checkin(self, connection: AsyncHTTPConnection) -> None:
+        if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:
+            self._idle.append(connection)
+        else:
+            connection.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout_ms: int,
+        body: bytes = b"",
+        content_type: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+        idempotent: bool | None = None,
+    ) -> HTTPResponse:
+        """One request; any status is returned, the caller maps problems.
+
+        A reused keep-alive connection that fails before any answer byte is
+        retried once on a fresh one, but only for a request that may safely
+        arrive twice (``idempotent``, default: GET). An acquire or a store
+        write is never sent twice: the first may have been applied.
+
+        Raises:
+            BackendUnavailable: closed client, connect failure (``certain_no_effect``),
+                timeout or broken connection (outcome unknown), or not HTTP.
+        """
+        if self._closed:
+            raise BackendUnavailable("the client is closed", certain_no_effect=True)
+        endpoint = self.endpoint
+        request = build_request(
+            method, endpoint.base_path + path, authority=endpoint.authority, auth_token=endpoint.auth_token,
+            body=body, content_type=content_type, headers=headers,
+        )
+        deadline = time.monotonic() + timeout_ms / 1000
+        retry_safe = method == "GET" if idempotent is None else idempotent
+        shown = core_leases.redact_lease_path(path)
+        connection = self._checkout()
+        reused = connection is not None
+        for attempt in (1, 2):
+            if connection is None:
+                connection = await self._open()
+            try:
+                response = await connection.roundtrip(method, request, deadline)
+            except TimeoutError as exc:
+                connection.close()
+                raise BackendUnavailable(
+                    f"{method} {shown}: no answer from {endpoint.authority} within {timeout_ms} ms"
+                ) from exc
+            except (OSError, ProtocolError) as exc:
+                connection.close()
+                fresh_start = reused and not connection.received_any and not isinstance(exc, ProtocolError)
+                if attempt == 1 and fresh_start and retry_safe:
+                    connection = None
+                    continue
+                raise BackendUnavailable(
+                    f"{method} {shown}: connection to {endpoint.authority} failed: {exc}"
+                ) from exc
+            except BaseException:
+                connection.close()  # cancelled mid-request: the stream's state is unknown
+                raise
+            self._checkin(connection)
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def get_json(self, path: str, *, timeout_ms: int | None = None) -> tuple[HTTPResponse, Any]:
+        response = await self.request("GET", path, timeout_ms=timeout_ms or self.endpoint.timeout_ms)
+        if response.status != 200:
+            error, problem = error_for(response)
+            raise error from problem
+        return response, json_body(response)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
+
+
+# The routes this client calls, from the one table (`stockade.wire.routes`): no path is written here.
+_CLUSTER, _ACQUIRE, _RENEW, _RELEASE = ROUTE["cluster"], ROUTE["acquire"], ROUTE["renew"], ROUTE["release"]
+_INSPECT, _LIST_LOCKS, _FENCE_FLOORS = ROUTE["inspectLock"], ROUTE["listLocks"], ROUTE["fenceFloors"]
+_VERIFY_KEYS = ROUTE["verifyKeys"]
+_PUT, _DELETE, _GET, _LIST_KEYS, _HIGH_WATER, _TRANSACTION = (
+    ROUTE["put"], ROUTE["deleteKey"], ROUTE["get"], ROUTE["listKeys"], ROUTE["highWater"], ROUTE["transaction"])
+
+
+def check_store_cluster(expected: str | None, remote: str) -> None:
+    """Raises `InvalidArgument` when a store was opened for another cluster than the server's."""
+    if expected is not None and expected != remote:
+        raise InvalidArgument("cluster_id", f"{expected!r} differs from the store's cluster {remote!r}")
+
+
+async def fetch_cluster_id(client: AsyncHTTPClient) -> str:
+    """The server's cluster id (the ``cluster`` route): what its tokens carry."""
+    _, doc = await client.get_json(_CLUSTER.target())
+    return codecs.cluster_id_from(doc)
+
+
+def fetch_verify_keys(endpoint: HTTPEndpoint) -> FixedKeys:
+    """A ``stockade serve``'s verify keys, from ``GET /v1/admin/verify-keys``, in one blocking round trip.
+
+    What ``coord.verify_keys()`` gives on an ``http(s)://`` coordinator (docs/tokens.md). The keys can
+    mint tokens as well as verify them, so the server hands them only to a bearer token without scope
+    patterns, on a server started with ``--auth-tokens``. They are a copy: after ``stockade keys rotate``
+    on the server's host fetch them again, or keep them in a file (``stockade keys export``) that a
+    `stockade.keys.KeyFile` follows. Blocking even in the async client, as reading a keyring file is.
+
+    Raises:
+        Unauthorized: no administrator's token, or a server without auth.
+        BackendUnavailable: the server cannot be reached, or the answer is not a keyring.
+    """
+    from stockade.coordinators.http._sync.port import HTTPClient  # the blocking client, whichever twin asks
+
+    client = HTTPClient(endpoint)
+    try:
+        _, doc = client.get_json(_VERIFY_KEYS.target())
+    finally:
+        client.close()
+    return FixedKeys(_parse(codecs.dumps(doc), Path(f"{endpoint.authority}{_VERIFY_KEYS.path}")))
+
+
+class AsyncHTTPCoordinatorPort:
+    """The coordinator of a remote `stockade serve`.
+
+    Args:
+        client: the connection pool.
+        cluster_id: the server's, if known; None to fetch it on `open` (or before the first grant).
+    """
+
+    def __init__(self, client: AsyncHTTPClient, *, cluster_id: str | None) -> None:
+        self._client = client
+        self.cluster_id = cluster_id
+        self.capabilities = COORDINATORS["https" if client.endpoint.tls is not None else "http"].capabilities
+        self.clock = SystemClock()
+        # lease id -> (holder, ttl_ms) of leases granted through this port: a renewal
+        # answer carries neither, and a renewal's deadline depends on the TTL.
+        self._held: dict[str, tuple[str, int]] = {}
+        self._described = False  # the server's cluster document was read (`open`)
+
+    @property
+    def keys(self) -> FixedKeys:
+        """The server's verify keys: one blocking round trip, administrators only (`fetch_verify_keys`)."""
+        return fetch_verify_keys(self._client.endpoint)
+
+    async def open(self) -> None:
+        if self._described:
+            return
+        _, doc = await self._client.get_json(_CLUSTER.target())
+        if self.cluster_id is None:
+            self.cluster_id = codecs.cluster_id_from(doc)
+        if not codecs.dense_tokens_from(doc):  # serve --coordinator etcd://: tokens only increase
+            self.capabilities = self.capabilities - {Capability.DENSE_TOKENS}
+        self._described = True
+
+    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
+        """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.
+
+        Returns:
+            The grant; ``sent_ns`` is the send time of the request (the start of
+            the client's conservative lease deadline, K2).
+
+        Raises:
+            LockTimeout: still held when ``wait_ms`` ran out.
+            BackendUnavailable: the server could not be reached or did not answer in time.
+        """
+        await self.open()  # a grant is checked against the cluster id
+        body = codecs.dumps({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
+        sent_ns = self.clock.now_ns()
+        response = await self._client.request(
+            _ACQUIRE.method, _ACQUIRE.target(scope=scope), body=body, content_type=codecs.JSON,
+            timeout_ms=self._client.endpoint.timeout_ms + wait_ms,
+        )
+        if response.status != 200:
+            error, problem = error_for(response, scope=scope, wait_ms=wait_ms)
+            raise error from problem
+        doc = json_body(response)
+        lease_id = doc.get("lease_id") if isinstance(doc, dict) else None
+        if not isinstance(lease_id, str) or not lease_id:
+            raise BackendUnavailable("server acquire answer lacks a lease id")
+        lease = lease_from(doc, lease_id=lease_id, holder=holder, sent_ns=sent_ns)
+        if lease.token.scope != scope or lease.token.cluster != self.cluster_id:
+            # Never hand out a token this client did not ask for.
+            raise BackendUnavailable(f"server granted a token for another scope or cluster: {lease.token}")
+        if len(self._held) >= LEASES_MAX:  # leases never released nor renewed: forget the oldest
+            self._held.pop(next(iter(self._held)))
+        self._held[lease_id] = (holder, lease.ttl_ms)
+        return Grant(lease_id, holder, lease.token, lease.ttl_ms, sent_ns)
+
+    async def renew(self, lease_id: str) -> None:
+        holder, ttl_ms = self._held.get(lease_id, ("", 0))
+        timeout_ms = self._client.endpoint.timeout_ms
+        if ttl_ms:
+            timeout_ms = min(timeout_ms, max(RENEW_TIMEOUT_MS_MIN, ttl_ms // 3))
+        sent_ns = self.clock.now_ns()
+        response = await self._client.request(
+            _RENEW.method, _RENEW.target(lease_id=lease_id), body=b"{}", content_type=codecs.JSON,
+            timeout_ms=timeout_ms, idempotent=True,
+        )
+        if response.status != 200:
+            error, problem = error_for(response, lease_id=lease_id)
+            if isinstance(error, NotHolder):
+                self._held.pop(lease_id, None)
+            raise error from problem
+        lease_from(json_body(response), lease_id=lease_id, holder=holder or "?", sent_ns=sent_ns)  # validates it
+
+    async def release(self, lease_id: str) -> bool:
+        """Release; idempotent. ``released`` is True if this port held the lease until now."""
+        response = await self._client.request(
+            _RELEASE.method, _RELEASE.target(lease_id=lease_id), timeout_ms=self._client.endpoint.timeout_ms,
+            idempotent=True,
+        )
+        if response.status not in (200, 204):
+            error, problem = error_for(response, lease_id=lease_id)
+            raise error from problem
+        return self._held.pop(lease_id, None) is not None
+
+    async def inspect(self, scope: str) -> core_leases.ScopeInfo:
+        _, doc = await self._client.get_json(_INSPECT.target(scope=scope))
+        return scope_info_from(doc)
+
+    async def history(self, scope: str, *, limit: int) -> list[HistoryEvent]:
+        _, doc = await self._client.get_json(ROUTE["lockHistory"].target(f"limit={limit}", scope=scope))
+        return [HistoryEvent(**event) for event in doc["events"]]
+
+    async def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
+        _, doc = await self._client.get_json(_LIST_LOCKS.target(page_query(after, limit)))
+        return codecs.scope_infos_from(doc)
+
+    async def last_issued(self, scope: str) -> int:
+        last = (await self.inspect(scope)).last_token
+        return last if last else (await self.fence_floors()).default  # not held: never used, or forgotten
+
+    async def fence_floors(self) -> FenceFloors:
+        _, doc = await self._client.get_json(_FENCE_FLOORS.target())
+        return codecs.fence_floors_from(doc)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class AsyncHTTPStorePort:
+    """The fenced store of a remote `stockade serve` (`AsyncStorePort`).
+
+    Arguments are validated here, as the embedded store does, so a bad one
+    raises the same `InvalidArgument` without a round trip. A transaction is
+    one request whose JSON body is bounded by `codecs.TX_BODY_BYTES_MAX`: each
+    step counts the exact bytes it adds to that body, so a transaction the
+    server would refuse for its size is refused here before anything is sent.
+    """
+
+    value_bytes_max = VALUE_BYTES_MAX
+    tx_bytes_limit = "TX_BODY_BYTES_MAX"
+    tx_bytes_max = codecs.tx_body_bytes_max()
+
+    def __init__(
+        self, client: AsyncHTTPClient, *, cluster_id: str | None, expected_cluster_id: str | None = None
+    ) -> None:
+        """``cluster_id``: the server's, if known; None to fetch it on `open`, and then
+        check it against ``expected_cluster_id`` (the caller's, if given)."""
+        self._client = client
+        self.cluster_id = cluster_id
+        self._expected_cluster_id = expected_cluster_id
+
+    async def open(self) -> None:
+        """Fetch the server's cluster id if not known yet.
+
+        Raises:
+            InvalidArgument: it differs from the cluster id the store was opened for.
+        """
+        if self.cluster_id is None:
+            cluster_id = await fetch_cluster_id(self._client)
+            check_store_cluster(self._expected_cluster_id, cluster_id)
+            self.cluster_id = cluster_id
+
+    async def _write(
+        self, route: Route, scope: str, key: str, body: bytes, *, token: FencingToken, idempotency_key: str | None
+    ) -> WriteResult:
+        headers: tuple[tuple[str, str], ...] = ((codecs.FENCING_TOKEN_HEADER, token.encode()),)
+        if idempotency_key is not None:
+            headers += ((codecs.IDEMPOTENCY_KEY_HEADER, idempotency_key),)
+        response = await self._client.request(
+            route.method, route.target(scope=scope, key=key), body=body,
+            content_type=codecs.OCTETS if route.body == "bytes" else None,
+            headers=headers, timeout_ms=self._client.endpoint.timeout_ms,
+        )
+        if response.status != 200:
+            error, problem = error_for(response, scope=scope, token=token)
+            raise error from problem
+        return write_result_from(json_body(response))
+
+    async def put(
+        self, scope: str, key: str, value: bytes | str, *, token: FencingToken, idempotency_key: str | None
+    ) -> WriteResult:
+        scope, key, data = validate_scope(scope), validate_key(key), validate_value(value)
+        if idempotency_key is not None:
+            validate_idempotency_key(idempotency_key)
+        return await self._write(_PUT, scope, key, data, token=token, idempotency_key=idempotency_key)
+
+    async def delete(self, scope: str, key: str, *, token: FencingToken, idempotency_key: str | None) -> WriteResult:
+        scope, key = validate_scope(scope), validate_key(key)
+        if idempotency_key is not None:
+            validate_idempotency_key(idempotency_key)
+        return await self._write(_DELETE, scope, key, b"", token=token, idempotency_key=idempotency_key)
+
+    async def get(self, scope: str, key: str) -> Item | None:
+        response = await self._client.request(
+            _GET.method, _GET.target(scope=scope, key=key), timeout_ms=self._client.endpoint.timeout_ms
+        )
+        if response.status == 404:
+            return None
+        if response.status != 200:
+            error, problem = error_for(response, scope=scope)
+            raise error from problem
+        return item_from(response, scope=scope, key=key)
+
+    async def list(self, scope: str, *, after: str, limit: int) -> list[Item]:
+        """A page of items with their values.
+
+        The list answer carries no values (docs/http-api.md), so each is fetched;
+        a key deleted in between is left out.
+        """
+        if after != "":
+            validate_key(after)
+        _, doc = await self._client.get_json(_LIST_KEYS.target(page_query(after, limit), scope=scope))
+        items = []
+        for key in codecs.keys_from(doc):
+            item = await self.get(scope, key)
+            if item is not None:
+                items.append(item)
+        return items
+
+    async def high_water(self, scope: str) -> int:
+        _, doc = await self._client.get_json(_HIGH_WATER.target(scope=scope))
+        return codecs.high_water_from(doc)
+
+    @staticmethod
+    def tx_bytes(write: Write) -> int:
+        return codecs.tx_step_bytes(write.op, write.key, len(write.value))
+
+    async def transaction(
+        self, scope: str, writes: Sequence[Write], *, token: FencingToken
+    ) -> builtins.list[WriteResult]:
+        """One ``POST /v1/tx/{scope}``; never resent (the first may have been applied)."""
+        body = codecs.tx_body((w.op, w.key, w.value) for w in writes)
+        response = await self._client.request(
+            _TRANSACTION.method, _TRANSACTION.target(scope=scope), body=body, content_type=codecs.JSON,
+            headers=((codecs.FENCING_TOKEN_HEADER, token.encode()),), timeout_ms=self._client.endpoint.timeout_ms,
+        )
+        if response.status != 200:
+            error, problem = error_for(response, scope=scope, token=token)
+            raise error from problem
+        return codecs.tx_results_from(json_body(response), scope=scope, keys=[w.key for w in writes])
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,352 @@
+"""The PostgreSQL coordinator's tables: the versioned schema, one scope's record read and written back.
+
+Used by `stockade.coordinators.postgres.PostgresRecords` inside its
+transactions; every function takes the open psycopg connection and never
+commits. Every table is prefixed ``stockade_coord_`` so that the coordinator
+can share a database with the application (and with the fenced store of
+`stockade.resources.postgres`, whose tables have their own prefix).
+
+Migrations are a list: version N is the first N entries applied in order,
+each idempotent, run under one transaction-scoped advisory lock so that
+processes opening a new database at the same moment do not race
+(``CREATE TABLE IF NOT EXISTS`` alone is not safe against a concurrent twin).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stockade.coordinators._record_diff import POSTGRES, Statement, check_change, lease_and_queue, scope_row_changed
+from stockade.coordinators.postgres._journal import HISTORY_APPEND_ONLY, HISTORY_SCHEMA, journal_statements
+from stockade.core.errors import invariant
+from stockade.core.leases import Lease, ScopeRecord, Waiter
+from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX, FencingToken
+
+__all__ = [
+    "MIGRATIONS", "SCHEMA_VERSION", "MIGRATION_LOCK", "SCOPE_LOCK_CLASS", "get_meta", "set_meta",
+    "forgotten_floor", "load_record", "forget_record", "record_writes", "record_of_row", "RECORD_SELECT",
+    "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES", "LEASE_ROWS_MAX", "leases_at_least",
+]
+
+#: Advisory lock keys: one for the migration, one class for per-scope locks (two-int form).
+MIGRATION_LOCK = 0x5374_6B01
+SCOPE_LOCK_CLASS = 0x5374_6B02
+#: The SQLSTATE of a failed `stockade_coord_expect` check: an invariant broke, not the server.
+EXPECT_SQLSTATE = "SK001"
+
+# Every function below reads the server's clock and checks the timeline first thing under the
+# scope's lock: on a timeline the tables have not recorded yet (a promotion) it answers nothing,
+# and the lease engine's path starts the timeline (the restart rule, C3/C5). The check is a
+# column of the function's one read (fewer statements: each costs the server an executor start).
+_NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
+_META = ("(SELECT max(v::bigint) FILTER (WHERE k = 'timeline') AS timeline, "
+         "max(v::bigint) FILTER (WHERE k = 'timeline_offset') AS timeline_offset, "
+         "max(v::bigint) FILTER (WHERE k = 'epoch') AS epoch, "
+         "max(v::bigint) FILTER (WHERE k = 'forgotten_floor') AS forgotten_floor FROM stockade_coord_meta "
+         "WHERE k IN ('timeline', 'timeline_offset', 'epoch', 'forgotten_floor')) AS m")
+_NEW_TIMELINE = ("m.timeline IS DISTINCT FROM ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
+                 "::bit(32)::bigint + COALESCE(m.timeline_offset, 0)")
+
+#: At least as many leases as the lease table holds, from two sizes alone, the smaller of:
+#: - its heap: a page of ``block_size`` bytes holds at most ``(block_size - 24) / 28`` rows
+#:   (PostgreSQL's own bound), live or dead;
+#: - its primary key: every lease has one entry there, and a page holds at most
+#:   ``(block_size - 40) / 20`` entries (a 16-byte tuple for the shortest scope and its 4-byte line
+#:   pointer, after the page header and the B-tree's special space).
+#: The heap grows with every grant and release until a vacuum (a grant inserts a row, a release
+#: deletes it), past 350 pages in about 30 s at 3,700 cycles/s; the primary key does not when the
+#: same scopes are locked again and again (an insert of a scope clears its dead entries). While the
+#: smaller is below the bound on leases, nobody counts the table (a count is a scan of every page).
+LEASE_ROWS_MAX = ("(SELECT LEAST(pg_relation_size('stockade_coord_leases') / b * ((b - 24) / 28), "
+                  "pg_relation_size('stockade_coord_leases_pkey') / b * ((b - 40) / 20)) "
+                  "FROM (SELECT current_setting('block_size')::bigint AS b) AS bs)")
+
+
+def leases_at_least(n: str) -> str:
+    """SQL: whether at least ``n`` (an SQL expression) leases are stored; counts only a table that could hold them."""
+    return (f"CASE WHEN {LEASE_ROWS_MAX} < {n} THEN false "
+            f"ELSE (SELECT count(*) FROM (SELECT 1 FROM stockade_coord_leases LIMIT {n}) AS n) >= {n} END")
+
+
+#: The rules of `stockade.core.leases` for the cases that need no decision but the obvious one,
+#: each one statement (one round trip) and its own transaction: a grant of a free scope with
+#: nobody queued, the renewal or release of a live lease with nobody queued, and the answer
+#: for a lease id that no lease has (not held; nothing to write). Each answers no
+#: row for every other case (held, queued, expired, lock-delay, a new timeline, a full table, a
+#: counter at the end of its epoch), and then the lease engine decides, in Python, as for every
+#: backend. Tests hold both paths to the same answers (tests/test_coordinator_postgres.py).
+#: Each function runs three statements: the grant its lock, one read, one write; the keep one
+#: read, its lock, one write (the write checks the lease is still live and nobody queued).
+#: A grant and a release write their event (`stockade_coord_journal`) in their own transaction.
+SERVER_RULES = f"""
+CREATE OR REPLACE FUNCTION stockade_coord_grant(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
+                                                p_leases_max bigint)
+RETURNS TABLE (token bigint, now_ns bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now bigint;
+    v_last bigint;
+    v_delay bigint;
+    v_base bigint;
+    v_refused boolean;
+    v_exists boolean;
+BEGIN
+    PERFORM pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext(p_scope));
+    v_now := {_NOW};
+    -- A later statement than the lock: it reads what the lock protects.
+    SELECT COALESCE(s.last_token, 0), COALESCE(s.delay_until_ns, 0),
+           {_NEW_TIMELINE}
+           OR v_now < COALESCE(s.delay_until_ns, 0)
+           OR EXISTS (SELECT 1 FROM stockade_coord_leases l WHERE l.scope = p_scope)
+           OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope)
+           OR {leases_at_least('p_leases_max')},
+           GREATEST(COALESCE(s.last_token, 0), m.epoch << {COUNTER_BITS}, COALESCE(m.forgotten_floor, 0)),
+           s.scope IS NOT NULL
+      INTO v_last, v_delay, v_refused, v_base, v_exists
+      FROM {_META} LEFT JOIN stockade_coord_scopes s ON s.scope = p_scope;
+    IF v_refused OR v_base & {COUNTER_MAX} = {COUNTER_MAX} THEN
+        RETURN;  -- busy, a new timeline, a full table, or a counter at the end of its epoch: the engine decides
+    END IF;
+    -- The scope row's compare-and-set and the lease in one statement: no lease without its token recorded.
+    -- A used scope's row is updated in place, a new scope's inserted (an upsert would lock the row first:
+    -- one WAL record more a grant).
+    WITH u AS (
+        UPDATE stockade_coord_scopes AS s SET last_token = v_base + 1 WHERE s.scope = p_scope AND s.last_token = v_last
+            RETURNING 1),
+    i AS (
+        INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) SELECT p_scope, v_base + 1, v_delay
+            WHERE NOT v_exists ON CONFLICT (scope) DO NOTHING RETURNING 1),
+    s AS (SELECT 1 FROM u UNION ALL SELECT 1 FROM i)
+    INSERT INTO stockade_coord_leases (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns)
+        SELECT p_scope, p_lease_id, p_holder, v_base + 1, p_ttl_ms, v_now, v_now + p_ttl_ms * 1000000 FROM s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '{EXPECT_SQLSTATE}',
+            MESSAGE = format('last_token of %L changed underneath this coordinator', p_scope);
+    END IF;
+    PERFORM stockade_coord_journal(p_scope, 'grant', p_holder, v_base + 1);  -- the history, in this commit
+    token := v_base + 1;
+    now_ns := v_now;
+    RETURN NEXT;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION stockade_coord_keep(p_lease_id text, p_release boolean)
+RETURNS TABLE (scope text, holder text, token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint,
+               now_ns bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now bigint;
+    v_scope text;
+    v_refused boolean;
+BEGIN
+    v_now := {_NOW};
+    SELECT l.scope, {_NEW_TIMELINE} INTO v_scope, v_refused
+      FROM {_META} LEFT JOIN stockade_coord_leases l ON l.lease_id = p_lease_id;
+    IF v_refused THEN
+        RETURN;
+    END IF;
+    IF v_scope IS NULL THEN  -- no such lease: nothing to write, the answer is "not held" (a row without a scope)
+        now_ns := v_now;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext(v_scope));
+    v_now := {_NOW};  -- the lock may have waited
+    -- A later statement than the lock: it reads what the lock protects. Only a live lease with
+    -- nobody queued is released or renewed here; for anything else no row changes (the engine's path).
+    IF p_release THEN
+        DELETE FROM stockade_coord_leases l
+         WHERE l.scope = v_scope AND l.lease_id = p_lease_id AND v_now < l.expires_ns
+           AND NOT EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = v_scope)
+        RETURNING l.scope, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns
+             INTO scope, holder, token, ttl_ms, granted_ns, expires_ns;
+    ELSE
+        UPDATE stockade_coord_leases l SET expires_ns = v_now + l.ttl_ms * 1000000
+         WHERE l.scope = v_scope AND l.lease_id = p_lease_id AND v_now < l.expires_ns
+           AND NOT EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = v_scope)
+        RETURNING l.scope, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns
+             INTO scope, holder, token, ttl_ms, granted_ns, expires_ns;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_release THEN
+        PERFORM stockade_coord_journal(v_scope, 'release', holder, token);  -- the history, in this commit
+    END IF;
+    now_ns := v_now;
+    RETURN NEXT;
+END
+$$
+"""
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the lease table, the waiters, the meta values, the keyring.
+    """
+    CREATE TABLE IF NOT EXISTS stockade_coord_meta (k text PRIMARY KEY, v text NOT NULL);
+    CREATE TABLE IF NOT EXISTS stockade_coord_scopes (
+        scope text PRIMARY KEY,
+        last_token bigint NOT NULL,
+        delay_until_ns bigint NOT NULL,
+        created bigint GENERATED ALWAYS AS IDENTITY
+    );
+    CREATE TABLE IF NOT EXISTS stockade_coord_leases (
+        scope text PRIMARY KEY,
+        lease_id text NOT NULL UNIQUE,
+        holder text NOT NULL,
+        token bigint NOT NULL,
+        ttl_ms bigint NOT NULL,
+        granted_ns bigint NOT NULL,
+        expires_ns bigint NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS stockade_coord_leases_expires ON stockade_coord_leases (expires_ns);
+    CREATE TABLE IF NOT EXISTS stockade_coord_waiters (
+        scope text NOT NULL,
+        seq bigint NOT NULL,
+        lease_id text NOT NULL UNIQUE,
+        holder text NOT NULL,
+        deadline_ns bigint NOT NULL,
+        stale_ns bigint NOT NULL,
+        PRIMARY KEY (scope, seq)
+    );
+    CREATE TABLE IF NOT EXISTS stockade_coord_keyring (id int PRIMARY KEY CHECK (id = 1), doc bytea NOT NULL);
+    REVOKE ALL ON stockade_coord_keyring FROM PUBLIC
+    """,
+    # 2: a check inside a statement, so that a unit whose writes and COMMIT travel together
+    # (one round trip) fails before its COMMIT when a compare-and-set does not match.
+    f"""
+    CREATE OR REPLACE FUNCTION stockade_coord_expect(ok boolean, message text) RETURNS void
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NOT ok THEN
+            RAISE EXCEPTION USING ERRCODE = '{EXPECT_SQLSTATE}', MESSAGE = message;
+        END IF;
+    END
+    $$
+    """,
+    # 3: the common cases of acquire, renew and release in one statement each (see SERVER_RULES).
+    SERVER_RULES,
+    # 4: the lease history (`stockade.coordinators.postgres._journal`), and the server rules
+    # again: journaling, and in fewer statements inside each function (3 each instead of about 7;
+    # a lock cycle's server CPU was mostly the functions' statements). Replaces the functions of 3.
+    HISTORY_SCHEMA + SERVER_RULES,
+    # 5: the server rules again: a grant counts the held leases only when the lease table is large
+    # enough to hold the bound on them (it counted up to 100,000 rows on every grant).
+    SERVER_RULES,
+    # 6: the server rules again: the lease table's size is also judged by its primary key, which
+    # churn does not grow (under a steady load the heap passed the bound's size in about 30 s, and
+    # from then on every grant counted it: 8 processes' 3,700 cycles/s fell to about 2,970).
+    SERVER_RULES,
+    # 7: the journal appends only (`HISTORY_APPEND_ONLY`): no per-scope number and no delete per
+    # event, a bounded sweep every 1,024 events instead; reads take a scope's newest events.
+    # The history was about a third of the server's CPU per lock cycle.
+    HISTORY_APPEND_ONLY,
+    # 8: the server rules again: the grant updates a used scope's row in place instead of an upsert,
+    # which locked the row first (a WAL record of its own: 15 records a lock cycle, now 14;
+    # tests/test_postgres_wal_per_cycle.py).
+    SERVER_RULES,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def get_meta(conn: Any, key: str) -> str | None:
+    row = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = %s", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def set_meta(conn: Any, key: str, value: str) -> None:
+    conn.execute(
+        "INSERT INTO stockade_coord_meta (k, v) VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        (key, value),
+    )
+
+
+def forgotten_floor(conn: Any) -> int:
+    value = get_meta(conn, "forgotten_floor")
+    return int(value) if value else 0
+
+
+#: One scope's record in one row (the scope, its lease, its queue): append ``WHERE s.scope = ...``.
+RECORD_SELECT = (
+    "SELECT s.scope, s.last_token, s.delay_until_ns, l.lease_id, l.holder, l.token, l.ttl_ms, l.granted_ns, "
+    "l.expires_ns, (SELECT json_agg(json_build_array(w.lease_id, w.holder, w.deadline_ns::text, w.stale_ns::text) "
+    "ORDER BY w.seq) FROM stockade_coord_waiters w WHERE w.scope = s.scope) "
+    "FROM stockade_coord_scopes s LEFT JOIN stockade_coord_leases l ON l.scope = s.scope "
+)
+RECORD_COLUMNS = 10
+
+
+def record_of_row(cluster_id: str, scope: str, row: Any) -> ScopeRecord:
+    """The record of a `RECORD_SELECT` row (None, or a row of NULLs: a never-used scope)."""
+    if row is None or row[0] is None:
+        return ScopeRecord(scope)
+    invariant(row[0] == scope, f"a row of {row[0]!r} read as {scope!r}")
+    last_token, delay_until_ns, lease_id = row[1], row[2], row[3]
+    lease = None
+    if lease_id is not None:
+        holder, token, ttl_ms, granted_ns, expires_ns = row[4:9]
+        invariant(token <= last_token, f"lease token {token} above last_token {last_token} in {scope!r}")
+        lease = Lease(lease_id, holder, FencingToken(cluster_id, scope, token), ttl_ms, granted_ns, expires_ns)
+    # Times travel as text: JSON numbers would pass through floats on some paths.
+    waiters = tuple(Waiter(w[0], w[1], int(w[2]), int(w[3])) for w in row[9] or ())
+    return ScopeRecord(scope, last_token=last_token, lease=lease, delay_until_ns=delay_until_ns, waiters=waiters)
+
+
+def load_record(conn: Any, cluster_id: str, scope: str) -> ScopeRecord:
+    """One scope's record as the tables hold it (a never-used scope: an empty record); one round trip."""
+    return record_of_row(cluster_id, scope, conn.execute(RECORD_SELECT + "WHERE s.scope = %s", (scope,)).fetchone())
+
+
+def forget_record(conn: Any, old: ScopeRecord) -> None:
+    """Drop an idle scope's row, folding its last token into the forgotten floor (C1)."""
+    scope = old.scope
+    invariant(old.lease is None, f"forgetting {scope!r}, which holds a lease")
+    deleted = conn.execute(
+        "DELETE FROM stockade_coord_scopes WHERE scope = %s AND last_token = %s", (scope, old.last_token)
+    ).rowcount
+    if deleted == 0:
+        exists = conn.execute("SELECT 1 FROM stockade_coord_scopes WHERE scope = %s", (scope,)).fetchone()
+        invariant(exists is None, f"last_token of {scope!r} changed underneath this coordinator")
+    conn.execute("DELETE FROM stockade_coord_waiters WHERE scope = %s", (scope,))
+    conn.execute(
+        "INSERT INTO stockade_coord_meta (k, v) VALUES ('forgotten_floor', %s) ON CONFLICT (k) "
+        "DO UPDATE SET v = GREATEST(stockade_coord_meta.v::bigint, excluded.v::bigint)::text",
+        (str(old.last_token),),
+    )
+
+
+def record_writes(old: ScopeRecord, new: ScopeRecord) -> tuple[list[Statement], bool]:
+    """The statements that replace ``old`` by ``new`` in the tables, to be sent together with the COMMIT.
+
+    None of them needs its answer read before the next is sent: the scope
+    row's compare-and-set on ``last_token`` checks itself in the statement
+    (`stockade_coord_expect`), so a mismatch aborts the transaction before
+    its COMMIT. The unit holds the scope's lock, so a mismatch means someone
+    wrote the tables without it, and a token could repeat: refuse (C1).
+
+    Returns:
+        The statements, and whether a waiter may now be served (the lease or
+        the head of the queue changed): the unit notifies the scope then.
+    """
+    if new == old:
+        return [], False
+    check_change(old, new)
+    scope = new.scope
+    out: list[Statement] = []
+    if scope_row_changed(old, new):
+        out.append((
+            "WITH w AS (INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) VALUES (%s, %s, %s) "
+            "ON CONFLICT (scope) DO UPDATE SET last_token = excluded.last_token, "
+            "delay_until_ns = excluded.delay_until_ns WHERE stockade_coord_scopes.last_token = %s RETURNING 1) "
+            "SELECT stockade_coord_expect(EXISTS (SELECT 1 FROM w), %s)",
+            (scope, new.last_token, new.delay_until_ns, old.last_token,
+             f"last_token of {scope!r} changed underneath this coordinator"),
+        ))
+    out += lease_and_queue(old, new, POSTGRES)
+    out += journal_statements(old, new)  # the change's events, in its transaction (docs/history.md)
+    old_head = old.waiters[0].lease_id if old.waiters else None
+    new_head = new.waiters[0].lease_id if new.waiters else None
+    # Only a scope with waiters needs a NOTIFY (a waiter is in the table before it sleeps, and
+    # the scope's lock orders its enqueue and this change). Leaving it out elsewhere matters:
+    # a transaction that notified commits under a database-wide lock, one at a time.
+    freed = old.lease is not None and (new.lease is None or new.lease.lease_id != old.lease.lease_id)
+    return out, bool(new.waiters) and (freed or (old_head is not None and old_head != new_head))

@@ -1,0 +1,311 @@
+"""The only hand-written twins of the client: how to sleep, wait, spawn, schedule and block.
+
+Everything else in `stockade.client` is written once, async, in ``_async/``,
+and ``_sync/`` is generated from it by ``scripts/unasync.py`` (a test checks
+that the generated files are current). The generator renames ``AsyncIO`` to
+``SyncIO``; these two classes give both sides the same vocabulary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from stockade.transport.timer import TimerEntry, call_later
+
+__all__ = [
+    "AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream", "AsyncBodyGuard", "BodyGuard", "AsyncHandle", "Handle",
+]
+
+T = TypeVar("T")
+
+
+class AsyncIO:
+    """asyncio: tasks for background work, worker threads for blocking calls."""
+
+    @staticmethod
+    async def sleep(seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    @staticmethod
+    def event() -> asyncio.Event:
+        return asyncio.Event()
+
+    @staticmethod
+    async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
+        """Wait until ``event`` is set or ``timeout_s`` passes; True if set."""
+        if event.is_set():
+            return True
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        return event.is_set()
+
+    @staticmethod
+    def spawn(function: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(function(), name=name)  # type: ignore[arg-type]
+
+    @staticmethod
+    def call_later(delay_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        """Run the short ``callback`` on this loop after ``delay_s``; the handle's ``cancel()`` stops it."""
+        return asyncio.get_running_loop().call_later(delay_s, callback)
+
+    @staticmethod
+    async def join(handle: asyncio.Task[None]) -> None:
+        if handle is not asyncio.current_task():
+            await asyncio.gather(handle, return_exceptions=True)
+
+    @staticmethod
+    async def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.to_thread(function, *args, **kwargs)
+
+    @staticmethod
+    def loop_running() -> bool:
+        """True when called from inside a running event loop, where nothing may block."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    @staticmethod
+    def body_guard() -> AsyncBodyGuard:
+        return AsyncBodyGuard()
+
+    @staticmethod
+    async def open_tcp(
+        host: str, port: int, *, tls: ssl.SSLContext | None, timeout_s: float
+    ) -> AsyncTCPStream:
+        """Connect within ``timeout_s``; raises `OSError` (`TimeoutError` included)."""
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=tls, server_hostname=host if tls is not None else None
+            )
+        _tune(writer.get_extra_info("socket"))
+        return AsyncTCPStream(reader, writer)
+
+
+class SyncIO:
+    """Threads: a daemon thread for background work; blocking calls run in place."""
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds)
+
+    @staticmethod
+    def event() -> threading.Event:
+        return threading.Event()
+
+    @staticmethod
+    def wait_event(event: threading.Event, timeout_s: float | None) -> bool:
+        return event.wait(timeout_s)
+
+    @staticmethod
+    def spawn(function: Callable[[], None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=function, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    @staticmethod
+    def call_later(delay_s: float, callback: Callable[[], None]) -> TimerEntry:
+        """Run the short ``callback`` on the process's timer thread after ``delay_s``; ``cancel()`` stops it."""
+        return call_later(delay_s, callback)
+
+    @staticmethod
+    def join(handle: threading.Thread) -> None:
+        if handle is not threading.current_thread():
+            handle.join()
+
+    @staticmethod
+    def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return function(*args, **kwargs)
+
+    @staticmethod
+    def loop_running() -> bool:
+        return False  # blocking is what the sync client does
+
+    @staticmethod
+    def body_guard() -> BodyGuard:
+        return BodyGuard()
+
+    @staticmethod
+    def open_tcp(host: str, port: int, *, tls: ssl.SSLContext | None, timeout_s: float) -> TCPStream:
+        """Connect within ``timeout_s``; raises `OSError` (`TimeoutError` included)."""
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        try:
+            _tune(sock)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+        return TCPStream(sock)
+
+
+class AsyncBodyGuard:
+    """Cancels the task that runs a ``lock()`` body when the body's lease is lost.
+
+    Armed while the body runs. `interrupt` may be called from any thread (the
+    lease is marked lost by its deadline watcher or its keepalive); the cancel
+    is delivered on the task's loop. When the body's `CancelledError` reaches
+    the ``lock()`` block, `caused` tells it apart from a cancellation from
+    outside, as ``asyncio.timeout`` does: it withdraws its own request with
+    ``uncancel()``, and reports True only if no other request is pending.
+    """
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._armed = False
+        self._requested = False
+
+    def arm(self) -> None:
+        self._armed = True
+
+    def interrupt(self, cause: str) -> None:
+        if self._task is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._cancel(cause)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._cancel, cause)
+
+    def _cancel(self, cause: str) -> None:
+        if self._armed and not self._requested and self._task is not None and not self._task.done():
+            self._requested = True
+            self._task.cancel(f"stockade: lease lost: {cause}")
+
+    def disarm(self, exc: BaseException | None) -> bool:
+        """Stop interrupting; True if ``exc`` is the cancellation this guard requested, and the only one."""
+        self._armed = False
+        if not self._requested or self._task is None:
+            return False
+        self._requested = False
+        others = self._task.uncancel()
+        return isinstance(exc, asyncio.CancelledError) and others == 0
+
+
+class BodyGuard:
+    """The sync twin of `AsyncBodyGuard`: a thread cannot be interrupted safely, so it never is.
+
+    The sync client reports a loss through ``lease.lost``, ``on_lost`` and
+    `raise_if_lost` (docs/leases.md) instead.
+    """
+
+    def arm(self) -> None:
+        pass
+
+    def interrupt(self, cause: str) -> None:
+        pass
+
+    def disarm(self, exc: BaseException | None) -> bool:
+        return False
+
+
+class AsyncHandle:
+    """A handle that ``await handle`` (or ``async with handle``) finishes opening.
+
+    `stockade.connect_async` returns at once, without I/O, from inside a
+    running loop; the first ``await`` (or use) fetches what the handle needs.
+    """
+
+    async def _open(self) -> None:
+        raise NotImplementedError
+
+    async def _opened(self) -> Any:
+        await self._open()
+        return self
+
+    def __await__(self) -> Any:
+        return self._opened().__await__()
+
+
+class Handle:
+    """The sync twin of `AsyncHandle`: a sync handle is open when it is returned."""
+
+    def _open(self) -> None:
+        raise NotImplementedError
+
+
+def _tune(sock: Any) -> None:
+    """Small requests go out at once (no Nagle delay); dead peers are noticed by TCP keepalive."""
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    except (OSError, AttributeError):
+        pass  # not a TCP socket (a test double); nothing to tune
+
+
+class AsyncTCPStream:
+    """A connected byte stream for the async HTTP client. Every call takes a timeout.
+
+    Raises `OSError` on failure: `TimeoutError` when the time ran out,
+    `ConnectionError` when the peer went away.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def send(self, data: bytes, timeout_s: float) -> None:
+        self._writer.write(data)
+        # A small request leaves in write() itself; only a backlog needs the loop.
+        if self._writer.transport.get_write_buffer_size():
+            async with asyncio.timeout(timeout_s):
+                await self._writer.drain()
+
+    async def receive(self, bytes_max: int, timeout_s: float) -> bytes:
+        """Up to ``bytes_max`` bytes; ``b""`` when the peer closed the connection."""
+        async with asyncio.timeout(timeout_s):
+            return await self._reader.read(bytes_max)
+
+    def is_stale(self) -> bool:
+        """True if an idle connection was closed by the peer (or sent something unasked)."""
+        return self._writer.is_closing() or self._reader.at_eof() or bool(len(self._reader._buffer))  # type: ignore[attr-defined]  # asyncio has no public peek
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class TCPStream:
+    """A connected byte stream for the sync HTTP client. Every call takes a timeout.
+
+    Raises `OSError` on failure: `TimeoutError` when the time ran out,
+    `ConnectionError` when the peer went away.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def send(self, data: bytes, timeout_s: float) -> None:
+        self._sock.settimeout(timeout_s)
+        self._sock.sendall(data)
+
+    def receive(self, bytes_max: int, timeout_s: float) -> bytes:
+        """Up to ``bytes_max`` bytes; ``b""`` when the peer closed the connection."""
+        self._sock.settimeout(timeout_s)
+        return self._sock.recv(bytes_max)
+
+    def is_stale(self) -> bool:
+        """True if an idle connection was closed by the peer (or sent something unasked)."""
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
