@@ -20,6 +20,7 @@ import pytest
 from helpers import reaper
 
 import stockade
+from stockade.coordinators.registry import COORDINATORS
 
 HELPERS = Path(__file__).parent / "helpers"
 
@@ -111,10 +112,13 @@ def serve(tmp_path: Path):
         server.stop()
 
 
-#: The conformance parameters, and the registered schemes each one runs (https: test_server's TLS test).
-BACKENDS = {"embedded": ("sqlite",), "memory": ("memory",), "http": ("http", "https"),
-            "postgres": ("postgresql", "postgres"), "etcd": ("etcd",),
-            "zookeeper": ("zookeeper", "zk")}
+#: The conformance parameters, and the registered schemes each one runs (https: test_server's TLS test),
+#: read from the registry: one parameter per backend folder, named after it (the SQLite one: "embedded").
+_PARAMETER_OF_FOLDER = {"sqlite": "embedded"}
+BACKENDS: dict[str, tuple[str, ...]] = {}
+for _scheme, _entry in COORDINATORS.items():
+    _name = _PARAMETER_OF_FOLDER.get(_entry.folder, _entry.folder)
+    BACKENDS[_name] = (*BACKENDS.get(_name, ()), _scheme)
 if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3 min (the default runs the core)
     BACKENDS["serve-postgres"] = ("http",)
 #: The PostgreSQL backend on each database encoding (tests/helpers/postgres.py ``ENCODINGS``).

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import HELPERS, free_port, python_env
 
+from stockade.coordinators.registry import COORDINATORS
+
 sys.path.insert(0, str(HELPERS))
 from server_fixtures import ServerProcess, start_server  # noqa: E402
 
@@ -91,7 +93,7 @@ def test_unreachable_server_is_one_line(host: Path) -> None:
 @pytest.mark.parametrize(("url", "said"), [
     ("HTTP://127.0.0.1:7390", "unknown scheme 'HTTP' (schemes are lower case: http://)"),
     (" sqlite:///coord.db", "unknown scheme ' sqlite' (the url has spaces before it)"),
-    ("postgresq://db/x", "unknown scheme 'postgresq'; supported: etcd, http, https, memory, postgres"),
+    ("postgresq://db/x", "unknown scheme 'postgresq'; supported: " + ", ".join(sorted(COORDINATORS))),
 ])
 def test_a_mistyped_scheme_says_what_is_wrong_and_creates_nothing(host: Path, url: str, said: str) -> None:
     done = cli("lock", "--url", url, "jobs", "--", "true", cwd=host)

@@ -18,8 +18,8 @@ import pytest
 import stockade
 from stockade import BackendUnavailable, InvalidArgument
 from stockade.client import AsyncCoordinator
-from stockade.client._async.connect import _remote_cluster_id
 from stockade.client._shared import http_endpoint
+from stockade.coordinators.http._async.open import remote_cluster_id
 
 TICK_S = 0.01
 TIMEOUT_MS = 1000
@@ -97,7 +97,7 @@ def test_connect_async_does_not_block_the_loop_on_a_frozen_server(serve):
 
         async def blocking_control():
             # What connect_async did before: one blocking round trip on the loop's thread.
-            _remote_cluster_id(http_endpoint(server.url, timeout_ms=TIMEOUT_MS))
+            remote_cluster_id(http_endpoint(server.url, timeout_ms=TIMEOUT_MS))
 
         async def main():
             t0 = time.monotonic()

@@ -8,7 +8,6 @@ import os
 import socket
 import ssl
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,17 +15,13 @@ from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_int
 from stockade.core.tokens import FencingToken
 
-SCHEMES_PLANNED = ("etcd", "zk", "zookeeper", "postgresql")
-
 __all__ = [
     "Grant",
-    "sqlite_path",
     "CURRENT_LEASE",
     "resolve_token",
     "default_holder",
     "lost_margin_ms",
     "HTTPEndpoint",
-    "is_http_url",
     "http_endpoint",
     "TIMEOUT_MS_DEFAULT",
     "TIMEOUT_MS_MAX",
@@ -39,7 +34,6 @@ __all__ = [
 # without an explicit token use it.
 CURRENT_LEASE: contextvars.ContextVar[Any] = contextvars.ContextVar("stockade_current_lease", default=None)
 
-SCHEMES_HTTP = ("http", "https")
 
 # Remote calls: every request has a deadline (no unbounded waits, C4). An acquire may take
 # its ``wait_ms`` on top, since the server long-polls.
@@ -116,10 +110,6 @@ def lost_margin_ms(ttl_ms: int) -> int:
     return max(5, ttl_ms // 10)
 
 
-def is_http_url(url: object) -> bool:
-    return isinstance(url, str) and url.partition("://")[0] in SCHEMES_HTTP
-
-
 @dataclass(frozen=True, slots=True)
 class HTTPEndpoint:
     """Where and how to reach a `stockade serve`, validated at construction.
@@ -173,8 +163,11 @@ def http_endpoint(
         port = parts.port
     except ValueError as exc:
         raise InvalidArgument("url", f"malformed: {exc}") from None
-    if parts.scheme not in SCHEMES_HTTP:
-        raise InvalidArgument("url", f"scheme must be http or https, got {parts.scheme!r}")
+    from stockade.coordinators.registry import COORDINATORS
+
+    http = sorted(scheme for scheme, backend in COORDINATORS.items() if backend.folder == "http")
+    if parts.scheme not in http:
+        raise InvalidArgument("url", f"scheme must be {' or '.join(http)}, got {parts.scheme!r}")
     host = parts.hostname
     if not host:
         raise InvalidArgument("url", "needs a host: http://127.0.0.1:7390")
@@ -228,25 +221,3 @@ def http_endpoint(
         timeout_ms=timeout_ms,
         connect_timeout_ms=connect_timeout_ms,
     )
-
-
-def sqlite_path(url: object, field: str = "url") -> Path | None:
-    """The file of a ``sqlite://PATH`` url, or None for a planned scheme not built yet.
-
-    ``sqlite:///var/lib/stockade/coord.db`` is absolute, ``sqlite://data/coord.db`` relative.
-
-    Raises:
-        InvalidArgument: not a url stockade knows.
-    """
-    if not isinstance(url, str):
-        raise InvalidArgument(field, f"must be a string, got {type(url).__name__}")
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise InvalidArgument(field, "must be a url such as sqlite:///path/to/coord.db")
-    if scheme == "sqlite":
-        if not rest or "\x00" in rest:
-            raise InvalidArgument(field, "sqlite url needs a file path: sqlite:///path/to/file.db")
-        return Path(rest)
-    if scheme in SCHEMES_PLANNED:
-        raise InvalidArgument(field, f"scheme {scheme!r} is planned but not available in this version")
-    raise InvalidArgument(field, f"unknown scheme {scheme!r}; supported: sqlite, http, https")

@@ -125,6 +125,11 @@ class CoordinatorBackend:
         if self.port is not None and "._async." not in self.port:
             raise ValueError(f"backend {self.scheme!r}: its port is the async source ``…._async.…:function``")
 
+    @property
+    def folder(self) -> str:
+        """The backend's folder under ``coordinators/`` (schemes that share one are one backend)."""
+        return (self.port or self.engine or "").split(":")[0].split(".")[2]
+
     def open_port(self, twin: str, options: PortOptions) -> Any:
         """Open this backend's own port; ``twin`` is ``"_async"`` or ``"_sync"`` (the generated one).
 

@@ -19,24 +19,23 @@ resource that lost nothing, is harmless; what it cannot undo is a write that a
 stale token made *before* it ran, so run it before the promoted replica or the
 restored copy takes writes.
 
-Resources are opened by url (`FLOOR_TARGETS`): ``sqlite:///path`` (stockade's
+Resources are opened by url (`FLOOR_TARGETS`, in `stockade.resources.registry`): ``sqlite:///path`` (stockade's
 own store, or a user's database fenced by `stockade.resources.sqlite_db`),
 ``postgresql://...``, ``redis://...`` and ``file:///dir`` (a fenced directory).
-Each adapter module offers ``open_floor_target(url, *, cluster_id)``, imported
+Each adapter folder offers ``open_floor_target(url, *, cluster_id)``, imported
 only when its scheme is used, so the base install needs none of their drivers.
 """
 
 from __future__ import annotations
 
-import importlib
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.values import FenceFloors
+from stockade.resources.registry import FLOOR_TARGETS, load
 
 __all__ = ["FloorTarget", "FloorChange", "FloorReport", "FLOOR_TARGETS", "open_floor_target", "raise_to_floors",
            "redact_url"]
@@ -110,17 +109,6 @@ def raise_to_floors(target: FloorTarget, floors: FenceFloors, *, dry_run: bool =
     return FloorReport(raised=raised, scopes=len(scopes), default=floors.default, dry_run=dry_run)
 
 
-#: scheme -> the module whose ``open_floor_target(url, *, cluster_id)`` opens it.
-FLOOR_TARGETS: Mapping[str, str] = MappingProxyType({
-    "sqlite": "stockade.resources.store._floor_sqlite",
-    "postgresql": "stockade.resources.postgres",
-    "postgres": "stockade.resources.postgres",
-    "redis": "stockade.resources.redis",
-    "rediss": "stockade.resources.redis",
-    "file": "stockade.resources.files",
-})
-
-
 def open_floor_target(url: str, *, cluster_id: str) -> FloorTarget:
     """Open the resource ``url`` names, for `raise_to_floors`.
 
@@ -136,12 +124,11 @@ def open_floor_target(url: str, *, cluster_id: str) -> FloorTarget:
     scheme, sep, _ = url.partition("://") if isinstance(url, str) else ("", "", "")
     if not sep:
         raise InvalidArgument("resource", "must be a url such as postgresql://host/db or sqlite:///path/app.db")
-    module_name = FLOOR_TARGETS.get(scheme)
-    if module_name is None:
+    opener = FLOOR_TARGETS.get(scheme)
+    if opener is None:
         raise InvalidArgument("resource", f"unknown resource scheme {scheme!r}; supported: "
                                           f"{', '.join(sorted(FLOOR_TARGETS))}")
-    module = importlib.import_module(module_name)
-    target: FloorTarget = module.open_floor_target(url, cluster_id=cluster_id)
+    target: FloorTarget = load(opener)(url, cluster_id=cluster_id)
     return target
 
 

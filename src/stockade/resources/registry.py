@@ -1,32 +1,29 @@
-"""Store urls: one line per scheme, ``{scheme: factory}``.
+"""Resource urls, the one registry: the stores `stockade.open_store` opens (`SCHEMES`) and the resources
+`stockade floor` raises (`FLOOR_TARGETS`), one line per scheme.
 
     sqlite:///path/to/store.db   -> SQLiteStore on that file (created with a cluster id)
     memory://name                -> MemoryStore shared by name in this process
 
-A new adapter adds its line to `SCHEMES` (and its parameter to the
-conformance suite, which refuses a scheme it does not test).
+Each line names what opens it as a ``"module:function"`` string, imported on use (as SQLAlchemy loads a
+dialect), so the base install imports no driver. A new adapter is a folder, ``resources/<name>/``, and its
+line here (and its parameter to the conformance suite, which refuses a scheme it does not test). A
+`stockade serve` also serves a store: its ``http``/``https`` lines are in `stockade.coordinators.registry`.
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
-from urllib.parse import quote
+from typing import Any
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import AUDIT_RECORDS_MAX, IDEMPOTENCY_KEYS_MAX, VALUE_BYTES_MAX
-from stockade.keys import KeyFile, find_keyring
-from stockade.resources._issued import CoordinatorIssued, coordinator_beside
-from stockade.resources._verify import TOKENLESS, UNSIGNED
-from stockade.resources.memory import MemoryStore
 from stockade.resources.port import TransactionalStorePort
-from stockade.resources.store.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT, SQLiteStore
+from stockade.resources.store.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT
 
-__all__ = ["StoreOptions", "StoreFactory", "SCHEMES", "scheme_of", "open_resource"]
+__all__ = ["StoreOptions", "StoreFactory", "SCHEMES", "FLOOR_TARGETS", "scheme_of", "open_resource", "load"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,61 +48,27 @@ StoreFactory = Callable[[str, "str | None", StoreOptions], TransactionalStorePor
 """``(target, cluster_id, options) -> store``; ``target`` is the url after ``scheme://``."""
 
 
-def _cluster_of_file(path: Path) -> str | None:
-    """The cluster id an existing store file names (None: no such file, or not readable as one: the
-    store's constructor then says what is wrong)."""
-    if not path.is_file():
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=5)
-        try:
-            row = conn.execute("SELECT v FROM meta WHERE k = 'cluster_id'").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-    return row[0] if row is not None and isinstance(row[0], str) else None
-
-
-def _keyring_file(keys: object) -> Path | None:
-    """The keyring file ``keys`` name (a path or a `KeyFile`), if any: where its coordinator may be beside."""
-    if isinstance(keys, KeyFile):
-        return keys.path
-    if isinstance(keys, (str, os.PathLike)) and keys not in (UNSIGNED, TOKENLESS):
-        return Path(keys)
-    return None
-
-
-def _open_sqlite(target: str, cluster_id: str | None, options: StoreOptions) -> SQLiteStore:
-    if not target or "\x00" in target:
-        raise InvalidArgument("url", "sqlite url needs a file path: sqlite:///path/to/file.db")
-    path, keys, issued = Path(target), options.keys, options.issued
-    cluster = cluster_id if cluster_id is not None else _cluster_of_file(path)
-    if keys is None and cluster is not None:  # discovery: the one keyring of the cluster beside it, else refuse (L2)
-        keys = find_keyring(path.parent, cluster)
-    keyring = _keyring_file(keys)
-    if issued is None and keyring is not None:
-        beside = coordinator_beside(keyring)
-        issued = None if beside is None else CoordinatorIssued(beside)
-    return SQLiteStore(
-        path, cluster_id=cluster_id, value_bytes_max=options.value_bytes_max,
-        busy_timeout_ms=options.busy_timeout_ms, audit_records_max=options.audit_records_max,
-        idempotency_keys_max=options.idempotency_keys_max, keys=keys, issued=issued,
-    )
-
-
-def _open_memory(target: str, cluster_id: str | None, options: StoreOptions) -> MemoryStore:
-    return MemoryStore(
-        target, cluster_id=cluster_id, value_bytes_max=options.value_bytes_max,
-        busy_timeout_ms=options.busy_timeout_ms, audit_records_max=options.audit_records_max,
-        idempotency_keys_max=options.idempotency_keys_max, keys=options.keys, issued=options.issued,
-    )
-
-
-SCHEMES: Mapping[str, StoreFactory] = MappingProxyType({
-    "sqlite": _open_sqlite,
-    "memory": _open_memory,
+#: scheme -> ``"module:function"`` of a `StoreFactory`.
+SCHEMES: Mapping[str, str] = MappingProxyType({
+    "sqlite": "stockade.resources.store.open:open_store",
+    "memory": "stockade.resources.memory:open_store",
 })
+
+#: scheme -> ``"module:function"`` of ``open_floor_target(url, *, cluster_id)`` (`stockade.resources.floor`).
+FLOOR_TARGETS: Mapping[str, str] = MappingProxyType({
+    "sqlite": "stockade.resources.store._floor_sqlite:open_floor_target",
+    "postgresql": "stockade.resources.postgres:open_floor_target",
+    "postgres": "stockade.resources.postgres:open_floor_target",
+    "redis": "stockade.resources.redis:open_floor_target",
+    "rediss": "stockade.resources.redis:open_floor_target",
+    "file": "stockade.resources.files:open_floor_target",
+})
+
+
+def load(target: str) -> Any:
+    """The object a ``"module:function"`` string names, its module imported now."""
+    module_name, _, name = target.partition(":")
+    return getattr(importlib.import_module(module_name), name)
 
 
 def scheme_of(url: object) -> str | None:
@@ -136,4 +99,6 @@ def open_resource(
     factory = SCHEMES.get(scheme)
     if factory is None:
         raise InvalidArgument("url", f"unknown store scheme {scheme!r}; supported: {', '.join(sorted(SCHEMES))}")
-    return factory(url.partition("://")[2], cluster_id, StoreOptions() if options is None else options)
+    opened: TransactionalStorePort = load(factory)(url.partition("://")[2], cluster_id,
+                                                    StoreOptions() if options is None else options)
+    return opened

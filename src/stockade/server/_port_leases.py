@@ -67,17 +67,15 @@ WAITS_MAX = 256
 WORKER_THREADS = WAITS_MAX + 32
 #: Last issued tokens remembered (per scope) for the above-issued check (R5).
 ISSUED_CACHED_MAX = 100_000
-#: Schemes that cannot sit behind a server: another server (a loop), or this process's memory.
-_NOT_SERVED = ("http", "https", "memory")
 _NS_PER_MS = 1_000_000
 _LEASE_ID_BYTES = 24
 
 
 def serving_schemes() -> list[str]:
     """The coordinator schemes ``--coordinator`` takes: every registered backend with a port."""
-    from stockade.coordinators.registry import COORDINATORS
+    from stockade.coordinators.registry import schemes_where
 
-    return sorted(scheme for scheme in COORDINATORS if scheme not in _NOT_SERVED)
+    return schemes_where(served=True)  # not another server (a loop), nor this process's memory
 
 
 def check_coordinator_url(url: str) -> str:
@@ -88,7 +86,7 @@ def check_coordinator_url(url: str) -> str:
     if sep and scheme not in COORDINATORS and scheme not in SCHEMES_PLANNED:
         raise InvalidArgument("coordinator", f"unknown scheme {scheme!r}; use one of {', '.join(serving_schemes())}")
     backend, _ = coordinator_backend(url, "coordinator")
-    if backend.scheme in _NOT_SERVED:
+    if not backend.served:
         raise InvalidArgument("coordinator", f"{backend.scheme}:// cannot be served; use one of "
                                              f"{', '.join(serving_schemes())}")
     return url

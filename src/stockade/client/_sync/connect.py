@@ -9,7 +9,6 @@ from stockade.client._sync._embedded import EmbeddedCoordinatorPort, EmbeddedSto
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
 from stockade.client._hooks import Hooks, validate_hooks
-from stockade.client._shared import sqlite_path
 from stockade.coordinators.memory import find_named
 from stockade.coordinators.registry import COORDINATORS, REMOTE_OPTIONS, Capability, PortOptions, coordinator_backend
 from stockade.core.errors import InvalidArgument
@@ -121,8 +120,9 @@ def open_store(
     if remote is not None and remote.store is not None:  # a coordinator that serves a store (a stockade serve)
         return FencedStore(remote.open_store("_sync", options, cluster_id=cluster_id, keys=keys), hooks=hooks)
     options.refuse(*REMOTE_OPTIONS)
-    if scheme not in STORE_SCHEMES:
-        sqlite_path(url)  # raises the client's one message for a bad, unknown or planned url
+    if scheme is not None and scheme not in STORE_SCHEMES:
+        served = sorted({*STORE_SCHEMES, *(s for s, backend in COORDINATORS.items() if backend.store is not None)})
+        raise InvalidArgument("url", f"unknown store scheme {scheme!r}; supported: {', '.join(served)}")
     store = open_resource(url, cluster_id=cluster_id, options=_store_options(url, keys))
     return FencedStore(EmbeddedStorePort(store), hooks=hooks)
 

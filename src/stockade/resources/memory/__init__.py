@@ -25,6 +25,7 @@ import threading
 from bisect import bisect_right, insort
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, invariant
 from stockade.core.fence import Accept, FenceRule, Recorded, Reject, Replay, check_write, decide
@@ -55,7 +56,10 @@ from stockade.resources._observe import reject
 from stockade.resources._tx import Tx
 from stockade.resources._verify import Verification, refuse_unsigned_after_signed
 
-__all__ = ["MemoryStore", "NAMED_STORES_MAX", "BUSY_TIMEOUT_MS_DEFAULT", "BUSY_TIMEOUT_MS_MAX"]
+if TYPE_CHECKING:  # type-only: the registry names this module, not the other way
+    from stockade.resources.registry import StoreOptions
+
+__all__ = ["MemoryStore", "NAMED_STORES_MAX", "BUSY_TIMEOUT_MS_DEFAULT", "BUSY_TIMEOUT_MS_MAX", "open_store"]
 
 NAMED_STORES_MAX = 1_000  # named stores (memory://name) per process
 
@@ -395,3 +399,12 @@ class _MemoryUnit:
         # Keep the newest keys: R3 holds within a window of idempotency_keys_max keys.
         while len(state.idempotency) > store.idempotency_keys_max:
             del state.idempotency[next(iter(state.idempotency))]
+
+
+def open_store(target: str, cluster_id: str | None, options: StoreOptions) -> MemoryStore:
+    """The ``memory`` line of `stockade.resources.registry`: the store of this process called ``target``."""
+    return MemoryStore(
+        target, cluster_id=cluster_id, value_bytes_max=options.value_bytes_max,
+        busy_timeout_ms=options.busy_timeout_ms, audit_records_max=options.audit_records_max,
+        idempotency_keys_max=options.idempotency_keys_max, keys=options.keys, issued=options.issued,
+    )
