@@ -80,3 +80,33 @@ def test_prose_keeps_its_words_and_renames_only_names():
         "def f(lease: Lease) -> None:\n"
         "    lease.close()\n"
     )
+
+
+def async_imports_of_sync(package: Path) -> list[str]:
+    """Every import, in an ``_async`` folder's module, of a module in a ``_sync`` folder (run-time or not)."""
+    import ast
+
+    found = []
+    for source in sorted(package.rglob("_async/*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            if any("_sync" in name.split(".") for name in names):
+                found.append(f"{source.relative_to(package).as_posix()}:{node.lineno}")
+    return found
+
+
+def test_the_async_source_never_imports_generated_code(tmp_path):
+    """The source of a twin does not read its output: a blocking read goes through ``AsyncIO.run_now``."""
+    unasync = _load()
+    assert async_imports_of_sync(unasync.PACKAGE) == []
+    # the control: the import the HTTP opener used to make, planted in a copy, is found
+    package = _copy(unasync, tmp_path)
+    planted = package / "coordinators" / "http" / "_async" / "open.py"
+    planted_import = "    from stockade.coordinators.http._sync.port import HTTPClient\n"
+    planted.write_text(planted.read_text() + "\n\ndef f():\n" + planted_import)
+    line = len(planted.read_text().splitlines())
+    assert async_imports_of_sync(package) == [f"coordinators/http/_async/open.py:{line}"]

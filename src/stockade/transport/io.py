@@ -1,8 +1,9 @@
-"""The only hand-written twins of the client: how to sleep, wait, spawn, schedule and block.
+"""The only hand-written twins: how to sleep, wait, spawn, schedule and block.
 
-Everything else in `stockade.client` is written once, async, in ``_async/``,
-and ``_sync/`` is generated from it by ``scripts/unasync.py`` (a test checks
-that the generated files are current). The generator renames ``AsyncIO`` to
+Everything else with a sync and an async face (the client, each backend's port)
+is written once, async, in an ``_async/`` folder, and its ``_sync/`` sibling is
+generated from it by ``scripts/unasync.py`` (a test checks that the generated
+files are current). The generator renames ``AsyncIO`` to
 ``SyncIO``; these two classes give both sides the same vocabulary.
 """
 
@@ -24,6 +25,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+async def _awaited(function: Callable[[], Awaitable[T]]) -> T:
+    return await function()
 
 
 class AsyncIO:
@@ -65,6 +70,31 @@ class AsyncIO:
     @staticmethod
     async def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(function, *args, **kwargs)
+
+    @staticmethod
+    def run_now(function: Callable[[], Awaitable[T]]) -> T:
+        """Run ``function`` to its end now, blocking the caller, on a loop of its own in a thread of its own.
+
+        For the few reads a handle does in one blocking round trip: when it is opened outside a running
+        loop (its cluster id, as the sync client reads it), or one blocking by contract (a server's
+        verify keys). Inside a running loop it blocks that loop, as any blocking call would; the async
+        source so never imports its generated sync twin.
+        """
+        outcome: list[Any] = []
+
+        def run() -> None:
+            try:
+                outcome.append((asyncio.run(_awaited(function)), None))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                outcome.append((None, exc))
+
+        thread = threading.Thread(target=run, name="stockade-run-now", daemon=True)
+        thread.start()
+        thread.join()
+        result, error = outcome[0]
+        if error is not None:
+            raise error
+        return result
 
     @staticmethod
     def loop_running() -> bool:
@@ -126,6 +156,10 @@ class SyncIO:
     @staticmethod
     def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return function(*args, **kwargs)
+
+    @staticmethod
+    def run_now(function: Callable[[], T]) -> T:
+        return function()
 
     @staticmethod
     def loop_running() -> bool:

@@ -9,6 +9,7 @@ from stockade.coordinators.registry import PortOptions
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.core.limits import validate_int
+from stockade.keys import FixedKeys
 from stockade.transport.io import AsyncIO
 
 __all__ = ["open_port"]
@@ -35,16 +36,19 @@ def open_port(options: PortOptions) -> AsyncEtcdCoordinatorPort:
     lock_delay_ms = LeasePolicy(lock_delay_ms=options.lock_delay_ms).lock_delay_ms  # validated before any I/O
     identity = None
     if not AsyncIO.loop_running():  # one blocking read now, as for a remote server's cluster id
-        from stockade.coordinators.etcd._sync import port as sync_etcd
 
-        reader = sync_etcd.EtcdCoordinatorPort(
-            members, layout, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, capabilities=capabilities
-        )
-        try:
-            reader.open()
-            identity = reader.identity()
-        finally:
-            reader.close()
+        async def read() -> tuple[str, FixedKeys]:
+            reader = AsyncEtcdCoordinatorPort(
+                members, layout, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms,
+                capabilities=capabilities,
+            )
+            try:
+                await reader.open()
+                return reader.identity()
+            finally:
+                await reader.aclose()
+
+        identity = AsyncIO.run_now(read)
     return AsyncEtcdCoordinatorPort(
         members, layout, timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms, capabilities=capabilities,
         identity=identity, lock_delay_ms=lock_delay_ms,

@@ -8,6 +8,7 @@ from stockade.coordinators.http._async.port import (
     AsyncHTTPCoordinatorPort,
     AsyncHTTPStorePort,
     check_store_cluster,
+    fetch_cluster_id,
 )
 from stockade.coordinators.registry import PortOptions
 from stockade.core.errors import InvalidArgument
@@ -24,13 +25,15 @@ def remote_cluster_id(endpoint: HTTPEndpoint) -> str:
     client is opened outside a running event loop. Inside a loop the async
     handle fetches it on its first ``await`` instead (`AsyncHTTPCoordinatorPort.open`).
     """
-    from stockade.coordinators.http._sync.port import HTTPClient, fetch_cluster_id  # the blocking client
 
-    client = HTTPClient(endpoint)
-    try:
-        return fetch_cluster_id(client)
-    finally:
-        client.close()
+    async def read() -> str:
+        client = AsyncHTTPClient(endpoint)
+        try:
+            return await fetch_cluster_id(client)
+        finally:
+            await client.aclose()
+
+    return AsyncIO.run_now(read)
 
 
 def _endpoint(options: PortOptions) -> HTTPEndpoint:

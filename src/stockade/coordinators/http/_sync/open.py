@@ -9,6 +9,7 @@ from stockade.coordinators.http._sync.port import (
     HTTPCoordinatorPort,
     HTTPStorePort,
     check_store_cluster,
+    fetch_cluster_id,
 )
 from stockade.coordinators.registry import PortOptions
 from stockade.core.errors import InvalidArgument
@@ -25,13 +26,15 @@ def remote_cluster_id(endpoint: HTTPEndpoint) -> str:
     client is opened outside a running event loop. Inside a loop the async
     handle fetches it on its first ``await`` instead (`HTTPCoordinatorPort.open`).
     """
-    from stockade.coordinators.http._sync.port import HTTPClient, fetch_cluster_id  # the blocking client
 
-    client = HTTPClient(endpoint)
-    try:
-        return fetch_cluster_id(client)
-    finally:
-        client.close()
+    def read() -> str:
+        client = HTTPClient(endpoint)
+        try:
+            return fetch_cluster_id(client)
+        finally:
+            client.close()
+
+    return SyncIO.run_now(read)
 
 
 def _endpoint(options: PortOptions) -> HTTPEndpoint:

@@ -326,13 +326,15 @@ def fetch_verify_keys(endpoint: HTTPEndpoint) -> FixedKeys:
         Unauthorized: no administrator's token, or a server without auth.
         BackendUnavailable: the server cannot be reached, or the answer is not a keyring.
     """
-    from stockade.coordinators.http._sync.port import HTTPClient  # the blocking client, whichever twin asks
 
-    client = HTTPClient(endpoint)
-    try:
-        _, doc = client.get_json(_VERIFY_KEYS.target())
-    finally:
-        client.close()
+    def read() -> Any:
+        client = HTTPClient(endpoint)
+        try:
+            return (client.get_json(_VERIFY_KEYS.target()))[1]
+        finally:
+            client.close()
+
+    doc = SyncIO.run_now(read)
     return FixedKeys(_parse(codecs.dumps(doc), Path(f"{endpoint.authority}{_VERIFY_KEYS.path}")))
 
 

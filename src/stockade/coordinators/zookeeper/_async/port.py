@@ -567,10 +567,11 @@ def open_port(options: PortOptions) -> AsyncZkCoordinatorPort:
     capabilities = options.capabilities
     session = ZkSession(parsed, connect_timeout_ms=connect_timeout_ms)
     if not AsyncIO.loop_running():  # started here, with the identity read, by blocking calls
-        from stockade.coordinators.zookeeper._sync.port import ZkCoordinatorPort
+        async def start() -> None:
+            await AsyncZkCoordinatorPort(session, timeout_ms=timeout_ms, capabilities=capabilities, owner=False).open()
 
         try:
-            ZkCoordinatorPort(session, timeout_ms=timeout_ms, capabilities=capabilities, owner=False).open()
+            AsyncIO.run_now(start)
         except BaseException:
             session.close()
             raise

@@ -568,10 +568,11 @@ def open_port(options: PortOptions) -> ZkCoordinatorPort:
     capabilities = options.capabilities
     session = ZkSession(parsed, connect_timeout_ms=connect_timeout_ms)
     if not SyncIO.loop_running():  # started here, with the identity read, by blocking calls
-        from stockade.coordinators.zookeeper._sync.port import ZkCoordinatorPort
+        def start() -> None:
+            ZkCoordinatorPort(session, timeout_ms=timeout_ms, capabilities=capabilities, owner=False).open()
 
         try:
-            ZkCoordinatorPort(session, timeout_ms=timeout_ms, capabilities=capabilities, owner=False).open()
+            SyncIO.run_now(start)
         except BaseException:
             session.close()
             raise
