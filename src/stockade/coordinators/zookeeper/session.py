@@ -1,4 +1,4 @@
-"""One kazoo session per ZooKeeper client, the leases it holds, and two ways to wait for kazoo.
+"""One kazoo session per ZooKeeper client, and the leases it holds.
 
 `ZkSession` owns the `kazoo.client.KazooClient` (its threads, its one
 session), records the session timeout each server negotiated, and keeps the
@@ -11,16 +11,13 @@ nodes are gone; the next grant of each scope journals the expiry). Past each
 window of events a scope writes, a background pass keeps the journals of all
 scopes under their global cap (`trim_journals`).
 
-kazoo answers every request with an ``IAsyncResult`` completed on its own
-thread. `ZkBridge` (the sync client) waits on it in place; `AsyncZkBridge`
-(the async client) links a callback that hands the outcome to the event loop
-with ``call_soon_threadsafe``, so no request blocks the loop. The client's
-port is written once against the async bridge and generated for the sync one.
+How the port waits for kazoo's answers, blocking or awaited, is the
+transport's (`stockade.transport.kazoo`): the port is written once against the
+async bridge and generated for the sync one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -31,27 +28,21 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
-    ConnectionClosedError,
-    ConnectionLoss,
     NoNodeError,
-    OperationTimeoutError,
-    SessionExpiredError,
 )
-from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Connect, Create2
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from stockade.coordinators import zookeeper as recipe
 from stockade.coordinators.zookeeper import _journal as journal
 from stockade.core.errors import BackendUnavailable
+from stockade.transport.kazoo import UNREACHABLE
 
-__all__ = ["ZkSession", "ZkLease", "ZkBridge", "AsyncZkBridge", "UNREACHABLE"]
+__all__ = ["ZkSession", "ZkLease"]
 
-#: kazoo's errors that mean "the ensemble could not answer" (outcome unknown).
 #: Lease ids remembered as ended here (lapsed, or their session expired), so that their release
 #: answers "not held" instead of failing while the client opens its next session.
 EXPIRED_REMEMBERED = 1024
-UNREACHABLE = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError, KazooTimeoutError)
 _REAP_RETRY_S = 0.1
 _SWEEP_TRIES = 6000  # 10 minutes of tries, 0.1 s apart
 #: kazoo's own log (reconnects, dropped connections): silent unless the application configures it.
@@ -353,120 +344,3 @@ class ZkSession:
             self.client.close()
         except Exception:  # noqa: BLE001 - closing: nothing left to tell
             pass
-
-
-def _unreachable(exc: BaseException) -> BackendUnavailable:
-    detail = f": {exc}" if str(exc) else ""  # kazoo's timeouts carry no text
-    return BackendUnavailable(f"zookeeper did not answer: {type(exc).__name__}{detail}")
-
-
-class ZkWakeup:
-    """A watch's callback (called on kazoo's thread) and the event it sets."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def __call__(self, *_: Any) -> None:
-        self.event.set()
-
-
-class ZkBridge:
-    """Blocking waits on kazoo's answers, in place (the sync client)."""
-
-    def __init__(self, session: ZkSession, timeout_ms: int) -> None:
-        self.session = session
-        self.timeout_ms = timeout_ms
-
-    def start(self) -> None:
-        client = self.session.client
-        if client.connected:
-            return
-        live = client.start_async()
-        live.wait(self.session.connect_timeout_ms / 1000)
-        if not client.connected:
-            client.stop()
-            raise BackendUnavailable("no zookeeper server answered in time", certain_no_effect=True)
-
-    def call(self, result: Any) -> Any:
-        try:
-            return result.get(timeout=self.timeout_ms / 1000)
-        except UNREACHABLE as exc:
-            raise _unreachable(exc) from None
-
-    def wakeup(self) -> ZkWakeup:
-        return ZkWakeup()
-
-    def wait(self, wakeup: ZkWakeup, timeout_s: float) -> None:
-        wakeup.event.wait(max(0.0, timeout_s))
-
-
-class AsyncZkWakeup:
-    """A watch's callback (called on kazoo's thread) that sets an asyncio event on its loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.event = asyncio.Event()
-
-    def __call__(self, *_: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.event.set)
-        except RuntimeError:  # the loop closed meanwhile
-            pass
-
-
-def _settle(future: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]) -> None:
-    if not future.done():
-        if outcome[1] is not None:
-            future.set_exception(outcome[1])
-        else:
-            future.set_result(outcome[0])
-
-
-class AsyncZkBridge:
-    """kazoo's answers as awaitables: a completion callback resolves a future on the loop."""
-
-    def __init__(self, session: ZkSession, timeout_ms: int) -> None:
-        self.session = session
-        self.timeout_ms = timeout_ms
-
-    async def start(self) -> None:
-        client = self.session.client
-        if client.connected:
-            return
-        live = client.start_async()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, live.wait, self.session.connect_timeout_ms / 1000)
-        if not client.connected:
-            await loop.run_in_executor(None, client.stop)
-            raise BackendUnavailable("no zookeeper server answered in time", certain_no_effect=True)
-
-    async def call(self, result: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def done(finished: Any) -> None:
-            try:
-                outcome: tuple[Any, BaseException | None] = (finished.get_nowait(), None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-                outcome = (None, exc)
-            try:
-                loop.call_soon_threadsafe(_settle, future, outcome)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
-
-        result.rawlink(done)
-        try:
-            return await asyncio.wait_for(future, self.timeout_ms / 1000)
-        except (TimeoutError, *UNREACHABLE) as exc:
-            raise _unreachable(exc) from None
-
-    def wakeup(self) -> AsyncZkWakeup:
-        return AsyncZkWakeup()
-
-    async def wait(self, wakeup: AsyncZkWakeup, timeout_s: float) -> None:
-        try:
-            await asyncio.wait_for(wakeup.event.wait(), max(0.0, timeout_s))
-        except TimeoutError:
-            pass
-
-

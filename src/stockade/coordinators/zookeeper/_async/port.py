@@ -40,7 +40,7 @@ from stockade.client._shared import Grant
 from stockade.coordinators import zookeeper as recipe
 from stockade.coordinators.registry import Capability, PortOptions
 from stockade.coordinators.zookeeper import _journal as journal
-from stockade.coordinators.zookeeper.session import AsyncZkBridge, ZkLease, ZkSession
+from stockade.coordinators.zookeeper.session import ZkLease, ZkSession
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder
 from stockade.core.history import HistoryEvent
@@ -50,6 +50,7 @@ from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.keys import FixedKeys, _dump, _parse, ephemeral_keyring
 from stockade.transport.io import AsyncIO
+from stockade.transport.kazoo import AsyncZkBridge
 
 __all__ = ["AsyncZkCoordinatorPort", "open_port"]
 
