@@ -39,6 +39,8 @@ NAME_RULES = [
     (r"\basynccontextmanager\b", "contextmanager"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bAsyncIO\b", "SyncIO"),
+    (r"\bredis\.asyncio\b", "redis"),  # redis-py's two clients (the Redis fence)
+    (r"\bredis_asyncio\b", "redis_py"),
     (r"\bconnect_async\b", "connect"),
     (r"\bopen_store_async\b", "open_store"),
     (r"\b_async\b", "_sync"),
@@ -51,6 +53,7 @@ SYNTAX_RULES = [
     (r"\bAwaitable, ", ""),  # the import, unused once the annotations are rewritten
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),
+    (r"\basync for\b", "for"),
     (r"\bawait ", ""),
 ]
 
