@@ -1,4 +1,4 @@
-"""Ids per second in one process: stockade.recipes.ids beside one coordinated id per call.
+"""Ids per second in one process: stockade.ids beside one coordinated id per call.
 
     PYTHONPATH=src python benchmarks/ids.py [--seconds 2] [--runs 3] [--json]
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import stockade
-from stockade.recipes.ids import IdGenerator
+from stockade.ids import IdGenerator
 
 
 def _rate(step: Callable[[], int], seconds: float) -> tuple[float, float]:

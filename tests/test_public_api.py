@@ -81,3 +81,16 @@ def test_capabilities_are_declared_and_checked(tmp_path):
     for url in ["etcd://h:x", "zk://h:x", "nope://x", "memory://", "sqlite://", 5]:
         with pytest.raises(InvalidArgument):
             stockade.connect(url)
+
+
+@pytest.mark.parametrize(("kept", "home"), [
+    ("stockade.ids", "stockade.recipes.ids"),
+    ("stockade.jobs", "stockade.recipes.jobs"),
+])
+def test_documented_module_paths_are_kept(kept, home):
+    """The recipes moved to stockade.recipes; the paths docs/ and README import keep every public name."""
+    import importlib
+
+    old, new = importlib.import_module(kept), importlib.import_module(home)
+    assert old.__all__ == new.__all__
+    assert all(getattr(old, name) is getattr(new, name) for name in new.__all__)

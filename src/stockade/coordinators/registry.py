@@ -105,6 +105,8 @@ class CoordinatorBackend:
             (and, where the port says so, ``auth_token`` and ``tls_ca``).
         store: ``"module:function"`` of ``(PortOptions, *, cluster_id, keys) -> store port`` for a backend
             that also serves a fenced store (a `stockade serve`); opened by `stockade.open_store`.
+        beside: ``"module:function"`` of ``(location) -> coordinator | None``: the open in-process coordinator
+            of that location, whose keys and last issued tokens a store of the same url uses (``memory://``).
     """
 
     scheme: str
@@ -115,6 +117,7 @@ class CoordinatorBackend:
     served: bool = True
     remote: bool = True
     store: str | None = None
+    beside: str | None = None
 
     def __post_init__(self) -> None:
         # C4 is part of the contract, not an option: a backend without it is not a coordinator.
@@ -172,6 +175,7 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
             "memory", "in this process only; tokens do not survive it (tests, examples)",
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY}) | _DENSE,
             engine="stockade.coordinators.memory:open_engine", served=False, remote=False,
+            beside="stockade.coordinators.memory:find_named",
         ),
         CoordinatorBackend(
             "postgresql", "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",

@@ -4,7 +4,7 @@ Shared by the async and the generated sync client (as h11 is by its users):
 request bytes, response-head parsing and body framing. What the bytes mean
 (routes, problem documents, JSON documents) is `stockade.wire`, shared with
 the server; this module adapts it to `HTTPResponse`. The connection that
-moves the bytes is in ``_async/_http.py``.
+moves the bytes is in ``coordinators/http/_async/port.py``.
 
 Why not httpx or http.client: a lock cycle is two requests and the goal is a
 p50 under 1 ms for both, so the client may spend ~100 µs per request. httpx

@@ -9,8 +9,14 @@ from stockade.client._sync._embedded import EmbeddedCoordinatorPort, EmbeddedSto
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
 from stockade.client._hooks import Hooks, validate_hooks
-from stockade.coordinators.memory import find_named
-from stockade.coordinators.registry import COORDINATORS, REMOTE_OPTIONS, Capability, PortOptions, coordinator_backend
+from stockade.coordinators.registry import (
+    COORDINATORS,
+    REMOTE_OPTIONS,
+    Capability,
+    PortOptions,
+    coordinator_backend,
+    load,
+)
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.resources.registry import SCHEMES as STORE_SCHEMES
@@ -128,11 +134,13 @@ def open_store(
 
 
 def _store_options(url: str, keys: object) -> StoreOptions:
-    """``keys`` and, for a ``memory://`` store beside an open ``memory://`` coordinator, that coordinator's
-    keys (when none are given) and its last issued tokens."""
-    if scheme_of(url) != "memory":
+    """``keys`` and, for a store beside an in-process coordinator of the same url (``memory://NAME``, its
+    registry entry's ``beside``), that coordinator's keys (when none are given) and its last issued tokens."""
+    scheme = scheme_of(url)
+    backend = COORDINATORS.get(scheme) if scheme is not None else None
+    if backend is None or backend.beside is None:
         return StoreOptions(keys=keys)
-    coordinator = find_named(url.partition("://")[2])
+    coordinator = load(backend.beside)(url.partition("://")[2])
     if coordinator is None:
         return StoreOptions(keys=keys)
     return StoreOptions(keys=coordinator.signer if keys is None else keys, issued=coordinator.last_issued)
