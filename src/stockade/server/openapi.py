@@ -232,10 +232,11 @@ _HEADER_PARAMS = {FENCING_TOKEN_HEADER: _TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER: _
 _LEASE_ID = {"lease_id": "$response.body#/lease_id"}
 _GRANTED = {"scope": "$response.body#/scope", f"header.{FENCING_TOKEN_HEADER}": "$response.body#/token"}
 _WRITTEN = {"scope": "$response.body#/scope", "key": "$response.body#/key"}
+_SCOPE = {"scope": "$response.body#/scope"}
 _LINKS: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
     "acquire": {"Renew": ("renew", _LEASE_ID), "Release": ("release", _LEASE_ID), "Put": ("put", _GRANTED),
-                "Transaction": ("transaction", _GRANTED), "Inspect": ("inspectLock", {"scope": "$response.body#/scope"})},
-    "put": {"Get": ("get", _WRITTEN), "HighWater": ("highWater", {"scope": "$response.body#/scope"}),
+                "Transaction": ("transaction", _GRANTED), "Inspect": ("inspectLock", _SCOPE)},
+    "put": {"Get": ("get", _WRITTEN), "HighWater": ("highWater", _SCOPE),
             "Delete": ("deleteKey", {**_WRITTEN, f"header.{FENCING_TOKEN_HEADER}":
                                      f"$request.header.{FENCING_TOKEN_HEADER}"})},
 }
