@@ -69,9 +69,9 @@ def test_s23_schemathesis_finds_no_server_errors(tmp_path):
         assert proc.stop() == 0
     failed = "passed" not in output.split("Test cases:")[-1] or "failures" in output.split("Test cases:")[-1]
     stateful = re.search(r"Scenarios:\s+(\d+)\s+API Links:\s+(\d+) covered / \d+ selected / (\d+) total", output)
+    links = f"{stateful.group(1)} scenarios, links {stateful.group(2)} of {stateful.group(3)}" if stateful else "-"
     print(f"\nS23 server errors {server_errors} of {cases} cases; schemathesis all checks and phases: "
-          f"{'failures' if failed else 'no failures'}; stateful "
-          f"{stateful.group(1) + ' scenarios, links ' + stateful.group(2) + ' of ' + stateful.group(3) if stateful else '-'}")
+          f"{'failures' if failed else 'no failures'}; stateful {links}")
     assert cases >= 1000
     assert stateful and int(stateful.group(1)) > 0 and int(stateful.group(2)) > 0, output[-3000:]
     assert server_errors == 0, output[-4000:]
