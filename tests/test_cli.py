@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import python_env
 
@@ -23,6 +25,20 @@ def test_demo_shows_stale_write_rejected(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "REJECTED: StaleToken" in result.stdout
     assert "fencing held" in result.stdout
+
+
+def test_demo_keep_leaves_its_files_and_says_how_to_read_them(tmp_path):
+    result = run(["demo", "--keep"], tmp_path, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    command = result.stdout.strip().splitlines()[-1].split()
+    assert command[:3] == ["stockade", "history", "--data-dir"], result.stdout
+    kept = Path(command[3])
+    try:
+        assert (kept / "coord.db").is_file() and (kept / "store.db").is_file()
+        history = run(command[1:], tmp_path)
+        assert history.returncode == 0 and "grant" in history.stdout and "reject" in history.stdout, history.stdout
+    finally:
+        shutil.rmtree(kept)
 
 
 def test_demo_control_without_fencing_fails(tmp_path):

@@ -15,7 +15,7 @@ import types
 import pytest
 
 import stockade
-from stockade import StaleToken
+from stockade import LeaseLost, StaleToken
 from stockade.client import Hooks, _hooks
 
 
@@ -101,12 +101,13 @@ def test_a_raising_hook_is_logged_and_the_lease_goes_on(tmp_path, caplog, raisin
     recorder = Recorder(raising=raising)
     coord = stockade.connect(url, hooks=recorder.hooks())
     store = stockade.open_store(url, cluster_id=coord.cluster_id, hooks=recorder.hooks())
-    with coord.lock("s", ttl_ms=1000) as lease:
-        assert recorder.renewed.wait(5)
-        store.put("s", "k", b"v")
-        assert not lease.lost  # renewals went on after a raising on_renew
-        coord._port.release(lease.lease_id)
-        assert lease.wait_lost(timeout_ms=5000)
+    with pytest.raises(LeaseLost):  # the block ends without its lease, and says so
+        with coord.lock("s", ttl_ms=1000) as lease:
+            assert recorder.renewed.wait(5)
+            store.put("s", "k", b"v")
+            assert not lease.lost  # renewals went on after a raising on_renew
+            coord._port.release(lease.lease_id)
+            assert lease.wait_lost(timeout_ms=5000)
     newer = coord.acquire("s", ttl_ms=150, keepalive=False)
     store.put("s", "k", b"w", token=newer.token)
     with pytest.raises(StaleToken):  # the writer still sees its own error, not the hook's
@@ -122,8 +123,9 @@ def test_lost_hook_precedes_release_and_names_the_cause(tmp_path):
     causes = []
     hooks = Hooks(on_lost=lambda lease: causes.append(lease.lost_cause))
     coord = stockade.connect(url, hooks=hooks)
-    with coord.lock("s", ttl_ms=150, max_hold_ms=200) as lease:
-        assert lease.wait_lost(timeout_ms=5000)
+    with pytest.raises(LeaseLost):  # the block ends without its lease, and says so
+        with coord.lock("s", ttl_ms=150, max_hold_ms=200) as lease:
+            assert lease.wait_lost(timeout_ms=5000)
     assert causes == ["max_hold_ms=200 reached"]
     coord.close()
 
@@ -182,10 +184,11 @@ def test_opentelemetry_spans(tmp_path, otel):
     url = f"memory://{tmp_path.name}"
     coord = stockade.connect(url)
     store = stockade.open_store(url, cluster_id=coord.cluster_id)
-    with coord.lock("s", ttl_ms=150) as first:
-        store.put("s", "k", b"v")
-        coord._port.release(first.lease_id)
-        assert first.wait_lost(timeout_ms=5000)
+    with pytest.raises(LeaseLost):  # the block ends without its lease, and says so
+        with coord.lock("s", ttl_ms=150) as first:
+            store.put("s", "k", b"v")
+            coord._port.release(first.lease_id)
+            assert first.wait_lost(timeout_ms=5000)
     with coord.lock("s", ttl_ms=1000):
         store.put("s", "k", b"w")
     with pytest.raises(StaleToken):

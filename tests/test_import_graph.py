@@ -1,5 +1,5 @@
 """Measures of the tree's shape: imports point one way between layers, no import circle between modules,
-and no module too big to read.
+and no function too long to read.
 
 Imports under ``if TYPE_CHECKING:`` are left out (they never run); every other
 import of a ``stockade`` module, at any depth of a module, is an edge.
@@ -13,7 +13,24 @@ from pathlib import Path
 import stockade
 
 PACKAGE = Path(stockade.__file__).parent
-MODULE_LINES_MAX = 620  # the goal is ~600 (docs/architecture.md); the largest today is coordinators/sqlite/__init__.py
+# A function is read in one sitting: at most this many lines, decorators and docstring included.
+FUNCTION_LINES_MAX = 70
+# The longer ones today, by qualified name, with their length: a listed one may shrink (and should
+# then leave the list), never grow; a new one may not join. Each is one table or one search, read
+# top to bottom; splitting it would scatter one idea over several places.
+FUNCTION_LINES_EXCEPTIONS = {
+    "_search": 123,  # testing/linearizability.py: the linearizability search, one backtracking loop
+    "restore": 114,  # resources/store/backup.py: restore's steps, in the order the docs give them
+    "_schemas": 106,  # server/openapi.py: the JSON schemas, one literal
+    "http_endpoint": 80,  # client/_shared.py: the http(s) url's every refusal, in order
+    "IdGenerator.__init__": 74,  # recipes/ids.py: the start-up hand-over, step by step (docs/ids.md)
+    "run": 73,  # cli/status.py: the status command's table
+    "AsyncCoordinator.acquire": 71,  # client/: the acquire path, and its generated sync twin
+    "Coordinator.acquire": 71,
+}
+# Modules: a soft target (reported, not enforced: no docstring is cut to meet it) and a hard ceiling.
+MODULE_LINES_TARGET = 600
+MODULE_LINES_MAX = 900
 
 
 def _module_name(path: Path) -> str:
@@ -92,10 +109,60 @@ def test_the_circle_check_can_fail() -> None:
     assert find_circle({"p": {"p.q"}, "p.q": set()}) is None
 
 
-def test_every_module_is_small_enough_to_read() -> None:
-    sizes = {path.relative_to(PACKAGE).as_posix(): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+def function_lengths(source: str) -> dict[str, int]:
+    """Every function of ``source`` by qualified name (``Class.method``; nested ones by their own name)."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                name = f"{prefix}{child.name}"
+                lengths[name] = max(lengths.get(name, 0), (child.end_lineno or child.lineno) - first + 1)
+                visit(child, "")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return lengths
+
+
+def long_functions(sources: dict[str, str]) -> dict[str, int]:
+    """The functions over the bound that are not listed, or longer than their listed length."""
+    found: dict[str, int] = {}
+    for module, source in sources.items():
+        for name, lines in function_lengths(source).items():
+            if lines > FUNCTION_LINES_MAX and lines > FUNCTION_LINES_EXCEPTIONS.get(name, 0):
+                found[f"{module}:{name}"] = lines
+    return found
+
+
+def test_every_function_is_short_enough_to_read() -> None:
+    sources = {path.relative_to(PACKAGE).as_posix(): path.read_text() for path in PACKAGE.rglob("*.py")}
+    too_long = long_functions(sources)
+    assert not too_long, f"functions over {FUNCTION_LINES_MAX} lines (or past their listed length): {too_long}"
+    listed_and_long = {name for source in sources.values() for name, lines in function_lengths(source).items()
+                       if name in FUNCTION_LINES_EXCEPTIONS and lines > FUNCTION_LINES_MAX}
+    assert listed_and_long == set(FUNCTION_LINES_EXCEPTIONS), (
+        f"listed but now within {FUNCTION_LINES_MAX} lines: take them off the list: "
+        f"{set(FUNCTION_LINES_EXCEPTIONS) - listed_and_long}")
+    sizes = {name: len(source.splitlines()) for name, source in sources.items()}
+    over_target = sorted((lines, name) for name, lines in sizes.items() if lines > MODULE_LINES_TARGET)
+    print(f"\nmodules over the {MODULE_LINES_TARGET}-line target: {over_target}")
     too_big = {name: lines for name, lines in sizes.items() if lines > MODULE_LINES_MAX}
     assert not too_big, f"modules over {MODULE_LINES_MAX} lines: {too_big}"
+
+
+def test_the_function_bound_can_fail() -> None:
+    """The control: a 71-line function is found, a listed one that grew is found, a method by its class."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(69))
+    assert long_functions({"m.py": f"def f():\n{body}\n    return 0\n"}) == {"m.py:f": 71}
+    assert long_functions({"m.py": f"def f():\n{body}\n"}) == {}
+    grown = "\n".join(f"        x{i} = {i}" for i in range(80))
+    assert long_functions({"m.py": f"class Coordinator:\n    def acquire(self):\n{grown}\n"}) == {
+        "m.py:Coordinator.acquire": 81}
 
 
 # The layers, lowest first (docs/architecture.md). A module may import its own layer and the ones it names;

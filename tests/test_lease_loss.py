@@ -238,22 +238,26 @@ def test_max_hold_ms_frees_a_scope_whose_sync_holder_is_stuck(tmp_path, max_hold
     # runs: with max_hold_ms, another holder gets the scope; without it (the control), nobody.
     coord = stockade.connect(_memory_url(tmp_path))
     calls = []
-    with coord.lock("s", ttl_ms=1000, max_hold_ms=max_hold_ms,
-                    on_lost=lambda lease: calls.append((lease.lost_cause, threading.current_thread().name))):
-        other = stockade.connect(_memory_url(tmp_path))
-        try:
-            lease = other.acquire("s", ttl_ms=1000, wait_ms=3000)
-        except LockTimeout:
-            granted = False
-        else:
-            granted = True
-            lease.release()
-        other.close()
+    ended = []
+    try:
+        with coord.lock("s", ttl_ms=1000, max_hold_ms=max_hold_ms,
+                        on_lost=lambda lease: calls.append((lease.lost_cause, threading.current_thread().name))):
+            other = stockade.connect(_memory_url(tmp_path))
+            try:
+                lease = other.acquire("s", ttl_ms=1000, wait_ms=3000)
+            except LockTimeout:
+                granted = False
+            else:
+                granted = True
+                lease.release()
+            other.close()
+    except LeaseLost as exc:  # the body ran to its end without the lease: the block says so
+        ended.append(exc.cause)
     coord.close()
     if max_hold_ms is None:
-        assert not granted and calls == []
+        assert not granted and calls == [] and ended == []
     else:
-        assert granted
+        assert granted and len(ended) == 1 and "max_hold_ms=300" in ended[0]
         assert len(calls) == 1 and "max_hold_ms=300" in calls[0][0]
         assert calls[0][1].startswith("stockade-")  # a stockade background thread, not the main one
 
@@ -280,14 +284,32 @@ def test_sync_body_learns_of_the_loss_by_on_lost_and_lease_lost(tmp_path):
         seen.append(lease.lost_cause)
         lost.set()
 
-    with coord.lock("s", ttl_ms=150, on_lost=on_lost) as lease:
-        coord._port.release(lease.lease_id)
-        assert lost.wait(5)
-        assert lease.lost and "refused" in lease.lost_cause
-        with pytest.raises(LeaseLost):
-            lease.raise_if_lost()
-        finished = True  # the sync body ran to its end: nothing interrupts a thread
-    assert finished and seen == [lease.lost_cause]
+    with pytest.raises(LeaseLost) as ended:
+        with coord.lock("s", ttl_ms=150, on_lost=on_lost) as lease:
+            coord._port.release(lease.lease_id)
+            assert lost.wait(5)
+            assert lease.lost and "refused" in lease.lost_cause
+            with pytest.raises(LeaseLost):
+                lease.raise_if_lost()
+            finished = True  # the sync body ran to its end: nothing interrupts a thread
+    # ... and the block's end says the work ran unprotected, so a caller cannot miss it.
+    assert finished and seen == [lease.lost_cause] and ended.value.cause == lease.lost_cause
+    coord.close()
+
+
+def test_a_sync_body_that_raised_after_the_loss_keeps_its_own_exception_with_a_note(tmp_path):
+    coord = stockade.connect(_memory_url(tmp_path))
+    with pytest.raises(ValueError) as raised:
+        with coord.lock("s", ttl_ms=150) as lease:
+            coord._port.release(lease.lease_id)
+            assert lease.wait_lost(timeout_ms=5000)
+            raise ValueError("the body's own error")
+    assert any("was lost while the block ran" in note for note in raised.value.__notes__)
+    # A body that ends before any loss, and one that released its own lease, end quietly.
+    with coord.lock("s", ttl_ms=1000):
+        pass
+    with coord.lock("s", ttl_ms=1000) as lease:
+        lease.release()
     coord.close()
 
 
@@ -297,9 +319,10 @@ def test_an_on_lost_that_raises_is_logged_and_the_loss_still_counts(tmp_path, ca
     def broken(lease):
         raise RuntimeError("user bug")
 
-    with coord.lock("s", ttl_ms=150, on_lost=broken) as lease:
-        coord._port.release(lease.lease_id)
-        assert lease.wait_lost(timeout_ms=5000)
+    with pytest.raises(LeaseLost):
+        with coord.lock("s", ttl_ms=150, on_lost=broken) as lease:
+            coord._port.release(lease.lease_id)
+            assert lease.wait_lost(timeout_ms=5000)
     assert "on_lost" in caplog.text and "user bug" in caplog.text
     coord.close()
 

@@ -218,7 +218,7 @@ def _corpus(grant):
         ("PUT", "/v1/kv/s/" + "k" * 1025, {**octet, "Fencing-Token": token}, b"x"),
         ("PUT", "/v1/kv/s/k", {**octet, "Fencing-Token": token}, b"x" * (1024 * 1024 + 1)),
     ]
-    for body in [b'{"ttl_ms": -1}', b'{"ttl_ms": 0}', b'{"ttl_ms": 1000.0}', b'{"ttl_ms": 1e3}',
+    for body in [b'{"ttl_ms": -1}', b'{"ttl_ms": 0}', b'{"ttl_ms": 1000.5}', b'{"ttl_ms": 1e999}',
                  b'{"ttl_ms": NaN}', b'{"ttl_ms": Infinity}', b'{"ttl_ms": "1000"}', b'{"ttl_ms": true}',
                  b'{"ttl_ms": 9223372036854775808}', b'{"ttl_ms": 1000, "ttl_ms": 2000}', b'{}', b'[]', b'1000',
                  b'null', b'{"ttl_ms": 1000, "wait_ms": -1}', b'{"ttl_ms": 1000, "wait_ms": 300001}',
@@ -454,6 +454,46 @@ def test_openapi_matches_limits(server):
     acquire_schema = doc["components"]["schemas"]["AcquireRequest"]["properties"]
     assert acquire_schema["ttl_ms"]["minimum"] == 100 and acquire_schema["wait_ms"]["maximum"] == 300_000
     assert "security" not in doc
+
+
+def test_an_integer_field_takes_every_json_form_of_an_integer(server):
+    # JSON Schema (and so the OpenAPI document) counts 2000.0 and 2e3 as the integer 2000: a
+    # schema-valid request is taken (schemathesis found "ttl_ms": 236.0 refused with 422).
+    for n, (ttl, wait) in enumerate([("2000.0", "0.0"), ("2e3", "0E5"), ("2000", "-0.0"), ("20000e-1", "0")]):
+        status, _, grant = call(server.url, "POST", f"/v1/locks/f{n}/acquire",
+                                body=f'{{"ttl_ms": {ttl}, "wait_ms": {wait}}}'.encode(),
+                                headers={"Content-Type": "application/json"})
+        assert status == 200 and grant["ttl_ms"] == 2000, (ttl, grant)
+    # Not integers, or integers past their bounds: refused, read exactly (never through a float).
+    for body in ['{"ttl_ms": 2000.5}', '{"ttl_ms": 1e-3}', '{"ttl_ms": 1e999}', '{"ttl_ms": 3600000.0000000001}',
+                 '{"ttl_ms": 9223372036854775808.0}', '{"ttl_ms": 1e21}', '{"ttl_ms": 1000, "wait_ms": 300001.0}']:
+        status, _, problem = call(server.url, "POST", "/v1/locks/g/acquire", body=body.encode(),
+                                  headers={"Content-Type": "application/json"})
+        assert status == 422 and problem["type"].endswith("/invalid-argument"), (body, problem)
+    assert call(server.url, "GET", "/v1/locks/g")[2]["state"] == "free"
+
+
+def test_the_documents_links_name_real_operations_and_parameters(server):
+    # The stateful fuzzer follows these links (S23); a link naming a parameter its target does not
+    # take would be followed by nobody. Control: a planted wrong name is caught by the same check.
+    doc = call(server.url, "GET", "/openapi.json")[2]
+    operations = {op["operationId"]: op for path in doc["paths"].values() for op in path.values()}
+
+    def wrong(links):
+        found = []
+        for name, link in links.items():
+            target = operations.get(link["operationId"])
+            taken = {f"{p['in']}.{p['name']}" for p in (target or {}).get("parameters", [])}
+            for parameter in link["parameters"]:
+                qualified = parameter if "." in parameter else f"path.{parameter}"
+                if target is None or qualified not in taken:
+                    found.append((name, parameter))
+        return found
+
+    links = {f"{op_id}.{name}": link for op_id, op in operations.items()
+             for answer in op["responses"].values() for name, link in answer.get("links", {}).items()}
+    assert len(links) >= 8 and wrong(links) == []
+    assert wrong({"planted": {"operationId": "renew", "parameters": {"lease": "$response.body#/lease_id"}}})
 
 
 def test_serve_refuses_bad_configuration(tmp_path):

@@ -39,8 +39,7 @@ expected-statuses = ["400", "401", "404", "405", "409", "413", "414", "415", "42
 def _schemathesis(url: str, tmp_path: Path, examples: int, *extra: str) -> tuple[int, str]:
     config = tmp_path / "schemathesis.toml"
     config.write_text(ST_CONFIG)
-    env = dict(os.environ, SCHEMATHESIS_HOOKS="server_st_hooks",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HELPERS), os.environ.get("PYTHONPATH", "")])))
+    env = dict(os.environ)
     cli = Path(sys.executable).parent / "schemathesis"
     result = subprocess.run(
         [str(cli), "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all", "--mode", "all",
@@ -69,9 +68,12 @@ def test_s23_schemathesis_finds_no_server_errors(tmp_path):
     finally:
         assert proc.stop() == 0
     failed = "passed" not in output.split("Test cases:")[-1] or "failures" in output.split("Test cases:")[-1]
-    print(f"\nS23 server errors {server_errors} of {cases} cases; schemathesis all checks: "
-          f"{'failures' if failed else 'no failures'}")
+    stateful = re.search(r"Scenarios:\s+(\d+)\s+API Links:\s+(\d+) covered / \d+ selected / (\d+) total", output)
+    links = f"{stateful.group(1)} scenarios, links {stateful.group(2)} of {stateful.group(3)}" if stateful else "-"
+    print(f"\nS23 server errors {server_errors} of {cases} cases; schemathesis all checks and phases: "
+          f"{'failures' if failed else 'no failures'}; stateful {links}")
     assert cases >= 1000
+    assert stateful and int(stateful.group(1)) > 0 and int(stateful.group(2)) > 0, output[-3000:]
     assert server_errors == 0, output[-4000:]
     assert not failed, output[-6000:]
 

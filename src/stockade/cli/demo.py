@@ -195,7 +195,10 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--url", default=None,
                         help="a running 'stockade serve' (http://HOST:PORT, its port is 7390 by default) to play the "
                              "story on (default: $STOCKADE_URL, else embedded files)")
-    parser.add_argument("--data-dir", default=None, help="where to keep the demo's files (default: a temp dir)")
+    parser.add_argument("--data-dir", default=None,
+                        help="where to keep the demo's files (default: a temporary directory, removed at the end)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary directory, and print where it is and how to look at it")
     parser.add_argument("--scope", default=SCOPE, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=("A", "B"), help=argparse.SUPPRESS)
     parser.add_argument("--store-class", default=None, help=argparse.SUPPRESS)
@@ -225,6 +228,12 @@ def run(argv: list[str]) -> int:
                 print(f"stockade demo: {root} already has data; give an empty directory", file=sys.stderr)
                 return 2
             return _orchestrate(root, args.store_class)
+        if args.keep:
+            kept = Path(tempfile.mkdtemp(prefix="stockade-demo-"))
+            status = _orchestrate(kept, args.store_class)
+            print(f"  the demo's files stay in {kept}; look at what happened with\n"
+                  f"    stockade history --data-dir {kept} {args.scope}")
+            return status
         with tempfile.TemporaryDirectory(prefix="stockade-demo-") as tmp:
             return _orchestrate(Path(tmp), args.store_class)
     except (RuntimeError, OSError, ValueError, StockadeError) as exc:

@@ -110,6 +110,13 @@ def lost_margin_ms(ttl_ms: int) -> int:
     return max(5, ttl_ms // 10)
 
 
+def _http_schemes() -> list[str]:
+    """The schemes of the HTTP remote (its registry entries)."""
+    from stockade.coordinators.registry import COORDINATORS
+
+    return sorted(scheme for scheme, backend in COORDINATORS.items() if backend.folder == "http")
+
+
 @dataclass(frozen=True, slots=True)
 class HTTPEndpoint:
     """Where and how to reach a `stockade serve`, validated at construction.
@@ -163,10 +170,7 @@ def http_endpoint(
         port = parts.port
     except ValueError as exc:
         raise InvalidArgument("url", f"malformed: {exc}") from None
-    from stockade.coordinators.registry import COORDINATORS
-
-    http = sorted(scheme for scheme, backend in COORDINATORS.items() if backend.folder == "http")
-    if parts.scheme not in http:
+    if parts.scheme not in (http := _http_schemes()):
         raise InvalidArgument("url", f"scheme must be {' or '.join(http)}, got {parts.scheme!r}")
     host = parts.hostname
     if not host:

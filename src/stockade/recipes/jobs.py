@@ -143,6 +143,9 @@ def once(
         JobUncertain: the job was started before and no result was recorded;
             this call raised the scope's mark over the starter's token first.
         LockTimeout: another caller held the job's lease for ``wait_ms``.
+        LeaseLost: the lease lapsed while ``fn`` ran and nobody took the job
+            over, so the record's writes were still accepted: the job is done
+            and recorded, and calling `once` again returns its result.
         StaleToken: this call's lease was lost and someone else took the job
             over; this call's result was not recorded (the job is uncertain).
         InvalidArgument, LimitExceeded: bad input, or a result that cannot be

@@ -9,6 +9,7 @@ protocol-level problem (wrong content type, wrong method) raises `Problem`.
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -52,6 +53,24 @@ def _no_constants(name: str) -> Any:
     raise InvalidArgument("body", f"{name} is not JSON")
 
 
+# An exponent past this cannot be a bound of any field: such a number stays a float (and is refused).
+_INTEGRAL_DIGITS_MAX = 20
+
+
+def _number(text: str) -> int | float:
+    """A JSON number with a fraction or an exponent: an int when its value is one, else a float.
+
+    JSON Schema counts ``236.0`` and ``2.36e2`` as integers, and the OpenAPI
+    document says "integer": the server takes what the document says it takes.
+    The value is read exactly (as a decimal), so ``9007199254740993.0`` is not
+    rounded through a float, and a huge exponent is never expanded.
+    """
+    number = Decimal(text)
+    if number.adjusted() <= _INTEGRAL_DIGITS_MAX and number == number.to_integral_value():
+        return int(number)
+    return float(number)
+
+
 def json_object(request: Request, *, optional: bool) -> dict[str, Any]:
     """Parse a JSON object body strictly (no duplicate keys, no NaN/Infinity, UTF-8 only).
 
@@ -71,7 +90,8 @@ def json_object(request: Request, *, optional: bool) -> dict[str, Any]:
         raise Problem("unsupported-media-type",
                       "the body must be JSON with Content-Type: application/json (curl --json, or -H)")
     try:
-        document = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        document = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constants,
+                              parse_float=_number)
     except InvalidArgument:
         raise
     except (ValueError, RecursionError) as exc:

@@ -226,6 +226,21 @@ _QUERY_PARAMS = {("after", "scope"): _AFTER_SCOPE, ("after", "key"): _AFTER_KEY,
                  ("limit", "history-limit"): _HISTORY_LIMIT}
 _HEADER_PARAMS = {FENCING_TOKEN_HEADER: _TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER: _IDEMPOTENCY_HEADER}
 
+# What a client does next with an answer (OpenAPI links, by operation id): a grant's lease id renews
+# and releases it, its token writes to its scope; a write's key is read back and deleted with the
+# same token. A reader follows them; a stateful fuzzer chains requests along them.
+_LEASE_ID = {"lease_id": "$response.body#/lease_id"}
+_GRANTED = {"scope": "$response.body#/scope", f"header.{FENCING_TOKEN_HEADER}": "$response.body#/token"}
+_WRITTEN = {"scope": "$response.body#/scope", "key": "$response.body#/key"}
+_SCOPE = {"scope": "$response.body#/scope"}
+_LINKS: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
+    "acquire": {"Renew": ("renew", _LEASE_ID), "Release": ("release", _LEASE_ID), "Put": ("put", _GRANTED),
+                "Transaction": ("transaction", _GRANTED), "Inspect": ("inspectLock", _SCOPE)},
+    "put": {"Get": ("get", _WRITTEN), "HighWater": ("highWater", _SCOPE),
+            "Delete": ("deleteKey", {**_WRITTEN, f"header.{FENCING_TOKEN_HEADER}":
+                                     f"$request.header.{FENCING_TOKEN_HEADER}"})},
+}
+
 
 def _success(route: Route) -> dict[str, Any]:
     description = route.answer_description
@@ -268,6 +283,10 @@ def _operation(route: Route, *, auth: bool, value_bytes_max: int) -> dict[str, A
             "content": {OCTETS: {"schema": {"type": "string", "format": "binary", "maxLength": value_bytes_max}}},
         }
     responses = {str(route.status): _success(route)}
+    if route.operation_id in _LINKS:
+        responses[str(route.status)]["links"] = {
+            name: {"operationId": target, "parameters": parameters}
+            for name, (target, parameters) in _LINKS[route.operation_id].items()}
     for answer in route.problems:
         responses[str(answer.status)] = _problem(answer.description)
     if auth and route.auth:

@@ -307,6 +307,12 @@ class AsyncLease:
                         return
 
 
+
+def _loss_note(lease: AsyncLease) -> str:
+    """The note a `lock()` body's own exception carries when the lease was lost while the body ran."""
+    return (f"stockade: the lease on {lease.scope!r} (token {lease.token.value}) was lost while the block ran: "
+            f"{lease.lost_cause}")
+
 class AsyncCoordinator(AsyncHandle):
     """A handle on a coordinator: acquire leases, inspect scopes.
 
@@ -463,13 +469,16 @@ class AsyncCoordinator(AsyncHandle):
         why), not `CancelledError`. A cancellation
         from outside still propagates as `CancelledError`. The sync body cannot
         be interrupted safely, so it is not: it learns of the loss through
-        ``on_lost``, ``lease.lost`` and every write naming the lease.
+        ``on_lost``, ``lease.lost`` and every write naming the lease, and when
+        it ends the block raises `LeaseLost`, so the caller learns that the
+        work ran unprotected. A body that raised keeps its own exception, with
+        a note saying the lease was lost.
 
         Args: as for `acquire`.
 
         Raises:
             LeaseLost: the lease was lost while the body ran (async: the body
-                was cancelled), or before it started.
+                was cancelled; sync: when the body ended), or before it started.
             and what `acquire` raises.
         """
         lease = await self.acquire(
@@ -491,10 +500,14 @@ class AsyncCoordinator(AsyncHandle):
             except BaseException as exc:
                 if guard.disarm(exc):
                     raise LeaseLost(lease.scope, lease.token, lease.lost_cause) from None
+                if isinstance(exc, Exception) and lease.lost:
+                    exc.add_note(_loss_note(lease))
                 raise
             finally:
                 guard.disarm(None)
                 lease._guard = None
+            if lease.lost:  # the body ran to its end without the lease (a sync body is never interrupted)
+                raise LeaseLost(lease.scope, lease.token, lease.lost_cause)
         finally:
             CURRENT_LEASE.reset(context_token)
             try:

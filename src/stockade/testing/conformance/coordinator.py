@@ -109,11 +109,12 @@ def test_wait_times_out_then_fifo_grant(client, coord_url):
 
 
 def test_keepalive_holds_lease_past_ttl(client, coord_url):
-    # A TTL of 1 s, held for 2.2 TTLs: with 200 ms, a loaded host (3 test workers) once
-    # stalled a PostgreSQL renewal past the local deadline.
+    # A TTL of 2 s, held for 2.2 TTLs: with 200 ms, a loaded host (3 test workers) once
+    # stalled a PostgreSQL renewal past the local deadline, and with 1 s (load 12-14) a
+    # ZooKeeper one.
     coord = client.connect(coord_url)
-    lease = client.run(coord.acquire("k", ttl_ms=1000))
-    time.sleep(2.2) if client.mode == "sync" else client.run(__import__("asyncio").sleep(2.2))
+    lease = client.run(coord.acquire("k", ttl_ms=2000))
+    time.sleep(4.4) if client.mode == "sync" else client.run(__import__("asyncio").sleep(4.4))
     assert not lease.lost
     assert client.run(coord.inspect("k")).token == lease.token
     client.run(lease.release())
