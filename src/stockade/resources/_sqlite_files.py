@@ -169,8 +169,9 @@ def held_by_another(conn: sqlite3.Connection, waited_ms: int) -> str:
             f"process); gave up after {waited_ms} ms")
 
 
-def _begin_by(conn: sqlite3.Connection, until_s: float) -> None:
-    """``BEGIN IMMEDIATE``, waiting for the write lock until ``until_s`` (monotonic), whatever the clock does.
+def begin_by(conn: sqlite3.Connection, until_s: float | None = None) -> None:
+    """``BEGIN IMMEDIATE``, waiting for the write lock until ``until_s`` (monotonic; None: the connection's
+    own busy timeout from now), measured on the monotonic clock.
 
     SQLite's busy handler counts the sleeps it asked for, not the time that passed: on a busy host one
     busy timeout of N ms takes longer than N ms. So it waits in slices of `BUSY_SLICE_MS` at most, and
@@ -181,6 +182,8 @@ def _begin_by(conn: sqlite3.Connection, until_s: float) -> None:
     """
     began_s = time.monotonic()
     (usual,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    if until_s is None:
+        until_s = began_s + int(usual) / 1000
     try:
         while True:
             left_ms = math.ceil((until_s - time.monotonic()) * 1000)
@@ -206,7 +209,7 @@ def write_transaction(
     Args:
         wait_ms: wait at most this long for the file's write lock (None: the
             connection's busy timeout; 0: not at all).
-        until_s: instead, wait for it until this monotonic time (`_begin_by`): the
+        until_s: instead, wait for it until this monotonic time (`begin_by`): the
             deadline of the whole operation, of which earlier waits took their share.
 
     Raises:
@@ -216,7 +219,7 @@ def write_transaction(
     """
     try:
         if until_s is not None:
-            _begin_by(conn, until_s)
+            begin_by(conn, until_s)
         elif wait_ms is None:
             conn.execute("BEGIN IMMEDIATE")
         else:
