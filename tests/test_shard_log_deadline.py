@@ -5,8 +5,9 @@ itself with SIGSTOP inside its append's write transaction, holding its
 partition file's write lock. While it is stopped (read from /proc, not slept
 for), this process appends to shards of that same file from `THREADS` threads
 through one `SQLiteShardLog` (as a service's request threads do), thread i
-starting i * `STAGGER_MS` after the first, and times each append. SQLite cannot take the lock from the stopped process, so
-each must fail; what is checked is *when*:
+starting i * `STAGGER_MS` after the first, and times each append. SQLite
+cannot take the lock from the stopped process, so each must fail; what is
+checked is *when*:
 
 - every append raises `BackendUnavailable` (``certain_no_effect``) within its
   bound, ``busy_timeout_ms`` = `BOUND_MS`, plus `SLACK_MS` for the scheduling
@@ -73,6 +74,20 @@ def _read_line(process: subprocess.Popen[str]) -> str:
     return line.strip()
 
 
+def _timed_append(log: SQLiteShardLog, shard: str, index: int, start: threading.Barrier, took_ms: list[float],
+                  errors: list[BaseException]) -> None:
+    """One thread's append, `STAGGER_MS` * ``index`` after the others start; its time and its error noted."""
+    start.wait()
+    time.sleep(index * STAGGER_MS / 1000)
+    began = time.monotonic()
+    try:
+        log.append(shard, b"newer", token=tok(9, shard))
+        errors.append(AssertionError(f"{shard}: an append got past a stopped writer's lock"))
+    except BackendUnavailable as exc:
+        took_ms.append((time.monotonic() - began) * 1000)
+        errors.append(exc)
+
+
 def run_rounds(tmp_path: Path, rounds: int) -> dict[str, int]:
     path = tmp_path / "log.db"
     log = SQLiteShardLog(path, cluster_id=CLUSTER, keys=KEYS, partitions=PARTITIONS, busy_timeout_ms=BOUND_MS)
@@ -95,19 +110,8 @@ def run_rounds(tmp_path: Path, rounds: int) -> dict[str, int]:
             start = threading.Barrier(THREADS)
             took_ms: list[float] = []
             errors: list[BaseException] = []
-
-            def append(index: int, shard: str) -> None:
-                start.wait()
-                time.sleep(index * STAGGER_MS / 1000)
-                began = time.monotonic()
-                try:
-                    log.append(shard, b"newer", token=tok(9, shard))
-                    errors.append(AssertionError(f"{shard}: an append got past a stopped writer's lock"))
-                except BackendUnavailable as exc:
-                    took_ms.append((time.monotonic() - began) * 1000)
-                    errors.append(exc)
-
-            threads = [threading.Thread(target=append, args=(i, shard)) for i, shard in enumerate(shards)]
+            threads = [threading.Thread(target=_timed_append, args=(log, shard, i, start, took_ms, errors))
+                       for i, shard in enumerate(shards)]
             for thread in threads:
                 thread.start()
             for thread in threads:
