@@ -129,14 +129,16 @@ class SQLiteShardLog(SQLiteStore):
     Thread-safe, and several processes on one host may open the same file.
 
     Args:
-        path, cluster_id, busy_timeout_ms, keys, issued: as `SQLiteStore`. An append waits at
-            most ``busy_timeout_ms`` for its file's write lock, then raises `BackendUnavailable`
-            (``certain_no_effect``).
+        path, cluster_id, busy_timeout_ms, keys, issued: as `SQLiteStore`. ``busy_timeout_ms`` is one
+            deadline per operation, on the monotonic clock: an append's waits (for this object, for its
+            partition file's opening, for the file's write lock) end within it, then it raises
+            `BackendUnavailable` (``certain_no_effect``; the message names the file and what holds it).
         entry_bytes_max: the largest entry accepted (at most `ENTRY_BYTES_CEILING`).
         partitions: spread the shards over this many files (1..`PARTITIONS_MAX`), ``PATH.part000``
             and on (`partition_of`), so that a writer frozen inside an append holds up only the
-            shards of its own file. Recorded in the file when it is created; ``None`` (the default)
-            opens an existing file with its recorded layout and creates a new one with 1 (one file).
+            shards of its own file; a partition file is opened when a shard of it is first used.
+            Recorded in the file when it is created; ``None`` (the default) opens an existing file
+            with its recorded layout and creates a new one with 1 (one file).
 
     Raises:
         InvalidArgument, BackendUnavailable: as `SQLiteStore`.
