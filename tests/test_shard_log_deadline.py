@@ -52,6 +52,7 @@ LONG = os.environ.get("STOCKADE_LONG") == "1"
 ROUNDS = 50 if LONG else 4
 CONTROL_ROUNDS = 10 if LONG else 2
 OPENER_ROUNDS = 20 if LONG else 3
+OPENER_CONTROL_ROUNDS = 10 if LONG else 1
 PARTITIONS = 4
 THREADS = 3
 BOUND_MS = 600  # busy_timeout_ms: the caller's stated bound on one append
@@ -233,5 +234,5 @@ def test_a_new_process_opens_the_log_and_appends_beside_a_frozen_writer(tmp_path
 
 
 def test_control_a_log_that_opens_every_file_cannot_be_opened_beside_a_frozen_writer(tmp_path: Path) -> None:
-    counts = run_new_processes(tmp_path, CONTROL_ROUNDS, control=True)
+    counts = run_new_processes(tmp_path, OPENER_CONTROL_ROUNDS, control=True)
     assert counts["opened"] == counts["landed"] == 0
