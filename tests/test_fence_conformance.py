@@ -300,6 +300,10 @@ def paused_bound(request: pytest.FixtureRequest, make_harness: Callable[..., Any
     return PAUSED[request.node.callspec.params["make_harness"]]
 
 
+#: Each control round waits the bound plus the slack (7 s): one by default, five with STOCKADE_LONG=1.
+CONTROL_ROUNDS = 5 if os.environ.get("STOCKADE_LONG") == "1" else 1
+
+
 def test_the_paused_writer_class_catches_its_control(tmp_path: Path) -> None:
     """PostgreSQL installed without supersession (the behaviour before it): the newer unit is still waiting
     at the bound plus the slack while the lower writer is paused, and the resumed writer commits."""
@@ -307,9 +311,9 @@ def test_the_paused_writer_class_catches_its_control(tmp_path: Path) -> None:
     assert isinstance(declared, PausedBound)
     harness = TARGETS["postgres"](tmp_path / "c", suite.CLUSTER, suite.KEYS, NO_SUPERSEDE)
     try:
-        outcome = check_paused_writer(harness, declared, rounds=1)
+        outcome = check_paused_writer(harness, declared, rounds=CONTROL_ROUNDS)
     finally:
         harness.close()
     print(f"control (no supersession): {outcome}")
-    assert (outcome.rounds, outcome.newer_in_bound, outcome.refused) == (1, 0, 0), outcome
-    assert outcome.answers == {"committed": 1}, outcome.answers
+    assert (outcome.rounds, outcome.newer_in_bound, outcome.refused) == (CONTROL_ROUNDS, 0, 0), outcome
+    assert outcome.answers == {"committed": CONTROL_ROUNDS}, outcome.answers

@@ -50,6 +50,20 @@ try:
             out("in-transaction")
             sys.stdin.readline()
             conn.execute(UPSERT)
+    elif front == "sqlalchemy-async":
+        import asyncio
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+        async def main():
+            engine = create_async_engine("postgresql+psycopg://",
+                                         async_creator=lambda: psycopg.AsyncConnection.connect(dsn))
+            async with AsyncSession(engine) as session:
+                async with pg.fenced_sqlalchemy_async(session, token):
+                    await session.execute(text(UPSERT))
+                    out("in-transaction")
+                    sys.stdin.readline()
+                    await session.execute(text(UPSERT))
+        asyncio.run(main())
     else:
         import psycopg2
         from sqlalchemy import create_engine, text
@@ -111,7 +125,7 @@ def _shutdown_under(server: PostgresServer, front: str, restart: bool, control: 
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["left-down", "restarted"])
-@pytest.mark.parametrize("front", ["psycopg", "psycopg2"])
+@pytest.mark.parametrize("front", ["psycopg", "psycopg2", "sqlalchemy-async"])
 def test_a_fast_shutdown_is_an_outage_not_a_supersession(server: PostgresServer, front: str, restart: bool) -> None:
     if front == "psycopg2":
         pytest.importorskip("psycopg2")

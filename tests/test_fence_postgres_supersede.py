@@ -62,6 +62,19 @@ try:
                 out("in-transaction")
                 sys.stdin.readline()
         asyncio.run(main())
+    elif front == "sqlalchemy-async":
+        import asyncio
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+        async def main():
+            engine = create_async_engine("postgresql+psycopg://",
+                                         async_creator=lambda: psycopg.AsyncConnection.connect(dsn))
+            async with AsyncSession(engine) as session:
+                async with pg.fenced_sqlalchemy_async(session, token):
+                    await session.execute(text(UPSERT))
+                    out("in-transaction")
+                    sys.stdin.readline()
+        asyncio.run(main())
     else:
         from sqlalchemy import create_engine, text
         from sqlalchemy.orm import Session
@@ -217,7 +230,7 @@ class _AsRole:
         return self.dsn
 
 
-@pytest.mark.parametrize("front", ["async", "sqlalchemy", "psycopg2"])
+@pytest.mark.parametrize("front", ["async", "sqlalchemy", "sqlalchemy-async", "psycopg2"])
 def test_the_other_front_ends_read_superseded(kv_db: tuple[PostgresServer, str, psycopg.Connection, bool],
                                              front: str) -> None:
     """Each front end's paused writer reads `Superseded` (psycopg2: fenced_sqlalchemy over

@@ -66,8 +66,8 @@ def _translate(error: BaseException, token: FencingToken, scope: str, resource: 
     if ended(error):
         # The session was ended inside the fenced transaction, before its commit completed: nothing
         # was applied. A newer token's check ends one (_postgres_supersede); so does a server shutdown,
-        # with the same SQLSTATE: a fresh session tells them apart (_postgres_probe). Without a probe
-        # (fenced_sqlalchemy_async) 57P01 is read as supersession, as before.
+        # with the same SQLSTATE: a fresh session tells them apart (_postgres_probe). A caller without a
+        # probe reads 57P01 as supersession.
         if probe is None and _sqlstate(error) == SUPERSEDED_SQLSTATE or probe is not None and probe(token, scope):
             raise Superseded(token, error_text(error)) from error
         raise BackendUnavailable(f"{resource}: {error_text(error)} (no newer token wrote to {scope!r}: the session "

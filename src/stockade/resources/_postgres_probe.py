@@ -30,7 +30,8 @@ from typing import Any
 
 from stockade.core.tokens import FencingToken
 
-__all__ = ["PROBE_MS", "Probe", "AsyncProbe", "probe_psycopg", "probe_psycopg_async", "probe_sqlalchemy"]
+__all__ = ["PROBE_MS", "Probe", "AsyncProbe", "probe_psycopg", "probe_psycopg_async", "probe_sqlalchemy",
+           "probe_sqlalchemy_async"]
 
 #: How long the probe's check may take (it waits for the newer holder's transaction to end).
 PROBE_MS = 10_000
@@ -128,5 +129,31 @@ def probe_sqlalchemy(bind: Any) -> Probe:
                 raw.close()
             except Exception:  # noqa: BLE001 - the probe's connection is dropped either way
                 pass
+
+    return probe
+
+
+def probe_sqlalchemy_async(bind: Any) -> AsyncProbe:
+    """A probe over a new connection of an ``AsyncSession``'s or ``AsyncConnection``'s engine
+    (``postgresql+psycopg``: the driver's own ``AsyncConnection`` runs it)."""
+
+    async def probe(token: FencingToken, scope: str) -> bool:
+        import psycopg
+
+        try:
+            from sqlalchemy.ext.asyncio import AsyncConnection
+
+            engine = bind.engine if isinstance(bind, AsyncConnection) else bind.bind
+            async with engine.connect() as fresh:
+                driver: Any = (await fresh.get_raw_connection()).driver_connection
+                try:
+                    await driver.execute(_probe_sql(token, scope))
+                except psycopg.Error as error:
+                    return _stale(error)
+                finally:
+                    await fresh.rollback()
+        except Exception:  # noqa: BLE001 - no new connection, or another driver: an outage
+            return False
+        return False
 
     return probe

@@ -58,7 +58,13 @@ from stockade.resources import _postgres_sql as q
 from stockade.resources._inputs import check_floors, coerce_token
 from stockade.resources._observe import reject
 from stockade.resources._postgres_edge import _edge, _lost, _rejection, _translate, ended  # noqa: F401
-from stockade.resources._postgres_probe import Probe, probe_psycopg, probe_psycopg_async, probe_sqlalchemy
+from stockade.resources._postgres_probe import (
+    Probe,
+    probe_psycopg,
+    probe_psycopg_async,
+    probe_sqlalchemy,
+    probe_sqlalchemy_async,
+)
 from stockade.resources._postgres_supersede import SupersedeWarning, warn_without_signal_right
 from stockade.resources._verify import UNSIGNED, Verification, refuse_unsigned_after_signed
 
@@ -435,7 +441,11 @@ async def fenced_sqlalchemy_async(bind: Any, token: FencingToken | str, scope: s
             await bind.execute(statement, parameters)
             yield bind
     except sa.exc.DBAPIError as error:
-        _translate(error.orig, fencing_token, scope, "postgres", op_id)
+        probe = None
+        if ended(error.orig):
+            superseded = await probe_sqlalchemy_async(bind)(fencing_token, scope)
+            probe = lambda _token, _scope: superseded  # noqa: E731 - the verdict, read by _translate
+        _translate(error.orig, fencing_token, scope, "postgres", op_id, probe)
         raise
 
 
