@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stockade.core.tokens import FencingToken
+from stockade.resources._postgres_sql import REJECT_SQLSTATE
 
 __all__ = ["PROBE_MS", "Probe", "AsyncProbe", "probe_psycopg", "probe_psycopg_async", "probe_sqlalchemy",
            "probe_sqlalchemy_async"]
@@ -53,11 +54,12 @@ def _probe_sql(token: FencingToken, scope: str) -> str:
 
 
 def _stale(error: BaseException) -> bool:
-    """Whether the probe's check was refused as stale (a newer token committed)."""
-    from stockade.resources._postgres_edge import _rejection
-
-    decision = _rejection(error)
-    return decision is not None and decision.reason == "stale"
+    """Whether the probe's check was refused as stale (a newer token committed): the fence's SQLSTATE
+    (psycopg's ``sqlstate``, psycopg2's ``pgcode``) and the reason in its detail."""
+    sqlstate = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+    diag = getattr(error, "diag", None)
+    detail = getattr(diag, "message_detail", None) or ""
+    return sqlstate == REJECT_SQLSTATE and detail.startswith("reason=stale ")
 
 
 def probe_psycopg(conn: Any) -> Probe | None:
