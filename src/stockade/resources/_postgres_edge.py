@@ -70,8 +70,9 @@ def _translate(error: BaseException, token: FencingToken, scope: str, resource: 
         # probe reads 57P01 as supersession.
         if probe is None and _sqlstate(error) == SUPERSEDED_SQLSTATE or probe is not None and probe(token, scope):
             raise Superseded(token, error_text(error)) from error
-        raise BackendUnavailable(f"{resource}: {error_text(error)} (no newer token wrote to {scope!r}: the session "
-                                 "was ended by the server or an administrator, not superseded)") from error
+        raise BackendUnavailable(f"{resource}: {error_text(error)} (not superseded: no newer token wrote to "
+                                 f"{scope!r}; the session was ended by the server, an administrator or the "
+                                 "network)") from error
     if _lost(error):
         raise BackendUnavailable(f"{resource}: {error_text(error)}") from error
 
