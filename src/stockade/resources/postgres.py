@@ -57,7 +57,14 @@ from stockade.resources import _postgres_protect as protected
 from stockade.resources import _postgres_sql as q
 from stockade.resources._inputs import check_floors, coerce_token
 from stockade.resources._observe import reject
-from stockade.resources._postgres_edge import _edge, _lost, _rejection, _translate  # noqa: F401
+from stockade.resources._postgres_edge import _edge, _lost, _rejection, _translate, ended  # noqa: F401
+from stockade.resources._postgres_probe import (
+    Probe,
+    probe_psycopg,
+    probe_psycopg_async,
+    probe_sqlalchemy,
+    probe_sqlalchemy_async,
+)
 from stockade.resources._postgres_supersede import SupersedeWarning, warn_without_signal_right
 from stockade.resources._verify import UNSIGNED, Verification, refuse_unsigned_after_signed
 
@@ -224,9 +231,23 @@ def _prepare(token: object, scope: object, keys: object, op_id: object = None) -
 
 
 def _check_result(error: BaseException, token: FencingToken, scope: str, resource: str,
-                  op_id: str | None = None) -> NoReturn:
-    _translate(error, token, scope, resource, op_id)
+                  op_id: str | None = None, probe: Probe | None = None) -> NoReturn:
+    _translate(error, token, scope, resource, op_id, probe)
     raise error
+
+
+def _probe_of(conn: Any, error: BaseException) -> Probe | None:
+    """For a session that ended under the transaction, a probe (built before a rollback closes ``conn``)."""
+    return probe_psycopg(conn) if ended(error) else None
+
+
+async def _async_probe_of(aconn: Any, error: BaseException, token: FencingToken, scope: str) -> Probe | None:
+    """`_probe_of` for an ``AsyncConnection``: the probe runs here, and `_translate` reads its verdict."""
+    probe = probe_psycopg_async(aconn) if ended(error) else None
+    if probe is None:
+        return None
+    superseded = await probe(token, scope)
+    return lambda _token, _scope: superseded
 
 
 def _fence_statement(op_id: str | None) -> tuple[str, Any]:
@@ -308,20 +329,21 @@ def fenced(conn: Connection, token: FencingToken | str, scope: str | None = None
                 conn.execute(statement, parameters(fencing_token, scope))
                 yield conn
         except psycopg.Error as error:  # the check's, the body's (a protected table's trigger) or the commit's
-            _check_result(error, fencing_token, scope, _resource(conn.info), op_id)
+            _check_result(error, fencing_token, scope, _resource(conn.info), op_id, _probe_of(conn, error))
         return
     try:
         conn.execute(_begin_and_fence(fencing_token, scope, op_id, conn))
         yield conn
     except BaseException as error:
+        probe = _probe_of(conn, error)
         _rollback_quietly(conn)
         if isinstance(error, psycopg.Error):
-            _check_result(error, fencing_token, scope, _resource(conn.info), op_id)
+            _check_result(error, fencing_token, scope, _resource(conn.info), op_id, probe)
         raise
     try:
         conn.commit()
     except psycopg.Error as error:
-        _check_result(error, fencing_token, scope, _resource(conn.info), op_id)
+        _check_result(error, fencing_token, scope, _resource(conn.info), op_id, _probe_of(conn, error))
 
 
 def _rollback_quietly(conn: Any) -> None:
@@ -350,20 +372,23 @@ async def fenced_async(aconn: AsyncConnection, token: FencingToken | str, scope:
                 await aconn.execute(statement, parameters(fencing_token, scope))
                 yield aconn
         except psycopg.Error as error:
-            _check_result(error, fencing_token, scope, _resource(aconn.info), op_id)
+            probe = await _async_probe_of(aconn, error, fencing_token, scope)
+            _check_result(error, fencing_token, scope, _resource(aconn.info), op_id, probe)
         return
     try:
         await aconn.execute(_begin_and_fence(fencing_token, scope, op_id, aconn))
         yield aconn
     except BaseException as error:
+        probe = await _async_probe_of(aconn, error, fencing_token, scope)
         await _arollback_quietly(aconn)
         if isinstance(error, psycopg.Error):
-            _check_result(error, fencing_token, scope, _resource(aconn.info), op_id)
+            _check_result(error, fencing_token, scope, _resource(aconn.info), op_id, probe)
         raise
     try:
         await aconn.commit()
     except psycopg.Error as error:
-        _check_result(error, fencing_token, scope, _resource(aconn.info), op_id)
+        probe = await _async_probe_of(aconn, error, fencing_token, scope)
+        _check_result(error, fencing_token, scope, _resource(aconn.info), op_id, probe)
 
 
 def _sqlalchemy() -> Any:
@@ -392,7 +417,8 @@ def fenced_sqlalchemy(bind: Any, token: FencingToken | str, scope: str | None = 
             bind.execute(statement, parameters)
             yield bind
     except sa.exc.DBAPIError as error:
-        _translate(error.orig, fencing_token, scope, "postgres", op_id)
+        _translate(error.orig, fencing_token, scope, "postgres", op_id,
+                   probe_sqlalchemy(bind) if ended(error.orig) else None)
         raise
 
 
@@ -415,7 +441,11 @@ async def fenced_sqlalchemy_async(bind: Any, token: FencingToken | str, scope: s
             await bind.execute(statement, parameters)
             yield bind
     except sa.exc.DBAPIError as error:
-        _translate(error.orig, fencing_token, scope, "postgres", op_id)
+        probe = None
+        if ended(error.orig):
+            superseded = await probe_sqlalchemy_async(bind)(fencing_token, scope)
+            probe = lambda _token, _scope: superseded  # noqa: E731 - the verdict, read by _translate
+        _translate(error.orig, fencing_token, scope, "postgres", op_id, probe)
         raise
 
 
