@@ -68,6 +68,11 @@ HOLD_MS = {"embedded": TTL_MS, "http": TTL_MS, "postgres": max(TTL_MS, PG_IDLE_I
 #: own write transaction, at random. PostgreSQL: inside its own transaction, at random.
 MOMENTS = {"embedded": ("renewal", "", "unit", ""), "postgres": ("unit", ""), "http": ("", ""),
            "etcd": ("", ""), "zookeeper": ("", "")}
+#: What the holder acquires to be frozen inside its own write transaction. Embedded: a free scope (a grant is a
+#: write transaction on coord.db). PostgreSQL: the honest holder's scope (a free scope is granted by one
+#: server-side call, no transaction left open; a held one is queued for in a transaction that holds the scope's
+#: advisory lock, which the honest holder's renewals need).
+UNIT_SCOPE = {"embedded": "h-extra", "postgres": "honest", "http": "", "etcd": "", "zookeeper": ""}
 CHILD_TIMEOUT_S = 60
 
 _PRELUDE = """
@@ -128,11 +133,11 @@ coord = stockade.connect(url)
 held = [coord.acquire(f"{prefix}h-{i}", ttl_ms=ttl_ms, wait_ms=10000) for i in range(leases)]
 print("ready", flush=True)
 for line in sys.stdin:
-    if line.strip() == "renewal":
+    if line.split()[0] == "renewal":
         in_renewal.set()
-    elif line.strip() == "unit":
+    elif line.split()[0] == "unit":
         in_unit.set()
-        coord.acquire(f"{prefix}h-extra", ttl_ms=ttl_ms, wait_ms=10000)
+        coord.acquire(prefix + line.split()[1], ttl_ms=ttl_ms, wait_ms=10000)
 """
 
 # The honest holder of another scope: says at the end whether its lease was lost.
@@ -204,10 +209,14 @@ def _result(proc: subprocess.Popen[str]) -> dict:
 
 def _wait_stopped(pid: int) -> None:
     """Until the process is stopped (SIGSTOP delivered), by its state, not by a sleep's length."""
-    while True:
-        _, status = os.waitpid(pid, os.WUNTRACED)
-        if os.WIFSTOPPED(status):
+    deadline = time.monotonic() + CHILD_TIMEOUT_S  # a hook that never fires fails the test, not the suite
+    while time.monotonic() < deadline:
+        waited, status = os.waitpid(pid, os.WUNTRACED | os.WNOHANG)
+        if waited and os.WIFSTOPPED(status):
             return
+        assert not waited, f"the holder ended instead of stopping: {status}"
+        time.sleep(0.005)
+    raise AssertionError("the holder never stopped")
 
 
 def _round(url: str, backend: str, *, n: int, moment: str, control: str, rng: random.Random) -> dict:
@@ -219,7 +228,7 @@ def _round(url: str, backend: str, *, n: int, moment: str, control: str, rng: ra
         _ready(honest)
         assert holder.stdin is not None
         if moment:
-            holder.stdin.write(f"{moment}\n")
+            holder.stdin.write(f"{moment} {UNIT_SCOPE[backend]}\n")
             holder.stdin.flush()
         else:
             time.sleep(rng.uniform(0.0, TTL_MS / 3 / 1000))  # a random moment of the renewal cycle
@@ -228,7 +237,7 @@ def _round(url: str, backend: str, *, n: int, moment: str, control: str, rng: ra
         frozen_at = time.monotonic()
         blocked = backend == "embedded" and moment == "unit"  # the documented limit: no grant during the freeze
         takeover_wait_ms = WAIT_MS if blocked else HOLD_MS[backend] + 4 * B_SLACK_MS
-        scopes = [f"{prefix}h-extra"] if moment == "unit" else []
+        scopes = [f"{prefix}{UNIT_SCOPE[backend]}"] if moment == "unit" else []
         takeovers = [[scope, takeover_wait_ms] for scope in [f"{prefix}h-0", *scopes]]
         observer = _spawn(_OBSERVER, url, repr(frozen_at), str(WAIT_MS), json.dumps(takeovers), control=control)
         seen = _result(observer)
@@ -237,6 +246,7 @@ def _round(url: str, backend: str, *, n: int, moment: str, control: str, rng: ra
         honest.stdin.write("done\n")
         honest.stdin.flush()
         return {"seen": seen, "honest_lost": _result(honest)["lost"], "blocked": blocked,
+                "waited_on": moment == "unit" and UNIT_SCOPE[backend] == "honest",
                 "takeovers": [scope for scope, _ in takeovers]}
     finally:
         for proc in (holder, honest):
@@ -262,7 +272,8 @@ def _run(backend: str, tmp_path: Path, request: pytest.FixtureRequest, rounds: i
     moments = moments or MOMENTS[backend]
     rng = random.Random(27)
     counts = dict.fromkeys(["rounds", "aimed", "blocked", "free_in_bound", "takeovers", "taken_in_bound",
-                            "blocked_typed_in_bound", "connected", "honest_lost"], 0)
+                            "blocked_typed_in_bound", "connected", "honest_lost", "waited_on",
+                            "waited_on_lost"], 0)
     slowest = {"free": 0, "takeover": 0, "connect": 0}
     for n in range(rounds):
         moment = moments[n % len(moments)]
@@ -271,7 +282,11 @@ def _run(backend: str, tmp_path: Path, request: pytest.FixtureRequest, rounds: i
         counts["rounds"] += 1
         counts["aimed"] += bool(moment)
         counts["connected"] += seen["connect"]["outcome"] == "connected"
-        counts["honest_lost"] += bool(result["honest_lost"])
+        if result["waited_on"]:  # the frozen process was queued for the honest holder's own scope
+            counts["waited_on"] += 1
+            counts["waited_on_lost"] += bool(result["honest_lost"])
+        else:
+            counts["honest_lost"] += bool(result["honest_lost"])
         slowest["connect"] = max(slowest["connect"], seen["connect"]["ms"])
         if "free" not in seen:  # not connected: nothing else was tried
             print(f"{backend} round {n} moment={moment or 'random'} control={control or 'none'}: {result}")
@@ -309,7 +324,8 @@ def _say(backend: str, what: str, counts: dict[str, int]) -> None:
         f"{counts['slowest_takeover_ms']} ms); frozen inside its own write transaction: refused typed within "
         f"{WAIT_MS + A_SLACK_MS} ms {counts['blocked_typed_in_bound']} of {counts['blocked']}; connected "
         f"{counts['connected']} of {n} (slowest {counts['slowest_connect_ms']} ms); honest leases lost "
-        f"{counts['honest_lost']} of {n}"
+        f"{counts['honest_lost']} of {n - counts['waited_on']}; leases of a holder whose scope the frozen process "
+        f"was queued for, lost {counts['waited_on_lost']} of {counts['waited_on']}"
     )
 
 
