@@ -71,8 +71,12 @@ def _round(supersede_after_ms: int) -> dict[str, object]:
             other = log.append("kv.shard-q", b"other", token=tok(3, "kv.shard-q"))  # another shard, meanwhile
             other_ms = round((time.monotonic() - began) * 1000)
             done = threading.Event()
-            threading.Thread(target=lambda: (log.append("kv.shard-p", b"next", token=tok(8, "kv.shard-p")),
-                                             done.set()), daemon=True).start()
+
+            def newer() -> None:
+                log.append("kv.shard-p", b"next", token=tok(8, "kv.shard-p"))
+                done.set()
+
+            threading.Thread(target=newer, daemon=True).start()
             landed = done.wait(4 * SUPERSEDE_AFTER_MS / 1000)  # while the writer is still stopped
             newer_ms = round((time.monotonic() - began) * 1000)
             paused.send_signal(signal.SIGCONT)
