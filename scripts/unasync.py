@@ -41,8 +41,6 @@ NAME_RULES = [
     (r"\bAsyncIO\b", "SyncIO"),
     (r"\bredis\.asyncio\b", "redis"),  # redis-py's two clients (the Redis fence)
     (r"\bredis_asyncio\b", "redis_py"),
-    (r"\b(fenced(?:_sqlalchemy)?)_async\b", r"\1"),  # the PostgreSQL fence's two transactions
-    (r"\baconn\b", "conn"),
     (r"\bconnect_async\b", "connect"),
     (r"\bopen_store_async\b", "open_store"),
     (r"\b_async\b", "_sync"),

@@ -277,3 +277,43 @@ def test_the_l2_suite_catches_the_legacy_control(tmp_path: Path, target: str) ->
                 except (Exception, pytest.fail.Exception):  # noqa: BLE001 - any failure of the test counts
                     failed.append(name)
     assert failed == (l2_suite.L2_TESTS if target in HAD_THE_HOLE else []) + l2_suite.L2_MEMORY_TESTS, failed
+# -- a writer paused inside its unit (stockade.testing.conformance.fence_paused): L1 at the resource ----------
+
+from helpers.fence_paused import PAUSED  # noqa: E402 - this section's declarations
+from helpers.fence_postgres import NO_SUPERSEDE  # noqa: E402
+
+from stockade.testing.conformance.fence_paused import (  # noqa: E402
+    Paused,
+    PausedBound,
+    check_paused_writer,
+    test_a_writer_paused_inside_its_unit_never_stalls_a_newer_token,  # noqa: F401 - run here, over every target
+)
+
+
+def test_every_target_declares_its_paused_writer_bound() -> None:
+    assert set(PAUSED) == set(TARGETS)
+
+
+@pytest.fixture
+def paused_bound(request: pytest.FixtureRequest, make_harness: Callable[..., Any]) -> Paused:
+    """The target's bound on a paused writer, or why it has none (`helpers.fence_paused`)."""
+    return PAUSED[request.node.callspec.params["make_harness"]]
+
+
+#: Each control round waits the bound plus the slack (7 s): one by default, five with STOCKADE_LONG=1.
+CONTROL_ROUNDS = 5 if os.environ.get("STOCKADE_LONG") == "1" else 1
+
+
+def test_the_paused_writer_class_catches_its_control(tmp_path: Path) -> None:
+    """PostgreSQL installed without supersession (the behaviour before it): the newer unit is still waiting
+    at the bound plus the slack while the lower writer is paused, and the resumed writer commits."""
+    declared = PAUSED["postgres"]
+    assert isinstance(declared, PausedBound)
+    harness = TARGETS["postgres"](tmp_path / "c", suite.CLUSTER, suite.KEYS, NO_SUPERSEDE)
+    try:
+        outcome = check_paused_writer(harness, declared, rounds=CONTROL_ROUNDS)
+    finally:
+        harness.close()
+    print(f"control (no supersession): {outcome}")
+    assert (outcome.rounds, outcome.newer_in_bound, outcome.refused) == (CONTROL_ROUNDS, 0, 0), outcome
+    assert outcome.answers == {"committed": CONTROL_ROUNDS}, outcome.answers

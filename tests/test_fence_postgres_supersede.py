@@ -62,10 +62,27 @@ try:
                 out("in-transaction")
                 sys.stdin.readline()
         asyncio.run(main())
+    elif front == "sqlalchemy-async":
+        import asyncio
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+        async def main():
+            engine = create_async_engine("postgresql+psycopg://",
+                                         async_creator=lambda: psycopg.AsyncConnection.connect(dsn))
+            async with AsyncSession(engine) as session:
+                async with pg.fenced_sqlalchemy_async(session, token):
+                    await session.execute(text(UPSERT))
+                    out("in-transaction")
+                    sys.stdin.readline()
+        asyncio.run(main())
     else:
         from sqlalchemy import create_engine, text
         from sqlalchemy.orm import Session
-        engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
+        if front == "psycopg2":  # SQLAlchemy over the other DBAPI driver (its errors carry pgcode, not sqlstate)
+            import psycopg2
+            engine = create_engine("postgresql+psycopg2://", creator=lambda: psycopg2.connect(dsn))
+        else:
+            engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
         with Session(engine) as session, pg.fenced_sqlalchemy(session, token):
             session.execute(text(UPSERT))
             out("in-transaction")
@@ -79,6 +96,8 @@ except BackendUnavailable:
     out("connection lost")
 except psycopg.Error as e:
     out(f"raw driver error {e.sqlstate}")
+except Exception as e:
+    out(f"raw error {type(e).__name__}")
 """
 
 
@@ -211,13 +230,18 @@ class _AsRole:
         return self.dsn
 
 
-@pytest.mark.parametrize("front", ["async", "sqlalchemy"])
+@pytest.mark.parametrize("front", ["async", "sqlalchemy", "sqlalchemy-async", "psycopg2"])
 def test_the_other_front_ends_read_superseded(kv_db: tuple[PostgresServer, str, psycopg.Connection, bool],
                                              front: str) -> None:
+    """Each front end's paused writer reads `Superseded` (psycopg2: fenced_sqlalchemy over
+    ``postgresql+psycopg2``). Control, each front end: without supersession the newer holder is still
+    waiting at ten times the bound, and the resumed writer commits."""
     server, dbname, conn, supersede = kv_db
-    if not supersede:
-        pytest.skip("the control is the psycopg front end's")
     with pg.fenced(conn, tok(1, scope="s")):
         pass
-    assert _round(server, dbname, conn, 2, 3, True, front)[::2] == (True, "superseded")
-    assert conn.execute("SELECT count(*) FROM kv WHERE key = 'A'").fetchone()[0] == 0
+    finished, _took, answer = _round(server, dbname, conn, 2, 3, supersede, front)
+    if supersede:
+        assert (finished, answer) == (True, "superseded")
+        assert conn.execute("SELECT count(*) FROM kv WHERE key = 'A'").fetchone()[0] == 0
+    else:
+        assert (finished, answer) == (False, "committed")

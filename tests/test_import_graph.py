@@ -198,7 +198,7 @@ def layer_of(module: str) -> str | None:
         return None
     if parts[0] == "coordinators" and ("_async" in parts or "_sync" in parts):
         return "ports"
-    if parts[0] in ("ids", "jobs"):  # the recipes' public names, kept where users import them
+    if parts in (["ids"], ["jobs"], ["resources", "log"]):  # the recipes' public names, kept where users import them
         return "recipes"
     return parts[0]
 

@@ -86,6 +86,7 @@ def test_capabilities_are_declared_and_checked(tmp_path):
 @pytest.mark.parametrize(("kept", "home"), [
     ("stockade.ids", "stockade.recipes.ids"),
     ("stockade.jobs", "stockade.recipes.jobs"),
+    ("stockade.resources.log", "stockade.recipes.log"),
 ])
 def test_documented_module_paths_are_kept(kept, home):
     """The recipes moved to stockade.recipes; the paths docs/ and README import keep every public name."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from router import shard_name
 
-from stockade.recipes.log import LogEntry, open_postgres_log
+from stockade.resources.log import LogEntry, open_postgres_log
 from stockade.testing.linearizability import check_linearizable
 
 PAGE = 1_000

@@ -29,7 +29,7 @@ from typing import Any
 
 from router import keys_of, shard_name
 
-from stockade.recipes.log import open_postgres_log
+from stockade.resources.log import open_postgres_log
 
 READ_LIMIT = 500
 

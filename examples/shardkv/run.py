@@ -4,7 +4,7 @@
 
 Everything lives in one PostgreSQL database: the coordinator the writers
 stand with (``stockade.connect(url)``), the fence and the shards' logs
-(`stockade.recipes.log`). The driver starts two writer candidates per
+(`stockade.resources.log`). The driver starts two writer candidates per
 shard (`writer.py`: each campaigns with ``coord.elect``) and the storage nodes
 (`node.py`), lets them run, and injects failovers one after the other,
 cycling through ``--kinds`` (kill, pause, freeze by default):
@@ -70,7 +70,7 @@ from router import leaders, next_leader, shard_name
 
 import stockade
 from stockade.client import LeaderInfo
-from stockade.recipes.log import open_postgres_log
+from stockade.resources.log import open_postgres_log
 
 HERE = Path(__file__).resolve().parent
 EVENT_WAIT_S = 120.0

@@ -53,7 +53,7 @@ from router import keys_of
 import stockade
 from stockade.client import Leadership
 from stockade.core.errors import BackendUnavailable, LeaseError, StaleToken
-from stockade.recipes.log import open_postgres_log
+from stockade.resources.log import open_postgres_log
 
 RETRIES_MAX = 5
 CAMPAIGN_WAIT_MS = 2_000  # one elect call waits this long, then the candidate stands again (a stop is seen)

@@ -21,6 +21,8 @@ The controls:
   `stockade.testing.conformance.fence_isolation`, which the plain ``postgres``
   harness offers: a floor raised mid-transaction, and an outsider role).
 - ``op-ids-off`` (the retry suite's): ``fenced_once`` drops the operation id.
+- ``no-supersede`` (the paused-writer class's, `stockade.testing.conformance.fence_paused`):
+  installed without supersession, so a newer token waits as long as a paused lower one lasts.
 
 Every harness offers operation ids (``fenced_once``, the retry suite's capability).
 """
@@ -36,6 +38,7 @@ from typing import Any, TypeVar
 import psycopg
 from helpers.postgres import SUPERUSER, PostgresServer, fresh_database, shared_server
 
+from stockade.core import limits
 from stockade.core.errors import InvalidArgument
 from stockade.core.fence import Reject, decide
 from stockade.core.limits import validate_scope
@@ -46,6 +49,8 @@ from stockade.resources.postgres import _sql as q
 
 T = TypeVar("T")
 
+#: The paused-writer control: the fence installed without supersession (the behaviour before it).
+NO_SUPERSEDE = "no-supersede"
 KV_TABLE = "CREATE TABLE kv (scope text NOT NULL, key text NOT NULL, value bytea NOT NULL, PRIMARY KEY (scope, key))"
 UPSERT = ("INSERT INTO kv (scope, key, value) VALUES (%s, %s, %s) "
           "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value")
@@ -100,7 +105,8 @@ class PgHarness:
         if owner:
             rule = q.STALE_WHEN[mutant] if mutant in ("fencing-off", "strict-greater") else q.STALE_WHEN["decide"]
             pg._install(self.admin, keys.keyring, cluster_id, rule,
-                        body="advisory" if mutant == "advisory-locks" else "private")
+                        body="advisory" if mutant == "advisory-locks" else "private",
+                        supersede_after_ms=0 if mutant == NO_SUPERSEDE else limits.SUPERSEDE_AFTER_MS)
         self.open_driver()
 
     # -- the driver (replaced by the subclasses) --

@@ -42,12 +42,15 @@ from __future__ import annotations
 
 import builtins
 import os
+import threading
+import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stockade.core.errors import InvalidArgument, invariant
+from stockade.core.errors import BackendUnavailable, InvalidArgument, invariant
 from stockade.core.fence import Accept, Reject, Replay, check_write
 from stockade.core.limits import validate_int, validate_scope
 from stockade.core.tokens import FencingToken
@@ -67,7 +70,8 @@ from stockade.recipes._log_common import (
     recorded,
     wait_for_entries,
 )
-from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, coerce_token
+from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, coerce_token
+from stockade.resources.store._sqlite_files import write_transaction
 from stockade.resources.store.sqlite_store import SQLiteStore
 
 if TYPE_CHECKING:
@@ -94,6 +98,22 @@ _SCHEMA = (
 )
 
 
+_operation = threading.local()  # until_s: the monotonic deadline of this thread's operation on a log
+
+
+@contextmanager
+def _within(bound_ms: int) -> Iterator[None]:
+    """Every wait of this thread inside the block ends ``bound_ms`` after it began (the outermost block's)."""
+    if getattr(_operation, "until_s", None) is not None:
+        yield
+        return
+    _operation.until_s = time.monotonic() + bound_ms / 1000
+    try:
+        yield
+    finally:
+        _operation.until_s = None
+
+
 def partition_of(shard: str, partitions: int) -> int:
     """The partition file (0..partitions-1) that holds ``shard``: crc32 of its name, modulo ``partitions``."""
     return zlib.crc32(shard.encode()) % partitions
@@ -109,14 +129,16 @@ class SQLiteShardLog(SQLiteStore):
     Thread-safe, and several processes on one host may open the same file.
 
     Args:
-        path, cluster_id, busy_timeout_ms, keys, issued: as `SQLiteStore`. An append waits at
-            most ``busy_timeout_ms`` for its file's write lock, then raises `BackendUnavailable`
-            (``certain_no_effect``).
+        path, cluster_id, busy_timeout_ms, keys, issued: as `SQLiteStore`. ``busy_timeout_ms`` is one
+            deadline per operation, on the monotonic clock: an append's waits (for this object, for its
+            partition file's opening, for the file's write lock) end within it, then it raises
+            `BackendUnavailable` (``certain_no_effect``; the message names the file and what holds it).
         entry_bytes_max: the largest entry accepted (at most `ENTRY_BYTES_CEILING`).
         partitions: spread the shards over this many files (1..`PARTITIONS_MAX`), ``PATH.part000``
             and on (`partition_of`), so that a writer frozen inside an append holds up only the
-            shards of its own file. Recorded in the file when it is created; ``None`` (the default)
-            opens an existing file with its recorded layout and creates a new one with 1 (one file).
+            shards of its own file; a partition file is opened when a shard of it is first used.
+            Recorded in the file when it is created; ``None`` (the default) opens an existing file
+            with its recorded layout and creates a new one with 1 (one file).
 
     Raises:
         InvalidArgument, BackendUnavailable: as `SQLiteStore`.
@@ -135,27 +157,68 @@ class SQLiteShardLog(SQLiteStore):
     ) -> None:
         self.entry_bytes_max = validate_int("entry_bytes_max", entry_bytes_max, 0, ENTRY_BYTES_CEILING)
         wanted = None if partitions is None else validate_int("partitions", partitions, 1, PARTITIONS_MAX)
-        super().__init__(path, cluster_id=cluster_id, busy_timeout_ms=busy_timeout_ms, keys=keys, issued=issued)
-        self.resource = f"sqlite-log:{self.path}"
-        self._parts: builtins.list[SQLiteShardLog] = []
+        bound_ms = validate_int("busy_timeout_ms", busy_timeout_ms, 0, BUSY_TIMEOUT_MS_MAX)
+        with _within(bound_ms):  # every transaction of the opening, within one bound
+            super().__init__(path, cluster_id=cluster_id, busy_timeout_ms=bound_ms, keys=keys, issued=issued)
+            self.resource = f"sqlite-log:{self.path}"
+            self._parts: builtins.list[SQLiteShardLog | None] = []
+            self._part_options: dict[str, Any] = {"cluster_id": self.cluster_id, "entry_bytes_max": entry_bytes_max,
+                                  "busy_timeout_ms": bound_ms, "keys": keys, "issued": issued}
+            try:
+                with self._write() as conn:
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+                    self.partitions, created = self._layout(conn, wanted)
+                if self.partitions > 1:
+                    self._parts = [None] * self.partitions
+                    self._part_locks = [threading.Lock() for _ in range(self.partitions)]
+                    if created or not self.lazy_partitions:  # a new log makes its files now; an old one on use
+                        self._every_part()
+            except BaseException:
+                self.close()
+                raise
+
+    # A partition file is opened (which writes to it: its schema is checked in a write transaction) when a
+    # shard of it is first used, so a writer frozen in one file does not keep a new process from opening the
+    # log and using the others. False: the control, every file opened with the log (as before).
+    lazy_partitions = True
+
+    @contextmanager
+    def _write(self) -> Iterator[Any]:
+        """The store's write transaction, begun by the deadline of the whole operation (`_within`) if one is set."""
+        until_s = getattr(_operation, "until_s", None)
+        if until_s is None or not self.bounded_waits:
+            with super()._write() as conn:
+                yield conn
+            return
+        with self._connection(until_s) as conn, write_transaction(conn, until_s=until_s) as open_conn:
+            yield open_conn
+
+    def _open_part(self, index: int) -> SQLiteShardLog:
+        """Partition file ``index``, opened now if it is not yet (within the deadline of the operation)."""
+        part = self._parts[index]
+        if part is not None:
+            return part
+        until_s = getattr(_operation, "until_s", None)
+        left_s = self.busy_timeout_ms / 1000 if until_s is None else max(0.0, until_s - time.monotonic())
+        if not self._part_locks[index].acquire(timeout=left_s):
+            raise BackendUnavailable(f"{_partition_path(self.path, index)}: another thread of this process is "
+                                     f"opening it past the {self.busy_timeout_ms} ms bound", certain_no_effect=True)
         try:
-            with self._write() as conn:
-                for statement in _SCHEMA:
-                    conn.execute(statement)
-                self.partitions = self._layout(conn, wanted)
-            if self.partitions > 1:
-                for index in range(self.partitions):
-                    self._parts.append(SQLiteShardLog(
-                        _partition_path(self.path, index), cluster_id=self.cluster_id,
-                        entry_bytes_max=entry_bytes_max, busy_timeout_ms=busy_timeout_ms, keys=keys, issued=issued,
-                        partitions=1))
-        except BaseException:
-            self.close()
-            raise
+            part = self._parts[index]
+            if part is None:
+                part = SQLiteShardLog(_partition_path(self.path, index), partitions=1, **self._part_options)
+                self._parts[index] = part
+            return part
+        finally:
+            self._part_locks[index].release()
+
+    def _every_part(self) -> builtins.list[SQLiteShardLog]:
+        return [self._open_part(index) for index in range(len(self._parts))]
 
     @staticmethod
-    def _layout(conn: Any, wanted: int | None) -> int:
-        """The recorded number of partition files; recorded now if the file has none (a new file)."""
+    def _layout(conn: Any, wanted: int | None) -> tuple[int, bool]:
+        """The recorded number of partition files, and whether it was recorded now (a file that had none)."""
         row = conn.execute("SELECT v FROM log_layout WHERE k = 'partitions'").fetchone()
         if row is None:
             used = conn.execute("SELECT count(*) FROM log_heads").fetchone()[0]
@@ -163,18 +226,19 @@ class SQLiteShardLog(SQLiteStore):
                 raise InvalidArgument("partitions", f"this log already holds {used} shards in one file; "
                                       "partitions apply to a new log (docs/shard-log.md, moving a log)")
             conn.execute("INSERT INTO log_layout (k, v) VALUES ('partitions', ?)", (wanted or 1,))
-            return wanted or 1
+            return wanted or 1, True
         if wanted is not None and wanted != int(row[0]):
             raise InvalidArgument("partitions", f"this log was created with {row[0]} partitions, not {wanted}")
-        return int(row[0])
+        return int(row[0]), False
 
     def _part(self, shard: str) -> SQLiteShardLog:
-        return self._parts[partition_of(shard, self.partitions)] if self._parts else self
+        return self._open_part(partition_of(shard, self.partitions)) if self._parts else self
 
     def close(self) -> None:
         """Close the file and its partition files. Idempotent."""
         for part in self._parts:
-            part.close()
+            if part is not None:
+                part.close()
         super().close()
 
     def append(
@@ -212,8 +276,9 @@ class SQLiteShardLog(SQLiteStore):
         """
         shard = validate_scope(shard, "shard")
         if self._parts:
-            return self._part(shard).append_batch(shard, entries, token=token, idempotency_key=idempotency_key,
-                                                  expected_offset=expected_offset)
+            with _within(self.busy_timeout_ms):  # opening the shard's file and appending: one bound
+                return self._part(shard).append_batch(shard, entries, token=token, idempotency_key=idempotency_key,
+                                                      expected_offset=expected_offset)
         checked, key, expected = check_batch(entries, idempotency_key, expected_offset,
                                              entry_bytes_max=self.entry_bytes_max)
         fencing_token = coerce_token(token)
@@ -293,7 +358,7 @@ class SQLiteShardLog(SQLiteStore):
     def shards(self) -> builtins.list[str]:
         """The shards appended to (at most `SCOPES_MAX` per file), in name order."""
         if self._parts:
-            return sorted(shard for part in self._parts for shard in part.shards())
+            return sorted(shard for part in self._every_part() for shard in part.shards())
         with self._read() as conn:
             return [r[0] for r in conn.execute("SELECT shard FROM log_heads ORDER BY shard").fetchall()]
 
@@ -310,7 +375,7 @@ class SQLiteShardLog(SQLiteStore):
     def high_waters(self) -> dict[str, int]:
         """Every scope's own mark, in this file and in its partition files."""
         marks = super().high_waters()
-        for part in self._parts:
+        for part in self._every_part():
             for scope, mark in part.high_waters().items():
                 marks[scope] = max(mark, marks.get(scope, 0))
         return dict(sorted(marks.items()))
@@ -321,10 +386,11 @@ class SQLiteShardLog(SQLiteStore):
         Every file gets every floor (a bad one is refused by the first file, before anything is written).
         """
         marks: dict[str, int] = {}
-        for part in self._parts:
-            marks.update(part.raise_high_waters(floors, default=default))
-        for scope, mark in super().raise_high_waters(floors, default=default).items():
-            marks[scope] = max(mark, marks.get(scope, 0))
+        with _within(self.busy_timeout_ms):  # every file's transaction, within one bound
+            for part in self._every_part():
+                marks.update(part.raise_high_waters(floors, default=default))
+            for scope, mark in super().raise_high_waters(floors, default=default).items():
+                marks[scope] = max(mark, marks.get(scope, 0))
         return marks
 
 

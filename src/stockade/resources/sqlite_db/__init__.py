@@ -63,7 +63,7 @@ from stockade.resources._verify import (
     check_keys_given,
     refuse_unsigned_after_signed,
 )
-from stockade.resources.store._sqlite_files import rollback
+from stockade.resources.store._sqlite_files import FileBusy, begin_by, rollback
 
 __all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION",
            "AlreadyApplied"]
@@ -190,13 +190,24 @@ def _check_settings(journal: object, synchronous: object, durable: bool) -> None
                     "(set it, or pass durable=False to accept losing the last commits on power loss)")
 
 
+# The wait for the write lock ends at the connection's own busy timeout on the monotonic clock, and its error
+# says what holds it up (docs/fence-sqlite.md, "A paused writer"). False: the control, SQLite's busy handler
+# alone (which counts only its own sleeps), ending in a bare "database is locked".
+bounded_waits = True
+
+
 def _begin(conn: sqlite3.Connection) -> None:
     if getattr(conn, "autocommit", True) is False:  # Python 3.12's autocommit=False: always in a transaction
         raise InvalidArgument("conn", "open it with autocommit=True or isolation_level=None, not autocommit=False")
     if conn.in_transaction:
         raise InvalidArgument("conn", "already inside a transaction: commit or roll it back before fencing")
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        if bounded_waits:
+            begin_by(conn)  # FileBusy (a BackendUnavailable, certain_no_effect) names the file and its holder
+        else:
+            conn.execute("BEGIN IMMEDIATE")
+    except FileBusy:
+        raise
     except sqlite3.Error as exc:
         raise BackendUnavailable(f"database busy or unavailable: {exc}", certain_no_effect=True) from exc
 

@@ -15,8 +15,10 @@ never goes back and is never reused, also across `stockade.resources.store.backu
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -143,27 +145,82 @@ def remember_verifying(conn: sqlite3.Connection, resource: str, keys: object) ->
 
 
 class FileBusy(BackendUnavailable):
-    """Another connection holds the file's write lock and the caller chose not to wait. Nothing happened."""
+    """Another connection holds the file's write lock and the caller's wait (none, or its deadline) ran out.
+
+    Nothing happened (``certain_no_effect``); the message names the file and says what holds it up.
+    """
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail, certain_no_effect=True)
 
 
+#: The longest one SQLite busy wait runs before `write_transaction` looks at its own deadline again.
+BUSY_SLICE_MS = 50
+
+
+def held_by_another(conn: sqlite3.Connection, waited_ms: int) -> str:
+    """What an operation that gave up on the write lock says: whose lock, why it cannot be taken, how long."""
+    try:
+        name = conn.execute("PRAGMA database_list").fetchone()[2] or ":memory:"
+    except sqlite3.Error:
+        name = "the database"
+    return (f"{name}: its write lock is held by another connection, a writer inside its transaction (one paused "
+            f"or frozen there keeps it until it resumes or dies: SQLite cannot take a lock from another "
+            f"process); gave up after {waited_ms} ms")
+
+
+def begin_by(conn: sqlite3.Connection, until_s: float | None = None) -> None:
+    """``BEGIN IMMEDIATE``, waiting for the write lock until ``until_s`` (monotonic; None: the connection's
+    own busy timeout from now), measured on the monotonic clock.
+
+    SQLite's busy handler counts the sleeps it asked for, not the time that passed: on a busy host one
+    busy timeout of N ms takes longer than N ms. So it waits in slices of `BUSY_SLICE_MS` at most, and
+    the monotonic clock decides when to stop. The connection's own busy timeout is put back after.
+
+    Raises:
+        FileBusy: ``until_s`` passed and another connection still holds the write lock.
+    """
+    began_s = time.monotonic()
+    (usual,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    if until_s is None:
+        until_s = began_s + int(usual) / 1000
+    try:
+        while True:
+            left_ms = math.ceil((until_s - time.monotonic()) * 1000)
+            conn.execute(f"PRAGMA busy_timeout = {max(0, min(left_ms, BUSY_SLICE_MS))}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() >= until_s:
+                    raise FileBusy(held_by_another(conn, round((time.monotonic() - began_s) * 1000))) from exc
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(usual)}")
+
+
 @contextmanager
-def write_transaction(conn: sqlite3.Connection, *, wait_ms: int | None = None) -> Iterator[sqlite3.Connection]:
+def write_transaction(
+    conn: sqlite3.Connection, *, wait_ms: int | None = None, until_s: float | None = None,
+) -> Iterator[sqlite3.Connection]:
     """One IMMEDIATE transaction, committed (fsync'd) when the block ends, rolled back on any exception.
 
     Args:
         wait_ms: wait at most this long for the file's write lock (None: the
             connection's busy timeout; 0: not at all).
+        until_s: instead, wait for it until this monotonic time (`begin_by`): the
+            deadline of the whole operation, of which earlier waits took their share.
 
     Raises:
-        FileBusy: ``wait_ms`` passed and another connection holds the write lock.
+        FileBusy: ``wait_ms`` or ``until_s`` passed and another connection holds the write lock.
         BackendUnavailable: BEGIN, a statement or COMMIT failed (``certain_no_effect``
             when nothing of the transaction can have landed).
     """
     try:
-        if wait_ms is None:
+        if until_s is not None:
+            begin_by(conn, until_s)
+        elif wait_ms is None:
             conn.execute("BEGIN IMMEDIATE")
         else:
             (usual,) = conn.execute("PRAGMA busy_timeout").fetchone()
@@ -172,6 +229,8 @@ def write_transaction(conn: sqlite3.Connection, *, wait_ms: int | None = None) -
                 conn.execute("BEGIN IMMEDIATE")
             finally:
                 conn.execute(f"PRAGMA busy_timeout = {int(usual)}")
+    except FileBusy:
+        raise
     except sqlite3.OperationalError as exc:
         if wait_ms is not None and "locked" in str(exc):
             raise FileBusy(f"store busy: {exc}") from exc
@@ -186,14 +245,14 @@ def write_transaction(conn: sqlite3.Connection, *, wait_ms: int | None = None) -
             raise BackendUnavailable(f"store write failed: {exc}", certain_no_effect=rolled_back) from exc
         except BaseException:
             rollback(conn)
-            journal_alone(conn, refused)
+            journal_alone(conn, refused, until_s=until_s)
             raise
     try:
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         rollback(conn)
         raise BackendUnavailable(f"store commit failed: {exc}") from exc
-    journal_alone(conn, refused)  # a batch's refusals, once its accepted writes are durable
+    journal_alone(conn, refused, until_s=until_s)  # a batch's refusals, once its accepted writes are durable
 
 
 def fsync_path(path: Path, *, directory: bool = False) -> None:

@@ -15,6 +15,7 @@ never a change. Bounded: the last `REJECTIONS_PER_SCOPE` per scope,
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import threading
@@ -94,6 +95,7 @@ def refusals_path(store_path: str | Path) -> Path:
 _open_journals: dict[str, sqlite3.Connection] = {}
 _open_lock = threading.Lock()
 OPEN_JOURNALS_MAX = 64
+JOURNAL_WAIT_MS = 1_000  # the longest a refusal's note waits for the journal file's lock
 
 
 def _journal_of(store_path: str) -> sqlite3.Connection:
@@ -101,7 +103,7 @@ def _journal_of(store_path: str) -> sqlite3.Connection:
     if side is None:
         path = refusals_path(store_path)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        side = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=1.0)
+        side = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=JOURNAL_WAIT_MS / 1000)
         side.execute("PRAGMA synchronous=FULL")
         if len(_open_journals) >= OPEN_JOURNALS_MAX:
             _open_journals.pop(next(iter(_open_journals))).close()
@@ -109,25 +111,35 @@ def _journal_of(store_path: str) -> sqlite3.Connection:
     return side
 
 
-def journal_alone(conn: sqlite3.Connection, notes: list[Note]) -> None:
-    """Write ``notes`` to the refusal journal of ``conn``'s store file, in a transaction of their own; best effort."""
+def journal_alone(conn: sqlite3.Connection, notes: list[Note], *, until_s: float | None = None) -> None:
+    """Write ``notes`` to the refusal journal of ``conn``'s store file, in a transaction of their own; best effort.
+
+    ``until_s``: the deadline (monotonic) of the refused write. The notes wait for the journal at most
+    until then (and never more than `JOURNAL_WAIT_MS`), and are dropped rather than waited for past it:
+    the refusal is counted and logged all the same (R5).
+    """
     if not notes:
+        return
+    until_s = min(time.monotonic() + JOURNAL_WAIT_MS / 1000, float("inf") if until_s is None else until_s)
+    if not _open_lock.acquire(timeout=max(0.0, until_s - time.monotonic())):
         return
     try:
         store_path = conn.execute("PRAGMA database_list").fetchone()[2]
         if not store_path:
             return  # an in-memory database keeps no journal
-        with _open_lock:
-            side = _journal_of(store_path)
-            side.execute("BEGIN IMMEDIATE")
-            try:
-                journal(side, notes)
-                side.execute("COMMIT")
-            except BaseException:
-                side.execute("ROLLBACK")
-                raise
+        side = _journal_of(store_path)
+        side.execute(f"PRAGMA busy_timeout = {max(0, math.floor((until_s - time.monotonic()) * 1000))}")
+        side.execute("BEGIN IMMEDIATE")
+        try:
+            journal(side, notes)
+            side.execute("COMMIT")
+        except BaseException:
+            side.execute("ROLLBACK")
+            raise
     except (sqlite3.Error, OSError):
         pass  # a refused write changed nothing; losing its note is not losing a change
+    finally:
+        _open_lock.release()
 
 
 def read_rejections(conn: sqlite3.Connection, scope: str, limit: int) -> list[HistoryEvent]:

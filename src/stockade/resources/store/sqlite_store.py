@@ -39,6 +39,7 @@ import builtins
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,17 +93,8 @@ from stockade.resources.store._sqlite_journal import reject  # _observe.reject, 
 from stockade.resources.store._sqlite_tx import PENDING_SEQ, TX_BUFFER_BYTES_MAX, BufferedUnit, LockedUnit
 
 __all__ = [
-    "SQLiteStore",
-    "BatchWrite",
-    "SCOPES_MAX",
-    "AUDIT_RECORDS_MAX",
-    "IDEMPOTENCY_KEYS_MAX",
-    "TX_WRITES_MAX",
-    "TX_BUFFER_BYTES_MAX",
-    "PENDING_SEQ",
-    "VALUE_BYTES_CEILING",
-    "BUSY_TIMEOUT_MS_DEFAULT",
-    "BUSY_TIMEOUT_MS_MAX",
+    "SQLiteStore", "BatchWrite", "SCOPES_MAX", "AUDIT_RECORDS_MAX", "IDEMPOTENCY_KEYS_MAX", "TX_WRITES_MAX",
+    "TX_BUFFER_BYTES_MAX", "PENDING_SEQ", "VALUE_BYTES_CEILING", "BUSY_TIMEOUT_MS_DEFAULT", "BUSY_TIMEOUT_MS_MAX",
 ]
 
 
@@ -203,16 +195,17 @@ class SQLiteStore(Verification):
         self.close()
 
     @contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        """Hold this object's lock (bounded wait) and hand out the connection."""
+    def _connection(self, until_s: float | None = None) -> Iterator[sqlite3.Connection]:
+        """Hold this object's lock, waited for until ``until_s`` (monotonic; None: busy_timeout_ms); the connection."""
         me = threading.get_ident()
         if self._owner == me:
             # Only this thread can have set _owner to its own id, so this read is race-free.
             raise InvalidArgument("store", "this thread has a transaction open on this store; use its Tx object")
-        if not self._lock.acquire(timeout=self.busy_timeout_ms / 1000):
-            raise BackendUnavailable(
-                f"store busy: lock not free within {self.busy_timeout_ms} ms", certain_no_effect=True
-            )
+        left_s = self.busy_timeout_ms / 1000 if until_s is None else max(0.0, until_s - time.monotonic())
+        if not self._lock.acquire(timeout=left_s):
+            raise BackendUnavailable(f"store {self.path} busy: another thread of this process kept it (in, or "
+                                     f"waiting for, its transaction) past the {self.busy_timeout_ms} ms bound",
+                                     certain_no_effect=True)
         self._owner = me
         try:
             if self._conn is None:
@@ -230,14 +223,19 @@ class SQLiteStore(Verification):
             except sqlite3.Error as exc:
                 raise BackendUnavailable(f"store read failed: {exc}", certain_no_effect=True) from exc
 
+    # One deadline per write, busy_timeout_ms from its start, for this object's lock and SQLite's together
+    # (docs/shard-log.md, "A frozen writer"). False: the control, each waited for busy_timeout_ms anew.
+    bounded_waits = True
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction, held from the fence check to the fsync'd COMMIT.
+        """One IMMEDIATE transaction, held from the fence check to the fsync'd COMMIT, begun by one deadline.
 
         Any exception inside rolls everything back, so a rejected or invalid
         write changes nothing.
         """
-        with self._connection() as conn, write_transaction(conn) as open_conn:
+        until_s = time.monotonic() + self.busy_timeout_ms / 1000 if self.bounded_waits else None
+        with self._connection(until_s) as conn, write_transaction(conn, until_s=until_s) as open_conn:
             yield open_conn
 
     # -- the fence (R1, R2, R3, R5): the order is core.fence.check_write's -------------------

@@ -15,6 +15,11 @@
 - `stockade.testing.conformance.fence_retry`: the same adapters' retry class,
   a retry after an unknown outcome (R3 by operation id), on every adapter that
   offers operation ids; the others declare in words why they do not.
+- `stockade.testing.conformance.fence_paused`: the same adapters, a writer
+  paused for real (SIGSTOP) inside its unit while a newer token writes: the
+  newer one completes within the adapter's declared bound and the resumed
+  writer is refused whole (L1); each adapter states its bound, or in words why
+  it has none.
 - `stockade.testing.conformance.history`: every coordinator's lease history
   (grants, expiries, releases), in order and bounded, run beside the
   coordinator suite with its fixtures.
