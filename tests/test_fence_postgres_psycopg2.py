@@ -1,7 +1,7 @@
 """`fenced_sqlalchemy` over ``postgresql+psycopg2``: the fence's errors are stockade's typed errors there too.
 
 psycopg2's errors carry the SQLSTATE as ``pgcode`` (psycopg 3's as ``sqlstate``);
-the edge (`stockade.resources.postgres._edge`) reads both. Before, every fence
+the edge (`stockade.resources.postgres._errors`) reads both. Before, every fence
 error through psycopg2 reached the caller as SQLAlchemy's raw DBAPI error: a
 stale token was no `StaleToken`, a forged one no `TokenMismatch`, a retried
 operation no `AlreadyApplied` (and a superseded writer no `Superseded`:
@@ -72,7 +72,7 @@ def test_the_fence_s_refusals_are_typed_through_psycopg2(session: Any) -> None:
 
 def test_the_control_reads_only_psycopg3_s_sqlstate(session: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The edge as it was (``sqlstate`` only): through psycopg2 the stale token is SQLAlchemy's raw error."""
-    from stockade.resources.postgres import _edge as _postgres_edge
+    from stockade.resources.postgres import _errors as _postgres_edge
 
     monkeypatch.setattr(_postgres_edge, "_sqlstate", lambda error: getattr(error, "sqlstate", None))
     _write(session, tok(5), "five")

@@ -239,3 +239,31 @@ def test_the_layer_check_can_fail() -> None:
         ("stockade.coordinators.etcd", "stockade.coordinators.etcd._async.port"),
         ("stockade.core.engine", "stockade.client._shared"),
     ]
+
+
+def shadowed_submodules(root: Path = PACKAGE) -> list[str]:
+    """Package ``__init__`` modules that bind a name of one of their own submodules to something else.
+
+    ``from pkg.sub import sub`` in ``pkg/__init__.py`` leaves ``pkg.sub`` the function, so that
+    ``from pkg import sub`` (and a test's ``monkeypatch.setattr`` on it) reaches the wrong object.
+    """
+    found = []
+    for init in sorted(root.rglob("__init__.py")):
+        subs = {path.stem for path in init.parent.glob("*.py")} | {
+            path.name for path in init.parent.iterdir() if (path / "__init__.py").exists()}
+        for node in ast.walk(ast.parse(init.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{init.relative_to(root).as_posix()}: {alias.asname or alias.name}" for alias in node.names
+                          if (alias.asname or alias.name) in subs - {"__init__"}
+                          and not (node.module or "").endswith(f"{init.parent.name}") ]
+    return found
+
+
+def test_no_package_shadows_its_own_submodule(tmp_path: Path) -> None:
+    assert shadowed_submodules() == []
+    # the control: the clash the move made (resources/postgres's _edge function over its _edge module)
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "_edge.py").write_text("def _edge(): ...\n")
+    (package / "__init__.py").write_text("from pkg._edge import _edge\n")
+    assert shadowed_submodules(tmp_path) == ["pkg/__init__.py: _edge"]

@@ -57,7 +57,7 @@ from stockade.resources._observe import reject
 from stockade.resources._verify import UNSIGNED, Verification, refuse_unsigned_after_signed
 from stockade.resources.postgres import _protect as protected
 from stockade.resources.postgres import _sql as q
-from stockade.resources.postgres._edge import _edge, _lost, _rejection, _translate, ended  # noqa: F401
+from stockade.resources.postgres._errors import _edge, _lost, _rejection, _translate, ended  # noqa: F401
 from stockade.resources.postgres._probe import (
     Probe,
     probe_psycopg,
