@@ -72,7 +72,8 @@ def test_control_a_withdrawal_beside_the_attempt_leaves_its_grant(pg_coord_url):
 PAUSED_INSIDE = r"""
 import os, signal, sys
 import stockade
-from stockade.coordinators import postgres, _postgres_coord_tx as tx
+from stockade.coordinators import postgres
+from stockade.coordinators.postgres import _tx as tx
 url, idle_ms = sys.argv[1], int(sys.argv[2])
 postgres.PostgresRecords.idle_in_transaction_ms = idle_ms
 real_commit = tx.PgTx.commit

@@ -18,9 +18,10 @@ import logging
 import threading
 
 import stockade
-from stockade.client import Hooks, _timer
+from stockade.client import Hooks
 from stockade.client._async.coordinator import AsyncLease
 from stockade.client._sync.coordinator import Lease
+from stockade.transport import timer as _timer
 
 
 def _background_threads() -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 import time
 
-from stockade.coordinators import _sqlite_journal, _sqlite_rows
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
+from stockade.coordinators.sqlite import _journal as _sqlite_journal
+from stockade.coordinators.sqlite import _rows as _sqlite_rows
 
 path, scope = sys.argv[1], sys.argv[2]
 control = len(sys.argv) > 3 and sys.argv[3] == "control"
