@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Generate the sync client from the async one: one source, two APIs.
+"""Generate every sync twin from its async source: one source, two APIs.
 
-    python scripts/unasync.py          # rewrite src/stockade/client/_sync/
-    python scripts/unasync.py --check  # exit 1 if _sync/ is not what _async/ generates
+    python scripts/unasync.py          # rewrite every _sync/ folder under src/stockade/
+    python scripts/unasync.py --check  # exit 1 if a _sync/ is not what its _async/ generates
 
-Rules are plain token rewrites; the only hand-written twins are in transport/io.py.
+Every folder named ``_async`` under src/stockade/ (the client, each backend's
+port, the Redis fence) is a source; its sibling ``_sync`` is its output, with
+no list to edit. Rules are plain token rewrites; what cannot be generated is in
+transport/ (io.py, kazoo.py).
 
 Code and prose are rewritten differently. In code every rule applies. In
 prose (comments and string literals, docstrings included) only the *name*

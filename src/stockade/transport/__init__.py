@@ -1,4 +1,4 @@
-"""Transport: the I/O below the backends, and the only hand-written sync/async pairs.
+"""Transport: the I/O below the backends, and its hand-written sync/async pairs.
 
 - `io`: how to sleep, wait, spawn, schedule, block and open a TCP stream, as ``AsyncIO`` and ``SyncIO``.
 - `timer`: the one timer thread of the sync side.

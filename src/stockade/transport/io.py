@@ -1,4 +1,4 @@
-"""The only hand-written twins: how to sleep, wait, spawn, schedule and block.
+"""The hand-written twins every generated one stands on: how to sleep, wait, spawn, schedule and block.
 
 Everything else with a sync and an async face (the client, each backend's port)
 is written once, async, in an ``_async/`` folder, and its ``_sync/`` sibling is
