@@ -303,11 +303,10 @@ export class Client {
 
   private async write(operation: "put" | "deleteKey", scope: string, key: string, body: Uint8Array | undefined,
     options: { token: TokenLike; idempotencyKey?: string }): Promise<WriteResult> {
+    const idempotencyKey = options?.idempotencyKey === undefined ? undefined : validatePrintable("idempotencyKey", options.idempotencyKey);
     const token = this.writeToken(options?.token);
     const headers: Record<string, string> = { "Fencing-Token": token.encoded };
-    if (options.idempotencyKey !== undefined) {
-      headers["Idempotency-Key"] = validatePrintable("idempotencyKey", options.idempotencyKey);
-    }
+    if (idempotencyKey !== undefined) headers["Idempotency-Key"] = idempotencyKey;
     const doc = await this.json(operation, { scope, key }, {
       ...(body === undefined ? {} : { body, contentType: "application/octet-stream" }),
       headers, context: { scope, token },
@@ -488,15 +487,18 @@ export class Lease {
     }, Math.max(0, this.deadlineMs - performance.now()) + 1);
   }
 
-  /** @internal Start the keepalive; a long-polled grant (older than TTL/3) is renewed at once. */
+  /**
+   * @internal Start the keepalive and the deadline timer. A long-polled grant (older than TTL/3) is
+   * renewed at once, so that its deadline counts from now rather than from the acquire's send time.
+   */
   async start(): Promise<void> {
-    this.armDeadline();
     const ageMs = performance.now() - (this.deadlineMs - this.ttlMs + lostMarginMs(this.ttlMs));
     if (ageMs > this.ttlMs / 3) {
       try {
-        await this.renew();
+        await this.renewNow();
       } catch (error) {
-        if (error instanceof BackendUnavailable) {
+        if (error instanceof BackendUnavailable) { // granted and not lost yet: retry, the deadline decides
+          this.armDeadline();
           this.scheduleRenew(RENEW_RETRY_MS);
           return;
         }
@@ -504,6 +506,7 @@ export class Lease {
         throw error;
       }
     }
+    this.armDeadline();
     this.scheduleRenew(this.ttlMs / 3);
   }
 
@@ -535,6 +538,10 @@ export class Lease {
    */
   async renew(): Promise<void> {
     this.raiseIfLost();
+    await this.renewNow();
+  }
+
+  private async renewNow(): Promise<void> {
     const sentMs = performance.now();
     let doc: { [key: string]: Json };
     try {
@@ -551,9 +558,9 @@ export class Lease {
     }
     const renewed = tokenFrom(doc);
     if (!renewed.equals(this.token)) throw new InvariantViolation(`renewal answered another token: ${renewed}`);
-    if (this.lost) throw new LeaseLost(this.scope, this.token, this.cause);
     this.deadlineMs = Math.max(this.deadlineMs, sentMs + this.ttlMs - lostMarginMs(this.ttlMs));
-    this.armDeadline();
+    if (this.controller.signal.aborted) throw new LeaseLost(this.scope, this.token, this.cause);
+    if (!this.released) this.armDeadline();
   }
 
   private clientTimeout(): number {
