@@ -46,7 +46,7 @@ def _tokens() -> dict[str, Any]:
         assert (back.cluster, back.scope, str(back.value)) == (entry["cluster"], entry["scope"], entry["value"])
     invalid = [
         "", "stk1", "stk1.c0ffee00c0ffee00.17", f"stk3.{CLUSTER}.17.reports", f"STK1.{CLUSTER}.17.reports",
-        f"stk1.C0FFEE00C0FFEE00.17.reports", f"stk1.{CLUSTER[:-1]}.17.reports", f"stk1.{CLUSTER}.0.reports",
+        "stk1.C0FFEE00C0FFEE00.17.reports", f"stk1.{CLUSTER[:-1]}.17.reports", f"stk1.{CLUSTER}.0.reports",
         f"stk1.{CLUSTER}.017.reports", f"stk1.{CLUSTER}.-1.reports", f"stk1.{CLUSTER}.{2**63}.reports",
         f"stk1.{CLUSTER}.1e3.reports", f"stk1.{CLUSTER}.17.", f"stk1.{CLUSTER}.17.rep orts",
         f"stk1.{CLUSTER}.17..", f"stk1.{CLUSTER}.17.{'s' * 201}", f"stk2.{CLUSTER}.17.reports",
@@ -127,7 +127,8 @@ def contract() -> str:
     vectors = {
         "comment": "Written by scripts/ts_contract.py from the Python side; do not edit by hand.",
         "problemTypePrefix": problems.PROBLEM_TYPE_PREFIX,
-        "problemTypes": [{"code": p.code, "title": p.title, "status": p.status} for p in problems.PROBLEM_TYPES.values()],
+        "problemTypes": [{"code": p.code, "title": p.title, "status": p.status}
+                         for p in problems.PROBLEM_TYPES.values()],
         "tokens": _tokens(),
         "problems": _problems(),
         "routes": _routes(),

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -56,6 +57,22 @@ def test_a_stale_contract_file_is_caught(monkeypatch, tmp_path, capsys) -> None:
     assert "stale" in capsys.readouterr().err
 
 
+def test_the_package_packs_its_built_sources_only() -> None:
+    """``npm pack`` ships the compiled client (JavaScript, declarations) and its sources, not the tests."""
+    node, tsc = _tools()
+    build = subprocess.run([str(tsc), "-p", str(PACKAGE)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    npm = shutil.which("npm")
+    assert npm is not None
+    packed = subprocess.run([npm, "pack", "--dry-run", "--json"], cwd=PACKAGE, capture_output=True, text=True,
+                            timeout=120)
+    assert packed.returncode == 0, packed.stderr
+    files = {entry["path"] for entry in json.loads(packed.stdout)[0]["files"]}
+    for needed in ("package.json", "dist/src/index.js", "dist/src/index.d.ts", "dist/src/pg.js", "src/client.ts"):
+        assert needed in files, sorted(files)
+    assert not [f for f in files if f.startswith(("dist/test", "test/", "node_modules"))], sorted(files)
+
+
 def _tools() -> tuple[str, Path]:
     node = shutil.which("node")
     tsc = PACKAGE / "node_modules" / ".bin" / "tsc"
@@ -67,19 +84,66 @@ def _tools() -> tuple[str, Path]:
 
 
 @pytest.fixture
-def fenced_pg(pg_db, http_server) -> str:
-    """A fresh database with the fence installed (the server's keys) and the table the workers take turns on."""
+def fenced_pg(pg_db, http_server):
+    """A fresh database with the fence installed (the server's keys; supersession after 300 ms) and the tables
+    the workers and the docs' example write, as a url of a role that is not a superuser (PostgreSQL lets
+    only a superuser end a superuser's session, so a paused superuser could not be superseded)."""
     import psycopg
 
     from stockade.resources.postgres import install
 
     server, name = pg_db
-    url = server.url(name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        install(conn, keys=str(http_server.data_dir / "coord.keys"))
+    app = f"{name}_app"
+    with psycopg.connect(server.url(name), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {app} LOGIN")
+        install(conn, keys=str(http_server.data_dir / "coord.keys"), supersede_after_ms=300)
         conn.execute("CREATE TABLE shared (id int PRIMARY KEY, value text NOT NULL, token_value bigint)")
         conn.execute("INSERT INTO shared VALUES (1, 'initial', NULL)")
-    return url
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, state text)")  # docs/typescript.md's example
+        conn.execute("INSERT INTO orders VALUES (42, 'new')")
+        conn.execute(f"GRANT ALL ON shared, orders TO {app}")
+    yield server.url(name).replace(f"//{server.url(name).split('//', 1)[1].split('@', 1)[0]}@", f"//{app}@")
+    with psycopg.connect(server.url(name), autocommit=True) as conn:
+        conn.execute(f"DROP OWNED BY {app}")
+        conn.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{app}'")
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {app}")
+
+
+def doc_blocks() -> list[tuple[str, str]]:
+    """The ``ts`` code blocks of README.md and docs/typescript.md: (where, code)."""
+    found = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "typescript.md"):
+        text = doc.read_text()
+        for match in re.finditer(r"^```ts\n(.*?)^```", text, re.M | re.S):
+            found.append((f"{doc.name}:{text[:match.start()].count(chr(10)) + 1}", match.group(1)))
+    return found
+
+
+def _run_doc_blocks(node: str, tsc: Path, server_url: str, pg_url: str) -> list[str]:
+    """Each block type-checked (strict) and run as written, the server's address in place of the default port."""
+    out = PACKAGE / "dist" / "doc-examples"  # inside the package: "stockade-client" resolves to itself
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    blocks = doc_blocks()
+    files = []
+    for i, (_where, code) in enumerate(blocks):
+        path = out / f"block{i}.mts"
+        path.write_text(code.replace("http://127.0.0.1:7390", server_url))
+        files.append(path)
+    check = subprocess.run([str(tsc), "--strict", "--noEmit", "--module", "nodenext", "--moduleResolution", "nodenext",
+                            "--target", "es2022", "--types", "node", "--skipLibCheck", *map(str, files)],
+                           cwd=PACKAGE, capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    ran = []
+    for (where, _), path in zip(blocks, files, strict=True):
+        script = path.with_suffix(".mjs")
+        script.write_text(path.read_text())  # the blocks use no type syntax: the checked text runs as is
+        result = subprocess.run([node, str(script)], cwd=PACKAGE, env=dict(os.environ, DATABASE_URL=pg_url),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{where}: {result.stdout}{result.stderr}"
+        ran.append(where)
+    return ran
 
 
 def test_node_suite(http_server, fenced_pg, tmp_path) -> None:
@@ -87,6 +151,7 @@ def test_node_suite(http_server, fenced_pg, tmp_path) -> None:
     node, tsc = _tools()
     build = subprocess.run([str(tsc), "-p", str(PACKAGE)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr
+    assert len(_run_doc_blocks(node, tsc, http_server.url, fenced_pg)) >= 3
     control = start_server(tmp_path / "control", control="fencing-off")
     try:
         env = dict(os.environ, STOCKADE_TS_URL=http_server.url, STOCKADE_TS_SERVER_PID=str(http_server.process.pid),

@@ -5,7 +5,8 @@
 
 With --pause it stops between the grant and the write until a line arrives on stdin (the tests freeze it
 there with SIGSTOP). The write names the token, not the lease, so it is sent even if the lease was lost
-meanwhile: the resource decides. Prints "acquired <value>", then "accepted" or "refused <Error>".
+meanwhile: the resource decides. With --pause-inside (pg) it stops inside its fenced transaction instead,
+after its UPDATE, printing "in-transaction". Prints "acquired <value>", then "accepted" or "refused <Error>".
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> int:
     parser.add_argument("--ttl-ms", type=int, default=300)
     parser.add_argument("--wait-ms", type=int, default=10_000)
     parser.add_argument("--pause", action="store_true")
+    parser.add_argument("--pause-inside", action="store_true")
     parser.add_argument("--no-fence", action="store_true")
     args = parser.parse_args()
     auth = os.environ.get("STOCKADE_AUTH_TOKEN") or None
@@ -53,6 +55,9 @@ def main() -> int:
 
             with fenced(conn, lease.token):
                 conn.execute(update, (args.value, lease.token.value))
+                if args.pause_inside:
+                    print("in-transaction", flush=True)
+                    sys.stdin.readline()
         print("accepted", flush=True)
     except stockade.FenceRejected as error:
         print(f"refused {type(error).__name__}", flush=True)

@@ -7,7 +7,9 @@
 // With --pause it stops between the grant and the write until a line arrives on stdin: the tests
 // freeze it there (SIGSTOP) past its TTL to make it a zombie. The write names the token, not the lease,
 // so it is sent even if the lease was lost meanwhile (a pause can fall between any check and the
-// send): the resource decides. It prints "acquired <value>", then "accepted" or "refused <Error>".
+// send): the resource decides. With --pause-inside (pg) it stops inside its fenced transaction
+// instead, after its UPDATE, printing "in-transaction". It prints "acquired <value>", then
+// "accepted" or "refused <Error>".
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
 
@@ -21,7 +23,8 @@ const { values: args } = parseArgs({
     url: { type: "string" }, pg: { type: "string" }, scope: { type: "string", default: "orders" },
     target: { type: "string", default: "store" }, value: { type: "string", default: "from-node" },
     "ttl-ms": { type: "string", default: "300" }, "wait-ms": { type: "string", default: "10000" },
-    pause: { type: "boolean", default: false }, "no-fence": { type: "boolean", default: false },
+    pause: { type: "boolean", default: false }, "pause-inside": { type: "boolean", default: false },
+    "no-fence": { type: "boolean", default: false },
   },
 });
 if (args.url === undefined || (args.target === "pg" && args.pg === undefined)) {
@@ -34,11 +37,12 @@ const db = args.target === "pg" ? new pg.Client({ connectionString: args.pg }) :
 await db?.connect();
 const lease = await client.acquire(args.scope, { ttlMs: Number(args["ttl-ms"]), waitMs: Number(args["wait-ms"]) });
 console.log(`acquired ${lease.token.value}`);
-if (args.pause) {
+async function pause(): Promise<void> {
   const lines = createInterface({ input: process.stdin });
   await new Promise((resolve) => lines.once("line", resolve));
   lines.close();
 }
+if (args.pause) await pause();
 try {
   if (db === undefined) {
     await client.put(args.scope, "shared", args.value, { token: lease.token });
@@ -49,6 +53,10 @@ try {
   } else {
     await fenced(db, lease.token, async (tx) => {
       await tx.query("UPDATE shared SET value = $1, token_value = $2 WHERE id = 1", [args.value, String(lease.token.value)]);
+      if (args["pause-inside"]) {
+        console.log("in-transaction");
+        await pause();
+      }
     });
   }
   console.log("accepted");

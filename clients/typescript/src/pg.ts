@@ -19,6 +19,10 @@
  *     57P01     the session was ended inside the transaction: a     Superseded (a StaleToken)
  *               newer token superseded this paused holder
  *     (a connection failure)                                        BackendUnavailable (outcome unknown)
+ *
+ * After `Superseded` or `BackendUnavailable` the client's connection is gone: connect a new client.
+ * `fenced` leaves its 'error' listener on the dead one, so the events node-postgres still emits for
+ * it cannot crash the process as unhandled 'error' events.
  */
 
 import {
@@ -92,6 +96,7 @@ export async function fenced<T>(
   };
   client.on?.("error", onError);
   let began = false;
+  let dead = false;
   try {
     await client.query("BEGIN");
     began = true;
@@ -103,9 +108,14 @@ export async function fenced<T>(
     return result;
   } catch (error) {
     if (began) await client.query("ROLLBACK").catch(() => undefined);
-    throw translate(error, ended, fencing, scope, opId);
+    const translated = translate(error, ended, fencing, scope, opId);
+    // A connection that ended (Superseded, BackendUnavailable) still emits 'error' events after this
+    // returns ("Connection terminated unexpectedly" once the socket closes): the listener stays on the
+    // dead client, so they cannot crash the process. The client is unusable: connect a new one.
+    dead = translated instanceof Superseded || translated instanceof BackendUnavailable;
+    throw translated;
   } finally {
-    client.off?.("error", onError);
+    if (!dead) client.off?.("error", onError);
   }
 }
 

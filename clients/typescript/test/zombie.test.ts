@@ -18,17 +18,21 @@ interface Round {
   target: "store" | "pg";
   url: string;
   noFence?: boolean;
+  /** Frozen inside its fenced transaction (after its UPDATE), not before it. */
+  inside?: boolean;
   round: number;
 }
 
 /** One round; returns the zombie's outcome and the value left in the resource. */
 async function zombieRound(r: Round): Promise<{ outcome: string; value: string }> {
-  const scope = `zombie-${r.target}-${r.zombie}-${r.noFence ? "off" : "on"}-${process.pid}-${r.round}`;
+  const scope = `zombie-${r.target}-${r.zombie}-${r.noFence ? "off" : "on"}${r.inside ? "-inside" : ""}-${process.pid}-${r.round}`;
   const common = ["--url", r.url, "--scope", scope, "--target", r.target, "--ttl-ms", "300",
     ...(r.target === "pg" ? ["--pg", env.pgUrl ?? ""] : [])];
-  const zombie = new Worker(r.zombie, [...common, "--value", "zombie", "--pause", ...(r.noFence ? ["--no-fence"] : [])]);
+  const zombie = new Worker(r.zombie, [...common, "--value", "zombie", r.inside ? "--pause-inside" : "--pause",
+    ...(r.noFence ? ["--no-fence"] : [])]);
   try {
     assert.match(await zombie.line(), /^acquired \d+$/);
+    if (r.inside) assert.equal(await zombie.line(), "in-transaction", zombie.stderr);
     process.kill(zombie.proc.pid!, "SIGSTOP");
     const holder = new Worker(r.holder, [...common, "--value", `holder-${r.round}`, "--wait-ms", "20000"]);
     assert.match(await holder.line(), /^acquired \d+$/, holder.stderr);
@@ -66,12 +70,13 @@ async function valueOf(r: Round, scope: string): Promise<string> {
   }
 }
 
-async function scenario(name: string, base: Omit<Round, "round">, expectRefused: boolean): Promise<void> {
+async function scenario(name: string, base: Omit<Round, "round">, expectRefused: boolean,
+  refusal = "refused StaleToken"): Promise<void> {
   let refused = 0;
   let accepted = 0;
   for (let round = 0; round < env.rounds; round++) {
     const { outcome, value } = await zombieRound({ ...base, round });
-    if (outcome === "refused StaleToken") {
+    if (outcome === refusal) {
       refused++;
       assert.equal(value, `holder-${round}`, `${name}: the holder's write is what stays`);
     } else {
@@ -80,7 +85,7 @@ async function scenario(name: string, base: Omit<Round, "round">, expectRefused:
       assert.equal(value, "zombie");
     }
   }
-  console.log(`FIGURE ${name}: zombie writes accepted ${accepted} of ${env.rounds}, refused (StaleToken) ${refused} of ${env.rounds}`);
+  console.log(`FIGURE ${name}: zombie writes accepted ${accepted} of ${env.rounds}, ${refusal} ${refused} of ${env.rounds}`);
   if (expectRefused) assert.equal(accepted, 0, `${name}: a zombie's write was accepted`);
   else assert.equal(refused, 0, `${name} (control): fencing off, yet the zombie was refused`);
 }
@@ -100,6 +105,14 @@ test("PostgreSQL fence: a Node zombie is refused after a Python holder wrote", {
 
 test("PostgreSQL fence: a Python zombie is refused after a Node holder wrote", { skip: skipPg }, () =>
   scenario("pg, Python zombie, Node holder", { zombie: "python", holder: "node", target: "pg", url: env.url! }, true));
+
+test("PostgreSQL fence: a Node zombie frozen inside its transaction is superseded by a Python holder", { skip: skipPg }, () =>
+  scenario("pg, Node zombie frozen inside its transaction, Python holder",
+    { zombie: "node", holder: "python", target: "pg", url: env.url!, inside: true }, true, "refused Superseded"));
+
+test("PostgreSQL fence: a Python zombie frozen inside its transaction is superseded by a Node holder", { skip: skipPg }, () =>
+  scenario("pg, Python zombie frozen inside its transaction, Node holder",
+    { zombie: "python", holder: "node", target: "pg", url: env.url!, inside: true }, true, "refused Superseded"));
 
 test("control: store with fencing off (a server whose store accepts every token): the Node zombie's write lands", { skip: skipControl }, () =>
   scenario("control store (fencing off), Node zombie", { zombie: "node", holder: "python", target: "store", url: env.controlUrl! }, false));
