@@ -114,6 +114,12 @@ def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+def _short(token: int | None) -> str:
+    """A token as a label: whole up to 6 digits, else its last 4 (the full value is in the tooltip and the log)."""
+    text = "" if token is None else str(token)
+    return text if len(text) <= 6 else "\u2026" + text[-4:]
+
+
 def _lanes(events: Sequence[Event]) -> list[str]:
     seen: list[str] = []
     for event in events:
@@ -134,6 +140,7 @@ def _ticks(span_ms: float) -> list[float]:
 
 
 def _svg(events: Sequence[Event]) -> str:
+    """One drawing: a lane per worker, the time axis on top, faults as vertical lines."""
     lanes = _lanes(events)
     origin = min(e.at_ms for e in events)
     span = max(max(e.at_ms for e in events) - origin, 1.0)
@@ -171,7 +178,8 @@ def _svg(events: Sequence[Event]) -> str:
             glyph = "\u2715" if event.outcome == "refused" else ""
             out.append(f'<g class="write {_esc(event.outcome or "")}"><circle cx="{wx:.1f}" cy="{wy:.1f}" r="6" '
                        f'fill="{colour}"/><text x="{wx:.1f}" y="{wy + 4:.1f}" class="glyph">{glyph}</text>'
-                       f'<text x="{wx:.1f}" y="{wy + 19:.1f}" class="wlabel">{_esc(event.token or "")}</text>'
+                       + (f'<text x="{wx:.1f}" y="{wy + 19:.1f}" class="wlabel">{_esc(_short(event.token))}</text>'
+                          if event.outcome == "refused" else "") +
                        f'<title>{_esc(event.lane)}: {_esc(event.describe())}</title></g>')
     out.append("</svg>")
     return "\n".join(out)
@@ -204,8 +212,8 @@ def _bars(events: Sequence[Event], lanes: list[str], x: object, y: object) -> li
             x0, x1, top = x(begun.at_ms), max(x(until), x(begun.at_ms) + 2), y(lane)
             if kind == "lease":
                 out.append(f'<g class="lease"><rect x="{x0:.1f}" y="{top + 8}" width="{x1 - x0:.1f}" height="14" '
-                           f'rx="3"/><text x="{x0 + 3:.1f}" y="{top + 19}" class="leaselabel">token '
-                           f'{_esc(begun.token)}</text><title>{_esc(lane)}: lease, token {_esc(begun.token)}'
+                           f'rx="3"/><text x="{x0 + 3:.1f}" y="{top + 19}" class="leaselabel">'
+                           f'{_esc(_short(begun.token))}</text><title>{_esc(lane)}: lease, token {_esc(begun.token)}'
                            f'</title></g>')
             else:
                 out.append(f'<rect x="{x0:.1f}" y="{top + 2}" width="{x1 - x0:.1f}" height="{_LANE_PX - 4}" '
@@ -215,7 +223,7 @@ def _bars(events: Sequence[Event], lanes: list[str], x: object, y: object) -> li
 
 _CSS = """
 body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222;background:#fff}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 6px}
+h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 6px}h3{font-size:14px;margin:14px 0 2px}
 table{border-collapse:collapse;margin:4px 0}td,th{border:1px solid #ccc;padding:3px 10px;text-align:left}
 .held,.ok{color:#1a9850;font-weight:600}.broken,.FAIL{color:#d73027;font-weight:600}.warn{color:#b8860b;font-weight:600}
 .band{fill:#fafafa;stroke:#e4e4e4}.lanelabel{font-weight:600;font-size:13px}.grid{stroke:#ddd}
@@ -263,6 +271,13 @@ def render_html(title: str, events: Sequence[Event], *, verdicts: Sequence[Verdi
                   f'{_esc(s.verdict)}</td></tr>' for s in setup]
         parts.append("</table>")
     parts.append("<h2>Timeline</h2>" + _legend())
-    parts.append(_svg(ordered) if ordered else "<p>no events</p>")
+    cases = list(dict.fromkeys(e.case for e in ordered))
+    for case in cases:  # one drawing per case, each on its own time scale
+        own = [e for e in ordered if e.case == case]
+        if len(cases) > 1:
+            parts.append(f'<h3 class="case">{_esc(case or "other")}</h3>')
+        parts.append(_svg(own))
+    if not ordered:
+        parts.append("<p>no events</p>")
     parts.append(f'<h2>Event log</h2><pre id="log">{_esc(render_text(ordered))}</pre></body></html>')
     return "\n".join(parts)
