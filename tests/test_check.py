@@ -45,10 +45,13 @@ def cases(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return found
 
 
-def assert_held(result: subprocess.CompletedProcess[str]) -> None:
+def assert_held(result: subprocess.CompletedProcess[str], *, network: bool = False) -> None:
+    """Every case held; ``network``: the resource is reached over TCP, so the delay case ran too."""
     assert result.returncode == 0, result.stdout + result.stderr
-    assert cases(result) == {"pause": "held", "retries": "held"}
+    expected = {"pause": "held", "retries": "held"} | ({"delay": "held"} if network else {})
+    assert cases(result) == expected
     assert f"0 of {ROUNDS} stale writes applied" in result.stdout
+    assert (f"0 of {ROUNDS} delayed writes applied" in result.stdout) == network
     assert "Traceback" not in result.stderr
 
 
@@ -143,7 +146,7 @@ def test_directory_control_fails(tmp_path: Path, embedded) -> None:
 
 def test_serve_and_its_store(serve) -> None:
     server = serve()
-    assert_held(check("--coordinator", server.url, "--resource", server.url))
+    assert_held(check("--coordinator", server.url, "--resource", server.url), network=True)
 
 
 @pytest.fixture
@@ -158,7 +161,7 @@ def pg_fenced() -> Iterator[tuple[str, str]]:
 def test_postgres_coordinator_and_postgres_fence(pg_fenced) -> None:
     coord_url, app_url = pg_fenced
     result = check("--coordinator", coord_url, "--resource", app_url)
-    assert_held(result)
+    assert_held(result, network=True)
     assert "ok    fence schema installed" in result.stdout
     with psycopg.connect(app_url) as conn:
         left = conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'stockade_check_%'").fetchone()
@@ -169,7 +172,8 @@ def test_postgres_table_written_without_the_fence_fails(pg_fenced) -> None:
     coord_url, app_url = pg_fenced
     result = check("--coordinator", coord_url, "--resource", app_url, "--control", "fencing-off")
     assert result.returncode == 1
-    assert cases(result) == {"pause": "BROKEN", "retries": "BROKEN"}
+    assert cases(result) == {"pause": "BROKEN", "delay": "BROKEN", "retries": "BROKEN"}
+    assert f"{ROUNDS} of {ROUNDS} delayed writes applied" in result.stdout
 
 
 def test_postgres_repeatable_read_is_said_before_the_cases(pg_fenced) -> None:
@@ -179,7 +183,7 @@ def test_postgres_repeatable_read_is_said_before_the_cases(pg_fenced) -> None:
         conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_isolation = \'repeatable read\'')
     result = check("--coordinator", coord_url, "--resource", app_url)
     assert "warn  default isolation level: repeatable read" in result.stdout
-    assert_held(result)  # the fence holds under it (docs/fence-postgres.md); the line says what to expect
+    assert_held(result, network=True)  # the fence holds under it (docs/fence-postgres.md); the line says what to expect
 
 
 @pytest.fixture
@@ -192,7 +196,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 def test_redis(redis_server: RedisServer, embedded) -> None:
     result = check("--coordinator", embedded[0], "--resource", redis_server.url)
-    assert_held(result)
+    assert_held(result, network=True)
     assert "ok    maxmemory-policy (eviction): noeviction" in result.stdout
     import redis
 
@@ -203,7 +207,7 @@ def test_redis(redis_server: RedisServer, embedded) -> None:
 
 def test_redis_control_and_evicting_policy_fail(redis_server: RedisServer, embedded) -> None:
     result = check("--coordinator", embedded[0], "--resource", redis_server.url, "--control", "fencing-off")
-    assert result.returncode == 1 and cases(result)["pause"] == "BROKEN"
+    assert result.returncode == 1 and cases(result)["pause"] == cases(result)["delay"] == "BROKEN"
     import redis
 
     client = redis.Redis.from_url(redis_server.url)

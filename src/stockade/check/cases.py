@@ -9,6 +9,11 @@ by how long anything took:
   the lease once A's expired at the coordinator (token m) and writes; A is
   resumed and its write, with n, reaches the resource. Held when it is refused
   and B's value is what the resource holds. Figure: stale writes applied, of N.
+- ``delay`` (a delayed request): A's write leaves A under a valid lease and is
+  held in a TCP proxy the check runs between A and the resource; A is frozen
+  so its lease runs out; B takes the lease and writes; the held bytes are
+  released. Held when the resource refuses them. Only for resources reached
+  over TCP (PostgreSQL, Redis, stockade serve over http).
 - ``retries`` (concurrent writers with retries): three holders in turn, each
   writing every key and retrying each write with the same token (and the same
   operation id, where the resource keeps them, R3); after the next holder
@@ -30,10 +35,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from stockade.check._proxy import HoldProxy
 from stockade.check.targets import Target, scratch_scope
 from stockade.timeline import Event, Verdict
 
-__all__ = ["Run", "WorkerFailed", "pause_case", "retries_case"]
+__all__ = ["Run", "WorkerFailed", "pause_case", "delay_case", "retries_case"]
 
 #: How long one answer of a worker may take (an acquire waits at most its wait_ms within it).
 ANSWER_S = 30.0
@@ -70,9 +76,10 @@ class Run:
         self.events.append(Event(at_ms=(time.monotonic() - self.t0) * 1000, lane=lane, kind=kind, case=self.case,
                                  **fields))
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, resource_url: str | None = None) -> None:
+        """Start worker ``name``; it reaches the resource at ``resource_url`` (default: the user's url)."""
         argv = [sys.executable, "-m", "stockade", "check", "--worker", name, "--coordinator", self.coordinator_url,
-                "--resource", self.resource_url, "--scratch", self.scratch]
+                "--resource", resource_url or self.resource_url, "--scratch", self.scratch]
         if self.control:
             argv += ["--control", self.control]
         worker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -174,6 +181,42 @@ def pause_case(run: Run, target: Target, *, rounds: int, deadline: float) -> Ver
     return Verdict("pause", stale_applied == 0,
                    f"{stale_applied} of {done} stale writes applied (a holder frozen past its lease wrote after "
                    f"a newer holder)")
+
+
+def delay_case(run: Run, target: Target, proxy: HoldProxy, *, rounds: int, deadline: float) -> Verdict:
+    """The delayed request: A's write leaves A while its lease is valid and is held in the proxy until a
+    newer holder wrote; A is frozen meanwhile, so its lease expires (bounded as `pause_case`)."""
+    scope = scratch_scope(run.scratch, "delay")
+    run.case = "delay"
+    run.note("", "note", text="case: delay")
+    stale_applied = done = 0
+    for round_ in range(rounds):
+        if done and time.monotonic() > deadline:
+            break
+        token_a = run.acquire("A", scope)
+        run.write("A", scope, "value", f"A{round_}", op=f"delay-{round_}-a1")
+        proxy.hold()
+        run.send("A", do="write", scope=scope, key="value", value=f"A{round_}-late", op=f"delay-{round_}-a2")
+        if not proxy.wait_held(ANSWER_S):
+            raise WorkerFailed("worker A's write never reached the proxy")
+        run.note("A", "delay", text="write held in the proxy")
+        os.kill(run.workers["A"].pid, signal.SIGSTOP)  # so that its lease runs out while the write is in flight
+        token_b = run.acquire("B", scope)
+        run.note("A", "expire", text="A's lease expired at the coordinator (B was granted)")
+        run.write("B", scope, "value", f"B{round_}", op=f"delay-{round_}-b1")
+        run.release("B", scope)
+        proxy.release()
+        run.note("A", "deliver", text="the held write released to the resource")
+        os.kill(run.workers["A"].pid, signal.SIGCONT)
+        late = run.written("A", run.receive("A"), "value")
+        run.call("A", do="release", scope=scope)
+        value, _ = target.read(scope, "value")
+        held = late["result"] in ("refused", "mismatch") and value == f"B{round_}" and token_b > token_a
+        stale_applied += not held
+        done += 1
+    return Verdict("delay", stale_applied == 0,
+                   f"{stale_applied} of {done} delayed writes applied (sent under a valid lease, delivered after "
+                   f"a newer holder wrote)")
 
 
 HOLDERS = ("A", "B", "C")

@@ -94,11 +94,43 @@ def _clean_store(coord: Any, target: Any, scopes: list[str], ttl_ms: int) -> Non
                 target.store.delete(scope, item.key, token=lease.token)
 
 
+def _run_cases(args: argparse.Namespace, run: Any, target: Any, started: float) -> list[Any]:
+    """Start the workers (A through the proxy when the resource is reached over TCP), run the cases in the time
+    left, stop every worker. A case that could not run is a broken one, named."""
+    from stockade.check._proxy import HoldProxy, proxied_url, upstream_of
+    from stockade.check.cases import WorkerFailed, delay_case, pause_case, retries_case
+    from stockade.timeline import Verdict
+
+    verdicts: list[Verdict] = []
+    upstream = upstream_of(args.resource)
+    proxy = HoldProxy(upstream) if upstream is not None else None
+    budget = args.seconds - (time.monotonic() - started)
+    shares = (0.4, 0.7) if proxy is not None else (0.5, 0.5)
+    try:
+        run.start("A", proxied_url(args.resource, proxy.port) if proxy is not None else None)
+        run.start("B")
+        run.start("C")
+        verdicts.append(pause_case(run, target, rounds=args.rounds, deadline=time.monotonic() + budget * shares[0]))
+        if proxy is not None:
+            verdicts.append(delay_case(run, target, proxy, rounds=args.rounds,
+                                       deadline=started + (args.seconds - budget) + budget * shares[1]))
+        verdicts.append(retries_case(run, target, rounds=args.rounds, deadline=started + args.seconds))
+    except WorkerFailed as exc:
+        verdicts.append(Verdict(run.case or "start", False, f"could not run: {exc}"))
+    finally:
+        run.stop()
+        if proxy is not None:
+            proxy.close()
+    if proxy is None:
+        print("note: the delay case needs a resource reached over TCP (postgresql, redis, http): not run")
+    return verdicts
+
+
 def _check(args: argparse.Namespace) -> int:
     import stockade
-    from stockade.check.cases import Run, WorkerFailed, pause_case, retries_case
+    from stockade.check.cases import Run
     from stockade.check.targets import open_target, scratch_scope, target_class
-    from stockade.timeline import Verdict, render_html, render_text
+    from stockade.timeline import render_html, render_text
 
     started = time.monotonic()
     target_class(args.resource)  # a typo or a missing file: one line, before anything is opened
@@ -107,13 +139,12 @@ def _check(args: argparse.Namespace) -> int:
     scratch = f"stockade-check-{os.urandom(4).hex()}"
     coord = stockade.connect(args.coordinator)
     run = Run(args.coordinator, args.resource, scratch, control=args.control, ttl_ms=args.ttl_ms)
-    verdicts: list[Verdict] = []
     try:
         target = open_target(args.resource, scratch, coord=coord, control=args.control)
     except BaseException:
         coord.close()
         raise
-    scopes = [scratch_scope(scratch, case) for case in ("keys", "pause", "retries")]
+    scopes = [scratch_scope(scratch, case) for case in ("keys", "pause", "delay", "retries")]
     print(f"stockade check: {target.kind} resource, scratch prefix {scratch}"
           + (f", CONTROL {args.control}" if args.control else ""))
     try:
@@ -122,17 +153,7 @@ def _check(args: argparse.Namespace) -> int:
         print("setup:")
         for line in setup:
             print(f"  {line.verdict:<4}  {line.name}: {line.found}")
-        budget = args.seconds - (time.monotonic() - started)
-        try:
-            for name in ("A", "B", "C"):
-                run.start(name)
-            verdicts.append(pause_case(run, target, rounds=args.rounds, deadline=time.monotonic() + budget * 0.5))
-            verdicts.append(retries_case(run, target, rounds=args.rounds,
-                                         deadline=started + args.seconds))
-        except WorkerFailed as exc:
-            verdicts.append(Verdict(run.case or "start", False, f"could not run: {exc}"))
-        finally:
-            run.stop()
+        verdicts = _run_cases(args, run, target, started)
     finally:
         try:
             if target.kind == "store":
@@ -142,7 +163,7 @@ def _check(args: argparse.Namespace) -> int:
             target.close()
             coord.close()
     failed_setup = [line for line in setup if line.verdict == "FAIL"]
-    held = all(v.held for v in verdicts) and not failed_setup and len(verdicts) == 2
+    held = bool(verdicts) and all(v.held for v in verdicts) and not failed_setup
     if not args.quiet:
         print("timeline:")
         print(render_text(run.events))
