@@ -176,7 +176,8 @@ def _svg(events: Sequence[Event]) -> str:
             wx, wy = x(event.at_ms), y(event.lane) + _LANE_PX / 2 + 8
             colour = _OUTCOME_COLOUR.get(event.outcome or "", "#444")
             glyph = "\u2715" if event.outcome == "refused" else ""
-            out.append(f'<g class="write {_esc(event.outcome or "")}"><circle cx="{wx:.1f}" cy="{wy:.1f}" r="6" '
+            radius = 4 if event.outcome == "replayed" else 6  # a retry's dot drawn over the write it replays
+            out.append(f'<g class="write {_esc(event.outcome or "")}"><circle cx="{wx:.1f}" cy="{wy:.1f}" r="{radius}" '
                        f'fill="{colour}"/><text x="{wx:.1f}" y="{wy + 4:.1f}" class="glyph">{glyph}</text>'
                        + (f'<text x="{wx:.1f}" y="{wy + 19:.1f}" class="wlabel">{_esc(_short(event.token))}</text>'
                           if event.outcome == "refused" else "") +
