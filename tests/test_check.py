@@ -237,3 +237,18 @@ def test_unreachable_coordinator_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = check("--coordinator", "http://127.0.0.1:1", "--resource", f"file://{root}", timeout=60)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert list(root.iterdir()) == []  # nothing touched
+
+
+def test_etcd_coordinator_and_redis(etcd_cluster, redis_server: RedisServer, tmp_path: Path) -> None:
+    """etcd leases count whole seconds (at least 2 s: docs/coordinator-etcd.md), so a pause round lasts ~2 s."""
+    assert_held(check("--coordinator", f"{etcd_cluster.url}/{tmp_path.name}", "--resource", redis_server.url,
+                      "--seconds", "600", timeout=900), network=True)
+
+
+def test_zookeeper_coordinator_and_directory(zk_ensemble, tmp_path: Path) -> None:
+    """A frozen holder's scope is freed when its session expires: a 2 s session (docs/coordinator-zookeeper.md)."""
+    root = tmp_path / "files"
+    root.mkdir()
+    assert_held(check("--coordinator", f"{zk_ensemble.url}/{tmp_path.name}?session_timeout_ms=2000",
+                      "--resource", f"file://{root}", "--seconds", "600", timeout=900))
+    assert list(root.iterdir()) == []
