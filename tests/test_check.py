@@ -9,6 +9,7 @@ by times.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -55,12 +56,11 @@ def assert_held(result: subprocess.CompletedProcess[str], *, network: bool = Fal
     assert "Traceback" not in result.stderr
 
 
-def assert_no_workers_left(scratch_marker: str = "stockade check --worker") -> None:
-    """Every worker process the check started has ended (checked with ps)."""
+def assert_no_workers_left(result: subprocess.CompletedProcess[str]) -> None:
+    """Every worker process the check started has ended (ps: none names its scratch id)."""
+    scratch = "stockade-check-" + result.stdout.split("scratch prefix stockade-check-")[1].split()[0].rstrip(",")
     listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    mine = [line for line in listing.splitlines() if "stockade check --worker" in line
-            or ("-m stockade check" in line and "--worker" in line)]
-    assert not [line for line in mine if str(os.getpid()) in line or "stockade-check-" in line], mine
+    assert [line for line in listing.splitlines() if scratch in line] == []
 
 
 @pytest.fixture
@@ -74,11 +74,17 @@ def test_embedded_coordinator_and_store(tmp_path: Path, embedded) -> None:
     url, coord = embedded
     stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id).close()
     report = tmp_path / "report.html"
-    result = check("--coordinator", url, "--resource", f"sqlite://{tmp_path / 'store.db'}", "--report", str(report))
+    history = tmp_path / "history.jsonl"
+    result = check("--coordinator", url, "--resource", f"sqlite://{tmp_path / 'store.db'}", "--report", str(report),
+                   "--history", str(history))
     assert_held(result)
+    events = [json.loads(line) for line in history.read_text().splitlines()]
+    refused = [e for e in events if e["kind"] == "write" and e["outcome"] == "refused"]
+    assert len(refused) == int(ROUNDS) and {e["lane"] for e in refused} == {"A"}  # the zombie's, once a round
+    assert all(e["mark"] > e["token"] for e in refused)
     page = report.read_text()
     assert "<svg" in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    assert_no_workers_left()
+    assert_no_workers_left(result)
     hexid = result.stdout.split("scratch prefix stockade-check-")[1].split()[0].rstrip(",")
     scopes = [f"stockade-check.{hexid}.{case}" for case in ("keys", "pause", "retries")]
     with stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id) as store:
@@ -171,6 +177,7 @@ def test_postgres_coordinator_and_postgres_fence(pg_fenced) -> None:
 def test_postgres_table_written_without_the_fence_fails(pg_fenced) -> None:
     coord_url, app_url = pg_fenced
     result = check("--coordinator", coord_url, "--resource", app_url, "--control", "fencing-off")
+    assert_no_workers_left(result)  # A was frozen in every round, and in the proxy's hold: all ended
     assert result.returncode == 1
     assert cases(result) == {"pause": "BROKEN", "delay": "BROKEN", "retries": "BROKEN"}
     assert f"{ROUNDS} of {ROUNDS} delayed writes applied" in result.stdout

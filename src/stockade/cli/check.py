@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"the workers' lease TTL (default {_TTL_MS_DEFAULT}); a pause round lasts about this")
     parser.add_argument("--report", "--html", dest="report", type=Path, default=None,
                         help="write the timeline, verdicts and setup lines as one self-contained HTML file")
+    parser.add_argument("--history", type=Path, default=None,
+                        help="write every event (grants, writes with their outcome and mark, pauses) as JSON lines")
     parser.add_argument("--quiet", action="store_true", help="leave the timeline out of the output")
     parser.add_argument("--control", default=None, choices=("fencing-off", "strict-greater"),
                         help="run against a deliberately broken fence on the scratch prefix: the check must FAIL")
@@ -173,6 +175,12 @@ def _check(args: argparse.Namespace) -> int:
     broken = [v.case for v in verdicts if not v.held] + [f"setup: {line.name}" for line in failed_setup]
     summary = (f"HELD: {len(verdicts)} of {len(verdicts)} cases held, no setup line failed" if held
                else f"FAILED: {'; '.join(broken)}")
+    if args.history is not None:
+        import dataclasses
+        import json
+
+        with open(args.history, "w", encoding="utf-8") as out:
+            out.writelines(json.dumps(dataclasses.asdict(event)) + "\n" for event in run.events)
     if args.report is not None:
         args.report.write_text(render_html(f"stockade check: {target.kind} resource", run.events, verdicts=verdicts,
                                            setup=setup, summary=summary), encoding="utf-8")
@@ -191,8 +199,9 @@ def run(argv: list[str]) -> int:
         validate_int("--seconds", args.seconds, 1, 3600)
         validate_int("--rounds", args.rounds, 1, 1000)
         validate_int("--ttl-ms", args.ttl_ms, 100, 60_000)
-        if args.report is not None and not args.report.parent.is_dir():
-            raise InvalidArgument("--report", f"{args.report.parent}: no such directory")
+        for option, path in (("--report", args.report), ("--history", args.history)):
+            if path is not None and not path.parent.is_dir():
+                raise InvalidArgument(option, f"{path.parent}: no such directory")
         return _check(args)
     except (InvalidArgument, BackendUnavailable) as exc:
         print(f"stockade check: {_one_line(exc)}", file=sys.stderr)
