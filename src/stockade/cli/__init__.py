@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("stockade.cli.keys", "show or rotate the keys that sign tokens (docs/tokens.md)"),
     "bench": ("stockade.cli.bench", "lock cycles and fenced writes per second, p50/p99, 1 and N clients"),
     "etcd": ("stockade.cli.etcd", "after an etcd snapshot restore, advance its revision past every issued token"),
+    "check": ("stockade.cli.check", "run the failure cases of fencing against your own coordinator and resource"),
 }
 
 
@@ -41,7 +42,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 TAKES: dict[str, tuple[str, ...]] = {
     "demo": GLOBAL_OPTIONS, "lock": GLOBAL_OPTIONS, "kv": GLOBAL_OPTIONS, "status": GLOBAL_OPTIONS,
     "history": GLOBAL_OPTIONS, "serve": ("--data-dir",), "sim": (), "floor": GLOBAL_OPTIONS,
-    "keys": ("--data-dir",), "bench": GLOBAL_OPTIONS, "etcd": ("--url",),
+    "keys": ("--data-dir",), "bench": GLOBAL_OPTIONS, "etcd": ("--url",), "check": (),
 }
 
 
