@@ -312,6 +312,7 @@ class Dashboard:
         return {"connections": self.connections(), "leases": self.leases.leases,
                 "waiters": len(self.leases.waiters), "streams": len(self._subs), "streams_max": self.streams_max,
                 "streams_dropped": int(DROPPED.value()),
+                "stream_backlog_bytes": max((sub.sink.sink_buffered() for sub in self._subs), default=0),
                 "commit": {file: latency.read(file) for file, latency in self._latency.items()}}
 
     async def _document(self, view: View, health: dict[str, Any] | None = None) -> dict[str, Any]:
