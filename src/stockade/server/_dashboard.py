@@ -175,7 +175,6 @@ class _Subscriber:
     view: View
     done: asyncio.Future[None]
     stable: Any = None
-    sent: int = 0
 
 
 @dataclass
@@ -349,7 +348,7 @@ class Dashboard:
             try:
                 sink.sink_write(b"retry: 1000\n\n")
                 document = await self._document(view)
-                self._send(sub, document, stable_part(document))
+                self._send(sub, _frame(document), stable_part(document))
                 await sub.done
             finally:
                 self._subs.discard(sub)
@@ -378,12 +377,12 @@ class Dashboard:
                 groups.setdefault(sub.view, []).append(sub)
             for view, subs in groups.items():
                 document = await self._document(view, health)
-                stable = stable_part(document)
+                stable, frame = stable_part(document), _frame(document)  # encoded once for every stream of the view
                 for sub in subs:
                     if resync or sub.stable != stable:
-                        self._send(sub, document, stable)
+                        self._send(sub, frame, stable)
 
-    def _send(self, sub: _Subscriber, document: dict[str, Any], stable: Any) -> None:
+    def _send(self, sub: _Subscriber, frame: bytes, stable: Any) -> None:
         if sub.done.done():
             return
         if sub.sink.sink_buffered() > STREAM_BUFFER_BYTES_MAX:
@@ -391,9 +390,7 @@ class Dashboard:
             sub.done.set_result(None)  # the page reconnects and starts again from a fresh snapshot
             return
         sub.stable = stable
-        sub.sent += 1
-        frame = f"id: {sub.sent}\nevent: snapshot\ndata: {json.dumps(document, separators=(',', ':'))}\n\n"
-        if not sub.sink.sink_write(frame.encode()):
+        if not sub.sink.sink_write(frame):
             sub.done.set_result(None)
 
     def close(self) -> None:
@@ -403,6 +400,10 @@ class Dashboard:
                 sub.done.set_result(None)
         if self._ticker is not None:
             self._ticker.cancel()
+
+
+def _frame(document: dict[str, Any]) -> bytes:
+    return f"event: snapshot\ndata: {json.dumps(document, separators=(',', ':'))}\n\n".encode()
 
 
 def _marked(response: Response) -> Response:
