@@ -3,10 +3,12 @@
 Drawn from the coordinator's journal (grants, releases, expiries: docs/history.md)
 and the store's journal of refused writes (each with the refused token and the
 mark that refused it), merged in time order, as ``stockade history`` merges them.
-The output is a fragment (no ``<html>``): the dashboard's scope page puts it in
-its layout and fetches it again when the scope changes. It has no script and
-no style of its own (the classes are styled by ``static/dashboard.css``), so
-any page that links that sheet can show it.
+`render_timeline` gives a fragment (no ``<html>``): the dashboard's scope page
+(``stockade serve``'s ``/ui/scope/NAME``) puts it in its layout and fetches it
+again when the scope changes. It has no script and no style of its own (the
+classes are styled by ``server/static/dashboard.css``). `timeline_document` is
+the same fragment in a page of its own with that sheet inlined: what
+``stockade history SCOPE --html`` prints, readable offline from one file.
 
 Every text is escaped; no lease id is in a journal, and a token shows as its
 value (the journals keep no MAC).
@@ -17,10 +19,11 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Sequence
+from importlib import resources
 
 from stockade.core.history import HistoryEvent
 
-__all__ = ["render_timeline", "WIDTH_PX"]
+__all__ = ["render_timeline", "timeline_document", "WIDTH_PX"]
 
 WIDTH_PX = 1200
 _LANE_PX = 22
@@ -101,3 +104,12 @@ def render_timeline(scope: str, events: Sequence[tuple[HistoryEvent, str]], *, n
     parts.append('<table class="events"><thead><tr><th>time (UTC)<th>event<th>token<th>holder / refusal<th>from'
                  f'</tr></thead><tbody>{rows}</tbody></table>')
     return "".join(parts)
+
+
+def timeline_document(scope: str, events: Sequence[tuple[HistoryEvent, str]], *, now_unix_ms: int) -> str:
+    """`render_timeline` as a whole HTML page, its style sheet inlined (no file or network needed to read it)."""
+    sheet = resources.files("stockade").joinpath("server", "static", "dashboard.css").read_text()
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(scope)} · stockade history"
+            f"</title><style>{sheet}</style></head><body><main><h1>{html.escape(scope)}</h1>"
+            f'<section class="card">{render_timeline(scope, events, now_unix_ms=now_unix_ms)}</section></main>'
+            "</body></html>\n")
