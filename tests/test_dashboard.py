@@ -347,3 +347,49 @@ def test_history_html_is_the_dashboard_timeline_in_one_offline_page(tmp_path: Pa
     alone = subprocess.run([PYTHON, "-c", "import sys, stockade._timeline; print('stockade.server' in sys.modules)"],
                            capture_output=True, text=True, env=_env(), check=True)
     assert alone.stdout.strip() == "False"
+
+
+# -- stockade ui: the same pages for any coordinator ------------------------------------------------
+
+
+def _ui(url: str) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen([PYTHON, "-m", "stockade", "ui", "--url", url, "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env())
+    reaper.watch(proc.pid)
+    line = proc.stdout.readline().decode()  # type: ignore[union-attr]
+    if " on http://" not in line:
+        proc.kill()
+        raise AssertionError(f"stockade ui did not start: {line!r} {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+    return proc, line.rsplit(" ", 1)[1].strip().removesuffix("/ui/")
+
+
+@pytest.mark.parametrize("backend", ["embedded", "http", "postgres", "etcd", "zookeeper"], indirect=True)
+def test_stockade_ui_shows_the_scope_stockade_status_shows(coord_url: str, backend: str) -> None:
+    import stockade
+
+    with stockade.connect(coord_url) as coord:
+        lease = coord.acquire("ui.scope", ttl_ms=9_000, holder="ulla")  # ZooKeeper: within its 10 s session
+        try:
+            status = subprocess.run([PYTHON, "-m", "stockade", "status", "--url", coord_url, "--json"],
+                                    capture_output=True, text=True, env=_env(), timeout=120)
+            assert status.returncode == 0, status.stderr
+            shown = next(json.loads(line) for line in status.stdout.splitlines()
+                         if json.loads(line)["scope"] == "ui.scope")
+            proc, ui_url = _ui(coord_url)
+            try:
+                state = json.loads(request(ui_url, "GET", "/ui/api/state?q=ui.scope")[2])
+                row = next(r for r in state["scopes"] if r["scope"] == "ui.scope")
+                assert (row["state"], row["holder"], row["token"]) == (shown["state"], shown["holder"],
+                                                                       str(shown["token"]))
+                assert row["token"] == str(lease.token.value) and state["cluster"] == coord.cluster_id
+                assert "health" not in state and "rejections" not in state
+                timeline = request(ui_url, "GET", "/ui/api/timeline/ui.scope")[2].decode()
+                assert str(lease.token.value) in timeline and '<tr class="grant">' in timeline
+                for method in ("POST", "PUT", "DELETE"):  # read-only
+                    assert request(ui_url, method, "/ui/api/state")[0] == 405
+                assert request(ui_url, "GET", "/v1/locks")[0] == 404
+            finally:
+                proc.terminate()
+                assert proc.wait(10) == 0
+        finally:
+            lease.release()

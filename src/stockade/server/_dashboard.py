@@ -190,12 +190,14 @@ class Dashboard:
     store_writer: Any
     auth: BearerAuth | None
     cluster_id: str
-    lock_delay_ms: int
+    lock_delay_ms: int | None
     error: Callable[[Exception, Request], Response]
     connections: Callable[[], int | None]
     sessions: Sessions
     streams_max: int = STREAMS_MAX
     secure: bool = False
+    tick_s: float = TICK_S
+    show_health: bool = True  # False: a viewer of another process (stockade ui), whose health is not this one's
     _subs: set[_Subscriber] = field(default_factory=set)
     _ticker: asyncio.Task[None] | None = None
     _marker: Any = None
@@ -315,7 +317,7 @@ class Dashboard:
                 "commit": {file: latency.read(file) for file, latency in self._latency.items()}}
 
     async def _document(self, view: View, health: dict[str, Any] | None = None) -> dict[str, Any]:
-        if view.patterns is None and health is None:
+        if view.patterns is None and health is None and self.show_health:
             health = self._health()
         return await snapshot(self.leases, self.store, view, cluster=self.cluster_id,
                               lock_delay_ms=self.lock_delay_ms, health=health)
@@ -325,8 +327,9 @@ class Dashboard:
 
     async def _timeline(self, scope: str) -> Response:
         events = [(event, "coordinator") for event in await self.leases.history(scope, HISTORY_PER_SCOPE)]
-        refused = await asyncio.to_thread(rejections, self.store.path, scope, REJECTIONS_PER_SCOPE)
-        events += [(event, "store") for event in refused]
+        if self.store.path is not None:  # stockade ui on a coordinator without a store file beside it: none
+            refused = await asyncio.to_thread(rejections, self.store.path, scope, REJECTIONS_PER_SCOPE)
+            events += [(event, "store") for event in refused]
         page = render_timeline(scope, events, now_unix_ms=time.time_ns() // 1_000_000)
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
@@ -363,7 +366,7 @@ class Dashboard:
 
     async def _tick(self) -> None:
         while self._subs:
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(self.tick_s)
             marker, now = self._marker_now(), time.monotonic()
             resync = now >= self._resync_at
             if marker is not None and marker == self._marker and not resync:
@@ -371,7 +374,7 @@ class Dashboard:
             self._marker = marker
             if resync:
                 self._resync_at = now + RESYNC_S
-            health = self._health()
+            health = self._health() if self.show_health else None
             groups: dict[View, list[_Subscriber]] = {}
             for sub in self._subs:
                 groups.setdefault(sub.view, []).append(sub)

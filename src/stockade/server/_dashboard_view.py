@@ -159,7 +159,7 @@ async def _rows(leases: Any, store: Any, view: View) -> tuple[list[dict[str, Any
     return [_row(i, None, 0, store.high_water(i.scope)) for i in page], len(infos), exact
 
 
-async def snapshot(leases: Any, store: Any, view: View, *, cluster: str, lock_delay_ms: int,
+async def snapshot(leases: Any, store: Any, view: View, *, cluster: str, lock_delay_ms: int | None,
                    health: dict[str, Any] | None) -> dict[str, Any]:
     """The document the page draws: see the module docstring. ``health`` None: not shown to this view."""
     rows, seen, exact = await _rows(leases, store, view)

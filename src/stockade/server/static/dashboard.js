@@ -84,6 +84,12 @@ function drawScopes(doc) {
 }
 
 function drawSide(doc) {
+  if (!doc.limited && !doc.health) { // stockade ui: another process's health and counts are not known here
+    rejections.replaceChildren(el("p", { class: "muted" }, "The server's health and rejection counts are on " +
+      "its own dashboard (stockade serve's /ui/)."));
+    health.hidden = true;
+    return;
+  }
   if (doc.limited) {
     rejections.replaceChildren(el("p", { class: "muted" }, "This session sees only its scopes: the server's " +
       "health and rejection counts are for tokens without scope limits."));
