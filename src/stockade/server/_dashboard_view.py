@@ -22,9 +22,10 @@ listed from the backend, the first `SCAN_SCOPES_MAX` of them in name order.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,6 @@ from stockade.core.leases import ScopeInfo, ScopeRecord, describe
 from stockade.core.limits import LIST_PAGE_MAX
 from stockade.resources._observe import REASONS
 from stockade.server import _metrics
-from stockade.server._auth import scope_allowed
 from stockade.server._leases import LeaseService
 
 __all__ = ["View", "PAGE_SCOPES", "PAGES_MAX", "FILTER_CHARS_MAX", "SCAN_SCOPES_MAX", "view_of", "snapshot",
@@ -57,7 +57,18 @@ class View:
     page: int = 0
 
     def sees(self, scope: str) -> bool:
-        return (not self.text or self.text in scope) and (self.patterns is None or scope_allowed(scope, self.patterns))
+        if self.text and self.text not in scope:
+            return False
+        if self.patterns is None:
+            return True
+        prefixes, names = _split(self.patterns)  # `scope_allowed`, with one C call per scope: 100,000 in ~0.1 s
+        return scope.startswith(prefixes) or scope in names
+
+
+@functools.lru_cache(maxsize=256)
+def _split(patterns: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """A token's scope patterns as (prefixes of the ``*`` ones, whole names): what `scope_allowed` tests."""
+    return tuple(p[:-1] for p in patterns if p.endswith("*")), frozenset(p for p in patterns if not p.endswith("*"))
 
 
 def view_of(params: dict[str, str], patterns: tuple[str, ...] | None) -> View:
@@ -113,18 +124,22 @@ def _busy(record: ScopeRecord, now_ns: int) -> tuple[int, bool, int]:
     return len(record.waiters), lease is not None and lease.expires_ns > now_ns, record.last_token
 
 
-def _ranked(records: Iterable[tuple[str, ScopeRecord]], view: View, now_ns: int) -> tuple[list[ScopeRecord], int]:
+def _ranked(records: Mapping[str, ScopeRecord], view: View, now_ns: int) -> tuple[list[ScopeRecord], int]:
     """The view's page of records, busiest first, and how many records the view sees."""
+    wanted = (view.page + 1) * PAGE_SCOPES
+    if not view.text and view.patterns is None:  # sees every scope: no test per scope
+        top = heapq.nlargest(wanted, records.values(), key=lambda r: _busy(r, now_ns))
+        return top[view.page * PAGE_SCOPES:], len(records)
     seen = 0
 
     def visible() -> Iterable[ScopeRecord]:
         nonlocal seen
-        for name, record in records:
+        for name, record in records.items():
             if view.sees(name):
                 seen += 1
                 yield record
 
-    top = heapq.nlargest((view.page + 1) * PAGE_SCOPES, visible(), key=lambda r: _busy(r, now_ns))
+    top = heapq.nlargest(wanted, visible(), key=lambda r: _busy(r, now_ns))
     return top[view.page * PAGE_SCOPES:], seen
 
 
@@ -140,7 +155,7 @@ async def _rows(leases: Any, store: Any, view: View) -> tuple[list[dict[str, Any
     """``(rows, scopes the view sees, exact)``: from the table in memory, or listed from a backend."""
     if isinstance(leases, LeaseService):  # the server's own coordinator: its lease table in memory
         now_ns = leases.clock.now_ns()
-        busiest, seen = _ranked(leases.records.items(), view, now_ns)
+        busiest, seen = _ranked(leases.records, view, now_ns)
         rows = [_row(describe(r, now_ns, leases.policy), [w.holder for w in r.waiters],
                      max(0, (r.delay_until_ns - now_ns) // _NS_PER_MS), store.high_water(r.scope)) for r in busiest]
         return rows, seen, True

@@ -22,6 +22,11 @@ the guard's ``authorize`` hook may refuse it (401 without a valid bearer token,
 answered at once and its body is never buffered: the connection drains it
 briefly, without keeping it, and closes.
 
+A handler may answer with a `Stream` (the dashboard's server-sent events): its
+head goes out at once, its body is written by the stream's coroutine while it
+runs, and the connection closes when it ends or is cancelled when the peer
+leaves; it is the last answer of its connection.
+
 Handlers run one at a time per connection, in order. While one runs, bytes of a
 next (pipelined) request are kept unparsed, up to `RAW_BYTES_MAX`, and then the
 connection stops reading until the handler ends: a connection buffers at most

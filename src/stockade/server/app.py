@@ -275,7 +275,7 @@ class App:
             "<!doctype html><meta charset=utf-8><title>stockade</title>"
             f"<h1>stockade</h1><p>cluster {html.escape(self.cluster_id)}: {shown}{scopes} scopes, "
             f"{self.leases.leases} leases, {len(self.leases.waiters)} waiters. "
-            "<a href=/metrics>metrics</a> <a href=/openapi.json>openapi</a></p>"
+            "<a href=/ui/>dashboard</a> <a href=/metrics>metrics</a> <a href=/openapi.json>openapi</a></p>"
             "<table border=1><tr><th>scope<th>state<th>holder<th>token<th>last token<th>remaining<th>waiters</tr>"
             + rows + "</table>"
         )
