@@ -25,8 +25,8 @@ sys.path.insert(0, str(HELPERS))
 from helpers import reaper  # noqa: E402
 from server_fixtures import PYTHON, ServerProcess, _env, request, start_server  # noqa: E402
 
-from stockade._timeline import render_timeline  # noqa: E402
 from stockade.core.history import HistoryEvent  # noqa: E402
+from stockade.server._timeline import render_timeline  # noqa: E402
 
 ADMIN = "dashboard-admin-token-0123456789"
 SCOPED = "dashboard-reports-token-012345678"
@@ -330,23 +330,6 @@ def test_the_timeline_escapes_names_and_shows_both_tokens_of_a_refusal() -> None
     assert page.count('class="lease') == 2 and 'class="lease expire"' in page and 'class="lease open"' in page
     assert "refused 7" in page and "stale, high-water 8" in page
     assert "No events" in render_timeline("s", [], now_unix_ms=0)
-
-
-def test_history_html_is_the_dashboard_timeline_in_one_offline_page(tmp_path: Path) -> None:
-    """``stockade history SCOPE --html``: the same renderer, its sheet inlined; no server extra imported."""
-    script = ("from stockade.client import connect\n"
-              f"c = connect('sqlite://{tmp_path}/coord.db')\n"
-              "c.acquire('billing', ttl_ms=1000, holder='alice').release()\nc.close()\n")
-    subprocess.run([PYTHON, "-c", script], check=True, env=_env())
-    done = subprocess.run([PYTHON, "-m", "stockade", "history", "billing", "--data-dir", str(tmp_path), "--html"],
-                          capture_output=True, text=True, env=_env(), check=True)
-    page = done.stdout
-    assert page.startswith("<!doctype html>") and "<style>" in page and "<svg class=\"timeline\"" in page
-    assert page.count('<tr class="grant">') == 1 and page.count('<tr class="release">') == 1
-    assert "http://" not in page and "https://" not in page and "<script" not in page
-    alone = subprocess.run([PYTHON, "-c", "import sys, stockade._timeline; print('stockade.server' in sys.modules)"],
-                           capture_output=True, text=True, env=_env(), check=True)
-    assert alone.stdout.strip() == "False"
 
 
 # -- stockade ui: the same pages for any coordinator ------------------------------------------------

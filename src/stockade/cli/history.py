@@ -85,8 +85,6 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--store-file", type=Path, default=None,
                         help="a store file whose refusals to show (default: store.db beside a local coord.db)")
     parser.add_argument("--json", action="store_true", help="one JSON object per event")
-    parser.add_argument("--html", action="store_true",
-                        help="one HTML page: the timeline the dashboard draws (docs/dashboard.md)")
     args = parser.parse_args(argv)
     try:
         scope = validate_scope(args.scope)
@@ -97,11 +95,6 @@ def run(argv: list[str]) -> int:
         events = _events(coordinator_url(args), scope, args.limit, args.store_file)
     except StockadeError as exc:
         return fail(str(exc))
-    if args.html:
-        from stockade._timeline import timeline_document
-
-        print(timeline_document(scope, events, now_unix_ms=time.time_ns() // 1_000_000), end="")
-        return 0
     for event, source in events:
         if args.json:
             print(json.dumps({**event.as_json(), "source": source}))

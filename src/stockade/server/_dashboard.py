@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 from stockade import metrics
-from stockade._timeline import render_timeline
 from stockade.coordinators.history import HISTORY_PER_SCOPE
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_scope
@@ -62,6 +61,7 @@ from stockade.server._dashboard_view import Latency, View, snapshot, stable_part
 from stockade.server._http import Request, Response, Stream, StreamSink, json_response, problem
 from stockade.server._inputs import Problem, query, segment
 from stockade.server._leases import LeaseService
+from stockade.server._timeline import render_timeline
 
 __all__ = ["Dashboard", "PREFIX", "STREAMS_MAX", "TICK_S", "RESYNC_S", "STREAM_BUFFER_BYTES_MAX", "SESSION_S",
            "SESSIONS_MAX", "COOKIE", "Sessions", "session_key"]

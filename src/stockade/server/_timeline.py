@@ -4,11 +4,11 @@ Drawn from the coordinator's journal (grants, releases, expiries: docs/history.m
 and the store's journal of refused writes (each with the refused token and the
 mark that refused it), merged in time order, as ``stockade history`` merges them.
 `render_timeline` gives a fragment (no ``<html>``): the dashboard's scope page
-(``stockade serve``'s ``/ui/scope/NAME``) puts it in its layout and fetches it
-again when the scope changes. It has no script and no style of its own (the
-classes are styled by ``server/static/dashboard.css``). `timeline_document` is
-the same fragment in a page of its own with that sheet inlined: what
-``stockade history SCOPE --html`` prints, readable offline from one file.
+(``/ui/scope/NAME``) puts it in its layout and fetches it again when the scope
+changes. It has no script and no style of its own (the classes are styled by
+``static/dashboard.css``, and the page's Content-Security-Policy allows no
+inline style). It is the dashboard's own: this branch had no shared timeline
+renderer to use (docs/dashboard.md).
 
 Every text is escaped; no lease id is in a journal, and a token shows as its
 value (the journals keep no MAC).
@@ -19,11 +19,10 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Sequence
-from importlib import resources
 
 from stockade.core.history import HistoryEvent
 
-__all__ = ["render_timeline", "timeline_document", "WIDTH_PX"]
+__all__ = ["render_timeline", "WIDTH_PX"]
 
 WIDTH_PX = 1200
 _LANE_PX = 22
@@ -105,11 +104,3 @@ def render_timeline(scope: str, events: Sequence[tuple[HistoryEvent, str]], *, n
                  f'</tr></thead><tbody>{rows}</tbody></table>')
     return "".join(parts)
 
-
-def timeline_document(scope: str, events: Sequence[tuple[HistoryEvent, str]], *, now_unix_ms: int) -> str:
-    """`render_timeline` as a whole HTML page, its style sheet inlined (no file or network needed to read it)."""
-    sheet = resources.files("stockade").joinpath("server", "static", "dashboard.css").read_text()
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(scope)} · stockade history"
-            f"</title><style>{sheet}</style></head><body><main><h1>{html.escape(scope)}</h1>"
-            f'<section class="card">{render_timeline(scope, events, now_unix_ms=now_unix_ms)}</section></main>'
-            "</body></html>\n")
