@@ -351,7 +351,8 @@ def test_stockade_ui_shows_the_scope_stockade_status_shows(coord_url: str, backe
     import stockade
 
     with stockade.connect(coord_url) as coord:
-        lease = coord.acquire("ui.scope", ttl_ms=9_000, holder="ulla")  # ZooKeeper: within its 10 s session
+        # ZooKeeper bounds a TTL by its session (10 s here); elsewhere a long one, so a loaded machine cannot expire it.
+        lease = coord.acquire("ui.scope", ttl_ms=9_000 if backend == "zookeeper" else 60_000, holder="ulla")
         try:
             status = subprocess.run([PYTHON, "-m", "stockade", "status", "--url", coord_url, "--json"],
                                     capture_output=True, text=True, env=_env(), timeout=120)
