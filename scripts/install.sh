@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debs=(etcd-server etcd-client zookeeper redis-server postgresql faketime libfaketime nodejs)
+debs=(etcd-server etcd-client zookeeper redis-server postgresql faketime libfaketime nodejs chromium chromium-driver)
 missing=()
 for d in "${debs[@]}"; do dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -148,6 +148,8 @@ def _cases(tmp_path: Path) -> dict[tuple[str, str], tuple[list[str], str, int, s
         ("bench", "--url"): (["--seconds", "0.1", "--iters", "1", "--clients", "1", "--workloads", "lock"], bogus, 1,
                              "unknown scheme 'bogus'"),
         ("etcd", "--url"): (["bump-revision", "--to", "3"], "http://not-etcd", 1, "not http://not-etcd"),
+        ("ui", "--data-dir"): ([], str(nowhere), 1, f"no coordinator at {nowhere}/coord.db"),
+        ("ui", "--url"): ([], bogus, 1, "unknown scheme 'bogus'"),
     }
 
 
