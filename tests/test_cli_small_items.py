@@ -148,6 +148,8 @@ def _cases(tmp_path: Path) -> dict[tuple[str, str], tuple[list[str], str, int, s
         ("bench", "--url"): (["--seconds", "0.1", "--iters", "1", "--clients", "1", "--workloads", "lock"], bogus, 1,
                              "unknown scheme 'bogus'"),
         ("etcd", "--url"): (["bump-revision", "--to", "3"], "http://not-etcd", 1, "not http://not-etcd"),
+        ("ui", "--data-dir"): ([], str(nowhere), 1, f"no coordinator at {nowhere}/coord.db"),
+        ("ui", "--url"): ([], bogus, 1, "unknown scheme 'bogus'"),
     }
 
 
@@ -173,7 +175,8 @@ def test_every_global_option_means_the_same_before_and_after_every_command(
     for option in GLOBAL_OPTIONS:
         if option not in TAKES[command]:
             assert (command, option) not in cases
-            rest = {"keys": ["show"], "etcd": ["bump-revision"]}.get(command, [])  # its positional first
+            rest = {"keys": ["show"], "etcd": ["bump-revision"],  # its positional, or required options, first
+                    "check": ["--coordinator", "memory://c", "--resource", "memory://r"]}.get(command, [])
             for spelling, argv in (("before", [option, "V", command, *rest]), ("after", [command, *rest, option, "V"])):
                 code, said = _run(argv, capsys)
                 assert code == 2 and option in said, (spelling, command, option, said)

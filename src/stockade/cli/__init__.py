@@ -29,11 +29,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("stockade.cli.status", "leases, holders, tokens and high-water marks"),
     "history": ("stockade.cli.history", "a scope's last grants, expiries, releases and refused writes"),
     "serve": ("stockade.cli.serve", "the coordinator and the fenced store over HTTP"),
+    "ui": ("stockade.cli.ui", "the dashboard, served locally, read-only, for any coordinator url"),
     "sim": ("stockade.cli.sim", "deterministic simulation of the protocol under faults"),
     "floor": ("stockade.cli.floor", "after a resource failover or restore, raise its marks to the issued tokens"),
     "keys": ("stockade.cli.keys", "show or rotate the keys that sign tokens (docs/tokens.md)"),
     "bench": ("stockade.cli.bench", "lock cycles and fenced writes per second, p50/p99, 1 and N clients"),
     "etcd": ("stockade.cli.etcd", "after an etcd snapshot restore, advance its revision past every issued token"),
+    "check": ("stockade.cli.check", "run the failure cases of fencing against your own coordinator and resource"),
 }
 
 
@@ -41,7 +43,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 TAKES: dict[str, tuple[str, ...]] = {
     "demo": GLOBAL_OPTIONS, "lock": GLOBAL_OPTIONS, "kv": GLOBAL_OPTIONS, "status": GLOBAL_OPTIONS,
     "history": GLOBAL_OPTIONS, "serve": ("--data-dir",), "sim": (), "floor": GLOBAL_OPTIONS,
-    "keys": ("--data-dir",), "bench": GLOBAL_OPTIONS, "etcd": ("--url",),
+    "keys": ("--data-dir",), "bench": GLOBAL_OPTIONS, "etcd": ("--url",), "check": (), "ui": GLOBAL_OPTIONS,
 }
 
 

@@ -85,6 +85,8 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--store-file", type=Path, default=None,
                         help="a store file whose refusals to show (default: store.db beside a local coord.db)")
     parser.add_argument("--json", action="store_true", help="one JSON object per event")
+    parser.add_argument("--html", type=Path, default=None,
+                        help="also write the events as a timeline: one self-contained HTML file (docs/check.md)")
     args = parser.parse_args(argv)
     try:
         scope = validate_scope(args.scope)
@@ -93,6 +95,10 @@ def run(argv: list[str]) -> int:
         if args.store_file is not None and not args.store_file.is_file():
             return fail(f"{args.store_file}: no such store file", 2)
         events = _events(coordinator_url(args), scope, args.limit, args.store_file)
+        if args.html is not None:
+            from stockade.cli._history_html import write_timeline
+
+            write_timeline(args.html, scope, events)
     except StockadeError as exc:
         return fail(str(exc))
     for event, source in events:

@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                              "(with --coordinator: for the grants made through this server)")
     parser.add_argument("--wait-ms-cap", type=int, default=None,
                         help="answer long polls by this many ms at most (default: the client's wait_ms)")
+    parser.add_argument("--dashboard-streams-max", type=int, default=100, metavar="STREAMS",
+                        help="open live streams of the /ui/ dashboard, all viewers together (default 100; "
+                             "docs/dashboard.md)")
     limits = parser.add_argument_group("connection bounds (against slow or idle peers)")
     limits.add_argument("--idle-timeout-s", type=float, default=60.0,
                         help="close a keep-alive connection with no request after this long (default 60)")
@@ -103,7 +106,8 @@ def run(argv: list[str]) -> int:
             auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else None,
             tls_cert=Path(args.tls_cert) if args.tls_cert else None,
             tls_key=Path(args.tls_key) if args.tls_key else None,
-            lock_delay_ms=args.lock_delay_ms, wait_ms_cap=args.wait_ms_cap, coordinator=args.coordinator or None,
+            lock_delay_ms=args.lock_delay_ms, wait_ms_cap=args.wait_ms_cap,
+            dashboard_streams_max=args.dashboard_streams_max, coordinator=args.coordinator or None,
             idle_timeout_s=args.idle_timeout_s, header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s, body_rate_min=args.body_rate_min,
             connections_max=args.connections_max, buffer_bytes_max=args.buffer_bytes_max,

@@ -126,6 +126,22 @@ class BearerAuth:
     def allows(self, authorization: str | None) -> bool:
         return self._find(authorization) >= 0
 
+    def entries(self) -> list[tuple[bytes, tuple[str, ...] | None]]:
+        """``(SHA-256 digest of the token, patterns)`` of each token, in file order (the dashboard's sessions)."""
+        return list(zip(self._digests, self._patterns, strict=True))
+
+    def reach(self, authorization: str | None) -> tuple[bool, tuple[str, ...] | None]:
+        """``(known, patterns)`` of the presented token: patterns None means every scope and route.
+
+        The dashboard exchanges a known token for a session limited the same way.
+        """
+        index = self._find(authorization)
+        return (False, ()) if index < 0 else (True, self._patterns[index])
+
+    def index_of(self, authorization: str | None) -> int:
+        """The presented token's position in the file, or -1 (constant time over the tokens)."""
+        return self._find(authorization)
+
     def refusal(self, method: str, raw_path: str, headers: dict[str, str], has_body: bool) -> Response | None:
         """What to answer a request instead of serving it, decided from its headers alone.
 

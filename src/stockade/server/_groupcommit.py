@@ -35,10 +35,12 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from stockade import metrics
+from stockade.server._metrics import COMMIT_SECONDS
 
 __all__ = ["GroupCommitter", "BATCH_OPS_MAX"]
 
@@ -140,6 +142,7 @@ class GroupCommitter(Generic[Op]):
         self, batch: list[tuple[Any, asyncio.Future[Any]]],
         run: Callable[[Sequence[Op]], Sequence[Any] | None] | None = None,
     ) -> tuple[Sequence[Any] | None, BaseException | None]:
+        started = time.monotonic()
         try:
             results: Sequence[Any] | None = (run or self._run_batch)([op for op, _ in batch])
             error: BaseException | None = None
@@ -149,6 +152,7 @@ class GroupCommitter(Generic[Op]):
             results, error = None, exc
             _log.error("%s batch of %d failed: %s", self.name, len(batch), exc,
                        extra={"batch_ops": len(batch), "error": type(exc).__name__})
+        COMMIT_SECONDS.observe(time.monotonic() - started, self.name)
         self.batches += 1
         self.ops += len(batch)
         _BATCHES.inc(file=self.name)

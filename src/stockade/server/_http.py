@@ -22,6 +22,11 @@ the guard's ``authorize`` hook may refuse it (401 without a valid bearer token,
 answered at once and its body is never buffered: the connection drains it
 briefly, without keeping it, and closes.
 
+A handler may answer with a `Stream` (the dashboard's server-sent events): its
+head goes out at once, its body is written by the stream's coroutine while it
+runs, and the connection closes when it ends or is cancelled when the peer
+leaves; it is the last answer of its connection.
+
 Handlers run one at a time per connection, in order. While one runs, bytes of a
 next (pipelined) request are kept unparsed, up to `RAW_BYTES_MAX`, and then the
 connection stops reading until the handler ends: a connection buffers at most
@@ -39,7 +44,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httptools
 
@@ -58,6 +63,8 @@ from stockade.wire.problems import PROBLEM_TYPE_PREFIX, problem_document
 __all__ = [
     "Request",
     "Response",
+    "Stream",
+    "StreamSink",
     "HttpError",
     "HttpProtocol",
     "ConnectionLimits",
@@ -79,7 +86,8 @@ RAW_BYTES_MAX = 64 * 1024  # unparsed bytes kept while a handler runs; then read
 _log = logging.getLogger("stockade.server")
 
 _REASONS = {
-    200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+    200: "OK", 204: "No Content", 303: "See Other", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+    404: "Not Found",
     405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 410: "Gone", 413: "Content Too Large",
     414: "URI Too Long",
     415: "Unsupported Media Type", 422: "Unprocessable Content", 429: "Too Many Requests",
@@ -131,6 +139,39 @@ class Response:
         if not keep_alive:
             head.append("Connection: close")
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (b"" if self.status == 204 else self.body)
+
+
+class StreamSink(Protocol):
+    """Where a `Stream` writes: its connection, while it is open."""
+
+    def sink_write(self, data: bytes) -> bool:
+        """Queue ``data`` for the peer; False once the connection is closing (nothing queued)."""
+        ...
+
+    def sink_buffered(self) -> int:
+        """The bytes queued and not yet taken by the peer (a slow reader's backlog)."""
+        ...
+
+
+class Stream(Response):
+    """A 200 answer whose body is written over time (server-sent events), then the connection closes.
+
+    ``run(sink)`` writes the body and returns when it ends; it is cancelled when
+    the peer disconnects. It is the only answer that does not say its length, so
+    it is the last one on its connection (``Connection: close``).
+    """
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Callable[[StreamSink], Awaitable[None]], content_type: str,
+                 headers: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(200, b"", content_type, headers)
+        self.run = run
+
+    def encode(self, keep_alive: bool) -> bytes:
+        head = ["HTTP/1.1 200 OK", f"Content-Type: {self.content_type}", "Connection: close"]
+        head.extend(f"{k}: {v}" for k, v in self.headers or ())
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
 
 
 def json_response(status: int, document: Any, headers: list[tuple[str, str]] | None = None) -> Response:
@@ -487,6 +528,12 @@ class HttpProtocol(asyncio.Protocol):
     def _send(self, request: Request, response: Response, keep_alive: bool) -> None:
         if self._closing or self._transport is None:
             return
+        if isinstance(response, Stream):
+            self._transport.write(response.encode(False))
+            self._release(len(request.body))
+            self._observe(request, response)
+            self._current = self._loop.create_task(self._stream(response))
+            return
         self._transport.write(response.encode(keep_alive))
         self._release(len(request.body))
         self._observe(request, response)
@@ -500,6 +547,21 @@ class HttpProtocol(asyncio.Protocol):
         if self._current is None and not self._pending and not self._request_started:
             self._limits.to_idle(self)
         self._drain_raw()
+
+    async def _stream(self, response: Stream) -> None:
+        try:
+            await response.run(self)
+        finally:
+            self._close()
+
+    def sink_write(self, data: bytes) -> bool:
+        if self._closing or self._transport is None:
+            return False
+        self._transport.write(data)
+        return True
+
+    def sink_buffered(self) -> int:
+        return 0 if self._transport is None else self._transport.get_write_buffer_size()
 
     def _fail(self, response: Response) -> None:
         """Answer a request (or a connection) the transport refused, then drain briefly and close.

@@ -14,7 +14,7 @@ from stockade import metrics
 
 __all__ = ["Histogram", "LEASES_HELD", "WAITERS", "SCOPES",
            "GRANTS", "RENEWALS", "EXPIRIES", "WAITS", "LOCK_TIMEOUTS", "PROBLEMS", "WAIT_SECONDS",
-           "REQUEST_SECONDS", "render"]
+           "REQUEST_SECONDS", "COMMIT_SECONDS", "render"]
 
 BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
              30.0, 60.0, 300.0)
@@ -42,6 +42,14 @@ class Histogram:
                 series = self._series.setdefault(label_values, [0.0] * (len(self.buckets) + 2))
             series[index] += 1
             series[-1] += value
+
+    def series(self, *label_values: str) -> tuple[list[float], float]:
+        """``(count per bucket, +Inf last; sum)`` of one label set (zeros if never observed)."""
+        with self._lock:
+            series = self._series.get(label_values)
+            if series is None:
+                return [0.0] * (len(self.buckets) + 1), 0.0
+            return list(series[:-1]), series[-1]
 
     def count(self, *label_values: str) -> int:
         with self._lock:
@@ -92,7 +100,12 @@ REQUEST_SECONDS = Histogram(
     ("route", "method", "status"),
 )
 
+COMMIT_SECONDS = Histogram(
+    "stockade_commit_seconds", "Group-commit transactions, from BEGIN to COMMIT returned (its fsync included).",
+    ("file",),
+)
+
 
 def render() -> str:
-    lines = [line for h in (WAIT_SECONDS, REQUEST_SECONDS) for line in h.render()]
+    lines = [line for h in (WAIT_SECONDS, REQUEST_SECONDS, COMMIT_SECONDS) for line in h.render()]
     return metrics.REGISTRY.render() + "\n".join(lines) + "\n"

@@ -45,6 +45,7 @@ from stockade.resources._observe import reject
 from stockade.resources.store import BatchWrite, SQLiteStore
 from stockade.server import _metrics
 from stockade.server._auth import BearerAuth
+from stockade.server._dashboard import STREAMS_MAX, Dashboard, Sessions, session_key
 from stockade.server._groupcommit import GroupCommitter
 from stockade.server._guard import SMALL_BODY_BYTES
 from stockade.server._history_route import lock_history
@@ -118,6 +119,7 @@ class ServerConfig:
     tls_key: Path | None = None
     lock_delay_ms: int = 0
     wait_ms_cap: int | None = None  # operators (and tests) may bound long polls below WAIT_MS_MAX
+    dashboard_streams_max: int = STREAMS_MAX  # open event streams of the /ui/ pages (server/_dashboard.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -145,6 +147,7 @@ class App:
         self.cluster_id = leases.cluster_id
         self.openapi = json.dumps(openapi_document(auth=auth is not None, value_bytes_max=value_bytes_max)).encode()
         self.handlers = self.handlers_of(self)
+        self.ui: Dashboard | None = None  # the /ui/ pages (stockade.server.Server sets them up)
 
     @staticmethod
     def handlers_of(target: object) -> dict[str, Handler]:
@@ -182,6 +185,8 @@ class App:
 
     def dispatch(self, request: Request) -> Response | Awaitable[Response]:
         route = "unmatched"
+        if self.ui is not None and self.ui.owns(request):
+            return self.ui.dispatch(request)  # its own auth: a session cookie, or a bearer token
         try:
             if self.auth is not None and request.raw_path not in _OPEN_PATHS and not self.auth.allows(
                 request.headers.get("authorization")
@@ -270,7 +275,7 @@ class App:
             "<!doctype html><meta charset=utf-8><title>stockade</title>"
             f"<h1>stockade</h1><p>cluster {html.escape(self.cluster_id)}: {shown}{scopes} scopes, "
             f"{self.leases.leases} leases, {len(self.leases.waiters)} waiters. "
-            "<a href=/metrics>metrics</a> <a href=/openapi.json>openapi</a></p>"
+            "<a href=/ui/>dashboard</a> <a href=/metrics>metrics</a> <a href=/openapi.json>openapi</a></p>"
             "<table border=1><tr><th>scope<th>state<th>holder<th>token<th>last token<th>remaining<th>waiters</tr>"
             + rows + "</table>"
         )
@@ -471,6 +476,7 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         validate_int("port", config.port, 0, 65535)
         validate_int("lock_delay_ms", config.lock_delay_ms, 0, LOCK_DELAY_MS_MAX)
+        validate_int("dashboard_streams_max", config.dashboard_streams_max, 0, 100_000)
         if config.wait_ms_cap is not None:
             validate_wait_ms(config.wait_ms_cap)
         if (config.tls_cert is None) != (config.tls_key is None):
@@ -520,6 +526,11 @@ class Server:
         self.app = App(self.leases, self.store_writer, reader_store, auth=auth, wait_ms_cap=config.wait_ms_cap,
                        value_bytes_max=writer_store.value_bytes_max)
         app, limits = self.app, self._limits
+        app.ui = Dashboard(leases=leases, store=reader_store, store_writer=self.store_writer, auth=auth,
+                                  cluster_id=cluster_id, lock_delay_ms=config.lock_delay_ms, error=app._error,
+                                  connections=lambda: len(limits.open), streams_max=config.dashboard_streams_max,
+                                  sessions=Sessions(session_key(config.data_dir / "dashboard.key"), auth),
+                                  secure=context is not None)
         self._server = await loop.create_server(
             lambda: HttpProtocol(app.dispatch, app.observe, app.body_limit, limits),
             host=config.host, port=config.port, ssl=context, backlog=1024, reuse_address=True,
@@ -578,6 +589,8 @@ class Server:
         """Stop accepting, end open connections, commit what is queued, close the files."""
         if self._server is not None:
             self._server.close()
+        if self.app is not None and self.app.ui is not None:
+            self.app.ui.close()
         self._sweeper.cancel()
         # An answer already decided goes out first: a grant withdrawn because its commit failed gets its 503.
         answering = [conn.answering for conn in self._limits.open if conn.answering is not None]

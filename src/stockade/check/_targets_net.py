@@ -1,0 +1,178 @@
+"""The networked resources of `stockade check`: the user's PostgreSQL and Redis (drivers imported on use).
+
+PostgreSQL: the fence (`stockade.resources.postgres`) must already be installed
+in the database (the check installs nothing outside its scratch table); the
+writes go to a scratch table ``stockade_check_<hex>``, created and dropped by
+the check. With the ``fencing-off`` control the same statement runs in a
+transaction that never calls the fence, as an application that forgot it.
+
+Redis: the writes are fenced ``SET``s (`stockade.resources.redis`) of keys
+``{<scope>}:<key>``; the Redis fence keeps no operation ids (R3), so retries
+are whole-value writes here and the count of applications is not observed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stockade.check.targets import Outcome, Target
+from stockade.core.errors import BackendUnavailable, InvalidArgument
+from stockade.core.tokens import FencingToken
+from stockade.timeline import SetupLine
+
+__all__ = ["PostgresTarget", "RedisTarget", "KINDS"]
+
+
+class PostgresTarget(Target):
+    """The user's PostgreSQL database, fenced by `stockade.resources.postgres`."""
+
+    kind = "postgresql"
+    op_ids = True
+
+    def __init__(self, url: str, scratch: str, **options: Any) -> None:
+        super().__init__(url, scratch, **options)
+        from psycopg import sql
+
+        from stockade.resources.postgres import PostgresFence
+
+        self.fence = PostgresFence(url, keys=self.keys, connect_timeout_s=5)
+        self.conn = self.fence.connect()
+        if self.conn.execute("SELECT to_regclass('stockade.settings') IS NOT NULL").fetchone()[0] is not True:
+            self.conn.close()
+            raise InvalidArgument("resource", "the fence is not installed in this database (run "
+                                              "stockade.resources.postgres.install); the check installs nothing")
+        self.table = sql.Identifier(scratch.replace("-", "_"))
+        self.upsert = sql.SQL("INSERT INTO {} (scope, key, value, n) VALUES (%s, %s, %s, 1) ON CONFLICT (scope, key) "
+                              "DO UPDATE SET value = excluded.value, n = {}.n + 1").format(self.table, self.table)
+
+    def _write(self, token: FencingToken, scope: str, key: str, value: str, op_id: str | None) -> Outcome:
+        from stockade.resources.postgres import fenced
+
+        if self.control == "fencing-off":  # the table written without the fence
+            with self.conn.transaction():
+                self.conn.execute(self.upsert, (scope, key, value))
+            return Outcome("applied")
+        with fenced(self.conn, token, scope, keys=self.keys, op_id=op_id):
+            self.conn.execute(self.upsert, (scope, key, value))
+        return Outcome("applied")
+
+    def _read(self, scope: str, key: str) -> tuple[str | None, int]:
+        from psycopg import sql
+
+        row = self.conn.execute(sql.SQL("SELECT value, n FROM {} WHERE scope = %s AND key = %s").format(self.table),
+                                (scope, key)).fetchone()
+        return (None, 0) if row is None else (str(row[0]), int(row[1]))
+
+    def create_scratch(self) -> None:
+        from psycopg import sql
+
+        self.conn.execute(sql.SQL("CREATE TABLE {} (scope text NOT NULL, key text NOT NULL, value text, "
+                                  "n int NOT NULL DEFAULT 0, PRIMARY KEY (scope, key))").format(self.table))
+
+    def remove_scratch(self, scopes: list[str]) -> None:
+        from psycopg import sql
+
+        self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table))
+
+    def _one(self, query: str) -> Any:
+        import psycopg
+
+        try:
+            with self.conn.transaction():
+                row = self.conn.execute(query).fetchone()
+        except psycopg.Error as exc:
+            return f"unreadable ({str(exc).strip().splitlines()[0]})"
+        return None if row is None else row[0]
+
+    def setup_lines(self) -> list[SetupLine]:
+        isolation = str(self._one("SHOW default_transaction_isolation"))
+        encoding = str(self._one("SHOW server_encoding"))
+        installed = self._one("SELECT to_regclass('stockade.settings') IS NOT NULL")
+        version = self._one("SELECT version FROM stockade.version") if installed is True else None
+        owner = self._one("SELECT r.rolname FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner "
+                          "WHERE n.nspname = 'stockade'")
+        others = self._one("SELECT coalesce(string_agg(r.rolname, ', ' ORDER BY r.rolname), '') FROM pg_roles r, "
+                           "pg_namespace n WHERE n.nspname = 'stockade_private' AND r.oid <> n.nspowner "
+                           "AND r.rolcanlogin AND NOT r.rolsuper AND has_schema_privilege(r.oid, n.oid, 'USAGE')")
+        supersede = self._one("SELECT r.rolsuper OR pg_has_role(r.oid, 'pg_signal_backend', 'MEMBER') "
+                              "FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner WHERE n.nspname = 'stockade'")
+        writer_super = self._one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        return [
+            SetupLine("fence schema installed", f"yes, version {version}, owner {owner}" if installed is True
+                      else "no: run stockade.resources.postgres.install", "ok" if installed is True else "FAIL"),
+            SetupLine("default isolation level", isolation,
+                      "ok" if isolation == "read committed" else "warn" if isolation in (
+                          "repeatable read", "serializable") else "FAIL"),
+            SetupLine("database encoding", encoding, "ok" if encoding in ("UTF8", "SQL_ASCII", "LATIN1", "EUC_JP")
+                      or encoding.startswith(("WIN", "ISO_", "LATIN", "KOI8")) else "warn"),
+            SetupLine("other login roles that can take the fence's locks", others or "none",
+                      "ok" if others == "" else "FAIL"),
+            SetupLine("supersession granted (owner superuser or in pg_signal_backend)", str(supersede),
+                      "ok" if supersede is True else "warn"),
+            SetupLine("writer connects as a superuser", str(writer_super), "warn" if writer_super is True else "ok"),
+        ]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class RedisTarget(Target):
+    """The user's Redis, fenced by `stockade.resources.redis`."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, scratch: str, **options: Any) -> None:
+        super().__init__(url, scratch, **options)
+        from stockade.resources.redis import RedisFence
+
+        self.fence = RedisFence.from_url(url, keys=self.keys, cluster_id=self.cluster_id, socket_timeout=10,
+                                         socket_connect_timeout=5)
+        self.written: set[str] = set()
+
+    def _key(self, scope: str, key: str) -> str:
+        return "{" + scope + "}:" + key
+
+    def _write(self, token: FencingToken, scope: str, key: str, value: str, op_id: str | None) -> Outcome:
+        self.written.add(self._key(scope, key))
+        if self.control == "fencing-off":  # a plain SET, as an application that forgot the fence would
+            self.fence.client.set(self._key(scope, key), value)
+            return Outcome("applied")
+        self.fence.set(token, self._key(scope, key), value)
+        return Outcome("applied", self.fence.high_water(scope))
+
+    def _read(self, scope: str, key: str) -> tuple[str | None, int]:
+        data = self.fence.client.get(self._key(scope, key))
+        return (None if data is None else data.decode() if isinstance(data, bytes) else str(data)), -1
+
+    def remove_scratch(self, scopes: list[str]) -> None:
+        for scope in scopes:
+            keys = [k for k in self.fence.client.scan_iter(match=self._key(scope, "*"), count=100)]
+            if keys:
+                self.fence.client.delete(*keys)
+
+    def _config(self, name: str) -> str:
+        try:
+            answer = self.fence.client.config_get(name)
+        except Exception as exc:  # noqa: BLE001 - an ACL may refuse CONFIG: reported as a line, not raised
+            return f"unreadable ({exc})"
+        value = answer.get(name, answer.get(name.encode(), "?"))
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def setup_lines(self) -> list[SetupLine]:
+        appendonly, fsync, policy = self._config("appendonly"), self._config("appendfsync"), self._config(
+            "maxmemory-policy")
+        return [
+            SetupLine("appendonly", appendonly, "ok" if appendonly == "yes" else "warn"),
+            SetupLine("appendfsync", fsync, "ok" if fsync == "always" else "warn"),
+            SetupLine("maxmemory-policy (eviction)", policy,
+                      "FAIL" if policy.startswith("allkeys-") else "ok" if policy != "?" else "warn"),
+        ]
+
+    def close(self) -> None:
+        try:
+            self.fence.close()
+        except BackendUnavailable:
+            pass
+
+
+KINDS: dict[str, type[Target]] = {"postgres": PostgresTarget, "redis": RedisTarget}

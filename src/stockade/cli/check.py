@@ -1,0 +1,214 @@
+"""``stockade check --coordinator URL --resource URL``: prove the fence on your own stack, with real processes.
+
+Starts worker processes that take leases from your coordinator (any url
+`stockade.connect` takes) and write to your resource (your PostgreSQL with the
+fence installed, a SQLite file, Redis, a directory, or stockade's store over
+http), and runs the failure cases of fencing against them:
+
+  pause     a holder frozen (SIGSTOP) past its lease writes after a newer holder:
+            the write must be refused
+  retries   holders in turn, each retrying its writes with the same token: no
+            write applied twice, no newer write lost
+
+Before the cases, one line per precondition of the resource (durability,
+isolation, eviction, who can take the fence's locks, whether the keyring
+verifies), each with a verdict: ok, warn or FAIL. Then the timeline of what
+every worker did, and one verdict line.
+
+It writes only under a scratch prefix (scopes stockade-check.<hex>.*, a table
+or subdirectory stockade-check-<hex>) that it creates and removes; the
+coordinator's counters and the resource's marks of those scopes stay (tokens
+never go back). Exit status: 0 every case held and no setup line FAILed; 1
+otherwise; 2 bad input or a server that cannot be reached (nothing touched).
+docs/check.md describes each case and line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stockade.cli._common import help_text
+from stockade.core.errors import BackendUnavailable, InvalidArgument, StockadeError
+from stockade.core.limits import validate_int
+
+_TTL_MS_DEFAULT = 500
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stockade check", description=help_text(__doc__),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--coordinator", required=True, help="the coordinator's url (sqlite:///..., http://..., "
+                                                             "postgresql://..., etcd://..., zookeeper://...)")
+    parser.add_argument("--resource", required=True, help="the resource's url (postgresql://..., sqlite:///FILE, "
+                                                          "redis://..., file:///DIR, http://HOST:PORT)")
+    parser.add_argument("--seconds", type=int, default=60, help="the time the cases may take (1..3600; default 60)")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds per case at most (1..1000; default 20)")
+    parser.add_argument("--ttl-ms", type=int, default=_TTL_MS_DEFAULT,
+                        help=f"the workers' lease TTL (default {_TTL_MS_DEFAULT}); a pause round lasts about this")
+    parser.add_argument("--report", "--html", dest="report", type=Path, default=None,
+                        help="write the timeline, verdicts and setup lines as one self-contained HTML file")
+    parser.add_argument("--history", type=Path, default=None,
+                        help="write every event (grants, writes with their outcome and mark, pauses) as JSON lines")
+    parser.add_argument("--quiet", action="store_true", help="leave the timeline out of the output")
+    parser.add_argument("--control", default=None, choices=("fencing-off", "strict-greater"),
+                        help="run against a deliberately broken fence on the scratch prefix: the check must FAIL")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _keyring_line(coord: Any, target: Any, scope: str, ttl_ms: int) -> Any:
+    """Whether the resource refuses a token the coordinator never issued (its MAC over another value)."""
+    from stockade.core.tokens import FencingToken
+    from stockade.timeline import SetupLine
+
+    name = "keyring verifies (a forged token is refused)"
+    lease = coord.acquire(scope, ttl_ms=max(ttl_ms, 1000), wait_ms=10_000, holder="check-setup")
+    try:
+        token = lease.token
+        if not token.signed:
+            return SetupLine(name, "tokens are unsigned: a forged one cannot be told apart", "warn")
+        forged = FencingToken(token.cluster, token.scope, token.value + 1, kid=token.kid, mac=token.mac)
+        try:
+            outcome = target.write(forged, scope, "forged", "forged", None)
+        except StockadeError as exc:  # e.g. a Redis fence that refuses an evicting policy: nothing can be written
+            return SetupLine(name, f"the resource refused every write: {_one_line(exc)}", "FAIL")
+        refused = outcome.result == "mismatch"
+        return SetupLine(name, "refused" if refused else f"ACCEPTED ({outcome.result})", "ok" if refused else "FAIL")
+    finally:
+        lease.release()
+
+
+def _clean_store(coord: Any, target: Any, scopes: list[str], ttl_ms: int) -> None:
+    """stockade's store deletes only under a lease: take each scratch scope once more and delete its keys."""
+    for scope in scopes:
+        with coord.lock(scope, ttl_ms=max(ttl_ms, 1000), wait_ms=10_000) as lease:
+            for item in target.store.list(scope):
+                target.store.delete(scope, item.key, token=lease.token)
+
+
+def _run_cases(args: argparse.Namespace, run: Any, target: Any, started: float) -> list[Any]:
+    """Start the workers (A through the proxy when the resource is reached over TCP), run the cases in the time
+    left, stop every worker. A case that could not run is a broken one, named."""
+    from stockade.check._proxy import HoldProxy, proxied_url, upstream_of
+    from stockade.check.cases import WorkerFailed, delay_case, pause_case, retries_case
+    from stockade.timeline import Verdict
+
+    verdicts: list[Verdict] = []
+    upstream = upstream_of(args.resource)
+    proxy = HoldProxy(upstream) if upstream is not None else None
+    budget = args.seconds - (time.monotonic() - started)
+    shares = (0.4, 0.7) if proxy is not None else (0.5, 0.5)
+    try:
+        run.start("A", proxied_url(args.resource, proxy.port) if proxy is not None else None)
+        run.start("B")
+        run.start("C")
+        verdicts.append(pause_case(run, target, rounds=args.rounds, deadline=time.monotonic() + budget * shares[0]))
+        if proxy is not None:
+            verdicts.append(delay_case(run, target, proxy, rounds=args.rounds,
+                                       deadline=started + (args.seconds - budget) + budget * shares[1]))
+        verdicts.append(retries_case(run, target, rounds=args.rounds, deadline=started + args.seconds))
+    except WorkerFailed as exc:
+        verdicts.append(Verdict(run.case or "start", False, f"could not run: {exc}"))
+    finally:
+        run.stop()
+        if proxy is not None:
+            proxy.close()
+    if proxy is None:
+        print("note: the delay case needs a resource reached over TCP (postgresql, redis, http): not run")
+    return verdicts
+
+
+def _check(args: argparse.Namespace) -> int:
+    import stockade
+    from stockade.check.cases import Run
+    from stockade.check.targets import open_target, scratch_scope, target_class
+    from stockade.timeline import render_html, render_text
+
+    started = time.monotonic()
+    target_class(args.resource)  # a typo or a missing file: one line, before anything is opened
+    if args.coordinator.startswith("memory://"):
+        raise InvalidArgument("coordinator", "memory:// lives inside one process; the check's workers are processes")
+    scratch = f"stockade-check-{os.urandom(4).hex()}"
+    coord = stockade.connect(args.coordinator)
+    run = Run(args.coordinator, args.resource, scratch, control=args.control, ttl_ms=args.ttl_ms)
+    try:
+        target = open_target(args.resource, scratch, coord=coord, control=args.control)
+    except BaseException:
+        coord.close()
+        raise
+    scopes = [scratch_scope(scratch, case) for case in ("keys", "pause", "delay", "retries")]
+    print(f"stockade check: {target.kind} resource, scratch prefix {scratch}"
+          + (f", CONTROL {args.control}" if args.control else ""))
+    try:
+        target.create_scratch()
+        setup = target.setup_lines() + [_keyring_line(coord, target, scopes[0], args.ttl_ms)]
+        print("setup:")
+        for line in setup:
+            print(f"  {line.verdict:<4}  {line.name}: {line.found}")
+        verdicts = _run_cases(args, run, target, started)
+    finally:
+        try:
+            if target.kind == "store":
+                _clean_store(coord, target, scopes, args.ttl_ms)
+            target.remove_scratch(scopes)
+        finally:
+            target.close()
+            coord.close()
+    failed_setup = [line for line in setup if line.verdict == "FAIL"]
+    held = bool(verdicts) and all(v.held for v in verdicts) and not failed_setup
+    if not args.quiet:
+        print("timeline:")
+        print(render_text(run.events))
+    print("cases:")
+    for verdict in verdicts:
+        print(f"  {'held  ' if verdict.held else 'BROKEN'}  {verdict.case}: {verdict.figure}")
+    broken = [v.case for v in verdicts if not v.held] + [f"setup: {line.name}" for line in failed_setup]
+    summary = (f"HELD: {len(verdicts)} of {len(verdicts)} cases held, no setup line failed" if held
+               else f"FAILED: {'; '.join(broken)}")
+    if args.history is not None:
+        import dataclasses
+        import json
+
+        with open(args.history, "w", encoding="utf-8") as out:
+            out.writelines(json.dumps(dataclasses.asdict(event)) + "\n" for event in run.events)
+    if args.report is not None:
+        args.report.write_text(render_html(f"stockade check: {target.kind} resource", run.events, verdicts=verdicts,
+                                           setup=setup, summary=summary), encoding="utf-8")
+        print(f"report: {args.report}")
+    print(f"stockade check: {summary}")
+    return 0 if held else 1
+
+
+def run(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.worker is not None:
+            from stockade.check.worker import serve_commands
+
+            return serve_commands(args.worker, args.coordinator, args.resource, args.scratch, args.control)
+        validate_int("--seconds", args.seconds, 1, 3600)
+        validate_int("--rounds", args.rounds, 1, 1000)
+        validate_int("--ttl-ms", args.ttl_ms, 100, 60_000)
+        for option, path in (("--report", args.report), ("--history", args.history)):
+            if path is not None and not path.parent.is_dir():
+                raise InvalidArgument(option, f"{path.parent}: no such directory")
+        return _check(args)
+    except (InvalidArgument, BackendUnavailable) as exc:
+        print(f"stockade check: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except StockadeError as exc:
+        print(f"stockade check: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except ImportError as exc:  # an optional driver (psycopg, redis) is missing
+        print(f"stockade check: {_one_line(exc)}", file=sys.stderr)
+        return 2

@@ -1,0 +1,56 @@
+"""Deliberately broken variants of the dashboard of `stockade serve`, and one knob: what its tests must catch.
+
+Usage: ``python dashboard_controls.py CONTROL [serve args...]``. Each control patches one rule:
+
+- ``leaks-lease-id``: each row of a snapshot carries its lease's id (a secret: it renews and releases).
+- ``sees-every-scope``: a session ignores its token's scope patterns.
+- ``unbounded-stream``: a slow reader's stream is never closed: its unsent bytes grow without bound.
+- ``small-stream-buffer`` (a knob, not a control): the bound on a stream's unsent bytes is 16 KiB, so that a
+  test reaches it in a few frames (the real bound is 256 KiB).
+
+``unbounded-stream`` and ``small-stream-buffer`` also give each accepted socket a 4 KiB kernel send buffer
+(a slow network's), so that what the peer does not read piles up in the server's process where it can be seen,
+not in the kernel's buffers (up to 4 MiB on loopback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+
+from stockade.cli import serve
+from stockade.server import _dashboard, _dashboard_view, _http
+
+CONTROL = sys.argv[1]
+
+if CONTROL == "leaks-lease-id":
+    original_rows = _dashboard_view._rows
+
+    async def rows(leases, store, view):  # type: ignore[no-untyped-def]
+        found, seen, exact = await original_rows(leases, store, view)
+        for row in found:
+            lease = leases.records[row["scope"]].lease
+            row["lease"] = lease.lease_id if lease is not None else None
+        return found, seen, exact
+
+    _dashboard_view._rows = rows  # type: ignore[assignment]
+
+elif CONTROL == "sees-every-scope":
+    _dashboard_view.View.sees = lambda self, scope: not self.text or self.text in scope  # type: ignore[method-assign]
+
+elif CONTROL in ("unbounded-stream", "small-stream-buffer"):
+    _dashboard.STREAM_BUFFER_BYTES_MAX = 10**15 if CONTROL == "unbounded-stream" else 16 * 1024
+    original_made = _http.HttpProtocol.connection_made
+
+    def connection_made(self, transport):  # type: ignore[no-untyped-def]
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        original_made(self, transport)
+
+    _http.HttpProtocol.connection_made = connection_made  # type: ignore[method-assign]
+
+else:
+    raise SystemExit(f"unknown control {CONTROL!r}")
+
+asyncio.set_event_loop_policy(None)
+sys.exit(serve.run(sys.argv[2:]))

@@ -1,0 +1,261 @@
+"""``stockade check`` as a user runs it: a real subprocess against real coordinators and resources (docs/check.md).
+
+Each stack runs one short check (3 rounds per case; ``STOCKADE_LONG=1``: 20)
+and must pass; its controls (the same check with the fence turned off, or
+``>`` for ``>=``, on the scratch prefix) must fail with the broken case named.
+Judged by the exit status and the verdict lines, which count outcomes, never
+by times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import fresh_pg_url, python_env
+from helpers.redis_server import RedisServer, require_redis
+
+import stockade
+from stockade.resources.postgres import PostgresFence
+from stockade.resources.sqlite_db import SQLiteFence
+
+ROUNDS = "20" if os.environ.get("STOCKADE_LONG") == "1" else "3"
+
+
+def check(*args: str, timeout: float = 240, rounds: str = ROUNDS) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "stockade", "check", "--rounds", rounds, "--ttl-ms", "300",
+                             "--quiet", *args], capture_output=True, text=True, timeout=timeout, env=python_env())
+    print(result.stdout, result.stderr)
+    return result
+
+
+def cases(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """``{case: "held" | "BROKEN"}`` from the verdict lines."""
+    found = {}
+    for line in result.stdout.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in ("held", "BROKEN") and words[1].endswith(":"):
+            found[words[1][:-1]] = words[0]
+    return found
+
+
+def assert_held(result: subprocess.CompletedProcess[str], *, network: bool = False) -> None:
+    """Every case held; ``network``: the resource is reached over TCP, so the delay case ran too."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = {"pause": "held", "retries": "held"} | ({"delay": "held"} if network else {})
+    assert cases(result) == expected
+    assert f"0 of {ROUNDS} stale writes applied" in result.stdout
+    assert (f"0 of {ROUNDS} delayed writes applied" in result.stdout) == network
+    assert "Traceback" not in result.stderr
+
+
+def assert_no_workers_left(result: subprocess.CompletedProcess[str]) -> None:
+    """Every worker process the check started has ended (ps: none names its scratch id)."""
+    scratch = "stockade-check-" + result.stdout.split("scratch prefix stockade-check-")[1].split()[0].rstrip(",")
+    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    assert [line for line in listing.splitlines() if scratch in line] == []
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[tuple[str, stockade.Coordinator]]:
+    url = f"sqlite://{tmp_path / 'coord.db'}"
+    with stockade.connect(url) as coord:
+        yield url, coord
+
+
+def test_embedded_coordinator_and_store(tmp_path: Path, embedded) -> None:
+    url, coord = embedded
+    stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id).close()
+    report = tmp_path / "report.html"
+    history = tmp_path / "history.jsonl"
+    result = check("--coordinator", url, "--resource", f"sqlite://{tmp_path / 'store.db'}", "--report", str(report),
+                   "--history", str(history))
+    assert_held(result)
+    events = [json.loads(line) for line in history.read_text().splitlines()]
+    refused = [e for e in events if e["kind"] == "write" and e["outcome"] == "refused"]
+    assert len(refused) == int(ROUNDS) and {e["lane"] for e in refused} == {"A"}  # the zombie's, once a round
+    assert all(e["mark"] > e["token"] for e in refused)
+    page = report.read_text()
+    assert "<svg" in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert_no_workers_left(result)
+    hexid = result.stdout.split("scratch prefix stockade-check-")[1].split()[0].rstrip(",")
+    scopes = [f"stockade-check.{hexid}.{case}" for case in ("keys", "pause", "retries")]
+    with stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id) as store:
+        assert [store.high_water(scope) > 0 for scope in scopes[1:]] == [True] * 2  # they were written...
+        assert [store.list(scope) for scope in scopes] == [[], [], []]  # ...and their keys deleted
+
+
+def test_embedded_store_control_fencing_off_fails(tmp_path: Path, embedded) -> None:
+    url, coord = embedded
+    stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id).close()
+    result = check("--coordinator", url, "--resource", f"sqlite://{tmp_path / 'store.db'}", "--control", "fencing-off")
+    assert result.returncode == 1
+    assert cases(result)["pause"] == "BROKEN"
+    assert f"{ROUNDS} of {ROUNDS} stale writes applied" in result.stdout
+    assert "stockade check: FAILED: pause" in result.stdout
+
+
+@pytest.fixture
+def app_db(tmp_path: Path, embedded) -> Path:
+    """A user's SQLite database with a table of its own and the fence installed."""
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, state TEXT)")
+    conn.commit()
+    conn.close()
+    SQLiteFence(path, keys=embedded[1].verify_keys()).close()
+    return path
+
+
+def _tables(path: Path) -> set[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        conn.close()
+
+
+def test_sqlite_database(app_db: Path, embedded) -> None:
+    before = _tables(app_db)
+    assert_held(check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}"))
+    assert _tables(app_db) == before  # the scratch table was dropped; nothing else was created
+
+
+@pytest.mark.parametrize("control, broken", [("fencing-off", {"pause", "retries"}), ("strict-greater", {"retries"})])
+def test_sqlite_database_controls_fail(app_db: Path, embedded, control: str, broken: set[str]) -> None:
+    result = check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}", "--control", control)
+    assert result.returncode == 1
+    assert {case for case, verdict in cases(result).items() if verdict == "BROKEN"} == broken
+
+
+def test_directory(tmp_path: Path, embedded) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    assert_held(check("--coordinator", embedded[0], "--resource", f"file://{root}"))
+    assert list(root.iterdir()) == []  # the scratch subdirectory was removed
+
+
+def test_directory_control_fails(tmp_path: Path, embedded) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    result = check("--coordinator", embedded[0], "--resource", f"file://{root}", "--control", "fencing-off")
+    assert result.returncode == 1 and cases(result)["pause"] == "BROKEN"
+    assert "FAIL  keyring verifies" in result.stdout  # a forged token got through too
+
+
+def test_serve_and_its_store(serve) -> None:
+    server = serve()
+    assert_held(check("--coordinator", server.url, "--resource", server.url), network=True)
+
+
+@pytest.fixture
+def pg_fenced() -> Iterator[tuple[str, str]]:
+    """A PostgreSQL coordinator database and a user's database with the fence installed for it."""
+    with fresh_pg_url() as coord_url, fresh_pg_url() as app_url:
+        with stockade.connect(coord_url) as coord:
+            PostgresFence(app_url, keys=coord.verify_keys()).install()
+        yield coord_url, app_url
+
+
+def test_postgres_coordinator_and_postgres_fence(pg_fenced) -> None:
+    coord_url, app_url = pg_fenced
+    result = check("--coordinator", coord_url, "--resource", app_url)
+    assert_held(result, network=True)
+    assert "ok    fence schema installed" in result.stdout
+    with psycopg.connect(app_url) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'stockade_check_%'").fetchone()
+    assert left == (0,)
+
+
+def test_postgres_table_written_without_the_fence_fails(pg_fenced) -> None:
+    coord_url, app_url = pg_fenced
+    result = check("--coordinator", coord_url, "--resource", app_url, "--control", "fencing-off")
+    assert_no_workers_left(result)  # A was frozen in every round, and in the proxy's hold: all ended
+    assert result.returncode == 1
+    assert cases(result) == {"pause": "BROKEN", "delay": "BROKEN", "retries": "BROKEN"}
+    assert f"{ROUNDS} of {ROUNDS} delayed writes applied" in result.stdout
+
+
+def test_postgres_repeatable_read_is_said_before_the_cases(pg_fenced) -> None:
+    coord_url, app_url = pg_fenced
+    with psycopg.connect(app_url, autocommit=True) as conn:
+        name = conn.execute("SELECT current_database()").fetchone()[0]
+        conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_isolation = \'repeatable read\'')
+    result = check("--coordinator", coord_url, "--resource", app_url, rounds="1")
+    assert "warn  default isolation level: repeatable read" in result.stdout
+    assert result.returncode == 0  # the fence holds under it (docs/fence-postgres.md); the line says what to expect
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    require_redis()
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+def test_redis(redis_server: RedisServer, embedded) -> None:
+    result = check("--coordinator", embedded[0], "--resource", redis_server.url)
+    assert_held(result, network=True)
+    assert "ok    maxmemory-policy (eviction): noeviction" in result.stdout
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    assert [key for key in client.scan_iter("{stockade-check.*}:*")] == []  # the scratch keys were deleted
+    client.close()
+
+
+def test_redis_control_and_evicting_policy_fail(redis_server: RedisServer, embedded) -> None:
+    result = check("--coordinator", embedded[0], "--resource", redis_server.url, "--control", "fencing-off")
+    assert result.returncode == 1 and cases(result)["pause"] == cases(result)["delay"] == "BROKEN"
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    client.close()
+    result = check("--coordinator", embedded[0], "--resource", redis_server.url, rounds="1")
+    assert result.returncode == 1
+    assert "FAIL  maxmemory-policy (eviction): allkeys-lru" in result.stdout
+
+
+@pytest.mark.parametrize("resource, message", [
+    ("sqlte:///nowhere.db", "unknown scheme 'sqlte'"),
+    ("sqlite:///no/such/file.db", "no such SQLite file"),
+    ("nonsense", "is not a url"),
+    ("postgresql://127.0.0.1:1/db", ""),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, embedded, resource: str, message: str) -> None:
+    result = check("--coordinator", embedded[0], "--resource", resource, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("stockade check: ") and message in result.stderr
+
+
+def test_unreachable_coordinator_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    result = check("--coordinator", "http://127.0.0.1:1", "--resource", f"file://{root}", timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(root.iterdir()) == []  # nothing touched
+
+
+def test_etcd_coordinator_and_redis(etcd_cluster, redis_server: RedisServer, tmp_path: Path) -> None:
+    """etcd leases count whole seconds (at least 2 s: docs/coordinator-etcd.md), so a pause round lasts ~2 s."""
+    assert_held(check("--coordinator", f"{etcd_cluster.url}/{tmp_path.name}", "--resource", redis_server.url,
+                      "--seconds", "600", timeout=900), network=True)
+
+
+def test_zookeeper_coordinator_and_directory(zk_ensemble, tmp_path: Path) -> None:
+    """A frozen holder's scope is freed when its session expires: a 2 s session (docs/coordinator-zookeeper.md)."""
+    root = tmp_path / "files"
+    root.mkdir()
+    assert_held(check("--coordinator", f"{zk_ensemble.url}/{tmp_path.name}?session_timeout_ms=2000",
+                      "--resource", f"file://{root}", "--seconds", "600", timeout=900))
+    assert list(root.iterdir()) == []

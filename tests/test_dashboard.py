@@ -1,0 +1,390 @@
+"""The dashboard's API under ``/ui/`` (docs/dashboard.md) against real ``stockade serve`` processes.
+
+What a browser gets and what it must not: sessions (cookie flags, tampering,
+scopes), no lease id and no token MAC in any answer or event, snapshots that
+follow a change within a second (judged by the events' order: the first one
+after the grant shows it), the bounds (open streams, a slow reader's unsent
+bytes, pages), busiest scopes first. Each safety check also runs against a
+control from tests/helpers/dashboard_controls.py that must fail it.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HELPERS
+
+sys.path.insert(0, str(HELPERS))
+from helpers import reaper  # noqa: E402
+from server_fixtures import PYTHON, ServerProcess, _env, request, start_server  # noqa: E402
+
+from stockade.core.history import HistoryEvent  # noqa: E402
+from stockade.server._timeline import render_timeline  # noqa: E402
+
+ADMIN = "dashboard-admin-token-0123456789"
+SCOPED = "dashboard-reports-token-012345678"
+BEARER = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def _serve(tmp_path: Path, *args: str, control: str | None = None, auth: bool = True) -> ServerProcess:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{ADMIN}\n{SCOPED} reports.*\n")
+    extra = ("--auth-tokens", str(tokens), *args) if auth else args
+    if control is None:
+        return start_server(tmp_path / "data", *extra)
+    data = tmp_path / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    log = data / "control.log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen([PYTHON, str(HELPERS / "dashboard_controls.py"), control, "--data-dir", str(data),
+                                 "--port", "0", *extra], stdout=subprocess.PIPE, stderr=stderr, env=_env())
+    reaper.watch(proc.pid)
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    assert b"listening on" in line, log.read_text()
+    return ServerProcess(proc, line.decode().strip().rsplit(" ", 1)[-1], data, log)
+
+
+def _acquire(url: str, scope: str, holder: str = "h", wait_ms: int = 0) -> dict:
+    status, _, body = request(url, "POST", f"/v1/locks/{scope}/acquire",
+                              json_body={"ttl_ms": 60_000, "holder": holder, "wait_ms": wait_ms}, headers=BEARER)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def _login(url: str, token: str) -> str:
+    status, headers, body = request(url, "POST", "/ui/session", headers={"Authorization": f"Bearer {token}"})
+    assert status == 204, body
+    return headers["set-cookie"].split(";")[0]
+
+
+class EventStream:
+    """A raw ``GET /ui/events`` reader: frames in order, each read with a deadline."""
+
+    def __init__(self, url: str, headers: dict[str, str], query: str = "", rcvbuf: int | None = None) -> None:
+        host, port = url.rsplit("/", 1)[1].split(":")
+        self.sock = socket.socket()
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.connect((host, int(port)))
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.sock.sendall(f"GET /ui/events{query} HTTP/1.1\r\nHost: x\r\n{lines}\r\n".encode())
+        self.buffer = b""
+        self.head = b""
+
+    def status(self, timeout_s: float = 10) -> int:
+        while b"\r\n\r\n" not in self.buffer:
+            self._read(time.monotonic() + timeout_s)
+        self.head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        return int(self.head.split()[1])
+
+    def _read(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+            raise TimeoutError("no event before the deadline")
+        data = self.sock.recv(65536)
+        if not data:
+            raise EOFError("stream closed")
+        self.buffer += data
+
+    def snapshot(self, timeout_s: float = 10) -> dict:
+        """The next snapshot event's document."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while b"\n\n" not in self.buffer:
+                self._read(deadline)
+            frame, _, self.buffer = self.buffer.partition(b"\n\n")
+            fields = dict(line.split(": ", 1) for line in frame.decode().split("\n") if ": " in line)
+            if fields.get("event") == "snapshot":
+                return json.loads(fields["data"])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# -- sessions and secrets ---------------------------------------------------------------------------
+
+
+def test_a_session_cookie_is_httponly_strict_expiring_and_limited_to_its_token(tmp_path: Path) -> None:
+    server = _serve(tmp_path)
+    try:
+        for scope in ("billing", "reports.daily"):
+            _acquire(server.url, scope)
+        assert request(server.url, "GET", "/ui/api/state")[0] == 401
+        status, headers, _ = request(server.url, "POST", "/ui/session", headers={"Authorization": f"Bearer {ADMIN}"})
+        flags = headers["set-cookie"].split("; ")
+        assert status == 204 and {"HttpOnly", "SameSite=Strict", "Path=/ui", "Max-Age=28800"} <= set(flags)
+        cookie = flags[0]
+        state = json.loads(request(server.url, "GET", "/ui/api/state", headers={"Cookie": cookie})[2])
+        assert [row["scope"] for row in state["scopes"]] == ["billing", "reports.daily"] and "health" in state
+        # The cookie is the dashboard's only: the API still wants its bearer token.
+        assert request(server.url, "GET", "/v1/locks", headers={"Cookie": cookie})[0] == 401
+        # Tampered, made up, or for an unknown token: refused.
+        expires, who, mac = cookie.split("=", 1)[1].split(".")
+        for forged in (f"{int(expires) + 1}.{who}.{mac}", f"{expires}.{who}.{mac[:-1]}A", "1.2.3"):
+            assert request(server.url, "GET", "/ui/api/state",
+                           headers={"Cookie": f"stockade_session={forged}"})[0] == 401, forged
+        assert request(server.url, "POST", "/ui/session", headers={"Authorization": "Bearer nope-0123456789abcdef"}
+                       )[0] == 401
+        # A scope-limited token's session sees its scopes, and neither the health nor the rejection counts.
+        limited = _login(server.url, SCOPED)
+        state = json.loads(request(server.url, "GET", "/ui/api/state", headers={"Cookie": limited})[2])
+        assert [row["scope"] for row in state["scopes"]] == ["reports.daily"]
+        assert "health" not in state and "rejections" not in state and state["limited"] is True
+        assert request(server.url, "GET", "/ui/api/timeline/billing", headers={"Cookie": limited})[0] == 403
+        assert request(server.url, "GET", "/ui/api/timeline/reports.daily", headers={"Cookie": limited})[0] == 200
+        # No write: only GET on the data, and logging out ends the session.
+        for method in ("POST", "PUT", "DELETE"):
+            assert request(server.url, method, "/ui/api/state", headers={"Cookie": cookie})[0] == 405
+        assert request(server.url, "DELETE", "/ui/session", headers={"Cookie": cookie})[0] == 204
+        assert request(server.url, "GET", "/ui/api/state", headers={"Cookie": cookie})[0] == 401
+    finally:
+        server.stop()
+
+
+def test_control_a_session_that_ignores_its_scopes_is_caught(tmp_path: Path) -> None:
+    server = _serve(tmp_path, control="sees-every-scope")
+    try:
+        for scope in ("billing", "reports.daily"):
+            _acquire(server.url, scope)
+        limited = _login(server.url, SCOPED)
+        state = json.loads(request(server.url, "GET", "/ui/api/state", headers={"Cookie": limited})[2])
+        assert [row["scope"] for row in state["scopes"]] == ["billing", "reports.daily"]  # the leak the test catches
+    finally:
+        server.stop()
+
+
+def _answers(server: ServerProcess, cookie: str) -> list[bytes]:
+    """Every page, file, document and a few events the dashboard serves for what ``_grants`` made."""
+    headers = {"Cookie": cookie}
+    paths = ["/ui/", "/ui/scope/billing", "/ui/static/dashboard.js", "/ui/static/dashboard.css", "/ui/api/session",
+             "/ui/api/state", "/ui/api/state?q=bill", "/ui/api/timeline/billing", "/ui/api/timeline/payroll"]
+    answers = [request(server.url, "GET", path, headers=headers)[2] for path in paths]
+    stream = EventStream(server.url, headers)
+    try:
+        assert stream.status() == 200
+        answers.append(stream.head)
+        _acquire(server.url, "late")  # one more change, so that the stream sends a second snapshot
+        for _ in range(2):
+            answers.append(json.dumps(stream.snapshot()).encode())
+    finally:
+        stream.close()
+    return answers
+
+
+def _grants(server: ServerProcess) -> list[dict]:
+    grants = [_acquire(server.url, "billing", "alice")]
+    assert request(server.url, "DELETE", f"/v1/leases/{grants[0]['lease_id']}", headers=BEARER)[0] == 204
+    grants.append(_acquire(server.url, "billing", "bob"))
+    for grant, status in ((grants[1], 200), (grants[0], 409)):  # a stale write: on the timeline, with its token
+        assert request(server.url, "PUT", "/v1/kv/billing/k", body=b"v",
+                       headers={**BEARER, "Fencing-Token": grant["token"]})[0] == status
+    grants.append(_acquire(server.url, "payroll", "carol"))
+    return grants
+
+
+def _leaks(answers: list[bytes], grants: list[dict]) -> list[str]:
+    secrets = [g["lease_id"] for g in grants] + [g["token"] for g in grants] + [g["token"].split(".")[4]
+                                                                                for g in grants]
+    return [secret for secret in secrets for answer in answers if secret.encode() in answer]
+
+
+@pytest.mark.parametrize("control", [None, "leaks-lease-id"])
+def test_no_page_or_event_carries_a_lease_id_or_a_token_mac(tmp_path: Path, control: str | None) -> None:
+    server = _serve(tmp_path, control=control)
+    try:
+        grants = _grants(server)
+        answers = _answers(server, _login(server.url, ADMIN))
+        leaks = _leaks(answers, grants)
+        assert sum(b"refused" in a or b"stale" in a for a in answers) >= 1  # the timeline was drawn
+        if control is None:
+            assert leaks == [], leaks
+        else:
+            assert leaks, "the control's lease ids went unnoticed"
+    finally:
+        server.stop()
+
+
+# -- live updates and their bounds ------------------------------------------------------------------
+
+
+def test_an_event_follows_a_grant_within_a_second_and_streams_are_capped(tmp_path: Path) -> None:
+    server = _serve(tmp_path, "--dashboard-streams-max", "2", auth=False)
+    streams = []
+    try:
+        for _ in range(2):
+            streams.append(EventStream(server.url, {}))
+            assert streams[-1].status() == 200
+            streams[-1].snapshot()
+        refused = EventStream(server.url, {})
+        assert refused.status() == 503 and b"Retry-After: 1" in refused.head
+        refused.close()
+        delays = []
+        for index in range(5):
+            _acquire(server.url, f"scope-{index}")
+            started = time.monotonic()
+            document = streams[0].snapshot(timeout_s=1.0)  # the next event already shows the grant
+            delays.append(time.monotonic() - started)
+            assert f"scope-{index}" in [row["scope"] for row in document["scopes"]]
+        print(f"events {', '.join(f'{d * 1000:.0f}' for d in delays)} ms after the grant's answer")
+        streams.pop(0).close()
+        deadline = time.monotonic() + 10
+        while True:  # the closed stream leaves the count once the server sees the close
+            again = EventStream(server.url, {})
+            if again.status() == 200:
+                break
+            again.close()
+            assert time.monotonic() < deadline
+        streams.append(again)
+    finally:
+        for stream in streams:
+            stream.close()
+        server.stop()
+
+
+def _health(server: ServerProcess) -> dict:
+    return json.loads(request(server.url, "GET", "/ui/api/state")[2])["health"]
+
+
+@pytest.mark.parametrize("control", ["small-stream-buffer", "unbounded-stream"])
+def test_a_slow_reader_is_dropped_not_buffered(tmp_path: Path, control: str) -> None:
+    """A stream nobody reads: with a bound (16 KiB here), dropped; the control keeps buffering past 256 KiB."""
+    server = _serve(tmp_path, control=control, auth=False)
+    slow = EventStream(server.url, {}, rcvbuf=1024)
+    try:
+        for index in range(50):  # 50 rows of 190-byte names: each snapshot is ~17 KB
+            _acquire(server.url, f"{'x' * 180}.{index}")
+        cycles, deadline = 0, time.monotonic() + 120
+        while time.monotonic() < deadline:  # every cycle is a change; a snapshot goes out every 250 ms at most
+            grant = _acquire(server.url, "cycle")
+            request(server.url, "DELETE", f"/v1/leases/{grant['lease_id']}", headers=BEARER)
+            cycles += 1
+            health = _health(server)
+            if health["streams_dropped"] or health["stream_backlog_bytes"] > 256 * 1024:
+                break
+        print(f"{control}: after {cycles} cycles: {health}")
+        if control == "small-stream-buffer":
+            assert health["streams_dropped"] == 1 and health["streams"] == 0
+        else:
+            assert health["streams_dropped"] == 0 and health["stream_backlog_bytes"] > 256 * 1024
+    finally:
+        slow.close()
+        server.stop()
+
+
+# -- what is shown --------------------------------------------------------------------------------
+
+
+def test_busiest_scopes_first_in_pages_and_the_filter(tmp_path: Path) -> None:
+    server = _serve(tmp_path, auth=False)
+    try:
+        for index in range(120):
+            _acquire(server.url, f"job.{index:03d}")
+        waiting = []
+        for holder in ("w1", "w2"):  # two waiters in line on job.077: the busiest scope
+            proc = subprocess.Popen([PYTHON, "-c", (
+                "import json, urllib.request; urllib.request.urlopen(urllib.request.Request("
+                f"'{server.url}/v1/locks/job.077/acquire', data=json.dumps({{'ttl_ms': 1000, 'holder': '{holder}', "
+                "'wait_ms': 20000}).encode(), headers={'Content-Type': 'application/json'}), timeout=30)")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            reaper.watch(proc.pid)
+            waiting.append(proc)
+            deadline = time.monotonic() + 10
+            while len(json.loads(request(server.url, "GET", "/ui/api/state")[2])["scopes"][0]["queue"] or ()) < len(
+                    waiting):
+                assert time.monotonic() < deadline
+        first = json.loads(request(server.url, "GET", "/ui/api/state")[2])
+        assert first["scopes_seen"] == 120 and first["pages"] == 3 and len(first["scopes"]) == 50
+        assert first["scopes"][0]["scope"] == "job.077" and first["scopes"][0]["queue"] == ["w1", "w2"]
+        last = json.loads(request(server.url, "GET", "/ui/api/state?page=2")[2])
+        assert len(last["scopes"]) == 20
+        shown = {row["scope"] for page in range(3) for row in json.loads(
+            request(server.url, "GET", f"/ui/api/state?page={page}")[2])["scopes"]}
+        assert len(shown) == 120
+        found = json.loads(request(server.url, "GET", "/ui/api/state?q=.11")[2])
+        assert sorted(row["scope"] for row in found["scopes"]) == [f"job.{i}" for i in range(110, 120)]
+        for bad in ("page=200", "page=-1", "q=" + "x" * 201, "other=1"):
+            assert request(server.url, "GET", f"/ui/api/state?{bad}")[0] == 400, bad
+        for proc in waiting:
+            proc.kill()
+            proc.wait(10)
+    finally:
+        server.stop()
+
+
+def test_the_timeline_escapes_names_and_shows_both_tokens_of_a_refusal() -> None:
+    events = [
+        (HistoryEvent(1, "s", "grant", "<b>eve</b>", 7, 1_000), "coordinator"),
+        (HistoryEvent(2, "s", "expire", "<b>eve</b>", 7, 2_000), "coordinator"),
+        (HistoryEvent(3, "s", "grant", "bob", 8, 2_500), "coordinator"),
+        (HistoryEvent(1, "s", "reject", "", 7, 3_000, "stale, high-water 8"), "store"),
+    ]
+    page = render_timeline("s", events, now_unix_ms=4_000)
+    assert "<b>" not in page and "&lt;b&gt;eve&lt;/b&gt;" in page
+    assert page.count('class="lease') == 2 and 'class="lease expire"' in page and 'class="lease open"' in page
+    assert "refused 7" in page and "stale, high-water 8" in page
+    assert "No events" in render_timeline("s", [], now_unix_ms=0)
+
+
+# -- stockade ui: the same pages for any coordinator ------------------------------------------------
+
+
+def _ui(url: str) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen([PYTHON, "-m", "stockade", "ui", "--url", url, "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env())
+    reaper.watch(proc.pid)
+    line = proc.stdout.readline().decode()  # type: ignore[union-attr]
+    if " on http://" not in line:
+        proc.kill()
+        raise AssertionError(f"stockade ui did not start: {line!r} {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+    return proc, line.rsplit(" ", 1)[1].strip().removesuffix("/ui/")
+
+
+@pytest.mark.parametrize("backend", ["embedded", "http", "postgres", "etcd", "zookeeper"], indirect=True)
+def test_stockade_ui_shows_the_scope_stockade_status_shows(coord_url: str, backend: str) -> None:
+    import stockade
+
+    with stockade.connect(coord_url) as coord:
+        # ZooKeeper bounds a TTL by its session (10 s here); elsewhere a long one, so a loaded machine cannot expire it.
+        lease = coord.acquire("ui.scope", ttl_ms=9_000 if backend == "zookeeper" else 60_000, holder="ulla")
+        try:
+            status = subprocess.run([PYTHON, "-m", "stockade", "status", "--url", coord_url, "--json"],
+                                    capture_output=True, text=True, env=_env(), timeout=120)
+            assert status.returncode == 0, status.stderr
+            shown = next(json.loads(line) for line in status.stdout.splitlines()
+                         if json.loads(line)["scope"] == "ui.scope")
+            proc, ui_url = _ui(coord_url)
+            try:
+                state = json.loads(request(ui_url, "GET", "/ui/api/state?q=ui.scope")[2])
+                row = next(r for r in state["scopes"] if r["scope"] == "ui.scope")
+                assert (row["state"], row["holder"], row["token"]) == (shown["state"], shown["holder"],
+                                                                       str(shown["token"]))
+                assert row["token"] == str(lease.token.value) and state["cluster"] == coord.cluster_id
+                assert "health" not in state and "rejections" not in state
+                timeline = request(ui_url, "GET", "/ui/api/timeline/ui.scope")[2].decode()
+                assert str(lease.token.value) in timeline and '<tr class="grant">' in timeline
+                for method in ("POST", "PUT", "DELETE"):  # read-only
+                    assert request(ui_url, method, "/ui/api/state")[0] == 405
+                assert request(ui_url, "GET", "/v1/locks")[0] == 404
+            finally:
+                proc.terminate()
+                assert proc.wait(10) == 0
+        finally:
+            lease.release()
+
+
+def test_a_views_scope_test_is_the_auth_rule() -> None:
+    """`View.sees` (one C call per scope, for 100,000 scopes a snapshot) agrees with `scope_allowed` everywhere."""
+    from stockade.server._auth import scope_allowed
+    from stockade.server._dashboard_view import View
+
+    names = ["", "a", "ab", "b", "bb", "q", "rss.000001", "rss.001", "reports.daily", "reports", "xreports.x"]
+    for patterns in [("a*", "b"), ("rss.00*",), ("rss.000001", "q*"), ("reports.*", "b"), ("reports",)]:
+        assert [View(patterns).sees(n) for n in names] == [scope_allowed(n, patterns) for n in names], patterns
+    assert [View(("reports.*",), "daily").sees(n) for n in names].count(True) == 1

@@ -1,0 +1,100 @@
+"""The one timeline (`stockade.timeline`): drawn by ``stockade check --report`` and ``stockade history --html``,
+opened in a real headless Chromium (lanes, markers, verdicts present; no console error; nothing fetched)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import python_env
+
+import stockade
+from stockade.resources.sqlite_db import SQLiteFence
+from stockade.timeline import Event, Verdict, render_html, render_text
+
+CHROMIUM = shutil.which("chromium")
+
+
+def _chromium(page: Path) -> tuple[str, list[str]]:
+    """The DOM after load, and the page's console messages (Chromium logs each as ``CONSOLE``)."""
+    if CHROMIUM is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is not installed (apt-get install chromium)")
+        pytest.skip("chromium is not installed")
+    result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                             "--v=0", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    return result.stdout, [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def _references(page: str) -> list[str]:
+    """Every src/href of the page, and every url in its CSS: a self-contained page has none."""
+    return re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', page) + re.findall(r"url\(([^)]*)\)", page)
+
+
+def test_check_report_in_headless_chromium(tmp_path: Path) -> None:
+    coord_url = f"sqlite://{tmp_path / 'coord.db'}"
+    with stockade.connect(coord_url) as coord:
+        SQLiteFence(tmp_path / "app.db", keys=coord.verify_keys()).close()
+    report = tmp_path / "report.html"
+    result = subprocess.run([sys.executable, "-m", "stockade", "check", "--coordinator", coord_url, "--resource",
+                             f"sqlite://{tmp_path / 'app.db'}", "--rounds", "2", "--ttl-ms", "300", "--report",
+                             str(report)], capture_output=True, text=True, timeout=240, env=python_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "timeline:" in result.stdout and "REFUSED" in result.stdout  # the text timeline is printed too
+    page = report.read_text()
+    assert _references(page) == []
+    dom, console = _chromium(report)
+    assert console == []
+    assert {"A", "B", "C"} <= set(re.findall(r'data-lane="([^"]*)"', dom))
+    assert dom.count('class="write refused"') == 2  # the frozen holder's write, refused in each pause round
+    assert dom.count('class="lease"') >= 2 * 2 + 2 * 3  # leases of both cases
+    assert 'class="pause"' in dom and "legend" in dom
+    assert re.search(r"<td>pause</td><td class=\"held\">held</td><td>0 of 2 stale writes applied", dom)
+    assert '<table id="setup">' in dom
+
+
+def test_the_console_check_can_fail(tmp_path: Path) -> None:
+    """Control: a page with a script error is caught by the same console check."""
+    page = tmp_path / "broken.html"
+    page.write_text(render_html("broken", [Event(0, "A", "grant", token=1)]).replace(
+        "</body>", "<script>not_defined()</script></body>"))
+    _, console = _chromium(page)
+    assert len(console) == 1 and "not_defined" in console[0]
+
+
+def test_history_html_draws_the_journal(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    with stockade.connect(f"sqlite://{data / 'coord.db'}") as coord, \
+            stockade.open_store(f"sqlite://{data / 'store.db'}", cluster_id=coord.cluster_id) as store:
+        first = coord.acquire("reports", ttl_ms=5000, wait_ms=1000, holder="worker-a")
+        first.release()
+        second = coord.acquire("reports", ttl_ms=5000, wait_ms=1000, holder="worker-b")
+        store.put("reports", "k", "b", token=second.token)
+        with pytest.raises(stockade.StaleToken):
+            store.put("reports", "k", "late", token=first.token)
+        second.release()
+    page = tmp_path / "history.html"
+    result = subprocess.run([sys.executable, "-m", "stockade", "history", "reports", "--data-dir", str(data),
+                             "--html", str(page)], capture_output=True, text=True, timeout=60, env=python_env())
+    assert result.returncode == 0, result.stderr
+    html = page.read_text()
+    assert re.findall(r'data-lane="([^"]*)"', html) == ["worker-a", "worker-b", "refused by the store"]
+    assert html.count('class="lease"') == 2 and html.count('class="write refused"') == 1
+    assert _references(html) == []
+
+
+def test_render_text_orders_and_describes() -> None:
+    events = [Event(20, "B", "write", token=8, outcome="refused", mark=9, case="pause", text="value"),
+              Event(10, "A", "grant", token=7)]
+    assert render_text(events).splitlines() == ["  +   0.000s  A  grant token 7",
+                                                "  +   0.010s  B  pause: write token 8 REFUSED mark 9 value"]
+    page = render_html("t", events, verdicts=[Verdict("pause", False, "1 of 1 <stale>")])
+    assert "BROKEN" in page and "&lt;stale&gt;" in page  # escaped
+    with pytest.raises(ValueError):
+        Event(0, "A", "explode")
