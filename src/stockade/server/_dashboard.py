@@ -55,7 +55,7 @@ from stockade import metrics
 from stockade.coordinators.history import HISTORY_PER_SCOPE
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_scope
-from stockade.resources._sqlite_journal import REJECTIONS_PER_SCOPE, rejections
+from stockade.resources.store._sqlite_journal import REJECTIONS_PER_SCOPE, rejections
 from stockade.server._auth import BearerAuth, scope_allowed
 from stockade.server._dashboard_view import Latency, View, snapshot, stable_part, view_of
 from stockade.server._http import Request, Response, Stream, StreamSink, json_response, problem
