@@ -182,6 +182,10 @@ LAYERS: dict[str, set[str]] = {
     "ports": {"core", "clock", "keys", "wire", "transport", "coordinators", "resources", "client"},
     "recipes": {"core", "clock", "keys", "transport", "coordinators", "resources", "client"},
     "server": {"core", "clock", "metrics", "keys", "wire", "transport", "coordinators", "resources", "client"},
+    "timeline": {"core"},  # the drawing of a run's events (text, HTML): check and history use it
+    # `stockade check`: workers over the public client against the user's resource (the broken variants of
+    # its controls are imported on use, by name, from testing/)
+    "check": {"core", "clock", "keys", "wire", "transport", "coordinators", "resources", "client", "timeline"},
 }
 
 # Imports that point up, each named with its reason. Only imports inside a function (run on use) qualify.

@@ -17,11 +17,10 @@ import socket
 import threading
 from urllib.parse import urlsplit, urlunsplit
 
+from stockade.resources.registry import DEFAULT_PORTS
+
 __all__ = ["HoldProxy", "proxied_url", "DEFAULT_PORTS"]
 
-#: The schemes whose requests the proxy can delay, with their default ports (TLS schemes are left out: the
-#: rewritten host would not match the server's certificate).
-DEFAULT_PORTS = {"postgresql": 5432, "postgres": 5432, "redis": 6379, "http": 80}
 HELD_BYTES_MAX = 16 * 1024 * 1024
 _CHUNK = 65536
 

@@ -20,7 +20,7 @@ from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.tokens import FencingToken
 from stockade.timeline import SetupLine
 
-__all__ = ["PostgresTarget", "RedisTarget", "KINDS"]
+__all__ = ["PostgresTarget", "RedisTarget", "postgres_target", "redis_target"]
 
 
 class PostgresTarget(Target):
@@ -175,4 +175,11 @@ class RedisTarget(Target):
             pass
 
 
-KINDS: dict[str, type[Target]] = {"postgres": PostgresTarget, "redis": RedisTarget}
+def postgres_target(rest: str) -> type[Target]:
+    """`stockade.resources.registry.CHECK_TARGETS`' entry for a PostgreSQL url (checked when opened)."""
+    return PostgresTarget
+
+
+def redis_target(rest: str) -> type[Target]:
+    """`stockade.resources.registry.CHECK_TARGETS`' entry for a Redis url (checked when opened)."""
+    return RedisTarget

@@ -36,14 +36,13 @@ from urllib.parse import quote
 from stockade.check import SCRATCH_PREFIX
 from stockade.core.errors import AlreadyApplied, InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.tokens import FencingToken
+from stockade.resources.registry import CHECK_TARGETS, load
 from stockade.timeline import SetupLine
 
 __all__ = ["Outcome", "Target", "open_target", "target_class", "CONTROLS", "scratch_scope"]
 
 #: The deliberately broken variants the check can be run against (docs/check.md, "Controls").
 CONTROLS = ("fencing-off", "strict-greater")
-#: Schemes of the kinds in `_targets_net` (imported on use: their drivers are optional).
-_NET_KINDS = {"postgresql": "postgres", "postgres": "postgres", "redis": "redis"}
 
 
 def scratch_scope(scratch: str, case: str) -> str:
@@ -344,28 +343,36 @@ def target_class(url: str) -> type[Target]:
     if not sep or not rest:
         raise InvalidArgument("resource", f"{url!r} is not a url (e.g. postgresql://host/db, sqlite:///path/app.db, "
                                           "redis://host:6379/0, file:///dir, http://host:7390)")
-    if scheme in ("http", "https"):
+    entry = CHECK_TARGETS.get(scheme)
+    if entry is None:
+        raise InvalidArgument("resource", f"unknown scheme {scheme!r}; supported: {', '.join(sorted(CHECK_TARGETS))}")
+    found: type[Target] = load(entry)(rest)  # imported on use: the network kinds' drivers are optional
+    return found
+
+
+def store_target(rest: str) -> type[Target]:
+    """A `stockade serve`'s store (its checks happen when it is opened)."""
+    return StoreTarget
+
+
+def sqlite_target(rest: str) -> type[Target]:
+    """A stockade store file, or the user's own database with the fence installed."""
+    path = Path(rest)
+    if not path.is_file():
+        raise InvalidArgument("resource", f"{path}: no such SQLite file (the check never creates the resource)")
+    if _is_stockade_store(path):
         return StoreTarget
-    if scheme == "sqlite":
-        path = Path(rest)
-        if not path.is_file():
-            raise InvalidArgument("resource", f"{path}: no such SQLite file (the check never creates the resource)")
-        if _is_stockade_store(path):
-            return StoreTarget
-        if not _has_table(path, "stockade_fence"):
-            raise InvalidArgument("resource", f"{path}: the fence is not installed in this database (run "
-                                              "stockade.resources.sqlite_db.install); the check installs nothing")
-        return SQLiteDbTarget
-    if scheme == "file":
-        if not Path(rest).is_dir():
-            raise InvalidArgument("resource", f"{rest}: no such directory (the check never creates the resource)")
-        return FilesTarget
-    if scheme in _NET_KINDS:
-        net = importlib.import_module("stockade.check._targets_net")
-        found: type[Target] = net.KINDS[_NET_KINDS[scheme]]
-        return found
-    raise InvalidArgument("resource", f"unknown scheme {scheme!r}; supported: file, http, https, postgresql, redis, "
-                                      "sqlite")
+    if not _has_table(path, "stockade_fence"):
+        raise InvalidArgument("resource", f"{path}: the fence is not installed in this database (run "
+                                          "stockade.resources.sqlite_db.install); the check installs nothing")
+    return SQLiteDbTarget
+
+
+def files_target(rest: str) -> type[Target]:
+    """A directory fenced by the files adapter."""
+    if not Path(rest).is_dir():
+        raise InvalidArgument("resource", f"{rest}: no such directory (the check never creates the resource)")
+    return FilesTarget
 
 
 def open_target(url: str, scratch: str, *, coord: Any, control: str | None = None) -> Target:

@@ -23,7 +23,10 @@ from stockade.core.limits import AUDIT_RECORDS_MAX, IDEMPOTENCY_KEYS_MAX, VALUE_
 from stockade.resources.port import TransactionalStorePort
 from stockade.resources.store.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT
 
-__all__ = ["StoreOptions", "StoreFactory", "SCHEMES", "FLOOR_TARGETS", "scheme_of", "open_resource", "load"]
+__all__ = [
+    "StoreOptions", "StoreFactory", "SCHEMES", "FLOOR_TARGETS", "CHECK_TARGETS", "DEFAULT_PORTS", "scheme_of",
+    "open_resource", "load",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,20 @@ FLOOR_TARGETS: Mapping[str, str] = MappingProxyType({
     "file": "stockade.resources.files:open_floor_target",
 })
 
+#: What `stockade check` runs against a resource url of each scheme: ``"module:function"``, the function
+#: taking the url's rest and answering the target's class once it has seen the resource exists (docs/check.md).
+CHECK_TARGETS: Mapping[str, str] = MappingProxyType({
+    "sqlite": "stockade.check.targets:sqlite_target",
+    "file": "stockade.check.targets:files_target",
+    "http": "stockade.check.targets:store_target",
+    "https": "stockade.check.targets:store_target",
+    "postgresql": "stockade.check._targets_net:postgres_target",
+    "postgres": "stockade.check._targets_net:postgres_target",
+    "redis": "stockade.check._targets_net:redis_target",
+})
+#: The default port of each scheme whose requests `stockade check`'s proxy can hold (no TLS scheme: the
+#: rewritten host would not match the server's certificate).
+DEFAULT_PORTS: Mapping[str, int] = MappingProxyType({"postgresql": 5432, "postgres": 5432, "redis": 6379, "http": 80})
 
 def load(target: str) -> Any:
     """The object a ``"module:function"`` string names, its module imported now."""
