@@ -26,7 +26,7 @@ from helpers import reaper  # noqa: E402
 from server_fixtures import PYTHON, ServerProcess, _env, request, start_server  # noqa: E402
 
 from stockade.core.history import HistoryEvent  # noqa: E402
-from stockade.server._timeline import render_timeline  # noqa: E402
+from stockade.timeline import journal_events, render_fragment  # noqa: E402
 
 ADMIN = "dashboard-admin-token-0123456789"
 SCOPED = "dashboard-reports-token-012345678"
@@ -325,11 +325,12 @@ def test_the_timeline_escapes_names_and_shows_both_tokens_of_a_refusal() -> None
         (HistoryEvent(3, "s", "grant", "bob", 8, 2_500), "coordinator"),
         (HistoryEvent(1, "s", "reject", "", 7, 3_000, "stale, high-water 8"), "store"),
     ]
-    page = render_timeline("s", events, now_unix_ms=4_000)
+    page = render_fragment(journal_events(events), until_ms=4_000, wall_clock=True)
     assert "<b>" not in page and "&lt;b&gt;eve&lt;/b&gt;" in page
-    assert page.count('class="lease') == 2 and 'class="lease expire"' in page and 'class="lease open"' in page
-    assert "refused 7" in page and "stale, high-water 8" in page
-    assert "No events" in render_timeline("s", [], now_unix_ms=0)
+    assert page.count('class="lease"') == 2 and page.count('class="end expire"') == 1
+    assert "7 &lt; 8" in page and "stale, high-water 8" in page  # the refused token and the mark
+    assert "style=" not in page and "<style" not in page and "<script" not in page  # the dashboard's CSP
+    assert "No events" in render_fragment([], empty="No events recorded for s.")
 
 
 # -- stockade ui: the same pages for any coordinator ------------------------------------------------

@@ -122,8 +122,8 @@ def test_the_dashboard_in_a_headless_browser(tmp_path: Path) -> None:
         browser.screenshot(tmp_path / "scopes.png")
 
         browser.open(server.url + "/ui/scope/billing")
-        browser.wait_for("return !!document.querySelector('#timeline table.events tr.reject')")
-        refused = browser.run("return document.querySelector('#timeline table.events tr.reject').textContent")
+        browser.wait_for("return !!document.querySelector('#timeline table.events tr.refused')")
+        refused = browser.run("return document.querySelector('#timeline table.events tr.refused').textContent")
         assert str(old["token_value"]) in refused and f"high-water {new['token_value']}" in refused, refused
         assert browser.run("return document.querySelectorAll('#timeline svg .lease').length") == 2
         _no_secrets(browser.run("return document.documentElement.outerHTML"), grants)

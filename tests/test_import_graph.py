@@ -181,8 +181,9 @@ LAYERS: dict[str, set[str]] = {
     "client": {"core", "clock", "keys", "wire", "transport", "coordinators", "resources"},
     "ports": {"core", "clock", "keys", "wire", "transport", "coordinators", "resources", "client"},
     "recipes": {"core", "clock", "keys", "transport", "coordinators", "resources", "client"},
-    "server": {"core", "clock", "metrics", "keys", "wire", "transport", "coordinators", "resources", "client"},
-    "timeline": {"core"},  # the drawing of a run's events (text, HTML): check and history use it
+    "server": {"core", "clock", "metrics", "keys", "wire", "transport", "coordinators", "resources", "client",
+               "timeline"},  # the dashboard draws a scope's timeline with the one renderer
+    "timeline": {"core"},  # the drawing of a run's events (text, HTML): check, history and the dashboard use it
     # `stockade check`: workers over the public client against the user's resource (the broken variants of
     # its controls are imported on use, by name, from testing/)
     "check": {"core", "clock", "keys", "wire", "transport", "coordinators", "resources", "client", "timeline"},

@@ -3,13 +3,14 @@
 Paths (none of them writes a lease or a value; the API is untouched)::
 
     GET    /ui/                     the page (no data in it: its script asks the API below)
-    GET    /ui/scope/{scope}        a scope's page: its timeline (`stockade.server._timeline`)
-    GET    /ui/static/{name}        the page's script and style sheet, from the package (no CDN, no build)
+    GET    /ui/scope/{scope}        a scope's page: its timeline (`stockade.timeline`)
+    GET    /ui/static/{name}        the page's script and style sheets, from the package (no CDN, no build)
     POST   /ui/session              a bearer token (in Authorization, no body) for a session cookie
     DELETE /ui/session              log out
     GET    /ui/api/session          whether auth is on and the request is logged in (to anyone)
     GET    /ui/api/state?q=&page=   one snapshot (`stockade.server._dashboard_view`) as JSON
-    GET    /ui/api/timeline/{scope} the scope's timeline, an HTML fragment
+    GET    /ui/api/timeline/{scope} the scope's timeline, an HTML fragment drawn by `stockade.timeline`, the
+                                    renderer of ``stockade history --html`` and ``stockade check --report``
     GET    /ui/events?q=&page=      the same snapshots as server-sent events, while the page is open
 
 Auth: with ``--auth-tokens``, every ``/ui/api`` and ``/ui/events`` answer needs
@@ -61,7 +62,8 @@ from stockade.server._dashboard_view import Latency, View, snapshot, stable_part
 from stockade.server._http import Request, Response, Stream, StreamSink, json_response, problem
 from stockade.server._inputs import Problem, query, segment
 from stockade.server._leases import LeaseService
-from stockade.server._timeline import render_timeline
+from stockade.timeline import CSS as TIMELINE_CSS
+from stockade.timeline import journal_events, render_fragment
 
 __all__ = ["Dashboard", "PREFIX", "STREAMS_MAX", "TICK_S", "RESYNC_S", "STREAM_BUFFER_BYTES_MAX", "SESSION_S",
            "SESSIONS_MAX", "COOKIE", "Sessions", "session_key"]
@@ -79,7 +81,8 @@ STREAM_BUFFER_BYTES_MAX = 256 * 1024  # unsent bytes of one stream; beyond it th
 SESSION_S = 8 * 3600
 SESSIONS_MAX = 1000
 COOKIE = "stockade_session"
-_STATIC = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
+_STATIC = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8",
+           "timeline.css": "text/css; charset=utf-8"}
 _HEADERS = [
     ("Cache-Control", "no-store"),
     ("X-Content-Type-Options", "nosniff"),
@@ -347,7 +350,9 @@ class Dashboard:
         if self.store.path is not None:  # stockade ui on a coordinator without a store file beside it: none
             refused = await asyncio.to_thread(rejections, self.store.path, scope, REJECTIONS_PER_SCOPE)
             events += [(event, "store") for event in refused]
-        page = render_timeline(scope, events, now_unix_ms=time.time_ns() // 1_000_000)
+        events.sort(key=lambda pair: (pair[0].at_unix_ms, pair[1] == "store", pair[0].seq))  # as history sorts
+        page = render_fragment(journal_events(events), until_ms=time.time_ns() // 1_000_000, wall_clock=True,
+                               newest_first=True, empty=f"No events recorded for {scope}.")
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
     # -- live updates --------------------------------------------------------------------------
@@ -448,7 +453,9 @@ _files: dict[str, bytes] = {}
 
 def _file(name: str) -> bytes:
     if name not in _files:
-        _files[name] = resources.files("stockade.server").joinpath("static", name).read_bytes()
+        # The timeline's sheet is `stockade.timeline.CSS` itself, the one the report files inline: one source.
+        _files[name] = (TIMELINE_CSS.encode() if name == "timeline.css" else
+                        resources.files("stockade.server").joinpath("static", name).read_bytes())
     return _files[name]
 
 
@@ -458,7 +465,7 @@ def _page(scope: str) -> Response:
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         "<meta name=viewport content='width=device-width, initial-scale=1'>"
         f"<title>{html.escape(title)}</title><link rel=icon href='data:,'>"
-        "<link rel=stylesheet href=/ui/static/dashboard.css></head>"
+        "<link rel=stylesheet href=/ui/static/timeline.css><link rel=stylesheet href=/ui/static/dashboard.css></head>"
         f"<body data-scope='{html.escape(scope, quote=True)}'><noscript>This page needs JavaScript; "
         "stockade status and stockade history show the same in a terminal.</noscript>"
         "<script src=/ui/static/dashboard.js></script></body></html>"

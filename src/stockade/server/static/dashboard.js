@@ -119,7 +119,7 @@ async function drawTimeline() {
   state.timelineBusy = true;
   try {
     const answer = await fetch("/ui/api/timeline/" + encodeURIComponent(scopePage), { credentials: "same-origin" });
-    if (answer.ok) timeline.innerHTML = await answer.text(); // escaped by the server (server/_timeline.py)
+    if (answer.ok) timeline.innerHTML = await answer.text(); // escaped by the server (stockade/timeline.py)
   } finally {
     state.timelineBusy = false;
   }
