@@ -11,11 +11,13 @@ control from tests/helpers/dashboard_controls.py that must fail it.
 from __future__ import annotations
 
 import json
+import re
 import select
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -331,6 +333,60 @@ def test_the_timeline_escapes_names_and_shows_both_tokens_of_a_refusal() -> None
     assert "7 &lt; 8" in page and "stale, high-water 8" in page  # the refused token and the mark
     assert "style=" not in page and "<style" not in page and "<script" not in page  # the dashboard's CSP
     assert "No events" in render_fragment([], empty="No events recorded for s.")
+
+
+def _drawn(fragment: str) -> Counter[tuple[str, str, str]]:
+    """What a timeline drew: each SVG marker ``(class, kind, token)`` and each table row ``(row, kind, token)``."""
+    markers = re.findall(r'<(?:g|rect) class="([^"]*)" data-kind="([^"]*)"(?: data-token="(\d*)")?', fragment)
+    rows = re.findall(r'<tr class="([^"]*)"><td>[^<]*</td><td>[^<]*</td><td class="kind">([^<]*)</td>'
+                      r'<td class="num">(\d*)</td>', fragment)
+    return Counter(markers) + Counter(("row " + c, k, t) for c, k, t in rows)
+
+
+def _scope_page_and_history(tmp_path: Path, control: str | None) -> tuple[str, str, dict[str, int]]:
+    """One scope's grant, expiry, release and refusal; its dashboard timeline and its ``stockade history --html``."""
+    server = _serve(tmp_path, control=control, auth=False)
+    try:
+        scope = "same.events"
+        first = json.loads(request(server.url, "POST", f"/v1/locks/{scope}/acquire",
+                                   json_body={"ttl_ms": 200, "holder": "ann", "wait_ms": 0})[2])
+        second = json.loads(request(server.url, "POST", f"/v1/locks/{scope}/acquire",  # after ann's lease expired
+                                    json_body={"ttl_ms": 60_000, "holder": "bob", "wait_ms": 30_000})[2])
+        for token, status in ((second["token"], 200), (first["token"], 409)):  # ann's late write is refused
+            assert request(server.url, "PUT", f"/v1/kv/{scope}/k", body=b"v",
+                           headers={"Fencing-Token": token})[0] == status
+        assert request(server.url, "DELETE", f"/v1/leases/{second['lease_id']}")[0] == 204
+        _acquire(server.url, scope, "carl")  # still open
+        status, headers, body = request(server.url, "GET", f"/ui/api/timeline/{scope}")
+        assert status == 200 and "unsafe-inline" not in headers["content-security-policy"]
+        page = tmp_path / "history.html"
+        result = subprocess.run([PYTHON, "-m", "stockade", "history", scope, "--data-dir", str(server.data_dir),
+                                 "--html", str(page)], capture_output=True, text=True, timeout=120, env=_env())
+        assert result.returncode == 0, result.stderr
+        return body.decode(), page.read_text(), {"ann": first["token_value"], "bob": second["token_value"]}
+    finally:
+        server.stop()
+
+
+def test_the_scope_page_and_history_html_draw_the_same_events(tmp_path: Path) -> None:
+    dashboard, history, tokens = _scope_page_and_history(tmp_path, None)
+    drawn = _drawn(dashboard)
+    assert drawn == _drawn(history)
+    kinds = Counter(kind for _, kind, _ in drawn)
+    print(f"\nthe same {sum(drawn.values())} markers and rows on both: {dict(kinds)}")
+    assert kinds == {"grant": 3 * 2, "expire": 2, "release": 2, "write": 1, "write refused": 1}  # marker + row
+    ann, bob = tokens["ann"], tokens["bob"]
+    assert ("write refused", "write", str(ann)) in drawn  # the refused token, and the mark that refused it:
+    assert f'<td class="num">{ann}</td><td class="num">{bob}</td>' in dashboard
+    assert f"high-water {bob}" in dashboard and f"high-water {bob}" in history
+
+
+@pytest.mark.parametrize("control", ["drops-expiries", "drops-refusals"])
+def test_control_a_scope_page_that_drops_an_event_kind_differs(tmp_path: Path, control: str) -> None:
+    dashboard, history, _ = _scope_page_and_history(tmp_path, control)
+    missing = _drawn(history) - _drawn(dashboard)
+    print(f"\ncontrol {control}: {sum(missing.values())} markers and rows of history --html not on the page")
+    assert missing and not _drawn(dashboard) - _drawn(history)
 
 
 # -- stockade ui: the same pages for any coordinator ------------------------------------------------

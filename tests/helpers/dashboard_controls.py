@@ -5,6 +5,8 @@ Usage: ``python dashboard_controls.py CONTROL [serve args...]``. Each control pa
 - ``leaks-lease-id``: each row of a snapshot carries its lease's id (a secret: it renews and releases).
 - ``sees-every-scope``: a session ignores its token's scope patterns.
 - ``unbounded-stream``: a slow reader's stream is never closed: its unsent bytes grow without bound.
+- ``drops-expiries``: the scope page's timeline leaves out the coordinator's expiries.
+- ``drops-refusals``: the scope page's timeline leaves out the store's refusals (its journal is not read).
 - ``small-stream-buffer`` (a knob, not a control): the bound on a stream's unsent bytes is 16 KiB, so that a
   test reaches it in a few frames (the real bound is 256 KiB).
 
@@ -48,6 +50,13 @@ elif CONTROL in ("unbounded-stream", "small-stream-buffer"):
         original_made(self, transport)
 
     _http.HttpProtocol.connection_made = connection_made  # type: ignore[method-assign]
+
+elif CONTROL == "drops-expiries":
+    original_events = _dashboard.journal_events
+    _dashboard.journal_events = lambda pairs: [e for e in original_events(pairs) if e.kind != "expire"]
+
+elif CONTROL == "drops-refusals":
+    _dashboard.rejections = lambda path, scope, limit: []
 
 else:
     raise SystemExit(f"unknown control {CONTROL!r}")
