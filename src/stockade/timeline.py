@@ -285,10 +285,14 @@ def _bars(events: Sequence[Event], plot: _Plot) -> list[str]:
             x0, top = plot.x(begun.at_ms), plot.y(lane)
             x1 = max(plot.x(until), x0 + 2)
             if kind == "lease":
+                label = _short(begun.token)
+                fits, place = x1 - x0 >= 7 * len(label) + 6, ""
+                lx = x0 + 3  # the label in its bar; a short bar's after its end, or before it at the right edge
+                if not fits:
+                    lx, place = (x1 + 5, "") if x1 + 7 * len(label) + 10 < _WIDTH_PX else (x0 - 5, " before")
                 bars.append(f'<g class="lease"{_data(begun)}><rect x="{x0:.1f}" y="{top + 8}" width="{x1 - x0:.1f}" '
-                            f'height="14" rx="3"/><text x="{x0 + 3:.1f}" y="{top + 19}" class="leaselabel">'
-                            f'{_esc(_short(begun.token))}</text><title>{_esc(lane)}: lease, token '
-                            f'{_esc(begun.token)}</title></g>')
+                            f'height="14" rx="3"/><text x="{lx:.1f}" y="{top + 19}" class="leaselabel{place}">'
+                            f'{_esc(label)}</text><title>{_esc(lane)}: lease, token {_esc(begun.token)}</title></g>')
             else:
                 bars.append(f'<rect x="{x0:.1f}" y="{top + 2}" width="{x1 - x0:.1f}" height="{_LANE_PX - 4}" '
                             f'class="{kind}"{_data(begun)}><title>{_esc(lane)}: {kind} {_esc(begun.text)}</title>'
@@ -315,7 +319,7 @@ CSS = """
 .timeline .grid{stroke:var(--tl-grid)}.timeline .tick{font-size:11px;fill:var(--tl-muted);text-anchor:middle}
 .timeline .tick.start{text-anchor:start}
 .timeline .lease rect{fill:var(--tl-lease);stroke:var(--tl-lease-line)}
-.timeline .leaselabel{font-size:11px;fill:var(--tl-lease-text)}
+.timeline .leaselabel{font-size:11px;fill:var(--tl-lease-text)}.timeline .leaselabel.before{text-anchor:end}
 .timeline .end line{stroke-width:3}.timeline .end.release line{stroke:var(--tl-release)}
 .timeline .end.expire line{stroke:var(--tl-expire)}
 .timeline .pause{fill:var(--tl-pause);fill-opacity:.28}.timeline .delay{fill:var(--tl-delay);fill-opacity:.35}
