@@ -28,6 +28,7 @@ from helpers import reaper  # noqa: E402
 from server_fixtures import PYTHON, ServerProcess, _env, request, start_server  # noqa: E402
 
 from stockade.core.history import HistoryEvent  # noqa: E402
+from stockade.timeline import CSS as TIMELINE_CSS  # noqa: E402
 from stockade.timeline import journal_events, render_fragment  # noqa: E402
 
 ADMIN = "dashboard-admin-token-0123456789"
@@ -359,6 +360,8 @@ def _scope_page_and_history(tmp_path: Path, control: str | None) -> tuple[str, s
         _acquire(server.url, scope, "carl")  # still open
         status, headers, body = request(server.url, "GET", f"/ui/api/timeline/{scope}")
         assert status == 200 and "unsafe-inline" not in headers["content-security-policy"]
+        sheet = request(server.url, "GET", "/ui/static/timeline.css")  # the sheet the report files inline
+        assert sheet[0] == 200 and sheet[2].decode() == TIMELINE_CSS
         page = tmp_path / "history.html"
         result = subprocess.run([PYTHON, "-m", "stockade", "history", scope, "--data-dir", str(server.data_dir),
                                  "--html", str(page)], capture_output=True, text=True, timeout=120, env=_env())

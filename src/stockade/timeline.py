@@ -119,7 +119,7 @@ class SetupLine:
 
 
 def journal_events(events: Iterable[tuple[HistoryEvent, str]]) -> list[Event]:
-    """A scope's journal as timeline events: ``events`` are ``(event, source)`` pairs as ``stockade history`` reads them.
+    """A scope's journal as timeline events; ``events`` are ``(event, source)`` pairs, as ``stockade history`` reads.
 
     A grant, release or expiry goes on its holder's lane (an expiry without a
     holder on the lane of the grant of its token); a refusal is a refused write
