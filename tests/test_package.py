@@ -20,6 +20,7 @@ import email.parser
 import os
 import pwd
 import re
+import resource
 import select
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import reaper
@@ -96,7 +98,7 @@ class Sandbox:
             entry = pwd.getpwnam("stockade-package")
         return entry.pw_uid, entry.pw_gid
 
-    def _as_user(self) -> dict[str, object]:
+    def _as_user(self) -> dict[str, Any]:
         if self.ids is None:
             return {}
         return {"user": self.ids[0], "group": self.ids[1], "extra_groups": []}
@@ -104,19 +106,19 @@ class Sandbox:
     def run(self, *command: str | Path, timeout: float = 300) -> str:
         """Run ``command`` in ``work/`` as the user; its output, or a failure with both streams."""
         result = subprocess.run([str(part) for part in command], cwd=self.work, env=self.env, capture_output=True,
-                                text=True, timeout=timeout, stdin=subprocess.DEVNULL, **self._as_user())  # type: ignore[call-overload]
+                                text=True, timeout=timeout, stdin=subprocess.DEVNULL, **self._as_user())
         assert result.returncode == 0, f"{command} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         return result.stdout
 
     def refused(self, *command: str | Path) -> tuple[int, str]:
         result = subprocess.run([str(part) for part in command], cwd=self.work, env=self.env, capture_output=True,
-                                text=True, timeout=120, stdin=subprocess.DEVNULL, **self._as_user())  # type: ignore[call-overload]
+                                text=True, timeout=120, stdin=subprocess.DEVNULL, **self._as_user())
         return result.returncode, result.stderr
 
     def popen(self, *command: str | Path) -> subprocess.Popen[str]:
         process = subprocess.Popen([str(part) for part in command], cwd=self.work, env=self.env, text=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                   **self._as_user())  # type: ignore[call-overload]
+                                   **self._as_user())
         reaper.watch(process.pid)  # ended if this test process is killed
         return process
 
@@ -168,9 +170,9 @@ def _check_wheel(wheel: Path) -> None:
     assert metadata["Version"] == _version() and metadata["Requires-Python"] == ">=3.11"
     assert metadata["License-Expression"] == "Apache-2.0" and metadata["Summary"]
     assert metadata["Description-Content-Type"] == "text/markdown"
-    assert metadata.get_payload().startswith("# stockade")  # README as the long description
-    assert set(metadata.get_all("Provides-Extra")) == EXTRAS | {"all", "test"}
-    assert "Typing :: Typed" in metadata.get_all("Classifier")
+    assert str(metadata.get_payload()).startswith("# stockade")  # README as the long description
+    assert set(metadata.get_all("Provides-Extra", [])) == EXTRAS | {"all", "test"}
+    assert "Typing :: Typed" in metadata.get_all("Classifier", [])
     assert metadata.get_all("Project-URL") is None  # no address is known yet: none is made up
 
 
@@ -200,6 +202,29 @@ def _serve(sandbox: Sandbox) -> tuple[subprocess.Popen[str], str]:
     return process, ready.split()[-1]
 
 
+class Laps:
+    """Wall time per step, and the CPU time of every child process (the figure line)."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.monotonic()
+        self.steps: list[str] = []
+        self.cpu = self._children_cpu()
+
+    @staticmethod
+    def _children_cpu() -> float:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)  # of the children ended and waited for
+        return children.ru_utime + children.ru_stime
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.steps.append(f"{name} {now - self.last:.1f} s")
+        self.last = now
+
+    def __str__(self) -> str:
+        return (f"{', '.join(self.steps)}; {time.monotonic() - self.start:.1f} s wall, "
+                f"{self._children_cpu() - self.cpu:.1f} s CPU in its child processes")
+
+
 LOCK_CYCLE = """
 import sys
 
@@ -220,7 +245,9 @@ print(f"tokens {lease.token.value} < {second.token.value}; item {store.get('rele
 
 @pytest.mark.skipif(not DEBIAN_PYTHON.is_file(), reason="needs Debian's python3 at /usr/bin/python3")
 def test_the_wheel_installs_and_runs_without_the_source_tree(tmp_path: Path, sandbox: Sandbox) -> None:
+    laps = Laps()
     sdist, wheel = _build(tmp_path)
+    laps("build")
     _check_wheel(wheel)
     # the control: the same check on a copy of the wheel without one of the server's static files fails
     stripped = tmp_path / "stripped" / wheel.name
@@ -241,12 +268,14 @@ def test_the_wheel_installs_and_runs_without_the_source_tree(tmp_path: Path, san
     shutil.copy(wheel, sandbox.work / "dist" / wheel.name)
     os.chmod(sandbox.work / "dist", 0o755)
     sandbox.run(DEBIAN_PYTHON, "-m", "venv", sandbox.venv)
+    laps("venv")
     # the control: outside the virtualenv, this checkout is nowhere on the path
     status, stderr = sandbox.refused(DEBIAN_PYTHON, "-c", "import stockade")
     assert status == 1 and "No module named 'stockade'" in stderr, stderr
     python = sandbox.venv / "bin" / "python"
     sandbox.run("bash", "-euo", "pipefail", "-c", _readme_first_command())
     sandbox.run(python, "-m", "pip", "check")
+    laps("install")
     where = sandbox.run(python, "-c", "import stockade, sys; print(stockade.__file__); print(sys.path)")
     assert where.startswith(str(sandbox.venv / "lib")) and str(ROOT) not in where, where
     assert sandbox.run("stockade", "--version") == f"stockade {_version()}\n"
@@ -258,9 +287,11 @@ def test_the_wheel_installs_and_runs_without_the_source_tree(tmp_path: Path, san
     assert example.startswith("stk"), example
     status, stderr = sandbox.refused("stockade", "serve", "--port", "0")
     assert status != 0 and "pip install 'stockade[server]'" in stderr and "Traceback" not in stderr, stderr
+    laps("demo and example")
 
     sandbox.run(python, "-m", "pip", "install", f"{sandbox.work / 'dist' / wheel.name}[server]")
     sandbox.run(python, "-m", "pip", "check")
+    laps("server extra")
     server, url = _serve(sandbox)
     try:
         (sandbox.work / "cycle.py").write_text(LOCK_CYCLE)
@@ -270,4 +301,6 @@ def test_the_wheel_installs_and_runs_without_the_source_tree(tmp_path: Path, san
         server.wait(30)
         reaper.unwatch(server.pid)
     assert cycle.startswith(str(sandbox.venv / "lib")) and "item b'written'" in cycle, cycle
+    laps("serve and cycle")
+    print(f"\npackage: {laps}")
 
