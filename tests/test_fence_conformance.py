@@ -252,7 +252,6 @@ from stockade.testing.conformance.fence_paused import (  # noqa: E402
     test_a_writer_paused_inside_its_unit_never_stalls_a_newer_token,  # noqa: F401 - run here, over every target
 )
 
-
 PAUSED = {name: target.paused for name, target in DESCRIPTORS.items()}
 
 

@@ -16,7 +16,7 @@ from helpers.fence_store import StoreHarness
 from stockade.core import limits
 from stockade.resources.store.sqlite_store import SQLiteStore
 from stockade.testing.conformance.fence import CLUSTER, KEYS
-from stockade.testing.conformance.fence_paused import NotBounded, Paused, PausedBound
+from stockade.testing.conformance.fence_paused import NotBounded, PausedBound
 
 
 def _own_sqlite_store(harness: Any) -> StoreHarness:
