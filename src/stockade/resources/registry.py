@@ -94,6 +94,7 @@ FENCE_TARGETS: Mapping[str, str] = MappingProxyType({
     "postgres-sql_ascii": "helpers.fence_targets:POSTGRES_SQL_ASCII",
     "redis": "helpers.fence_targets:REDIS",
     "redis-async": "helpers.fence_targets:REDIS_ASYNC",
+    "toy-json": "stockade.testing.toy_fence.conformance:FENCE_TARGET",
 })
 #: The default port of each scheme whose requests `stockade check`'s proxy can hold (no TLS scheme: the
 #: rewritten host would not match the server's certificate).
