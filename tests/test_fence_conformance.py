@@ -42,10 +42,12 @@ TARGETS: dict[str, Factory] = {name: target.open for name, target in DESCRIPTORS
 
 def test_every_floor_target_has_a_fence_target() -> None:
     """Each scheme `stockade floor` raises (FLOOR_TARGETS) is the adapter of at least one fence target. The
-    control: the same check over the targets without the Redis ones names redis and rediss."""
+    control: the same check over the targets without the Redis ones names the schemes Redis's opener serves."""
     assert uncovered_floor_schemes(FLOOR_TARGETS, DESCRIPTORS.values()) == set()
-    without_redis = [t for t in DESCRIPTORS.values() if not t.name.startswith("redis")]
-    assert uncovered_floor_schemes(FLOOR_TARGETS, without_redis) == {"redis", "rediss"}
+    redis_floors = DESCRIPTORS["redis"].floors
+    without_redis = [t for t in DESCRIPTORS.values() if t.floors != redis_floors]
+    expected = {scheme for scheme, opener in FLOOR_TARGETS.items() if opener == redis_floors}
+    assert expected and uncovered_floor_schemes(FLOOR_TARGETS, without_redis) == expected
     with pytest.raises(ValueError, match="not the FenceTarget"):
         fence_targets({"files": FENCE_TARGETS["redis"]})
 

@@ -29,6 +29,7 @@ def _memory(tmp_path: Path, cluster_id: str, keys: FixedKeys, mutant: str | None
     return make_memory_harness(cluster_id, keys, mutant)
 
 
+_SQLITE_FLOORS = "stockade.resources.store._floor_sqlite:open_floor_target"  # the store's and a user's file
 _STORE_IDS = "the store's own idempotency keys (R3, Idempotency-Key), held by the store suite"
 _STORE_ISOLATION = "no transaction of the user's: the unit is the store's own, checked when it applies"
 _SQLITE_ROLES = "no roles: whoever may open the file may lock it (the file's permissions are the boundary)"
@@ -45,12 +46,12 @@ STORE_SQLITE = FenceTarget(
     partial_failures=fence_partial.STORE, paused=fence_paused.STORE_SQLITE,
     operation_ids=_STORE_IDS, isolation=_STORE_ISOLATION,
     outsiders="no roles: a file of stockade's own; who may open it is the file's permissions",
-    floor_schemes=("sqlite",), shared_core=True,
+    floors=_SQLITE_FLOORS, shared_core=True,
 )
 SQLITE_DB = FenceTarget(
     name="sqlite-db", open=make_sqlite_db_harness, keyed=fence_keyed.sqlite_db(False),
     partial_failures=fence_partial.SQLITE, paused=fence_paused.SQLITE_DB,
-    operation_ids=True, isolation=True, outsiders=_SQLITE_ROLES, floor_schemes=("sqlite",),
+    operation_ids=True, isolation=True, outsiders=_SQLITE_ROLES, floors=_SQLITE_FLOORS,
 )
 SQLITE_DB_SQLALCHEMY = FenceTarget(
     name="sqlite-db-sqlalchemy", open=make_sqlite_db_sqlalchemy_harness, keyed=fence_keyed.sqlite_db(True),
@@ -64,12 +65,12 @@ FILES = FenceTarget(
                   "(docs/fence-files.md)",
     isolation="no snapshot: the check and the rename happen under the scope's file lock, at the unit's end",
     outsiders="no roles but the file system's: whoever may open the lock file may lock it",
-    floor_schemes=("file",),
+    floors="stockade.resources.files:open_floor_target",
 )
 POSTGRES = FenceTarget(
     name="postgres", open=make_postgres_harness("postgres"), keyed=fence_keyed.postgres("postgres"),
     partial_failures=fence_partial.POSTGRES, paused=fence_paused.POSTGRES,
-    operation_ids=True, isolation=True, outsiders=True, floor_schemes=("postgresql", "postgres"),
+    operation_ids=True, isolation=True, outsiders=True, floors="stockade.resources.postgres:open_floor_target",
     refused_none_before_l2=True,
 )
 POSTGRES_ASYNC = FenceTarget(
@@ -100,7 +101,7 @@ REDIS = FenceTarget(
     partial_failures=fence_partial.REDIS, paused=fence_paused.REDIS,
     operation_ids="no operation ids: a retried batch is safe for SET, DEL and HSET, which land the same twice, "
                   "and not for INCRBY or XADD (docs/fence-redis.md, Retries)",
-    isolation=_REDIS_ISOLATION, outsiders=_REDIS_ROLES, floor_schemes=("redis", "rediss"),
+    isolation=_REDIS_ISOLATION, outsiders=_REDIS_ROLES, floors="stockade.resources.redis:open_floor_target",
 )
 REDIS_ASYNC = FenceTarget(
     name="redis-async", open=make_async_redis_harness, keyed=fence_keyed.redis_fence("redis-async"),

@@ -62,8 +62,8 @@ class FenceTarget:
         operation_ids: True (its harness has ``fenced_once``: the retry suite runs), or why not.
         isolation: True (``fenced_after_read``: the floor raised mid-transaction class runs), or why not.
         outsiders: True (``outsider``: the class of a role that may only connect), or why not.
-        floor_schemes: the schemes of `stockade.resources.registry.FLOOR_TARGETS` whose adapter this
-            target runs (each floor target needs at least one fence target).
+        floors: the ``"module:function"`` of `stockade.resources.registry.FLOOR_TARGETS` that floors
+            this target's adapter by url, or None (every floor target needs at least one fence target).
         shared_core: a second front end over a core another target runs at full size: the long
             counts run at a fifth by default.
         refused_none_before_l2: the adapter refused ``keys=None`` even before L2 (the L2 control
@@ -78,7 +78,7 @@ class FenceTarget:
     operation_ids: bool | str
     isolation: bool | str
     outsiders: bool | str
-    floor_schemes: tuple[str, ...] = ()
+    floors: str | None = None
     shared_core: bool = False
     refused_none_before_l2: bool = False
 
@@ -113,6 +113,7 @@ def fence_targets(registry: Mapping[str, str] | None = None) -> dict[str, FenceT
     return found
 
 
-def uncovered_floor_schemes(floor_targets: Iterable[str], targets: Iterable[FenceTarget]) -> set[str]:
-    """The floor-target schemes (`FLOOR_TARGETS`) that no fence target runs (empty: every one is proved)."""
-    return set(floor_targets) - {scheme for target in targets for scheme in target.floor_schemes}
+def uncovered_floor_schemes(floor_targets: Mapping[str, str], targets: Iterable[FenceTarget]) -> set[str]:
+    """The schemes of ``floor_targets`` (`FLOOR_TARGETS`) whose opener no fence target names (empty: all proved)."""
+    named = {target.floors for target in targets}
+    return {scheme for scheme, opener in floor_targets.items() if opener not in named}
