@@ -1,12 +1,11 @@
 """The fence-adapter conformance suite (`stockade.testing.conformance.fence`) over every adapter.
 
-A new adapter adds one entry to `TARGETS`: a factory ``(tmp_path, cluster_id,
-keys, mutant) -> harness`` on a fresh resource; and one to
-`helpers.fence_partial.PARTIAL_FAILURES`: how a later write of its unit fails,
-or why a kind of that failure does not apply to it
-(`stockade.testing.conformance.fence_partial`). `test_the_suite_catches_every_control`
-runs the suite's own tests against each control on each adapter and requires
-a failure.
+The targets are what the resource registry names (`stockade.resources.registry.FENCE_TARGETS`): one
+`FenceTarget` per adapter (`stockade.testing.conformance.fence_target`), its harness opener
+``(directory, cluster_id, keys, mutant) -> harness`` on a fresh resource and each optional capability,
+or in words why it lacks it. A new adapter is its folder and its registry line; nothing here names it.
+`test_the_suite_catches_every_control` runs the suite's own tests against each control on each adapter
+and requires a failure.
 """
 
 from __future__ import annotations
@@ -17,17 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.fence_files import make_files_harness
-from helpers.fence_keyed import KEYED
-from helpers.fence_partial import PARTIAL_FAILURES
-from helpers.fence_postgres import make_postgres_harness
-from helpers.fence_redis import make_async_redis_harness, make_redis_harness
-from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
-from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
 
 import stockade.testing.conformance.fence as suite
 import stockade.testing.conformance.fence_keys as l2_suite
 from stockade.keys import FixedKeys
+from stockade.resources.registry import FENCE_TARGETS, FLOOR_TARGETS
 from stockade.testing.conformance.fence import *  # noqa: F403 - the suite's tests and its `fence` fixture
 from stockade.testing.conformance.fence_isolation import (  # noqa: F401 - the optional capabilities' tests
     check_floor_raised_mid_transaction,
@@ -38,20 +31,25 @@ from stockade.testing.conformance.fence_isolation import (  # noqa: F401 - the o
 from stockade.testing.conformance.fence_keys import *  # noqa: F403 - the L2 suite (a missing or ambiguous keyring)
 from stockade.testing.conformance.fence_partial import *  # noqa: F403 - partial failure inside a unit
 from stockade.testing.conformance.fence_partial import PartialFailures
+from stockade.testing.conformance.fence_target import FenceTarget, fence_targets, uncovered_floor_schemes
 
 Factory = Callable[[Path, str, FixedKeys, "str | None"], Any]
 
-TARGETS: dict[str, Factory] = {
-    "store-memory": lambda tmp_path, cluster_id, keys, mutant: make_memory_harness(cluster_id, keys, mutant),
-    "store-sqlite": make_sqlite_store_harness,
-    "sqlite-db": make_sqlite_db_harness,
-    "sqlite-db-sqlalchemy": make_sqlite_db_sqlalchemy_harness,
-    "files": make_files_harness,
-    **{kind: make_postgres_harness(kind)
-       for kind in ("postgres", "postgres-async", "postgres-sqlalchemy", "postgres-sql_ascii")},
-    "redis": make_redis_harness,
-    "redis-async": make_async_redis_harness,
-}
+#: Every registered fence target, by name (the registry's lines, each descriptor imported now).
+DESCRIPTORS: dict[str, FenceTarget] = fence_targets()
+TARGETS: dict[str, Factory] = {name: target.open for name, target in DESCRIPTORS.items()}
+
+
+def test_every_floor_target_has_a_fence_target() -> None:
+    """Each scheme `stockade floor` raises (FLOOR_TARGETS) is the adapter of at least one fence target. The
+    control: the same check over the targets without the Redis ones names the schemes Redis's opener serves."""
+    assert uncovered_floor_schemes(FLOOR_TARGETS, DESCRIPTORS.values()) == set()
+    redis_floors = DESCRIPTORS["redis"].floors
+    without_redis = [t for t in DESCRIPTORS.values() if t.floors != redis_floors]
+    expected = {scheme for scheme, opener in FLOOR_TARGETS.items() if opener == redis_floors}
+    assert expected and uncovered_floor_schemes(FLOOR_TARGETS, without_redis) == expected
+    with pytest.raises(ValueError, match="not the FenceTarget"):
+        fence_targets({"files": FENCE_TARGETS["redis"]})
 
 
 # Second front ends over an adapter core that another target already runs at full size (the
@@ -59,8 +57,7 @@ TARGETS: dict[str, Factory] = {
 # the reference store, and the plain PostgreSQL adapter again on a SQL_ASCII database (what it adds is
 # how text comes back, not concurrency): S05, S19 and S20 run them at a fifth of their size by default,
 # in full with STOCKADE_LONG=1.
-SHARED_CORE = {"postgres-async", "postgres-sqlalchemy", "postgres-sql_ascii", "sqlite-db-sqlalchemy", "redis-async",
-               "store-sqlite"}
+SHARED_CORE = {name for name, target in DESCRIPTORS.items() if target.shared_core}
 
 
 @pytest.fixture(params=sorted(TARGETS))
@@ -95,12 +92,12 @@ def _opener(target: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture
 def partial_failures(request: pytest.FixtureRequest, make_harness: Callable[..., Any]) -> PartialFailures:
-    """The target's declaration for the partial-failure tests (`helpers.fence_partial`)."""
-    return PARTIAL_FAILURES[request.node.callspec.params["make_harness"]]
+    """The target's declaration for the partial-failure tests (its descriptor's ``partial_failures``)."""
+    return DESCRIPTORS[request.node.callspec.params["make_harness"]].partial_failures
 
 
 def test_every_target_declares_its_partial_failures() -> None:
-    assert set(PARTIAL_FAILURES) == set(TARGETS)
+    assert all(isinstance(target.partial_failures, PartialFailures) for target in DESCRIPTORS.values())
 
 
 # Which of the suite's tests each control must fail. The suite's numbers are cut down here so
@@ -141,36 +138,14 @@ def test_the_suite_catches_every_control(
 # -- the optional capabilities (stockade.testing.conformance.fence_isolation) --------------------------
 # Every target either offers each one or says here why it does not apply; nothing is skipped in silence.
 
-ISOLATION = {"postgres", "sqlite-db", "sqlite-db-sqlalchemy"}
-ISOLATION_NOT_APPLICABLE = {
-    "store-memory": "no transaction of the user's: the unit is the store's own, checked when it applies",
-    "store-sqlite": "no transaction of the user's: the unit is the store's own, checked when it applies",
-    "files": "no snapshot: the check and the rename happen under the scope's file lock, at the unit's end",
-    "redis": "no snapshot: the check runs in the script that applies the batch (MULTI/EXEC reads nothing)",
-    "redis-async": "no snapshot: the check runs in the script that applies the batch (MULTI/EXEC reads nothing)",
-    "postgres-async": "the same SQL function as 'postgres' (its front end adds no check); run there",
-    "postgres-sqlalchemy": "the same SQL function as 'postgres' (its front end adds no check); run there",
-    "postgres-sql_ascii": "the same SQL function as 'postgres', on a SQL_ASCII database; run there",
-}
-OUTSIDERS = {"postgres"}
-OUTSIDERS_NOT_APPLICABLE = {
-    "store-memory": "no roles: one process's memory",
-    "store-sqlite": "no roles: a file of stockade's own; who may open it is the file's permissions",
-    "sqlite-db": "no roles: whoever may open the file may lock it (the file's permissions are the boundary)",
-    "sqlite-db-sqlalchemy": "no roles: whoever may open the file may lock it (the file's permissions are the boundary)",
-    "files": "no roles but the file system's: whoever may open the lock file may lock it",
-    "redis": "the fence takes no lock (one script); a client that may call the script may call any",
-    "redis-async": "the fence takes no lock (one script); a client that may call the script may call any",
-    "postgres-async": "the same SQL function and locks as 'postgres'; run there",
-    "postgres-sqlalchemy": "the same SQL function and locks as 'postgres'; run there",
-    "postgres-sql_ascii": "the same SQL function and locks as 'postgres', on a SQL_ASCII database; run there",
-}
+ISOLATION = {name for name, target in DESCRIPTORS.items() if target.isolation is True}
+OUTSIDERS = {name for name, target in DESCRIPTORS.items() if target.outsiders is True}
 
 
 def test_every_target_declares_the_optional_capabilities() -> None:
-    for offered, not_applicable in ((ISOLATION, ISOLATION_NOT_APPLICABLE), (OUTSIDERS, OUTSIDERS_NOT_APPLICABLE)):
-        assert not offered & set(not_applicable)
-        assert offered | set(not_applicable) == set(TARGETS)
+    for target in DESCRIPTORS.values():
+        for offered in (target.isolation, target.outsiders):
+            assert offered is True or (isinstance(offered, str) and offered.strip()), target.name
 
 
 @pytest.fixture(params=sorted(ISOLATION))
@@ -200,17 +175,7 @@ import stockade.testing.conformance.fence_retry as retry_suite  # noqa: E402 - t
 from stockade.testing.conformance.fence_retry import *  # noqa: E402, F403 - its tests and `retry_fence`
 
 #: Every adapter, with or without operation ids: True, or why not in words. No adapter is left out.
-OPERATION_IDS: dict[str, bool | str] = {
-    "sqlite-db": True, "sqlite-db-sqlalchemy": True,
-    "postgres": True, "postgres-async": True, "postgres-sqlalchemy": True, "postgres-sql_ascii": True,
-    "redis": "no operation ids: a retried batch is safe for SET, DEL and HSET, which land the same twice, "
-             "and not for INCRBY or XADD (docs/fence-redis.md, Retries)",
-    "redis-async": "as redis",
-    "files": "no operation ids: a file write replaces the whole file, so its retry lands the same bytes "
-             "(docs/fence-files.md)",
-    "store-memory": "the store's own idempotency keys (R3, Idempotency-Key), held by the store suite",
-    "store-sqlite": "the store's own idempotency keys (R3, Idempotency-Key), held by the store suite",
-}
+OPERATION_IDS: dict[str, bool | str] = {name: target.operation_ids for name, target in DESCRIPTORS.items()}
 RETRY_TARGETS = sorted(name for name, offered in OPERATION_IDS.items() if offered is True)
 
 
@@ -250,7 +215,7 @@ def test_the_retry_suite_catches_its_control(tmp_path: Path, monkeypatch: pytest
         pytest.fail(f"{name} passed on {target} with {retry_suite.RETRY_CONTROL}")
 # -- L2: a missing or ambiguous keyring (stockade.testing.conformance.fence_keys) ---------------------
 
-assert set(KEYED) == set(TARGETS), "every adapter runs the L2 suite too"
+KEYED = {name: target.keyed for name, target in DESCRIPTORS.items()}
 
 
 @pytest.fixture(params=sorted(KEYED))
@@ -260,7 +225,7 @@ def open_keyed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 
 
 # Before L2 every adapter but PostgreSQL (whose install always refused keys=None) had the hole.
-HAD_THE_HOLE = sorted(set(KEYED) - {"postgres", "postgres-async", "postgres-sqlalchemy", "postgres-sql_ascii"})
+HAD_THE_HOLE = sorted(name for name, target in DESCRIPTORS.items() if not target.refused_none_before_l2)
 
 
 @pytest.mark.parametrize("target", sorted(KEYED))
@@ -279,24 +244,26 @@ def test_the_l2_suite_catches_the_legacy_control(tmp_path: Path, target: str) ->
     assert failed == (l2_suite.L2_TESTS if target in HAD_THE_HOLE else []) + l2_suite.L2_MEMORY_TESTS, failed
 # -- a writer paused inside its unit (stockade.testing.conformance.fence_paused): L1 at the resource ----------
 
-from helpers.fence_paused import PAUSED  # noqa: E402 - this section's declarations
-from helpers.fence_postgres import NO_SUPERSEDE  # noqa: E402
+from helpers.fence_postgres import NO_SUPERSEDE  # noqa: E402 - the control's name (the postgres harness's)
 
 from stockade.testing.conformance.fence_paused import (  # noqa: E402
+    NotBounded,
     Paused,
     PausedBound,
     check_paused_writer,
     test_a_writer_paused_inside_its_unit_never_stalls_a_newer_token,  # noqa: F401 - run here, over every target
 )
 
+PAUSED = {name: target.paused for name, target in DESCRIPTORS.items()}
+
 
 def test_every_target_declares_its_paused_writer_bound() -> None:
-    assert set(PAUSED) == set(TARGETS)
+    assert all(isinstance(bound, PausedBound | NotBounded) for bound in PAUSED.values())
 
 
 @pytest.fixture
 def paused_bound(request: pytest.FixtureRequest, make_harness: Callable[..., Any]) -> Paused:
-    """The target's bound on a paused writer, or why it has none (`helpers.fence_paused`)."""
+    """The target's bound on a paused writer, or why it has none (its descriptor's ``paused``)."""
     return PAUSED[request.node.callspec.params["make_harness"]]
 
 

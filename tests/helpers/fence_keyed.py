@@ -1,7 +1,7 @@
 """Openers for the L2 suite (`stockade.testing.conformance.fence_keys`): each adapter's resource of one
 test, opened again and again with ``keys=`` exactly as a user passes them.
 
-`KEYED` has one entry per target of tests/test_fence_conformance.py. An entry is a context manager
+Each target's descriptor (`helpers.fence_targets`) names one of these: a context manager
 ``(directory, name) -> opener``: it owns the resource (a directory, a file, a Redis server, a
 PostgreSQL database) for the test, and every harness the opener returns is a handle on it that does
 not own it (closing one leaves the resource to the next).
@@ -40,7 +40,7 @@ def _place(directory: Path, beside: Sequence[tuple[str, Keyring]]) -> None:
 
 
 @contextmanager
-def _files(directory: Path, name: str) -> Iterator[Opener]:
+def files(directory: Path, name: str) -> Iterator[Opener]:
     def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
         _place(directory, beside)
         return FilesHarness(directory / "files", CLUSTER, keys, None)  # type: ignore[arg-type]
@@ -48,7 +48,7 @@ def _files(directory: Path, name: str) -> Iterator[Opener]:
     yield open_keyed
 
 
-def _sqlite_db(sqlalchemy: bool) -> Callable[[Path, str], AbstractContextManager[Opener]]:
+def sqlite_db(sqlalchemy: bool) -> Callable[[Path, str], AbstractContextManager[Opener]]:
     @contextmanager
     def owner(directory: Path, name: str) -> Iterator[Opener]:
         directory.mkdir(parents=True, exist_ok=True)
@@ -64,7 +64,7 @@ def _sqlite_db(sqlalchemy: bool) -> Callable[[Path, str], AbstractContextManager
 
 
 @contextmanager
-def _store_sqlite(directory: Path, name: str) -> Iterator[Opener]:
+def store_sqlite(directory: Path, name: str) -> Iterator[Opener]:
     def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
         _place(directory, beside)  # the store's own directory: where discovery looks
         url = f"sqlite://{directory / 'store.db'}"
@@ -74,7 +74,7 @@ def _store_sqlite(directory: Path, name: str) -> Iterator[Opener]:
 
 
 @contextmanager
-def _store_memory(directory: Path, name: str) -> Iterator[Opener]:
+def store_memory(directory: Path, name: str) -> Iterator[Opener]:
     def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
         _place(directory, beside)
         return StoreHarness(MemoryStore(f"l2-{name}", cluster_id=CLUSTER, keys=keys,
@@ -83,7 +83,7 @@ def _store_memory(directory: Path, name: str) -> Iterator[Opener]:
     yield open_keyed
 
 
-def _redis(kind: str) -> Callable[[Path, str], AbstractContextManager[Opener]]:
+def redis_fence(kind: str) -> Callable[[Path, str], AbstractContextManager[Opener]]:
     @contextmanager
     def owner(directory: Path, name: str) -> Iterator[Opener]:
         require_redis()
@@ -105,7 +105,7 @@ def _redis(kind: str) -> Callable[[Path, str], AbstractContextManager[Opener]]:
     return owner
 
 
-def _postgres(kind: str) -> Callable[[Path, str], AbstractContextManager[Opener]]:
+def postgres(kind: str) -> Callable[[Path, str], AbstractContextManager[Opener]]:
     @contextmanager
     def owner(directory: Path, name: str) -> Iterator[Opener]:
         server = shared_server()
@@ -123,15 +123,3 @@ def _postgres(kind: str) -> Callable[[Path, str], AbstractContextManager[Opener]
             _free.setdefault((server.port, encoding), []).append(dbname)
 
     return owner
-
-
-KEYED: dict[str, Callable[[Path, str], AbstractContextManager[Opener]]] = {
-    "store-memory": _store_memory,
-    "store-sqlite": _store_sqlite,
-    "sqlite-db": _sqlite_db(False),
-    "sqlite-db-sqlalchemy": _sqlite_db(True),
-    "files": _files,
-    **{kind: _postgres(kind) for kind in ("postgres", "postgres-async", "postgres-sqlalchemy", "postgres-sql_ascii")},
-    "redis": _redis("redis"),
-    "redis-async": _redis("redis-async"),
-}

@@ -1,6 +1,6 @@
 """Each fence target's ways to fail a unit's later write (`stockade.testing.conformance.fence_partial`).
 
-One declaration per target of tests/test_fence_conformance.py, in `PARTIAL_FAILURES`;
+One declaration per kind of adapter, named by each target's descriptor (`helpers.fence_targets`);
 the ways reach into the harnesses' units (test code over test code).
 """
 
@@ -122,17 +122,3 @@ STORE = PartialFailures(
     refused=(FailingWrite("a-key-over-1-KiB", _oversize_key, (InvalidArgument,)),),
     injected=(FailingWrite("the-unit-fails-its-second-write", _fault_in_the_unit, (BackendUnavailable,)),),
 )
-
-PARTIAL_FAILURES: dict[str, PartialFailures] = {
-    "store-memory": STORE,
-    "store-sqlite": STORE,
-    "sqlite-db": SQLITE,
-    "sqlite-db-sqlalchemy": SQLITE,
-    "files": FILES,
-    "postgres": POSTGRES,
-    "postgres-async": POSTGRES,
-    "postgres-sqlalchemy": POSTGRES,
-    "postgres-sql_ascii": POSTGRES,
-    "redis": REDIS,
-    "redis-async": REDIS,
-}

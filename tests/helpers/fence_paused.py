@@ -1,6 +1,6 @@
 """Each fence target's bound on a writer paused inside its unit (`stockade.testing.conformance.fence_paused`).
 
-One declaration per target of tests/test_fence_conformance.py, in `PAUSED`:
+One declaration per kind of adapter, named by each target's descriptor (`helpers.fence_targets`):
 the bound a newer token may wait for a paused lower one, or why there is none.
 Each was found by running the class against the target (docs/fence-*.md say
 the same in words).
@@ -16,7 +16,7 @@ from helpers.fence_store import StoreHarness
 from stockade.core import limits
 from stockade.resources.store.sqlite_store import SQLiteStore
 from stockade.testing.conformance.fence import CLUSTER, KEYS
-from stockade.testing.conformance.fence_paused import NotBounded, Paused, PausedBound
+from stockade.testing.conformance.fence_paused import NotBounded, PausedBound
 
 
 def _own_sqlite_store(harness: Any) -> StoreHarness:
@@ -26,11 +26,11 @@ def _own_sqlite_store(harness: Any) -> StoreHarness:
                                     value_bytes_max=StoreHarness.value_bytes_max))
 
 
-_POSTGRES = PausedBound(
+POSTGRES = PausedBound(
     limits.SUPERSEDE_AFTER_MS,
     "install(supersede_after_ms=) (default 2000 ms): then the newer check ends the lower holder's session "
     "(the installing role needs pg_signal_backend), and the paused writer's commit raises Superseded")
-_SQLITE_DB = NotBounded(
+SQLITE_DB = NotBounded(
     "the fenced transaction holds the database file's write lock from its check (BEGIN IMMEDIATE) to its "
     "commit, and nothing in SQLite can take it from a paused process: a newer writer waits for it "
     "(busy_timeout, then BackendUnavailable) as long as the writer is paused")
@@ -42,22 +42,14 @@ def _own_async_redis(harness: Any) -> AsyncRedisHarness:
     return AsyncRedisHarness(harness.server, CLUSTER, KEYS, harness.mutant)
 
 
-PAUSED: dict[str, Paused] = {
-    "postgres": _POSTGRES,
-    "postgres-async": _POSTGRES,
-    "postgres-sqlalchemy": _POSTGRES,
-    "postgres-sql_ascii": _POSTGRES,
-    "sqlite-db": _SQLITE_DB,
-    "sqlite-db-sqlalchemy": _SQLITE_DB,
-    "redis": PausedBound(0, _REDIS_WHY),
-    "redis-async": PausedBound(0, _REDIS_WHY, _own_async_redis),
-    "files": NotBounded(
-        "a batch holds its scope's flock from its check to its last rename (R6: a higher token waits for an open "
-        "lower batch), and only the holder's close or death releases a flock: a newer batch waits as long as "
-        "the writer is paused, up to its lock_wait_ms (default 30 s), then BackendUnavailable"),
-    "store-sqlite": PausedBound(0, "the steps are kept in memory and applied in one short write transaction "
-                                   "when the block ends: a paused writer holds nothing",
-                                _own_sqlite_store),
-    "store-memory": NotBounded(
-        "one process's memory: no other process shares the store, and a paused process pauses all its threads"),
-}
+REDIS = PausedBound(0, _REDIS_WHY)
+REDIS_ASYNC = PausedBound(0, _REDIS_WHY, _own_async_redis)
+FILES = NotBounded(
+    "a batch holds its scope's flock from its check to its last rename (R6: a higher token waits for an open "
+    "lower batch), and only the holder's close or death releases a flock: a newer batch waits as long as "
+    "the writer is paused, up to its lock_wait_ms (default 30 s), then BackendUnavailable")
+STORE_SQLITE = PausedBound(0, "the steps are kept in memory and applied in one short write transaction "
+                              "when the block ends: a paused writer holds nothing",
+                           _own_sqlite_store)
+STORE_MEMORY = NotBounded(
+    "one process's memory: no other process shares the store, and a paused process pauses all its threads")

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, invariant
-from stockade.core.fence import Accept, Reject, Replay, check_write
+from stockade.core.fence import Replay
 from stockade.core.limits import validate_int, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.recipes._log_common import (
@@ -70,8 +70,10 @@ from stockade.recipes._log_common import (
     recorded,
     wait_for_entries,
 )
+from stockade.resources._admit import admit
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, coerce_token
 from stockade.resources.store._sqlite_files import write_transaction
+from stockade.resources.store._sqlite_journal import reject as journal_reject
 from stockade.resources.store.sqlite_store import SQLiteStore
 
 if TYPE_CHECKING:
@@ -290,19 +292,16 @@ class SQLiteShardLog(SQLiteStore):
             earlier = None if key is None else conn.execute(
                 "SELECT log_offset, token_value, batch_count, fingerprint FROM log_entries "
                 "WHERE shard = ? AND idempotency_key = ?", (shard, key)).fetchone()
-            decision = check_write(
+            decision = admit(
                 fencing_token, forged=self.forged(fencing_token), scope=shard, cluster=self.cluster_id,
-                high_water=mark, fingerprint=None if key is None else print_,
+                high_water=mark, resource=self.resource, fingerprint=None if key is None else print_,
                 recorded=None if earlier is None or key is None else recorded(
                     shard, key, earlier[0], earlier[1], mark, earlier[3]),
-                rule=self.fence_rule,
+                rule=self.fence_rule, refuse=journal_reject,
             )
             if isinstance(decision, Replay):
                 assert earlier is not None
                 return AppendResult(shard, earlier[0], earlier[2], earlier[1], mark, replayed=True)
-            if isinstance(decision, Reject):
-                self._reject(fencing_token, decision, shard, None)
-            assert isinstance(decision, Accept)
             if expected is not None and expected != next_offset:
                 raise OffsetConflict(shard, expected, next_offset)
             self._raise_high_water(conn, shard, old, decision.new_high_water)

@@ -25,7 +25,7 @@ from stockade.resources.store.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT
 
 __all__ = [
     "StoreOptions", "StoreFactory", "SCHEMES", "FLOOR_TARGETS", "CHECK_TARGETS", "DEFAULT_PORTS", "scheme_of",
-    "open_resource", "load",
+    "open_resource", "load", "FENCE_TARGETS",
 ]
 
 
@@ -77,6 +77,24 @@ CHECK_TARGETS: Mapping[str, str] = MappingProxyType({
     "postgresql": "stockade.check._targets_net:postgres_target",
     "postgres": "stockade.check._targets_net:postgres_target",
     "redis": "stockade.check._targets_net:redis_target",
+})
+#: Each fence adapter's conformance descriptor: target name -> ``"module:NAME"`` of a
+#: `stockade.testing.conformance.fence_target.FenceTarget` (its harness opener and its capabilities, or why
+#: it lacks each), imported only by the conformance run (`fence_targets`). The project's own adapters'
+#: descriptors start test servers, so they live beside the tests (``helpers.fence_targets``).
+FENCE_TARGETS: Mapping[str, str] = MappingProxyType({
+    "store-memory": "helpers.fence_targets:STORE_MEMORY",
+    "store-sqlite": "helpers.fence_targets:STORE_SQLITE",
+    "sqlite-db": "helpers.fence_targets:SQLITE_DB",
+    "sqlite-db-sqlalchemy": "helpers.fence_targets:SQLITE_DB_SQLALCHEMY",
+    "files": "helpers.fence_targets:FILES",
+    "postgres": "helpers.fence_targets:POSTGRES",
+    "postgres-async": "helpers.fence_targets:POSTGRES_ASYNC",
+    "postgres-sqlalchemy": "helpers.fence_targets:POSTGRES_SQLALCHEMY",
+    "postgres-sql_ascii": "helpers.fence_targets:POSTGRES_SQL_ASCII",
+    "redis": "helpers.fence_targets:REDIS",
+    "redis-async": "helpers.fence_targets:REDIS_ASYNC",
+    "toy-json": "stockade.testing.toy_fence.conformance:FENCE_TARGET",
 })
 #: The default port of each scheme whose requests `stockade check`'s proxy can hold (no TLS scheme: the
 #: rewritten host would not match the server's certificate).

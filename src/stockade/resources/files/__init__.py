@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument
-from stockade.core.fence import Accept, FenceRule, Reject, check_write, decide
+from stockade.core.fence import FenceRule, decide
 from stockade.core.limits import TOKEN_VALUE_MAX, TX_WRITES_MAX, VALUE_BYTES_CEILING, validate_int, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
+from stockade.resources._admit import admit_mark, effective_mark
 from stockade.resources._inputs import check_floors
-from stockade.resources._observe import reject
 from stockade.resources._verify import TOKENLESS, UNSIGNED, Verification, check_keys_given, refuse_unsigned_after_signed
 from stockade.resources.files import _io as fio
 from stockade.resources.files._tokens import VerifiedTokens
@@ -324,15 +324,10 @@ class FencedDirectory:
             StaleToken, TokenMismatch: rejected (R5: counted, logged).
         """
         own = self._cached_mark(opened)
-        high_water = max(own or 0, self._default_floor())
-        decision = check_write(
-            checked, scope=scope, cluster=self.cluster_id, high_water=high_water, fingerprint=None,
-            recorded=None, rule=self.fence_rule, forged=forged,
-        )
-        if isinstance(decision, Reject):
-            reject(decision, resource=self.resource, cluster=self.cluster_id, token=checked, scope=scope, key=None)
-        assert isinstance(decision, Accept)
-        return decision.new_high_water, own
+        new_mark = admit_mark(checked, scope=scope, cluster=self.cluster_id,
+                              high_water=effective_mark(own, self._default_floor()), resource=self.resource,
+                              rule=self.fence_rule, forged=forged)
+        return new_mark, own
 
     def _open_scope(self, scope: str) -> fio.OpenScope:
         """The scope's directory and lock, kept open by this handle (reopened if the name moved)."""
@@ -445,7 +440,7 @@ class FencedDirectory:
                 return self._default_floor()
             raise
         try:
-            return max(self._own_mark(fd) or 0, self._default_floor())
+            return effective_mark(self._own_mark(fd), self._default_floor())
         finally:
             os.close(fd)
 
@@ -464,7 +459,7 @@ class FencedDirectory:
             finally:
                 os.close(fd)
             if own is not None:
-                marks[scope] = max(own, default)
+                marks[scope] = effective_mark(own, default)
         return marks
 
     def raise_high_waters(self, floors: Mapping[str, int] | FenceFloors, *, default: int = 0) -> dict[str, int]:
@@ -518,7 +513,7 @@ class FencedDirectory:
                             pass
                     finally:
                         os.close(fd)
-        return {scope: max(own, floor) for scope, own in own_marks.items()}
+        return {scope: effective_mark(own, floor) for scope, own in own_marks.items()}
 
     def clean(self) -> int:
         """Remove temporary files left by killed writers, in every scope not busy now; how many."""

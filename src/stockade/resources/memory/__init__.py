@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, invariant
-from stockade.core.fence import Accept, FenceRule, Recorded, Reject, Replay, check_write, decide
+from stockade.core.fence import FenceRule, Recorded, Replay, decide
 from stockade.core.limits import (
     AUDIT_RECORDS_MAX,
     IDEMPOTENCY_KEYS_MAX,
@@ -42,6 +42,7 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, FenceFloors, Item, Write, WriteResult
+from stockade.resources._admit import admit, admit_mark
 from stockade.resources._inputs import (
     BUSY_TIMEOUT_MS_DEFAULT,
     BUSY_TIMEOUT_MS_MAX,
@@ -52,7 +53,6 @@ from stockade.resources._inputs import (
     coerce_token,
     make_write,
 )
-from stockade.resources._observe import reject
 from stockade.resources._tx import Tx
 from stockade.resources._verify import Verification, refuse_unsigned_after_signed
 
@@ -204,20 +204,16 @@ class MemoryStore(Verification):
         """Judge (R2 -> R3 -> R1) and apply one validated write under the lock (see `FenceAdapterPort`)."""
         with self._hold() as state:
             old = state.high_waters.get(write.scope)
-            decision = check_write(
+            decision = admit(
                 token, forged=self.forged(token), scope=write.scope, cluster=self.cluster_id,
-                high_water=state.default_floor if old is None else old,
+                high_water=state.default_floor if old is None else old, resource=self.resource,
                 fingerprint=None if write.idempotency_key is None else write.fingerprint(),
                 recorded=None if write.idempotency_key is None
                 else state.idempotency.get((write.scope, write.idempotency_key)),
-                rule=self.fence_rule if rule is None else rule,
+                rule=self.fence_rule if rule is None else rule, key=write.key,
             )
             if isinstance(decision, Replay):
                 return decision.result
-            if isinstance(decision, Reject):
-                reject(decision, resource=self.resource, cluster=self.cluster_id, token=token,
-                       scope=write.scope, key=write.key)
-            assert isinstance(decision, Accept)
             self._admission(state, write.scope, old, decision.new_high_water)
             unit = _MemoryUnit(self, state, write.scope, decision.new_high_water)
             result = unit.apply(write, token_value=token.value)
@@ -229,17 +225,13 @@ class MemoryStore(Verification):
         """Admit ``token`` for ``scope`` and hold the lock until the block ends (R6; see `FenceAdapterPort`)."""
         with self._hold() as state:
             old = state.high_waters.get(scope)
-            decision = check_write(
-                token, forged=self.forged(token),
-                scope=scope, cluster=self.cluster_id, high_water=state.default_floor if old is None else old,
-                fingerprint=None, recorded=None,
+            new_mark = admit_mark(
+                token, forged=self.forged(token), scope=scope, cluster=self.cluster_id,
+                high_water=state.default_floor if old is None else old, resource=self.resource,
                 rule=self.fence_rule if rule is None else rule,
             )
-            if isinstance(decision, Reject):
-                reject(decision, resource=self.resource, cluster=self.cluster_id, token=token, scope=scope, key=None)
-            assert isinstance(decision, Accept)
-            self._admission(state, scope, old, decision.new_high_water)
-            unit = _MemoryUnit(self, state, scope, decision.new_high_water)
+            self._admission(state, scope, old, new_mark)
+            unit = _MemoryUnit(self, state, scope, new_mark)
             yield unit
             unit.commit()  # only when the block ended normally: an exception skips this
 

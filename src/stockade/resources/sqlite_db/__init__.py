@@ -50,12 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from stockade.core.errors import AlreadyApplied, BackendUnavailable, InvalidArgument
-from stockade.core.fence import Accept, FenceRule, Recorded, Reject, Replay, check_write, decide
+from stockade.core.fence import FenceRule, Recorded, Replay, decide
 from stockade.core.limits import OPERATION_IDS_MAX, TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, WriteResult
+from stockade.resources._admit import admit, effective_mark
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, check_floors, coerce_token
-from stockade.resources._observe import reject
 from stockade.resources._verify import (
     TOKENLESS,
     UNSIGNED,
@@ -274,24 +274,20 @@ class _Admission:
             raise InvalidArgument("keys", f"the database is fenced for cluster {cluster}, not {self.cluster_id}")
         if version != SCHEMA_VERSION:
             raise BackendUnavailable(f"fence schema version {version} is not supported", certain_no_effect=True)
-        high_water = max(own or 0, default_floor)
         recorded = None
         if op_id is not None:  # the write lock is held: no other transaction can be recording this id now
             applied = _operation(execute, scope, op_id)
             if applied is not None:  # an operation id is an idempotency key of the whole transaction
                 recorded = Recorded(_TRANSACTION, WriteResult(scope, op_id, applied, applied, 0, replayed=True))
-        decision = check_write(  # R2, then R3 (the id), then R1: the store's order, composed once in the core
-            token, scope=scope, cluster=self.cluster_id, high_water=high_water,
-            fingerprint=None if op_id is None else _TRANSACTION, recorded=recorded,
-            rule=self.rule, forged=self.verification.forged(token),
+        decision = admit(  # R2, then R3 (the id), then R1: the store's order, composed once in the core
+            token, scope=scope, cluster=self.cluster_id, high_water=effective_mark(own, default_floor),
+            resource=lambda: self.resource or _resource_name(execute), rule=self.rule,
+            forged=self.verification.forged(token), fingerprint=None if op_id is None else _TRANSACTION,
+            recorded=recorded,
         )
         if isinstance(decision, Replay):
             assert op_id is not None
             raise AlreadyApplied(scope, op_id, decision.result.token_value)
-        if isinstance(decision, Reject):
-            resource = self.resource or _resource_name(execute)
-            reject(decision, resource=resource, cluster=self.cluster_id, token=token, scope=scope, key=None)
-        assert isinstance(decision, Accept)
         if own is None or decision.new_high_water > own:
             execute(_RAISE, (scope, decision.new_high_water))
         if op_id is not None:

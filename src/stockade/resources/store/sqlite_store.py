@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StockadeError, invariant
-from stockade.core.fence import Accept, FenceRule, Recorded, Reject, Replay, check_write, decide
+from stockade.core.fence import FenceRule, Recorded, Replay, decide
 from stockade.core.limits import (
     AUDIT_RECORDS_MAX,
     IDEMPOTENCY_KEYS_MAX,
@@ -63,6 +63,7 @@ from stockade.core.limits import (
 )
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import AuditRecord, BackupInfo, FenceFloors, Item, Op, Write, WriteResult
+from stockade.resources._admit import admit, admit_mark
 from stockade.resources._inputs import (
     BUSY_TIMEOUT_MS_DEFAULT,
     BUSY_TIMEOUT_MS_MAX,
@@ -244,10 +245,6 @@ class SQLiteStore(Verification):
     # stockade.testing.mutants can swap it, on this adapter or any other.
     fence_rule: FenceRule = staticmethod(decide)
 
-    def _reject(self, token: FencingToken, decision: Reject, scope: str, key: str | None) -> None:
-        """Make a rejection observable (R5), then raise its typed error."""
-        reject(decision, resource=self.resource, cluster=self.cluster_id, token=token, scope=scope, key=key)
-
     @staticmethod
     def _high_water(conn: sqlite3.Connection, scope: str) -> int | None:
         """The scope's own row in ``hwm`` (None if it has none)."""
@@ -278,17 +275,10 @@ class SQLiteStore(Verification):
     ) -> int:
         """Check ``token`` against the scope's HWM and raise the HWM; the caller applies in this transaction."""
         old, mark = self._mark(conn, scope)
-        decision = check_write(
-            token, forged=self.forged(token),
-            scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
-            rule=rule,
-        )
-        if isinstance(decision, Reject):
-            self._reject(token, decision, scope, key)
-        invariant(isinstance(decision, Accept), "fence decision is neither Accept nor Reject")
-        assert isinstance(decision, Accept)  # for the type checker; invariant() above is the real check
-        self._raise_high_water(conn, scope, old, decision.new_high_water)
-        return decision.new_high_water
+        new_mark = admit_mark(token, forged=self.forged(token), scope=scope, cluster=self.cluster_id,
+                              high_water=mark, resource=self.resource, rule=rule, key=key, refuse=reject)
+        self._raise_high_water(conn, scope, old, new_mark)
+        return new_mark
 
     @staticmethod
     def _recorded(conn: sqlite3.Connection, write: Write) -> Recorded | None:
@@ -310,16 +300,13 @@ class SQLiteStore(Verification):
     ) -> WriteResult:
         """R2 -> R3 -> R1 inside the caller's open transaction (its COMMIT makes the write durable)."""
         old, mark = self._mark(conn, write.scope)
-        decision = check_write(
+        decision = admit(
             token, forged=self.forged(token), scope=write.scope, cluster=self.cluster_id, high_water=mark,
-            fingerprint=None if write.idempotency_key is None else write.fingerprint(),
-            recorded=self._recorded(conn, write), rule=rule,
+            resource=self.resource, fingerprint=None if write.idempotency_key is None else write.fingerprint(),
+            recorded=self._recorded(conn, write), rule=rule, key=write.key, refuse=reject,
         )
         if isinstance(decision, Replay):
             return decision.result
-        if isinstance(decision, Reject):
-            self._reject(token, decision, write.scope, write.key)
-        assert isinstance(decision, Accept)
         self._raise_high_water(conn, write.scope, old, decision.new_high_water)
         return self._apply(conn, write, token.value, decision.new_high_water)
 
@@ -452,15 +439,8 @@ class SQLiteStore(Verification):
         """Check ``token`` against the mark in a short read, changing nothing; the mark it would set."""
         with self._read() as conn:
             _, mark = self._mark(conn, scope)
-        decision = check_write(
-            token, forged=self.forged(token),
-            scope=scope, cluster=self.cluster_id, high_water=mark, fingerprint=None, recorded=None,
-            rule=self.fence_rule,
-        )
-        if isinstance(decision, Reject):
-            self._reject(token, decision, scope, None)
-        assert isinstance(decision, Accept)
-        return decision.new_high_water
+        return admit_mark(token, forged=self.forged(token), scope=scope, cluster=self.cluster_id, high_water=mark,
+                          resource=self.resource, rule=self.fence_rule, refuse=reject)
 
     def _commit_buffered(
         self, token: FencingToken, scope: str, writes: Sequence[Write]

@@ -20,6 +20,9 @@
   newer one completes within the adapter's declared bound and the resumed
   writer is refused whole (L1); each adapter states its bound, or in words why
   it has none.
+- `stockade.testing.conformance.fence_target`: one descriptor per fence
+  adapter (its harness opener, each optional capability above or why it
+  lacks it), named by `stockade.resources.registry.FENCE_TARGETS`.
 - `stockade.testing.conformance.history`: every coordinator's lease history
   (grants, expiries, releases), in order and bounded, run beside the
   coordinator suite with its fixtures.

@@ -4,8 +4,9 @@ An adapter (PostgreSQL, a user's SQLite file, Redis, a directory of files, ...)
 keeps the high-water mark (HWM) of each scope *inside the user's resource* and
 moves it in the same atomic unit as the user's writes. The suite drives every
 adapter through one small harness, so the same tests, with the same numbers,
-run on all of them. A new adapter is its module plus one harness entry in
-tests/test_fence_conformance.py.
+run on all of them. A new adapter is its module plus one line in
+`stockade.resources.registry.FENCE_TARGETS` naming its descriptor
+(`stockade.testing.conformance.fence_target.FenceTarget`).
 
 The harness (`FenceHarness`) is the only thing the suite knows. Its
 ``fenced(scope, token)`` opens the adapter's own atomic unit on ``scope`` the

@@ -20,6 +20,7 @@ from stockade.core.errors import LimitExceeded
 from stockade.core.limits import VALUE_BYTES_MAX, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
+from stockade.resources._admit import effective_mark
 from stockade.resources._verify import UNSIGNED, refuse_unsigned_after_signed
 from stockade.resources.redis import _script as script
 from stockade.resources.redis._base import _Batch, _FenceBase, _infos, _policy_unread, _translate
@@ -148,7 +149,7 @@ class RedisFence(_FenceBase):
             own, floor = self.client.mget([script.hwm_key(scope), script.floor_key(scope)])
         except RedisError as error:
             raise _translate(error, self.resource) from error
-        return max(int(own or 0), int(floor or 0))
+        return effective_mark(int(own or 0), int(floor or 0))
 
     def high_waters(self) -> dict[str, int]:
         """Every scope that has a mark of its own, with its mark (a bounded SCAN).
