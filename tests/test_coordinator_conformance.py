@@ -39,7 +39,7 @@ def test_the_c5_tests_catch_an_etcd_port_without_lock_delay(etcd_cluster, tmp_pa
     for test in (suite.test_c5_lock_delay_after_a_lapse_not_after_a_release,
                  suite.test_c5_a_pending_lock_delay_outlives_a_restart):
         url = f"{etcd_cluster.url}/{tmp_path.name}-{len(caught)}"
-        with pytest.raises(AssertionError, match="before the lock-delay had passed"):
+        with pytest.raises(AssertionError, match="before the lock-delay had passed") as failed:
             test(SyncRunner(), lambda lock_delay_ms, restart=False, url=url: WithoutLockDelay(url, lock_delay_ms, None))
-        caught.append(test.__name__)
-    print(f"etcd-lock-delay-off caught by {len(caught)} of 2 C5 tests")
+        caught.append(f"{test.__name__}: {str(failed.value).splitlines()[0]}")
+    print(f"etcd-lock-delay-off caught by {len(caught)} of 2 C5 tests:", *caught, sep="\n  ")
