@@ -256,6 +256,61 @@ def http_server(serve) -> ServeProcess:
     return serve()
 
 
+class ClientDelayed:
+    """The backend under test opened with ``connect(url, lock_delay_ms=...)`` (C5 in the client or its engine)."""
+
+    def __init__(self, url: str, lock_delay_ms: int, not_restartable: str | None) -> None:
+        self.url, self.lock_delay_ms, self.not_restartable = url, lock_delay_ms, not_restartable
+
+    def connect(self, client):
+        return client.connect(self.url, lock_delay_ms=self.lock_delay_ms)
+
+    def restart(self) -> None:
+        """Nothing outlives the handles here (the file, the database, etcd and ZooKeeper keep the state): the
+        handles opened after are the restarted coordinator."""
+
+
+class ServedDelayed:
+    """A `stockade serve --lock-delay-ms` (C5 in the server); a restart stops it and starts it on its data."""
+
+    not_restartable = None
+
+    def __init__(self, serve, lock_delay_ms: int, data_dir: Path, *extra: str) -> None:
+        self.lock_delay_ms = lock_delay_ms
+        self._serve, self._data_dir, self._args = serve, data_dir, ("--lock-delay-ms", str(lock_delay_ms), *extra)
+        self.server = serve(*self._args, data_dir=data_dir)
+
+    def connect(self, client):
+        return client.connect(self.server.url)
+
+    def restart(self) -> None:
+        self.server.stop()
+        self.server = self._serve(*self._args, data_dir=self._data_dir)
+
+
+#: A served coordinator's restart is a new `stockade serve` process, 2.3-3.2 s to ready at load 8 here: a
+#: restart test's lock-delay is at least this, so that the restart lands while the delay is pending.
+SERVE_RESTART_LOCK_DELAY_MS = 8_000
+
+
+@pytest.fixture
+def delayed_backend(backend: str, serve, tmp_path: Path, request):
+    """``delayed_backend(lock_delay_ms, restart=False)``: the backend under test with a lock-delay, for the
+    suite's C5 tests; with ``restart``, a served one takes a delay its restart fits in."""
+
+    def make(lock_delay_ms: int, *, restart: bool = False):
+        if backend in ("http", "serve-postgres"):
+            extra = ("--coordinator", request.getfixturevalue("pg_coord_url")) if backend == "serve-postgres" else ()
+            if restart:
+                lock_delay_ms = max(lock_delay_ms, SERVE_RESTART_LOCK_DELAY_MS)
+            return ServedDelayed(serve, lock_delay_ms, tmp_path / "served-delayed", *extra)
+        why = ("an in-process coordinator lives and dies with its process: nothing outlives it to restart from"
+               if backend == "memory" else None)
+        return ClientDelayed(request.getfixturevalue("coord_url"), lock_delay_ms, why)
+
+    return make
+
+
 @pytest.fixture
 def serve_pg(serve, pg_coord_url) -> ServeProcess:
     """A `stockade serve --coordinator` over a fresh PostgreSQL database (``serve-postgres``)."""
@@ -267,8 +322,8 @@ class SyncRunner:
 
     mode = "sync"
 
-    def connect(self, url):
-        return stockade.connect(url)
+    def connect(self, url, **options):
+        return stockade.connect(url, **options)
 
     def open_store(self, url, **kw):
         return stockade.open_store(url, **kw)
@@ -285,8 +340,8 @@ class AsyncRunner:
     def __init__(self):
         self.loop = asyncio.new_event_loop()
 
-    def connect(self, url):
-        return stockade.connect_async(url)
+    def connect(self, url, **options):
+        return stockade.connect_async(url, **options)
 
     def open_store(self, url, **kw):
         return stockade.open_store_async(url, **kw)

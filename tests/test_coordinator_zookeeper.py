@@ -3,9 +3,10 @@
 The conformance suite runs on ZooKeeper from tests/test_coordinator_conformance.py;
 this file holds what is ZooKeeper's own: the url and the TTL bound (the
 negotiated session timeout), the token being the czxid and not the sequence
-suffix (with the suffix's control), FIFO order, a suspended connection (K2),
-an expired session, the lock-delay (C5), a client paused past its session
-timeout, and the acquire storm through leader changes (S14) beside its control.
+suffix (with the suffix's control), a suspended connection (K2), an expired
+session, a client paused past its session timeout, and the acquire storm
+through leader changes (S14) beside its control. FIFO order with several
+waiters (C4) and the lock-delay (C5) are the conformance suite's.
 """
 
 from __future__ import annotations
@@ -184,34 +185,6 @@ def test_control_the_sequence_suffix_as_token_goes_back_after_the_container_is_d
     coord.close()
 
 
-def test_waiters_are_served_in_arrival_order(url):
-    coord = stockade.connect(url)
-    held = coord.acquire("fifo", ttl_ms=5000)
-    order: list[int] = []
-    lock = threading.Lock()
-
-    def wait(index: int) -> None:
-        lease = coord.acquire("fifo", ttl_ms=5000, wait_ms=20_000)
-        with lock:
-            order.append(index)
-        lease.release()
-
-    threads = []
-    for index in range(4):
-        thread = threading.Thread(target=wait, args=(index,))
-        thread.start()
-        threads.append(thread)
-        deadline = time.monotonic() + 10
-        while coord.inspect("fifo").waiters < index + 1:  # queued, in this order
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-    held.release()
-    for thread in threads:
-        thread.join(30)
-    assert order == [0, 1, 2, 3]
-    coord.close()
-
-
 def test_an_expired_session_ends_every_lease_on_it(url, zk_ensemble):
     coord = stockade.connect(url)
     leases = [coord.acquire(f"e{i}", ttl_ms=3000) for i in range(3)]
@@ -252,29 +225,6 @@ def test_suspended_connection_marks_the_lease_lost_by_its_local_deadline(url, zk
         for i in zk_ensemble.ids:
             zk_ensemble.resume(i)
     coord.close()
-
-
-def test_lock_delay_after_a_lapse_not_after_a_release(url):
-    coord = stockade.connect(url, lock_delay_ms=1500)
-    assert Capability.CLIENT_LOCK_DELAY in coord.capabilities
-    coord.acquire("c5", ttl_ms=1000).release()
-    t0 = time.monotonic()
-    coord.acquire("c5", ttl_ms=1000).release()  # control: after a release, at once
-    assert time.monotonic() - t0 < 1.0
-    lapsed = coord.acquire("c5", ttl_ms=1000, keepalive=False)  # never renewed: its client deletes it at 1 s
-    t0 = time.monotonic()
-    waiter = coord.acquire("c5", ttl_ms=1000, wait_ms=15_000)
-    waited_s = time.monotonic() - t0
-    assert waiter.token.value > lapsed.token.value
-    assert waited_s >= 0.9 + 1.5, waited_s  # the lapse (1 s TTL) plus the whole delay
-    waiter.release()
-    undelayed = stockade.connect(url)
-    lapsed = undelayed.acquire("c5", ttl_ms=1000, keepalive=False)
-    t0 = time.monotonic()
-    undelayed.acquire("c5", ttl_ms=1000, wait_ms=15_000).release()
-    assert time.monotonic() - t0 < waited_s - 1.0  # without a delay: granted at the lapse
-    coord.close()
-    undelayed.close()
 
 
 def _paused_client(url: str, directory: Path, mutant: str, out: dict[str, tuple[int, int]]) -> None:

@@ -178,6 +178,19 @@ def test_lock_delay_after_expiry_not_after_release():
     assert isinstance(out, L.Granted)
 
 
+def test_the_one_lock_delay_decision():
+    # C5 as the engine, the etcd port and the ZooKeeper port ask it, each on its own clock.
+    assert L.lock_delay_end_ns(lapsed=True, ended_ns=100 * MS, lock_delay_ms=500) == 600 * MS
+    assert L.lock_delay_end_ns(lapsed=False, ended_ns=100 * MS, lock_delay_ms=500) == 100 * MS  # released: at once
+    assert L.lock_delay_end_ns(lapsed=True, ended_ns=100 * MS, lock_delay_ms=0) == 100 * MS  # no delay
+    # The engine's record keeps what it returns: an expiry at 100 ms with a 500 ms delay, pending till 600 ms.
+    policy = L.LeasePolicy(lock_delay_ms=500)
+    r, _ = L.acquire(L.ScopeRecord("s"), req(lid="a", ttl_ms=100), 0, policy)
+    assert L.settle(r, 100 * MS, policy).delay_until_ns == 600 * MS
+    recovered = L.recover(L.settle(r, 100 * MS, policy), 10**12, policy, same_clock=False)
+    assert recovered.delay_until_ns == 10**12 + 500 * MS  # another clock: the delay starts again in full
+
+
 def test_waiters_bounded_and_dead_waiters_dropped():
     policy = L.LeasePolicy(waiters_per_scope_max=2, waiter_stale_ms=100)
     r, _ = L.acquire(L.ScopeRecord("s"), req(lid="a", ttl_ms=10_000), 0, policy)

@@ -28,7 +28,7 @@ from typing import Any
 
 from stockade.cli._common import help_text
 from stockade.testing.history import dump_jsonl
-from stockade.testing.mutants import MUTANTS
+from stockade.testing.mutants import MUTANTS, simulated
 from stockade.testing.sim import Campaign, RunResult, narrate, replay_command, run_campaign, run_seed
 
 __all__ = ["run"]
@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--minutes", type=float, help="wall-clock budget in minutes")
     parser.add_argument("--seconds", type=float, help="wall-clock budget in seconds")
     parser.add_argument("--first-seed", type=int, default=None, help="first seed of a campaign (default: random)")
-    parser.add_argument("--mutant", choices=sorted(MUTANTS), help="run a deliberately broken variant (a control)")
+    parser.add_argument("--mutant", choices=sorted(simulated()),
+                        help="run a deliberately broken variant (a control)")
     parser.add_argument("--list-mutants", action="store_true", help="list the mutants and exit")
     parser.add_argument("--jobs", type=int, default=1, help=f"worker processes (1..{JOBS_MAX})")
     parser.add_argument("--keep-going", action="store_true", help="do not stop at the first violation")

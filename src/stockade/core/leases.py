@@ -63,6 +63,7 @@ __all__ = [
     "Released",
     "state_of",
     "settle",
+    "lock_delay_end_ns",
     "acquire",
     "renew",
     "release",
@@ -265,6 +266,31 @@ def state_of(record: ScopeRecord, now_ns: int) -> ScopeState:
     return ScopeState.DELAYED if now_ns < delay_until else ScopeState.FREE
 
 
+def lock_delay_end_ns(*, lapsed: bool, ended_ns: int, lock_delay_ms: int) -> int:
+    """C5, the one lock-delay decision: the earliest time a scope may be granted again.
+
+    Every coordinator decides it here, each on its own clock, which the caller
+    reads and passes in: the lease engine (a lease's deadline, and the restart
+    rule in `recover`) on the coordinator's monotonic clock; the etcd and
+    ZooKeeper ports, which keep no clock of the backend a client could read, on
+    the client's, at the moment the client saw the previous lease end (after it
+    ended, so the delay is never shorter than asked).
+
+    - the last lease was released: from ``ended_ns``, at once;
+    - it lapsed, or how it ended is not known: from ``ended_ns + lock_delay_ms``.
+
+    Args:
+        lapsed: the lease expired without a release, or how it ended is not known
+            (a caller in doubt passes True: waiting is safe, granting early is not).
+        ended_ns: when it ended (or was seen to end), on the caller's clock.
+        lock_delay_ms: the coordinator's lock-delay (`LeasePolicy.lock_delay_ms`; 0: none).
+
+    Returns:
+        The time, on the caller's clock, before which no grant of the scope may be made.
+    """
+    return ended_ns + lock_delay_ms * _NS_PER_MS if lapsed else ended_ns
+
+
 def _transition(state: ScopeState, event: Event) -> ScopeState:
     next_state = TRANSITIONS.get((state, event))
     invariant(next_state is not None, f"illegal transition {state.name} --{event.name}-->")
@@ -279,7 +305,8 @@ def settle(record: ScopeRecord, now_ns: int, policy: LeasePolicy) -> ScopeRecord
         record = replace(
             record,
             lease=None,
-            delay_until_ns=max(record.delay_until_ns, lease.expires_ns + policy.lock_delay_ms * _NS_PER_MS),
+            delay_until_ns=max(record.delay_until_ns, lock_delay_end_ns(
+                lapsed=True, ended_ns=lease.expires_ns, lock_delay_ms=policy.lock_delay_ms)),
         )
     if record.waiters:
         alive = tuple(w for w in record.waiters if now_ns < w.deadline_ns and now_ns < w.stale_ns)
@@ -409,7 +436,7 @@ def recover(record: ScopeRecord, now_ns: int, policy: LeasePolicy, *, same_clock
         lease = replace(lease, granted_ns=granted_ns, expires_ns=expires_ns)
     delay_until_ns = record.delay_until_ns
     if not same_clock and delay_until_ns > 0:
-        delay_until_ns = now_ns + policy.lock_delay_ms * _NS_PER_MS
+        delay_until_ns = lock_delay_end_ns(lapsed=True, ended_ns=now_ns, lock_delay_ms=policy.lock_delay_ms)
     new = replace(record, lease=lease, waiters=(), delay_until_ns=delay_until_ns)
     return record if new == record else new
 

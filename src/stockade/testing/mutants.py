@@ -24,6 +24,12 @@ Coordinator-side controls work over the lease engine's seams:
   `LeaseEngine.acquire_rule` that takes the token from the clock.
 - ``lock-delay-lost-on-restart`` (`ForgetsLockDelays`): wraps the record-store
   port; opened at a coordinator restart, it forgets the pending lock-delays.
+- ``etcd-lock-delay-off`` (`lock_delay_off`): replaces a client port's C5
+  decision (``lock_delay_end_ns``, the etcd port's) with one that never waits:
+  the next grant after a lapse comes at once. The coordinator suite's
+  lock-delay tests (`stockade.testing.conformance.coordinator`) catch it on a
+  real etcd. The simulator has no etcd port: it runs the other controls
+  (`simulated`).
 
 `MUTANTS` is the one registry of every control, each with the seam it breaks:
 the simulator (``stockade sim --mutant NAME``, ``--list-mutants``) reads it,
@@ -64,6 +70,9 @@ __all__ = [
     "CheckThenWriteStore",
     "clock_token_acquire",
     "ForgetsLockDelays",
+    "no_lock_delay",
+    "lock_delay_off",
+    "simulated",
     "Seam",
     "Mutant",
     "MUTANTS",
@@ -277,6 +286,17 @@ class ForgetsLockDelays:
         self.inner.close()
 
 
+def no_lock_delay(*, lapsed: bool, ended_ns: int, lock_delay_ms: int) -> int:
+    """`stockade.core.leases.lock_delay_end_ns` without C5: a scope may be granted again at once."""
+    return ended_ns
+
+
+def lock_delay_off(port: Any) -> Any:
+    """Break a client port's lock-delay (etcd's, ZooKeeper's) in place: it never holds a grant back. Returns it."""
+    port.lock_delay_end_ns = no_lock_delay
+    return port
+
+
 # -- the one registry ----------------------------------------------------------------------------
 
 
@@ -289,6 +309,12 @@ class Seam(enum.Enum):
     ACQUIRE_RULE = "LeaseEngine.acquire_rule"
     RECORD_STORE = "RecordStore (opened at a coordinator restart)"
     COMMIT = "RecordStore commit: durable before the answer (MemoryRecords.on_commit)"
+    PORT_LOCK_DELAY = "a client port's lock-delay decision (lock_delay_end_ns, C5)"
+
+
+#: Seams of a backend's own client port, which the simulator does not model: their controls run
+#: against the real backend only (the simulator's coordinator is the lease engine).
+PORT_SEAMS = frozenset({Seam.PORT_LOCK_DELAY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +327,9 @@ class Mutant:
         rule: the broken rule, for `Seam.FENCE_RULE` (a `FenceRule`) and
             `Seam.ACQUIRE_RULE` (a replacement for `LeaseEngine.acquire_rule`).
         wrap: makes the control from the real thing: a store that is a
-            `FenceAdapterPort` (fence seams), or a `RecordStore`
-            (`Seam.RECORD_STORE`). None when only the simulator models it.
+            `FenceAdapterPort` (fence seams), a `RecordStore`
+            (`Seam.RECORD_STORE`), or a client port (`Seam.PORT_LOCK_DELAY`).
+            None when only the simulator models it.
         sqlite_class: the control bound to `SQLiteStore`, constructed like it.
         caught_by: the properties that usually catch it (for the docs and reports).
     """
@@ -333,7 +360,15 @@ MUTANTS: dict[str, Mutant] = {
                               Seam.COMMIT, caught_by="P1 after a coordinator crash"),
     "lock-delay-lost-on-restart": Mutant("a restarted coordinator forgets the pending lock-delays",
                                          Seam.RECORD_STORE, wrap=ForgetsLockDelays, caught_by="P9"),
+    "etcd-lock-delay-off": Mutant("the etcd port grants at once after a lapse (no lock-delay)", Seam.PORT_LOCK_DELAY,
+                                  rule=no_lock_delay, wrap=lock_delay_off,
+                                  caught_by="C5, the coordinator suite's lock-delay tests on a real etcd"),
 }
+
+
+def simulated() -> list[str]:
+    """The controls the simulator runs (``stockade sim --mutant``): every one but those of a client port."""
+    return [name for name, found in MUTANTS.items() if found.seam not in PORT_SEAMS]
 
 
 def mutant(name: str | None) -> Mutant | None:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.testing._sim_client import Client
 from stockade.testing._sim_coordinator import Coordinator
@@ -46,7 +47,7 @@ from stockade.testing.checkers import CheckResult, Violation, check
 from stockade.testing.clock import SimClock, SimTime
 from stockade.testing.history import History
 from stockade.testing.linearizability import check_linearizable
-from stockade.testing.mutants import MUTANTS
+from stockade.testing.mutants import MUTANTS, PORT_SEAMS, simulated
 from stockade.testing.mutants import mutant as find_mutant
 from stockade.testing.network import SimNetwork
 
@@ -86,7 +87,10 @@ class World:
         manual_network: bool = False,
         autopilot: bool = True,
     ) -> None:
-        find_mutant(mutant)  # refuses an unknown name
+        found = find_mutant(mutant)  # refuses an unknown name
+        if found is not None and found.seam in PORT_SEAMS:
+            raise InvalidArgument("mutant", f"{mutant!r} breaks a client port the simulator does not model "
+                                            f"(it runs on the real backend); the simulator's: {', '.join(simulated())}")
         self.seed = seed
         self.rng = random.Random(seed)
         self.options = options if options is not None else SimOptions.swarm(self.rng)

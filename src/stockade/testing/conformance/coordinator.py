@@ -6,14 +6,24 @@ inspect, scopes, last issued), the rules C1-C5 as a user meets them, and the
 client's lease objects and keepalive on top.
 
 Run it by importing its tests into a test module (``from
-stockade.testing.conformance.coordinator import *``) and providing three
+stockade.testing.conformance.coordinator import *``) and providing four
 fixtures:
 
 - ``client``: a runner with ``mode`` (``"sync"`` or ``"async"``),
-  ``connect(url)`` and ``open_store(url)`` (the client's own functions), and
-  ``run(x)``, which awaits ``x`` in async mode and returns it in sync mode;
+  ``connect(url, **options)`` and ``open_store(url)`` (the client's own
+  functions), ``run(x)``, which awaits ``x`` in async mode and returns it in
+  sync mode, and in async mode ``loop``, the event loop ``run`` drives;
 - ``coord_url``: a url of the backend under test, fresh for each test;
-- ``store_url``: a fenced store that trusts that backend's tokens.
+- ``store_url``: a fenced store that trusts that backend's tokens;
+- ``delayed_backend``: ``delayed_backend(lock_delay_ms, restart=False)`` opens
+  the backend under test with that lock-delay (C5), as a `DelayedBackend`;
+  with ``restart``, one whose restart is slow (a new server process) may take
+  a longer delay, so that the restart lands while the delay is pending.
+
+C4 and C5 are judged by order and by lower bounds on time, which a busy host
+cannot break: a grant after a lapse must come at least the lock-delay after
+the last look that still saw the lapsed lease held; a grant after a release,
+before the lock-delay (a second) could have passed.
 
 The project's own run (tests/test_coordinator_conformance.py, fixtures in
 tests/conftest.py) takes every scheme of
@@ -25,12 +35,119 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import pytest
 
 import stockade
 from stockade import InvalidArgument, LeaseLost, LockTimeout, StaleToken
 from stockade.coordinators.registry import Capability
+
+#: The C5 tests' lock-delay: far longer than a release takes to hand a scope over, short enough to wait out
+#: on every backend, sync and async.
+LOCK_DELAY_MS = 1_000
+#: The restart test's: a restarted served coordinator (a new `stockade serve` on the same data) fits in it.
+RESTART_LOCK_DELAY_MS = 2_000
+#: The TTL of a holder left to lapse (etcd rounds it up to whole seconds).
+LAPSE_TTL_MS = 1_000
+#: The C4 test's waiters, queued one after another.
+FIFO_WAITERS = 4
+_MS = 1_000_000
+_WAIT_S = 30
+
+
+class DelayedBackend(Protocol):
+    """The backend under test with a lock-delay (``delayed_backend(lock_delay_ms)``).
+
+    Attributes:
+        lock_delay_ms: its lock-delay (what the test asked, or more for a slow restart).
+        not_restartable: None, or in words why nothing of this backend can be restarted
+            (an in-process coordinator); the restart test is skipped with that reason.
+    """
+
+    lock_delay_ms: int
+    not_restartable: str | None
+
+    def connect(self, client: Any) -> Any:
+        """A client handle (``client.connect``) on the coordinator, with the lock-delay."""
+        ...
+
+    def restart(self) -> None:
+        """Restart the coordinator, every handle closed: what decides C5 comes back from its records
+        (a served coordinator: its process; otherwise the handles opened after are the restarted ones)."""
+        ...
+
+
+def _close(client, coord) -> None:
+    client.run(coord.aclose() if client.mode == "async" else coord.close())
+
+
+def _acquiring(client, coord, scope: str, **options: Any) -> Callable[[], Any]:
+    """A call that acquires ``scope`` and returns ``(lease, monotonic ns once it returned)``."""
+
+    async def acquire_async() -> tuple[Any, int]:
+        lease = await coord.acquire(scope, **options)
+        return lease, time.monotonic_ns()
+
+    def acquire_sync() -> tuple[Any, int]:
+        lease = coord.acquire(scope, **options)
+        return lease, time.monotonic_ns()
+
+    return acquire_async if client.mode == "async" else acquire_sync
+
+
+def _in_background(client, call: Callable[[], Any]) -> Callable[[], Any]:
+    """Start ``call()`` beside the test (a thread; in async mode a task on the runner's loop, which
+    runs whenever the test awaits through ``client.run``). Returns ``join()``: its result, or its error."""
+    if client.mode == "async":
+        task = client.loop.create_task(call())
+
+        async def join_async() -> Any:
+            return await task
+
+        return lambda: client.run(join_async())
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to join()
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join() -> Any:
+        thread.join(2 * _WAIT_S)
+        assert not thread.is_alive(), f"a waiter did not return in {2 * _WAIT_S} s"
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return join
+
+
+def _await_waiters(client, coord, scope: str, count: int) -> None:
+    deadline = time.monotonic() + _WAIT_S
+    while client.run(coord.inspect(scope)).waiters < count:
+        assert time.monotonic() < deadline, f"{count} waiter(s) not queued on {scope!r} in {_WAIT_S} s"
+        if client.mode == "sync":
+            time.sleep(0.005)
+
+
+def _await_lapse(client, coord, scope: str, lapsed, start_ns: int) -> int:
+    """Look at ``scope`` until ``lapsed`` holds it no more; a time before the lapse, as late as known:
+    when the last look that still saw it held began (``start_ns``, sent before its grant, at first)."""
+    before_ns = start_ns
+    deadline = time.monotonic() + _WAIT_S
+    while True:
+        look_ns = time.monotonic_ns()
+        token = client.run(coord.inspect(scope)).token
+        if token is None or token.value != lapsed.token.value:
+            return before_ns
+        before_ns = look_ns
+        assert time.monotonic() < deadline, f"the lease on {scope!r} did not lapse in {_WAIT_S} s"
 
 
 def _follows(coord, value: int, previous: int) -> bool:
@@ -194,6 +311,90 @@ def test_waiter_is_granted_when_holder_releases(client, coord_url):
     assert _follows(coord, lease.token.value, held.token.value)
     assert handoff_s < 1.0  # granted on release, not by TTL
     client.run(lease.release())
+
+
+def test_c4_waiters_are_served_in_arrival_order(client, coord_url):
+    coord = client.connect(coord_url)
+    held = client.run(coord.acquire("fifo-n", ttl_ms=5_000))
+    order: list[int] = []
+
+    def waiter(index: int) -> Callable[[], Any]:
+        async def wait_async() -> int:
+            lease = await coord.acquire("fifo-n", ttl_ms=5_000, wait_ms=_WAIT_S * 1000)
+            order.append(index)
+            await lease.release()
+            return int(lease.token.value)
+
+        def wait_sync() -> int:
+            lease = coord.acquire("fifo-n", ttl_ms=5_000, wait_ms=_WAIT_S * 1000)
+            order.append(index)
+            lease.release()
+            return int(lease.token.value)
+
+        return wait_async if client.mode == "async" else wait_sync
+
+    joins = []
+    for index in range(FIFO_WAITERS):
+        joins.append(_in_background(client, waiter(index)))
+        _await_waiters(client, coord, "fifo-n", index + 1)  # queued, in this order, before the next one starts
+    client.run(held.release())
+    tokens = [join() for join in joins]
+    assert order == list(range(FIFO_WAITERS)), order
+    assert [held.token.value, *tokens] == sorted({held.token.value, *tokens})  # the tokens in the same order
+    _close(client, coord)
+
+
+def test_c5_lock_delay_after_a_lapse_not_after_a_release(client, delayed_backend):
+    backend = delayed_backend(LOCK_DELAY_MS)
+    coord = backend.connect(client)
+    delay_ns = LOCK_DELAY_MS * _MS
+    # After a release: at once, for the next acquire and for a waiter the release wakes.
+    client.run(client.run(coord.acquire("c5", ttl_ms=2_000)).release())
+    sent_ns = time.monotonic_ns()
+    again = client.run(coord.acquire("c5", ttl_ms=2_000))
+    assert time.monotonic_ns() - sent_ns < delay_ns, "held back after a release"
+    join = _in_background(client, _acquiring(client, coord, "c5", ttl_ms=2_000, wait_ms=_WAIT_S * 1000))
+    _await_waiters(client, coord, "c5", 1)
+    released_ns = time.monotonic_ns()
+    client.run(again.release())
+    woken, woken_ns = join()
+    assert woken_ns - released_ns < delay_ns, "a waiter was held back after a release"
+    client.run(woken.release())
+    # After a lapse (never renewed, never released): not before the delay has passed since.
+    start_ns = time.monotonic_ns()
+    lapsed = client.run(coord.acquire("c5", ttl_ms=LAPSE_TTL_MS, keepalive=False))
+    join = _in_background(client, _acquiring(client, coord, "c5", ttl_ms=2_000, wait_ms=_WAIT_S * 1000))
+    before_ns = _await_lapse(client, coord, "c5", lapsed, start_ns)
+    lease, granted_ns = join()
+    assert lease.token.value > lapsed.token.value
+    early_ms = (before_ns + delay_ns - granted_ns) / _MS
+    assert granted_ns >= before_ns + delay_ns, f"granted {early_ms:.0f} ms before the lock-delay had passed"
+    client.run(lease.release())
+    _close(client, coord)
+
+
+def test_c5_a_pending_lock_delay_outlives_a_restart(client, delayed_backend):
+    backend = delayed_backend(RESTART_LOCK_DELAY_MS, restart=True)
+    if backend.not_restartable:
+        pytest.skip(backend.not_restartable)
+    delay_ns = backend.lock_delay_ms * _MS
+    coord = backend.connect(client)
+    start_ns = time.monotonic_ns()
+    lapsed = client.run(coord.acquire("c5-restart", ttl_ms=LAPSE_TTL_MS, keepalive=False))
+    before_ns = _await_lapse(client, coord, "c5-restart", lapsed, start_ns)
+    _close(client, coord)
+    backend.restart()
+    coord = backend.connect(client)
+    restarted_ns = time.monotonic_ns()
+    # Else this test proves nothing: the delay would be over whatever the restart kept.
+    assert restarted_ns < before_ns + delay_ns, f"the restart took {(restarted_ns - before_ns) / _MS:.0f} ms"
+    lease = client.run(coord.acquire("c5-restart", ttl_ms=2_000, wait_ms=_WAIT_S * 1000))
+    granted_ns = time.monotonic_ns()
+    assert lease.token.value > lapsed.token.value
+    early_ms = (before_ns + delay_ns - granted_ns) / _MS
+    assert granted_ns >= before_ns + delay_ns, f"granted {early_ms:.0f} ms before the lock-delay had passed"
+    client.run(lease.release())
+    _close(client, coord)
 
 
 def test_inspect_and_scopes_while_held(client, coord_url):

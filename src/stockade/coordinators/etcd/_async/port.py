@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.client._shared import Grant, HTTPEndpoint
+from stockade.clock import SystemClock
 from stockade.coordinators import etcd as recipe
 from stockade.coordinators._history import HistoryEvent
 from stockade.coordinators.etcd._async.history import AsyncEtcdJournal, head_in, now_ms
@@ -42,6 +43,7 @@ from stockade.coordinators.etcd._journal import Head, released_before, settled
 from stockade.coordinators.http._async.port import AsyncHTTPClient
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
+from stockade.core.clock import Clock
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder, invariant
 from stockade.core.leases import ScopeInfo, ScopeState
 from stockade.core.limits import LIST_PAGE_MAX, validate_scope
@@ -96,7 +98,11 @@ class AsyncEtcdCoordinatorPort:
         capabilities: what the registry declares for ``etcd://``.
         identity: the cluster id and keyring, when already read (the sync open); else `open` reads them.
         lock_delay_ms: after a holder's lease lapsed (not released), hold the next grant back this long (C5).
+        clock: what the lock-delay is counted on (the host's monotonic clock; a simulated one in tests).
     """
+
+    #: C5's one decision (`stockade.core.leases.lock_delay_end_ns`); the seam a control replaces.
+    lock_delay_end_ns = staticmethod(core_leases.lock_delay_end_ns)
 
     def __init__(
         self,
@@ -108,9 +114,11 @@ class AsyncEtcdCoordinatorPort:
         capabilities: frozenset[Capability],
         identity: tuple[str, FixedKeys] | None = None,
         lock_delay_ms: int = 0,
+        clock: Clock | None = None,
     ) -> None:
         self.capabilities = capabilities
         self.lock_delay_ms = lock_delay_ms
+        self.clock = clock or SystemClock()
         self.timeout_ms = timeout_ms
         self._members = members
         self._layout = layout
@@ -319,8 +327,11 @@ class AsyncEtcdCoordinatorPort:
         if self._cluster_id is None or self.keys is None:
             raise BackendUnavailable("etcd coordinator not opened", certain_no_effect=True)
         previous_token, released = recipe.last_of(previous)
-        if self.lock_delay_ms and (doubt or (0 < previous_token < revision and not released)):
-            sent_ns = await self._hold_back(lease, sent_ns, recipe.ttl_s_of(ttl_ms))
+        seen_ns = self.clock.now_ns()
+        end_ns = self.lock_delay_end_ns(lapsed=doubt or (0 < previous_token < revision and not released),
+                                        ended_ns=seen_ns, lock_delay_ms=self.lock_delay_ms)
+        if end_ns > seen_ns:
+            sent_ns = await self._hold_back(lease, sent_ns, recipe.ttl_s_of(ttl_ms), end_ns)
         token = self.keys.sign(FencingToken(self._cluster_id, scope, revision))
         lease_id = f"{lease}.{revision}.{scope}"
         if len(self._granted) >= self._prune_at:
@@ -331,11 +342,10 @@ class AsyncEtcdCoordinatorPort:
         self._ttl_ms[lease] = ttl_ms
         return Grant(lease_id, holder, token, ttl_ms, sent_ns)
 
-    async def _hold_back(self, lease: int, sent_ns: int, ttl_s: int) -> int:
-        """Wait out the lock-delay, keeping the lease alive; the send time of its last renewal."""
-        end_ns = time.monotonic_ns() + self.lock_delay_ms * 1_000_000
+    async def _hold_back(self, lease: int, sent_ns: int, ttl_s: int, end_ns: int) -> int:
+        """Wait until ``end_ns`` (the lock-delay's end), keeping the lease alive; the send time of its last renewal."""
         keepalive_ns = ttl_s * 1_000_000_000 // 3
-        while (now_ns := time.monotonic_ns()) < end_ns:
+        while (now_ns := self.clock.now_ns()) < end_ns:
             if now_ns - sent_ns >= keepalive_ns:
                 sent_ns = now_ns
                 if not await self._keepalive(lease):

@@ -38,11 +38,13 @@ from typing import Any
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency
 
 from stockade.client._shared import Grant
+from stockade.clock import SystemClock
 from stockade.coordinators import zookeeper as recipe
 from stockade.coordinators.registry import Capability, PortOptions
 from stockade.coordinators.zookeeper import _journal as journal
 from stockade.coordinators.zookeeper.session import ZkLease, ZkSession
 from stockade.core import leases as core_leases
+from stockade.core.clock import Clock
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder
 from stockade.core.history import HistoryEvent
 from stockade.core.leases import LeasePolicy, ScopeInfo, ScopeState
@@ -80,12 +82,17 @@ class ZkCoordinatorPort:
         capabilities: what the registry declares for ``zookeeper://``.
         lock_delay_ms: after a holder's lease lapsed (not released), hold the next grant back this long (C5).
         owner: this port closes the session when it is closed or collected.
+        clock: what the lock-delay is counted on (the host's monotonic clock; a simulated one in tests).
     """
 
+    #: C5's one decision (`stockade.core.leases.lock_delay_end_ns`); the seam a control replaces.
+    lock_delay_end_ns = staticmethod(core_leases.lock_delay_end_ns)
+
     def __init__(self, session: ZkSession, *, timeout_ms: int, capabilities: frozenset[Capability],
-                 lock_delay_ms: int = 0, owner: bool = True) -> None:
+                 lock_delay_ms: int = 0, owner: bool = True, clock: Clock | None = None) -> None:
         self.capabilities = capabilities
         self.lock_delay_ms = lock_delay_ms
+        self.clock = clock or SystemClock()
         self.timeout_ms = timeout_ms
         self._session = session
         self._layout = session.layout
@@ -374,9 +381,12 @@ class ZkCoordinatorPort:
                 last, _ = self._call(client.get_async(self._layout.last_path(scope)))
             except NoNodeError:
                 last = None
-            if not recipe.released_just_before(last, tick_version):
-                SyncIO.sleep(self.lock_delay_ms / 1000)
-                sent_ns = time.monotonic_ns()
+            seen_ns = self.clock.now_ns()
+            end_ns = self.lock_delay_end_ns(lapsed=not recipe.released_just_before(last, tick_version),
+                                            ended_ns=seen_ns, lock_delay_ms=self.lock_delay_ms)
+            if end_ns > seen_ns:
+                SyncIO.sleep((end_ns - seen_ns) / 1e9)
+                sent_ns = self.clock.now_ns()
                 stat = self._call(client.exists_async(path))
                 if stat is None or stat.czxid != token:
                     raise BackendUnavailable("the zookeeper session ended during the lock-delay")
