@@ -124,7 +124,7 @@ def test_lost_hook_precedes_release_and_names_the_cause(tmp_path):
     hooks = Hooks(on_lost=lambda lease: causes.append(lease.lost_cause))
     coord = stockade.connect(url, hooks=hooks)
     with pytest.raises(LeaseLost):  # the block ends without its lease, and says so
-        with coord.lock("s", ttl_ms=150, max_hold_ms=200) as lease:
+        with coord.lock("s", ttl_ms=1000, max_hold_ms=200) as lease:
             assert lease.wait_lost(timeout_ms=5000)
     assert causes == ["max_hold_ms=200 reached"]
     coord.close()

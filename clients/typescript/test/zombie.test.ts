@@ -26,7 +26,7 @@ interface Round {
 /** One round; returns the zombie's outcome and the value left in the resource. */
 async function zombieRound(r: Round): Promise<{ outcome: string; value: string }> {
   const scope = `zombie-${r.target}-${r.zombie}-${r.noFence ? "off" : "on"}${r.inside ? "-inside" : ""}-${process.pid}-${r.round}`;
-  const common = ["--url", r.url, "--scope", scope, "--target", r.target, "--ttl-ms", "300",
+  const common = ["--url", r.url, "--scope", scope, "--target", r.target, "--ttl-ms", "1000",  // 300 ms: a grant slower than the TTL under load 40 was refused its first renewal
     ...(r.target === "pg" ? ["--pg", env.pgUrl ?? ""] : [])];
   const zombie = new Worker(r.zombie, [...common, "--value", "zombie", r.inside ? "--pause-inside" : "--pause",
     ...(r.noFence ? ["--no-fence"] : [])]);
