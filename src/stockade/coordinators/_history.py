@@ -19,7 +19,20 @@ from stockade.core.history import (
     events_of,
 )
 
-__all__ = ["HistoryEvent", "EventKind", "HISTORY_PER_SCOPE", "HISTORY_TOTAL_MAX", "events_of", "MemoryJournal"]
+__all__ = ["HistoryEvent", "EventKind", "HISTORY_PER_SCOPE", "HISTORY_TOTAL_MAX", "events_of", "MemoryJournal",
+           "Journaled"]
+
+
+class Journaled:
+    """A record store that journals its changes and reads them back: it says so by deriving from this.
+
+    The embedded port reads a scope's history from its engine's record store when the store is one
+    (`stockade.coordinators.history.history_of`); a record store that is not keeps no history.
+    """
+
+    def history(self, scope: str, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` events, oldest first (what has committed)."""
+        raise NotImplementedError
 
 
 class MemoryJournal:

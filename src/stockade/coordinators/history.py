@@ -7,7 +7,7 @@ its table in memory and group-commits it to its coordinator file, journal
 included, so its history is read from the file: what has committed. The
 PostgreSQL coordinator journals in a table of its own, in the transaction of
 each change (`stockade.coordinators.postgres._journal`): its record store
-has a ``history(scope, limit)`` method, read here as memory's is. The etcd
+is `Journaled`, read here as memory's and the SQLite file's are. The etcd
 coordinator keeps its journal in etcd, written in the Txn of each change
 (`stockade.coordinators.etcd._journal`) and read through its port
 (`stockade.coordinators.etcd._async.history`); the ZooKeeper coordinator keeps it in
@@ -18,19 +18,11 @@ read through this module.
 
 from __future__ import annotations
 
-from stockade.coordinators._history import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
-from stockade.coordinators.sqlite import SQLiteRecords
-from stockade.coordinators.sqlite._journal import read_history
+from stockade.coordinators._history import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, Journaled, events_of
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_int, validate_scope
 
-__all__ = ["HistoryEvent", "HISTORY_PER_SCOPE", "HISTORY_TOTAL_MAX", "history_of", "events_of", "file_history"]
-
-
-def file_history(records: SQLiteRecords, scope: str, limit: int) -> list[HistoryEvent]:
-    """The scope's last ``limit`` events in a coordinator file, oldest first (what has committed)."""
-    with records._locked() as conn:
-        return read_history(conn, scope, limit)
+__all__ = ["HistoryEvent", "HISTORY_PER_SCOPE", "HISTORY_TOTAL_MAX", "history_of", "events_of"]
 
 
 def history_of(records: object, scope: str, limit: int = HISTORY_PER_SCOPE) -> list[HistoryEvent]:
@@ -41,10 +33,6 @@ def history_of(records: object, scope: str, limit: int = HISTORY_PER_SCOPE) -> l
     """
     validate_scope(scope)
     validate_int("limit", limit, 1, HISTORY_PER_SCOPE)
-    if isinstance(records, SQLiteRecords):
-        return file_history(records, scope, limit)
-    history = getattr(records, "history", None)  # memory://, PostgreSQL: the store reads its own journal
-    if callable(history):
-        events: list[HistoryEvent] = history(scope, limit)
-        return events
+    if isinstance(records, Journaled):  # memory://, the SQLite file, PostgreSQL: each reads its own journal
+        return records.history(scope, limit)
     raise InvalidArgument("url", f"this coordinator ({type(records).__name__}) keeps no lease history")

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stockade.coordinators.history import HistoryEvent, file_history
+from stockade.coordinators.history import HistoryEvent
 from stockade.coordinators.memory import Change, MemoryRecords
 from stockade.coordinators.sqlite import SQLiteCoordinator
 from stockade.core.clock import Clock
@@ -414,7 +414,7 @@ class LeaseService:
     async def history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
         """The scope's last events as the coordinator file holds them: what has committed (docs/history.md)."""
         await self._barrier()
-        return await self.loop.run_in_executor(None, file_history, self.file, scope, limit)
+        return await self.loop.run_in_executor(None, self.file.history, scope, limit)
 
     async def _barrier(self) -> None:
         last = self.committer.barrier()

@@ -258,11 +258,7 @@ class PortLeaseService:
         Raises:
             InvalidArgument: the backend keeps no history.
         """
-        history = getattr(self.port, "history", None)
-        if history is None:
-            raise InvalidArgument("coordinator", "this backend keeps no lease history (docs/history.md)")
-        events: Sequence[HistoryEvent] = await history(scope, limit=limit)
-        return events
+        return await self.port.history(scope, limit=limit)
 
     async def last_issued(self, scope: str, at_least: int = 0) -> int:
         """The backend's last issued token of ``scope``; read from it only when ``at_least`` is above what

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from stockade.client._sync.port import StorePort
 from stockade.client._sync.transaction import StoreTransaction
 from stockade.client._hooks import Hooks, rejected, validate_hooks
-from stockade.client._shared import CURRENT_LEASE, resolve_token
+from stockade.client._shared import CURRENT_LEASE, Leased, resolve_token
 from stockade.core.errors import FenceRejected, InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
 from stockade.core.tokens import FencingToken
@@ -18,7 +16,7 @@ from stockade.transport.io import Handle
 __all__ = ["FencedStore", "lease_in_context"]
 
 
-def lease_in_context(scope: str) -> Any:
+def lease_in_context(scope: str) -> Leased:
     """The lease of the innermost ``lock()`` block on ``scope`` open in this context.
 
     `lock()` blocks nest as a stack per context (thread or task): each lease
@@ -31,9 +29,9 @@ def lease_in_context(scope: str) -> Any:
     """
     lease = CURRENT_LEASE.get()
     while lease is not None:
-        if getattr(lease, "scope", None) == scope:
+        if lease.scope == scope:
             return lease
-        lease = getattr(lease, "_enclosing", None)
+        lease = lease._enclosing
     raise InvalidArgument("token", f"no token given and no lease on {scope!r} held in this context")
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from stockade.clock import SystemClock
-from stockade.coordinators._history import HistoryEvent, MemoryJournal, events_of
+from stockade.coordinators._history import HistoryEvent, Journaled, MemoryJournal, events_of
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvalidArgument, LimitExceeded, invariant
@@ -60,7 +60,7 @@ SCOPES_MAX_DEFAULT = 100_000
 Change = tuple[ScopeRecord, ScopeRecord | None]
 
 
-class MemoryRecords:
+class MemoryRecords(Journaled):
     """Scope records in dictionaries, with the indexes the engine asks for.
 
     Args:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stockade.coordinators._history import Journaled
 from stockade.coordinators.postgres._call import Prepared, run_prepared
 from stockade.coordinators.postgres._journal import HISTORY_READ, events_of_row
 from stockade.coordinators.postgres._notify import Notifier, ServerClock
@@ -144,7 +145,7 @@ class Attempt:
     retry_ms: int
 
 
-class PostgresRecords:
+class PostgresRecords(Journaled):
     """A record store (`stockade.core.engine.RecordStore`) in PostgreSQL tables.
 
     Thread-safe: a small pool of connections, one per unit in flight. A unit

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
+from stockade.coordinators._history import HistoryEvent, Journaled
 from stockade.coordinators.memory import wait_for_epoch
 from stockade.coordinators.sqlite._file import (
     APPLICATION_ID,
@@ -54,6 +55,7 @@ from stockade.coordinators.sqlite._file import (
     monotonic_offset_ns,
     private_sidecars,
 )
+from stockade.coordinators.sqlite._journal import read_history
 from stockade.coordinators.sqlite._renewals import RenewalFiles, RenewingEngine
 from stockade.coordinators.sqlite._rows import (
     SCHEMA,
@@ -98,7 +100,7 @@ def new_lease_id() -> str:
     return secrets.token_urlsafe(24)
 
 
-class SQLiteRecords:
+class SQLiteRecords(Journaled):
     """A record store (`stockade.core.engine.RecordStore`) in one SQLite file.
 
     Thread-safe (one connection behind a lock); shareable across processes on
@@ -410,6 +412,11 @@ class SQLiteRecords:
         if bound is not None:
             until_s = min(until_s, max(now_s, bound))
         return until_s, round((until_s - now_s) * 1000)
+
+    def history(self, scope: str, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` events in the file, oldest first (what has committed)."""
+        with self._locked() as conn:
+            return read_history(conn, scope, limit)
 
     @contextmanager
     def _locked(self) -> Iterator[sqlite3.Connection]:
