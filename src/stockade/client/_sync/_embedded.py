@@ -13,9 +13,9 @@ import builtins
 from collections.abc import Sequence
 
 from stockade.client._shared import Grant
+from stockade.coordinators._mint import new_lease_id
 from stockade.coordinators.history import HistoryEvent, history_of
 from stockade.coordinators.registry import Capability
-from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine, Outcome
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LockTimeout, invariant

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import secrets
 import sqlite3
 import threading
 import time
@@ -39,6 +38,10 @@ from typing import Any
 
 from stockade.clock import SystemClock
 from stockade.coordinators._history import HistoryEvent, Journaled
+from stockade.coordinators._mint import (  # new_lease_id: re-exported for callers of the engine
+    new_cluster_id,
+    new_lease_id,
+)
 from stockade.coordinators.memory import wait_for_epoch
 from stockade.coordinators.sqlite._file import (
     APPLICATION_ID,
@@ -71,7 +74,7 @@ from stockade.core.engine import RecordTx, recover_records
 from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind
 from stockade.core.leases import Lease, LeasePolicy, ScopeRecord
 from stockade.core.limits import validate_int
-from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, epoch_floor, epoch_of
+from stockade.core.tokens import epoch_floor, epoch_of
 
 __all__ = [
     "SQLiteCoordinator", "SQLiteRecords", "new_lease_id",
@@ -93,11 +96,6 @@ class _ChangeFailed(Exception):
     def __init__(self, error: StockadeError | sqlite3.Error) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def new_lease_id() -> str:
-    """A fresh lease id: 192 random bits, URL-safe. Treat it as a secret."""
-    return secrets.token_urlsafe(24)
 
 
 class SQLiteRecords(Journaled):
@@ -255,7 +253,7 @@ class SQLiteRecords(Journaled):
             meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
             offset = monotonic_offset_ns()
             if "cluster_id" not in meta:
-                cluster = secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2)
+                cluster = new_cluster_id()
                 conn.executemany(
                     "INSERT INTO meta (k, v) VALUES (?, ?)",
                     [("cluster_id", cluster), ("schema_version", SCHEMA_VERSION), ("boot_id", boot_id()),

@@ -28,7 +28,6 @@ head read back.
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.coordinators import etcd as recipe
 from stockade.coordinators._history import HistoryEvent
+from stockade.coordinators._mint import new_cluster_id
 from stockade.coordinators.etcd._async.history import AsyncEtcdJournal, head_in, now_ms
 from stockade.coordinators.etcd._async.watch import wait_deleted
 from stockade.coordinators.etcd._journal import Head, released_before, settled
@@ -250,7 +250,7 @@ class AsyncEtcdCoordinatorPort:
         cluster_kvs = recipe.kvs_of(await self._range(self._layout.cluster_key))
         keyring_kvs = recipe.kvs_of(await self._range(self._layout.keyring_key)) if cluster_kvs else []
         if not cluster_kvs:
-            proposed = secrets.token_hex(8)
+            proposed = new_cluster_id()
             _, responses, _ = await self._txn(
                 recipe.cluster_txn(self._layout, proposed, _dump(ephemeral_keyring(proposed)))
             )

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from stockade.client._async._embedded import AsyncEmbeddedCoordinatorPort
 from stockade.client._shared import Grant
 from stockade.clock import SystemClock
+from stockade.coordinators._mint import new_lease_id
 from stockade.coordinators.registry import REMOTE_OPTIONS, Capability, PortOptions
-from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
 from stockade.core.errors import InvalidArgument, InvariantViolation, LockTimeout, invariant
 from stockade.core.leases import LeasePolicy

@@ -39,6 +39,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, Roll
 
 from stockade.client._shared import Grant
 from stockade.coordinators import zookeeper as recipe
+from stockade.coordinators._mint import new_cluster_id
 from stockade.coordinators.registry import Capability, PortOptions
 from stockade.coordinators.zookeeper import _journal as journal
 from stockade.coordinators.zookeeper.session import ZkLease, ZkSession
@@ -113,7 +114,7 @@ class ZkCoordinatorPort:
             client = self._session.client
             for path in self._layout.parents:
                 self._call(client.ensure_path_async(path))
-            proposed = secrets.token_hex(8)
+            proposed = new_cluster_id()
             tx = client.transaction()
             tx.create(self._layout.meta + "/cluster", proposed.encode())
             tx.create(self._layout.meta + "/keyring", _dump(ephemeral_keyring(proposed)))
