@@ -25,7 +25,7 @@ sys.path.insert(0, str(HELPERS))
 from helpers import reaper  # noqa: E402
 from server_fixtures import PYTHON, ServerProcess, _env, request, start_server  # noqa: E402
 
-from stockade.core.history import HistoryEvent  # noqa: E402
+from stockade.core.journal import HistoryEvent  # noqa: E402
 from stockade.server._timeline import render_timeline  # noqa: E402
 
 ADMIN = "dashboard-admin-token-0123456789"

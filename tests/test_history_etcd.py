@@ -36,9 +36,9 @@ from helpers.etcd_history_cycler import split_journal
 import stockade
 from stockade.cli import main as cli_main
 from stockade.coordinators import etcd as recipe
-from stockade.coordinators._history import HISTORY_PER_SCOPE
 from stockade.coordinators.etcd import _journal as _etcd_journal
 from stockade.coordinators.etcd._journal import Head, head_of
+from stockade.coordinators.journal import HISTORY_PER_SCOPE
 from stockade.core.errors import BackendUnavailable
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"

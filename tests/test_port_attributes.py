@@ -20,7 +20,7 @@ from pathlib import Path
 import stockade
 from stockade.client._async.port import AsyncCoordinatorPort, AsyncStorePort
 from stockade.client._shared import Leased
-from stockade.coordinators._history import Journaled
+from stockade.coordinators.journal import Journaled
 from stockade.resources.port import FenceAdapterPort, TransactionalStorePort
 
 PACKAGE = Path(stockade.__file__).parent

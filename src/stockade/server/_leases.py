@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stockade.coordinators._mint import LeaseIds
-from stockade.coordinators.history import HistoryEvent
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.memory import Change, MemoryRecords
 from stockade.coordinators.sqlite import SQLiteCoordinator
 from stockade.core.clock import Clock

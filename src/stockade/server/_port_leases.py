@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stockade.coordinators._history import HistoryEvent
 from stockade.coordinators._mint import new_lease_id
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core.errors import InvalidArgument, LimitExceeded, LockTimeout, NotHolder
 from stockade.core.leases import Lease, ScopeInfo, lease_hint

@@ -20,7 +20,7 @@ import html
 import time
 from collections.abc import Sequence
 
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 
 __all__ = ["render_timeline", "WIDTH_PX"]
 

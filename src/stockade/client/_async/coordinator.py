@@ -17,7 +17,7 @@ from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, v
 from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, Leased, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
-from stockade.coordinators._history import HISTORY_PER_SCOPE, HistoryEvent
+from stockade.coordinators.journal import HISTORY_PER_SCOPE, HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock

@@ -1,4 +1,11 @@
-"""The fenced-store client: every write carries a token (K1)."""
+"""The fenced-store client: every write carries a token (K1).
+
+Three things are called "store"; this is the client's handle, `AsyncFencedStore` (its generated
+sync twin `FencedStore`), over any store port (`AsyncStorePort`). The others: stockade's own fenced
+key-value store, which the handle opens in process for ``sqlite://`` and ``memory://`` urls
+(`stockade.resources.store`), and the conformance suite every store adapter passes
+(`stockade.testing.conformance.store`).
+"""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from stockade.client._shared import Grant
 from stockade.coordinators._mint import new_lease_id
-from stockade.coordinators.history import HistoryEvent, history_of
+from stockade.coordinators.journal import HistoryEvent, history_of
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine, Outcome

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from stockade.client._shared import Grant
-from stockade.coordinators.history import HistoryEvent
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core.leases import ScopeInfo
 from stockade.core.tokens import FencingToken

@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from stockade.clock import SystemClock
-from stockade.coordinators._history import HistoryEvent, Journaled, MemoryJournal, events_of
 from stockade.coordinators._mint import new_cluster_id
+from stockade.coordinators.journal import HistoryEvent, Journaled, MemoryJournal, events_of
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvalidArgument, LimitExceeded, invariant

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stockade.coordinators._history import Journaled
 from stockade.coordinators._mint import new_cluster_id
+from stockade.coordinators.journal import Journaled
 from stockade.coordinators.postgres._call import Prepared, run_prepared
 from stockade.coordinators.postgres._journal import HISTORY_READ, events_of_row
 from stockade.coordinators.postgres._notify import Notifier, ServerClock
@@ -63,7 +63,7 @@ from stockade.coordinators.postgres._rows import (
 from stockade.coordinators.postgres._tx import GENERATION_BITS, PgTx, first_rows
 from stockade.core.engine import LeaseEngine, Outcome, recover_records
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LimitExceeded, NotHolder
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 from stockade.core.leases import AcquireRequest, Granted, Lease, LeasePolicy, Queued, Released, lease_hint
 from stockade.core.leases import acquire as core_acquire
 from stockade.core.limits import validate_int, validate_scope

@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
-from stockade.coordinators._history import HistoryEvent, Journaled
 from stockade.coordinators._mint import (  # new_lease_id: re-exported for callers of the engine
     new_cluster_id,
     new_lease_id,
 )
+from stockade.coordinators.journal import HistoryEvent, Journaled
 from stockade.coordinators.memory import wait_for_epoch
 from stockade.coordinators.sqlite._file import (
     APPLICATION_ID,

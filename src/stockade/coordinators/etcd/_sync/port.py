@@ -35,12 +35,12 @@ from typing import Any
 
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.coordinators import etcd as recipe
-from stockade.coordinators._history import HistoryEvent
 from stockade.coordinators._mint import new_cluster_id
-from stockade.coordinators.etcd._sync.history import EtcdJournal, head_in, now_ms
+from stockade.coordinators.etcd._sync.journal import EtcdJournal, head_in, now_ms
 from stockade.coordinators.etcd._sync.watch import wait_deleted
 from stockade.coordinators.etcd._journal import Head, released_before, settled
 from stockade.coordinators.http._sync.port import HTTPClient
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder, invariant

@@ -24,7 +24,7 @@ from typing import Any
 
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.clock import SystemClock
-from stockade.coordinators._history import HistoryEvent
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import COORDINATORS, Capability
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder

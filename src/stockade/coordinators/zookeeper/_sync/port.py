@@ -45,7 +45,7 @@ from stockade.coordinators.zookeeper import _journal as journal
 from stockade.coordinators.zookeeper.session import ZkLease, ZkSession
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 from stockade.core.leases import LeasePolicy, ScopeInfo, ScopeState
 from stockade.core.limits import LIST_PAGE_MAX, validate_int
 from stockade.core.tokens import FencingToken
