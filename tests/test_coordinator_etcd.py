@@ -409,8 +409,8 @@ def test_a_grant_whose_answer_was_lost_waits_the_lock_delay_only_after_a_lapse(u
 
 
 def test_only_a_release_right_before_the_grant_spares_the_lock_delay():
-    from stockade.coordinators._history import HistoryEvent
     from stockade.coordinators.etcd._journal import released_before
+    from stockade.coordinators.journal import HistoryEvent
 
     def event(seq: int, kind: str, token: int) -> HistoryEvent:
         return HistoryEvent(seq, "s", kind, "h", token, 0)

@@ -22,7 +22,7 @@ from conftest import PYTHON, python_env
 
 import stockade
 from stockade.cli import main as cli_main
-from stockade.coordinators._history import MemoryJournal, events_of
+from stockade.coordinators.journal import MemoryJournal, events_of
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
 from stockade.coordinators.sqlite import _journal as _sqlite_journal
 from stockade.core.errors import BackendUnavailable, InvalidArgument

@@ -36,9 +36,9 @@ from helpers.etcd_history_cycler import split_journal
 import stockade
 from stockade.cli import main as cli_main
 from stockade.coordinators import etcd as recipe
-from stockade.coordinators._history import HISTORY_PER_SCOPE
 from stockade.coordinators.etcd import _journal as _etcd_journal
 from stockade.coordinators.etcd._journal import Head, head_of
+from stockade.coordinators.journal import HISTORY_PER_SCOPE
 from stockade.core.errors import BackendUnavailable
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
@@ -385,12 +385,15 @@ def test_serve_coordinator_answers_history_from_the_backend(backend, url, serve,
 
 
 def test_serve_coordinator_refuses_history_for_a_backend_without_one():
-    """A port without ``history`` (a backend that keeps none): a clear InvalidArgument, the route's 400."""
+    """An engine whose record store keeps no journal (not `Journaled`): a clear InvalidArgument, the route's 400."""
     import asyncio
     import types
 
+    from stockade.client._async._embedded import AsyncEmbeddedCoordinatorPort
     from stockade.core.errors import InvalidArgument
     from stockade.server._port_leases import PortLeaseService
 
+    port = AsyncEmbeddedCoordinatorPort.__new__(AsyncEmbeddedCoordinatorPort)
+    port.engine = types.SimpleNamespace(records=object())  # a record store that journals nothing
     with pytest.raises(InvalidArgument, match="keeps no lease history"):
-        asyncio.run(PortLeaseService.history(types.SimpleNamespace(port=object()), "s", 10))
+        asyncio.run(PortLeaseService.history(types.SimpleNamespace(port=port), "s", 10))

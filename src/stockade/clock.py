@@ -1,4 +1,8 @@
-"""The real clock: the host's monotonic clock (shared by all processes of one boot)."""
+"""The real clock: the host's monotonic clock (shared by all processes of one boot).
+
+The protocol it satisfies is `stockade.core.clock.Clock` (pure, for the core); the simulated clocks
+are `stockade.testing.clock`.
+"""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stockade.core.errors import InvalidArgument
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 from stockade.timeline import journal_events, render_html
 
 __all__ = ["write_timeline"]

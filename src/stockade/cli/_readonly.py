@@ -31,7 +31,7 @@ from typing import TypeVar
 from urllib.parse import quote
 
 from stockade.coordinators import sqlite as coordinator_files
-from stockade.coordinators._history import HistoryEvent
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.sqlite import _journal as journal
 from stockade.core import leases as rules
 from stockade.core.errors import BackendUnavailable

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, local_dir, local_file
 from stockade.cli._readonly import check_store_file, read_history
-from stockade.coordinators._history import HISTORY_PER_SCOPE, HistoryEvent
+from stockade.coordinators.journal import HISTORY_PER_SCOPE, HistoryEvent
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StockadeError
 from stockade.core.limits import validate_scope
 

@@ -32,7 +32,7 @@ from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, h
 from stockade.cli._readonly import check_store_file, read_coordinator, read_high_waters, read_history
 from stockade.clock import SystemClock
 from stockade.core.errors import StockadeError
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 from stockade.core.leases import ScopeInfo
 
 __all__ = ["run", "UI_PORT", "TICK_S"]

@@ -8,15 +8,16 @@ import os
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_int
 from stockade.core.tokens import FencingToken
+from stockade.core.values import Grant  # defined with the other values a port answers; re-exported for the ports
 
 __all__ = [
     "Grant",
+    "Leased",
     "CURRENT_LEASE",
     "resolve_token",
     "default_holder",
@@ -32,7 +33,27 @@ __all__ = [
 
 # The lease of the innermost `lock()` block in this thread or task (K1): writes
 # without an explicit token use it.
-CURRENT_LEASE: contextvars.ContextVar[Any] = contextvars.ContextVar("stockade_current_lease", default=None)
+CURRENT_LEASE: contextvars.ContextVar[Leased | None] = contextvars.ContextVar("stockade_current_lease", default=None)
+
+
+class Leased:
+    """What a held lease is to a write, whichever client holds it (`Lease`, `AsyncLease` derive from it).
+
+    A write given a lease takes its token after `raise_if_lost` (K1); a write given none walks the
+    ``lock()`` blocks open in its context, innermost first, through ``_enclosing``.
+
+    Attributes:
+        scope: the scope held.
+        token: the grant's fencing token.
+    """
+
+    scope: str
+    token: FencingToken
+    _enclosing: Leased | None = None  # the lease of the ``lock()`` block this one is nested in
+
+    def raise_if_lost(self) -> None:
+        """Raise `LeaseLost` if the lease is known to be lost (each client's lease says when)."""
+        raise NotImplementedError
 
 
 # Remote calls: every request has a deadline (no unbounded waits, C4). An acquire may take
@@ -45,29 +66,6 @@ MAX_HOLD_MS_MAX = 7 * 24 * 3_600_000
 # The bearer token, when none is passed to connect()/open_store().
 AUTH_TOKEN_ENV = "STOCKADE_AUTH_TOKEN"
 _AUTH_TOKEN_BYTES_MAX = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """What a coordinator port answers to a granted acquire, as the client sees it.
-
-    Not the coordinator's `stockade.core.leases.Lease`: the client never sees
-    the coordinator's clock (C3), only its own. Its lease deadline counts from
-    ``sent_ns``, the send time of the attempt that was granted (K2).
-
-    Attributes:
-        lease_id: the lease's secret id (renew and release name it).
-        holder: the holder name the coordinator shows.
-        token: the fencing token of the grant.
-        ttl_ms: the lease's time to live.
-        sent_ns: the client's monotonic clock when the granted attempt was sent.
-    """
-
-    lease_id: str
-    holder: str
-    token: FencingToken
-    ttl_ms: int
-    sent_ns: int
 
 
 def resolve_token(token: object) -> FencingToken:
@@ -85,10 +83,9 @@ def resolve_token(token: object) -> FencingToken:
         return token
     if isinstance(token, str):
         return FencingToken.decode(token)
-    lease_token = getattr(token, "token", None)
-    if isinstance(lease_token, FencingToken) and hasattr(token, "raise_if_lost"):
+    if isinstance(token, Leased):
         token.raise_if_lost()
-        return lease_token
+        return token.token
     raise InvalidArgument("token", f"must be a FencingToken, an encoded token or a lease, got {type(token).__name__}")
 
 

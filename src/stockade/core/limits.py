@@ -21,6 +21,7 @@ __all__ = [
     "WAIT_MS_MAX",
     "LOCK_DELAY_MS_MAX",
     "SCOPE_BYTES_MAX",
+    "SCOPE_CHARS",
     "KEY_BYTES_MAX",
     "VALUE_BYTES_MAX",
     "HOLDER_BYTES_MAX",
@@ -58,6 +59,10 @@ WAIT_MS_MAX = 300_000
 LOCK_DELAY_MS_MAX = 60_000
 
 SCOPE_BYTES_MAX = 200
+#: The characters of a scope, as the body of a regex character class. The one spelling: the core's check
+#: (`validate_scope`), the HTTP API's pattern (OpenAPI), auth's scope patterns and the PostgreSQL fence's
+#: SQL check are each built from it. A token's characters are among them too (its scope is its tail).
+SCOPE_CHARS = "A-Za-z0-9._:-"
 KEY_BYTES_MAX = 1024
 VALUE_BYTES_MAX = 1024 * 1024
 HOLDER_BYTES_MAX = 200
@@ -88,7 +93,7 @@ SUPERSEDE_AFTER_MS = 2_000
 SUPERSEDE_AFTER_MS_MIN = 10
 SUPERSEDE_AFTER_MS_MAX = 600_000
 
-_SCOPE_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+_SCOPE_RE = re.compile(f"[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}")
 # Printable ASCII without space: safe in headers, logs and file names of reports.
 _PRINTABLE_RE = re.compile(r"[\x21-\x7e]+")
 

@@ -16,8 +16,9 @@ from typing import Literal
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_scope
+from stockade.core.tokens import FencingToken
 
-__all__ = ["Op", "Write", "WriteResult", "Item", "AuditRecord", "BackupInfo", "RestoreReport", "FenceFloors"]
+__all__ = ["Op", "Write", "WriteResult", "Item", "AuditRecord", "BackupInfo", "RestoreReport", "FenceFloors", "Grant"]
 
 Op = Literal["put", "delete"]
 
@@ -156,3 +157,26 @@ class Write:
         """
         digest = hashlib.sha256(self.op.encode() + b"\0" + self.key.encode() + b"\0" + self.value)
         return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a coordinator port answers to a granted acquire, as the client sees it.
+
+    Not the coordinator's `stockade.core.leases.Lease`: the client never sees
+    the coordinator's clock (C3), only its own. Its lease deadline counts from
+    ``sent_ns``, the send time of the attempt that was granted (K2).
+
+    Attributes:
+        lease_id: the lease's secret id (renew and release name it).
+        holder: the holder name the coordinator shows.
+        token: the fencing token of the grant.
+        ttl_ms: the lease's time to live.
+        sent_ns: the client's monotonic clock when the granted attempt was sent.
+    """
+
+    lease_id: str
+    holder: str
+    token: FencingToken
+    ttl_ms: int
+    sent_ns: int

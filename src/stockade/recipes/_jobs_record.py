@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from stockade.core.errors import InvalidArgument, LimitExceeded, StockadeError
-from stockade.core.limits import SCOPE_BYTES_MAX, VALUE_BYTES_MAX, validate_int, validate_scope
+from stockade.core.limits import SCOPE_BYTES_MAX, SCOPE_CHARS, VALUE_BYTES_MAX, validate_int, validate_scope
 
 __all__ = [
     "JOB_SCOPE_PREFIX", "RECORD_KEY", "FENCE_KEY", "RESULT_BYTES_MAX_DEFAULT", "RESULT_BYTES_CEILING",
@@ -59,7 +59,7 @@ def job_scope(key: object) -> str:
     try:
         return validate_scope(JOB_SCOPE_PREFIX + key)
     except InvalidArgument:
-        raise InvalidArgument("key", "must be characters of [A-Za-z0-9._:-]") from None
+        raise InvalidArgument("key", f"must be characters of [{SCOPE_CHARS}]") from None
 
 
 @dataclass(frozen=True, slots=True)

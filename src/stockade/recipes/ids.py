@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stockade.client import Coordinator
 from stockade.core.errors import InvalidArgument, LeaseLost, LimitExceeded, LockTimeout, StaleToken
 from stockade.core.leases import ScopeState
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_scope, validate_ttl_ms
@@ -85,7 +86,7 @@ class IdGenerator:
 
     def __init__(
         self,
-        coord: Any,
+        coord: Coordinator,
         name: str,
         *,
         layout: Layout | None = None,
@@ -104,7 +105,7 @@ class IdGenerator:
             raise InvalidArgument("layout", f"must be a Layout, got {type(layout).__name__}")
         if not isinstance(name, str):
             raise InvalidArgument("name", f"must be a str, got {type(name).__name__}")
-        if not callable(getattr(coord, "acquire", None)):
+        if not isinstance(coord, Coordinator):
             raise InvalidArgument("coord", "must be a coordinator (stockade.connect)")
         self.name = name
         self._prefix = f"ids.{name}."

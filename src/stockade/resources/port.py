@@ -82,7 +82,13 @@ class TransactionPort(Protocol):
 
 
 class TransactionalStorePort(FencedStorePort, Protocol):
-    """A `FencedStorePort` with multi-step transactions and an audit trail."""
+    """A `FencedStorePort` with multi-step transactions and an audit trail.
+
+    Attributes:
+        value_bytes_max: the largest value the store takes (the client checks it before it sends).
+    """
+
+    value_bytes_max: int
 
     def transaction(self, scope: str, *, token: FencingToken | str) -> AbstractContextManager[TransactionPort]:
         """Fence once, then hold the resource's atomic unit until the block ends (R6)."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
 from stockade.core.errors import InvalidArgument
+from stockade.core.limits import SCOPE_BYTES_MAX, SCOPE_CHARS
 from stockade.server._http import Response, problem
 from stockade.wire.routes import ROUTES, match
 
@@ -45,7 +46,7 @@ AUTH_TOKEN_CHARS_MAX = 512
 AUTH_TOKENS_MAX = 1000
 SCOPE_PATTERNS_MAX = 100  # per token
 
-_PATTERN = re.compile(r"[A-Za-z0-9._:-]{0,200}\*?")
+_PATTERN = re.compile(f"[{SCOPE_CHARS}]{{0,{SCOPE_BYTES_MAX}}}\\*?")  # a scope's prefix, then * or not
 # Routes a scope-limited token may call without a scope in the path.
 _UNSCOPED_ALLOWED = frozenset({"renew", "release", "cluster", "openapiDocument"})
 _OPEN_PATHS = frozenset(route.path for route in ROUTES if not route.auth)

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade import metrics
-from stockade.coordinators.history import HISTORY_PER_SCOPE
+from stockade.coordinators.journal import HISTORY_PER_SCOPE
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_scope
 from stockade.resources.store._sqlite_journal import REJECTIONS_PER_SCOPE, rejections

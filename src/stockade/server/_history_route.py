@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stockade.coordinators.history import HISTORY_PER_SCOPE
+from stockade.coordinators.journal import HISTORY_PER_SCOPE
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_scope
 from stockade.server._http import Request, Response, json_response

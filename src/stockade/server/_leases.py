@@ -23,15 +23,14 @@ still take back.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stockade.coordinators.history import HistoryEvent, file_history
+from stockade.coordinators._mint import LeaseIds
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.memory import Change, MemoryRecords
 from stockade.coordinators.sqlite import SQLiteCoordinator
 from stockade.core.clock import Clock
@@ -65,31 +64,6 @@ _NS_PER_S = 1_000_000_000
 _WAKE_SLACK_S = 0.0005  # timers fire a little late rather than a little early
 
 _log = logging.getLogger("stockade.server")
-
-
-_LEASE_ID_BYTES = 24  # as `stockade.coordinators.sqlite.new_lease_id`: 192 random bits, URL-safe
-_LEASE_ID_POOL = 128
-
-
-class _LeaseIds:
-    """Fresh lease ids, like `new_lease_id`, from a pool of OS randomness filled 128 ids at a time.
-
-    Same CSPRNG and format as ``secrets.token_urlsafe(24)``; one ``getrandom`` per
-    128 grants instead of one per grant.
-    """
-
-    __slots__ = ("_pool", "_at")
-
-    def __init__(self) -> None:
-        self._pool = b""
-        self._at = 0
-
-    def __call__(self) -> str:
-        at = self._at
-        if at + _LEASE_ID_BYTES > len(self._pool):
-            self._pool, at = os.urandom(_LEASE_ID_BYTES * _LEASE_ID_POOL), 0
-        self._at = at + _LEASE_ID_BYTES
-        return base64.urlsafe_b64encode(self._pool[at:at + _LEASE_ID_BYTES]).decode("ascii")
 
 
 def _durable(record: ScopeRecord) -> ScopeRecord:
@@ -129,7 +103,7 @@ class LeaseService:
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self._write: asyncio.Future[Any] | None = None  # the last change handed to the committer
         self._loading: list[Change] | None = None
-        self._new_lease_id = _LeaseIds()
+        self._new_lease_id = LeaseIds()
         self.dense_tokens = True  # the engine's grants: the scope's previous token + 1
 
     # -- views for the dashboard --------------------------------------------------------------
@@ -414,7 +388,7 @@ class LeaseService:
     async def history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
         """The scope's last events as the coordinator file holds them: what has committed (docs/history.md)."""
         await self._barrier()
-        return await self.loop.run_in_executor(None, file_history, self.file, scope, limit)
+        return await self.loop.run_in_executor(None, self.file.history, scope, limit)
 
     async def _barrier(self) -> None:
         last = self.committer.barrier()

@@ -35,15 +35,14 @@ backend's `stockade.client._async.port.AsyncCoordinatorPort`, opened by
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stockade.coordinators._history import HistoryEvent
+from stockade.coordinators._mint import new_lease_id
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core.errors import InvalidArgument, LimitExceeded, LockTimeout, NotHolder
 from stockade.core.leases import Lease, ScopeInfo, lease_hint
@@ -68,7 +67,6 @@ WORKER_THREADS = WAITS_MAX + 32
 #: Last issued tokens remembered (per scope) for the above-issued check (R5).
 ISSUED_CACHED_MAX = 100_000
 _NS_PER_MS = 1_000_000
-_LEASE_ID_BYTES = 24
 
 
 def serving_schemes() -> list[str]:
@@ -187,7 +185,7 @@ class PortLeaseService:
             raise
         _metrics.GRANTS.inc()
         now_ns = time.monotonic_ns()
-        lease_id = base64.urlsafe_b64encode(os.urandom(_LEASE_ID_BYTES)).decode("ascii")
+        lease_id = new_lease_id()
         held = _Held(grant.lease_id, grant.holder, grant.token, grant.ttl_ms, now_ns + grant.ttl_ms * _NS_PER_MS)
         self._held[lease_id] = held
         self._note_issued(scope, grant.token.value)
@@ -258,11 +256,7 @@ class PortLeaseService:
         Raises:
             InvalidArgument: the backend keeps no history.
         """
-        history = getattr(self.port, "history", None)
-        if history is None:
-            raise InvalidArgument("coordinator", "this backend keeps no lease history (docs/history.md)")
-        events: Sequence[HistoryEvent] = await history(scope, limit=limit)
-        return events
+        return await self.port.history(scope, limit=limit)
 
     async def last_issued(self, scope: str, at_least: int = 0) -> int:
         """The backend's last issued token of ``scope``; read from it only when ``at_least`` is above what

@@ -18,6 +18,7 @@ from stockade.core.limits import (
     KEY_BYTES_MAX,
     LIST_PAGE_MAX,
     SCOPE_BYTES_MAX,
+    SCOPE_CHARS,
     TOKEN_VALUE_MAX,
     TTL_MS_MAX,
     TTL_MS_MIN,
@@ -41,7 +42,7 @@ __all__ = ["openapi_document", "JSON_BODY_BYTES_MAX"]
 
 JSON_BODY_BYTES_MAX = 8 * 1024
 
-SCOPE_PATTERN = f"^[A-Za-z0-9._:-]{{1,{SCOPE_BYTES_MAX}}}$"
+SCOPE_PATTERN = f"^[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}$"
 LEASE_ID_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
 # The signed form a coordinator issues (docs/tokens.md); the unsigned stk1 form only a store without keys takes.
 # A value of at most 18 digits, or 19 starting 1-8: always within 1..2**63-1 (the few values above
@@ -50,7 +51,7 @@ _VALUE = "(?:[1-9][0-9]{0,17}|[1-8][0-9]{18})"
 TOKEN_PATTERN = (
     f"^(stk2\\.[0-9a-f]{{16}}\\.{_VALUE}\\.[0-9a-f]{{8}}\\.[A-Za-z0-9_-]{{22}}"
     f"|stk1\\.[0-9a-f]{{16}}\\.{_VALUE})"
-    f"\\.[A-Za-z0-9._:-]{{1,{SCOPE_BYTES_MAX}}}$"
+    f"\\.[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}$"
 )
 PRINTABLE_PATTERN = "^[\\x21-\\x7e]+$"
 BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"

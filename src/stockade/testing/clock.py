@@ -13,6 +13,8 @@ process's events until the pause ends.
 
 `ManualClock` is the plain settable clock for unit tests (like trio's
 ``MockClock``).
+
+The protocol these satisfy is `stockade.core.clock.Clock`; the real clock is `stockade.clock.SystemClock`.
 """
 
 from __future__ import annotations

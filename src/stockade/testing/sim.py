@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stockade.coordinators._mint import new_cluster_id
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.testing._sim_client import Client
@@ -109,7 +110,7 @@ class World:
         o = self.options
         self.scopes = [f"s{i}" for i in range(o.scopes)]
         self.keys = [f"k{i}" for i in range(o.keys)]
-        self.cluster = f"{self.rng.getrandbits(64):016x}"
+        self.cluster = new_cluster_id(self.rng)
         self.network = SimNetwork(self.rng_for("network"), o.network, manual=manual_network)
         self.nemesis_rng = self.rng_for("nemesis")
         self.coordinator = Coordinator(self, self._new_clock(), cluster=self.cluster,

@@ -6,7 +6,7 @@ an answer that is not what docs/http-api.md says (a proxy's page, a wrong
 port, an incompatible server), never a bare ``KeyError``.
 
     document     encoder            decoder              schema (OpenAPI)
-    grant        grant_doc          lease_from           Grant
+    grant        grant_doc          grant_from           Grant
     renewal      renewal_doc        lease_from           Renewal
     lock info    lock_doc           scope_info_from      LockInfo
     lock list    lock_list_doc      scope_infos_from     LockList
@@ -30,7 +30,7 @@ from typing import Any
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.tokens import FencingToken, validate_cluster_id
-from stockade.core.values import FenceFloors, Item, WriteResult
+from stockade.core.values import FenceFloors, Grant, Item, WriteResult
 
 __all__ = [
     "FENCING_TOKEN_HEADER",
@@ -53,6 +53,7 @@ __all__ = [
     "dense_tokens_from",
     "decode_json",
     "lease_from",
+    "grant_from",
     "scope_info_from",
     "scope_infos_from",
     "write_result_from",
@@ -235,6 +236,18 @@ def lease_from(doc: Any, *, lease_id: str, holder: str, sent_ns: int) -> core_le
         granted_ns=sent_ns,
         expires_ns=sent_ns + ttl_ms * 1_000_000,
     )
+
+
+def grant_from(doc: Any, *, holder: str, sent_ns: int) -> Grant:
+    """The port's `Grant` from a grant document: its lease id, token and TTL, checked.
+
+    ``holder`` is the one asked for and ``sent_ns`` the request's send time on *this* host's
+    monotonic clock (K2): the server's clock is never seen (C3).
+    """
+    lease_id = _field(doc, "lease_id", str)
+    if not lease_id:
+        raise BackendUnavailable("server response lacks a valid 'lease_id'")
+    return Grant(lease_id, holder, _token(doc), _field(doc, "ttl_ms", int), sent_ns)
 
 
 def fence_floors_from(doc: Any) -> FenceFloors:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from stockade.client._shared import Grant
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core.leases import ScopeInfo
 from stockade.core.tokens import FencingToken
@@ -31,12 +32,17 @@ class AsyncCoordinatorPort(Protocol):
         cluster_id: the id every token of this coordinator carries; None until
             `open` has fetched it (a remote coordinator opened inside an event loop).
         capabilities: what the backend guarantees or accepts.
+        keys: what a fenced store of this coordinator verifies token MACs with
+            (`AsyncCoordinator.verify_keys`); None where the backend has none.
     """
 
     capabilities: frozenset[Capability]
 
     @property
     def cluster_id(self) -> str | None: ...
+
+    @property
+    def keys(self) -> object: ...
 
     async def open(self) -> None:
         """Fetch what the port needs before its first grant (the cluster id); idempotent.
@@ -83,6 +89,14 @@ class AsyncCoordinatorPort(Protocol):
 
     async def fence_floors(self) -> FenceFloors:
         """The fence floor of every scope at once, for a store's restore (R4)."""
+        ...
+
+    async def history(self, scope: str, *, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` lease events from the backend's journal, oldest first (docs/history.md).
+
+        Raises:
+            InvalidArgument: the backend keeps no journal.
+        """
         ...
 
     async def aclose(self) -> None:

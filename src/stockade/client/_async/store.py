@@ -1,13 +1,18 @@
-"""The fenced-store client: every write carries a token (K1)."""
+"""The fenced-store client: every write carries a token (K1).
+
+Three things are called "store"; this is the client's handle, `AsyncFencedStore` (its generated
+sync twin `FencedStore`), over any store port (`AsyncStorePort`). The others: stockade's own fenced
+key-value store, which the handle opens in process for ``sqlite://`` and ``memory://`` urls
+(`stockade.resources.store`), and the conformance suite every store adapter passes
+(`stockade.testing.conformance.store`).
+"""
 
 from __future__ import annotations
-
-from typing import Any
 
 from stockade.client._async.port import AsyncStorePort
 from stockade.client._async.transaction import AsyncStoreTransaction
 from stockade.client._hooks import Hooks, rejected, validate_hooks
-from stockade.client._shared import CURRENT_LEASE, resolve_token
+from stockade.client._shared import CURRENT_LEASE, Leased, resolve_token
 from stockade.core.errors import FenceRejected, InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
 from stockade.core.tokens import FencingToken
@@ -17,7 +22,7 @@ from stockade.transport.io import AsyncHandle
 __all__ = ["AsyncFencedStore", "lease_in_context"]
 
 
-def lease_in_context(scope: str) -> Any:
+def lease_in_context(scope: str) -> Leased:
     """The lease of the innermost ``lock()`` block on ``scope`` open in this context.
 
     `lock()` blocks nest as a stack per context (thread or task): each lease
@@ -30,9 +35,9 @@ def lease_in_context(scope: str) -> Any:
     """
     lease = CURRENT_LEASE.get()
     while lease is not None:
-        if getattr(lease, "scope", None) == scope:
+        if lease.scope == scope:
             return lease
-        lease = getattr(lease, "_enclosing", None)
+        lease = lease._enclosing
     raise InvalidArgument("token", f"no token given and no lease on {scope!r} held in this context")
 
 

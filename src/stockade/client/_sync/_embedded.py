@@ -13,13 +13,12 @@ import builtins
 from collections.abc import Sequence
 
 from stockade.client._shared import Grant
-from stockade.coordinators.history import HistoryEvent, history_of
+from stockade.coordinators._mint import new_lease_id
+from stockade.coordinators.journal import HistoryEvent, history_of
 from stockade.coordinators.registry import Capability
-from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine, Outcome
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LockTimeout, invariant
-from stockade.core.limits import VALUE_BYTES_MAX
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, Item, Write, WriteResult
 from stockade.resources.port import TransactionalStorePort
@@ -158,8 +157,7 @@ class EmbeddedStorePort:
     def __init__(self, engine: TransactionalStorePort) -> None:
         self.engine = engine
         self.cluster_id = engine.cluster_id
-        # Not part of the store port: a store that does not say its bound is held to the default.
-        self.value_bytes_max: int = getattr(engine, "value_bytes_max", VALUE_BYTES_MAX)
+        self.value_bytes_max = engine.value_bytes_max
 
     def open(self) -> None:
         pass  # a store is open once constructed

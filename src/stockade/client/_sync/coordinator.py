@@ -16,9 +16,9 @@ from stockade.client._sync.election import Leadership, watch_leader
 from stockade.client._sync.port import CoordinatorPort
 from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
 from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
-from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, default_holder, lost_margin_ms
+from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, Leased, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
-from stockade.coordinators._history import HISTORY_PER_SCOPE, HistoryEvent
+from stockade.coordinators.journal import HISTORY_PER_SCOPE, HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
@@ -52,7 +52,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class Lease:
+class Lease(Leased):
     """A held lease: its token, and a keepalive that renews it at about TTL/3 (K2).
 
     The lease is *lost* when a renewal is refused, when its local deadline
@@ -107,7 +107,7 @@ class Lease:
         self._due: Any = None
         self._renew_at_s = 0.0
         self._keepalive_bug: InvariantViolation | None = None
-        self._enclosing: Any = None  # the lease of the enclosing lock() block, if any
+        self._enclosing: Leased | None = None  # the lease of the enclosing lock() block, if any
         self._telemetry = LeaseTelemetry(hooks)
         self._on_lost = on_lost
         self._guard: Any = None  # the lock() block's body guard, while its body runs
@@ -578,7 +578,7 @@ class Coordinator(Handle):
         `Unauthorized`). Pass it as ``keys=coord.verify_keys()`` to a store or a fence. It can sign as well
         as verify: whoever holds it is trusted like the coordinator.
         """
-        return getattr(self._port, "keys", None)
+        return self._port.keys
 
     def inspect(self, scope: str) -> core_leases.ScopeInfo:
         """The scope's state: holder, current token (without its MAC: not a write capability),
@@ -625,8 +625,4 @@ class Coordinator(Handle):
         validate_scope(scope)
         validate_int("limit", limit, 1, HISTORY_PER_SCOPE)
         self._open()
-        history = getattr(self._port, "history", None)
-        if history is None:
-            raise InvalidArgument("url", "this coordinator keeps no lease history (docs/history.md)")
-        events: list[HistoryEvent] = history(scope, limit=limit)
-        return events
+        return self._port.history(scope, limit=limit)

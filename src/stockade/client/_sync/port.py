@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from stockade.client._shared import Grant
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core.leases import ScopeInfo
 from stockade.core.tokens import FencingToken
@@ -32,12 +33,17 @@ class CoordinatorPort(Protocol):
         cluster_id: the id every token of this coordinator carries; None until
             `open` has fetched it (a remote coordinator opened inside an event loop).
         capabilities: what the backend guarantees or accepts.
+        keys: what a fenced store of this coordinator verifies token MACs with
+            (`Coordinator.verify_keys`); None where the backend has none.
     """
 
     capabilities: frozenset[Capability]
 
     @property
     def cluster_id(self) -> str | None: ...
+
+    @property
+    def keys(self) -> object: ...
 
     def open(self) -> None:
         """Fetch what the port needs before its first grant (the cluster id); idempotent.
@@ -84,6 +90,14 @@ class CoordinatorPort(Protocol):
 
     def fence_floors(self) -> FenceFloors:
         """The fence floor of every scope at once, for a store's restore (R4)."""
+        ...
+
+    def history(self, scope: str, *, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` lease events from the backend's journal, oldest first (docs/history.md).
+
+        Raises:
+            InvalidArgument: the backend keeps no journal.
+        """
         ...
 
     def close(self) -> None:

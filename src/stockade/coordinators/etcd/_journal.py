@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from stockade.coordinators._history import HISTORY_PER_SCOPE, EventKind, HistoryEvent
+from stockade.coordinators.journal import HISTORY_PER_SCOPE, EventKind, HistoryEvent
 from stockade.core.errors import BackendUnavailable
 
 __all__ = [

@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from stockade.clock import SystemClock
-from stockade.coordinators._history import HistoryEvent, MemoryJournal, events_of
+from stockade.coordinators._mint import new_cluster_id
+from stockade.coordinators.journal import HistoryEvent, Journaled, MemoryJournal, events_of
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvalidArgument, LimitExceeded, invariant
 from stockade.core.leases import LeasePolicy, ScopeRecord
-from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, EPOCH_TICK_NS, epoch_ready, next_epoch
+from stockade.core.tokens import EPOCH_TICK_NS, epoch_ready, next_epoch
 
 #: Longest a new epoch waits for the wall clock to leave its tick (more: the clock is behind the file).
 EPOCH_WAIT_MAX_NS = 10 * EPOCH_TICK_NS
@@ -60,7 +60,7 @@ SCOPES_MAX_DEFAULT = 100_000
 Change = tuple[ScopeRecord, ScopeRecord | None]
 
 
-class MemoryRecords:
+class MemoryRecords(Journaled):
     """Scope records in dictionaries, with the indexes the engine asks for.
 
     Args:
@@ -300,7 +300,7 @@ class MemoryCoordinator(LeaseEngine):
         self, *, cluster_id: str | None = None, clock: Clock | None = None, policy: LeasePolicy | None = None
     ) -> None:
         super().__init__(
-            MemoryRecords(), cluster_id=cluster_id or secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2),
+            MemoryRecords(), cluster_id=cluster_id or new_cluster_id(),
             clock=clock or SystemClock(), policy=policy,
         )
 

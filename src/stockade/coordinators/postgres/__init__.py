@@ -35,7 +35,6 @@ docs/coordinator-postgres.md for failover, restore and the keyring; docs/history
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stockade.coordinators._mint import new_cluster_id
+from stockade.coordinators.journal import Journaled
 from stockade.coordinators.postgres._call import Prepared, run_prepared
 from stockade.coordinators.postgres._journal import HISTORY_READ, events_of_row
 from stockade.coordinators.postgres._notify import Notifier, ServerClock
@@ -62,11 +63,11 @@ from stockade.coordinators.postgres._rows import (
 from stockade.coordinators.postgres._tx import GENERATION_BITS, PgTx, first_rows
 from stockade.core.engine import LeaseEngine, Outcome, recover_records
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LimitExceeded, NotHolder
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 from stockade.core.leases import AcquireRequest, Granted, Lease, LeasePolicy, Queued, Released, lease_hint
 from stockade.core.leases import acquire as core_acquire
 from stockade.core.limits import validate_int, validate_scope
-from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, EPOCH_MAX, FencingToken
+from stockade.core.tokens import EPOCH_MAX, FencingToken
 from stockade.transport.postgres import error_text, open_connection
 
 __all__ = [
@@ -144,7 +145,7 @@ class Attempt:
     retry_ms: int
 
 
-class PostgresRecords:
+class PostgresRecords(Journaled):
     """A record store (`stockade.core.engine.RecordStore`) in PostgreSQL tables.
 
     Thread-safe: a small pool of connections, one per unit in flight. A unit
@@ -425,7 +426,7 @@ class PostgresRecords:
             set_meta(conn, "schema_version", str(SCHEMA_VERSION))
             cluster_id = get_meta(conn, "cluster_id")
             if cluster_id is None:
-                cluster_id = secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2)
+                cluster_id = new_cluster_id()
                 walfile = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()[0]
                 timeline = int(walfile[:8], 16)
                 set_meta(conn, "cluster_id", cluster_id)

@@ -1,6 +1,6 @@
 """The PostgreSQL coordinator's lease history: a table written in the transaction of each change.
 
-Every change of a scope's record writes its events (`stockade.core.history.events_of`)
+Every change of a scope's record writes its events (`stockade.core.journal.events_of`)
 in the same transaction as the change, so both commit or neither does
 (docs/history.md). Both ways a change is made call one server-side function,
 ``stockade_coord_journal(scope, kind, holder, token)``:
@@ -42,7 +42,7 @@ import json
 from typing import Any
 
 from stockade.coordinators.postgres._call import Prepared
-from stockade.core.history import HISTORY_TOTAL_MAX, HistoryEvent, events_of
+from stockade.core.journal import HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
 __all__ = ["HISTORY_SCHEMA", "HISTORY_APPEND_ONLY", "HISTORY_READ", "SWEEP_EVERY", "SWEEP_WINDOWS",

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import secrets
 import sqlite3
 import threading
 import time
@@ -38,6 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
+from stockade.coordinators._mint import (  # new_lease_id: re-exported for callers of the engine
+    new_cluster_id,
+    new_lease_id,
+)
+from stockade.coordinators.journal import HistoryEvent, Journaled
 from stockade.coordinators.memory import wait_for_epoch
 from stockade.coordinators.sqlite._file import (
     APPLICATION_ID,
@@ -54,6 +58,7 @@ from stockade.coordinators.sqlite._file import (
     monotonic_offset_ns,
     private_sidecars,
 )
+from stockade.coordinators.sqlite._journal import read_history
 from stockade.coordinators.sqlite._renewals import RenewalFiles, RenewingEngine
 from stockade.coordinators.sqlite._rows import (
     SCHEMA,
@@ -69,7 +74,7 @@ from stockade.core.engine import RecordTx, recover_records
 from stockade.core.errors import BackendUnavailable, ClockMismatch, StockadeError, WrongFileKind
 from stockade.core.leases import Lease, LeasePolicy, ScopeRecord
 from stockade.core.limits import validate_int
-from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS, epoch_floor, epoch_of
+from stockade.core.tokens import epoch_floor, epoch_of
 
 __all__ = [
     "SQLiteCoordinator", "SQLiteRecords", "new_lease_id",
@@ -93,12 +98,7 @@ class _ChangeFailed(Exception):
         self.error = error
 
 
-def new_lease_id() -> str:
-    """A fresh lease id: 192 random bits, URL-safe. Treat it as a secret."""
-    return secrets.token_urlsafe(24)
-
-
-class SQLiteRecords:
+class SQLiteRecords(Journaled):
     """A record store (`stockade.core.engine.RecordStore`) in one SQLite file.
 
     Thread-safe (one connection behind a lock); shareable across processes on
@@ -253,7 +253,7 @@ class SQLiteRecords:
             meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
             offset = monotonic_offset_ns()
             if "cluster_id" not in meta:
-                cluster = secrets.token_hex(CLUSTER_ID_HEX_DIGITS // 2)
+                cluster = new_cluster_id()
                 conn.executemany(
                     "INSERT INTO meta (k, v) VALUES (?, ?)",
                     [("cluster_id", cluster), ("schema_version", SCHEMA_VERSION), ("boot_id", boot_id()),
@@ -410,6 +410,11 @@ class SQLiteRecords:
         if bound is not None:
             until_s = min(until_s, max(now_s, bound))
         return until_s, round((until_s - now_s) * 1000)
+
+    def history(self, scope: str, limit: int) -> list[HistoryEvent]:
+        """The scope's last ``limit`` events in the file, oldest first (what has committed)."""
+        with self._locked() as conn:
+            return read_history(conn, scope, limit)
 
     @contextmanager
     def _locked(self) -> Iterator[sqlite3.Connection]:

@@ -4,7 +4,7 @@
 on the same connection and in the same transaction (or SAVEPOINT) as the
 record change it describes: both commit, or neither does. Bounded: a scope keeps
 its last `HISTORY_PER_SCOPE` events; the file keeps at most `HISTORY_TOTAL_MAX`
-(the oldest go first). See `stockade.coordinators._history`.
+(the oldest go first). See `stockade.coordinators.journal`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from stockade.coordinators._history import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
+from stockade.coordinators.journal import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
 __all__ = ["JOURNAL_SCHEMA", "journal_change", "read_history", "HistoryEvent"]

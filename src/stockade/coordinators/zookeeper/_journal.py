@@ -35,7 +35,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from stockade.core.history import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, EventKind, HistoryEvent
+from stockade.core.journal import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, EventKind, HistoryEvent
 
 __all__ = ["EventKind", "OWN_ZXID", "JournalRecord", "JournalWrite", "record_of", "initial_record", "plan",
            "event_number",

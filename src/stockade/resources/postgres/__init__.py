@@ -47,7 +47,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 from stockade.core import limits
 from stockade.core.errors import AlreadyApplied, InvalidArgument, Superseded
 from stockade.core.fence import Reject
-from stockade.core.limits import TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
+from stockade.core.limits import SCOPE_CHARS, TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
 from stockade.core.signing import Keyring
 from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import FenceFloors
@@ -275,7 +275,7 @@ def _begin_and_fence(token: FencingToken, scope: str, op_id: str | None = None, 
     return f"BEGIN; SELECT stockade.fence_op('{encoded}', '{scope}', {sql.Literal(op_id).as_string(conn)})"
 
 
-_INLINE_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
+_INLINE_SAFE = re.compile(f"[{SCOPE_CHARS}]+")  # a token's characters are a scope's
 
 
 def _owns_transaction(conn: Any) -> bool:

@@ -28,6 +28,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from stockade.core.limits import SCOPE_CHARS
 from stockade.core.tokens import FencingToken
 from stockade.resources.postgres._sql import REJECT_SQLSTATE
 
@@ -42,7 +43,7 @@ PROBE_CONNECT_S = 5
 Probe = Callable[[FencingToken, str], bool]
 AsyncProbe = Callable[[FencingToken, str], Awaitable[bool]]
 
-_INLINE_SAFE = re.compile(r"[A-Za-z0-9._:-]+")
+_INLINE_SAFE = re.compile(f"[{SCOPE_CHARS}]+")  # a token's characters are a scope's
 
 
 def _probe_sql(token: FencingToken, scope: str) -> str:

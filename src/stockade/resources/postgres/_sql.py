@@ -66,7 +66,7 @@ carries an operation id (R3): `fence_op_function` says what it adds.
 
 from __future__ import annotations
 
-from stockade.core.limits import OP_ID_BYTES_MAX, OPERATION_IDS_MAX, SUPERSEDE_AFTER_MS
+from stockade.core.limits import OP_ID_BYTES_MAX, OPERATION_IDS_MAX, SCOPE_CHARS, SUPERSEDE_AFTER_MS
 from stockade.resources.postgres._sql_schema1 import FENCE_ADVISORY
 from stockade.resources.postgres._supersede import IDENTITY_SQL, NO_SUPERSEDE, SUPERSEDE_SQL
 
@@ -207,7 +207,7 @@ DECLARE
 BEGIN
     -- Parsed with split_part and plain character classes: bounded repeats ({16}) make
     -- PostgreSQL's regex engine cost ~150 us a call, more than the rest of the check.
-    IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[A-Za-z0-9._:-]+$'
+    IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[@SCOPE_CHARS@]+$'
        OR scope IN ('.', '..') THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: bad scope or no token';
     END IF;
@@ -227,7 +227,7 @@ BEGIN
     IF v_parts IS NULL OR length(v_parts[1]) <> 16 OR v_parts[1] !~ '^[0-9a-f]+$'
        OR length(v_parts[2]) NOT BETWEEN 1 AND 19 OR v_parts[2] !~ '^[1-9][0-9]*$'
        OR v_parts[2]::numeric > 9223372036854775807
-       OR length(v_scope) NOT BETWEEN 1 AND 200 OR v_scope !~ '^[A-Za-z0-9._:-]+$' OR v_scope IN ('.', '..') THEN
+       OR length(v_scope) NOT BETWEEN 1 AND 200 OR v_scope !~ '^[@SCOPE_CHARS@]+$' OR v_scope IN ('.', '..') THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: malformed token';
     END IF;
     v_cluster := v_parts[1];
@@ -386,7 +386,7 @@ def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "privat
             .replace("@STRIPE_MASK@", str(SCOPE_LOCKS - 1)).replace("@STALE_WHEN@", stale_when)
             .replace("@SUPERSEDE@", SUPERSEDE_SQL if supersede_after_ms else NO_SUPERSEDE)
             .replace("@IDENTITY@", IDENTITY_SQL if supersede_after_ms else "")
-            .replace("@BOUND_MS@", str(supersede_after_ms)))
+            .replace("@BOUND_MS@", str(supersede_after_ms)).replace("@SCOPE_CHARS@", SCOPE_CHARS))
 
 
 #: The private seam of the locking controls: ``private`` is the function `install` defines; ``advisory``

@@ -37,7 +37,7 @@ DECLARE
 BEGIN
     -- Parsed with split_part and plain character classes: bounded repeats ({16}) make
     -- PostgreSQL's regex engine cost ~150 us a call, more than the rest of the check.
-    IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[A-Za-z0-9._:-]+$'
+    IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[@SCOPE_CHARS@]+$'
        OR scope IN ('.', '..') THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: bad scope or no token';
     END IF;
@@ -57,7 +57,7 @@ BEGIN
     IF v_parts IS NULL OR length(v_parts[1]) <> 16 OR v_parts[1] !~ '^[0-9a-f]+$'
        OR length(v_parts[2]) NOT BETWEEN 1 AND 19 OR v_parts[2] !~ '^[1-9][0-9]*$'
        OR v_parts[2]::numeric > 9223372036854775807
-       OR length(v_scope) NOT BETWEEN 1 AND 200 OR v_scope !~ '^[A-Za-z0-9._:-]+$' OR v_scope IN ('.', '..') THEN
+       OR length(v_scope) NOT BETWEEN 1 AND 200 OR v_scope !~ '^[@SCOPE_CHARS@]+$' OR v_scope IN ('.', '..') THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: malformed token';
     END IF;
     v_cluster := v_parts[1];

@@ -9,6 +9,10 @@ The store itself now lives in parts, each a module of its own:
 - `stockade.resources._inputs`: `coerce_token`.
 
 Importing from here keeps working; new code may import from either place.
+
+Three things are called "store"; this is stockade's own fenced key-value store (SQLite or memory).
+The others: the client's handle over any store (`FencedStore`, module ``client/_async/store.py``) and
+the conformance suite every store adapter passes (`stockade.testing.conformance.store`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from stockade.core.fence import Reject
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 from stockade.core.limits import validate_int, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.resources import _observe

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from stockade import InvalidArgument, LockTimeout
-from stockade.coordinators._history import HISTORY_PER_SCOPE
+from stockade.coordinators.journal import HISTORY_PER_SCOPE
 
 
 def _close(client, coord) -> None:

@@ -1,5 +1,9 @@
 """The fenced-store conformance suite: what every adapter of `TransactionalStorePort` must do.
 
+Three things are called "store"; this is the suite that proves a store adapter. The others: the
+client's handle (`stockade.client`'s `FencedStore`, module ``client/_async/store.py``) and stockade's
+own fenced key-value store (`stockade.resources.store`), which passes this suite.
+
 Run it against an adapter by importing its tests into a test module and
 providing one fixture, ``make_store``: a callable ``(cluster_id) -> store``
 that opens a fresh, empty store trusting ``cluster_id`` (and closes it when

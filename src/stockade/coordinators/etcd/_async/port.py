@@ -28,7 +28,6 @@ head read back.
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,12 @@ from typing import Any
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.clock import SystemClock
 from stockade.coordinators import etcd as recipe
-from stockade.coordinators._history import HistoryEvent
-from stockade.coordinators.etcd._async.history import AsyncEtcdJournal, head_in, now_ms
+from stockade.coordinators._mint import new_cluster_id
+from stockade.coordinators.etcd._async.journal import AsyncEtcdJournal, head_in, now_ms
 from stockade.coordinators.etcd._async.watch import wait_deleted
 from stockade.coordinators.etcd._journal import Head, released_before, settled
 from stockade.coordinators.http._async.port import AsyncHTTPClient
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
@@ -258,7 +258,7 @@ class AsyncEtcdCoordinatorPort:
         cluster_kvs = recipe.kvs_of(await self._range(self._layout.cluster_key))
         keyring_kvs = recipe.kvs_of(await self._range(self._layout.keyring_key)) if cluster_kvs else []
         if not cluster_kvs:
-            proposed = secrets.token_hex(8)
+            proposed = new_cluster_id()
             _, responses, _ = await self._txn(
                 recipe.cluster_txn(self._layout, proposed, _dump(ephemeral_keyring(proposed)))
             )

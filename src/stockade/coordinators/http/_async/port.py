@@ -23,7 +23,7 @@ from typing import Any
 
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.clock import SystemClock
-from stockade.coordinators._history import HistoryEvent
+from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import COORDINATORS, Capability
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
@@ -391,18 +391,14 @@ class AsyncHTTPCoordinatorPort:
         if response.status != 200:
             error, problem = error_for(response, scope=scope, wait_ms=wait_ms)
             raise error from problem
-        doc = json_body(response)
-        lease_id = doc.get("lease_id") if isinstance(doc, dict) else None
-        if not isinstance(lease_id, str) or not lease_id:
-            raise BackendUnavailable("server acquire answer lacks a lease id")
-        lease = lease_from(doc, lease_id=lease_id, holder=holder, sent_ns=sent_ns)
-        if lease.token.scope != scope or lease.token.cluster != self.cluster_id:
+        grant = codecs.grant_from(json_body(response), holder=holder, sent_ns=sent_ns)
+        if grant.token.scope != scope or grant.token.cluster != self.cluster_id:
             # Never hand out a token this client did not ask for.
-            raise BackendUnavailable(f"server granted a token for another scope or cluster: {lease.token}")
+            raise BackendUnavailable(f"server granted a token for another scope or cluster: {grant.token}")
         if len(self._held) >= LEASES_MAX:  # leases never released nor renewed: forget the oldest
             self._held.pop(next(iter(self._held)))
-        self._held[lease_id] = (holder, lease.ttl_ms)
-        return Grant(lease_id, holder, lease.token, lease.ttl_ms, sent_ns)
+        self._held[grant.lease_id] = (holder, grant.ttl_ms)
+        return grant
 
     async def renew(self, lease_id: str) -> None:
         holder, ttl_ms = self._held.get(lease_id, ("", 0))

@@ -12,56 +12,42 @@ measures its lease deadline (K2) and bounds how long it keeps trying.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from stockade.client._sync._embedded import EmbeddedCoordinatorPort
 from stockade.client._shared import Grant
 from stockade.clock import SystemClock
+from stockade.coordinators._mint import new_lease_id
 from stockade.coordinators.registry import REMOTE_OPTIONS, Capability, PortOptions
-from stockade.coordinators.sqlite import new_lease_id
 from stockade.core import leases as core_leases
-from stockade.core.engine import LeaseEngine
 from stockade.core.errors import InvalidArgument, InvariantViolation, LockTimeout, invariant
 from stockade.core.leases import LeasePolicy
 from stockade.transport.io import SyncIO
 
-__all__ = ["NotifiedCoordinatorPort", "WakingEngine", "OVERRUN_MS_MAX", "open_port"]
+if TYPE_CHECKING:
+    from stockade.coordinators.postgres import PostgresCoordinator
+
+__all__ = ["NotifiedCoordinatorPort", "OVERRUN_MS_MAX", "open_port"]
 
 #: How long past the client's own wait deadline it keeps asking for the engine's verdict (clock rates differ).
 OVERRUN_MS_MAX = 1_000
 _OVERRUN_STEP_MS = 5
 
 
-class _Attempt(Protocol):
-    outcome: core_leases.Granted | core_leases.Queued | core_leases.TimedOut
-    wait_deadline_ns: int
-    retry_ms: int
-
-
-@runtime_checkable
-class WakingEngine(Protocol):
-    """A lease engine whose waiters are woken by the backend (`stockade.coordinators.postgres`)."""
-
-    def attempt(self, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_ms: int,
-                wait_deadline_ns: int | None = None) -> _Attempt: ...
-
-    def seen(self, scope: str) -> tuple[int, int]: ...
-
-    def wait_for_change(self, scope: str, seen: tuple[int, int], timeout_ms: int) -> bool: ...
-
-
 class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
-    """The coordinator port (`CoordinatorPort`) over a `WakingEngine`.
+    """The coordinator port (`CoordinatorPort`) over an engine that wakes its waiters.
+
+    The backend says it is one by declaring `Capability.NATIVE_WAIT` (`open_port` reads that, not the engine).
 
     Args:
         engine: the engine; closed with the port.
         capabilities: what its backend declares.
     """
 
-    def __init__(self, engine: LeaseEngine, *, capabilities: frozenset[Capability]) -> None:
+    def __init__(self, engine: PostgresCoordinator, *, capabilities: frozenset[Capability]) -> None:
         super().__init__(engine, capabilities=capabilities)
-        invariant(isinstance(engine, WakingEngine), f"{type(engine).__name__} does not wake its waiters")
-        self.waking: WakingEngine = engine  # type: ignore[assignment]
+        invariant(Capability.NATIVE_WAIT in capabilities, "a port that waits to be woken over a backend that polls")
+        self.waking = engine
         self.clock = SystemClock()  # the client's clock: K2's deadline; never the judge of expiry
 
     def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
@@ -144,6 +130,6 @@ def open_port(options: PortOptions) -> EmbeddedCoordinatorPort:
     from stockade.coordinators.postgres import open_postgres  # psycopg only when asked for
 
     engine = open_postgres(options.url, LeasePolicy(lock_delay_ms=options.lock_delay_ms))
-    if isinstance(engine, WakingEngine):
+    if Capability.NATIVE_WAIT in options.capabilities:  # declared by the registry entry, not guessed
         return NotifiedCoordinatorPort(engine, capabilities=options.capabilities)
     return EmbeddedCoordinatorPort(engine, capabilities=options.capabilities)

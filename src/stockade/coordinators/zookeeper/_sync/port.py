@@ -40,13 +40,14 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, Roll
 from stockade.client._shared import Grant
 from stockade.clock import SystemClock
 from stockade.coordinators import zookeeper as recipe
+from stockade.coordinators._mint import new_cluster_id
 from stockade.coordinators.registry import Capability, PortOptions
 from stockade.coordinators.zookeeper import _journal as journal
 from stockade.coordinators.zookeeper.session import ZkLease, ZkSession
 from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 from stockade.core.leases import LeasePolicy, ScopeInfo, ScopeState
 from stockade.core.limits import LIST_PAGE_MAX, validate_int
 from stockade.core.tokens import FencingToken
@@ -120,7 +121,7 @@ class ZkCoordinatorPort:
             client = self._session.client
             for path in self._layout.parents:
                 self._call(client.ensure_path_async(path))
-            proposed = secrets.token_hex(8)
+            proposed = new_cluster_id()
             tx = client.transaction()
             tx.create(self._layout.meta + "/cluster", proposed.encode())
             tx.create(self._layout.meta + "/keyring", _dump(ephemeral_keyring(proposed)))
