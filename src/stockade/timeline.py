@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stockade.core.history import HistoryEvent
+from stockade.core.journal import HistoryEvent
 
 __all__ = ["Event", "Verdict", "SetupLine", "render_text", "render_fragment", "render_html", "journal_events",
            "CSS", "EVENT_KINDS", "OUTCOMES", "REFUSED_LANE"]
