@@ -41,7 +41,7 @@ from stockade.testing.conformance.fence import CLUSTER, KEYS, ROGUE_KEYS, tok
 ROOT = Path(__file__).resolve().parent.parent
 LONG = int(os.environ.get("STOCKADE_LONG", "0") or 0)
 ATTEMPTS = 100 * (10 if LONG else 1)  # per kind of bad write, per client
-RESTARTS = 10 * (5 if LONG else 1)
+RESTARTS = 50 if LONG else 5
 WAIT_S = 30.0
 
 if not available():

@@ -29,7 +29,7 @@ from stockade import LeaseLost, LockTimeout
 from stockade.client import AsyncCoordinator
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
-TRIALS = 200 if LONG else 50
+TRIALS = 200 if LONG else 20
 CONTROL_TRIALS = 10
 TTL_MS = 300
 RESUME_SLACK_S = 0.4  # a loop stalled by a busy host (xdist workers) runs the cancellation late, not the rule

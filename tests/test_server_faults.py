@@ -94,10 +94,12 @@ def test_s23_schemathesis_with_auth(tmp_path):
 
 
 def test_s23_control_schemathesis_catches_a_server_error(tmp_path):
-    """A server with a planted bug (500 for long holder names): schemathesis must report it."""
+    """A server with a planted bug (500 for long holder names): schemathesis must report it.
+
+    It stops at the first failure (``--max-failures 1``): one is what the control must show."""
     proc = start_server(tmp_path / "data", "--wait-ms-cap", "50", control="crash-on-holder")
     try:
-        cases, output = _schemathesis(proc.url, tmp_path, 30)
+        cases, output = _schemathesis(proc.url, tmp_path, 30, "--max-failures", "1")
         server_errors = _server_errors(proc.url)
     finally:
         proc.stop()

@@ -1,6 +1,6 @@
 """The deterministic simulator: a budgeted campaign finds nothing, every mutant is caught, replays repeat.
 
-``STOCKADE_SIM_SECONDS`` sets the campaign's wall-clock budget (default 40 s,
+``STOCKADE_SIM_SECONDS`` sets the campaign's wall-clock budget (default 25 s,
 300 s with ``STOCKADE_LONG=1``, over 2 worker processes; ``0`` skips it). Each run prints one figure line.
 """
 
@@ -28,7 +28,7 @@ from stockade.testing.sim import MUTANTS, SimOptions, World, run_campaign, run_s
 
 _MS = 1_000_000
 _S = 1_000_000_000
-SIM_SECONDS = float(os.environ.get("STOCKADE_SIM_SECONDS", "300" if os.environ.get("STOCKADE_LONG") == "1" else "40"))
+SIM_SECONDS = float(os.environ.get("STOCKADE_SIM_SECONDS", "300" if os.environ.get("STOCKADE_LONG") == "1" else "25"))
 SIM_JOBS = 2
 # A mutant must be caught within this many seeds (observed medians are 1-10; see docs/simulation.md).
 MUTANT_SEEDS_MAX = 400
