@@ -83,7 +83,7 @@ def test_the_scope_charset_is_spelled_once() -> None:
     from stockade.resources.postgres._sql import FENCE_BODIES, STALE_WHEN, fence_function
     from stockade.server import _auth, openapi
 
-    assert openapi.SCOPE_PATTERN == f"^[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}$"
+    assert openapi.SCOPE_PATTERN == f"^(?!\\.{{1,2}}$)[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}$"  # not "." nor ".."
     assert _auth._PATTERN.pattern.startswith(f"[{SCOPE_CHARS}]")
     for body in FENCE_BODIES:
         sql = fence_function(pgcrypto_schema="public", stale_when=next(iter(STALE_WHEN.values())), body=body)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import ssl
 import subprocess
@@ -471,6 +472,22 @@ def test_an_integer_field_takes_every_json_form_of_an_integer(server):
                                   headers={"Content-Type": "application/json"})
         assert status == 422 and problem["type"].endswith("/invalid-argument"), (body, problem)
     assert call(server.url, "GET", "/v1/locks/g")[2]["state"] == "free"
+
+
+def test_the_document_leaves_out_the_scopes_the_server_refuses(server):
+    # schemathesis (STOCKADE_LONG=1) sent a Fencing-Token whose scope was "." as schema-valid; the server
+    # refuses "." and ".." (path steps, not names): the patterns now say so, for paths and tokens alike.
+    doc = call(server.url, "GET", "/openapi.json")[2]
+    operation = doc["paths"]["/v1/kv/{scope}/{key}"]["delete"]
+    patterns = {p["name"]: re.compile(p["schema"]["pattern"])
+                for p in operation["parameters"] if "pattern" in p["schema"]}
+    for scope in (".", ".."):
+        assert not patterns["scope"].search(scope)
+        assert not patterns["Fencing-Token"].search(f"stk1.0123456789abcdef.5.{scope}")
+        token = f"stk1.0123456789abcdef.5.{scope}"
+        assert call(server.url, "DELETE", "/v1/kv/x/k", headers={"Fencing-Token": token})[0] == 400
+    for scope in ("...", ".a", "a.b"):
+        assert patterns["scope"].search(scope) and patterns["Fencing-Token"].search(f"stk1.0123456789abcdef.5.{scope}")
 
 
 def test_the_documents_links_name_real_operations_and_parameters(server):

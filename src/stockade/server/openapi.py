@@ -42,7 +42,9 @@ __all__ = ["openapi_document", "JSON_BODY_BYTES_MAX"]
 
 JSON_BODY_BYTES_MAX = 8 * 1024
 
-SCOPE_PATTERN = f"^[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}$"
+# ``.`` and ``..`` are path steps, not names (`core.limits.validate_scope`): the patterns leave them out.
+_NOT_A_STEP = "(?!\\.{1,2}$)"
+SCOPE_PATTERN = f"^{_NOT_A_STEP}[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}$"
 LEASE_ID_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
 # The signed form a coordinator issues (docs/tokens.md); the unsigned stk1 form only a store without keys takes.
 # A value of at most 18 digits, or 19 starting 1-8: always within 1..2**63-1 (the few values above
@@ -51,7 +53,7 @@ _VALUE = "(?:[1-9][0-9]{0,17}|[1-8][0-9]{18})"
 TOKEN_PATTERN = (
     f"^(stk2\\.[0-9a-f]{{16}}\\.{_VALUE}\\.[0-9a-f]{{8}}\\.[A-Za-z0-9_-]{{22}}"
     f"|stk1\\.[0-9a-f]{{16}}\\.{_VALUE})"
-    f"\\.[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}$"
+    f"\\.{_NOT_A_STEP}[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}$"
 )
 PRINTABLE_PATTERN = "^[\\x21-\\x7e]+$"
 BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
