@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
-from conftest import fresh_pg_url, python_env
+from conftest import free_port, fresh_pg_url, python_env
 from helpers.redis_server import RedisServer, require_redis
 
 import stockade
@@ -46,10 +49,13 @@ def cases(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return found
 
 
-def assert_held(result: subprocess.CompletedProcess[str], *, network: bool = False) -> None:
-    """Every case held; ``network``: the resource is reached over TCP, so the delay case ran too."""
+def assert_held(result: subprocess.CompletedProcess[str], *, network: bool = False, failover: bool = False,
+                restore: bool = False) -> None:
+    """Every case held; ``network``: the resource is reached over TCP, so the delay case ran too; ``failover``:
+    the coordinator was restarted (an embedded file, or a command); ``restore``: the resource was restored."""
     assert result.returncode == 0, result.stdout + result.stderr
-    expected = {"pause": "held", "retries": "held"} | ({"delay": "held"} if network else {})
+    expected = {"pause": "held", "retries": "held"} | ({"delay": "held"} if network else {}) \
+        | ({"failover": "held"} if failover else {}) | ({"restore": "held"} if restore else {})
     assert cases(result) == expected
     assert f"0 of {ROUNDS} stale writes applied" in result.stdout
     assert (f"0 of {ROUNDS} delayed writes applied" in result.stdout) == network
@@ -77,9 +83,11 @@ def test_embedded_coordinator_and_store(tmp_path: Path, embedded) -> None:
     history = tmp_path / "history.jsonl"
     result = check("--coordinator", url, "--resource", f"sqlite://{tmp_path / 'store.db'}", "--report", str(report),
                    "--history", str(history))
-    assert_held(result)
+    assert_held(result, failover=True)  # the embedded file: the check reopens it itself
+    assert f"0 of {ROUNDS} restarts let a token go back" in result.stdout
     events = [json.loads(line) for line in history.read_text().splitlines()]
     refused = [e for e in events if e["kind"] == "write" and e["outcome"] == "refused"]
+    refused = [e for e in refused if e["case"] == "pause"]
     assert len(refused) == int(ROUNDS) and {e["lane"] for e in refused} == {"A"}  # the zombie's, once a round
     assert all(e["mark"] > e["token"] for e in refused)
     page = report.read_text()
@@ -124,7 +132,7 @@ def _tables(path: Path) -> set[str]:
 
 def test_sqlite_database(app_db: Path, embedded) -> None:
     before = _tables(app_db)
-    assert_held(check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}"))
+    assert_held(check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}"), failover=True)
     assert _tables(app_db) == before  # the scratch table was dropped; nothing else was created
 
 
@@ -138,8 +146,11 @@ def test_sqlite_database_controls_fail(app_db: Path, embedded, control: str, bro
 def test_directory(tmp_path: Path, embedded) -> None:
     root = tmp_path / "files"
     root.mkdir()
-    assert_held(check("--coordinator", embedded[0], "--resource", f"file://{root}"))
-    assert list(root.iterdir()) == []  # the scratch subdirectory was removed
+    result = check("--coordinator", embedded[0], "--resource", f"file://{root}")
+    assert_held(result, failover=True, restore=True)  # the check restores a copy of its scratch subdirectory
+    assert f"0 of {ROUNDS} stale writes applied after the restore and the floor" in result.stdout
+    assert f"without the floor {ROUNDS} of {ROUNDS} stale writes were accepted" in result.stdout
+    assert list(root.iterdir()) == []  # the scratch subdirectory (and its backup) was removed
 
 
 def test_directory_control_fails(tmp_path: Path, embedded) -> None:
@@ -148,6 +159,17 @@ def test_directory_control_fails(tmp_path: Path, embedded) -> None:
     result = check("--coordinator", embedded[0], "--resource", f"file://{root}", "--control", "fencing-off")
     assert result.returncode == 1 and cases(result)["pause"] == "BROKEN"
     assert "FAIL  keyring verifies" in result.stdout  # a forged token got through too
+
+
+def test_directory_restore_without_the_floor_fails(tmp_path: Path, embedded) -> None:
+    """The restore case's control: the same restore, the floor skipped: the zombie's write lands every round."""
+    root = tmp_path / "files"
+    root.mkdir()
+    result = check("--coordinator", embedded[0], "--resource", f"file://{root}", "--control", "restore-no-floor")
+    assert result.returncode == 1
+    assert {case for case, verdict in cases(result).items() if verdict == "BROKEN"} == {"restore"}
+    assert f"{ROUNDS} of {ROUNDS} stale writes applied after the restore" in result.stdout
+    assert list(root.iterdir()) == []
 
 
 def test_serve_and_its_store(serve) -> None:
@@ -257,5 +279,112 @@ def test_zookeeper_coordinator_and_directory(zk_ensemble, tmp_path: Path) -> Non
     root = tmp_path / "files"
     root.mkdir()
     assert_held(check("--coordinator", f"{zk_ensemble.url}/{tmp_path.name}?session_timeout_ms=2000",
-                      "--resource", f"file://{root}", "--seconds", "600", timeout=900))
+                      "--resource", f"file://{root}", "--seconds", "600", timeout=900), restore=True)
     assert list(root.iterdir()) == []
+
+
+# -- coordinator failover by the user's command ------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_coordinator(tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """A PostgreSQL cluster of its own (it is restarted), its url, and its server; stopped by pg_ctl after."""
+    from helpers import postgres as pg_helper
+
+    if not pg_helper.available():
+        pytest.skip("PostgreSQL 15 is not installed")
+    server = pg_helper.PostgresServer()
+    try:
+        url = server.url()
+        stockade.connect(url).close()  # the coordinator's tables
+        yield url, server
+    finally:
+        server.stop()
+        subprocess.run([*pg_helper._as_postgres(), str(pg_helper.BIN / "pg_ctl"), "stop", "-D", str(server.datadir),
+                        "-m", "immediate", "-w"], capture_output=True, timeout=60, cwd="/")
+        shutil.rmtree(server.root, ignore_errors=True)
+
+
+def _as_postgres(command: str) -> str:
+    from helpers import postgres as pg_helper
+
+    return " ".join([*pg_helper._as_postgres(), "sh", "-c", shlex.quote(command)])
+
+
+def test_failover_postgres_coordinator_restarted_by_pg_ctl(pg_coordinator, tmp_path: Path) -> None:
+    from helpers import postgres as pg_helper
+
+    url, server = pg_coordinator
+    root = tmp_path / "files"
+    root.mkdir()
+    restart = _as_postgres(f"{pg_helper.BIN}/pg_ctl restart -D {server.datadir} -m fast -w -l {server.root}/restart.log")
+    result = check("--coordinator", url, "--resource", f"file://{root}", "--coordinator-restart", restart,
+                   "--seconds", "120")
+    assert_held(result, failover=True, restore=True)
+    assert f"0 of {ROUNDS} restarts let a token go back (C1); 0 of {ROUNDS} stale writes applied" in result.stdout
+    assert_no_workers_left(result)
+
+
+def test_failover_postgres_restored_from_an_old_copy_fails(pg_coordinator, tmp_path: Path) -> None:
+    """The control: the "restart" brings back a copy of the data directory taken before the check, on the same
+    timeline, so the scope's counter starts again: every round a token goes back."""
+    from helpers import postgres as pg_helper
+
+    url, server = pg_coordinator
+    ctl, data, old = f"{pg_helper.BIN}/pg_ctl", server.datadir, server.root / "old"
+    server.stop()
+    subprocess.run(_as_postgres(f"cp -a {data} {old}"), shell=True, check=True, timeout=60)
+    server.start()
+    root = tmp_path / "files"
+    root.mkdir()
+    swap = _as_postgres(f"{ctl} stop -D {data} -m fast -w && rm -rf {data} && cp -a {old} {data} && "
+                        f"{ctl} restart -D {data} -w -l {server.root}/restart.log")
+    result = check("--coordinator", url, "--resource", f"file://{root}", "--coordinator-restart", swap,
+                   "--seconds", "120")
+    assert result.returncode == 1
+    assert cases(result)["failover"] == "BROKEN"
+    assert f"{ROUNDS} of {ROUNDS} restarts let a token go back" in result.stdout
+
+
+@pytest.fixture
+def restartable_serve(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A `stockade serve` started by tests/helpers/serve_restart.py: its url and the helper's command line."""
+    home, port = tmp_path / "serve", free_port()
+    helper = f"{shlex.quote(sys.executable)} {Path(__file__).parent / 'helpers' / 'serve_restart.py'}"
+    subprocess.run(f"{helper} start {home} {port}", shell=True, check=True, timeout=60, env=python_env())
+    try:
+        yield f"http://127.0.0.1:{port}", f"{helper} restart {home} {port}"
+    finally:
+        subprocess.run(f"{helper} stop {home}", shell=True, timeout=60)
+
+
+def test_failover_serve_restarted_by_a_script(restartable_serve) -> None:
+    url, restart = restartable_serve
+    result = check("--coordinator", url, "--resource", url, "--coordinator-restart", restart, "--seconds", "120")
+    assert_held(result, network=True, failover=True)
+
+
+def test_failover_serve_back_on_a_fresh_data_dir_fails(restartable_serve) -> None:
+    url, restart = restartable_serve
+    result = check("--coordinator", url, "--resource", url, "--coordinator-restart", restart + " --fresh",
+                   "--seconds", "120", rounds="1")
+    assert result.returncode == 1
+    assert cases(result)["failover"] == "BROKEN"
+
+
+@pytest.mark.parametrize("option, command, message", [
+    ("--coordinator-restart", "echo no such service >&2; exit 3", "exited 3: no such service"),
+    ("--resource-restore", "sleep 30", "did not end within"),
+    ("--coordinator-restart", " ", "is an empty command"),
+])
+def test_a_command_that_fails_is_one_line_and_exit_2(tmp_path: Path, embedded, option: str, command: str,
+                                                      message: str) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    result = check("--coordinator", embedded[0], "--resource", f"file://{root}", option, command, "--seconds", "4",
+                   rounds="1", timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"stockade check: {option}: ") and message in result.stderr
+    assert list(root.iterdir()) == []  # the scratch subdirectory removed all the same
+    assert_no_workers_left(result) if "scratch prefix" in result.stdout else None
