@@ -33,7 +33,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from stockade.check.cases import Run
 from stockade.check.targets import Target, scratch_scope
@@ -119,8 +118,8 @@ def failover_case(run: Run, target: Target, *, restart: str | None, rounds: int,
         done += 1
     came_back = f"; {other_cluster} of {done} came back as another cluster" if other_cluster else ""
     return Verdict("failover", back == stale_applied == other_cluster == 0,
-                   f"{back} of {done} restarts let a token go back (C1); {stale_applied} of {done} stale writes "
-                   f"applied after the restart{came_back}")
+                   f"{back} of {done} restarts let a token go back (C1); {stale_applied} of {done} rounds where the "
+                   f"holder from before won after the restart (its write applied, or the newer one lost){came_back}")
 
 
 def deadline_left(run: Run) -> float:
