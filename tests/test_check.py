@@ -146,8 +146,13 @@ def test_sqlite_database_controls_fail(app_db: Path, embedded, control: str, bro
 def test_directory(tmp_path: Path, embedded) -> None:
     root = tmp_path / "files"
     root.mkdir()
-    result = check("--coordinator", embedded[0], "--resource", f"file://{root}")
+    report = tmp_path / "report.html"
+    result = check("--coordinator", embedded[0], "--resource", f"file://{root}", "--report", str(report))
     assert_held(result, failover=True, restore=True)  # the check restores a copy of its scratch subdirectory
+    page = report.read_text()
+    for marker in ("coordinator restarted (file reopened)", "resource restored (scratch copy)",
+                   "stockade floor: mark raised"):  # drawn as lines across the lanes, and in the event log
+        assert page.count(f'class="faulttext">{marker}') == int(ROUNDS), marker
     assert f"0 of {ROUNDS} stale writes applied after the restore and the floor" in result.stdout
     assert f"without the floor {ROUNDS} of {ROUNDS} stale writes were accepted" in result.stdout
     assert list(root.iterdir()) == []  # the scratch subdirectory (and its backup) was removed
