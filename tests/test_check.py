@@ -136,7 +136,8 @@ def test_sqlite_database(app_db: Path, embedded) -> None:
     assert _tables(app_db) == before  # the scratch table was dropped; nothing else was created
 
 
-@pytest.mark.parametrize("control, broken", [("fencing-off", {"pause", "retries"}), ("strict-greater", {"retries"})])
+@pytest.mark.parametrize("control, broken", [("fencing-off", {"pause", "retries", "failover"}),
+                                             ("strict-greater", {"retries"})])
 def test_sqlite_database_controls_fail(app_db: Path, embedded, control: str, broken: set[str]) -> None:
     result = check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}", "--control", control)
     assert result.returncode == 1
@@ -230,7 +231,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 def test_redis(redis_server: RedisServer, embedded) -> None:
     result = check("--coordinator", embedded[0], "--resource", redis_server.url)
-    assert_held(result, network=True)
+    assert_held(result, network=True, failover=True)
     assert "ok    maxmemory-policy (eviction): noeviction" in result.stdout
     import redis
 

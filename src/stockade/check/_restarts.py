@@ -21,7 +21,8 @@
 
 A command runs in ``sh -c`` with no input, its output to a file, in its own
 process group (ended whole when it overruns), within the time left of
-``--seconds``. A command that fails or overruns is bad input: `CommandFailed`.
+``--seconds``. A command that fails or overruns is bad input: `InvalidArgument`
+naming the option (``stockade check`` exits 2 with its one line).
 """
 
 from __future__ import annotations
@@ -39,19 +40,15 @@ from stockade.check.targets import Target, scratch_scope
 from stockade.core.errors import InvalidArgument
 from stockade.timeline import Verdict
 
-__all__ = ["CommandFailed", "run_command", "failover_case", "restore_case", "self_restart", "SelfRestore",
+__all__ = ["run_command", "failover_case", "restore_case", "self_restart", "SelfRestore",
            "deadline_left"]
-
-
-class CommandFailed(InvalidArgument):
-    """The user's restart or restore command exited non-zero, or did not end in time (exit 2: bad input)."""
 
 
 def run_command(option: str, command: str, *, timeout_s: float, scratch: str) -> None:
     """Run ``command`` (``sh -c``) and wait at most ``timeout_s``; its output goes to a temporary file.
 
     Raises:
-        CommandFailed: it exited non-zero (the line quotes its last line of output) or overran (its process
+        InvalidArgument: it exited non-zero (the line quotes its last line of output) or overran (its process
             group is ended).
     """
     env = {**os.environ, "STOCKADE_CHECK_SCRATCH": scratch}
@@ -63,12 +60,12 @@ def run_command(option: str, command: str, *, timeout_s: float, scratch: str) ->
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)  # its own group: it and whatever it started, nothing else
             process.wait()
-            raise CommandFailed(option, f"{command!r} did not end within {max(timeout_s, 1.0):.0f} s "
+            raise InvalidArgument(option, f"{command!r} did not end within {max(timeout_s, 1.0):.0f} s "
                                         "(bounded by --seconds)") from None
         output.seek(0)
         lines = output.read()[-4000:].decode(errors="replace").strip().splitlines()
     if status != 0:
-        raise CommandFailed(option, f"{command!r} exited {status}" + (f": {lines[-1]}" if lines else ""))
+        raise InvalidArgument(option, f"{command!r} exited {status}" + (f": {lines[-1]}" if lines else ""))
 
 
 def self_restart(run: Run) -> None:
@@ -142,9 +139,6 @@ class SelfRestore:
     def restore(self) -> None:
         shutil.rmtree(self.root)
         shutil.copytree(self.backup, self.root, symlinks=True)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.backup, ignore_errors=True)
 
 
 def _floor(run: Run, target: Target, scope: str) -> int:
