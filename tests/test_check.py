@@ -30,6 +30,8 @@ from stockade.resources.postgres import PostgresFence
 from stockade.resources.sqlite_db import SQLiteFence
 
 ROUNDS = "20" if os.environ.get("STOCKADE_LONG") == "1" else "3"
+#: --seconds of the checks that restart a server once a round (20 rounds of a restart take minutes).
+RESTART_SECONDS = "900" if os.environ.get("STOCKADE_LONG") == "1" else "120"
 
 
 def check(*args: str, timeout: float = 240, rounds: str = ROUNDS) -> subprocess.CompletedProcess[str]:
@@ -326,7 +328,7 @@ def test_failover_postgres_coordinator_restarted_by_pg_ctl(pg_coordinator, tmp_p
     restart = _as_postgres(f"{pg_helper.BIN}/pg_ctl restart -D {server.datadir} -m fast -w "
                            f"-l {server.root}/restart.log")
     result = check("--coordinator", url, "--resource", f"file://{root}", "--coordinator-restart", restart,
-                   "--seconds", "120")
+                   "--seconds", RESTART_SECONDS)
     assert_held(result, failover=True, restore=True)
     assert f"0 of {ROUNDS} restarts let a token go back (C1); 0 of {ROUNDS} rounds where the holder from before won" \
         in result.stdout
@@ -348,7 +350,7 @@ def test_failover_postgres_restored_from_an_old_copy_fails(pg_coordinator, tmp_p
     swap = _as_postgres(f"{ctl} stop -D {data} -m fast -w && rm -rf {data} && cp -a {old} {data} && "
                         f"{ctl} restart -D {data} -w -l {server.root}/restart.log")
     result = check("--coordinator", url, "--resource", f"file://{root}", "--coordinator-restart", swap,
-                   "--seconds", "120")
+                   "--seconds", RESTART_SECONDS)
     assert result.returncode == 1
     assert cases(result)["failover"] == "BROKEN"
     assert f"{ROUNDS} of {ROUNDS} restarts let a token go back" in result.stdout
@@ -368,14 +370,15 @@ def restartable_serve(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 def test_failover_serve_restarted_by_a_script(restartable_serve) -> None:
     url, restart = restartable_serve
-    result = check("--coordinator", url, "--resource", url, "--coordinator-restart", restart, "--seconds", "120")
+    result = check("--coordinator", url, "--resource", url, "--coordinator-restart", restart,
+                   "--seconds", RESTART_SECONDS)
     assert_held(result, network=True, failover=True)
 
 
 def test_failover_serve_back_on_a_fresh_data_dir_fails(restartable_serve) -> None:
     url, restart = restartable_serve
     result = check("--coordinator", url, "--resource", url, "--coordinator-restart", restart + " --fresh",
-                   "--seconds", "120", rounds="1")
+                   "--seconds", RESTART_SECONDS, rounds="1")
     assert result.returncode == 1
     assert cases(result)["failover"] == "BROKEN"
     assert "1 of 1 came back as another cluster" in result.stdout  # its values stay above (a new epoch): R2 fails

@@ -20,9 +20,9 @@
   current holder continues). The ``restore-no-floor`` control skips the floor.
 
 A command runs in ``sh -c`` with no input, its output to a file, in its own
-process group (ended whole when it overruns), within the time left of
-``--seconds``. A command that fails or overruns is bad input: `InvalidArgument`
-naming the option (``stockade check`` exits 2 with its one line).
+process group (ended whole when it overruns), for at most ``--seconds``. A
+command that fails or overruns is bad input: `InvalidArgument` naming the
+option (``stockade check`` exits 2 with its one line).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from stockade.core.errors import InvalidArgument
 from stockade.timeline import Verdict
 
 __all__ = ["run_command", "failover_case", "restore_case", "self_restart", "SelfRestore",
-           "deadline_left"]
+           "command_timeout_s"]
 
 
 def run_command(option: str, command: str, *, timeout_s: float, scratch: str) -> None:
@@ -61,7 +61,7 @@ def run_command(option: str, command: str, *, timeout_s: float, scratch: str) ->
             os.killpg(process.pid, signal.SIGKILL)  # its own group: it and whatever it started, nothing else
             process.wait()
             raise InvalidArgument(option, f"{command!r} did not end within {max(timeout_s, 1.0):.0f} s "
-                                        "(bounded by --seconds)") from None
+                                          "(--seconds)") from None
         output.seek(0)
         lines = output.read()[-4000:].decode(errors="replace").strip().splitlines()
     if status != 0:
@@ -95,7 +95,7 @@ def failover_case(run: Run, target: Target, *, restart: str | None, rounds: int,
         run.note("A", "pause", text="SIGSTOP (holds its lease across the restart)")
         run.send("A", do="write", scope=scope, key="value", value=f"A{round_}-late", op=f"failover-{round_}-a2")
         if restart is not None:
-            run_command("--coordinator-restart", restart, timeout_s=deadline_left(run), scratch=run.scratch)
+            run_command("--coordinator-restart", restart, timeout_s=command_timeout_s(run), scratch=run.scratch)
         self_restart(run)  # the orchestrator's own connection too
         found = {run.call(name, do="reconnect")["cluster"] for name in ("B", "C")} | {run.coord.cluster_id}
         run.note("", "fault", text="coordinator restarted" + (f": {restart}" if restart else " (file reopened)"))
@@ -119,9 +119,10 @@ def failover_case(run: Run, target: Target, *, restart: str | None, rounds: int,
                    f"holder from before won after the restart (its write applied, or the newer one lost){came_back}")
 
 
-def deadline_left(run: Run) -> float:
-    """The time a command may take: what is left of ``--seconds`` (at least 1 s)."""
-    return max(run.seconds_deadline - time.monotonic(), 1.0)
+def command_timeout_s(run: Run) -> float:
+    """The time one command may take: ``--seconds`` (not what is left of it: a round begun before the bound
+    finishes, as every case's does, and a restart that fits the bound must not be cut short by it)."""
+    return run.command_timeout_s
 
 
 class SelfRestore:
@@ -173,7 +174,7 @@ def restore_case(run: Run, *, restore: str | None, own: SelfRestore | None, roun
         run.acquire("B", scope)
         run.write("B", scope, "value", f"B{round_}", op=f"restore-{round_}-b1")
         if restore is not None:
-            run_command("--resource-restore", restore, timeout_s=deadline_left(run), scratch=run.scratch)
+            run_command("--resource-restore", restore, timeout_s=command_timeout_s(run), scratch=run.scratch)
         else:
             assert own is not None
             own.restore()

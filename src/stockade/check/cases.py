@@ -62,7 +62,7 @@ class Run:
     Attributes:
         coord: the orchestrator's own coordinator client (reopened after a restart).
         target: the orchestrator's own view of the resource (reopened after a restore).
-        seconds_deadline: the end of ``--seconds`` (monotonic): what bounds a user's command.
+        command_timeout_s: how long one of the user's restart or restore commands may take (``--seconds``).
     """
 
     coordinator_url: str
@@ -75,7 +75,7 @@ class Run:
     case: str = ""
     coord: Any = None
     target: Any = None
-    seconds_deadline: float = 0.0
+    command_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         self.t0 = time.monotonic()

@@ -195,7 +195,7 @@ def _check(args: argparse.Namespace) -> int:
             raise InvalidArgument(option, "is an empty command")
     scratch = f"stockade-check-{os.urandom(4).hex()}"
     run = Run(args.coordinator, args.resource, scratch, control=args.control, ttl_ms=args.ttl_ms,
-              seconds_deadline=started + args.seconds)
+              command_timeout_s=float(args.seconds))
     run.coord = stockade.connect(args.coordinator)
     try:
         run.target = open_target(args.resource, scratch, coord=run.coord, control=args.control)
