@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
-from conftest import fresh_pg_url, python_env
+from conftest import free_port, fresh_pg_url, python_env
 from helpers.redis_server import RedisServer, require_redis
 
 import stockade
@@ -27,6 +30,8 @@ from stockade.resources.postgres import PostgresFence
 from stockade.resources.sqlite_db import SQLiteFence
 
 ROUNDS = "20" if os.environ.get("STOCKADE_LONG") == "1" else "3"
+#: --seconds of the checks that restart a server once a round (20 rounds of a restart take minutes).
+RESTART_SECONDS = "900" if os.environ.get("STOCKADE_LONG") == "1" else "120"
 
 
 def check(*args: str, timeout: float = 240, rounds: str = ROUNDS) -> subprocess.CompletedProcess[str]:
@@ -46,10 +51,13 @@ def cases(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return found
 
 
-def assert_held(result: subprocess.CompletedProcess[str], *, network: bool = False) -> None:
-    """Every case held; ``network``: the resource is reached over TCP, so the delay case ran too."""
+def assert_held(result: subprocess.CompletedProcess[str], *, network: bool = False, failover: bool = False,
+                restore: bool = False) -> None:
+    """Every case held; ``network``: the resource is reached over TCP, so the delay case ran too; ``failover``:
+    the coordinator was restarted (an embedded file, or a command); ``restore``: the resource was restored."""
     assert result.returncode == 0, result.stdout + result.stderr
-    expected = {"pause": "held", "retries": "held"} | ({"delay": "held"} if network else {})
+    expected = {"pause": "held", "retries": "held"} | ({"delay": "held"} if network else {}) \
+        | ({"failover": "held"} if failover else {}) | ({"restore": "held"} if restore else {})
     assert cases(result) == expected
     assert f"0 of {ROUNDS} stale writes applied" in result.stdout
     assert (f"0 of {ROUNDS} delayed writes applied" in result.stdout) == network
@@ -77,9 +85,11 @@ def test_embedded_coordinator_and_store(tmp_path: Path, embedded) -> None:
     history = tmp_path / "history.jsonl"
     result = check("--coordinator", url, "--resource", f"sqlite://{tmp_path / 'store.db'}", "--report", str(report),
                    "--history", str(history))
-    assert_held(result)
+    assert_held(result, failover=True)  # the embedded file: the check reopens it itself
+    assert f"0 of {ROUNDS} restarts let a token go back" in result.stdout
     events = [json.loads(line) for line in history.read_text().splitlines()]
     refused = [e for e in events if e["kind"] == "write" and e["outcome"] == "refused"]
+    refused = [e for e in refused if e["case"] == "pause"]
     assert len(refused) == int(ROUNDS) and {e["lane"] for e in refused} == {"A"}  # the zombie's, once a round
     assert all(e["mark"] > e["token"] for e in refused)
     page = report.read_text()
@@ -124,11 +134,12 @@ def _tables(path: Path) -> set[str]:
 
 def test_sqlite_database(app_db: Path, embedded) -> None:
     before = _tables(app_db)
-    assert_held(check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}"))
+    assert_held(check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}"), failover=True)
     assert _tables(app_db) == before  # the scratch table was dropped; nothing else was created
 
 
-@pytest.mark.parametrize("control, broken", [("fencing-off", {"pause", "retries"}), ("strict-greater", {"retries"})])
+@pytest.mark.parametrize("control, broken", [("fencing-off", {"pause", "retries", "failover"}),
+                                             ("strict-greater", {"retries"})])
 def test_sqlite_database_controls_fail(app_db: Path, embedded, control: str, broken: set[str]) -> None:
     result = check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}", "--control", control)
     assert result.returncode == 1
@@ -138,8 +149,16 @@ def test_sqlite_database_controls_fail(app_db: Path, embedded, control: str, bro
 def test_directory(tmp_path: Path, embedded) -> None:
     root = tmp_path / "files"
     root.mkdir()
-    assert_held(check("--coordinator", embedded[0], "--resource", f"file://{root}"))
-    assert list(root.iterdir()) == []  # the scratch subdirectory was removed
+    report = tmp_path / "report.html"
+    result = check("--coordinator", embedded[0], "--resource", f"file://{root}", "--report", str(report))
+    assert_held(result, failover=True, restore=True)  # the check restores a copy of its scratch subdirectory
+    page = report.read_text()
+    for marker in ("coordinator restarted (file reopened)", "resource restored (scratch copy)",
+                   "stockade floor: mark raised"):  # drawn as lines across the lanes, and in the event log
+        assert page.count(f'class="faulttext">{marker}') == int(ROUNDS), marker
+    assert f"0 of {ROUNDS} stale writes applied after the restore and the floor" in result.stdout
+    assert f"without the floor {ROUNDS} of {ROUNDS} stale writes were accepted" in result.stdout
+    assert list(root.iterdir()) == []  # the scratch subdirectory (and its backup) was removed
 
 
 def test_directory_control_fails(tmp_path: Path, embedded) -> None:
@@ -148,6 +167,17 @@ def test_directory_control_fails(tmp_path: Path, embedded) -> None:
     result = check("--coordinator", embedded[0], "--resource", f"file://{root}", "--control", "fencing-off")
     assert result.returncode == 1 and cases(result)["pause"] == "BROKEN"
     assert "FAIL  keyring verifies" in result.stdout  # a forged token got through too
+
+
+def test_directory_restore_without_the_floor_fails(tmp_path: Path, embedded) -> None:
+    """The restore case's control: the same restore, the floor skipped: the zombie's write lands every round."""
+    root = tmp_path / "files"
+    root.mkdir()
+    result = check("--coordinator", embedded[0], "--resource", f"file://{root}", "--control", "restore-no-floor")
+    assert result.returncode == 1
+    assert {case for case, verdict in cases(result).items() if verdict == "BROKEN"} == {"restore"}
+    assert f"{ROUNDS} of {ROUNDS} stale writes applied after the restore" in result.stdout
+    assert list(root.iterdir()) == []
 
 
 def test_serve_and_its_store(serve) -> None:
@@ -203,7 +233,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 def test_redis(redis_server: RedisServer, embedded) -> None:
     result = check("--coordinator", embedded[0], "--resource", redis_server.url)
-    assert_held(result, network=True)
+    assert_held(result, network=True, failover=True)
     assert "ok    maxmemory-policy (eviction): noeviction" in result.stdout
     import redis
 
@@ -257,5 +287,117 @@ def test_zookeeper_coordinator_and_directory(zk_ensemble, tmp_path: Path) -> Non
     root = tmp_path / "files"
     root.mkdir()
     assert_held(check("--coordinator", f"{zk_ensemble.url}/{tmp_path.name}?session_timeout_ms=2000",
-                      "--resource", f"file://{root}", "--seconds", "600", timeout=900))
+                      "--resource", f"file://{root}", "--seconds", "600", timeout=900), restore=True)
     assert list(root.iterdir()) == []
+
+
+# -- coordinator failover by the user's command ------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_coordinator(tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """A PostgreSQL cluster of its own (it is restarted), its url, and its server; stopped by pg_ctl after."""
+    from helpers import postgres as pg_helper
+
+    if not pg_helper.available():
+        pytest.skip("PostgreSQL 15 is not installed")
+    server = pg_helper.PostgresServer()
+    try:
+        url = server.url()
+        stockade.connect(url).close()  # the coordinator's tables
+        yield url, server
+    finally:
+        server.stop()
+        subprocess.run([*pg_helper._as_postgres(), str(pg_helper.BIN / "pg_ctl"), "stop", "-D", str(server.datadir),
+                        "-m", "immediate", "-w"], capture_output=True, timeout=60, cwd="/")
+        shutil.rmtree(server.root, ignore_errors=True)
+
+
+def _as_postgres(command: str) -> str:
+    from helpers import postgres as pg_helper
+
+    return " ".join([*pg_helper._as_postgres(), "sh", "-c", shlex.quote(command)])
+
+
+def test_failover_postgres_coordinator_restarted_by_pg_ctl(pg_coordinator, tmp_path: Path) -> None:
+    from helpers import postgres as pg_helper
+
+    url, server = pg_coordinator
+    root = tmp_path / "files"
+    root.mkdir()
+    restart = _as_postgres(f"{pg_helper.BIN}/pg_ctl restart -D {server.datadir} -m fast -w "
+                           f"-l {server.root}/restart.log")
+    result = check("--coordinator", url, "--resource", f"file://{root}", "--coordinator-restart", restart,
+                   "--seconds", RESTART_SECONDS)
+    assert_held(result, failover=True, restore=True)
+    assert f"0 of {ROUNDS} restarts let a token go back (C1); 0 of {ROUNDS} rounds where the holder from before won" \
+        in result.stdout
+    assert_no_workers_left(result)
+
+
+def test_failover_postgres_restored_from_an_old_copy_fails(pg_coordinator, tmp_path: Path) -> None:
+    """The control: the "restart" brings back a copy of the data directory taken before the check, on the same
+    timeline, so the scope's counter starts again: every round a token goes back."""
+    from helpers import postgres as pg_helper
+
+    url, server = pg_coordinator
+    ctl, data, old = f"{pg_helper.BIN}/pg_ctl", server.datadir, server.root / "old"
+    server.stop()
+    subprocess.run(_as_postgres(f"cp -a {data} {old}"), shell=True, check=True, timeout=60)
+    server.start()
+    root = tmp_path / "files"
+    root.mkdir()
+    swap = _as_postgres(f"{ctl} stop -D {data} -m fast -w && rm -rf {data} && cp -a {old} {data} && "
+                        f"{ctl} restart -D {data} -w -l {server.root}/restart.log")
+    result = check("--coordinator", url, "--resource", f"file://{root}", "--coordinator-restart", swap,
+                   "--seconds", RESTART_SECONDS)
+    assert result.returncode == 1
+    assert cases(result)["failover"] == "BROKEN"
+    assert f"{ROUNDS} of {ROUNDS} restarts let a token go back" in result.stdout
+
+
+@pytest.fixture
+def restartable_serve(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A `stockade serve` started by tests/helpers/serve_restart.py: its url and the helper's command line."""
+    home, port = tmp_path / "serve", free_port()
+    helper = f"{shlex.quote(sys.executable)} {Path(__file__).parent / 'helpers' / 'serve_restart.py'}"
+    subprocess.run(f"{helper} start {home} {port}", shell=True, check=True, timeout=60, env=python_env())
+    try:
+        yield f"http://127.0.0.1:{port}", f"{helper} restart {home} {port}"
+    finally:
+        subprocess.run(f"{helper} stop {home}", shell=True, timeout=60)
+
+
+def test_failover_serve_restarted_by_a_script(restartable_serve) -> None:
+    url, restart = restartable_serve
+    result = check("--coordinator", url, "--resource", url, "--coordinator-restart", restart,
+                   "--seconds", RESTART_SECONDS)
+    assert_held(result, network=True, failover=True)
+
+
+def test_failover_serve_back_on_a_fresh_data_dir_fails(restartable_serve) -> None:
+    url, restart = restartable_serve
+    result = check("--coordinator", url, "--resource", url, "--coordinator-restart", restart + " --fresh",
+                   "--seconds", RESTART_SECONDS, rounds="1")
+    assert result.returncode == 1
+    assert cases(result)["failover"] == "BROKEN"
+    assert "1 of 1 came back as another cluster" in result.stdout  # its values stay above (a new epoch): R2 fails
+
+
+@pytest.mark.parametrize("option, command, message", [
+    ("--coordinator-restart", "echo no such service >&2; exit 3", "exited 3: no such service"),
+    ("--resource-restore", "sleep 30", "did not end within"),
+    ("--coordinator-restart", " ", "is an empty command"),
+])
+def test_a_command_that_fails_is_one_line_and_exit_2(tmp_path: Path, embedded, option: str, command: str,
+                                                      message: str) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    result = check("--coordinator", embedded[0], "--resource", f"file://{root}", option, command, "--seconds", "4",
+                   rounds="1", timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"stockade check: {option}: ") and message in result.stderr
+    assert list(root.iterdir()) == []  # the scratch subdirectory removed all the same
+    if "scratch prefix" in result.stdout:  # the empty command is refused before anything starts
+        assert_no_workers_left(result)

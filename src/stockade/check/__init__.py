@@ -5,7 +5,9 @@
   under a token, read back, its setup lines, its scratch prefix.
 - `worker`: the worker process; it takes one command a line and answers one
   JSON event a line, so the orchestrator can freeze it between two.
-- `cases`: the orchestrator's cases (the long pause, retries) and their verdicts.
+- `cases`: the orchestrator's cases (the long pause, the delayed request, retries) and their verdicts.
+- `_restarts`: the cases that take a server down (coordinator failover, resource
+  restore), and the user's restart and restore commands, run bounded.
 
 The timeline they produce is drawn by `stockade.timeline`. docs/check.md says
 what each case does and what each setup line means.

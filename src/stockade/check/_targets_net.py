@@ -66,7 +66,7 @@ class PostgresTarget(Target):
     def create_scratch(self) -> None:
         from psycopg import sql
 
-        self.conn.execute(sql.SQL("CREATE TABLE {} (scope text NOT NULL, key text NOT NULL, value text, "
+        self.conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (scope text NOT NULL, key text NOT NULL, value text, "
                                   "n int NOT NULL DEFAULT 0, PRIMARY KEY (scope, key))").format(self.table))
 
     def remove_scratch(self, scopes: list[str]) -> None:

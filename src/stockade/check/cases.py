@@ -58,6 +58,11 @@ class Run:
         scratch: the scratch id.
         control: the control the workers run with, or None.
         ttl_ms: the lease TTL the workers take.
+
+    Attributes:
+        coord: the orchestrator's own coordinator client (reopened after a restart).
+        target: the orchestrator's own view of the resource (reopened after a restore).
+        command_timeout_s: how long one of the user's restart or restore commands may take (``--seconds``).
     """
 
     coordinator_url: str
@@ -68,9 +73,21 @@ class Run:
     events: list[Event] = field(default_factory=list)
     workers: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     case: str = ""
+    coord: Any = None
+    target: Any = None
+    command_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         self.t0 = time.monotonic()
+
+    def reopen_target(self) -> None:
+        """Close the orchestrator's view of the resource and open it again (its connections may have died with
+        the resource, or point at files a restore replaced)."""
+        from stockade.check.targets import open_target
+
+        self.target.close()
+        self.target = open_target(self.resource_url, self.scratch, coord=self.coord, control=self.target.control)
+        self.target.create_scratch()
 
     def note(self, lane: str, kind: str, **fields: Any) -> None:
         self.events.append(Event(at_ms=(time.monotonic() - self.t0) * 1000, lane=lane, kind=kind, case=self.case,

@@ -39,10 +39,12 @@ from stockade.core.tokens import FencingToken
 from stockade.resources.registry import CHECK_TARGETS, load
 from stockade.timeline import SetupLine
 
-__all__ = ["Outcome", "Target", "open_target", "target_class", "CONTROLS", "scratch_scope"]
+__all__ = ["Outcome", "Target", "open_target", "target_class", "CONTROLS", "CASE_CONTROLS", "scratch_scope"]
 
-#: The deliberately broken variants the check can be run against (docs/check.md, "Controls").
+#: The deliberately broken variants of the resource the check can be run against (docs/check.md, "Controls").
 CONTROLS = ("fencing-off", "strict-greater")
+#: The controls of a case rather than of the resource: the target is opened unbroken.
+CASE_CONTROLS = ("restore-no-floor",)
 
 
 def scratch_scope(scratch: str, case: str) -> str:
@@ -111,7 +113,15 @@ class Target:
         return []
 
     def create_scratch(self) -> None:
-        """Create the scratch data the writes need (a table, a directory)."""
+        """Create the scratch data the writes need (a table, a directory); nothing when it is there."""
+
+    def floor_url(self) -> str:
+        """The url `stockade.resources.floor.open_floor_target` opens to raise this resource's marks."""
+        return self.url
+
+    def own_backup(self) -> Path | None:
+        """What the check can back up and restore itself, within its scratch area (a directory), or None."""
+        return None
 
     def remove_scratch(self, scopes: list[str]) -> None:
         """Remove what `create_scratch` and the writes left (the marks stay: docs/check.md)."""
@@ -264,6 +274,13 @@ class FilesTarget(Target):
 
     def remove_scratch(self, scopes: list[str]) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.root.with_name(self.root.name + ".backup"), ignore_errors=True)
+
+    def floor_url(self) -> str:
+        return f"file://{self.root}"  # the scratch subdirectory is the fenced directory
+
+    def own_backup(self) -> Path | None:
+        return self.root
 
     def setup_lines(self) -> list[SetupLine]:
         return [filesystem_line(self.root), fsync_line(self.root)]
@@ -382,6 +399,8 @@ def open_target(url: str, scratch: str, *, coord: Any, control: str | None = Non
     `stockade serve`, which verifies with its own (a server gives its keys only
     to an administrator's token).
     """
+    if control in CASE_CONTROLS:
+        control = None
     remote_store = url.startswith(("http://", "https://"))
     keys = None if remote_store else coord.verify_keys()
     return target_class(url)(url, scratch, keys=keys, cluster_id=coord.cluster_id, control=control)

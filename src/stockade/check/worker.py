@@ -8,19 +8,24 @@ orchestrator sends one, so a SIGSTOP between two commands freezes it at a
 known place (the command already in the pipe runs when it wakes).
 
 Commands (JSON objects): ``acquire`` (scope, ttl_ms, wait_ms), ``write``
-(scope, key, value, op), ``release`` (scope), ``read`` (scope, key), ``exit``.
-Each answers one object with ``ev`` set to ``grant``, ``write``, ``release``,
-``read``, or ``error`` (with ``error``: the exception's one line).
+(scope, key, value, op), ``release`` (scope), ``read`` (scope, key),
+``reconnect`` (close the coordinator and connect again, after a restart: its
+leases are forgotten, its tokens kept), ``reopen`` (close the resource and
+open it again, after a restore), ``exit``. Each answers one object with ``ev``
+set to ``grant``, ``write``, ``release``, ``read``, ``reconnected`` (with the
+coordinator's ``cluster``), ``reopened``, or ``error`` (with ``error``: the
+exception's one line).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 from stockade.check.targets import open_target
-from stockade.core.errors import StockadeError
+from stockade.core.errors import BackendUnavailable, StockadeError
 
 __all__ = ["serve_commands"]
 
@@ -30,11 +35,36 @@ def _answer(**event: Any) -> None:
     sys.stdout.flush()
 
 
+#: How long a reconnect keeps trying a coordinator that is still coming back.
+RECONNECT_S = 30.0
+
+
+def _connect_again(coordinator_url: str) -> Any:
+    """A new client of the coordinator, retried (bounded) while it refuses connections."""
+    import stockade
+
+    deadline = time.monotonic() + RECONNECT_S
+    while True:
+        try:
+            return stockade.connect(coordinator_url)
+        except BackendUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _close_quietly(thing: Any) -> None:
+    try:
+        thing.close()
+    except StockadeError:
+        pass  # a connection that died with its server
+
+
 def serve_commands(name: str, coordinator_url: str, resource_url: str, scratch: str, control: str | None) -> int:
     """Run the command loop until ``exit`` or the end of stdin. Returns the exit status."""
     import stockade
 
-    coord = stockade.connect(coordinator_url)
+    coord = stockade.connect(coordinator_url)  # the first time: a coordinator that is down is an error at once
     target = open_target(resource_url, scratch, coord=coord, control=control)
     leases: dict[str, Any] = {}
     tokens: dict[str, Any] = {}
@@ -64,6 +94,15 @@ def serve_commands(name: str, coordinator_url: str, resource_url: str, scratch: 
                         except StockadeError:
                             lost = True
                     _answer(ev="release", lost=lost)
+                elif action == "reconnect":
+                    leases.clear()  # gone with the old connection; the tokens stay, as a zombie's do
+                    _close_quietly(coord)
+                    coord = _connect_again(coordinator_url)
+                    _answer(ev="reconnected", cluster=coord.cluster_id)
+                elif action == "reopen":
+                    _close_quietly(target)
+                    target = open_target(resource_url, scratch, coord=coord, control=control)
+                    _answer(ev="reopened")
                 elif action == "read":
                     value, count = target.read(scope, command["key"])
                     _answer(ev="read", value=value, n=count)
@@ -77,6 +116,6 @@ def serve_commands(name: str, coordinator_url: str, resource_url: str, scratch: 
                 lease.release()
             except StockadeError:
                 pass
-        target.close()
-        coord.close()
+        _close_quietly(target)
+        _close_quietly(coord)
     return 0

@@ -7,8 +7,16 @@ http), and runs the failure cases of fencing against them:
 
   pause     a holder frozen (SIGSTOP) past its lease writes after a newer holder:
             the write must be refused
+  delay     a write held in a proxy until a newer holder wrote (a resource reached
+            over TCP): the write must be refused
   retries   holders in turn, each retrying its writes with the same token: no
             write applied twice, no newer write lost
+  failover  the coordinator restarted (--coordinator-restart CMD; an embedded
+            SQLite file the check reopens itself) while a frozen holder holds a
+            lease: tokens keep rising, the holder from before is refused
+  restore   the resource restored from a backup (--resource-restore CMD; a
+            directory the check backs up and restores itself): a holder from
+            before writes again until `stockade floor` raised the mark
 
 Before the cases, one line per precondition of the resource (durability,
 isolation, eviction, who can take the fence's locks, whether the keyring
@@ -55,8 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--history", type=Path, default=None,
                         help="write every event (grants, writes with their outcome and mark, pauses) as JSON lines")
     parser.add_argument("--quiet", action="store_true", help="leave the timeline out of the output")
-    parser.add_argument("--control", default=None, choices=("fencing-off", "strict-greater"),
-                        help="run against a deliberately broken fence on the scratch prefix: the check must FAIL")
+    parser.add_argument("--coordinator-restart", default=None, metavar="CMD",
+                        help="a shell command that restarts the coordinator (the failover case; run with a timeout)")
+    parser.add_argument("--resource-restore", default=None, metavar="CMD",
+                        help="a shell command that restores the resource from your backup (the restore case)")
+    parser.add_argument("--control", default=None, choices=("fencing-off", "strict-greater", "restore-no-floor"),
+                        help="run against a deliberately broken fence on the scratch prefix (restore-no-floor: the "
+                             "restore case skips the floor): the check must FAIL")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", default=None, help=argparse.SUPPRESS)
     return parser
@@ -96,9 +109,10 @@ def _clean_store(coord: Any, target: Any, scopes: list[str], ttl_ms: int) -> Non
                 target.store.delete(scope, item.key, token=lease.token)
 
 
-def _run_cases(args: argparse.Namespace, run: Any, target: Any, started: float) -> list[Any]:
+def _run_cases(args: argparse.Namespace, run: Any, started: float) -> list[Any]:
     """Start the workers (A through the proxy when the resource is reached over TCP), run the cases in the time
-    left, stop every worker. A case that could not run is a broken one, named."""
+    left, stop every worker. A case that could not run is a broken one, named; one that does not apply to this
+    stack is said so on a note line."""
     from stockade.check._proxy import HoldProxy, proxied_url, upstream_of
     from stockade.check.cases import WorkerFailed, delay_case, pause_case, retries_case
     from stockade.timeline import Verdict
@@ -106,17 +120,27 @@ def _run_cases(args: argparse.Namespace, run: Any, target: Any, started: float) 
     verdicts: list[Verdict] = []
     upstream = upstream_of(args.resource)
     proxy = HoldProxy(upstream) if upstream is not None else None
+    restart, restore, own = _restarts_of(args, run.target)
+    cases = ["pause"] + (["delay"] if proxy is not None else []) + ["retries"] \
+        + (["failover"] if restart is not False else []) + (["restore"] if restore is not False else [])
     budget = args.seconds - (time.monotonic() - started)
-    shares = (0.4, 0.7) if proxy is not None else (0.5, 0.5)
+    share = budget / len(cases)
     try:
         run.start("A", proxied_url(args.resource, proxy.port) if proxy is not None else None)
         run.start("B")
         run.start("C")
-        verdicts.append(pause_case(run, target, rounds=args.rounds, deadline=time.monotonic() + budget * shares[0]))
-        if proxy is not None:
-            verdicts.append(delay_case(run, target, proxy, rounds=args.rounds,
-                                       deadline=started + (args.seconds - budget) + budget * shares[1]))
-        verdicts.append(retries_case(run, target, rounds=args.rounds, deadline=started + args.seconds))
+        for index, case in enumerate(cases):
+            deadline = time.monotonic() + share if index < len(cases) - 1 else started + args.seconds
+            if case == "pause":
+                verdicts.append(pause_case(run, run.target, rounds=args.rounds, deadline=deadline))
+            elif case == "delay":
+                assert proxy is not None
+                verdicts.append(delay_case(run, run.target, proxy, rounds=args.rounds, deadline=deadline))
+            elif case == "retries":
+                verdicts.append(retries_case(run, run.target, rounds=args.rounds, deadline=deadline))
+            else:
+                verdicts.append(_restart_case(case, run, restart, restore, own, rounds=args.rounds,
+                                              deadline=deadline))
     except WorkerFailed as exc:
         verdicts.append(Verdict(run.case or "start", False, f"could not run: {exc}"))
     finally:
@@ -125,45 +149,98 @@ def _run_cases(args: argparse.Namespace, run: Any, target: Any, started: float) 
             proxy.close()
     if proxy is None:
         print("note: the delay case needs a resource reached over TCP (postgresql, redis, http): not run")
+    if restart is False:
+        print("note: the failover case needs --coordinator-restart CMD (or an embedded sqlite:// coordinator): not run")
+    if restore is False:
+        print("note: the restore case needs --resource-restore CMD (or a file:// directory): not run")
     return verdicts
+
+
+def _restarts_of(args: argparse.Namespace, target: Any) -> tuple[str | None | bool, str | None | bool, Any]:
+    """``(restart, restore, own backup)``: a command, None (the check does it itself), or False (not run)."""
+    from stockade.check._restarts import SelfRestore
+
+    restart: str | None | bool = args.coordinator_restart
+    if restart is None and not args.coordinator.startswith("sqlite:"):
+        restart = False
+    restore: str | None | bool = args.resource_restore
+    own_root = target.own_backup()
+    own = SelfRestore(own_root) if restore is None and own_root is not None else None
+    if restore is None and own is None:
+        restore = False
+    return restart, restore, own
+
+
+def _restart_case(case: str, run: Any, restart: Any, restore: Any, own: Any, *, rounds: int,
+                  deadline: float) -> Any:
+    from stockade.check._restarts import failover_case, restore_case
+
+    if case == "failover":
+        return failover_case(run, run.target, restart=restart, rounds=rounds, deadline=deadline)
+    return restore_case(run, restore=restore, own=own, rounds=rounds, deadline=deadline)
 
 
 def _check(args: argparse.Namespace) -> int:
     import stockade
     from stockade.check.cases import Run
     from stockade.check.targets import open_target, scratch_scope, target_class
-    from stockade.timeline import render_html, render_text
 
     started = time.monotonic()
     target_class(args.resource)  # a typo or a missing file: one line, before anything is opened
     if args.coordinator.startswith("memory://"):
         raise InvalidArgument("coordinator", "memory:// lives inside one process; the check's workers are processes")
+    for option, command in (("--coordinator-restart", args.coordinator_restart),
+                            ("--resource-restore", args.resource_restore)):
+        if command is not None and not command.strip():
+            raise InvalidArgument(option, "is an empty command")
     scratch = f"stockade-check-{os.urandom(4).hex()}"
-    coord = stockade.connect(args.coordinator)
-    run = Run(args.coordinator, args.resource, scratch, control=args.control, ttl_ms=args.ttl_ms)
+    run = Run(args.coordinator, args.resource, scratch, control=args.control, ttl_ms=args.ttl_ms,
+              command_timeout_s=float(args.seconds))
+    run.coord = stockade.connect(args.coordinator)
     try:
-        target = open_target(args.resource, scratch, coord=coord, control=args.control)
+        run.target = open_target(args.resource, scratch, coord=run.coord, control=args.control)
     except BaseException:
-        coord.close()
+        run.coord.close()
         raise
-    scopes = [scratch_scope(scratch, case) for case in ("keys", "pause", "delay", "retries")]
-    print(f"stockade check: {target.kind} resource, scratch prefix {scratch}"
+    scopes = [scratch_scope(scratch, case) for case in ("keys", "pause", "delay", "retries", "failover", "restore")]
+    print(f"stockade check: {run.target.kind} resource, scratch prefix {scratch}"
           + (f", CONTROL {args.control}" if args.control else ""))
+    failed = True
     try:
-        target.create_scratch()
-        setup = target.setup_lines() + [_keyring_line(coord, target, scopes[0], args.ttl_ms)]
+        run.target.create_scratch()
+        setup = run.target.setup_lines() + [_keyring_line(run.coord, run.target, scopes[0], args.ttl_ms)]
         print("setup:")
         for line in setup:
             print(f"  {line.verdict:<4}  {line.name}: {line.found}")
-        verdicts = _run_cases(args, run, target, started)
+        verdicts = _run_cases(args, run, started)
+        failed = False
     finally:
+        _clean_up(args, run, scopes, quiet=failed)
+    return _report(args, run, setup, verdicts)
+
+
+def _clean_up(args: argparse.Namespace, run: Any, scopes: list[str], *, quiet: bool) -> None:
+    """Remove the scratch data and close; ``quiet``: an error is already on its way out, and a coordinator or
+    resource that a failed command left down must not hide it behind its own."""
+    try:
         try:
-            if target.kind == "store":
-                _clean_store(coord, target, scopes, args.ttl_ms)
-            target.remove_scratch(scopes)
+            if run.target.kind == "store":
+                _clean_store(run.coord, run.target, scopes, args.ttl_ms)
+            run.target.remove_scratch(scopes)
         finally:
-            target.close()
-            coord.close()
+            try:
+                run.target.close()
+            finally:
+                run.coord.close()
+    except StockadeError:
+        if not quiet:
+            raise
+
+
+def _report(args: argparse.Namespace, run: Any, setup: list[Any], verdicts: list[Any]) -> int:
+    """Print the timeline and the verdicts, write the history and the HTML report; the exit status."""
+    from stockade.timeline import render_html, render_text
+
     failed_setup = [line for line in setup if line.verdict == "FAIL"]
     held = bool(verdicts) and all(v.held for v in verdicts) and not failed_setup
     if not args.quiet:
@@ -182,8 +259,8 @@ def _check(args: argparse.Namespace) -> int:
         with open(args.history, "w", encoding="utf-8") as out:
             out.writelines(json.dumps(dataclasses.asdict(event)) + "\n" for event in run.events)
     if args.report is not None:
-        args.report.write_text(render_html(f"stockade check: {target.kind} resource", run.events, verdicts=verdicts,
-                                           setup=setup, summary=summary), encoding="utf-8")
+        args.report.write_text(render_html(f"stockade check: {run.target.kind} resource", run.events,
+                                           verdicts=verdicts, setup=setup, summary=summary), encoding="utf-8")
         print(f"report: {args.report}")
     print(f"stockade check: {summary}")
     return 0 if held else 1
