@@ -51,7 +51,8 @@ def test_check_report_in_headless_chromium(tmp_path: Path) -> None:
     dom, console = _chromium(report)
     assert console == []
     assert {"A", "B", "C"} <= set(re.findall(r'data-lane="([^"]*)"', dom))
-    assert dom.count('class="write refused"') == 2  # the frozen holder's write, refused in each pause round
+    # the frozen holder's write, refused in each pause round, and the stale holder's across each failover
+    assert dom.count('class="write refused"') == 2 + 2
     assert dom.count('class="lease"') >= 2 * 2 + 2 * 3  # leases of both cases
     assert 'class="pause"' in dom and "legend" in dom
     assert re.search(r"<td>pause</td><td class=\"held\">held</td><td>0 of 2 stale writes applied", dom)
