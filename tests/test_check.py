@@ -34,8 +34,8 @@ ROUNDS = "20" if os.environ.get("STOCKADE_LONG") == "1" else "3"
 RESTART_SECONDS = "900" if os.environ.get("STOCKADE_LONG") == "1" else "120"
 
 
-def check(*args: str, timeout: float = 240, rounds: str = ROUNDS) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "stockade", "check", "--rounds", rounds, "--ttl-ms", "300",
+def check(*args: str, timeout: float = 240, rounds: str = ROUNDS, ttl_ms: str = "300") -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "stockade", "check", "--rounds", rounds, "--ttl-ms", ttl_ms,
                              "--quiet", *args], capture_output=True, text=True, timeout=timeout, env=python_env())
     print(result.stdout, result.stderr)
     return result
@@ -287,7 +287,8 @@ def test_zookeeper_coordinator_and_directory(zk_ensemble, tmp_path: Path) -> Non
     root = tmp_path / "files"
     root.mkdir()
     assert_held(check("--coordinator", f"{zk_ensemble.url}/{tmp_path.name}?session_timeout_ms=2000",
-                      "--resource", f"file://{root}", "--seconds", "600", timeout=900), restore=True)
+                      "--resource", f"file://{root}", "--seconds", "600", timeout=900,
+                      ttl_ms="1000"), restore=True)  # 300 ms: a renewal refused once at load 10-16
     assert list(root.iterdir()) == []
 
 

@@ -264,7 +264,7 @@ def test_control_unbounded_waits_stall_behind_a_frozen_writer(tmp_path: Path) ->
 def test_control_renewal_transactions_lose_honest_leases_behind_a_frozen_writer(tmp_path: Path) -> None:
     counts = _run(tmp_path, 2, control="renewals", moments=("arm",))
     _say("control (renewals as write transactions)", counts)
-    assert counts["honest_lost"] == 2
+    assert counts["honest_lost"] >= 1  # 2 of 2 on a quiet host; 1 of 2 once at load 10-16
     assert counts["granted"] == 0
 
 
