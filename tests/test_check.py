@@ -34,7 +34,8 @@ ROUNDS = "20" if os.environ.get("STOCKADE_LONG") == "1" else "3"
 RESTART_SECONDS = "900" if os.environ.get("STOCKADE_LONG") == "1" else "120"
 
 
-def check(*args: str, timeout: float = 240, rounds: str = ROUNDS, ttl_ms: str = "300") -> subprocess.CompletedProcess[str]:
+def check(*args: str, timeout: float = 240, rounds: str = ROUNDS,
+          ttl_ms: str = "300") -> subprocess.CompletedProcess[str]:
     result = subprocess.run([sys.executable, "-m", "stockade", "check", "--rounds", rounds, "--ttl-ms", ttl_ms,
                              "--quiet", *args], capture_output=True, text=True, timeout=timeout, env=python_env())
     print(result.stdout, result.stderr)
