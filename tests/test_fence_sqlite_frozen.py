@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 from helpers.fence_sqlite_db import UPSERT, user_database
+from helpers.stopped import read_line as _read_line
+from helpers.stopped import stopped as _stopped
 
 from stockade.core.errors import BackendUnavailable
 from stockade.core.tokens import FencingToken
@@ -53,19 +55,6 @@ if not sys.platform.startswith("linux"):
 
 def _tok(value: int) -> FencingToken:
     return KEYS.sign(FencingToken(CLUSTER, SCOPE, value))
-
-
-def _stopped(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rpartition(")")[2].split()[0] == "T"
-
-
-def _read_line(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        raise AssertionError(f"writer exited: {process.wait()}")
-    return line.strip()
 
 
 def run_rounds(tmp_path: Path, rounds: int) -> dict[str, int]:

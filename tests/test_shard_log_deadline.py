@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.stopped import read_line as _read_line
+from helpers.stopped import stopped as _stopped
 
 from stockade.core.errors import BackendUnavailable
 from stockade.keys import save_keyring
@@ -69,19 +71,6 @@ def _neighbours() -> list[str]:
     mine = partition_of(FROZEN, PARTITIONS)
     names = (f"orders.shard-{i}" for i in range(10_000))
     return [FROZEN] + [n for n in names if partition_of(n, PARTITIONS) == mine][: THREADS - 1]
-
-
-def _stopped(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rpartition(")")[2].split()[0] == "T"
-
-
-def _read_line(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        raise AssertionError(f"writer exited: {process.wait()}")
-    return line.strip()
 
 
 def _timed_append(log: SQLiteShardLog, shard: str, index: int, start: threading.Barrier, took_ms: list[float],

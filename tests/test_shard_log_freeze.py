@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.stopped import read_line as _read_line
+from helpers.stopped import stopped as _stopped
 
 from stockade.core.errors import BackendUnavailable
 from stockade.keys import save_keyring
@@ -48,19 +50,6 @@ def _others(partitions: int) -> list[str]:
     """Six shards, none in the frozen shard's partition file (when there are several)."""
     names = (f"orders.shard-{i}" for i in range(1000))
     return [n for n in names if partitions == 1 or partition_of(n, partitions) != partition_of(FROZEN, partitions)][:6]
-
-
-def _stopped(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rpartition(")")[2].split()[0] == "T"
-
-
-def _read_line(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        raise AssertionError(f"writer exited: {process.wait()}")
-    return line.strip()
 
 
 def run_freezes(tmp_path: Path, partitions: int, rounds: int) -> dict[str, object]:
