@@ -24,8 +24,10 @@ from stockade.client._sync.coordinator import Lease
 from stockade.transport import timer as _timer
 
 
-def _background_threads() -> int:
-    return sum(t.name.startswith(("stockade-keepalive-", "stockade-deadline-")) for t in threading.enumerate())
+def _background_threads(before: frozenset[threading.Thread] = frozenset()) -> int:
+    """Keepalive and deadline threads alive now that were not in ``before`` (another test's may still run)."""
+    prefixes = ("stockade-keepalive-", "stockade-deadline-")
+    return sum(t.name.startswith(prefixes) and t not in before for t in threading.enumerate())
 
 
 def _started(monkeypatch, lease_class) -> list[str]:
@@ -49,9 +51,10 @@ def _cycles(coord, n: int, ttl_ms: int) -> None:
 
 def test_a_short_lock_starts_no_thread(monkeypatch):
     started = _started(monkeypatch, Lease)
+    before = frozenset(threading.enumerate())
     with stockade.connect("memory://keepalive-start") as coord:
         _cycles(coord, 200, ttl_ms=30_000)
-        assert started == [] and _background_threads() == 0
+        assert started == [] and _background_threads(before) == 0
 
 
 def test_control_starting_at_the_grant_starts_two_threads_a_lease(monkeypatch):
