@@ -48,7 +48,8 @@ def store(tmp_path, coord):
 def test_layout_is_validated_and_round_trips():
     layout = Layout()
     assert layout.workers == 1024 and layout.sequence_max == 4095
-    assert layout.decompose(layout.compose(123_456, 1023, 7)) == (123_456, 1023, 7)
+    parts = layout.decompose(layout.compose(123_456, 1023, 7))
+    assert parts == (123_456, 1023, 7) and (parts.timestamp, parts.worker, parts.sequence) == (123_456, 1023, 7)
     assert Layout(timestamp_bits=40, worker_bits=16, sequence_bits=7).workers == 65536
     for bad in [dict(timestamp_bits=42, worker_bits=10, sequence_bits=12), dict(worker_bits=0),
                 dict(time_unit_ms=0), dict(sequence_bits=True), dict(epoch_ms=-1), dict(timestamp_bits=15)]:
