@@ -19,8 +19,8 @@ from conftest import python_env
 
 STOCKADE = [sys.executable, "-m", "stockade"]
 
-PUT = ("import os, stockade; d = os.environ['STOCKADE_DATA']; c = stockade.connect('sqlite://' + d + '/coord.db'); "
-       "s = stockade.open_store('sqlite://' + d + '/store.db', cluster_id=c.cluster_id); "
+PUT = ("import os, stockade; d = os.environ['STOCKADE_DATA']; c = stockade.connect('sqlite:///' + d + '/coord.db'); "
+       "s = stockade.open_store('sqlite:///' + d + '/store.db', cluster_id=c.cluster_id); "
        "s.put('jobs', 'k', b'v', token=os.environ['STOCKADE_TOKEN'])")
 HOLD = "import time; print('in', flush=True); time.sleep(300)"
 

@@ -21,7 +21,7 @@ def paused_holder_writes(url: str, child_url: str, directory: Path, count: int, 
                          env: dict[str, str] | None = None) -> tuple[int, int]:
     coord = stockade.connect(url)
     store_path = directory / "store.db"
-    store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id, keys=coord.verify_keys())
+    store = stockade.open_store(f"sqlite:///{store_path}", cluster_id=coord.cluster_id, keys=coord.verify_keys())
     argv = [sys.executable, str(HELPERS / "paused_holder.py"), child_url, str(store_path), str(count)]
     child = subprocess.Popen(
         argv + ([mutant] if mutant else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,

@@ -1,6 +1,6 @@
 """Snowflake ids with leased worker numbers: uncoordinated on the hot path, safe across handoffs.
 
-    coord = stockade.connect("sqlite:///var/lib/stockade/coord.db")
+    coord = stockade.connect("sqlite:////var/lib/stockade/coord.db")
     with IdGenerator(coord, "orders") as ids:
         order_id = ids.next_id()
 

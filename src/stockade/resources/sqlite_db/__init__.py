@@ -64,6 +64,7 @@ from stockade.resources._verify import (
     refuse_unsigned_after_signed,
 )
 from stockade.resources.store._sqlite_files import FileBusy, begin_by, rollback
+from stockade.transport.sqlite_url import sqlite_path
 
 __all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION",
            "AlreadyApplied"]
@@ -578,9 +579,9 @@ def open_floor_target(url: str, *, cluster_id: str) -> SQLiteFence:
         InvalidArgument: no path, no file there, or a database fenced for another cluster.
         BackendUnavailable: the file cannot be opened.
     """
-    path = url.partition("://")[2] if isinstance(url, str) else ""
-    if not path or "\x00" in path:
-        raise InvalidArgument("resource", "sqlite url needs a file path: sqlite:///path/to/app.db")
-    if not Path(path).is_file():
+    if not isinstance(url, str):
+        raise InvalidArgument("resource", f"must be a sqlite:// url, got {type(url).__name__}")
+    path = sqlite_path(url, "resource")
+    if not path.is_file():
         raise InvalidArgument("resource", f"no SQLite file at {path} (a floor never creates a resource)")
     return SQLiteFence(path, keys=TOKENLESS, cluster_id=cluster_id)
