@@ -18,7 +18,8 @@ def test_public_api_is_pinned():
     assert sorted(stockade.__all__) == sorted(
         [
             "connect", "connect_async", "open_store", "open_store_async",
-            "Coordinator", "AsyncCoordinator", "Lease", "AsyncLease", "FencedStore", "AsyncFencedStore",
+            "Coordinator", "AsyncCoordinator", "Lease", "AsyncLease", "FencedStore", "AsyncFencedStore", "Semaphore",
+            "AsyncSemaphore",
             "FencingToken", "ScopeInfo", "ScopeState", "Item", "WriteResult",
             "StockadeError", "InvalidArgument", "LimitExceeded", "FenceRejected", "StaleToken", "TokenMismatch",
             "LeaseError", "NotHolder", "LeaseLost", "LockTimeout", "Unauthorized", "BackendUnavailable",
