@@ -45,9 +45,9 @@ from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.resources._admit import admit_mark, effective_mark
 from stockade.resources._inputs import check_floors
+from stockade.resources._verified_tokens import VerifiedTokens
 from stockade.resources._verify import TOKENLESS, UNSIGNED, Verification, check_keys_given, refuse_unsigned_after_signed
 from stockade.resources.files import _io as fio
-from stockade.resources.files._tokens import VerifiedTokens
 
 __all__ = ["FencedDirectory", "FileBatch", "open_floor_target", "UNSIGNED", "FILE_BYTES_MAX_DEFAULT",
            "LOCK_WAIT_MS_DEFAULT"]
