@@ -56,6 +56,7 @@ FILE_BYTES_MAX_DEFAULT = VALUE_BYTES_CEILING  # 16 MiB: a file written or read i
 LOCK_WAIT_MS_DEFAULT = 30_000
 LOCK_WAIT_MS_MAX = 300_000
 OPEN_SCOPES_MAX = 64  # scopes whose directory and lock a handle keeps open
+SYNC_THREADS_MAX = 4  # helper threads a handle syncs raised marks on (started on the first raise, ended by close)
 _KIND = "stockade-files"
 _VERSION = 1
 _META_BYTES_MAX = 2048
@@ -303,7 +304,8 @@ class FencedDirectory:
     def _helper(self) -> ThreadPoolExecutor:
         with self._scopes_lock:
             if self._syncer is None:
-                self._syncer = ThreadPoolExecutor(1, thread_name_prefix="stockade-files-sync")
+                # A few workers: one handle's threads writing other scopes do not queue behind one mark's sync.
+                self._syncer = ThreadPoolExecutor(SYNC_THREADS_MAX, thread_name_prefix="stockade-files-sync")
             return self._syncer
 
     def _checked_data(self, data: object) -> bytes:
