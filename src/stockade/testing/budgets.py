@@ -1,0 +1,50 @@
+"""The work one operation may cost: counts, each in one place, checked by tests/test_work_budget.py.
+
+Counts, not times, so that a shared machine's noise is not in them, and a
+change that makes the hot path do more fails the day it lands (the history
+journal's extra pages would have). Each figure is per operation, the mean over
+a run of them (tests/helpers/work_budget.py says how each is counted):
+
+- ``commits``: COMMITs that reached the WAL; each is one fdatasync (``synchronous=FULL``).
+- ``wal_frames`` / ``wal_bytes``: pages written to the WAL, and their bytes.
+- ``statements``: SQL statements on the file's connection, BEGIN and COMMIT included.
+- ``calls``: Python and C function calls on the server's event loop thread
+  (``stockade serve``) or on the caller's thread (embedded), client included there.
+
+A budget may go down in the change that earns it; raising one is a decision,
+said in its commit with the benchmark's figures (`stockade bench`,
+benchmarks/side_by_side.py).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+__all__ = ["BUDGETS", "BENCHMARK", "over_budget"]
+
+BENCHMARK = ("`stockade bench --url http://...` against `stockade serve`, and benchmarks/side_by_side.py "
+             "for the peers, side by side")
+
+#: operation -> measure -> at most this much per operation.
+BUDGETS = MappingProxyType({
+    # acquire -> release through `stockade serve` (1 client): two durable commits.
+    "serve.lock_cycle": MappingProxyType({
+        "commits": 2, "wal_frames": 13, "wal_bytes": 53_560, "statements": 13, "calls": 1_060}),
+    # one fenced put (100 bytes) through `stockade serve`'s store.
+    "serve.fenced_write": MappingProxyType({
+        "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 545}),
+    # acquire -> release on an embedded ``sqlite://`` coordinator.
+    "embedded.lock_cycle": MappingProxyType({
+        "commits": 2, "wal_frames": 13, "wal_bytes": 53_560, "statements": 22, "calls": 450}),
+})
+
+
+def over_budget(operation: str, measured: dict[str, float]) -> list[str]:
+    """The measures of ``operation`` over their budget, each said with its figure (empty: within budget)."""
+    budget = BUDGETS[operation]
+    return [
+        f"{operation}: {name} {measured[name]:g} per operation, over its budget of {limit:g} "
+        f"(src/stockade/testing/budgets.py); measure the change with {BENCHMARK}"
+        for name, limit in budget.items()
+        if measured[name] > limit
+    ]
