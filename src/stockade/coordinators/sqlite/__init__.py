@@ -64,6 +64,7 @@ from stockade.coordinators.sqlite._rows import (
     SCHEMA,
     forgotten_floor,
     load_record,
+    migrate_v1,
     set_meta,
     store_record,
     times_pending,
@@ -83,7 +84,7 @@ __all__ = [
     "monotonic_offset_ns",
 ]
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: each lease in its scope's row; version 1 is migrated on open (`migrate_v1`)
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
 BUSY_RETRY_S = 0.0005  # our retry step for BEGIN IMMEDIATE (jittered)
@@ -246,6 +247,7 @@ class SQLiteRecords(Journaled):
                              {})
             if found is not None:  # changed since it was checked (another opener): nothing written yet
                 raise WrongFileKind(str(self.path), "coordinator", found)
+            migrating = self._migrating(conn)
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -263,7 +265,9 @@ class SQLiteRecords(Journaled):
                 self._start_epoch(conn, meta)
                 self._sweep_renewals(conn)
                 return cluster
-            if meta.get("schema_version") != SCHEMA_VERSION:
+            if migrating:
+                set_meta(conn, "schema_version", SCHEMA_VERSION)
+            elif meta.get("schema_version") != SCHEMA_VERSION:
                 raise BackendUnavailable(f"{self.path}: schema version {meta.get('schema_version')!r} is not supported")
             self.cluster_id = meta["cluster_id"]
             set_meta(conn, "kind", KIND)
@@ -280,6 +284,21 @@ class SQLiteRecords(Journaled):
             self._start_epoch(conn, meta)
             self._sweep_renewals(conn)
             return meta["cluster_id"]
+
+    def _migrating(self, conn: sqlite3.Connection) -> bool:
+        """Migrate a version-1 file in the opening transaction; returns whether it was one.
+
+        The whole migration commits with the rest of the opening, or not at all.
+        A process of the old version that still has the file open fails its next
+        write (its ``leases`` table is gone) rather than writing beside it.
+        """
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'leases'").fetchone() is None:
+            return False
+        version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+        if version is not None and version[0] != "1":
+            raise BackendUnavailable(f"{self.path}: schema version {version[0]!r} is not supported")
+        migrate_v1(conn)
+        return True
 
     def _join_reading(self) -> str | None:
         """Join a file that others have open and that needs no change, reading only; None if it needs one.
@@ -317,7 +336,7 @@ class SQLiteRecords(Journaled):
     def _sweep_renewals(self, conn: sqlite3.Connection) -> None:
         """Alone (nobody else can be renewing) and holding the write lock: drop renewal files of ended leases."""
         if self._alone_at_open:
-            self.renewals.sweep(r[0] for r in conn.execute("SELECT lease_id FROM leases"))
+            self.renewals.sweep(r[0] for r in conn.execute("SELECT lease_id FROM scopes WHERE lease_id IS NOT NULL"))
 
     def renewed(self, record: ScopeRecord) -> ScopeRecord:
         """``record`` with its lease's deadline moved to its last renewal beside the file, if that is later.
