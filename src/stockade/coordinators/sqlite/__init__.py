@@ -444,9 +444,10 @@ class SQLiteRecords(Journaled):
     @contextmanager
     def _locked(self) -> Iterator[sqlite3.Connection]:
         """This process's connection, waited for at most the busy timeout (or the thread's `within` bound)."""
-        until_s, wait_ms = self._wait_until_s()
-        if not self._lock.acquire(timeout=max(0.0, until_s - time.monotonic())):
-            raise BackendUnavailable(f"coordinator busy for {wait_ms} ms", certain_no_effect=True)
+        if not self._lock.acquire(blocking=False):  # free, the usual case: no deadline to work out
+            until_s, wait_ms = self._wait_until_s()
+            if not self._lock.acquire(timeout=max(0.0, until_s - time.monotonic())):
+                raise BackendUnavailable(f"coordinator busy for {wait_ms} ms", certain_no_effect=True)
         try:
             yield self._conn
         except sqlite3.Error as exc:
@@ -458,7 +459,10 @@ class SQLiteRecords(Journaled):
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction; its COMMIT is fsync'd before we return."""
         with self._locked() as conn:
-            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
+            try:
+                conn.execute("BEGIN IMMEDIATE")  # the write lock is free, the usual case (a server's always)
+            except sqlite3.Error:
+                self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
             try:
                 yield conn
             except BaseException as exc:
