@@ -9,6 +9,7 @@ points. The control is that old reading itself: it disagrees with SQLAlchemy on 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -111,3 +112,18 @@ def test_the_working_directory_reading_wins_when_that_file_exists(tmp_path, monk
     stockade.connect(f"sqlite:///{relative}").close()
     assert (tmp_path / relative).is_file() and not (tmp_path / "coord.db").exists()
     assert os.path.isfile(sqlite_path(f"sqlite:///{relative}"))
+
+
+def test_no_file_of_the_project_builds_a_sqlite_url_the_old_way():
+    """``f"sqlite://{path}"`` with an absolute path was the old absolute form; it now reads as relative."""
+    root = Path(__file__).resolve().parent.parent
+    old_style = re.compile(r"""sqlite://(\{|["'] *\+)""")
+    found = [f"{path.relative_to(root)}:{number}"
+             for folder in ("src", "tests", "benchmarks", "docs", "examples", "scripts")
+             for path in sorted((root / folder).rglob("*")) if path.suffix in (".py", ".md", ".sh")
+             and path.name != "test_sqlite_url.py"
+             for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if old_style.search(line)]
+    found += [f"README.md:{n}" for n, line in enumerate((root / "README.md").read_text().splitlines(), 1)
+              if old_style.search(line)]
+    assert found == []
+    assert old_style.search("""stockade.connect(f"sqlite://{tmp}/coord.db")""")  # the control: the old form is seen
