@@ -508,8 +508,15 @@ class SQLiteRecords(Journaled):
 
     @contextmanager
     def read(self) -> Iterator[_SQLiteTx]:
+        """A read transaction: every statement of it sees one snapshot of the file (a scope's row, its
+        waiters and the list of names agree, whatever another process commits meanwhile)."""
         with self._locked() as conn:
-            yield _SQLiteTx(self, conn)
+            conn.execute("BEGIN")
+            try:
+                yield _SQLiteTx(self, conn)
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")  # nothing was written: ending it releases the snapshot
 
     # -- group commit (for a server that keeps the lease table in memory) -------------------
 
