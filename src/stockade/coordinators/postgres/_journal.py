@@ -98,8 +98,9 @@ INSERT INTO stockade_coord_log (seq, scope, holder, token, end_kind, end_ms)
 SELECT e.seq, e.scope, e.holder, e.token, e.kind, e.at_unix_ms FROM stockade_coord_history e
  WHERE e.kind <> 'grant' AND NOT EXISTS (SELECT 1 FROM stockade_coord_history g
                                           WHERE g.kind = 'grant' AND g.scope = e.scope AND g.token = e.token);
-SELECT setval(pg_get_serial_sequence('stockade_coord_log', 'seq'),
-              GREATEST((SELECT max(seq) FROM stockade_coord_history), (SELECT max(seq) FROM stockade_coord_log), 1));
+SELECT setval(pg_get_serial_sequence('stockade_coord_log', 'seq'), COALESCE(m.seq, 1), m.seq IS NOT NULL)
+  FROM (SELECT GREATEST((SELECT max(seq) FROM stockade_coord_history), (SELECT max(seq) FROM stockade_coord_log))
+        AS seq) AS m;
 INSERT INTO stockade_coord_log (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns)
 SELECT l.scope, l.lease_id, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns FROM stockade_coord_leases l
  WHERE NOT EXISTS (SELECT 1 FROM stockade_coord_log o WHERE o.scope = l.scope AND o.token = l.token)

@@ -28,6 +28,7 @@ __all__ = [
     "MIGRATIONS", "SCHEMA_VERSION", "MIGRATION_LOCK", "SCOPE_LOCK_CLASS", "get_meta", "set_meta",
     "forgotten_floor", "load_record", "forget_record", "record_writes", "record_of_row", "RECORD_SELECT",
     "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES", "LEASE_ROWS_MAX", "leases_at_least", "HELD", "HELD_SCOPE",
+    "server_rules",
 ]
 
 #: Advisory lock keys: one for the migration, one class for per-scope locks (two-int form).
@@ -90,7 +91,9 @@ HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lea
 #: read, its lock, one write (the write checks the lease is still live and nobody queued).
 #: The lease's row in the log is its history (`stockade.coordinators.postgres._journal`): the
 #: grant inserts it, the release marks it ended in place, each in its own transaction.
-SERVER_RULES = f"""
+def server_rules(**bounds: int) -> str:
+    """The SQL of the two functions; ``bounds`` as `stockade.coordinators.postgres._journal.sweep` takes them."""
+    return f"""
 CREATE OR REPLACE FUNCTION stockade_coord_grant_log(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
                                                     p_leases_max bigint)
 RETURNS TABLE (token bigint, now_ns bigint) LANGUAGE plpgsql AS $$
@@ -138,7 +141,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '{EXPECT_SQLSTATE}',
             MESSAGE = format('last_token of %L changed underneath this coordinator', p_scope);
     END IF;
-    {sweep("v_seq")}
+    {sweep("v_seq", **bounds)}
     token := v_base + 1;
     now_ns := v_now;
     RETURN NEXT;
@@ -187,13 +190,16 @@ BEGIN
         RETURN;
     END IF;
     IF p_release THEN
-        {end_of_old("v_seq")}
+        {end_of_old("v_seq", **bounds)}
     END IF;
     now_ns := v_now;
     RETURN NEXT;
 END
 $$
 """
+
+
+SERVER_RULES = server_rules()
 
 MIGRATIONS: tuple[str, ...] = (
     *MIGRATIONS_8,  # versions 1 to 8, as they were (`stockade.coordinators.postgres._schema8`)
