@@ -252,7 +252,7 @@ def test_a_busy_scope_shows_its_last_100_events(pg_coord_url):
 
 
 def _left_behind(url: str, *, sweep_every: int, sweep_windows: int = 4) -> list[int]:
-    """Leases logged and ended directly, every third one rolled back (its ``seq`` is never used): what the trims miss."""
+    """Leases logged and ended directly, every third rolled back (its ``seq`` never used): what the trims miss."""
     PostgresCoordinator(url).close()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(log_functions(rows_max=5, sweep_every=sweep_every, sweep_windows=sweep_windows))

@@ -114,7 +114,8 @@ _META = (f"SELECT {_NOW}, pg_walfile_name(pg_current_wal_lsn()), "
          "(SELECT v FROM stockade_coord_meta WHERE k = 'epoch'), "
          "(SELECT v FROM stockade_coord_meta WHERE k = 'forgotten_floor')")
 _LOCK_SCOPE = "SELECT %s::text, pg_advisory_xact_lock(%s, hashtext(%s))"
-_LOCK_LEASE = f"SELECT s.scope, pg_advisory_xact_lock(%s, hashtext(s.scope)) FROM {HELD_SCOPE.format(lease_id='%s')} AS s(scope)"
+_LOCK_LEASE = (f"SELECT s.scope, pg_advisory_xact_lock(%s, hashtext(s.scope)) "
+               f"FROM {HELD_SCOPE.format(lease_id='%s')} AS s(scope)")
 _META_SCOPE = (f"{_META}, {LEASE_ROWS_MAX}, r.* FROM (SELECT 1) AS one "
                f"LEFT JOIN LATERAL ({RECORD_SELECT}WHERE s.scope = %s) AS r ON true")
 _META_LEASE = (f"{_META}, NULL, r.* FROM (SELECT 1) AS one LEFT JOIN LATERAL ({RECORD_SELECT}"

@@ -129,8 +129,8 @@ def sweep(seq: str, *, rows_max: int = LOG_ROWS_MAX, sweep_every: int = SWEEP_EV
 def end_of_old(seq: str, *, rows_max: int = LOG_ROWS_MAX, sweep_every: int = SWEEP_EVERY,
                sweep_windows: int = SWEEP_WINDOWS) -> str:
     """PL/pgSQL: after ending row ``seq``, delete it if no later sweep's range reaches it (held past the bound)."""
-    return f"""IF {seq} <= (SELECT last_value FROM stockade_coord_log_seq_seq) - {rows_max + sweep_windows * sweep_every}
-    THEN
+    reach = rows_max + sweep_windows * sweep_every
+    return f"""IF {seq} <= (SELECT last_value FROM stockade_coord_log_seq_seq) - {reach} THEN
         DELETE FROM stockade_coord_log h WHERE h.seq = {seq};
     END IF;"""
 

@@ -6,8 +6,10 @@ commits. Every table is prefixed ``stockade_coord_`` so that the coordinator
 can share a database with the application (and with the fenced store of
 `stockade.resources.postgres`, whose tables have their own prefix).
 
-Migrations are a list: version N is the first N entries applied in order,
-each idempotent, run under one transaction-scoped advisory lock so that
+Migrations are a list: version N is the first N entries applied in order
+(versions 1 to 8 frozen in `stockade.coordinators.postgres._schema8`; 9 is the
+lease log, `stockade.coordinators.postgres._journal`), in the transaction of
+the first connect of a newer version, under one transaction-scoped advisory lock so that
 processes opening a new database at the same moment do not race
 (``CREATE TABLE IF NOT EXISTS`` alone is not safe against a concurrent twin).
 """
