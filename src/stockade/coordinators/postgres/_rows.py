@@ -95,6 +95,10 @@ HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lea
 #: grant inserts it, the release marks it ended in place, each in its own transaction.
 def server_rules(**bounds: int) -> str:
     """The SQL of the two functions; ``bounds`` as `stockade.coordinators.postgres._journal.sweep` takes them."""
+    return _grant_rule(**bounds) + _keep_rule(**bounds)
+
+
+def _grant_rule(**bounds: int) -> str:
     return f"""
 CREATE OR REPLACE FUNCTION stockade_coord_grant_log(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
                                                     p_leases_max bigint)
@@ -149,7 +153,11 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+"""
 
+
+def _keep_rule(**bounds: int) -> str:
+    return f"""
 CREATE OR REPLACE FUNCTION stockade_coord_keep_log(p_lease_id text, p_release boolean)
 RETURNS TABLE (scope text, holder text, token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint,
                now_ns bigint) LANGUAGE plpgsql AS $$
