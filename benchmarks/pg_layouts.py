@@ -26,12 +26,14 @@ client process, on one scope per process. The layouts:
   id, so that a release needs only the lease id (as the coordinator port's
   ``release(lease_id)`` does today); each write then adds an index entry.
 - ``stockade``: the coordinator's server functions as they are
-  (``stockade_coord_grant``, ``stockade_coord_keep``), called directly.
+  (``stockade_coord_grant_log``, ``stockade_coord_keep_log``: the lease log of
+  schema 9), called directly. Run this script from a checkout of an older
+  version for its layout (schema 8: ``stockade_coord_grant``, ``stockade_coord_keep``).
 
-With ``--breakdown``, four more: ``stockade-no-history``, ``-no-lock``,
-``-no-bound`` and ``-no-timeline``, the same functions each without one part
-of their work (its event and trims, the scope's advisory lock, the bound on
-held leases, the timeline check): what each part costs a cycle. They are
+With ``--breakdown``, three more: ``stockade-no-lock``, ``-no-bound`` and
+``-no-timeline``, the same functions each without one part of their work (the
+scope's advisory lock, the bound on held leases, the timeline check; the history
+is the lease's own row since schema 9, nothing to take out): what each part costs a cycle. They are
 unsafe as rules and exist only here.
 
 Each run measures every layout once, in an order rotated run after run, with 1
@@ -116,7 +118,7 @@ def _with_event(statement: str, kind: str) -> str:
 # count of waiters and the lock-delay in the row itself.
 _TIMELINE = "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint"
 # The coordinator's own size check (heap and primary key), on the layout's table.
-_UNDER_BOUND = f"{LEASE_ROWS_MAX} < {LEASES_MAX}".replace("stockade_coord_leases", "{table}")
+_UNDER_BOUND = f"{LEASE_ROWS_MAX} < {LEASES_MAX}".replace("stockade_coord_scopes", "{table}")
 _BASE = f"GREATEST(s.last_token, m.epoch << {COUNTER_BITS}, m.forgotten_floor)"
 
 
@@ -156,8 +158,9 @@ def _scope_release(table: str, *, by_id_only: bool, rules: bool, history: bool) 
         + (", " + _scope_ring("release") if history else " ") + "SELECT c.token FROM c")
 
 
-_STOCKADE_GRANT = "SELECT token FROM stockade_coord_grant(%(scope)s, %(lease_id)s, %(holder)s, %(ttl_ms)s, 100000)"
-_STOCKADE_RELEASE = "SELECT token FROM stockade_coord_keep(%(lease_id)s, true)"
+_STOCKADE_GRANT = ("SELECT token FROM stockade_coord_grant_log(%(scope)s, %(lease_id)s, %(holder)s, %(ttl_ms)s, "
+                   "100000)")
+_STOCKADE_RELEASE = "SELECT token FROM stockade_coord_keep_log(%(lease_id)s, true)"
 
 #: layout -> (grant, release); each answers one row when it did its work.
 LAYOUTS: dict[str, tuple[str, str]] = {
@@ -176,9 +179,7 @@ LAYOUTS: dict[str, tuple[str, str]] = {
 def _stockade_without(part: str) -> str:
     """The coordinator's two functions with one part of their work taken out, renamed (for measuring only)."""
     lines = SERVER_RULES.splitlines()
-    if part == "history":  # the event of each grant and release, and its trims
-        rules = "\n".join(line for line in lines if "stockade_coord_journal" not in line)
-    elif part == "lock":  # the scope's advisory lock (each client uses its own scope here)
+    if part == "lock":  # the scope's advisory lock (each client uses its own scope here)
         rules = "\n".join(line for line in lines if "pg_advisory_xact_lock" not in line)
     elif part == "bound":  # the bound on held leases
         rules = SERVER_RULES.replace("OR " + leases_at_least("p_leases_max"), "")
@@ -188,15 +189,15 @@ def _stockade_without(part: str) -> str:
         raise ValueError(part)
     if rules == SERVER_RULES:
         raise RuntimeError(f"the coordinator's functions changed: no {part} found to take out")
-    return (rules.replace("stockade_coord_grant(", f"bench_grant_no_{part}(")
-            .replace("stockade_coord_keep(", f"bench_keep_no_{part}("))
+    return (rules.replace("stockade_coord_grant_log(", f"bench_grant_no_{part}(")
+            .replace("stockade_coord_keep_log(", f"bench_keep_no_{part}("))
 
 
 #: ``--breakdown``: the coordinator's functions, each time without one part: what that part costs a cycle.
 BREAKDOWN: dict[str, tuple[str, str]] = {
-    f"stockade-no-{part}": (_STOCKADE_GRANT.replace("stockade_coord_grant(", f"bench_grant_no_{part}("),
-                            _STOCKADE_RELEASE.replace("stockade_coord_keep(", f"bench_keep_no_{part}("))
-    for part in ("history", "lock", "bound", "timeline")
+    f"stockade-no-{part}": (_STOCKADE_GRANT.replace("stockade_coord_grant_log(", f"bench_grant_no_{part}("),
+                            _STOCKADE_RELEASE.replace("stockade_coord_keep_log(", f"bench_keep_no_{part}("))
+    for part in ("lock", "bound", "timeline")
 }
 
 

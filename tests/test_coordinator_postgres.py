@@ -671,12 +671,13 @@ def test_control_a_barging_sql_rule_is_caught(model_sides):
 
 
 def test_control_a_sql_rule_that_journals_nothing_is_caught(model_sides):
-    """The same check against grant and release functions that write no history: found at the first step."""
+    """The same check against grant and release functions that write no history (the lease's row without the
+    time of its grant or of its end, which is how the log shows an event): found at the first step."""
     from stockade.coordinators.postgres._rows import SERVER_RULES
 
     sql_side, engine_side = model_sides
-    silent = "\n".join(line for line in SERVER_RULES.splitlines() if "stockade_coord_journal" not in line)
-    assert silent != SERVER_RULES
+    silent = SERVER_RULES.replace("v_now / 1000000", "NULL")
+    assert SERVER_RULES.count("v_now / 1000000") == 2
     with psycopg.connect(sql_side.records._conninfo, autocommit=True) as conn:
         conn.execute(silent)
     differences = _run_model(sql_side, engine_side, [("acquire", 0, 0), ("release", 0, 0)])

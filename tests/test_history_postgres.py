@@ -4,9 +4,10 @@ The kill -9 test stops a process that grants and releases in a loop at
 random moments (grants of a free scope and releases by the one-statement
 rules, an expiry and the next grant by the lease engine's path); afterwards
 the scope's record and its journal must agree. A history insert that fails
-undoes the change it records, on both paths. A database of the previous
-schema version (3: no journal, server rules that write none) migrates.
-Each has a control with the bug put back, caught.
+undoes the change it records, on both paths. Databases of schema versions 3
+(no journal, server rules that write none) and 6 (a journal numbered per scope)
+migrate to the lease log of version 9 with their events. Each has a control
+with the bug put back, caught.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import psycopg
 import pytest
 from conftest import HELPERS, PYTHON, python_env
 from helpers.pg_history import SCHEMA_6_HISTORY, agreement, defer_journal
+from helpers.pg_schema8 import grant_8
 
 import stockade
 from stockade.cli import main as cli_main
 from stockade.coordinators import postgres as pg_module
 from stockade.coordinators.postgres import PostgresCoordinator
-from stockade.coordinators.postgres._journal import HISTORY_APPEND_ONLY, HISTORY_SCHEMA, journal_function
-from stockade.coordinators.postgres._rows import MIGRATIONS, SERVER_RULES
+from stockade.coordinators.postgres._journal import log_functions
+from stockade.coordinators.postgres._rows import MIGRATIONS, server_rules
+from stockade.coordinators.postgres._schema8 import HISTORY_APPEND_ONLY, MIGRATIONS_8, SERVER_RULES_8
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.errors import BackendUnavailable
 
@@ -77,9 +80,9 @@ def test_control_a_journal_written_after_the_commit_is_caught(pg_coord_url):
 
 
 def _inject_failing_insert(url: str) -> None:
-    """From now on an event of the holder ``doomed`` cannot be journaled (its insert fails)."""
+    """From now on an event of the holder ``doomed`` cannot be journaled (its row can be neither written nor ended)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE stockade_coord_history ADD CONSTRAINT injected CHECK (holder <> 'doomed') NOT VALID")
+        conn.execute("ALTER TABLE stockade_coord_log ADD CONSTRAINT injected CHECK (holder <> 'doomed') NOT VALID")
 
 
 def _release_fails(url: str, *, server_rules: bool, control: bool = False) -> list[str]:
@@ -91,11 +94,13 @@ def _release_fails(url: str, *, server_rules: bool, control: bool = False) -> li
     _inject_failing_insert(url)
     write_later = defer_journal(coord, url) if control else None
     try:
-        if write_later is not None:  # the change commits; its event, written afterwards, fails
-            assert coord.release(lease_id).released
+        if write_later is not None:  # a grant commits; its row in the log, written afterwards, fails
+            coord.attempt("g", lease_id=new_lease_id(), holder="doomed", ttl_ms=30_000, wait_ms=0)
             with pytest.raises(psycopg.errors.CheckViolation):
                 write_later()
             write_later.close()
+            assert coord.inspect("g").last_token > 0
+            return agreement(url, "g")
         else:
             with pytest.raises(BackendUnavailable):
                 coord.release(lease_id)
@@ -120,31 +125,19 @@ def test_a_failing_history_insert_undoes_the_change(pg_coord_url, server_rules):
 def test_control_a_failing_insert_after_the_commit_leaves_a_change_without_its_event(pg_coord_url, monkeypatch):
     from stockade.coordinators.postgres import _rows as _postgres_coord_rows
 
-    monkeypatch.setattr(_postgres_coord_rows, "journal_statements", _postgres_coord_rows.journal_statements)
-    assert _release_fails(pg_coord_url, server_rules=False, control=True) == [
-        "record holds no lease, last event grant"]
+    monkeypatch.setattr(_postgres_coord_rows, "log_statements", _postgres_coord_rows.log_statements)
+    assert _release_fails(pg_coord_url, server_rules=False, control=True) == ["nothing recorded"]
 
 
-#: The server rules of schema version 3: the same, without the journal.
-_RULES_3 = "\n".join(line for line in SERVER_RULES.splitlines() if "stockade_coord_journal" not in line)
+#: The server rules of schema version 3: those of 8, without the journal.
+_RULES_3 = "\n".join(line for line in SERVER_RULES_8.splitlines() if "stockade_coord_journal" not in line)
 
 
-def _migrated_history(url: str, monkeypatch, migration_4: str) -> list[tuple[str, str, int]]:
-    """Open a database at schema version 3 with a lease held, migrate it with ``migration_4``, cycle once."""
-    assert SERVER_RULES.count("stockade_coord_journal") == 2 and "stockade_coord_journal" not in _RULES_3
-    monkeypatch.setattr(pg_module, "MIGRATIONS", (*MIGRATIONS[:2], _RULES_3))
-    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 3)
-    old = PostgresCoordinator(url)
-    held = new_lease_id()
-    old_token = old.attempt("m", lease_id=held, holder="before", ttl_ms=30_000, wait_ms=0).outcome.lease.token.value
-    old.close()
-    with psycopg.connect(url, autocommit=True) as conn:
-        assert conn.execute("SELECT to_regclass('stockade_coord_history')").fetchone()[0] is None
-    monkeypatch.setattr(pg_module, "MIGRATIONS", (*MIGRATIONS[:3], migration_4))
-    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 4)
+def _release_and_cycle(url: str, held: str) -> int:
+    """Under the current version: give back ``held`` (a lease of the old version), then one lock cycle; its token."""
     new = PostgresCoordinator(url)
     try:
-        assert new.release(held).released  # a lease of the old version, given back under the new one
+        assert new.release(held).released
         lease_id = new_lease_id()
         token = new.attempt("m", lease_id=lease_id, holder="after", ttl_ms=30_000, wait_ms=0).outcome.lease.token.value
         new.release(lease_id)
@@ -152,70 +145,92 @@ def _migrated_history(url: str, monkeypatch, migration_4: str) -> list[tuple[str
         new.close()
     with psycopg.connect(url, autocommit=True) as conn:
         version = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'schema_version'").fetchone()[0]
-    assert version == "4" and token > old_token
-    return [(kind, holder, value - old_token) for kind, holder, value in _kinds(url, "m")]
+    assert version == str(len(MIGRATIONS))
+    return token
 
 
-def test_a_database_of_the_previous_schema_migrates(pg_coord_url, monkeypatch):
-    assert MIGRATIONS[3] == HISTORY_SCHEMA + SERVER_RULES and MIGRATIONS[4:6] == (SERVER_RULES,) * 2
-    assert _migrated_history(pg_coord_url, monkeypatch, MIGRATIONS[3]) == [
-        ("release", "before", 0), ("grant", "after", 1), ("release", "after", 1)]
+def _at_version(url: str, monkeypatch, migrations: tuple[str, ...]) -> tuple[str, int]:
+    """Open a database at the version of ``migrations`` and grant ``m`` as a process of that version does."""
+    monkeypatch.setattr(pg_module, "MIGRATIONS", migrations)
+    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", len(migrations))
+    PostgresCoordinator(url).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        lease_id, token = grant_8(conn, "m")  # the function of that name, as that version's client calls it
     monkeypatch.undo()
-    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 3)  # an older stockade refuses the newer tables
-    with pytest.raises(BackendUnavailable, match="schema version 4"):
+    return lease_id, token
+
+
+def test_a_database_of_schema_3_migrates(pg_coord_url, monkeypatch):
+    """No journal at version 3: the held lease's grant was never recorded; its release and what follows are."""
+    assert SERVER_RULES_8.count("stockade_coord_journal") == 2 and "stockade_coord_journal" not in _RULES_3
+    held, old_token = _at_version(pg_coord_url, monkeypatch, (*MIGRATIONS_8[:2], _RULES_3))
+    with psycopg.connect(pg_coord_url, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('stockade_coord_history')").fetchone()[0] is None
+    token = _release_and_cycle(pg_coord_url, held)
+    assert token > old_token
+    assert [(kind, holder, value - old_token) for kind, holder, value in _kinds(pg_coord_url, "m")] == [
+        ("release", "holder-8", 0), ("grant", "after", 1), ("release", "after", 1)]
+    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 8)  # an older stockade refuses the newer tables
+    with pytest.raises(BackendUnavailable, match="schema version 9"):
         PostgresCoordinator(pg_coord_url)
 
 
-def test_a_journal_of_schema_6_migrates_to_append_only(pg_coord_url, monkeypatch):
+def test_a_journal_of_schema_6_migrates_to_the_lease_log(pg_coord_url, monkeypatch):
     """Schema 6's journal (numbered per scope, trimmed at each event): its events stay, in order; new ones follow."""
-    assert MIGRATIONS[6] == HISTORY_APPEND_ONLY and MIGRATIONS[7:] == (SERVER_RULES,)
-    monkeypatch.setattr(pg_module, "MIGRATIONS", (*MIGRATIONS[:3], SCHEMA_6_HISTORY + SERVER_RULES, *MIGRATIONS[4:6]))
-    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 6)
-    old = PostgresCoordinator(pg_coord_url)
-    held = new_lease_id()
-    old_token = old.attempt("m", lease_id=held, holder="before", ttl_ms=30_000, wait_ms=0).outcome.lease.token.value
-    old.close()
+    assert MIGRATIONS_8[6] == HISTORY_APPEND_ONLY
+    held, old_token = _at_version(pg_coord_url, monkeypatch,
+                                  (*MIGRATIONS_8[:3], SCHEMA_6_HISTORY + SERVER_RULES_8, *MIGRATIONS_8[4:6]))
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
         assert conn.execute("SELECT n FROM stockade_coord_history").fetchall() == [(1,)]
-    monkeypatch.undo()
-    new = PostgresCoordinator(pg_coord_url)
-    try:
-        assert new.release(held).released
-        lease_id = new_lease_id()
-        new.attempt("m", lease_id=lease_id, holder="after", ttl_ms=30_000, wait_ms=0)
-        new.release(lease_id)
-    finally:
-        new.close()
+    _release_and_cycle(pg_coord_url, held)
     assert [(kind, holder, value - old_token) for kind, holder, value in _kinds(pg_coord_url, "m")] == [
-        ("grant", "before", 0), ("release", "before", 0), ("grant", "after", 1), ("release", "after", 1)]
+        ("grant", "holder-8", 0), ("release", "holder-8", 0), ("grant", "after", 1), ("release", "after", 1)]
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
-        columns = [c for c, in conn.execute("SELECT column_name FROM information_schema.columns "
-                                            "WHERE table_name = 'stockade_coord_history' ORDER BY ordinal_position")]
-        version = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'schema_version'").fetchone()[0]
-    assert columns == ["seq", "scope", "kind", "holder", "token", "at_unix_ms"] and version == str(len(MIGRATIONS))
+        tables = conn.execute("SELECT to_regclass('stockade_coord_history'), to_regclass('stockade_coord_leases'), "
+                              "to_regclass('stockade_coord_log')").fetchone()
+    assert tables == (None, None, "stockade_coord_log")
 
 
-def test_control_a_migration_that_keeps_the_old_rules_is_caught(pg_coord_url, monkeypatch):
-    """Migration 4 without the server rules: the one-statement grant and release journal nothing."""
-    assert _migrated_history(pg_coord_url, monkeypatch, HISTORY_SCHEMA) == []
+def _small_bounds(url: str, **bounds: int) -> None:
+    """The same functions with small bounds (rows kept, a sweep every so many rows, sweeps per row)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(log_functions(**bounds) + server_rules(**bounds))
 
 
 def test_the_journal_is_bounded_in_all_and_a_scope_reads_its_newest(pg_coord_url):
-    """The same function with a small bound (5 in all, a sweep every 4): the sweeps keep the newest 5."""
+    """The same functions with a small bound (5 rows in all, a sweep every 4): the sweeps keep the newest 5."""
     coord = PostgresCoordinator(pg_coord_url)
+    _small_bounds(pg_coord_url, rows_max=5, sweep_every=4)
+    for scope in "abcdef":
+        for _ in range(2):
+            lease_id = new_lease_id()
+            coord.attempt(scope, lease_id=lease_id, holder="h", ttl_ms=5_000, wait_ms=0)
+            coord.release(lease_id)
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
-        conn.execute(journal_function(total_max=5, sweep_every=4))
-        for scope in "abcdef":
-            for _ in range(2):
-                lease_id = new_lease_id()
-                coord.attempt(scope, lease_id=lease_id, holder="h", ttl_ms=5_000, wait_ms=0)
-                coord.release(lease_id)
-        seqs = [seq for seq, in conn.execute("SELECT seq FROM stockade_coord_history ORDER BY seq")]
+        seqs = [seq for seq, in conn.execute("SELECT seq FROM stockade_coord_log ORDER BY seq")]
     coord.close()
-    assert seqs == [20, 21, 22, 23, 24]  # the sweep at 24 took everything up to 19
+    assert seqs == [8, 9, 10, 11, 12]  # the sweep at 12 took everything up to 7
     assert [kind for kind, _, _ in _kinds(pg_coord_url, "f")] == ["grant", "release", "grant", "release"]
-    assert [kind for kind, _, _ in _kinds(pg_coord_url, "e")] == ["release"]
+    assert [kind for kind, _, _ in _kinds(pg_coord_url, "d")] == ["grant", "release"]
     assert _kinds(pg_coord_url, "a") == []
+
+
+def test_a_lease_held_past_the_bound_is_deleted_when_it_ends(pg_coord_url):
+    """No sweep's range reaches a lease held while the bound's rows went past it: its end deletes it."""
+    coord = PostgresCoordinator(pg_coord_url)
+    _small_bounds(pg_coord_url, rows_max=5, sweep_every=4, sweep_windows=1)
+    try:
+        held = new_lease_id()
+        coord.attempt("long", lease_id=held, holder="h", ttl_ms=60_000, wait_ms=0)
+        for _ in range(16):
+            lease_id = new_lease_id()
+            coord.attempt("short", lease_id=lease_id, holder="h", ttl_ms=5_000, wait_ms=0)
+            coord.release(lease_id)
+        assert [kind for kind, _, _ in _kinds(pg_coord_url, "long")] == ["grant"]  # held: never swept
+        assert coord.release(held).released
+        assert _kinds(pg_coord_url, "long") == []
+    finally:
+        coord.close()
 
 
 def test_a_busy_scope_shows_its_last_100_events(pg_coord_url):
@@ -237,16 +252,17 @@ def test_a_busy_scope_shows_its_last_100_events(pg_coord_url):
 
 
 def _left_behind(url: str, *, sweep_every: int, sweep_windows: int = 4) -> list[int]:
-    """Events journaled directly, every third one rolled back (its ``seq`` is never used): what the trims miss."""
+    """Leases logged and ended directly, every third rolled back (its ``seq`` never used): what the trims miss."""
     PostgresCoordinator(url).close()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(journal_function(total_max=5, sweep_every=sweep_every, sweep_windows=sweep_windows))
+        conn.execute(log_functions(rows_max=5, sweep_every=sweep_every, sweep_windows=sweep_windows))
         for i in range(1, 33):
             with contextlib.suppress(psycopg.errors.RaiseException), conn.transaction():
-                conn.execute("SELECT stockade_coord_journal('w', 'grant', 'h', %s)", (i,))
+                conn.execute("SELECT stockade_coord_log_grant('w', %s, 'h', %s, 1, 0, 1)", (f"id{i}", i))
+                conn.execute("SELECT stockade_coord_log_end('w', %s, 'release')", (f"id{i}",))
                 if i % 3 == 0:
                     conn.execute("DO $$ BEGIN RAISE EXCEPTION 'rolled back'; END $$")
-        rows = conn.execute("SELECT seq FROM stockade_coord_history ORDER BY seq").fetchall()
+        rows = conn.execute("SELECT seq FROM stockade_coord_log ORDER BY seq").fetchall()
     newest = rows[-1][0]
     assert newest == 32  # 32 seq values used (every third by a rollback), the last one kept
     return [seq for seq, in rows if seq <= newest - 5]

@@ -1,9 +1,11 @@
 """The PostgreSQL coordinator's journal as a test reads it, and the bug the controls put back.
 
 `agreement` reads a scope's record and its journal in one snapshot and says
-where they disagree. `defer_journal` is the wrong way to journal: each
-change commits first and its events go in a transaction of their own
-afterwards (the lease engine's path only: the one-statement rules are
+where they disagree. Since schema version 9 the journal is the lease log
+(a lease's row is its grant event, and its end in place is the end event), so
+what can disagree is the scope row's last token and the log. `defer_journal`
+is the wrong way to journal: each change commits first and its rows in the
+log go in a transaction of their own afterwards (the lease engine's path only: the one-statement rules are
 switched off), so a kill -9 or a failing insert in between leaves a change
 without its event.
 """
@@ -14,8 +16,8 @@ import psycopg
 
 from stockade.coordinators.postgres import PostgresCoordinator
 from stockade.coordinators.postgres import _rows as _postgres_coord_rows
-from stockade.coordinators.postgres._journal import journal_statements
-from stockade.coordinators.postgres._rows import SCOPE_LOCK_CLASS
+from stockade.coordinators.postgres._journal import log_statements
+from stockade.coordinators.postgres._rows import HELD, SCOPE_LOCK_CLASS
 
 #: The journal of schema versions 4 to 6, as they created it: each scope's events numbered (``n``),
 #: and each event deleting its scope's event 100 behind and the table's event 100,000 behind.
@@ -50,14 +52,17 @@ $$;
 
 
 def agreement(url: str, scope: str) -> list[str]:
-    """Where ``scope``'s record and its journal disagree (empty: they agree), read in one snapshot."""
+    """Where ``scope``'s record and its journal (the lease log) disagree (empty: they agree), in one snapshot."""
     with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        row = conn.execute("SELECT s.last_token, l.token FROM stockade_coord_scopes s "
-                           "LEFT JOIN stockade_coord_leases l ON l.scope = s.scope WHERE s.scope = %s",
-                           (scope,)).fetchone()
-        events = conn.execute("SELECT kind, token FROM stockade_coord_history WHERE scope = %s ORDER BY seq",
-                              (scope,)).fetchall()
+        row = conn.execute(f"SELECT s.last_token, l.token FROM stockade_coord_scopes s LEFT JOIN LATERAL "
+                           f"{HELD.format(scope='s.scope')} AS l ON true WHERE s.scope = %s", (scope,)).fetchone()
+        rows = conn.execute("SELECT token, grant_ms IS NOT NULL, end_kind, end_ms IS NOT NULL FROM stockade_coord_log "
+                            "WHERE scope = %s ORDER BY seq", (scope,)).fetchall()
+    events = []
+    for token, granted, end_kind, ended in rows:
+        events += [("grant", token)] if granted else []
+        events += [(end_kind, token)] if ended and end_kind else []
     grants = [token for kind, token in events if kind == "grant"]
     if row is None or not grants:
         return ["nothing recorded"]
@@ -83,10 +88,10 @@ class defer_journal:  # noqa: N801 - used as a function that returns the deferre
         self.later: list[tuple[str, tuple[object, ...]]] = []
 
         def deferred(old, new):  # type: ignore[no-untyped-def]
-            self.later.extend(journal_statements(old, new))
+            self.later.extend(log_statements(old, new))
             return []
 
-        _postgres_coord_rows.journal_statements = deferred  # type: ignore[assignment]
+        _postgres_coord_rows.log_statements = deferred  # type: ignore[assignment]
         coord.server_rules = False
         self.conn = psycopg.connect(url, autocommit=True)
 

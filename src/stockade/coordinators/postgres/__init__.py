@@ -49,6 +49,7 @@ from stockade.coordinators.postgres._journal import HISTORY_READ, events_of_row
 from stockade.coordinators.postgres._notify import Notifier, ServerClock
 from stockade.coordinators.postgres._rows import (
     EXPECT_SQLSTATE,
+    HELD_SCOPE,
     LEASE_ROWS_MAX,
     MIGRATION_LOCK,
     MIGRATIONS,
@@ -113,20 +114,21 @@ _META = (f"SELECT {_NOW}, pg_walfile_name(pg_current_wal_lsn()), "
          "(SELECT v FROM stockade_coord_meta WHERE k = 'epoch'), "
          "(SELECT v FROM stockade_coord_meta WHERE k = 'forgotten_floor')")
 _LOCK_SCOPE = "SELECT %s::text, pg_advisory_xact_lock(%s, hashtext(%s))"
-_LOCK_LEASE = "SELECT scope, pg_advisory_xact_lock(%s, hashtext(scope)) FROM stockade_coord_leases WHERE lease_id = %s"
+_LOCK_LEASE = (f"SELECT s.scope, pg_advisory_xact_lock(%s, hashtext(s.scope)) "
+               f"FROM {HELD_SCOPE.format(lease_id='%s')} AS s(scope)")
 _META_SCOPE = (f"{_META}, {LEASE_ROWS_MAX}, r.* FROM (SELECT 1) AS one "
                f"LEFT JOIN LATERAL ({RECORD_SELECT}WHERE s.scope = %s) AS r ON true")
 _META_LEASE = (f"{_META}, NULL, r.* FROM (SELECT 1) AS one LEFT JOIN LATERAL ({RECORD_SELECT}"
-               "WHERE s.scope = (SELECT scope FROM stockade_coord_leases WHERE lease_id = %s)) AS r ON true")
+               f"WHERE s.scope = {HELD_SCOPE.format(lease_id='%s')}) AS r ON true")
 
 
 #: How long a lease id may be to travel inside the first round trip (longer ones take the plain path).
 _INLINE_ID_MAX = 256
 #: The common cases, one call of a server-side function each (`SERVER_RULES`); each answers the server's time last.
-_GRANT = Prepared("stockade_coord_grant", "SELECT token, now_ns FROM stockade_coord_grant($1, $2, $3, $4, $5)",
+_GRANT = Prepared("stockade_coord_grant_log", "SELECT token, now_ns FROM stockade_coord_grant_log($1, $2, $3, $4, $5)",
                   (int, int))
-_KEEP = Prepared("stockade_coord_keep", "SELECT scope, holder, token, ttl_ms, granted_ns, expires_ns, now_ns "
-                 "FROM stockade_coord_keep($1, $2)", (str, str, int, int, int, int, int))
+_KEEP = Prepared("stockade_coord_keep_log", "SELECT scope, holder, token, ttl_ms, granted_ns, expires_ns, now_ns "
+                 "FROM stockade_coord_keep_log($1, $2)", (str, str, int, int, int, int, int))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,39 +1,48 @@
-"""The PostgreSQL coordinator's lease history: a table written in the transaction of each change.
+"""The PostgreSQL coordinator's lease log: each lease is one row, which is also its history.
 
-Every change of a scope's record writes its events (`stockade.core.journal.events_of`)
-in the same transaction as the change, so both commit or neither does
-(docs/history.md). Both ways a change is made call one server-side function,
-``stockade_coord_journal(scope, kind, holder, token)``:
+Schema version 9 keeps every lease in ``stockade_coord_log``, one row per
+grant, never one per scope: the row a grant inserts is the lease while it is
+held *and* its grant event; its release or expiry marks the same row ended
+(``end_kind``, ``end_ms``), in place, and that is its end event. So a lock
+cycle writes one row and one in-place update, where versions 4 to 8 inserted
+a lease row, deleted it and appended two events (14 WAL records a cycle, now 8:
+docs/coordinator-postgres.md, "Cost"). The update is heap-only (no index
+entry): no indexed column changes and the table's pages keep half their room
+(``fillfactor = 50``) for the rows' new versions. Several writers' rows share
+the newest page, and PostgreSQL does not prune a page another backend has
+pinned: with a fifth kept free, 8 processes' cycles wrote 8.6 records (930 B),
+some releases finding no room; with half, 8.0 (710 B).
 
-- the lease engine's units queue it beside the change's own statements
-  (`journal_statements`, from `record_writes`), sent with the COMMIT in the
-  same round trip;
-- the one-statement grant and release (`SERVER_RULES`) PERFORM it inside
-  their function. A renewal records nothing.
+- A scope's held lease is its newest row when that row has not ended (a grant
+  inserts a row only after the previous lease ended, under the scope's lock).
+  It is found through the index on ``(scope, seq)``, which also reads a
+  scope's history newest first; a lease id's row through the index on
+  ``lease_id``. ``seq`` (the primary key) orders the rows.
+- The events a reader sees (`HISTORY_READ`): for each row, its grant (number
+  ``2 * seq``, at ``grant_ms``) and, when it has ended with one, its release
+  or expiry (``2 * seq + 1``, at ``end_ms``). Within a scope the numbers
+  increase in the order the events happened. Times are the database
+  server's clock when the event was written.
+- Both ways a change is made write the row in the transaction of the change:
+  the one-statement grant and release (`stockade.coordinators.postgres._rows.SERVER_RULES`)
+  themselves, the lease engine's units with `log_statements` beside the change's
+  own statements, sent with the COMMIT.
+- The bound: the rows of the last `LOG_ROWS_MAX` grants are kept (two events
+  each: `HISTORY_TOTAL_MAX` events). Every `SWEEP_EVERY` rows the one whose
+  ``seq`` is a multiple of it deletes the *ended* rows of the range
+  ``(seq - rows_max - SWEEP_WINDOWS * sweep_every, seq - rows_max]`` (a held
+  lease is never deleted). A lease held while every later sweep's range went
+  past it is deleted when it ends (its events are older than what the bound
+  keeps), so nothing is left behind however long a lease is held.
 
-It costs one INSERT per event, into a table indexed by ``seq`` and by
-``(scope, seq)``, and nothing else: no count, no read, no per-event delete.
-
-- ``seq`` (an identity) orders all events; a scope's events are read newest
-  first through ``(scope, seq)`` and at most `HISTORY_PER_SCOPE` of them
-  (`HISTORY_READ`), so a scope shows its last 100 events without a per-scope
-  trim (one event 100 behind deleted at each write, as schema versions 4 to 6
-  did, costs about 60 µs of the server's time per event).
-- The bound on the table is ``HISTORY_TOTAL_MAX`` events behind the newest
-  ``seq``: every `SWEEP_EVERY` events the one whose ``seq`` is a multiple of it
-  deletes the range ``(seq - total_max - SWEEP_WINDOWS * sweep_every, seq - total_max]``.
-  Each ``seq`` value falls in `SWEEP_WINDOWS` such ranges, so an event is left
-  behind only if that many sweeping transactions in a row never commit (a
-  ``seq`` a rollback or a server crash skipped sweeps nothing). Between sweeps
-  the table holds up to ``sweep_every - 1`` events more than the bound.
-
-A sweep skips a row another transaction has locked (that one is deleting it),
-so units on different scopes never wait for each other here, and no two wait
-for each other. A sweep's range is bounded, so its cost does not grow with the
-table (an open range ``seq <= bound`` would also walk the index entries of
-every deleted row not yet vacuumed).
-
-``at_unix_ms`` is the database server's clock when the event is written.
+Migration 9 (`LEASE_LOG`) builds the log from a database of version 8 in the
+transaction that migrates: each grant event with its end event (same scope and
+token) becomes one row with the same ``seq``; a held lease keeps the row of its
+grant (or gets a new one when its grant event had been trimmed); an end event
+whose grant was trimmed keeps its own row. The old tables and functions are
+dropped, so that a process of version 8 still running fails on its next
+statement with the server's "does not exist" (`BackendUnavailable`), and cannot
+write beside the log.
 """
 
 from __future__ import annotations
@@ -45,71 +54,173 @@ from stockade.coordinators.postgres._call import Prepared
 from stockade.core.journal import HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
-__all__ = ["HISTORY_SCHEMA", "HISTORY_APPEND_ONLY", "HISTORY_READ", "SWEEP_EVERY", "SWEEP_WINDOWS",
-           "journal_function", "journal_statements", "events_of_row"]
+__all__ = ["LEASE_LOG", "LOG_FUNCTIONS", "HISTORY_READ", "SWEEP_EVERY", "SWEEP_WINDOWS", "LOG_ROWS_MAX",
+           "sweep", "end_of_old", "log_functions", "log_statements", "events_of_row"]
 
-#: Every this many events (by ``seq``) the trim sweeps a range below its bound.
+#: Rows (leases) kept: two events each, `HISTORY_TOTAL_MAX` events in all.
+LOG_ROWS_MAX = HISTORY_TOTAL_MAX // 2
+#: Every this many rows (by ``seq``) the sweep deletes a range of ended rows below the bound.
 SWEEP_EVERY = 1024
 #: How many sweeps cover each ``seq`` value (consecutive sweeps' ranges overlap).
 SWEEP_WINDOWS = 4
 
 _TABLE = """
-CREATE TABLE IF NOT EXISTS stockade_coord_history (
-    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+CREATE TABLE stockade_coord_log (
+    seq bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
     scope text NOT NULL,
-    kind text NOT NULL CHECK (kind IN ('grant', 'release', 'expire')),
+    lease_id text,
     holder text NOT NULL,
     token bigint NOT NULL,
-    at_unix_ms bigint NOT NULL DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-);
+    ttl_ms bigint,
+    granted_ns bigint,
+    expires_ns bigint,
+    grant_ms bigint,
+    end_kind text CHECK (end_kind IN ('release', 'expire', '')),
+    end_ms bigint,
+    CHECK (end_kind IS NOT NULL OR (lease_id IS NOT NULL AND ttl_ms IS NOT NULL AND granted_ns IS NOT NULL
+                                    AND expires_ns IS NOT NULL))
+) WITH (fillfactor = 50);
+CREATE INDEX stockade_coord_log_scope ON stockade_coord_log (scope, seq);
+CREATE INDEX stockade_coord_log_lease ON stockade_coord_log (lease_id);
 """
-#: A scope's events, newest first, without a scan (`HISTORY_READ`).
-_SCOPE_INDEX = "CREATE INDEX IF NOT EXISTS stockade_coord_history_scope ON stockade_coord_history (scope, seq);\n"
+
+# The rows of schema 8, under an exclusive lock (a process of version 8 waits, then fails).
+# ``end_kind`` '' marks a row that ended without an event recorded (a grant of schema 8 whose
+# lease is gone and whose end was never journaled).
+_FROM_SCHEMA_8 = """
+LOCK TABLE stockade_coord_leases, stockade_coord_history IN ACCESS EXCLUSIVE MODE;
+INSERT INTO stockade_coord_log (seq, scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns, grant_ms,
+                                end_kind, end_ms)
+SELECT g.seq, g.scope, l.lease_id, g.holder, g.token, l.ttl_ms, l.granted_ns, l.expires_ns, g.at_unix_ms,
+       CASE WHEN l.lease_id IS NULL THEN COALESCE(e.kind, '') END, e.at_unix_ms
+  FROM stockade_coord_history g
+  LEFT JOIN stockade_coord_history e ON e.scope = g.scope AND e.token = g.token AND e.kind <> 'grant'
+  LEFT JOIN stockade_coord_leases l ON l.scope = g.scope AND l.token = g.token AND e.seq IS NULL
+ WHERE g.kind = 'grant';
+INSERT INTO stockade_coord_log (seq, scope, holder, token, end_kind, end_ms)
+SELECT e.seq, e.scope, e.holder, e.token, e.kind, e.at_unix_ms FROM stockade_coord_history e
+ WHERE e.kind <> 'grant' AND NOT EXISTS (SELECT 1 FROM stockade_coord_history g
+                                          WHERE g.kind = 'grant' AND g.scope = e.scope AND g.token = e.token);
+SELECT setval(pg_get_serial_sequence('stockade_coord_log', 'seq'), COALESCE(m.seq, 1), m.seq IS NOT NULL)
+  FROM (SELECT GREATEST((SELECT max(seq) FROM stockade_coord_history), (SELECT max(seq) FROM stockade_coord_log))
+        AS seq) AS m;
+INSERT INTO stockade_coord_log (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns)
+SELECT l.scope, l.lease_id, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns FROM stockade_coord_leases l
+ WHERE NOT EXISTS (SELECT 1 FROM stockade_coord_log o WHERE o.scope = l.scope AND o.token = l.token)
+ ORDER BY l.scope;
+DROP FUNCTION stockade_coord_grant(text, text, text, bigint, bigint);
+DROP FUNCTION stockade_coord_keep(text, boolean);
+DROP FUNCTION stockade_coord_journal(text, text, text, bigint);
+DROP TABLE stockade_coord_leases, stockade_coord_history;
+"""
 
 
-def journal_function(*, total_max: int = HISTORY_TOTAL_MAX, sweep_every: int = SWEEP_EVERY,
-                     sweep_windows: int = SWEEP_WINDOWS) -> str:
-    """The SQL of ``stockade_coord_journal``: append one event, and now and then trim (the bounds are constants)."""
+def sweep(seq: str, *, rows_max: int = LOG_ROWS_MAX, sweep_every: int = SWEEP_EVERY,
+          sweep_windows: int = SWEEP_WINDOWS) -> str:
+    """PL/pgSQL: after inserting row ``seq`` (an expression), delete a range of ended rows below the bound now and then.
+
+    A row another transaction has locked is skipped (that one is ending or deleting it), so
+    units on different scopes never wait for each other here.
+    """
+    return f"""IF {seq} % {sweep_every} = 0 THEN
+        DELETE FROM stockade_coord_log h WHERE h.ctid = ANY(ARRAY(SELECT o.ctid FROM stockade_coord_log o
+            WHERE o.seq > {seq} - {rows_max + sweep_windows * sweep_every} AND o.seq <= {seq} - {rows_max}
+              AND o.end_kind IS NOT NULL FOR UPDATE SKIP LOCKED));
+    END IF;"""
+
+
+def end_of_old(seq: str, *, rows_max: int = LOG_ROWS_MAX, sweep_every: int = SWEEP_EVERY,
+               sweep_windows: int = SWEEP_WINDOWS) -> str:
+    """PL/pgSQL: after ending row ``seq``, delete it if no later sweep's range reaches it (held past the bound)."""
+    reach = rows_max + sweep_windows * sweep_every
+    return f"""IF {seq} <= (SELECT last_value FROM stockade_coord_log_seq_seq) - {reach} THEN
+        DELETE FROM stockade_coord_log h WHERE h.seq = {seq};
+    END IF;"""
+
+
+def log_functions(**bounds: int) -> str:
+    """The SQL of the engine path's two functions (their bounds as `sweep` takes them).
+
+    ``stockade_coord_log_grant`` inserts a lease's row; ``stockade_coord_log_end`` marks the
+    scope's held lease ended, and refuses (`EXPECT_SQLSTATE`) when it is not the one held.
+    """
     return f"""
-CREATE OR REPLACE FUNCTION stockade_coord_journal(p_scope text, p_kind text, p_holder text, p_token bigint)
+CREATE OR REPLACE FUNCTION stockade_coord_log_grant(p_scope text, p_lease_id text, p_holder text, p_token bigint,
+                                                    p_ttl_ms bigint, p_granted_ns bigint, p_expires_ns bigint)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_seq bigint;
 BEGIN
-    INSERT INTO stockade_coord_history AS h (scope, kind, holder, token) VALUES (p_scope, p_kind, p_holder, p_token)
-        RETURNING h.seq INTO v_seq;
-    IF v_seq % {sweep_every} = 0 THEN
-        DELETE FROM stockade_coord_history h WHERE h.ctid = ANY(ARRAY(SELECT o.ctid FROM stockade_coord_history o
-            WHERE o.seq > v_seq - {total_max + sweep_windows * sweep_every} AND o.seq <= v_seq - {total_max}
-            FOR UPDATE SKIP LOCKED));
+    INSERT INTO stockade_coord_log AS l (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns, grant_ms)
+        VALUES (p_scope, p_lease_id, p_holder, p_token, p_ttl_ms, p_granted_ns, p_expires_ns,
+                (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+        RETURNING l.seq INTO v_seq;
+    {sweep("v_seq", **bounds)}
+END
+$$;
+
+CREATE OR REPLACE FUNCTION stockade_coord_log_end(p_scope text, p_lease_id text, p_kind text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_seq bigint;
+BEGIN
+    UPDATE stockade_coord_log l SET end_kind = p_kind, end_ms = (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+     WHERE l.seq = (SELECT o.seq FROM stockade_coord_log o WHERE o.scope = p_scope ORDER BY o.seq DESC LIMIT 1)
+       AND l.lease_id = p_lease_id AND l.end_kind IS NULL
+    RETURNING l.seq INTO v_seq;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SK001',
+            MESSAGE = format('the lease of %L changed underneath this coordinator', p_scope);
     END IF;
+    {end_of_old("v_seq", **bounds)}
 END
 $$;
 """
 
 
-#: Migration 4: the journal's table and function (the server rules are re-created beside it).
-HISTORY_SCHEMA = _TABLE + _SCOPE_INDEX + journal_function()
+#: The engine path's functions (created by migration 9, with the server rules).
+LOG_FUNCTIONS = log_functions()
 
-#: Migration 7: the journal appends only. A table of schema 4 to 6 loses its per-scope number ``n``
-#: (and the unique index on ``(scope, n)``) and is read through ``(scope, seq)``.
-HISTORY_APPEND_ONLY = ("ALTER TABLE stockade_coord_history DROP COLUMN IF EXISTS n;\n"
-                       + _SCOPE_INDEX + journal_function())
+#: Migration 9: the lease log, built from the tables of schema 8, and its functions.
+LEASE_LOG = _TABLE + _FROM_SCHEMA_8 + LOG_FUNCTIONS
 
 #: A scope's last events, oldest first, in one row (what has committed), the server's time last.
 HISTORY_READ = Prepared(
-    "stockade_coord_history",
-    "SELECT (SELECT json_agg(json_build_array(e.seq::text, e.kind, e.holder, e.token::text, e.at_unix_ms::text) "
-    "ORDER BY e.seq) FROM (SELECT * FROM stockade_coord_history WHERE scope = $1 ORDER BY seq DESC LIMIT $2) AS e), "
+    "stockade_coord_log_history",
+    "SELECT (SELECT json_agg(json_build_array(e.n::text, e.kind, e.holder, e.token::text, e.at::text) ORDER BY e.n) "
+    "FROM (SELECT x.n, x.kind, r.holder, r.token, x.at "
+    "FROM (SELECT * FROM stockade_coord_log WHERE scope = $1 ORDER BY seq DESC LIMIT $2) AS r "
+    "CROSS JOIN LATERAL (VALUES (r.seq * 2, 'grant', r.grant_ms), (r.seq * 2 + 1, r.end_kind, r.end_ms)) "
+    "AS x (n, kind, at) WHERE x.at IS NOT NULL AND x.kind <> '' ORDER BY x.n DESC LIMIT $2) AS e), "
     "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint",
     (json.loads, int),
 )
 
 
-def journal_statements(old: ScopeRecord, new: ScopeRecord) -> list[tuple[str, tuple[object, ...]]]:
-    """The statements that journal the change ``old -> new``, one per event, for the change's own transaction."""
-    return [("SELECT stockade_coord_journal(%s, %s, %s, %s)", (new.scope, kind, holder, token))
-            for kind, holder, token in events_of(old, new)]
+def log_statements(old: ScopeRecord, new: ScopeRecord) -> list[tuple[str, tuple[object, ...]]]:
+    """The statements that write the change ``old -> new`` of the scope's lease to the log, in its transaction.
+
+    A lease that ends is marked with its event's kind (`events_of`); a new lease is a new row;
+    the same lease changed (a renewal, the restart rule) is updated in its row.
+    """
+    before, after = old.lease, new.lease
+    if before == after:
+        return []
+    scope = new.scope
+    out: list[tuple[str, tuple[object, ...]]] = []
+    if before is not None and after is not None and before.lease_id == after.lease_id:
+        return [("UPDATE stockade_coord_log SET holder = %s, token = %s, ttl_ms = %s, granted_ns = %s, "
+                 "expires_ns = %s WHERE scope = %s AND lease_id = %s AND end_kind IS NULL",
+                 (after.holder, after.token.value, after.ttl_ms, after.granted_ns, after.expires_ns, scope,
+                  after.lease_id))]
+    if before is not None:
+        kind = next(kind for kind, _, token in events_of(old, new) if kind != "grant")
+        out.append(("SELECT stockade_coord_log_end(%s, %s, %s)", (scope, before.lease_id, kind)))
+    if after is not None:
+        out.append(("SELECT stockade_coord_log_grant(%s, %s, %s, %s, %s, %s, %s)",
+                    (scope, after.lease_id, after.holder, after.token.value, after.ttl_ms, after.granted_ns,
+                     after.expires_ns)))
+    return out
 
 
 def events_of_row(scope: str, row: Any) -> list[HistoryEvent]:

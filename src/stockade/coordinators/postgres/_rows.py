@@ -6,18 +6,22 @@ commits. Every table is prefixed ``stockade_coord_`` so that the coordinator
 can share a database with the application (and with the fenced store of
 `stockade.resources.postgres`, whose tables have their own prefix).
 
-Migrations are a list: version N is the first N entries applied in order,
-each idempotent, run under one transaction-scoped advisory lock so that
+Migrations are a list: version N is the first N entries applied in order
+(versions 1 to 8 frozen in `stockade.coordinators.postgres._schema8`; 9 is the
+lease log, `stockade.coordinators.postgres._journal`), in the transaction of
+the first connect of a newer version, under one transaction-scoped advisory lock so that
 processes opening a new database at the same moment do not race
 (``CREATE TABLE IF NOT EXISTS`` alone is not safe against a concurrent twin).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from stockade.coordinators._record_diff import POSTGRES, Statement, check_change, lease_and_queue, scope_row_changed
-from stockade.coordinators.postgres._journal import HISTORY_APPEND_ONLY, HISTORY_SCHEMA, journal_statements
+from stockade.coordinators.postgres._journal import LEASE_LOG, end_of_old, log_statements, sweep
+from stockade.coordinators.postgres._schema8 import MIGRATIONS_8
 from stockade.core.errors import invariant
 from stockade.core.leases import Lease, ScopeRecord, Waiter
 from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX, FencingToken
@@ -25,7 +29,8 @@ from stockade.core.tokens import COUNTER_BITS, COUNTER_MAX, FencingToken
 __all__ = [
     "MIGRATIONS", "SCHEMA_VERSION", "MIGRATION_LOCK", "SCOPE_LOCK_CLASS", "get_meta", "set_meta",
     "forgotten_floor", "load_record", "forget_record", "record_writes", "record_of_row", "RECORD_SELECT",
-    "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES", "LEASE_ROWS_MAX", "leases_at_least",
+    "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES", "LEASE_ROWS_MAX", "leases_at_least", "HELD", "HELD_SCOPE",
+    "server_rules",
 ]
 
 #: Advisory lock keys: one for the migration, one class for per-scope locks (two-int form).
@@ -47,25 +52,34 @@ _META = ("(SELECT max(v::bigint) FILTER (WHERE k = 'timeline') AS timeline, "
 _NEW_TIMELINE = ("m.timeline IS DISTINCT FROM ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
                  "::bit(32)::bigint + COALESCE(m.timeline_offset, 0)")
 
-#: At least as many leases as the lease table holds, from two sizes alone, the smaller of:
+#: At least as many leases as are held, from two sizes alone: a held lease is one scope's
+#: (`stockade.coordinators.postgres._journal`), so there are no more of them than rows in the scope
+#: table, whose sizes bound its rows; the smaller of:
 #: - its heap: a page of ``block_size`` bytes holds at most ``(block_size - 24) / 28`` rows
 #:   (PostgreSQL's own bound), live or dead;
-#: - its primary key: every lease has one entry there, and a page holds at most
+#: - its primary key: every scope has one entry there, and a page holds at most
 #:   ``(block_size - 40) / 20`` entries (a 16-byte tuple for the shortest scope and its 4-byte line
 #:   pointer, after the page header and the B-tree's special space).
-#: The heap grows with every grant and release until a vacuum (a grant inserts a row, a release
-#: deletes it), past 350 pages in about 30 s at 3,700 cycles/s; the primary key does not when the
-#: same scopes are locked again and again (an insert of a scope clears its dead entries). While the
-#: smaller is below the bound on leases, nobody counts the table (a count is a scan of every page).
-LEASE_ROWS_MAX = ("(SELECT LEAST(pg_relation_size('stockade_coord_leases') / b * ((b - 24) / 28), "
-                  "pg_relation_size('stockade_coord_leases_pkey') / b * ((b - 40) / 20)) "
+#: A grant or a release updates its scope's row in place (heap-only), so neither grows with churn.
+#: While the smaller is below the bound on leases, nobody counts the held leases (a count is a scan
+#: of the lease log).
+LEASE_ROWS_MAX = ("(SELECT LEAST(pg_relation_size('stockade_coord_scopes') / b * ((b - 24) / 28), "
+                  "pg_relation_size('stockade_coord_scopes_pkey') / b * ((b - 40) / 20)) "
                   "FROM (SELECT current_setting('block_size')::bigint AS b) AS bs)")
 
 
 def leases_at_least(n: str) -> str:
-    """SQL: whether at least ``n`` (an SQL expression) leases are stored; counts only a table that could hold them."""
-    return (f"CASE WHEN {LEASE_ROWS_MAX} < {n} THEN false "
-            f"ELSE (SELECT count(*) FROM (SELECT 1 FROM stockade_coord_leases LIMIT {n}) AS n) >= {n} END")
+    """SQL: whether at least ``n`` (an SQL expression) leases are held; counts only when the scopes could hold them."""
+    return (f"CASE WHEN {LEASE_ROWS_MAX} < {n} THEN false ELSE (SELECT count(*) FROM (SELECT 1 FROM "
+            f"stockade_coord_log WHERE end_kind IS NULL LIMIT {n}) AS n) >= {n} END")
+
+
+#: The held lease of scope ``{scope}`` (an SQL expression): the scope's newest row of the lease log, unless it ended.
+HELD = ("(SELECT h.* FROM (SELECT o.* FROM stockade_coord_log o WHERE o.scope = {scope} ORDER BY o.seq DESC LIMIT 1) "
+        "AS h WHERE h.end_kind IS NULL)")
+#: The scope of lease ``{lease_id}`` while it is held (None: no lease has this id).
+HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lease_id} AND o.end_kind IS NULL "
+              "ORDER BY o.seq DESC LIMIT 1)")
 
 
 #: The rules of `stockade.core.leases` for the cases that need no decision but the obvious one,
@@ -77,10 +91,17 @@ def leases_at_least(n: str) -> str:
 #: backend. Tests hold both paths to the same answers (tests/test_coordinator_postgres.py).
 #: Each function runs three statements: the grant its lock, one read, one write; the keep one
 #: read, its lock, one write (the write checks the lease is still live and nobody queued).
-#: A grant and a release write their event (`stockade_coord_journal`) in their own transaction.
-SERVER_RULES = f"""
-CREATE OR REPLACE FUNCTION stockade_coord_grant(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
-                                                p_leases_max bigint)
+#: The lease's row in the log is its history (`stockade.coordinators.postgres._journal`): the
+#: grant inserts it, the release marks it ended in place, each in its own transaction.
+def server_rules(**bounds: int) -> str:
+    """The SQL of the two functions; ``bounds`` as `stockade.coordinators.postgres._journal.sweep` takes them."""
+    return _grant_rule(**bounds) + _keep_rule(**bounds)
+
+
+def _grant_rule(**bounds: int) -> str:
+    return f"""
+CREATE OR REPLACE FUNCTION stockade_coord_grant_log(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
+                                                    p_leases_max bigint)
 RETURNS TABLE (token bigint, now_ns bigint) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -90,6 +111,7 @@ DECLARE
     v_base bigint;
     v_refused boolean;
     v_exists boolean;
+    v_seq bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext(p_scope));
     v_now := {_NOW};
@@ -97,7 +119,7 @@ BEGIN
     SELECT COALESCE(s.last_token, 0), COALESCE(s.delay_until_ns, 0),
            {_NEW_TIMELINE}
            OR v_now < COALESCE(s.delay_until_ns, 0)
-           OR EXISTS (SELECT 1 FROM stockade_coord_leases l WHERE l.scope = p_scope)
+           OR EXISTS {HELD.format(scope='p_scope')}
            OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope)
            OR {leases_at_least('p_leases_max')},
            GREATEST(COALESCE(s.last_token, 0), m.epoch << {COUNTER_BITS}, COALESCE(m.forgotten_floor, 0)),
@@ -107,9 +129,9 @@ BEGIN
     IF v_refused OR v_base & {COUNTER_MAX} = {COUNTER_MAX} THEN
         RETURN;  -- busy, a new timeline, a full table, or a counter at the end of its epoch: the engine decides
     END IF;
-    -- The scope row's compare-and-set and the lease in one statement: no lease without its token recorded.
-    -- A used scope's row is updated in place, a new scope's inserted (an upsert would lock the row first:
-    -- one WAL record more a grant).
+    -- The scope row's compare-and-set and the lease's row in one statement: no lease without its token
+    -- recorded. A used scope's row is updated in place, a new scope's inserted (an upsert would lock the
+    -- row first: one WAL record more a grant). The lease's row is its grant event.
     WITH u AS (
         UPDATE stockade_coord_scopes AS s SET last_token = v_base + 1 WHERE s.scope = p_scope AND s.last_token = v_last
             RETURNING 1),
@@ -117,20 +139,26 @@ BEGIN
         INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) SELECT p_scope, v_base + 1, v_delay
             WHERE NOT v_exists ON CONFLICT (scope) DO NOTHING RETURNING 1),
     s AS (SELECT 1 FROM u UNION ALL SELECT 1 FROM i)
-    INSERT INTO stockade_coord_leases (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns)
-        SELECT p_scope, p_lease_id, p_holder, v_base + 1, p_ttl_ms, v_now, v_now + p_ttl_ms * 1000000 FROM s;
-    IF NOT FOUND THEN
+    INSERT INTO stockade_coord_log AS l (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns, grant_ms)
+        SELECT p_scope, p_lease_id, p_holder, v_base + 1, p_ttl_ms, v_now, v_now + p_ttl_ms * 1000000, v_now / 1000000
+          FROM s
+        RETURNING l.seq INTO v_seq;
+    IF v_seq IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '{EXPECT_SQLSTATE}',
             MESSAGE = format('last_token of %L changed underneath this coordinator', p_scope);
     END IF;
-    PERFORM stockade_coord_journal(p_scope, 'grant', p_holder, v_base + 1);  -- the history, in this commit
+    {sweep("v_seq", **bounds)}
     token := v_base + 1;
     now_ns := v_now;
     RETURN NEXT;
 END
 $$;
+"""
 
-CREATE OR REPLACE FUNCTION stockade_coord_keep(p_lease_id text, p_release boolean)
+
+def _keep_rule(**bounds: int) -> str:
+    return f"""
+CREATE OR REPLACE FUNCTION stockade_coord_keep_log(p_lease_id text, p_release boolean)
 RETURNS TABLE (scope text, holder text, token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint,
                now_ns bigint) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -138,10 +166,10 @@ DECLARE
     v_now bigint;
     v_scope text;
     v_refused boolean;
+    v_seq bigint;
 BEGIN
     v_now := {_NOW};
-    SELECT l.scope, {_NEW_TIMELINE} INTO v_scope, v_refused
-      FROM {_META} LEFT JOIN stockade_coord_leases l ON l.lease_id = p_lease_id;
+    SELECT {HELD_SCOPE.format(lease_id='p_lease_id')}, {_NEW_TIMELINE} INTO v_scope, v_refused FROM {_META};
     IF v_refused THEN
         RETURN;
     END IF;
@@ -153,25 +181,26 @@ BEGIN
     PERFORM pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext(v_scope));
     v_now := {_NOW};  -- the lock may have waited
     -- A later statement than the lock: it reads what the lock protects. Only a live lease with
-    -- nobody queued is released or renewed here; for anything else no row changes (the engine's path).
+    -- nobody queued is released or renewed here, in its row, in place; for anything else no row
+    -- changes (the engine's path).
     IF p_release THEN
-        DELETE FROM stockade_coord_leases l
-         WHERE l.scope = v_scope AND l.lease_id = p_lease_id AND v_now < l.expires_ns
+        UPDATE stockade_coord_log l SET end_kind = 'release', end_ms = v_now / 1000000
+         WHERE l.lease_id = p_lease_id AND l.scope = v_scope AND l.end_kind IS NULL AND v_now < l.expires_ns
            AND NOT EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = v_scope)
-        RETURNING l.scope, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns
-             INTO scope, holder, token, ttl_ms, granted_ns, expires_ns;
+        RETURNING l.seq, l.scope, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns
+             INTO v_seq, scope, holder, token, ttl_ms, granted_ns, expires_ns;
     ELSE
-        UPDATE stockade_coord_leases l SET expires_ns = v_now + l.ttl_ms * 1000000
-         WHERE l.scope = v_scope AND l.lease_id = p_lease_id AND v_now < l.expires_ns
+        UPDATE stockade_coord_log l SET expires_ns = v_now + l.ttl_ms * 1000000
+         WHERE l.lease_id = p_lease_id AND l.scope = v_scope AND l.end_kind IS NULL AND v_now < l.expires_ns
            AND NOT EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = v_scope)
-        RETURNING l.scope, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns
-             INTO scope, holder, token, ttl_ms, granted_ns, expires_ns;
+        RETURNING l.seq, l.scope, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns
+             INTO v_seq, scope, holder, token, ttl_ms, granted_ns, expires_ns;
     END IF;
     IF NOT FOUND THEN
         RETURN;
     END IF;
     IF p_release THEN
-        PERFORM stockade_coord_journal(v_scope, 'release', holder, token);  -- the history, in this commit
+        {end_of_old("v_seq", **bounds)}
     END IF;
     now_ns := v_now;
     RETURN NEXT;
@@ -179,71 +208,17 @@ END
 $$
 """
 
+
+SERVER_RULES = server_rules()
+
 MIGRATIONS: tuple[str, ...] = (
-    # 1: the lease table, the waiters, the meta values, the keyring.
-    """
-    CREATE TABLE IF NOT EXISTS stockade_coord_meta (k text PRIMARY KEY, v text NOT NULL);
-    CREATE TABLE IF NOT EXISTS stockade_coord_scopes (
-        scope text PRIMARY KEY,
-        last_token bigint NOT NULL,
-        delay_until_ns bigint NOT NULL,
-        created bigint GENERATED ALWAYS AS IDENTITY
-    );
-    CREATE TABLE IF NOT EXISTS stockade_coord_leases (
-        scope text PRIMARY KEY,
-        lease_id text NOT NULL UNIQUE,
-        holder text NOT NULL,
-        token bigint NOT NULL,
-        ttl_ms bigint NOT NULL,
-        granted_ns bigint NOT NULL,
-        expires_ns bigint NOT NULL
-    );
-    CREATE INDEX IF NOT EXISTS stockade_coord_leases_expires ON stockade_coord_leases (expires_ns);
-    CREATE TABLE IF NOT EXISTS stockade_coord_waiters (
-        scope text NOT NULL,
-        seq bigint NOT NULL,
-        lease_id text NOT NULL UNIQUE,
-        holder text NOT NULL,
-        deadline_ns bigint NOT NULL,
-        stale_ns bigint NOT NULL,
-        PRIMARY KEY (scope, seq)
-    );
-    CREATE TABLE IF NOT EXISTS stockade_coord_keyring (id int PRIMARY KEY CHECK (id = 1), doc bytea NOT NULL);
-    REVOKE ALL ON stockade_coord_keyring FROM PUBLIC
-    """,
-    # 2: a check inside a statement, so that a unit whose writes and COMMIT travel together
-    # (one round trip) fails before its COMMIT when a compare-and-set does not match.
-    f"""
-    CREATE OR REPLACE FUNCTION stockade_coord_expect(ok boolean, message text) RETURNS void
-    LANGUAGE plpgsql AS $$
-    BEGIN
-        IF NOT ok THEN
-            RAISE EXCEPTION USING ERRCODE = '{EXPECT_SQLSTATE}', MESSAGE = message;
-        END IF;
-    END
-    $$
-    """,
-    # 3: the common cases of acquire, renew and release in one statement each (see SERVER_RULES).
-    SERVER_RULES,
-    # 4: the lease history (`stockade.coordinators.postgres._journal`), and the server rules
-    # again: journaling, and in fewer statements inside each function (3 each instead of about 7;
-    # a lock cycle's server CPU was mostly the functions' statements). Replaces the functions of 3.
-    HISTORY_SCHEMA + SERVER_RULES,
-    # 5: the server rules again: a grant counts the held leases only when the lease table is large
-    # enough to hold the bound on them (it counted up to 100,000 rows on every grant).
-    SERVER_RULES,
-    # 6: the server rules again: the lease table's size is also judged by its primary key, which
-    # churn does not grow (under a steady load the heap passed the bound's size in about 30 s, and
-    # from then on every grant counted it: 8 processes' 3,700 cycles/s fell to about 2,970).
-    SERVER_RULES,
-    # 7: the journal appends only (`HISTORY_APPEND_ONLY`): no per-scope number and no delete per
-    # event, a bounded sweep every 1,024 events instead; reads take a scope's newest events.
-    # The history was about a third of the server's CPU per lock cycle.
-    HISTORY_APPEND_ONLY,
-    # 8: the server rules again: the grant updates a used scope's row in place instead of an upsert,
-    # which locked the row first (a WAL record of its own: 15 records a lock cycle, now 14;
-    # tests/test_postgres_wal_per_cycle.py).
-    SERVER_RULES,
+    *MIGRATIONS_8,  # versions 1 to 8, as they were (`stockade.coordinators.postgres._schema8`)
+    # 9: the lease log (`stockade.coordinators.postgres._journal`): a lease is one row, which is
+    # also its history; a release marks it ended in place. A lock cycle wrote 14 WAL records
+    # (a lease row with three indexes inserted and deleted, two events with two each), now 8
+    # (tests/test_postgres_wal_per_cycle.py). The functions are new names: a process of version 8
+    # still running fails on its next call instead of writing beside the log.
+    LEASE_LOG + SERVER_RULES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -270,7 +245,7 @@ RECORD_SELECT = (
     "SELECT s.scope, s.last_token, s.delay_until_ns, l.lease_id, l.holder, l.token, l.ttl_ms, l.granted_ns, "
     "l.expires_ns, (SELECT json_agg(json_build_array(w.lease_id, w.holder, w.deadline_ns::text, w.stale_ns::text) "
     "ORDER BY w.seq) FROM stockade_coord_waiters w WHERE w.scope = s.scope) "
-    "FROM stockade_coord_scopes s LEFT JOIN stockade_coord_leases l ON l.scope = s.scope "
+    f"FROM stockade_coord_scopes s LEFT JOIN LATERAL {HELD.format(scope='s.scope')} AS l ON true "
 )
 RECORD_COLUMNS = 10
 
@@ -341,8 +316,8 @@ def record_writes(old: ScopeRecord, new: ScopeRecord) -> tuple[list[Statement], 
             (scope, new.last_token, new.delay_until_ns, old.last_token,
              f"last_token of {scope!r} changed underneath this coordinator"),
         ))
-    out += lease_and_queue(old, new, POSTGRES)
-    out += journal_statements(old, new)  # the change's events, in its transaction (docs/history.md)
+    out += log_statements(old, new)  # the lease's row, which is its history (docs/history.md)
+    out += lease_and_queue(replace(old, lease=new.lease), new, POSTGRES)  # the queue
     old_head = old.waiters[0].lease_id if old.waiters else None
     new_head = new.waiters[0].lease_id if new.waiters else None
     # Only a scope with waiters needs a NOTIFY (a waiter is in the table before it sleeps, and

@@ -24,6 +24,7 @@ from typing import Any
 
 from stockade.coordinators.postgres._notify import CHANNEL
 from stockade.coordinators.postgres._rows import (
+    HELD_SCOPE,
     SCOPE_LOCK_CLASS,
     Statement,
     forget_record,
@@ -161,12 +162,14 @@ class PgTx:
         if self._lease_scope is not None and self._lease_scope[0] == lease_id:
             return self._lease_scope[1]
         if not self.writable:
-            row = self._execute("SELECT scope FROM stockade_coord_leases WHERE lease_id = %s", (lease_id,)).fetchone()
+            row = self._execute(f"SELECT {HELD_SCOPE.format(lease_id='%s')}", (lease_id,)).fetchone()
+            row = None if row is None or row[0] is None else row
             return None if row is None else str(row[0])
         # Found and locked in one round trip; the load that follows is a later statement, so it
         # reads what the lock protects (a scope re-granted meanwhile shows another lease id).
         row = self._execute(
-            "SELECT scope, pg_advisory_xact_lock(%s, hashtext(scope)) FROM stockade_coord_leases WHERE lease_id = %s",
+            f"SELECT s.scope, pg_advisory_xact_lock(%s, hashtext(s.scope)) FROM {HELD_SCOPE.format(lease_id='%s')} "
+            "AS s(scope) WHERE s.scope IS NOT NULL",
             (SCOPE_LOCK_CLASS, lease_id)).fetchone()
         if row is None:
             return None
@@ -179,7 +182,8 @@ class PgTx:
         return bool(self._execute(f"SELECT {leases_at_least('%s::bigint')}", (n,) * 3).fetchone()[0])
 
     def lapsed_scopes(self, now_ns: int) -> list[str]:
-        rows = self._execute("SELECT scope FROM stockade_coord_leases WHERE expires_ns <= %s ORDER BY scope",
+        rows = self._execute("SELECT scope FROM stockade_coord_log WHERE end_kind IS NULL AND expires_ns <= %s "
+                             "ORDER BY scope",
                              (now_ns,))
         return [r[0] for r in rows]
 
