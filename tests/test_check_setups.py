@@ -220,6 +220,16 @@ def test_unreachable_resource_is_one_line_and_exit_2(tmp_path: Path, resource: s
         assert coord.scopes() == before  # nothing touched: not even the keyring line's lease
 
 
+def test_cases_runs_only_those_and_refuses_a_name_that_is_none(tmp_path: Path) -> None:
+    url = _store_beside_coordinator(tmp_path)
+    store = f"sqlite://{tmp_path / 'store.db'}"
+    result = check("--coordinator", url, "--resource", store, "--cases", "pause", rounds="1")
+    assert result.returncode == 0 and cases(result) == {"pause": "held"}
+    bad = check("--coordinator", url, "--resource", store, "--cases", "pause,pauses", timeout=60)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.strip() == \
+        "stockade check: --cases: pauses: the cases are pause, delay, retries, failover, restore"
+
+
 # -- a PostgreSQL restored by the user's command ------------------------------------------------------------------
 
 

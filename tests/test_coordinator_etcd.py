@@ -304,8 +304,8 @@ def paused_holder_check(coordinator_url: str, tmp_path: Path, *extra: str, ttl_m
     (tmp_path / "paused").mkdir(parents=True)
     store = f"sqlite://{tmp_path / 'paused' / 'store.db'}"
     stockade.open_store(store, cluster_id=cluster_id, keys="tokenless").close()
-    result = check("--coordinator", coordinator_url, "--resource", store, *extra, "--seconds", "600", timeout=900,
-                   ttl_ms=ttl_ms)
+    result = check("--coordinator", coordinator_url, "--resource", store, "--cases", "pause", *extra,
+                   "--seconds", "600", timeout=900, ttl_ms=ttl_ms)
     return result.stdout, result.returncode
 
 
