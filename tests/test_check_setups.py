@@ -17,6 +17,7 @@ import pwd
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,7 +175,7 @@ def user_home() -> Iterator[Path]:
 
 
 def _as_user(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    python = "/usr/bin/python3" if os.geteuid() == 0 else os.environ.get("PYTHON", "python3")
+    python = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable  # the venv's is under root's home
     env = {"PATH": "/usr/bin:/bin", "HOME": str(base / "work"), "LANG": "C.UTF-8",
            "PYTHONPATH": str(base / "src"), "XDG_STATE_HOME": str(base / "work")}
     result = subprocess.run([python, *args], cwd=base / "work", env=env, capture_output=True, text=True,
