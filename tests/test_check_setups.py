@@ -55,7 +55,8 @@ def test_postgres_sql_ascii_database_is_said_and_holds(pg_fenced_sql_ascii) -> N
     (docs/fence-postgres.md, Database encoding), so every case held is the right verdict, not a silent one."""
     coord_url, app_url = pg_fenced_sql_ascii
     result = check("--coordinator", coord_url, "--resource", app_url, rounds="1")
-    assert setup_line(result, "database encoding").startswith("ok    database encoding: SQL_ASCII")
+    assert setup_line(result, "database encoding") == \
+        "ok    database encoding: SQL_ASCII (the cases' client_encoding: SQL_ASCII)"  # text comes back as bytes
     assert result.returncode == 0 and set(cases(result).values()) == {"held"}, result.stdout
 
 

@@ -19,6 +19,7 @@ from stockade.check.targets import Outcome, Target
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.tokens import FencingToken
 from stockade.timeline import SetupLine
+from stockade.transport.postgres import text_of
 
 __all__ = ["PostgresTarget", "RedisTarget", "postgres_target", "redis_target"]
 
@@ -41,9 +42,24 @@ class PostgresTarget(Target):
             self.conn.close()
             raise InvalidArgument("resource", "the fence is not installed in this database (run "
                                               "stockade.resources.postgres.install); the check installs nothing")
+        self.client_encoding = self._as_an_application()
         self.table = sql.Identifier(scratch.replace("-", "_"))
         self.upsert = sql.SQL("INSERT INTO {} (scope, key, value, n) VALUES (%s, %s, %s, 1) ON CONFLICT (scope, key) "
                               "DO UPDATE SET value = excluded.value, n = {}.n + 1").format(self.table, self.table)
+
+    def _as_an_application(self) -> str:
+        """Put the connection in the database's own client encoding, as an application's plain connection is
+        (stockade's own connections ask for UTF8): on SQL_ASCII psycopg then hands text back as bytes, and the
+        cases run ``fenced`` on such a connection. UTF8 kept where psycopg has no codec (EUC_TW, MULE_INTERNAL)."""
+        import psycopg
+
+        server = text_of(self.conn.execute("SHOW server_encoding").fetchone()[0])
+        try:
+            self.conn.execute(f"SET client_encoding = '{server}'")
+            self.conn.execute("SELECT 'x'::text").fetchone()
+        except (psycopg.NotSupportedError, psycopg.errors.InvalidParameterValue):
+            self.conn.execute("SET client_encoding = 'UTF8'")
+        return str(text_of(self.conn.execute("SHOW client_encoding").fetchone()[0]))
 
     def _write(self, token: FencingToken, scope: str, key: str, value: str, op_id: str | None) -> Outcome:
         from stockade.resources.postgres import fenced
@@ -61,7 +77,7 @@ class PostgresTarget(Target):
 
         row = self.conn.execute(sql.SQL("SELECT value, n FROM {} WHERE scope = %s AND key = %s").format(self.table),
                                 (scope, key)).fetchone()
-        return (None, 0) if row is None else (str(row[0]), int(row[1]))
+        return (None, 0) if row is None else (text_of(row[0]), int(row[1]))
 
     def create_scratch(self) -> None:
         from psycopg import sql
@@ -82,7 +98,7 @@ class PostgresTarget(Target):
                 row = self.conn.execute(query).fetchone()
         except psycopg.Error as exc:
             return f"unreadable ({str(exc).strip().splitlines()[0]})"
-        return None if row is None else row[0]
+        return None if row is None else text_of(row[0])
 
     def setup_lines(self) -> list[SetupLine]:
         isolation = str(self._one("SHOW default_transaction_isolation"))
@@ -103,7 +119,8 @@ class PostgresTarget(Target):
             SetupLine("default isolation level", isolation,
                       "ok" if isolation == "read committed" else "warn" if isolation in (
                           "repeatable read", "serializable") else "FAIL"),
-            SetupLine("database encoding", encoding, "ok" if encoding in ("UTF8", "SQL_ASCII", "LATIN1", "EUC_JP")
+            SetupLine("database encoding", f"{encoding} (the cases' client_encoding: {self.client_encoding})",
+                      "ok" if encoding in ("UTF8", "SQL_ASCII", "LATIN1", "EUC_JP")
                       or encoding.startswith(("WIN", "ISO_", "LATIN", "KOI8")) else "warn"),
             SetupLine("other login roles that can take the fence's locks", others or "none",
                       "ok" if others == "" else "FAIL"),
