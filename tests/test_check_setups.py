@@ -232,6 +232,39 @@ def test_cases_runs_only_those_and_refuses_a_name_that_is_none(tmp_path: Path) -
         "stockade check: --cases: pauses: the cases are pause, delay, retries, failover, restore"
 
 
+def test_serve_whose_store_accepts_every_token_fails(tmp_path: Path) -> None:
+    """The control of the `stockade serve` stack: the check cannot turn a server's fence off from outside, so
+    the server itself is the control (``fencing-off`` in tests/helpers/server_controls.py): the zombie's write
+    and the delayed one land in every round."""
+    import time
+    import urllib.request
+
+    from conftest import HELPERS, free_port, python_env
+    from helpers import reaper
+
+    port = free_port()
+    with open(tmp_path / "serve.log", "wb") as log:
+        server = subprocess.Popen([sys.executable, str(HELPERS / "server_controls.py"), "fencing-off", "--data-dir",
+                                   str(tmp_path / "data"), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, env=python_env())
+    reaper.watch(server.pid)
+    try:
+        for _ in range(600):  # until /healthz answers (or the server died)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "serve.log").read_text()
+                time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        result = check("--coordinator", url, "--resource", url, "--cases", "pause,delay", rounds="2")
+        assert result.returncode == 1 and cases(result) == {"pause": "BROKEN", "delay": "BROKEN"}, result.stdout
+        assert "2 of 2 stale writes applied" in result.stdout and "2 of 2 delayed writes applied" in result.stdout
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 # -- a PostgreSQL restored by the user's command ------------------------------------------------------------------
 
 
