@@ -38,8 +38,8 @@ def say(who: str, text: str) -> None:
 
 
 def open_resources(directory: Path) -> tuple[stockade.Coordinator, stockade.FencedStore, sqlite3.Connection]:
-    coord = stockade.connect(f"sqlite://{directory / 'coord.db'}")
-    store = stockade.open_store(f"sqlite://{directory / 'store.db'}", cluster_id=coord.cluster_id)
+    coord = stockade.connect(f"sqlite:///{directory / 'coord.db'}")
+    store = stockade.open_store(f"sqlite:///{directory / 'store.db'}", cluster_id=coord.cluster_id)
     app = sqlite3.connect(directory / "app.db", isolation_level=None, timeout=10)
     app.execute("PRAGMA synchronous=FULL")
     return coord, store, app

@@ -34,7 +34,9 @@ atexit.register(shutil.rmtree, _STATE_HOME, True)
 def python_env() -> dict[str, str]:
     """Environment for child Python processes that import the tests' helpers."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HELPERS), env.get("PYTHONPATH", "")]))
+    # Absolute: a child may run in another working directory than the one PYTHONPATH=src was given in.
+    given = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS), *given])
     return env
 
 
@@ -152,7 +154,7 @@ def coord_url(tmp_path: Path, backend: str, request) -> str:
         return f"{request.getfixturevalue('etcd_cluster').url}/{tmp_path.name}"
     if backend == "zookeeper":  # one three-server ensemble per session, a chroot per test
         return f"{request.getfixturevalue('zk_ensemble').url}/{tmp_path.name}"
-    return f"sqlite://{tmp_path / 'coord.db'}"
+    return f"sqlite:///{tmp_path / 'coord.db'}"
 
 
 @pytest.fixture
@@ -162,7 +164,7 @@ def store_url(tmp_path: Path, backend: str, request) -> str:
     if backend == "memory":
         return f"memory://{tmp_path.name}"  # the in-memory store beside the in-memory engine
     request.getfixturevalue("keyring_here")  # a store opened without keys= discovers it
-    return f"sqlite://{tmp_path / 'store.db'}"
+    return f"sqlite:///{tmp_path / 'store.db'}"
 
 
 @pytest.fixture

@@ -74,17 +74,17 @@ def assert_no_workers_left(result: subprocess.CompletedProcess[str]) -> None:
 
 @pytest.fixture
 def embedded(tmp_path: Path) -> Iterator[tuple[str, stockade.Coordinator]]:
-    url = f"sqlite://{tmp_path / 'coord.db'}"
+    url = f"sqlite:///{tmp_path / 'coord.db'}"
     with stockade.connect(url) as coord:
         yield url, coord
 
 
 def test_embedded_coordinator_and_store(tmp_path: Path, embedded) -> None:
     url, coord = embedded
-    stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id).close()
+    stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id).close()
     report = tmp_path / "report.html"
     history = tmp_path / "history.jsonl"
-    result = check("--coordinator", url, "--resource", f"sqlite://{tmp_path / 'store.db'}", "--report", str(report),
+    result = check("--coordinator", url, "--resource", f"sqlite:///{tmp_path / 'store.db'}", "--report", str(report),
                    "--history", str(history))
     assert_held(result, failover=True)  # the embedded file: the check reopens it itself
     assert f"0 of {ROUNDS} restarts let a token go back" in result.stdout
@@ -98,15 +98,15 @@ def test_embedded_coordinator_and_store(tmp_path: Path, embedded) -> None:
     assert_no_workers_left(result)
     hexid = result.stdout.split("scratch prefix stockade-check-")[1].split()[0].rstrip(",")
     scopes = [f"stockade-check.{hexid}.{case}" for case in ("keys", "pause", "retries")]
-    with stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id) as store:
+    with stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id) as store:
         assert [store.high_water(scope) > 0 for scope in scopes[1:]] == [True] * 2  # they were written...
         assert [store.list(scope) for scope in scopes] == [[], [], []]  # ...and their keys deleted
 
 
 def test_embedded_store_control_fencing_off_fails(tmp_path: Path, embedded) -> None:
     url, coord = embedded
-    stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id).close()
-    result = check("--coordinator", url, "--resource", f"sqlite://{tmp_path / 'store.db'}", "--control", "fencing-off")
+    stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id).close()
+    result = check("--coordinator", url, "--resource", f"sqlite:///{tmp_path / 'store.db'}", "--control", "fencing-off")
     assert result.returncode == 1
     assert cases(result)["pause"] == "BROKEN"
     assert f"{ROUNDS} of {ROUNDS} stale writes applied" in result.stdout
@@ -135,14 +135,14 @@ def _tables(path: Path) -> set[str]:
 
 def test_sqlite_database(app_db: Path, embedded) -> None:
     before = _tables(app_db)
-    assert_held(check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}"), failover=True)
+    assert_held(check("--coordinator", embedded[0], "--resource", f"sqlite:///{app_db}"), failover=True)
     assert _tables(app_db) == before  # the scratch table was dropped; nothing else was created
 
 
 @pytest.mark.parametrize("control, broken", [("fencing-off", {"pause", "retries", "failover"}),
                                              ("strict-greater", {"retries"})])
 def test_sqlite_database_controls_fail(app_db: Path, embedded, control: str, broken: set[str]) -> None:
-    result = check("--coordinator", embedded[0], "--resource", f"sqlite://{app_db}", "--control", control)
+    result = check("--coordinator", embedded[0], "--resource", f"sqlite:///{app_db}", "--control", control)
     assert result.returncode == 1
     assert {case for case, verdict in cases(result).items() if verdict == "BROKEN"} == broken
 

@@ -93,8 +93,8 @@ def test_lock_bad_arguments(tmp_path):
 
 
 def test_status_lists_scopes_tokens_and_high_water(tmp_path):
-    script = ("import os, stockade; c = stockade.connect('sqlite://' + os.environ['STOCKADE_DATA'] + '/coord.db'); "
-              "s = stockade.open_store('sqlite://' + os.environ['STOCKADE_DATA'] + '/store.db', "
+    script = ("import os, stockade; c = stockade.connect('sqlite:///' + os.environ['STOCKADE_DATA'] + '/coord.db'); "
+              "s = stockade.open_store('sqlite:///' + os.environ['STOCKADE_DATA'] + '/store.db', "
               "cluster_id=c.cluster_id); s.put('jobs', 'k', b'v', token=os.environ['STOCKADE_TOKEN'])")
     assert run(["lock", "jobs", "--", sys.executable, "-c", script], tmp_path).returncode == 0
     result = run(["status", "--json"], tmp_path)

@@ -30,8 +30,8 @@ def floor(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def restored(tmp_path: Path) -> tuple[Path, list[str]]:
     """A data dir whose store was restored from a copy taken after the first of `OLD_TOKENS` + 1 leases."""
-    coord = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")
-    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")
+    store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
     tokens = []
     for i in range(OLD_TOKENS + 1):
         with coord.lock("jobs", ttl_ms=5_000) as lease:
@@ -40,7 +40,7 @@ def restored(tmp_path: Path) -> tuple[Path, list[str]]:
         if i == 0:
             store.close()
             shutil.copy(tmp_path / "store.db", tmp_path / "backup.db")
-            store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
+            store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
     store.close()
     coord.close()
     for suffix in ("", "-wal", "-shm"):
@@ -50,8 +50,8 @@ def restored(tmp_path: Path) -> tuple[Path, list[str]]:
 
 
 def _old_tokens_accepted(data: Path, tokens: list[str]) -> int:
-    coord = stockade.connect(f"sqlite://{data / 'coord.db'}")
-    store = stockade.open_store(f"sqlite://{data / 'store.db'}", cluster_id=coord.cluster_id)
+    coord = stockade.connect(f"sqlite:///{data / 'coord.db'}")
+    store = stockade.open_store(f"sqlite:///{data / 'store.db'}", cluster_id=coord.cluster_id)
     accepted = 0
     try:
         for token in tokens:
@@ -73,19 +73,19 @@ def test_control_without_the_floor_old_tokens_write_into_a_restored_store(restor
 
 def test_after_stockade_floor_no_old_token_is_accepted(restored: tuple[Path, list[str]]) -> None:
     data, tokens = restored
-    done = floor(f"sqlite://{data / 'store.db'}", "--data-dir", str(data))
+    done = floor(f"sqlite:///{data / 'store.db'}", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
     first = stockade.FencingToken.decode(tokens[0]).value - 1  # the backup's mark: the first lease's token
     assert f"jobs: {first} -> " in done.stdout and "raised 1 of 1 scopes" in done.stdout
     assert _old_tokens_accepted(data, tokens) == 0  # 0 of OLD_TOKENS - 1
-    again = floor(f"sqlite://{data / 'store.db'}", "--data-dir", str(data), "--json")
+    again = floor(f"sqlite:///{data / 'store.db'}", "--data-dir", str(data), "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["raised"] == []  # a second run changes nothing
 
 
 def test_dry_run_changes_nothing(restored: tuple[Path, list[str]]) -> None:
     data, tokens = restored
     before = (data / "store.db").read_bytes()
-    done = floor(f"sqlite://{data / 'store.db'}", "--data-dir", str(data), "--dry-run", "--json")
+    done = floor(f"sqlite:///{data / 'store.db'}", "--data-dir", str(data), "--dry-run", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["dry_run"] and [c["scope"] for c in report["raised"]] == ["jobs"]
@@ -94,8 +94,8 @@ def test_dry_run_changes_nothing(restored: tuple[Path, list[str]]) -> None:
 
 def test_the_floor_of_the_api_matches_the_command(restored: tuple[Path, list[str]]) -> None:
     data, tokens = restored
-    coord = stockade.connect(f"sqlite://{data / 'coord.db'}")
-    target = open_floor_target(f"sqlite://{data / 'store.db'}", cluster_id=coord.cluster_id)
+    coord = stockade.connect(f"sqlite:///{data / 'coord.db'}")
+    target = open_floor_target(f"sqlite:///{data / 'store.db'}", cluster_id=coord.cluster_id)
     try:
         report = raise_to_floors(target, coord.fence_floors())
         first = stockade.FencingToken.decode(tokens[0]).value - 1
@@ -129,16 +129,16 @@ def test_a_store_of_another_cluster_is_refused(restored: tuple[Path, list[str]],
     data, _ = restored
     other = tmp_path / "other"
     other.mkdir()
-    coord = stockade.connect(f"sqlite://{other / 'coord.db'}")
+    coord = stockade.connect(f"sqlite:///{other / 'coord.db'}")
     coord.close()
     before = (data / "store.db").read_bytes()
-    done = floor(f"sqlite://{data / 'store.db'}", "--url", f"sqlite://{other / 'coord.db'}")
+    done = floor(f"sqlite:///{data / 'store.db'}", "--url", f"sqlite:///{other / 'coord.db'}")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert (data / "store.db").read_bytes() == before
 
 
 def test_a_missing_coordinator_is_refused_not_created(tmp_path: Path) -> None:
-    done = floor("sqlite:///x.db", "--url", f"sqlite://{tmp_path / 'typo.db'}")
+    done = floor("sqlite:///x.db", "--url", f"sqlite:///{tmp_path / 'typo.db'}")
     assert done.returncode == 1 and "no coordinator" in done.stderr
     assert not (tmp_path / "typo.db").exists()
 
@@ -157,7 +157,7 @@ def test_stockade_floor_on_a_users_postgresql(tmp_path: Path) -> None:
 
     server = shared_server()
     name = fresh_database(server)
-    coord = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")
     try:
         with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
             install(conn, keys=coord.verify_keys())
@@ -184,7 +184,7 @@ def test_stockade_floor_on_a_users_postgresql(tmp_path: Path) -> None:
                 return accepted
 
             assert old_accepted() == OLD_TOKENS - 1  # the control: the hole the floor closes
-            done = floor(server.url(name), "--url", f"sqlite://{tmp_path / 'coord.db'}")
+            done = floor(server.url(name), "--url", f"sqlite:///{tmp_path / 'coord.db'}")
             assert done.returncode == 0, done.stderr
             assert "raised 1 of 1 scopes" in done.stdout
             assert old_accepted() == 0  # 0 of OLD_TOKENS - 1
@@ -198,9 +198,9 @@ def test_stockade_floor_refuses_a_postgresql_without_the_fence(tmp_path: Path) -
 
     server = shared_server()
     name = fresh_database(server)
-    stockade.connect(f"sqlite://{tmp_path / 'coord.db'}").close()
+    stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}").close()
     try:
-        done = floor(server.url(name), "--url", f"sqlite://{tmp_path / 'coord.db'}")
+        done = floor(server.url(name), "--url", f"sqlite:///{tmp_path / 'coord.db'}")
         assert done.returncode == 1 and "install() never ran" in done.stderr and "Traceback" not in done.stderr
     finally:
         drop_database(server, name)

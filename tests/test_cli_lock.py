@@ -140,7 +140,7 @@ def test_sigterm_ignoring_cmd_is_killed_after_grace_and_lease_released(tmp_path)
 # (the lease is released only once CMD is gone), then it goes on ignoring SIGTERM.
 CHECKS_LEASE_ON_SIGTERM = (
     "import os, signal, time, stockade\n"
-    "coord = stockade.connect('sqlite://' + os.environ['STOCKADE_DATA'] + '/coord.db')\n"
+    "coord = stockade.connect('sqlite:///' + os.environ['STOCKADE_DATA'] + '/coord.db')\n"
     "def on_term(*_):\n"
     "    try:\n"
     "        coord.acquire(os.environ['STOCKADE_SCOPE'], ttl_ms=1000).release(); print('free', flush=True)\n"
@@ -159,7 +159,7 @@ def test_lease_is_released_only_after_cmd_is_gone(tmp_path):
         lock.send_signal(signal.SIGTERM)
         assert lock.stdout.readline().strip() == "held"
         assert lock.wait(timeout=BOUND_S) == 137
-        coord = stockade.connect(f"sqlite://{tmp_path / 'data' / 'coord.db'}")
+        coord = stockade.connect(f"sqlite:///{tmp_path / 'data' / 'coord.db'}")
         try:
             info = coord.inspect("order")
             assert info.state.value == "free" and info.last_token > 0  # released; the probe got no grant ("held")
@@ -218,7 +218,7 @@ def test_ctrl_c_while_waiting_exits_130_without_traceback(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "in"
         waiter = start_lock(tmp_path, "wait", ["true"], "--wait-ms", "120000")
-        coord = stockade.connect(f"sqlite://{tmp_path / 'data' / 'coord.db'}")
+        coord = stockade.connect(f"sqlite:///{tmp_path / 'data' / 'coord.db'}")
         assert poll(lambda: coord.inspect("wait").waiters == 1), "the waiter never queued"
         waiter.send_signal(signal.SIGINT)
         assert waiter.wait(timeout=BOUND_S) == 130

@@ -13,7 +13,7 @@ from stockade import InvalidArgument
 
 @pytest.fixture
 def urls(tmp_path):
-    return f"sqlite://{tmp_path / 'coord.db'}", f"sqlite://{tmp_path / 'store.db'}"
+    return f"sqlite:///{tmp_path / 'coord.db'}", f"sqlite:///{tmp_path / 'store.db'}"
 
 
 def test_nested_lock_blocks_write_with_their_own_scope_lease_sync(urls):

@@ -202,7 +202,7 @@ def test_history_and_status_read_only_the_file_named(tmp_path: Path, capsys, mon
     before = _files_under(tmp_path)
     assert cli_main(["history", "x", "--data-dir", str(tmp_path / "typo")]) == 1
     assert cli_main(["history", "x", "--data-dir", str(tmp_path / "no" / "such")]) == 1
-    assert cli_main(["history", "x", "--url", f"sqlite://{tmp_path}/nope/coord.db"]) == 1
+    assert cli_main(["history", "x", "--url", f"sqlite:///{tmp_path}/nope/coord.db"]) == 1
     assert cli_main(["history", "x"]) == 1  # ./stockade-data does not exist
     assert cli_main(["history", "x", "--url", "memory://x"]) == 1
     err = capsys.readouterr().err
@@ -211,10 +211,10 @@ def test_history_and_status_read_only_the_file_named(tmp_path: Path, capsys, mon
 
     data = tmp_path / "data"
     data.mkdir()
-    coord = stockade.connect(f"sqlite://{data}/coord.db")
+    coord = stockade.connect(f"sqlite:///{data}/coord.db")
     with coord.lock("x", ttl_ms=5_000):
         pass
-    other = stockade.connect(f"sqlite://{data}/other.db")
+    other = stockade.connect(f"sqlite:///{data}/other.db")
     with other.lock("only-in-other", ttl_ms=5_000):
         pass
     coord.close()
@@ -227,7 +227,7 @@ def test_history_and_status_read_only_the_file_named(tmp_path: Path, capsys, mon
         assert cli_main(["history", "x", "--data-dir", str(data), "--store-file", str(wrong)]) == 1
     err = capsys.readouterr().err
     assert "not a stockade store file" in err and "cannot read the store file" in err
-    assert cli_main(["status", "--url", f"sqlite://{data}/other.db", "--json"]) == 0
+    assert cli_main(["status", "--url", f"sqlite:///{data}/other.db", "--json"]) == 0
     assert [row["scope"] for row in map(json.loads, capsys.readouterr().out.splitlines())] == ["only-in-other"]
-    assert cli_main(["status", "--url", f"sqlite://{data}/missing.db"]) == 1
+    assert cli_main(["status", "--url", f"sqlite:///{data}/missing.db"]) == 1
     assert not (data / "missing.db").exists()

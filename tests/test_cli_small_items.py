@@ -45,8 +45,8 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
 
 
 def test_a_refused_display_form_says_to_use_encode(tmp_path: Path) -> None:
-    coord = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")
-    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")
+    store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
     try:
         with coord.lock("reports", ttl_ms=10_000) as lease:
             with pytest.raises(TokenMismatch) as refused:

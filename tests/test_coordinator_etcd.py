@@ -71,7 +71,7 @@ def test_tokens_are_signed_with_the_keyring_kept_in_etcd(url, tmp_path):
     again = stockade.connect(url)
     assert again.cluster_id == coord.cluster_id  # written once, read by every client
     assert Capability.DENSE_TOKENS not in coord.capabilities and Capability.NATIVE_WAIT in coord.capabilities
-    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id,
+    store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id,
                                 keys=again.verify_keys())
     lease = coord.acquire("signed", ttl_ms=2000)
     assert lease.token.kid and lease.token.mac
@@ -119,7 +119,7 @@ def test_keepalive_that_fails_marks_the_lease_lost_by_its_local_deadline(own_clu
 
 def _storm(cluster: EtcdCluster, tmp_path: Path, failovers: int, mutant: str = "", grants_min: int = 8) -> dict:
     """Run the storm through ``failovers`` leader faults; the figures of `_check`."""
-    store_url = f"sqlite://{tmp_path / 'store.db'}"
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
     coord = stockade.connect(cluster.url)
     keys = "unsigned" if mutant else coord.verify_keys()  # the control's made-up tokens carry no MAC
     stockade.open_store(store_url, cluster_id=coord.cluster_id, keys=keys).close()  # created once, first

@@ -12,8 +12,8 @@ from stockade import FencingToken, InvalidArgument, NotHolder, StockadeError, To
 
 @pytest.fixture
 def world(tmp_path):
-    coord = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")
-    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")
+    store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
     lease = coord.acquire("held", ttl_ms=60_000)
     store.put("held", "k", b"v", token=lease.token)
     other = coord.acquire("other", ttl_ms=60_000)

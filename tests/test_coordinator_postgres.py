@@ -196,7 +196,7 @@ def test_waiting_is_woken_not_polled(pg_coord_url, tmp_path):
     coord = stockade.connect(pg_coord_url)
     attempts = _count_attempts(coord, "w", 1_500)
     coord.close()
-    control = stockade.connect(f"sqlite://{tmp_path / 'coord.db'}")  # the polling port: 1..20 ms steps
+    control = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")  # the polling port: 1..20 ms steps
     polled = _count_attempts(control, "w", 1_500)
     control.close()
     print(f"attempts while waiting 1.5 s: {attempts} (postgresql, notified) vs {polled} (sqlite, polled)")
@@ -383,7 +383,7 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool, f
     ports = (pair.primary.port, pair.standby.port)
     env = {**python_env(), "STOCKADE_TEST_TIMELINES": "1" if timelines else "0"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath("src"), env["PYTHONPATH"]])
-    store_url = f"sqlite://{tmp_path / 'store.db'}"
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
     primary, standby = pair.primary, pair.standby
     events: list[dict] = []
     deaths_ns: list[int] = []
@@ -503,7 +503,7 @@ def _paused_rounds(coord_url: str, store_path, rounds: int, *, control: bool) ->
     child = subprocess.Popen([sys.executable, helper, coord_url, str(store_path), str(rounds), "1" if control else "0"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     coord = stockade.connect(coord_url)
-    store = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id, keys=coord.verify_keys())
+    store = stockade.open_store(f"sqlite:///{store_path}", cluster_id=coord.cluster_id, keys=coord.verify_keys())
     accepted = 0
     try:
         for _ in range(rounds):

@@ -106,7 +106,7 @@ def test_token_is_the_czxid_with_the_epoch_in_its_high_bits(url, zk_ensemble, tm
         stat = client.exists(path)
         assert stat.czxid == lease.token.value and stat.ephemeralOwner == coord._port._session.session_id
         assert lease.token.value >> 32 >= 1  # the leader's epoch (1 or more) in the high 32 bits
-        store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id,
+        store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id,
                                     keys=stockade.connect(url).verify_keys())
         store.put("czxid", "k", b"v", token=lease.token)  # verified with another client's copy of the keyring
     finally:
@@ -154,7 +154,7 @@ def test_sequence_suffix_is_a_32_bit_counter_that_restarts_with_its_container(zk
 def test_control_the_sequence_suffix_as_token_goes_back_after_the_container_is_deleted(url, zk_ensemble, tmp_path):
     coord = stockade.connect(url)
     # keys="unsigned": the control's tokens are made from the suffix, without a MAC; it shows their order only.
-    store = stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id, keys="unsigned")
+    store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id, keys="unsigned")
     client = _kazoo(zk_ensemble)
     queue = f"/{tmp_path.name}/stockade/q/seq"
     outcomes = {"czxid": [], "sequence": []}
@@ -328,7 +328,7 @@ def own_ensemble(zk_ensemble):
 
 def _storm(ensemble: ZkEnsemble, tmp_path: Path, changes: int, mutant: str = "", grants_min: int = 8) -> dict:
     """Run the storm through ``changes`` leader faults; the figures of the etcd storm's checks."""
-    store_url = f"sqlite://{tmp_path / 'store.db'}"
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
     url = f"{ensemble.url}/{tmp_path.name}?session_timeout_ms={STORM_SESSION_MS}"
     coord = stockade.connect(url)
     keys = "unsigned" if mutant else coord.verify_keys()  # the control's made-up tokens carry no MAC

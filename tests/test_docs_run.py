@@ -44,7 +44,7 @@ SERVICES = {"serve": _serve, "postgres": _postgres, "redis": _redis}
 
 
 ADMIN_TOKEN = "docs-admin-token-2f6a9c1d7e8b0a4f"
-EMBEDDED = 'stockade.connect("sqlite://stockade-data/coord.db")'
+EMBEDDED = 'stockade.connect("sqlite:///stockade-data/coord.db")'
 
 
 def test_readme_adapter_examples_run_against_serve(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ def test_restore_then_bump_from_the_store_marks(own_cluster, tmp_path):
     """Grants, snapshot, more grants (tokens up to T), restore all three members; a fresh process is refused
     (control: the next create revision is <= T); bump-revision from the store's marks; the fresh process's
     grants are all above T."""
-    url, store_url = own_cluster.url, f"sqlite://{tmp_path / 'store.db'}"
+    url, store_url = own_cluster.url, f"sqlite:///{tmp_path / 'store.db'}"
     coord = stockade.connect(url)
     store = stockade.open_store(store_url, cluster_id=coord.cluster_id, keys=coord.verify_keys())
     before = _grants(coord, store, "a", 15) + _grants(coord, store, "b", 15)

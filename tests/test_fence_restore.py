@@ -60,7 +60,7 @@ class SQLiteTarget:
         shutil.copyfile(self.copy, self.path)
 
     def floor(self) -> dict[str, int]:  # as `stockade floor sqlite:///...` opens it: by url, no keys
-        with open_sqlite_floor(f"sqlite://{self.path}", cluster_id=self.coord.cluster_id) as fence:
+        with open_sqlite_floor(f"sqlite:///{self.path}", cluster_id=self.coord.cluster_id) as fence:
             return fence.raise_high_waters(self.coord.fence_floors())
 
 
@@ -124,14 +124,14 @@ def test_a_restored_backup_accepts_old_tokens_until_the_floor_then_none(tmp_path
 
 
 def test_the_floor_never_creates_a_resource_and_refuses_another_cluster(tmp_path: Path) -> None:
-    for opener, url in ((open_sqlite_floor, f"sqlite://{tmp_path}/missing.db"),
+    for opener, url in ((open_sqlite_floor, f"sqlite:///{tmp_path}/missing.db"),
                         (open_files_floor, f"file://{tmp_path}/missing")):
         with pytest.raises(InvalidArgument):
             opener(url, cluster_id="feedfacefeedface")
     user_database(tmp_path / "user.db")
-    open_sqlite_floor(f"sqlite://{tmp_path}/user.db", cluster_id="feedfacefeedface").close()
+    open_sqlite_floor(f"sqlite:///{tmp_path}/user.db", cluster_id="feedfacefeedface").close()
     FencedDirectory(tmp_path / "files", keys="unsigned", cluster_id="feedfacefeedface").close()
-    for opener, url in ((open_sqlite_floor, f"sqlite://{tmp_path}/user.db"), (open_files_floor, f"file://{tmp_path}/files")):
+    for opener, url in ((open_sqlite_floor, f"sqlite:///{tmp_path}/user.db"), (open_files_floor, f"file://{tmp_path}/files")):
         with pytest.raises(InvalidArgument, match="cluster"):
             opener(url, cluster_id="0000000000000001")
     assert not (tmp_path / "missing.db").exists() and not (tmp_path / "missing").exists()

@@ -273,7 +273,7 @@ def _round(url: str, backend: str, *, n: int, moment: str, control: str, rng: ra
 
 def _url(backend: str, tmp_path: Path, request: pytest.FixtureRequest, n: int) -> str:
     if backend == "embedded":
-        return f"sqlite://{tmp_path / f'coord-{n}.db'}"  # a fresh file per round, as a fresh host would have
+        return f"sqlite:///{tmp_path / f'coord-{n}.db'}"  # a fresh file per round, as a fresh host would have
     if backend == "http":
         return request.getfixturevalue("http_server").url
     if backend == "postgres":

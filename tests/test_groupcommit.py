@@ -153,3 +153,50 @@ def test_server_stops_with_an_io_error_status_when_told_a_commit_failed(tmp_path
         return server.exit_status
 
     assert asyncio.run(main()) == EXIT_COMMIT_FAILED
+
+
+def _reply_order(through_thread: bool, shield: bool) -> list[str]:
+    """Submit two writes, wait on one through a reply, cancel the other's reply; what was seen, in order."""
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, inline=not through_thread)
+        committer.start()
+        reply_of = asyncio.shield if shield else committer.reply  # shield: the control (what handlers used)
+        try:
+            seen: list[str] = []
+            kept, dropped = committer.submit("a"), committer.submit("b")
+            # Registered first, so it runs first among the write's callbacks: is the reply already resolved?
+            kept.add_done_callback(lambda f: seen.append(f"reply done: {reply.done()}"))
+            reply, gone = reply_of(kept), reply_of(dropped)
+            _watch(reply, rec, "a", seen)
+            gone.cancel()  # the client went away
+            assert await reply == "ok-a"
+            assert await dropped == "ok-b" and not dropped.cancelled() and rec.committed == ["a", "b"]
+            assert await reply_of(kept) == "ok-a"  # asked for after the write: at once
+            return seen
+        finally:
+            committer.stop()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("through_thread", [False, True])
+def test_a_reply_resolves_with_its_write_and_a_cancelled_one_leaves_the_write_alone(through_thread):
+    """A handler's reply is set in the step its write is (a loop turn sooner than asyncio.shield's)."""
+    assert _reply_order(through_thread, shield=False) == ["reply done: True", "durable"]
+    assert _reply_order(through_thread, shield=True)[0] == "reply done: False"  # the control: a turn later
+
+
+def test_a_reply_carries_a_failed_batch():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        committer = GroupCommitter("t", _Recorder(fail=True), loop)
+        committer.start()
+        try:
+            with pytest.raises(RuntimeError, match="disk gone"):
+                await committer.reply(committer.submit("a"))
+        finally:
+            committer.stop()
+
+    asyncio.run(main())

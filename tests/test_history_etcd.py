@@ -366,7 +366,7 @@ def _get(url: str) -> tuple[int, dict, str]:
 
 @pytest.mark.parametrize("backend", ["etcd", "sqlite"])
 def test_serve_coordinator_answers_history_from_the_backend(backend, url, serve, tmp_path: Path):
-    coord_url = url if backend == "etcd" else f"sqlite://{tmp_path / 'backend' / 'coord.db'}"
+    coord_url = url if backend == "etcd" else f"sqlite:///{tmp_path / 'backend' / 'coord.db'}"
     (tmp_path / "backend").mkdir()
     server = serve("--coordinator", coord_url)
     client = stockade.connect(server.url)

@@ -35,20 +35,21 @@ class FakeWall:
 
 @pytest.fixture
 def coord(tmp_path):
-    with stockade.connect(f"sqlite://{tmp_path / 'coord.db'}") as handle:
+    with stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}") as handle:
         yield handle
 
 
 @pytest.fixture
 def store(tmp_path, coord):
-    with stockade.open_store(f"sqlite://{tmp_path / 'store.db'}", cluster_id=coord.cluster_id) as handle:
+    with stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id) as handle:
         yield handle
 
 
 def test_layout_is_validated_and_round_trips():
     layout = Layout()
     assert layout.workers == 1024 and layout.sequence_max == 4095
-    assert layout.decompose(layout.compose(123_456, 1023, 7)) == (123_456, 1023, 7)
+    parts = layout.decompose(layout.compose(123_456, 1023, 7))
+    assert parts == (123_456, 1023, 7) and (parts.timestamp, parts.worker, parts.sequence) == (123_456, 1023, 7)
     assert Layout(timestamp_bits=40, worker_bits=16, sequence_bits=7).workers == 65536
     for bad in [dict(timestamp_bits=42, worker_bits=10, sequence_bits=12), dict(worker_bits=0),
                 dict(time_unit_ms=0), dict(sequence_bits=True), dict(epoch_ms=-1), dict(timestamp_bits=15)]:
@@ -205,7 +206,7 @@ def _needs_faketime():
 
 
 def _coordinator(tmp_path):
-    coord_url, store_url = f"sqlite://{tmp_path / 'coord.db'}", f"sqlite://{tmp_path / 'store.db'}"
+    coord_url, store_url = f"sqlite:///{tmp_path / 'coord.db'}", f"sqlite:///{tmp_path / 'store.db'}"
     with stockade.connect(coord_url) as coord:
         stockade.open_store(store_url, cluster_id=coord.cluster_id).close()
     return coord_url, store_url

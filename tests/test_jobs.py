@@ -23,8 +23,8 @@ LONG = os.environ.get("STOCKADE_LONG") == "1"
 
 @pytest.fixture
 def pair(tmp_path: Path):
-    coord = stockade.connect(f"sqlite://{tmp_path}/coord.db")
-    store = stockade.open_store(f"sqlite://{tmp_path}/store.db", cluster_id=coord.cluster_id)
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    store = stockade.open_store(f"sqlite:///{tmp_path}/store.db", cluster_id=coord.cluster_id)
     yield coord, store
     store.close()
     coord.close()

@@ -196,7 +196,7 @@ class Servers:
 def start_servers(tmp_path: Path, *, control: str | None = None, both: bool = True) -> Servers:
     coord_dir = tmp_path / "coord"
     coord_dir.mkdir()
-    coord_url = f"sqlite://{coord_dir / 'coord.db'}"
+    coord_url = f"sqlite:///{coord_dir / 'coord.db'}"
     dirs = {"own": tmp_path / "serve-own"}
     if both and not control:
         dirs["coord"] = coord_dir
@@ -240,7 +240,7 @@ def round_of(r: int, v: Variant, holders: dict[str, Handle], servers: Servers, h
                   via=server.url if v.b_grant == "server" else None)
     history.op(f"{b.name}:lease", "acquire", b_granted, **fields)
     assert b_granted["type"] == "ok", (b_granted, v)
-    store_file = f"sqlite://{server.data_dir / 'store.db'}"
+    store_file = f"sqlite:///{server.data_dir / 'store.db'}"
     store_url = {"direct": server.url, "proxy": proxy.url, "file": store_file}[v.b_write]
     written = b("write", store_url=store_url, scope=scope, key="k", value=f"B{r}", idempotency_key=f"B{r}")
     history.op(f"{b.name}:write", "write", written, key="k", value=f"B{r}", idempotency_key=f"B{r}", **fields)

@@ -85,7 +85,7 @@ def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     if request.param.startswith("sqlite"):
         opened: Any = SQLiteShardLog(tmp_path / "log.db", cluster_id=CLUSTER, keys=KEYS,
                                      partitions=4 if request.param == "sqlite-partitions" else None)
-        opened.floor_url = f"sqlite://{tmp_path / 'log.db'}"
+        opened.floor_url = f"sqlite:///{tmp_path / 'log.db'}"
         yield opened
         opened.close()
         return
@@ -400,7 +400,7 @@ def test_kill9_of_a_writer_mid_append_leaves_no_gap_and_no_half_batch(
     else:
         log = SQLiteShardLog(tmp_path / "log.db", cluster_id=CLUSTER, keys=KEYS)
         save_keyring(tmp_path / "log.keys", KEYS.keyring)  # the writers verify with the same keys (L2)
-        url = f"sqlite://{tmp_path / 'log.db'}"
+        url = f"sqlite:///{tmp_path / 'log.db'}"
     token = tok(7, "kv.shard-k").encode()
     count, size = 50, 2048
     rng = random.Random(13)

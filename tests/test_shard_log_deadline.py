@@ -92,7 +92,7 @@ def run_rounds(tmp_path: Path, rounds: int) -> dict[str, int]:
     log = SQLiteShardLog(path, cluster_id=CLUSTER, keys=KEYS, partitions=PARTITIONS, busy_timeout_ms=BOUND_MS)
     save_keyring(tmp_path / "log.keys", KEYS.keyring)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "helpers")]))
-    writer = subprocess.Popen([sys.executable, HELPER, "freeze-in-append", f"sqlite://{path}", FROZEN,
+    writer = subprocess.Popen([sys.executable, HELPER, "freeze-in-append", f"sqlite:///{path}", FROZEN,
                                tok(5, FROZEN).encode()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env)
     assert writer.stdin is not None
@@ -179,7 +179,7 @@ def run_new_processes(tmp_path: Path, rounds: int, *, control: bool) -> dict[str
     SQLiteShardLog(path, cluster_id=CLUSTER, keys=KEYS, partitions=PARTITIONS, busy_timeout_ms=BOUND_MS).close()
     save_keyring(tmp_path / "log.keys", KEYS.keyring)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "helpers")]))
-    writer = subprocess.Popen([sys.executable, HELPER, "freeze-in-append", f"sqlite://{path}", FROZEN,
+    writer = subprocess.Popen([sys.executable, HELPER, "freeze-in-append", f"sqlite:///{path}", FROZEN,
                                tok(5, FROZEN).encode()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env)
     assert writer.stdin is not None

@@ -57,7 +57,7 @@ def run_freezes(tmp_path: Path, partitions: int, rounds: int) -> dict[str, objec
     log = SQLiteShardLog(path, cluster_id=CLUSTER, keys=KEYS, partitions=partitions, busy_timeout_ms=BOUND_MS)
     save_keyring(tmp_path / "log.keys", KEYS.keyring)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "helpers")]))
-    writer = subprocess.Popen([sys.executable, HELPER, "freeze-in-append", f"sqlite://{path}", FROZEN,
+    writer = subprocess.Popen([sys.executable, HELPER, "freeze-in-append", f"sqlite:///{path}", FROZEN,
                                tok(5, FROZEN).encode()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env)
     assert writer.stdin is not None

@@ -37,12 +37,12 @@ def _references(page: str) -> list[str]:
 
 
 def test_check_report_in_headless_chromium(tmp_path: Path) -> None:
-    coord_url = f"sqlite://{tmp_path / 'coord.db'}"
+    coord_url = f"sqlite:///{tmp_path / 'coord.db'}"
     with stockade.connect(coord_url) as coord:
         SQLiteFence(tmp_path / "app.db", keys=coord.verify_keys()).close()
     report = tmp_path / "report.html"
     result = subprocess.run([sys.executable, "-m", "stockade", "check", "--coordinator", coord_url, "--resource",
-                             f"sqlite://{tmp_path / 'app.db'}", "--rounds", "2", "--ttl-ms", "300", "--report",
+                             f"sqlite:///{tmp_path / 'app.db'}", "--rounds", "2", "--ttl-ms", "300", "--report",
                              str(report)], capture_output=True, text=True, timeout=240, env=python_env())
     assert result.returncode == 0, result.stdout + result.stderr
     assert "timeline:" in result.stdout and "REFUSED" in result.stdout  # the text timeline is printed too
@@ -71,8 +71,8 @@ def test_the_console_check_can_fail(tmp_path: Path) -> None:
 def test_history_html_draws_the_journal(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    with stockade.connect(f"sqlite://{data / 'coord.db'}") as coord, \
-            stockade.open_store(f"sqlite://{data / 'store.db'}", cluster_id=coord.cluster_id) as store:
+    with stockade.connect(f"sqlite:///{data / 'coord.db'}") as coord, \
+            stockade.open_store(f"sqlite:///{data / 'store.db'}", cluster_id=coord.cluster_id) as store:
         first = coord.acquire("reports", ttl_ms=5000, wait_ms=1000, holder="worker-a")
         first.release()
         second = coord.acquire("reports", ttl_ms=5000, wait_ms=1000, holder="worker-b")

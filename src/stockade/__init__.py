@@ -4,8 +4,8 @@ A coordinator grants leases, each with a fencing token that strictly increases
 per scope; every write carries the token; the resource rejects any write whose
 token is lower than the highest it has accepted.
 
-    coord = stockade.connect("sqlite:///var/lib/stockade/coord.db")
-    store = stockade.open_store("sqlite:///var/lib/stockade/store.db", cluster_id=coord.cluster_id)
+    coord = stockade.connect("sqlite:////var/lib/stockade/coord.db")
+    store = stockade.open_store("sqlite:////var/lib/stockade/store.db", cluster_id=coord.cluster_id)
     with coord.lock("reports", ttl_ms=10_000, wait_ms=5_000) as lease:
         store.put("reports", "daily.csv", data, token=lease.token)
 
@@ -18,9 +18,11 @@ from stockade.client import (
     AsyncCoordinator,
     AsyncFencedStore,
     AsyncLease,
+    AsyncSemaphore,
     Coordinator,
     FencedStore,
     Lease,
+    Semaphore,
     connect,
     connect_async,
     open_store,
@@ -61,6 +63,8 @@ __all__ = [
     "AsyncLease",
     "FencedStore",
     "AsyncFencedStore",
+    "Semaphore",
+    "AsyncSemaphore",
     "FencingToken",
     "ScopeInfo",
     "ScopeState",

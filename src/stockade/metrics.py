@@ -22,7 +22,8 @@ class Counter:
         self._lock = threading.Lock()
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = tuple(str(labels.get(name, "")) for name in self.labels)
+        # On every request: a counter without labels (most of them) builds no key.
+        key = tuple([str(labels.get(name, "")) for name in self.labels]) if self.labels else ()
         with self._lock:
             if key not in self._values and len(self._values) >= LABEL_SETS_MAX:
                 key = tuple("_overflow" for _ in self.labels)

@@ -29,7 +29,7 @@ def zombie(coord_url: str, store_path: str, name: str) -> None:
     from stockade.testing.mutants import FencingOffStore
 
     coord = stockade.connect(coord_url)
-    fenced = stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id)
+    fenced = stockade.open_store(f"sqlite:///{store_path}", cluster_id=coord.cluster_id)
     beside = str(Path(store_path).with_name("coord.keys"))  # the keyring the test left beside the store
     unfenced = FencingOffStore(store_path, cluster_id=coord.cluster_id, keys=beside)
     while (command := sys.stdin.readline().split())[:1] == ["round"]:

@@ -67,7 +67,7 @@ def sqlite_db(sqlalchemy: bool) -> Callable[[Path, str], AbstractContextManager[
 def store_sqlite(directory: Path, name: str) -> Iterator[Opener]:
     def open_keyed(keys: object, *, beside: Sequence[tuple[str, Keyring]] = ()) -> Any:
         _place(directory, beside)  # the store's own directory: where discovery looks
-        url = f"sqlite://{directory / 'store.db'}"
+        url = f"sqlite:///{directory / 'store.db'}"
         return StoreHarness(open_resource(url, cluster_id=CLUSTER, options=StoreOptions(keys=keys)))
 
     yield open_keyed

@@ -35,8 +35,8 @@ TTL_MS, WAIT_MS = 1_000, 6_000
 rng = random.Random(seed)
 pid = os.getpid()
 log_fd = os.open(os.path.join(data, f"log-{worker}-{pid}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-coord = stockade.connect(f"sqlite://{data}/coord.db")
-store = stockade.open_store(f"sqlite://{data}/store.db", cluster_id=coord.cluster_id)
+coord = stockade.connect(f"sqlite:///{data}/coord.db")
+store = stockade.open_store(f"sqlite:///{data}/store.db", cluster_id=coord.cluster_id)
 
 
 def log(line: str) -> None:

@@ -16,7 +16,7 @@ from stockade.testing.mutants import FencingOffStore
 coord_url, store_path, rounds, control = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 coord = stockade.connect(coord_url)
 store = FencingOffStore(store_path, cluster_id=coord.cluster_id, keys=coord.verify_keys()) if control else \
-    stockade.open_store(f"sqlite://{store_path}", cluster_id=coord.cluster_id, keys=coord.verify_keys())
+    stockade.open_store(f"sqlite:///{store_path}", cluster_id=coord.cluster_id, keys=coord.verify_keys())
 
 
 def hold() -> stockade.Lease:

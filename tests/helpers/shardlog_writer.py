@@ -38,15 +38,15 @@ process checks no MAC (the test checks what landed).
 """
 
 import sys
-from pathlib import Path
 
 import stockade
 from stockade.core.errors import LeaseError, StaleToken, StockadeError
 from stockade.recipes.log import SQLiteShardLog, open_postgres_log
+from stockade.transport.sqlite_url import sqlite_path
 
 mode, url, shard = sys.argv[1], sys.argv[2], sys.argv[3]
 if url.startswith("sqlite://"):  # the store file; it checks no MAC here (the test's keys stay in the test)
-    path = Path(url.removeprefix("sqlite://"))
+    path = sqlite_path(url)
     keyring = path.with_suffix(".keys")
     log = SQLiteShardLog(path, keys=str(keyring) if keyring.exists() else "unsigned")
 else:

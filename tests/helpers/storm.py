@@ -15,12 +15,13 @@ import threading
 from pathlib import Path
 
 import stockade
+from stockade.transport.sqlite_url import sqlite_path
 
 url, seed = sys.argv[1], int(sys.argv[2])
 mutant = sys.argv[3] if len(sys.argv) > 3 else ""
 coord = stockade.connect(url)
 lock = threading.Lock()
-counter_file = Path(url.removeprefix("sqlite://") + ".lazy-counter")
+counter_file = Path(f"{sqlite_path(url)}.lazy-counter")
 counter = {"value": int(counter_file.read_text()) if counter_file.exists() else 0}
 
 

@@ -38,6 +38,7 @@ from stockade.core.errors import AlreadyApplied, InvalidArgument, StaleToken, St
 from stockade.core.tokens import FencingToken
 from stockade.resources.registry import CHECK_TARGETS, load
 from stockade.timeline import SetupLine
+from stockade.transport.sqlite_url import sqlite_path
 
 __all__ = ["Outcome", "Target", "open_target", "target_class", "CONTROLS", "CASE_CONTROLS", "scratch_scope"]
 
@@ -168,7 +169,7 @@ class StoreTarget(Target):
         else:
             mutants = importlib.import_module("stockade.testing.mutants")
             store_class = mutants.mutant(self.control).sqlite_class
-            self.store = store_class(Path(url.partition("://")[2]), cluster_id=self.cluster_id, keys=self.keys)
+            self.store = store_class(sqlite_path(url, "resource"), cluster_id=self.cluster_id, keys=self.keys)
 
     def _write(self, token: FencingToken, scope: str, key: str, value: str, op_id: str | None) -> Outcome:
         result = self.store.put(scope, key, value, token=token, idempotency_key=op_id)
@@ -201,7 +202,7 @@ class SQLiteDbTarget(Target):
         super().__init__(url, scratch, **options)
         from stockade.resources.sqlite_db import SQLiteFence
 
-        self.path = Path(url.partition("://")[2])
+        self.path = sqlite_path(url, "resource")
         self.table = scratch.replace("-", "_")
         self.fence = SQLiteFence(self.path, keys=self.keys, cluster_id=self.cluster_id)
         if self.control is not None:
@@ -419,7 +420,7 @@ def store_target(rest: str) -> type[Target]:
 
 def sqlite_target(rest: str) -> type[Target]:
     """A stockade store file, or the user's own database with the fence installed."""
-    path = Path(rest)
+    path = sqlite_path(rest, "resource")
     if not path.is_file():
         raise InvalidArgument("resource", f"{path}: no such SQLite file (the check never creates the resource)")
     if _is_stockade_store(path):

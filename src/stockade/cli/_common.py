@@ -27,6 +27,7 @@ from typing import TextIO
 
 from stockade.client import Coordinator, FencedStore, connect, open_store
 from stockade.core.errors import InvalidArgument
+from stockade.transport.sqlite_url import sqlite_path, sqlite_url
 
 __all__ = [
     "add_data_dir", "add_url", "data_dir", "coordinator_url", "local_dir", "child_env", "store_url", "is_remote",
@@ -158,7 +159,7 @@ def coordinator_url(args: argparse.Namespace) -> str:
         return url
     if getattr(args, "data_dir", None) is None and os.environ.get(URL_ENV):
         return os.environ[URL_ENV]
-    return f"sqlite://{data_dir(args) / 'coord.db'}"
+    return sqlite_url(data_dir(args) / "coord.db")
 
 
 def local_dir(url: str) -> Path | None:
@@ -170,7 +171,7 @@ def local_dir(url: str) -> Path | None:
 def local_file(url: str) -> Path | None:
     """The coordinator file a ``sqlite://`` url names (None for a server)."""
     if url.startswith("sqlite://"):
-        return Path(url.partition("://")[2].partition("?")[0])
+        return sqlite_path(url)
     return None
 
 
@@ -191,7 +192,7 @@ def store_url(args: argparse.Namespace, coord_url: str) -> str:
     """The fenced store that goes with ``coord_url``: the same server, or ``store.db`` beside ``coord.db``."""
     if is_remote(coord_url):
         return coord_url
-    return f"sqlite://{(local_dir(coord_url) or data_dir(args)) / 'store.db'}"
+    return sqlite_url((local_dir(coord_url) or data_dir(args)) / "store.db")
 
 
 def open_coordinator(args: argparse.Namespace) -> Coordinator:

@@ -91,7 +91,7 @@ def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tup
 
 def _coordinator_meta(conn: sqlite3.Connection, path: Path) -> dict[str, str]:
     meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
-    if "cluster_id" not in meta or meta.get("schema_version") != coordinator_files.SCHEMA_VERSION:
+    if "cluster_id" not in meta or meta.get("schema_version") not in ("1", coordinator_files.SCHEMA_VERSION):
         raise BackendUnavailable(
             f"{path}: not a stockade coordinator file of schema version {coordinator_files.SCHEMA_VERSION}"
         )
@@ -137,8 +137,9 @@ def read_coordinator(path: Path, now_ns: int, limit: int) -> CoordinatorSnapshot
         rebooted = meta.get("boot_id") != _boot_id()
         leases = {
             row[0]: rules.Lease(row[1], row[2], FencingToken(cluster, row[0], row[3]), *row[4:])
-            for row in conn.execute(
-                "SELECT scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM leases"
+            for row in conn.execute(  # version 1 kept leases in a table of their own (read as it is, never migrated)
+                "SELECT scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM "
+                + ("leases" if meta["schema_version"] == "1" else "scopes WHERE lease_id IS NOT NULL")
             )
         }
         waiters: dict[str, list[rules.Waiter]] = {}

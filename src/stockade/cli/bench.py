@@ -28,6 +28,7 @@ from pathlib import Path
 from stockade.bench import DEFAULT_WORKLOADS, WORKLOADS, format_table, run_workload
 from stockade.cli._common import URL_ENV, add_url, fail, help_text
 from stockade.core.errors import InvariantViolation
+from stockade.transport.sqlite_url import sqlite_url
 
 __all__ = ["run"]
 
@@ -63,12 +64,12 @@ def run(argv: list[str]) -> int:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             return fail(f"--data-dir {directory}: {exc.strerror or exc}", 2)
-        return _bench(args, workloads, f"sqlite://{directory / 'coord.db'}",
-                      args.store_url or f"sqlite://{directory / 'store.db'}")
+        return _bench(args, workloads, sqlite_url(directory / "coord.db"),
+                      args.store_url or sqlite_url(directory / "store.db"))
     with tempfile.TemporaryDirectory(prefix="stockade-bench-") as temporary:
         directory = Path(temporary)
-        return _bench(args, workloads, f"sqlite://{directory / 'coord.db'}",
-                      args.store_url or f"sqlite://{directory / 'store.db'}")
+        return _bench(args, workloads, sqlite_url(directory / "coord.db"),
+                      args.store_url or sqlite_url(directory / "store.db"))
 
 
 def _progress(line: str) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from stockade.cli._common import URL_ENV, help_text, is_remote
 from stockade.core.errors import StockadeError
+from stockade.transport.sqlite_url import sqlite_url
 
 SCOPE = "reports"
 KEY = "summary"
@@ -50,7 +51,7 @@ def _urls(root: Path | None, url: str | None) -> tuple[str, str]:
     if url is not None:
         return url, url
     assert root is not None
-    return f"sqlite://{root / 'coord.db'}", f"sqlite://{root / 'store.db'}"
+    return sqlite_url(root / "coord.db"), sqlite_url(root / "store.db")
 
 
 def _worker(name: str, root: Path | None, store_class: str | None, url: str | None = None,

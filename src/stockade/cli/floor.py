@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from stockade.cli._common import URL_ENV, add_data_dir, fail, help_text
 from stockade.cli._common import coordinator_url as _coordinator_url
 from stockade.client import connect
 from stockade.core.errors import StockadeError
 from stockade.resources.floor import open_floor_target, raise_to_floors, redact_url
+from stockade.transport.sqlite_url import sqlite_path
 
 RAISED_SHOWN_MAX = 1_000
 
@@ -31,15 +31,15 @@ def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="stockade floor", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("resource", help="the resource to raise, e.g. postgresql://db1/app or sqlite:///srv/app.db")
+    parser.add_argument("resource", help="the resource to raise, e.g. postgresql://db1/app or sqlite:////srv/app.db")
     parser.add_argument("--url", default=None, help=f"coordinator url (default: ${URL_ENV}, else the data dir)")
     add_data_dir(parser)
     parser.add_argument("--dry-run", action="store_true", help="print what would be raised; change nothing")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     url = _coordinator_url(args)
-    if url.startswith("sqlite://") and not Path(url.partition("://")[2]).is_file():
-        return fail(f"no coordinator at {url.partition('://')[2]} (use --url, ${URL_ENV} or --data-dir)")
+    if url.startswith("sqlite://") and not (coord_file := sqlite_path(url)).is_file():
+        return fail(f"no coordinator at {coord_file} (use --url, ${URL_ENV} or --data-dir)")
     try:
         coord = connect(url)
         try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from stockade.cli._common import add_data_dir, announce_created, data_dir, fail, help_text
 from stockade.core.errors import StockadeError
+from stockade.transport.sqlite_url import sqlite_url
 from stockade.wire import DEFAULT_PORT
 
 
@@ -93,7 +94,7 @@ def run(argv: list[str]) -> int:
     try:
         directory = data_dir(args)
         # On stdout after the ready line: stderr holds JSON logs only, and the first line stays "listening on".
-        announce = (announce_created(f"sqlite://{directory / 'coord.db'}", "clients reach it through this url",
+        announce = (announce_created(sqlite_url(directory / "coord.db"), "clients reach it through this url",
                                      prefix="stockade serve", stream=sys.stdout)
                     if not args.coordinator else (lambda: None))
 

@@ -12,10 +12,11 @@ different worker numbers never make the same id.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from stockade.core.errors import InvalidArgument, StockadeError
 
-__all__ = ["Layout", "ClockBehind", "DEFAULT_EPOCH_MS"]
+__all__ = ["Layout", "IdParts", "ClockBehind", "DEFAULT_EPOCH_MS"]
 
 #: 2026-01-01T00:00:00Z in Unix milliseconds: the default custom epoch.
 DEFAULT_EPOCH_MS = 1_767_225_600_000
@@ -27,6 +28,14 @@ def _int_in(field: str, value: object, low: int, high: int) -> int:
     if type(value) is not int or not low <= value <= high:
         raise InvalidArgument(field, f"must be an int in {low}..{high}, got {value!r}")
     return value
+
+
+class IdParts(NamedTuple):
+    """The three fields of an id (`Layout.decompose`); unpacks as a tuple."""
+
+    timestamp: int  #: time units since the layout's epoch_ms
+    worker: int  #: the worker number whose lease issued the id
+    sequence: int  #: the id's place within its timestamp step
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +101,10 @@ class Layout:
         _int_in("sequence", sequence, 0, self.sequence_max)
         return (timestamp << self.timestamp_shift) | (worker << self.sequence_bits) | sequence
 
-    def decompose(self, id_: int) -> tuple[int, int, int]:
-        """(timestamp, worker, sequence) of an id of this layout."""
+    def decompose(self, id_: int) -> IdParts:
+        """The (timestamp, worker, sequence) fields of an id of this layout."""
         _int_in("id", id_, 0, 2**ID_BITS_MAX - 1)
-        return (
+        return IdParts(
             id_ >> self.timestamp_shift,
             (id_ >> self.sequence_bits) & (self.workers - 1),
             id_ & self.sequence_max,

@@ -1,6 +1,6 @@
 """Snowflake ids with leased worker numbers: uncoordinated on the hot path, safe across handoffs.
 
-    coord = stockade.connect("sqlite:///var/lib/stockade/coord.db")
+    coord = stockade.connect("sqlite:////var/lib/stockade/coord.db")
     with IdGenerator(coord, "orders") as ids:
         order_id = ids.next_id()
 
@@ -20,15 +20,14 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from stockade.client import Coordinator
+from stockade.client import Coordinator, FencedStore, Lease
 from stockade.core.errors import InvalidArgument, LeaseLost, LimitExceeded, LockTimeout, StaleToken
 from stockade.core.leases import ScopeState
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_scope, validate_ttl_ms
-from stockade.recipes._ids_layout import DEFAULT_EPOCH_MS, ClockBehind, Layout
+from stockade.recipes._ids_layout import DEFAULT_EPOCH_MS, ClockBehind, IdParts, Layout
 
-__all__ = ["IdGenerator", "Layout", "ClockBehind", "DEFAULT_EPOCH_MS", "RESERVED_KEY"]
+__all__ = ["IdGenerator", "Layout", "IdParts", "ClockBehind", "DEFAULT_EPOCH_MS", "RESERVED_KEY"]
 
 log = logging.getLogger("stockade.recipes.ids")
 
@@ -72,6 +71,11 @@ class IdGenerator:
         InvalidArgument: a bad argument, or the store's record has another layout.
         LimitExceeded: no free worker number was found.
         ClockBehind: the clock did not pass the handoff floor in time.
+        LeaseLost: the worker number's lease was lost during the start-up
+            hand-over: this process paused past ``ttl_ms`` (or the store
+            refused its claim because a newer holder had taken the number
+            over). No id was issued and nothing stays held; make a new
+            generator, which leases a worker number afresh.
         BackendUnavailable: the coordinator or the store failed.
 
     Not for use from several threads at once without your own lock; use one
@@ -90,7 +94,7 @@ class IdGenerator:
         name: str,
         *,
         layout: Layout | None = None,
-        store: Any = None,
+        store: FencedStore | None = None,
         ttl_ms: int = 10_000,
         max_clock_skew_ms: int = 1_000,
         reserve_ms: int = 2_000,
@@ -270,7 +274,7 @@ class IdGenerator:
         self._ts = -1  # the fast path misses from now on
         raise self._failure
 
-    def _on_lost(self, lease: Any) -> None:
+    def _on_lost(self, lease: Lease) -> None:
         if self._check_lease and self._failure is None:
             self._failure = LeaseLost(lease.scope, lease.token, lease.lost_cause)
             self._ts = -1
@@ -280,7 +284,7 @@ class IdGenerator:
     def _scope_of(self, number: int) -> str:
         return f"{self._prefix}{number:0{self._width}d}"
 
-    def _lease_worker(self, ttl_ms: int, holder: str | None) -> Any:
+    def _lease_worker(self, ttl_ms: int, holder: str | None) -> Lease:
         workers = self.layout.workers
         tried: set[int] = set()
         for number in random.sample(range(workers), min(RANDOM_PROBES, workers)):
@@ -295,7 +299,7 @@ class IdGenerator:
                 return lease
         raise LimitExceeded("worker_bits", self.layout.worker_bits, f"no free worker number for {self.name!r}")
 
-    def _try(self, number: int, ttl_ms: int, holder: str | None) -> Any:
+    def _try(self, number: int, ttl_ms: int, holder: str | None) -> Lease | None:
         try:
             return self._coord.acquire(self._scope_of(number), ttl_ms=ttl_ms, wait_ms=0, holder=holder,
                                        on_lost=self._on_lost)
@@ -355,6 +359,9 @@ class IdGenerator:
 
     def _extend(self, ts: int) -> None:
         """Record, under the lease's token, that this holder may use timestamps up to ts + reserve."""
+        store = self._store
+        if store is None:  # without a store every timestamp of the layout is usable
+            return
         with self._reserve_lock:
             if self._failure is not None:
                 raise self._failure
@@ -364,8 +371,7 @@ class IdGenerator:
             target = max(ts + self._reserve_units, self._attempted)
             self._attempted = target
             try:
-                self._store.put(self.scope, RESERVED_KEY, f"{self.layout.fingerprint()} {target}",
-                                token=self.lease.token)
+                store.put(self.scope, RESERVED_KEY, f"{self.layout.fingerprint()} {target}", token=self.lease.token)
             except StaleToken as exc:
                 self._fail(LeaseLost(self.scope, self.lease.token, f"reservation refused: {exc}"))
             self._reserved = max(self._reserved, target)

@@ -81,6 +81,8 @@ class GroupCommitter(Generic[Op]):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name=f"stockade-commit-{name}", daemon=True)
         self._last: asyncio.Future[Any] | None = None
+        # An operation's future -> the futures of the handlers that wait on it (`reply`).
+        self._replies: dict[asyncio.Future[Any], list[asyncio.Future[Any]]] = {}
         self.batches = 0
         self.ops = 0
         # Called on the loop when a batch, or one operation in it, failed to commit.
@@ -110,6 +112,20 @@ class GroupCommitter(Generic[Op]):
         self._queue.put((op, future))
         return future
 
+    def reply(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """A future for one handler waiting on ``future`` (from `submit`): it resolves as ``future`` does.
+
+        What ``asyncio.shield`` gives, one loop turn sooner: it is resolved in the
+        same step as ``future`` itself (after the COMMIT), not by a callback of it.
+        Cancelling it (the client went away) leaves ``future``, and the write, alone.
+        """
+        reply: asyncio.Future[Any] = self._loop.create_future()
+        if future.done():
+            _settle(reply, future)
+        else:
+            self._replies.setdefault(future, []).append(reply)
+        return reply
+
     def _flush(self) -> None:
         """End of a loop turn: commit a lone operation here, hand several to the thread."""
         batch, self._gathering = self._gathering, None
@@ -125,7 +141,7 @@ class GroupCommitter(Generic[Op]):
             self._in_thread += 1
             self._queue.put(batch[0])
             return
-        _resolve(batch, results, error)  # only now, after COMMIT (and its fsync) returned
+        _resolve(batch, results, error, self._replies)  # only now, after COMMIT (and its fsync) returned
         self._report(results, error)
 
     def _report(self, results: Sequence[Any] | None, error: BaseException | None) -> None:
@@ -195,19 +211,32 @@ class GroupCommitter(Generic[Op]):
     def _resolve_from_thread(self, batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any] | None,
                              error: BaseException | None) -> None:
         self._in_thread -= len(batch)
-        _resolve(batch, results, error)
+        _resolve(batch, results, error, self._replies)
         self._report(results, error)
 
 
 def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any] | None,
-             error: BaseException | None) -> None:
+             error: BaseException | None, replies: dict[asyncio.Future[Any], list[asyncio.Future[Any]]]) -> None:
     for index, (_, future) in enumerate(batch):
-        if future.done():
-            continue
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(results[index])  # type: ignore[index]
+        if not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(results[index])  # type: ignore[index]
+        for reply in replies.pop(future, ()):
+            _settle(reply, future)
+
+
+def _settle(reply: asyncio.Future[Any], future: asyncio.Future[Any]) -> None:
+    """Give ``reply`` the outcome of ``future`` (done), unless its handler went away."""
+    if reply.done():
+        return
+    if future.cancelled():
+        reply.cancel()
+    elif future.exception() is not None:
+        reply.set_exception(future.exception())  # type: ignore[arg-type]
+    else:
+        reply.set_result(future.result())
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -186,11 +186,10 @@ class LeaseService:
         write, self._write = self._write, None
         return write
 
-    @staticmethod
-    async def _wait_durable(write: asyncio.Future[Any] | None) -> None:
+    async def _wait_durable(self, write: asyncio.Future[Any] | None) -> None:
         if write is None:
             return
-        error = await asyncio.shield(write)
+        error = await self.committer.reply(write)  # cancelled by a disconnect: the write goes on
         if isinstance(error, StockadeError):
             raise error
 

@@ -374,7 +374,8 @@ class App:
         if token.cluster == self.cluster_id and token.value > await self.leases.last_issued(token.scope, token.value):
             reject(Reject("forged", 0, "above-issued"), resource="stockade-serve", cluster=self.cluster_id,
                    token=token, scope=scope, key=key)
-        return await asyncio.shield(self.store_writer.submit(write))  # a disconnect does not undo a queued write
+        writer = self.store_writer
+        return await writer.reply(writer.submit(write))  # a disconnect does not undo a queued write
 
     @staticmethod
     async def _write_result(pending: Awaitable[Any]) -> Response:

@@ -5,4 +5,5 @@
 - `kazoo`: waiting for kazoo's answers (the ZooKeeper port), as ``AsyncZkBridge`` and ``ZkBridge``.
 - `http11`: HTTP/1.1 framing of requests and responses (the HTTP remote, etcd's gateway).
 - `postgres`: opening a PostgreSQL connection, and its errors as text.
+- `sqlite_url`: the file a ``sqlite://`` url names (SQLAlchemy's convention: three slashes relative, four absolute).
 """

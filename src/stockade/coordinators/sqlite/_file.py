@@ -31,6 +31,8 @@ APPLICATION_ID = 0x53544B43
 STORE_APPLICATION_ID = 0x53544B53
 KIND = "coordinator"
 _COORDINATOR_TABLES = frozenset({"meta", "scopes", "leases", "waiters"})
+# The tables of an unmarked coordinator file: schema version 1 (leases in their own table), or 2.
+_COORDINATOR_LAYOUTS = (_COORDINATOR_TABLES, _COORDINATOR_TABLES - {"leases"})
 _STORE_TABLES = frozenset({"hwm", "kv", "audit", "idempotency", "counters"})
 _JOURNAL_TABLES = frozenset({"history", "sqlite_sequence"})  # the history journal (docs/history.md)
 CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
@@ -81,7 +83,7 @@ def classify(application_id: int, tables: set[str], meta: dict[str, str]) -> str
         return f"a foreign SQLite database (application_id {application_id:#010x})"
     if not tables:
         return None
-    if tables - _JOURNAL_TABLES == _COORDINATOR_TABLES and (not meta or "cluster_id" in meta):
+    if tables - _JOURNAL_TABLES in _COORDINATOR_LAYOUTS and (not meta or "cluster_id" in meta):
         return None
     return "a foreign SQLite database"
 

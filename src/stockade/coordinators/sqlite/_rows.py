@@ -7,33 +7,39 @@ every function takes the open connection and never commits.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 
 from stockade.coordinators._record_diff import SQLITE, check_change, lease_and_queue, scope_row_changed
-from stockade.coordinators.sqlite._journal import JOURNAL_SCHEMA, journal_change
+from stockade.coordinators.sqlite._journal import JOURNAL_SCHEMA, journal_change, migrate_journal
 from stockade.core.errors import invariant
 from stockade.core.leases import Lease, ScopeRecord, Waiter
 from stockade.core.tokens import FencingToken
 
 __all__ = [
-    "SCHEMA","set_meta", "forgotten_floor", "times_pending", "load_record", "forget_record", "store_record"]
+    "SCHEMA", "LEASE_COLUMNS", "migrate_v1", "set_meta", "forgotten_floor", "times_pending", "load_record",
+    "forget_record", "store_record"]
 
-#: The coordinator file's tables.
+#: The lease columns of a scope's row: NULL when it holds no lease.
+LEASE_COLUMNS = ("lease_id", "holder", "token", "ttl_ms", "granted_ns", "expires_ns")
+
+#: The coordinator file's tables (schema version 2). A scope's lease is in its
+#: own row: a grant or a release rewrites that one row, and the only other index
+#: it touches is the partial one that finds a lease by its id (`SQLiteTx.scope_of_lease`).
+#: Version 1 kept leases in a table of their own, indexed twice (`migrate_v1`).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) STRICT;
 CREATE TABLE IF NOT EXISTS scopes (
     scope TEXT PRIMARY KEY,
     last_token INTEGER NOT NULL,
-    delay_until_ns INTEGER NOT NULL
+    delay_until_ns INTEGER NOT NULL,
+    lease_id TEXT,
+    holder TEXT,
+    token INTEGER,
+    ttl_ms INTEGER,
+    granted_ns INTEGER,
+    expires_ns INTEGER
 ) STRICT;
-CREATE TABLE IF NOT EXISTS leases (
-    scope TEXT PRIMARY KEY,
-    lease_id TEXT NOT NULL UNIQUE,
-    holder TEXT NOT NULL,
-    token INTEGER NOT NULL,
-    ttl_ms INTEGER NOT NULL,
-    granted_ns INTEGER NOT NULL,
-    expires_ns INTEGER NOT NULL
-) STRICT;
+CREATE INDEX IF NOT EXISTS scopes_by_lease ON scopes (lease_id) WHERE lease_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS waiters (
     scope TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -44,6 +50,22 @@ CREATE TABLE IF NOT EXISTS waiters (
     PRIMARY KEY (scope, seq)
 ) STRICT;
 """ + JOURNAL_SCHEMA  # the history journal, written in each change's own transaction
+
+
+def migrate_v1(conn: sqlite3.Connection) -> None:
+    """Turn a version-1 file into this version, in the caller's open transaction (all or nothing).
+
+    Each lease moves into its scope's row and the ``leases`` table goes; the
+    journal loses its AUTOINCREMENT (`stockade.coordinators.sqlite._journal.migrate_journal`).
+    Tokens, epochs and the forgotten floor are in rows this leaves as they are.
+    """
+    for column, kind in zip(LEASE_COLUMNS, ("TEXT", "TEXT", "INTEGER", "INTEGER", "INTEGER", "INTEGER"), strict=True):
+        conn.execute(f"ALTER TABLE scopes ADD COLUMN {column} {kind}")
+    listed = ", ".join(LEASE_COLUMNS)
+    conn.execute(f"UPDATE scopes SET ({listed}) = (SELECT {listed} FROM leases WHERE leases.scope = scopes.scope) "
+                 "WHERE scope IN (SELECT scope FROM leases)")
+    conn.execute("DROP TABLE leases")
+    migrate_journal(conn)
 
 
 def set_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
@@ -58,7 +80,7 @@ def forgotten_floor(conn: sqlite3.Connection) -> int:
 def times_pending(conn: sqlite3.Connection, now_ns: int) -> bool:
     """Whether the file holds a lease, a waiter, or a lock-delay not over at ``now_ns`` (the file's clock)."""
     return bool(
-        conn.execute("SELECT 1 FROM leases LIMIT 1").fetchone()
+        conn.execute("SELECT 1 FROM scopes WHERE lease_id IS NOT NULL LIMIT 1").fetchone()
         or conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone()
         or conn.execute("SELECT 1 FROM scopes WHERE delay_until_ns > MAX(?, 0) LIMIT 1", (now_ns,)).fetchone()
     )
@@ -66,25 +88,35 @@ def times_pending(conn: sqlite3.Connection, now_ns: int) -> bool:
 
 def load_record(conn: sqlite3.Connection, cluster_id: str, scope: str) -> ScopeRecord:
     """One scope's record as the file holds it (a never-used scope: an empty record)."""
-    row = conn.execute("SELECT last_token, delay_until_ns FROM scopes WHERE scope = ?", (scope,)).fetchone()
+    row = conn.execute(_LOAD, (scope,)).fetchone()
     if row is None:
         return ScopeRecord(scope)
+    last_token, delay_until_ns, lease_id, holder, token, ttl_ms, granted_ns, expires_ns = row
     lease = None
-    lease_row = conn.execute(
-        "SELECT lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM leases WHERE scope = ?", (scope,)
-    ).fetchone()
-    if lease_row is not None:
-        lease_id, holder, token, ttl_ms, granted_ns, expires_ns = lease_row
-        invariant(token <= row[0], f"lease token {token} above last_token {row[0]} in {scope!r}")
-        token_obj = FencingToken(cluster_id, scope, token)
-        lease = Lease(lease_id, holder, token_obj, ttl_ms, granted_ns, expires_ns)
+    if lease_id is not None:
+        invariant(token <= last_token, f"lease token {token} above last_token {last_token} in {scope!r}")
+        lease = Lease(lease_id, holder, FencingToken(cluster_id, scope, token), ttl_ms, granted_ns, expires_ns)
     waiters = tuple(
         Waiter(*w)
         for w in conn.execute(
             "SELECT lease_id, holder, deadline_ns, stale_ns FROM waiters WHERE scope = ? ORDER BY seq", (scope,)
         )
     )
-    return ScopeRecord(scope, last_token=row[0], lease=lease, delay_until_ns=row[1], waiters=waiters)
+    return ScopeRecord(scope, last_token=last_token, lease=lease, delay_until_ns=delay_until_ns, waiters=waiters)
+
+
+_LOAD = f"SELECT last_token, delay_until_ns, {', '.join(LEASE_COLUMNS)} FROM scopes WHERE scope = ?"
+_UPDATE = ("UPDATE scopes SET last_token = ?, delay_until_ns = ?, "
+           + ", ".join(f"{c} = ?" for c in LEASE_COLUMNS) + " WHERE scope = ? AND last_token = ?")
+_INSERT = f"INSERT INTO scopes (scope, last_token, delay_until_ns, {', '.join(LEASE_COLUMNS)}) VALUES ({'?, ' * 8}?)"
+_NO_LEASE = (None,) * len(LEASE_COLUMNS)
+
+
+def _lease_values(lease: Lease | None) -> tuple[object, ...]:
+    if lease is None:
+        return _NO_LEASE
+    return lease.lease_id, lease.holder, lease.token.value, lease.ttl_ms, lease.granted_ns, lease.expires_ns
+
 
 def forget_record(conn: sqlite3.Connection, old: ScopeRecord) -> None:
     """Drop an idle scope's row, folding its last token into the forgotten floor (C1)."""
@@ -109,20 +141,16 @@ def store_record(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | 
         return
     check_change(old, new)
     scope = new.scope
-    if scope_row_changed(old, new):
-        # Compare-and-set on last_token: if the stored value is not the one this
-        # change was computed from, someone else wrote the file and a token
-        # could repeat. Refuse rather than overwrite (C1).
-        updated = conn.execute(
-            "UPDATE scopes SET last_token = ?, delay_until_ns = ? WHERE scope = ? AND last_token = ?",
-            (new.last_token, new.delay_until_ns, scope, old.last_token),
-        ).rowcount
-        if updated == 0:
+    if scope_row_changed(old, new) or new.lease != old.lease:
+        # One statement for the scope's row, lease included. Compare-and-set on
+        # last_token: if the stored value is not the one this change was computed
+        # from, someone else wrote the file and a token could repeat. Refuse
+        # rather than overwrite (C1).
+        values = (new.last_token, new.delay_until_ns, *_lease_values(new.lease))
+        if conn.execute(_UPDATE, (*values, scope, old.last_token)).rowcount == 0:
             exists = conn.execute("SELECT 1 FROM scopes WHERE scope = ?", (scope,)).fetchone()
             invariant(exists is None, f"last_token of {scope!r} changed underneath this coordinator")
-            conn.execute(
-                "INSERT INTO scopes (scope, last_token, delay_until_ns) VALUES (?, ?, ?)",
-                (scope, new.last_token, new.delay_until_ns),
-            )
-    for sql, params in lease_and_queue(old, new, SQLITE):
-        conn.execute(sql, params)
+            conn.execute(_INSERT, (scope, *values))
+    if new.waiters != old.waiters:
+        for sql, params in lease_and_queue(replace(old, lease=new.lease), new, SQLITE):  # the queue's statements
+            conn.execute(sql, params)

@@ -35,15 +35,17 @@ class SQLiteTx:
         return self._records.renewed(load_record(self._conn, self._records.cluster_id, scope))
 
     def scope_of_lease(self, lease_id: str) -> str | None:
-        row = self._conn.execute("SELECT scope FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+        row = self._conn.execute("SELECT scope FROM scopes WHERE lease_id = ?", (lease_id,)).fetchone()
         return row[0] if row else None
 
     def leases_at_least(self, n: int) -> bool:
-        row = self._conn.execute("SELECT COUNT(*) >= ? FROM (SELECT 1 FROM leases LIMIT ?)", (n, n)).fetchone()
+        row = self._conn.execute(
+            "SELECT COUNT(*) >= ? FROM (SELECT 1 FROM scopes WHERE lease_id IS NOT NULL LIMIT ?)", (n, n)).fetchone()
         return bool(row[0])
 
     def lapsed_scopes(self, now_ns: int) -> list[str]:
-        return [r[0] for r in self._conn.execute("SELECT scope FROM leases WHERE expires_ns <= ?", (now_ns,))]
+        return [r[0] for r in self._conn.execute(
+            "SELECT scope FROM scopes WHERE lease_id IS NOT NULL AND expires_ns <= ?", (now_ns,))]
 
     def names(self, *, after: str, limit: int) -> list[str]:
         return [r[0] for r in self._conn.execute(

@@ -7,9 +7,9 @@ from typing import Any
 
 from stockade.coordinators.sqlite import SQLiteCoordinator
 from stockade.core.engine import LeaseEngine
-from stockade.core.errors import InvalidArgument
 from stockade.core.leases import LeasePolicy
 from stockade.keys import KeyFile, create_keyring, keyring_path
+from stockade.transport.sqlite_url import sqlite_path
 
 __all__ = ["open_signed_sqlite", "open_engine"]
 
@@ -33,7 +33,6 @@ def open_signed_sqlite(path: Path, policy: LeasePolicy, **options: Any) -> SQLit
 
 
 def open_engine(location: str, policy: LeasePolicy) -> LeaseEngine:
-    """The ``sqlite://`` entry of `stockade.coordinators.registry`: ``location`` is the file's path."""
-    if not location or "\x00" in location:
-        raise InvalidArgument("url", "sqlite url needs a file path: sqlite:///path/to/file.db")
-    return open_signed_sqlite(Path(location), policy)
+    """The ``sqlite://`` entry of `stockade.coordinators.registry`: ``location`` is what follows ``sqlite://``
+    (``/relative/coord.db`` or ``//absolute/coord.db``, `stockade.transport.sqlite_url`)."""
+    return open_signed_sqlite(sqlite_path(location), policy)

@@ -33,6 +33,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,9 @@ from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.resources._admit import admit_mark, effective_mark
 from stockade.resources._inputs import check_floors
+from stockade.resources._verified_tokens import VerifiedTokens
 from stockade.resources._verify import TOKENLESS, UNSIGNED, Verification, check_keys_given, refuse_unsigned_after_signed
 from stockade.resources.files import _io as fio
-from stockade.resources.files._tokens import VerifiedTokens
 
 __all__ = ["FencedDirectory", "FileBatch", "open_floor_target", "UNSIGNED", "FILE_BYTES_MAX_DEFAULT",
            "LOCK_WAIT_MS_DEFAULT"]
@@ -55,10 +56,17 @@ FILE_BYTES_MAX_DEFAULT = VALUE_BYTES_CEILING  # 16 MiB: a file written or read i
 LOCK_WAIT_MS_DEFAULT = 30_000
 LOCK_WAIT_MS_MAX = 300_000
 OPEN_SCOPES_MAX = 64  # scopes whose directory and lock a handle keeps open
+SYNC_THREADS_MAX = 4  # helper threads a handle syncs raised marks on (started on the first raise, ended by close)
 _KIND = "stockade-files"
 _VERSION = 1
 _META_BYTES_MAX = 2048
 _MARK_BYTES_MAX = 32
+
+# How a raised mark reaches the disk before the data it admits (`FencedDirectory._raise_beside`): "in-place"
+# (overwritten and synced beside the data's own sync). The controls: "replace", the mark renamed into place
+# after the data's sync (four syncs a write, the work-budget test's); "unordered", the data renamed without
+# waiting for the mark's sync (the ordering test's).
+mark_writes = "in-place"
 
 
 def _validate_scope(scope: object) -> str:
@@ -125,7 +133,9 @@ class FileBatch:
             return
         if self._own is None or self._accepted > self._own:
             # The mark first, durably: a crash after any data rename finds the mark already raised.
-            fio.replace_durably(self._fd, fio.MARK_NAME, b"%d\n" % self._accepted)
+            # (The temporary files are synced already: the mark's sync is the only one before the renames.)
+            if mark_writes == "replace" or not fio.overwrite_mark(self._fd, self._accepted):
+                fio.replace_durably(self._fd, fio.MARK_NAME, fio.mark_bytes(self._accepted))
         renamed = 0
         try:
             for name, temp in list(self._pending.items()):
@@ -186,6 +196,8 @@ class FencedDirectory:
         self._tokens = VerifiedTokens(self._verification.forged)
         self._meta_cache: tuple[tuple[int, int, int, int], dict[str, Any]] | None = None
         self._open_scopes: dict[str, fio.OpenScope] = {}
+        self._syncer: ThreadPoolExecutor | None = None  # the mark's sync beside the data's (_raise_beside)
+        self._late_marks: list[Future[bool]] = []  # the "unordered" control's, waited for at close
         self._scopes_lock = threading.Lock()
         self.path = Path(path)
         self.resource = f"files:{self.path}"
@@ -225,10 +237,11 @@ class FencedDirectory:
         opened.acquire(self.lock_wait_ms)
         try:
             accepted, own = self._admit(opened, checked, scope_name, forged)
-            temp = fio.write_temp(opened.fd, data)
-            if own is None or accepted > own:
-                try:  # the mark first, durably (see FileBatch._apply)
-                    fio.replace_durably(opened.fd, fio.MARK_NAME, b"%d\n" % accepted)
+            raising = own is None or accepted > own
+            temp = fio.write_temp(opened.fd, data, sync=not raising)
+            if raising:
+                try:  # the mark durable first (see _raise_beside), while the data's own fsync runs
+                    self._raise_beside(opened.fd, accepted, own, temp)
                 except BaseException:
                     fio.discard(opened.fd, temp)
                     raise
@@ -240,6 +253,60 @@ class FencedDirectory:
             fio.io(f"cannot sync the directory of {name!r}", lambda: fio.sync_dir(opened.fd), certain_no_effect=False)
         finally:
             opened.release()
+
+    def _raise_beside(self, scope_fd: int, accepted: int, own: int | None, temp: str) -> None:
+        """Make the raised mark and the unsynced temporary file ``temp`` durable, both before this returns.
+
+        The mark is overwritten in place and ``fdatasync``'d on a helper thread while this thread fsyncs
+        the data (two syncs at once cost about one: 1.06x a plain write, against 1.89x one after the
+        other). Only then may the caller rename the data into place: a rename can reach the disk at any
+        moment after it is made, so the mark must be on disk before it is. A mark not yet in its
+        fixed-width form (none, or an older writer's) is replaced durably instead, before the data's sync.
+        If the data's sync fails, the mark is put back (nothing was admitted under it).
+
+        Raises:
+            BackendUnavailable: a sync or the mark's write failed (``certain_no_effect``: no data renamed).
+        """
+        if mark_writes == "replace":  # the control: the mark renamed into place, sequentially (four syncs)
+            fio.io("cannot sync a temporary file", lambda: fio.sync_file(scope_fd, temp))
+            fio.replace_durably(scope_fd, fio.MARK_NAME, fio.mark_bytes(accepted))
+            return
+        if own is None:  # no mark file yet: made by a rename (then overwritten in place from the next raise)
+            fio.replace_durably(scope_fd, fio.MARK_NAME, fio.mark_bytes(accepted))
+            fio.io("cannot sync a temporary file", lambda: fio.sync_file(scope_fd, temp))
+            return
+        marked = self._helper().submit(fio.overwrite_mark, scope_fd, accepted)
+        try:
+            fio.io("cannot sync a temporary file", lambda: fio.sync_file(scope_fd, temp))
+        except BaseException:
+            self._put_back(marked, scope_fd, own)
+            raise
+        if mark_writes == "unordered":  # the control: the data may be renamed before the mark is on disk
+            self._late_marks.append(marked)
+            return
+        self._mark_written(marked, scope_fd, accepted)
+
+    def _mark_written(self, marked: Future[bool], scope_fd: int, accepted: int) -> None:
+        try:
+            done = marked.result()
+        except OSError as exc:
+            raise fio.failed("cannot write a scope's mark", exc, certain_no_effect=True) from exc
+        if not done:  # replaced under us by an older writer's rename: the lock excludes that; be safe anyway
+            fio.replace_durably(scope_fd, fio.MARK_NAME, fio.mark_bytes(accepted))
+
+    def _put_back(self, marked: Future[bool], scope_fd: int, own: int) -> None:
+        try:
+            if marked.result():
+                fio.overwrite_mark(scope_fd, own)
+        except OSError:
+            pass  # a mark left raised refuses more, never less
+
+    def _helper(self) -> ThreadPoolExecutor:
+        with self._scopes_lock:
+            if self._syncer is None:
+                # A few workers: one handle's threads writing other scopes do not queue behind one mark's sync.
+                self._syncer = ThreadPoolExecutor(SYNC_THREADS_MAX, thread_name_prefix="stockade-files-sync")
+            return self._syncer
 
     def _checked_data(self, data: object) -> bytes:
         if isinstance(data, str):
@@ -323,7 +390,7 @@ class FencedDirectory:
         Raises:
             StaleToken, TokenMismatch: rejected (R5: counted, logged).
         """
-        own = self._cached_mark(opened)
+        own = self._read_mark(opened)
         new_mark = admit_mark(checked, scope=scope, cluster=self.cluster_id,
                               high_water=effective_mark(own, self._default_floor()), resource=self.resource,
                               rule=self.fence_rule, forged=forged)
@@ -358,20 +425,10 @@ class FencedDirectory:
             opened.threads.release()
         return True
 
-    def _cached_mark(self, opened: fio.OpenScope) -> int | None:
-        # The mark is only ever replaced by a rename (a new inode), so its stat says whether it changed.
-        try:
-            st = os.stat(fio.MARK_NAME, dir_fd=opened.fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise fio.failed("cannot stat a scope's mark", exc, certain_no_effect=True) from exc
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-        if opened.mark_cache is not None and opened.mark_cache[0] == stamp:
-            return opened.mark_cache[1]
-        own = self._own_mark(opened.fd)
-        opened.mark_cache = (stamp, own)
-        return own
+    def _read_mark(self, opened: fio.OpenScope) -> int | None:
+        # Read every time, never cached by its stat: a raise overwrites the mark in place, keeping its
+        # inode and size, and a coarse clock may keep its mtime (another handle's raise would be missed).
+        return self._own_mark(opened.fd)
 
     # -- the marks and the floor (R4) -----------------------------------------------------------------
 
@@ -499,7 +556,7 @@ class FencedDirectory:
                     with fio.locked(fd, exclusive=True, wait_ms=self.lock_wait_ms):
                         own = self._own_mark(fd)
                         if own is None or value > own:
-                            fio.replace_durably(fd, fio.MARK_NAME, b"%d\n" % value)
+                            fio.replace_durably(fd, fio.MARK_NAME, fio.mark_bytes(value))
                             own = value
                 finally:
                     os.close(fd)
@@ -530,6 +587,10 @@ class FencedDirectory:
         return removed
 
     def close(self) -> None:
+        for late in self._late_marks:
+            late.exception()
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
         with self._scopes_lock:
             for opened in self._open_scopes.values():
                 opened.close()

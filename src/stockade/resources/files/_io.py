@@ -13,6 +13,7 @@ import errno
 import fcntl
 import itertools
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,9 @@ TMP_PREFIX = ".stockade-tmp-"
 LOCK_NAME = ".stockade-lock"
 MARK_NAME = ".stockade-high-water"
 META_NAME = ".stockade-fence"
+# A mark is written as 20 zero-padded digits and a newline: every value up to 2**63-1 has the same length,
+# so a raise overwrites the same 21 bytes of the file's first sector in place (`overwrite_mark`).
+MARK_BYTES = 21
 NAME_BYTES_MAX = 255  # a file name on the common local filesystems (NAME_MAX)
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -180,7 +184,6 @@ class OpenScope:
             os.close(self.fd)
             raise
         self.threads = threading.Lock()
-        self.mark_cache: tuple[tuple[int, int, int, int], int | None] | None = None
 
     def current(self, root_fd: int) -> bool:
         """Whether ``name`` still leads to this directory."""
@@ -261,8 +264,56 @@ def read_small(name: str, dir_fd: int, bytes_max: int) -> bytes | None:
         os.close(fd)
 
 
-def write_temp(dir_fd: int, data: bytes) -> str:
-    """A new temporary file in ``dir_fd`` holding ``data``, fsync'd; its name. Removed again on failure.
+def mark_bytes(value: int) -> bytes:
+    """A mark's file content: `MARK_BYTES` bytes whatever the value (older writers wrote ``b"%d\n"``)."""
+    return b"%020d\n" % value
+
+
+def overwrite_mark(dir_fd: int, value: int) -> bool:
+    """Write ``value`` over the mark file in place and ``fdatasync`` it; False (nothing written) if the file is
+    missing or not `MARK_BYTES` long (then the caller replaces it: `replace_durably`).
+
+    One synchronous write, no directory entry changed: the mark is durable when this returns. The write
+    keeps the file's size and lands in its first 512-byte sector, which a disk writes whole or not at all
+    (the assumption PostgreSQL makes of its pg_control file), so a power loss leaves the old mark or the
+    new one. A file of another length is never overwritten: a size that did not reach the disk with the
+    new bytes could read back as a lower number.
+
+    Raises:
+        OSError: the write or the sync failed (the caller translates it).
+    """
+    try:
+        fd = os.open(MARK_NAME, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != MARK_BYTES:
+            return False
+        if os.pwrite(fd, mark_bytes(value), 0) != MARK_BYTES:
+            raise OSError(errno.EIO, "short write of the mark")
+        os.fdatasync(fd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def sync_file(dir_fd: int, name: str) -> None:
+    """fsync file ``name`` of ``dir_fd`` (a temporary file written with ``sync=False``).
+
+    Raises:
+        OSError: the open or the sync failed.
+    """
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_temp(dir_fd: int, data: bytes, *, sync: bool = True) -> str:
+    """A new temporary file in ``dir_fd`` holding ``data``, fsync'd (unless ``sync=False``: the caller
+    syncs it, `sync_file`); its name. Removed again on failure.
 
     Raises:
         BackendUnavailable: disk full, read-only, no permission (nothing is left behind).
@@ -284,7 +335,8 @@ def write_temp(dir_fd: int, data: bytes) -> str:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except OSError as exc:
         discard(dir_fd, name)
         raise failed("cannot write a temporary file", exc, certain_no_effect=True) from exc

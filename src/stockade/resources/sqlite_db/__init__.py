@@ -56,6 +56,7 @@ from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, WriteResult
 from stockade.resources._admit import admit, effective_mark
 from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT, BUSY_TIMEOUT_MS_MAX, check_floors, coerce_token
+from stockade.resources._verified_tokens import VerifiedTokens
 from stockade.resources._verify import (
     TOKENLESS,
     UNSIGNED,
@@ -64,6 +65,7 @@ from stockade.resources._verify import (
     refuse_unsigned_after_signed,
 )
 from stockade.resources.store._sqlite_files import FileBusy, begin_by, rollback
+from stockade.transport.sqlite_url import sqlite_path
 
 __all__ = ["install", "fenced", "fenced_sqlalchemy", "SQLiteFence", "open_floor_target", "UNSIGNED", "SCHEMA_VERSION",
            "AlreadyApplied"]
@@ -231,6 +233,10 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     except BaseException:
         rollback(conn)
         raise
+    _commit(conn)
+
+
+def _commit(conn: sqlite3.Connection) -> None:
     if not conn.in_transaction:
         raise InvalidArgument("conn", "the block ended the fenced transaction itself (commit or rollback inside it)")
     try:
@@ -244,15 +250,30 @@ class _Admission:
     """What one fenced transaction checks with: the cluster, the keys, the rule, the resource's name."""
 
     def __init__(
-        self, cluster_id: str, verification: Verification, rule: FenceRule, resource: str, durable: bool = True
+        self, cluster_id: str, verification: Verification, rule: FenceRule, resource: str, durable: bool = True,
+        tokens: VerifiedTokens | None = None,
     ) -> None:
         self.durable = durable
         self.cluster_id = cluster_id
         self.verification = verification
         self.rule = rule
         self.resource = resource
+        self.tokens = tokens  # a handle's memory of tokens that verified (`SQLiteFence`), or None
 
-    def admit(self, execute: Any, token: FencingToken, scope: str, op_id: str | None = None) -> int:
+    def check(self, token: object) -> tuple[FencingToken, str | None]:
+        """The validated token and why its MAC is refused (None: it verified), before the transaction.
+
+        Raises:
+            InvalidArgument: a malformed token.
+        """
+        if self.tokens is not None:
+            return self.tokens.check(token)
+        checked = coerce_token(token)
+        return checked, self.verification.forged(checked)
+
+    def admit(
+        self, execute: Any, token: FencingToken, scope: str, op_id: str | None = None, *, forged: str | None
+    ) -> int:
         """Check ``token`` inside the open IMMEDIATE transaction and raise the mark; the new mark.
 
         ``execute(sql, params)`` returns a cursor-like object with ``fetchone``.
@@ -282,7 +303,7 @@ class _Admission:
         decision = admit(  # R2, then R3 (the id), then R1: the store's order, composed once in the core
             token, scope=scope, cluster=self.cluster_id, high_water=effective_mark(own, default_floor),
             resource=lambda: self.resource or _resource_name(execute), rule=self.rule,
-            forged=self.verification.forged(token), fingerprint=None if op_id is None else _TRANSACTION,
+            forged=forged, fingerprint=None if op_id is None else _TRANSACTION,
             recorded=recorded,
         )
         if isinstance(decision, Replay):
@@ -308,11 +329,14 @@ def _operation(execute: Any, scope: str, op_id: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def _arguments(token: object, scope: object, op_id: object = None) -> tuple[FencingToken, str]:
-    checked = coerce_token(token)
+def _arguments(
+    admission: _Admission, token: object, scope: object, op_id: object = None
+) -> tuple[FencingToken, str, str | None]:
+    """The validated token, the scope, and why the token's MAC is refused (None: it verified)."""
+    checked, forged = admission.check(token)
     if op_id is not None:
         validate_op_id(op_id)
-    return checked, validate_scope(checked.scope if scope is None else scope)
+    return checked, validate_scope(checked.scope if scope is None else scope), forged
 
 
 @contextmanager
@@ -320,14 +344,23 @@ def _fenced_sqlite3(
     conn: sqlite3.Connection, token: object, scope: object, admission: _Admission, durable: bool,
     op_id: str | None = None,
 ) -> Iterator[sqlite3.Connection]:
-    checked, scope_name = _arguments(token, scope, op_id)
+    """`_transaction` with the check as its first step, written out in one generator (each nested
+    context manager cost ~1 µs of a ~25 µs fence)."""
+    checked, scope_name, forged = _arguments(admission, token, scope, op_id)
     if not isinstance(conn, sqlite3.Connection):
         raise InvalidArgument("conn", f"must be a sqlite3.Connection, got {type(conn).__name__}")
     admission.durable = durable
-    with _transaction(conn):
-        with _ours("cannot read the fence"):
-            admission.admit(conn.execute, checked, scope_name, op_id)
+    _begin(conn)
+    try:
+        try:
+            admission.admit(conn.execute, checked, scope_name, op_id, forged=forged)
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"cannot read the fence: {exc}", certain_no_effect=True) from exc
         yield conn
+    except BaseException:
+        rollback(conn)
+        raise
+    _commit(conn)
 
 
 def fenced(
@@ -389,7 +422,7 @@ def _fenced_sqlalchemy(
         from sqlalchemy.orm import Session
     except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
         raise ImportError("fenced_sqlalchemy needs SQLAlchemy: pip install 'stockade[sqlalchemy]'") from exc
-    checked, scope_name = _arguments(token, scope, op_id)
+    checked, scope_name, forged = _arguments(admission, token, scope, op_id)
     if not isinstance(target, (Session, Connection)):
         raise InvalidArgument("session_or_connection", f"must be a Session or Connection, not {type(target).__name__}")
     if target.in_transaction():
@@ -407,7 +440,7 @@ def _fenced_sqlalchemy(
         admission.durable = durable
         _begin(driver)
         try:
-            admission.admit(connection.exec_driver_sql, checked, scope_name, op_id)
+            admission.admit(connection.exec_driver_sql, checked, scope_name, op_id, forged=forged)
         except (sqlite3.Error, DBAPIError) as exc:
             raise BackendUnavailable(f"cannot read the fence: {exc}", certain_no_effect=True) from exc
         yield target
@@ -470,6 +503,7 @@ class SQLiteFence:
         self.cluster_id = _cluster_of(keys, cluster_id)
         self.resource = f"sqlite-db:{self.path}"
         self._verification = _verification(keys, self.cluster_id)
+        self._tokens = VerifiedTokens(self._verification.forged)  # _verified_tokens says what it changes
         try:
             self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
                                          timeout=timeout_ms / 1000)
@@ -491,7 +525,8 @@ class SQLiteFence:
         return self._conn
 
     def _admission(self, resource: str | None = None) -> _Admission:
-        return _Admission(self.cluster_id, self._verification, self.fence_rule, resource or self.resource)
+        return _Admission(self.cluster_id, self._verification, self.fence_rule, resource or self.resource,
+                          tokens=self._tokens)
 
     def fenced(
         self, token: FencingToken | str, *, scope: str | None = None, conn: sqlite3.Connection | None = None,
@@ -578,9 +613,9 @@ def open_floor_target(url: str, *, cluster_id: str) -> SQLiteFence:
         InvalidArgument: no path, no file there, or a database fenced for another cluster.
         BackendUnavailable: the file cannot be opened.
     """
-    path = url.partition("://")[2] if isinstance(url, str) else ""
-    if not path or "\x00" in path:
-        raise InvalidArgument("resource", "sqlite url needs a file path: sqlite:///path/to/app.db")
-    if not Path(path).is_file():
+    if not isinstance(url, str):
+        raise InvalidArgument("resource", f"must be a sqlite:// url, got {type(url).__name__}")
+    path = sqlite_path(url, "resource")
+    if not path.is_file():
         raise InvalidArgument("resource", f"no SQLite file at {path} (a floor never creates a resource)")
     return SQLiteFence(path, keys=TOKENLESS, cluster_id=cluster_id)

@@ -16,6 +16,7 @@ from pathlib import Path
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.resources.floor import FloorTarget
 from stockade.resources.store._sqlite_files import STORE_KIND
+from stockade.transport.sqlite_url import sqlite_path
 
 __all__ = ["open_floor_target"]
 
@@ -59,10 +60,7 @@ def open_floor_target(url: str, *, cluster_id: str) -> FloorTarget:
         InvalidArgument: no path, or no file there.
         BackendUnavailable: the file cannot be read.
     """
-    target = url.partition("://")[2]
-    if not target or "\x00" in target:
-        raise InvalidArgument("resource", "sqlite url needs a file path: sqlite:///path/to/file.db")
-    path = Path(target)
+    path = sqlite_path(url, "resource")
     if not path.is_file():
         raise InvalidArgument("resource", f"no SQLite file at {path} (a floor never creates a resource)")
     if _is_stockade_store(path):

@@ -7,12 +7,12 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import quote
 
-from stockade.core.errors import InvalidArgument
 from stockade.keys import KeyFile, find_keyring
 from stockade.resources._issued import CoordinatorIssued, coordinator_beside
 from stockade.resources._verify import TOKENLESS, UNSIGNED
 from stockade.resources.registry import StoreOptions
 from stockade.resources.store.sqlite_store import SQLiteStore
+from stockade.transport.sqlite_url import sqlite_path
 
 __all__ = ["open_store"]
 
@@ -48,9 +48,7 @@ def open_store(target: str, cluster_id: str | None, options: StoreOptions) -> SQ
     With no ``keys``, the one keyring of its cluster in the file's directory (L2: never unsigned); with
     no ``issued``, the coordinator file beside that keyring, when there is one.
     """
-    if not target or "\x00" in target:
-        raise InvalidArgument("url", "sqlite url needs a file path: sqlite:///path/to/file.db")
-    path, keys, issued = Path(target), options.keys, options.issued
+    path, keys, issued = sqlite_path(target), options.keys, options.issued
     cluster = cluster_id if cluster_id is not None else _cluster_of_file(path)
     if keys is None and cluster is not None:  # discovery: the one keyring of the cluster beside it, else refuse (L2)
         keys = find_keyring(path.parent, cluster)

@@ -1,4 +1,4 @@
-"""A short memory of the tokens a fenced directory already validated and verified.
+"""A short memory of the tokens an adapter handle (a fenced directory, a SQLite fence) already validated and verified.
 
 A token is validated (`stockade.resources._inputs.coerce_token`) and its MAC
 checked (`stockade.resources._verify.Verification`) on every write; under one
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from stockade.core.tokens import FencingToken
 from stockade.resources._inputs import coerce_token
 
-__all__: list[str] = []  # private to stockade.resources.files
+__all__: list[str] = []  # private to the adapters (files, sqlite_db)
 
 TTL_S = 1.0
 REMEMBERED_MAX = 256

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Two `stockade serve` builds side by side: server CPU per lock cycle and cycles/s, in steady state.
+
+    python benchmarks/serve_ab.py --a /path/to/checkout-a/src --b /path/to/checkout-b/src --runs 3
+
+Starts one server from each source tree (``PYTHONPATH``), each on its own data
+directory, then, run after run with the order rotated, drives each with
+``stockade.bench.run_workload("lock", ...)`` (one client code for both: ``--client``,
+default ``--a``), 1 client and N client processes. The server's CPU (utime +
+stime from ``/proc/PID/stat``, all its threads) and its committed operations
+(``stockade_commit_ops_total`` at ``/metrics``; a cycle is two) are sampled in
+the middle half of each run, so start-up and connection set-up are left out.
+Prints each run and the medians, with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def commit_ops(url: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    found = re.search(r'stockade_commit_ops_total\{file="coordinator"\} ([0-9.e+]+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+def start(src: str, python: str) -> tuple[subprocess.Popen[bytes], str]:
+    data = tempfile.mkdtemp(prefix="serve-ab-")
+    proc = subprocess.Popen([python, "-m", "stockade", "serve", "--data-dir", data, "--port", "0"],
+                            env=dict(os.environ, PYTHONPATH=src), stdout=subprocess.PIPE,
+                            stderr=open(f"{data}/server.log", "wb"))
+    line = b""
+    while b"listening on" not in line:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise SystemExit(open(f"{data}/server.log").read())
+    return proc, line.decode().strip().rsplit(" ", 1)[-1]
+
+
+def one_run(args: argparse.Namespace, proc: subprocess.Popen[bytes], url: str, clients: int, tag: str
+            ) -> tuple[float, float, float]:
+    code = (f"import json; from stockade.bench import run_workload; r = run_workload('lock', {url!r}, "
+            f"clients={clients}, seconds={args.seconds}, iters=10**9, tag={tag!r}); print(json.dumps(r.as_dict()))")
+    bench = subprocess.Popen([args.python, "-c", code], env=dict(os.environ, PYTHONPATH=args.client or args.a),
+                             stdout=subprocess.PIPE, text=True)
+    time.sleep(args.seconds * 0.25 + 1.5)
+    cpu0, ops0, wall0 = cpu_s(proc.pid), commit_ops(url), time.monotonic()
+    load = os.getloadavg()[0]
+    time.sleep(args.seconds * 0.5)
+    cpu1, ops1, wall1 = cpu_s(proc.pid), commit_ops(url), time.monotonic()
+    json.loads(bench.communicate()[0].strip().splitlines()[-1])  # the run itself succeeded
+    cycles = (ops1 - ops0) / 2
+    return ((cpu1 - cpu0) / cycles * 1e6 if cycles else float("nan")), cycles / (wall1 - wall0), load
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", required=True, help="source tree of side A (its src/)")
+    parser.add_argument("--b", required=True, help="source tree of side B (its src/)")
+    parser.add_argument("--client", help="source tree of the bench client (default: --a)")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0, help="per run; the middle half is sampled")
+    parser.add_argument("--clients", type=int, default=8, help="client processes of the concurrent run")
+    args = parser.parse_args()
+    sides = {"A": args.a, "B": args.b}
+    servers = {side: start(src, args.python) for side, src in sides.items()}
+    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    try:
+        for run in range(args.runs):
+            for clients in (1, args.clients):
+                for side in (list(sides) if run % 2 == 0 else list(sides)[::-1]):
+                    proc, url = servers[side]
+                    row = one_run(args, proc, url, clients, f"r{run}c{clients}")
+                    results.setdefault((side, clients), []).append(row)
+                    print(f"run {run + 1} {side} {clients}c: {row[1]:7.0f} cycles/s, "
+                          f"server CPU {row[0]:5.0f} us/cycle, load {row[2]:.1f}", flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(10)
+    print(f"medians of {args.runs} runs:")
+    for (side, clients), rows in sorted(results.items(), key=lambda item: (item[0][1], item[0][0])):
+        print(f"  {side} {clients}c: {statistics.median(r[1] for r in rows):7.0f} cycles/s, "
+              f"{statistics.median(r[0] for r in rows):5.0f} us server CPU/cycle, "
+              f"load {statistics.median(r[2] for r in rows):.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

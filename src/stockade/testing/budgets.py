@@ -1,0 +1,55 @@
+"""The work one operation may cost: counts, each in one place, checked by tests/test_work_budget.py.
+
+Counts, not times, so that a shared machine's noise is not in them, and a
+change that makes the hot path do more fails the day it lands (the history
+journal's extra pages would have). Each figure is per operation, the mean over
+a run of them (tests/helpers/work_budget.py says how each is counted):
+
+- ``commits``: COMMITs that reached the WAL; each is one fdatasync (``synchronous=FULL``).
+- ``wal_frames`` / ``wal_bytes``: pages written to the WAL, and their bytes.
+- ``statements``: SQL statements on the file's connection, BEGIN and COMMIT included.
+- ``calls``: Python and C function calls on the server's event loop thread
+  (``stockade serve``) or on the caller's thread (embedded), client included there.
+
+A budget may go down in the change that earns it; raising one is a decision,
+said in its commit with the benchmark's figures (`stockade bench`,
+benchmarks/side_by_side.py).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+__all__ = ["BUDGETS", "BENCHMARK", "over_budget"]
+
+BENCHMARK = ("`stockade bench --url http://...` against `stockade serve`, and benchmarks/side_by_side.py "
+             "for the peers, side by side")
+
+#: operation -> measure -> at most this much per operation.
+BUDGETS = MappingProxyType({
+    # acquire -> release through `stockade serve` (1 client): two durable commits. Each commit writes 4 pages
+    # of 1 KiB (the journal's row and its by-scope entry, the scope's row, its lease-id entry; 0.15 more for
+    # the journal's page splits) and runs 4 statements; 0.1 more is the journal's trims, run in batches (a
+    # run of 20 cycles meets at most one of each). Before: 13 pages of 4 KiB (53,560 B), 13 statements,
+    # 1,020.5 calls (the handler's reply future saves a loop turn per request, the commit's fast path the rest).
+    "serve.lock_cycle": MappingProxyType({
+        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 8.1, "calls": 950}),
+    # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls.
+    "serve.fenced_write": MappingProxyType({
+        "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 515}),
+    # acquire -> release on an embedded ``sqlite://`` coordinator.
+    # Before: 13 pages (53,560 B), 22 statements, 425 calls.
+    "embedded.lock_cycle": MappingProxyType({
+        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 15.1, "calls": 400}),
+})
+
+
+def over_budget(operation: str, measured: dict[str, float]) -> list[str]:
+    """The measures of ``operation`` over their budget, each said with its figure (empty: within budget)."""
+    budget = BUDGETS[operation]
+    return [
+        f"{operation}: {name} {measured[name]:g} per operation, over its budget of {limit:g} "
+        f"(src/stockade/testing/budgets.py); measure the change with {BENCHMARK}"
+        for name, limit in budget.items()
+        if measured[name] > limit
+    ]
