@@ -109,9 +109,9 @@ def test_postgres_control_protect_on_the_named_table_only_is_a_fail_line(pg_app)
 
 
 def _store_beside_coordinator(directory: Path) -> str:
-    url = f"sqlite://{directory / 'coord.db'}"
+    url = f"sqlite:///{directory / 'coord.db'}"
     with stockade.connect(url) as coord:
-        stockade.open_store(f"sqlite://{directory / 'store.db'}", cluster_id=coord.cluster_id).close()
+        stockade.open_store(f"sqlite:///{directory / 'store.db'}", cluster_id=coord.cluster_id).close()
     return url
 
 
@@ -119,7 +119,7 @@ def test_keyring_backup_beside_the_store_is_said(tmp_path: Path) -> None:
     """A copy of the keyring beside the store (docs/tokens.md: discovery refuses several, L2): a warn line that
     names both; a copy readable by others: FAIL (whoever reads it mints tokens)."""
     url = _store_beside_coordinator(tmp_path)
-    store = f"sqlite://{tmp_path / 'store.db'}"
+    store = f"sqlite:///{tmp_path / 'store.db'}"
     alone = setup_line(check("--coordinator", url, "--resource", store, rounds="1"), "keyrings beside the data")
     assert alone == "ok    keyrings beside the data: coord.keys"
     shutil.copy(tmp_path / "coord.keys", tmp_path / "coord.backup.keys")  # cp keeps the mode: 0600
@@ -189,19 +189,19 @@ def test_runs_as_a_user_that_is_not_root(user_home: Path) -> None:
     """As ``nobody``: every case held, its workers (its own processes, frozen and resumed) ended (ps), nothing
     left under the scratch prefix; a bad url is one line and exit 2 for it too."""
     work = user_home / "work"
-    made = _as_user(user_home, "-c", f"import stockade; c = stockade.connect('sqlite://{work}/coord.db'); "
-                                     f"stockade.open_store('sqlite://{work}/store.db', cluster_id=c.cluster_id)")
+    made = _as_user(user_home, "-c", f"import stockade; c = stockade.connect('sqlite:///{work}/coord.db'); "
+                                     f"stockade.open_store('sqlite:///{work}/store.db', cluster_id=c.cluster_id)")
     assert made.returncode == 0
     (work / "files").mkdir()
     if os.geteuid() == 0:
         os.chown(work / "files", *[_user()[k] for k in ("user", "group")])  # type: ignore[misc]
-    result = _as_user(user_home, "-m", "stockade", "check", "--coordinator", f"sqlite://{work}/coord.db",
+    result = _as_user(user_home, "-m", "stockade", "check", "--coordinator", f"sqlite:///{work}/coord.db",
                       "--resource", f"file://{work}/files", "--rounds", "1", "--ttl-ms", "300", "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr
     assert cases(result) == {"pause": "held", "retries": "held", "failover": "held", "restore": "held"}
     assert_no_workers_left(result)
     assert list((work / "files").iterdir()) == []
-    bad = _as_user(user_home, "-m", "stockade", "check", "--coordinator", f"sqlite://{work}/coord.db",
+    bad = _as_user(user_home, "-m", "stockade", "check", "--coordinator", f"sqlite:///{work}/coord.db",
                    "--resource", "redis://127.0.0.1:1/0")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert bad.stdout == "" and "Traceback" not in bad.stderr
@@ -224,7 +224,7 @@ def test_unreachable_resource_is_one_line_and_exit_2(tmp_path: Path, resource: s
 
 def test_cases_runs_only_those_and_refuses_a_name_that_is_none(tmp_path: Path) -> None:
     url = _store_beside_coordinator(tmp_path)
-    store = f"sqlite://{tmp_path / 'store.db'}"
+    store = f"sqlite:///{tmp_path / 'store.db'}"
     result = check("--coordinator", url, "--resource", store, "--cases", "pause", rounds="1")
     assert result.returncode == 0 and cases(result) == {"pause": "held"}
     bad = check("--coordinator", url, "--resource", store, "--cases", "pause,pauses", timeout=60)

@@ -302,7 +302,7 @@ def paused_holder_check(coordinator_url: str, tmp_path: Path, *extra: str, ttl_m
     with stockade.connect(coordinator_url) as coord:
         cluster_id = coord.cluster_id
     (tmp_path / "paused").mkdir(parents=True)
-    store = f"sqlite://{tmp_path / 'paused' / 'store.db'}"
+    store = f"sqlite:///{tmp_path / 'paused' / 'store.db'}"
     stockade.open_store(store, cluster_id=cluster_id, keys="tokenless").close()
     result = check("--coordinator", coordinator_url, "--resource", store, "--cases", "pause", *extra,
                    "--seconds", "600", timeout=900, ttl_ms=ttl_ms)

@@ -185,7 +185,7 @@ class StoreTarget(Target):
     def setup_lines(self) -> list[SetupLine]:
         if self.remote:
             return []
-        return [keyring_line(Path(self.url.partition("://")[2]).parent, self.cluster_id, discovery=True)]
+        return [keyring_line(sqlite_path(self.url, "resource").parent, self.cluster_id, discovery=True)]
 
     def close(self) -> None:
         self.store.close()
