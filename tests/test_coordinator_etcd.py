@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from conftest import HELPERS, PYTHON, python_env
 from helpers.etcd_cluster import EtcdCluster, etcd_available
-from helpers.paused_run import paused_holder_writes
 
 import stockade
 from stockade.coordinators.etcd import Layout, parse_location, ttl_s_of
@@ -294,24 +293,34 @@ def test_a_restored_snapshot_is_refused_by_a_client_that_saw_later_revisions(own
     assert own_cluster.put(b"control/next") <= max(issued)
 
 
-PAUSED_HOLDERS = 50
+def paused_holder_check(coordinator_url: str, tmp_path: Path, *extra: str, ttl_ms: str = "300") -> tuple[str, int]:
+    """The pause case of `stockade check` (docs/check.md), the one harness for it: a worker process holds a scope,
+    is stopped (SIGSTOP) until the coordinator ends its lease and another worker has taken and written the scope,
+    then writes with its old token to an embedded store; once a round. Its output and exit status."""
+    from test_check import check
 
-
-def _paused_holder(url: str, tmp_path: Path, mutant: str = "") -> tuple[int, int]:
-    """A process holds 50 scopes, is paused past their TTL while this one takes and writes each;
-    then it writes with its old tokens. (accepted, rejected)."""
-    return paused_holder_writes(url, url, tmp_path, PAUSED_HOLDERS, mutant, env=python_env())
+    with stockade.connect(coordinator_url) as coord:
+        cluster_id = coord.cluster_id
+    (tmp_path / "paused").mkdir(parents=True)
+    store = f"sqlite:///{tmp_path / 'paused' / 'store.db'}"
+    stockade.open_store(store, cluster_id=cluster_id, keys="tokenless").close()
+    result = check("--coordinator", coordinator_url, "--resource", store, "--cases", "pause", *extra,
+                   "--seconds", "600", timeout=900, ttl_ms=ttl_ms)
+    return result.stdout, result.returncode
 
 
 def test_a_holder_paused_past_its_ttl_has_its_writes_rejected(url, tmp_path):
-    accepted, rejected = _paused_holder(url, tmp_path)
-    print(f"paused holder: accepted {accepted} of {PAUSED_HOLDERS}")
-    assert (accepted, rejected) == (0, PAUSED_HOLDERS)
+    from test_check import ROUNDS
+
+    out, status = paused_holder_check(url, tmp_path)
+    assert status == 0 and f"held    pause: 0 of {ROUNDS} stale writes applied" in out, out
 
 
 def test_a_paused_holder_control_without_the_fence_is_caught(url, tmp_path):
-    accepted, _ = _paused_holder(url, tmp_path, mutant="fencing-off")
-    assert accepted == PAUSED_HOLDERS
+    from test_check import ROUNDS
+
+    out, status = paused_holder_check(url, tmp_path, "--control", "fencing-off")
+    assert status == 1 and f"BROKEN  pause: {ROUNDS} of {ROUNDS} stale writes applied" in out, out
 
 
 def test_async_client_opened_inside_a_running_loop(url):

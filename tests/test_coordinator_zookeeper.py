@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import HELPERS, PYTHON, python_env
-from helpers.paused_run import paused_holder_writes
 from helpers.zk_ensemble import CONTAINER_CHECK_MS, ZkEnsemble, zookeeper_available
-from test_coordinator_etcd import _check, _grants, _wait_grants
+from test_coordinator_etcd import _check, _grants, _wait_grants, paused_holder_check
 
 import stockade
 from stockade.coordinators.registry import Capability
@@ -31,7 +30,6 @@ from stockade.coordinators.zookeeper import check_ttl, parse_lease_id, parse_loc
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 LEADER_CHANGES = 20 if LONG else 2
-PAUSED_WRITES = 50 if LONG else 10
 STORM_PROCESSES = 4
 STORM_SESSION_MS = 4000
 
@@ -227,27 +225,17 @@ def test_suspended_connection_marks_the_lease_lost_by_its_local_deadline(url, zk
     coord.close()
 
 
-def _paused_client(url: str, directory: Path, mutant: str, out: dict[str, tuple[int, int]]) -> None:
-    """A process holds scopes on a 2 s session and is paused past it while this one takes and
-    writes each; then it writes with its old tokens. ``out[mutant]`` = (accepted, rejected)."""
-    directory.mkdir()
-    out[mutant] = paused_holder_writes(url, url + "?session_timeout_ms=2000", directory, PAUSED_WRITES, mutant,
-                                       env=python_env())
-
-
 def test_a_client_paused_past_its_session_timeout_has_its_writes_rejected(url, tmp_path):
-    """Beside its control, in the same pause: the same client writing without the fence."""
-    out: dict[str, tuple[int, int]] = {}
-    runs = [threading.Thread(target=_paused_client, args=(url + suffix, tmp_path / (mutant or "fenced"), mutant, out))
-            for suffix, mutant in (("", ""), ("-control", "fencing-off"))]
-    for run in runs:
-        run.start()
-    for run in runs:
-        run.join(120)
-    print(f"paused zookeeper client: accepted {out[''][0]} of {PAUSED_WRITES}; "
-          f"control without the fence: accepted {out['fencing-off'][0]}")
-    assert out[""] == (0, PAUSED_WRITES)
-    assert out["fencing-off"][0] == PAUSED_WRITES  # control: the stale writes get in
+    """The pause case of `stockade check` on a 2 s session (`paused_holder_check`), beside its control: the same
+    worker writing through a store with its fence swapped out."""
+    from test_check import ROUNDS
+
+    session = "?session_timeout_ms=2000"
+    out, status = paused_holder_check(url + session, tmp_path / "fenced", ttl_ms="1000")
+    assert status == 0 and f"held    pause: 0 of {ROUNDS} stale writes applied" in out, out
+    out, status = paused_holder_check(url + "-control" + session, tmp_path / "control", "--control", "fencing-off",
+                                      ttl_ms="1000")
+    assert status == 1 and f"BROKEN  pause: {ROUNDS} of {ROUNDS} stale writes applied" in out, out  # they get in
 
 
 def test_cli_status_and_lock_on_zookeeper(url, tmp_path):

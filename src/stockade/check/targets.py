@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import quote
 
 from stockade.check import SCRATCH_PREFIX
-from stockade.core.errors import AlreadyApplied, InvalidArgument, StaleToken, TokenMismatch
+from stockade.core.errors import AlreadyApplied, InvalidArgument, StaleToken, StockadeError, TokenMismatch
 from stockade.core.tokens import FencingToken
 from stockade.resources.registry import CHECK_TARGETS, load
 from stockade.timeline import SetupLine
@@ -182,6 +182,11 @@ class StoreTarget(Target):
     def remove_scratch(self, scopes: list[str]) -> None:
         pass  # the store's keys are deleted under a lease by the orchestrator (`cleanup_store`)
 
+    def setup_lines(self) -> list[SetupLine]:
+        if self.remote:
+            return []
+        return [keyring_line(sqlite_path(self.url, "resource").parent, self.cluster_id, discovery=True)]
+
     def close(self) -> None:
         self.store.close()
 
@@ -239,7 +244,8 @@ class SQLiteDbTarget(Target):
                       "holds the file's write lock until it resumes or dies; SQLite cannot end another process's "
                       "transaction: newer tokens wait up to their busy timeout (safe, not live)", "warn"),
         ]
-        return lines + [filesystem_line(self.path.parent)]
+        return lines + [filesystem_line(self.path.parent),
+                        keyring_line(self.path.parent, self.cluster_id, discovery=False)]
 
     def close(self) -> None:
         self.fence.close()
@@ -284,7 +290,8 @@ class FilesTarget(Target):
         return self.root
 
     def setup_lines(self) -> list[SetupLine]:
-        return [filesystem_line(self.root), fsync_line(self.root)]
+        return [filesystem_line(self.root), fsync_line(self.root),
+                keyring_line(self.parent, self.cluster_id, discovery=False)]
 
     def close(self) -> None:
         self.fence.close()
@@ -307,6 +314,44 @@ def filesystem_line(path: Path) -> SetupLine:
         return SetupLine("filesystem", "unknown (/proc/mounts unreadable)", "warn")
     verdict = "FAIL" if fstype in _NETWORK_FILESYSTEMS or fstype.startswith("fuse") else "ok"
     return SetupLine("filesystem", f"{fstype} at {best or '?'}", verdict)
+
+
+def keyring_line(directory: Path, cluster_id: str, *, discovery: bool) -> SetupLine:
+    """The keyrings beside the data (``*.keys*`` files of ``directory`` that parse as one): a copy readable by
+    group or others lets whoever reads it mint tokens (FAIL); several copies of the cluster's keyring (a backup
+    beside the original) are a secret kept twice that a rotation does not reach, and, with ``discovery`` (a
+    store opened without ``keys=``), a store that refuses to open (L2: docs/tokens.md) (warn)."""
+    from stockade.keys import find_keyring, load_keyring
+
+    name = "keyrings beside the data"
+    try:
+        candidates = sorted(p for p in directory.iterdir() if ".keys" in p.name and p.is_file())[:256]
+    except OSError as exc:
+        return SetupLine(name, f"unreadable ({exc.strerror})", "warn")
+    ours, exposed = [], []
+    for path in candidates:
+        try:
+            owner = load_keyring(path).cluster_id
+        except StockadeError:
+            continue
+        mode = path.stat().st_mode & 0o777
+        if owner == cluster_id:
+            ours.append(path.name)
+        if mode & 0o077:
+            exposed.append(f"{path.name} (mode {mode:04o})")
+    if exposed:
+        return SetupLine(name, f"{', '.join(exposed)} readable by others: whoever reads a keyring mints tokens "
+                               "(keep it 0600; rotate with grace_s=0 if it leaked)", "FAIL")
+    if len(ours) > 1:
+        found = f"{len(ours)} keyrings of cluster {cluster_id}: {', '.join(ours)} (a copy beside the original: " \
+                "a rotation reaches only the file the coordinator signs with)"
+        if discovery:
+            try:
+                find_keyring(directory, cluster_id)
+            except InvalidArgument:
+                found += "; a store opened without keys= refuses to open (L2): pass keys= or move the copy away"
+        return SetupLine(name, found, "warn")
+    return SetupLine(name, ours[0] if ours else "none (the resource is given its keys)", "ok")
 
 
 def fsync_line(directory: Path) -> SetupLine:

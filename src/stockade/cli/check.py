@@ -45,6 +45,8 @@ from stockade.core.errors import BackendUnavailable, InvalidArgument, StockadeEr
 from stockade.core.limits import validate_int
 
 _TTL_MS_DEFAULT = 500
+#: The cases, in the order they run (docs/check.md, The cases).
+CASES = ("pause", "delay", "retries", "failover", "restore")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--control", default=None, choices=("fencing-off", "strict-greater", "restore-no-floor"),
                         help="run against a deliberately broken fence on the scratch prefix (restore-no-floor: the "
                              "restore case skips the floor): the check must FAIL")
+    parser.add_argument("--cases", default=None, metavar="LIST",
+                        help=f"run only these cases, comma-separated ({', '.join(CASES)}; default: all that apply)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", default=None, help=argparse.SUPPRESS)
     return parser
@@ -123,8 +127,10 @@ def _run_cases(args: argparse.Namespace, run: Any, started: float) -> list[Any]:
     restart, restore, own = _restarts_of(args, run.target)
     cases = ["pause"] + (["delay"] if proxy is not None else []) + ["retries"] \
         + (["failover"] if restart is not False else []) + (["restore"] if restore is not False else [])
+    chosen = _chosen(args)
+    cases = [case for case in cases if case in chosen]
     budget = args.seconds - (time.monotonic() - started)
-    share = budget / len(cases)
+    share = budget / max(len(cases), 1)
     try:
         run.start("A", proxied_url(args.resource, proxy.port) if proxy is not None else None)
         run.start("B")
@@ -147,13 +153,28 @@ def _run_cases(args: argparse.Namespace, run: Any, started: float) -> list[Any]:
         run.stop()
         if proxy is not None:
             proxy.close()
-    if proxy is None:
+    if proxy is None and "delay" in chosen:
         print("note: the delay case needs a resource reached over TCP (postgresql, redis, http): not run")
-    if restart is False:
+    if restart is False and "failover" in chosen:
         print("note: the failover case needs --coordinator-restart CMD (or an embedded sqlite:// coordinator): not run")
-    if restore is False:
+    if restore is False and "restore" in chosen:
         print("note: the restore case needs --resource-restore CMD (or a file:// directory): not run")
     return verdicts
+
+
+def _chosen(args: argparse.Namespace) -> tuple[str, ...]:
+    """The cases ``--cases`` names (all of them without it).
+
+    Raises:
+        InvalidArgument: a name that is not a case, or none at all.
+    """
+    if args.cases is None:
+        return CASES
+    names = tuple(name.strip() for name in args.cases.split(",") if name.strip())
+    unknown = [name for name in names if name not in CASES]
+    if unknown or not names:
+        raise InvalidArgument("--cases", f"{', '.join(unknown) or 'nothing'}: the cases are {', '.join(CASES)}")
+    return names
 
 
 def _restarts_of(args: argparse.Namespace, target: Any) -> tuple[str | None | bool, str | None | bool, Any]:
@@ -251,7 +272,7 @@ def _report(args: argparse.Namespace, run: Any, setup: list[Any], verdicts: list
         print(f"  {'held  ' if verdict.held else 'BROKEN'}  {verdict.case}: {verdict.figure}")
     broken = [v.case for v in verdicts if not v.held] + [f"setup: {line.name}" for line in failed_setup]
     summary = (f"HELD: {len(verdicts)} of {len(verdicts)} cases held, no setup line failed" if held
-               else f"FAILED: {'; '.join(broken)}")
+               else f"FAILED: {'; '.join(broken) or 'no case ran (none of --cases applies here)'}")
     if args.history is not None:
         import dataclasses
         import json
@@ -276,6 +297,7 @@ def run(argv: list[str]) -> int:
         validate_int("--seconds", args.seconds, 1, 3600)
         validate_int("--rounds", args.rounds, 1, 1000)
         validate_int("--ttl-ms", args.ttl_ms, 100, 60_000)
+        _chosen(args)
         for option, path in (("--report", args.report), ("--history", args.history)):
             if path is not None and not path.parent.is_dir():
                 raise InvalidArgument(option, f"{path.parent}: no such directory")
