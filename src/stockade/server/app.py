@@ -31,12 +31,14 @@ from stockade.core.limits import (
     LIST_PAGE_MAX,
     LOCK_DELAY_MS_MAX,
     VALUE_BYTES_MAX,
+    WAIT_MS_MAX,
     validate_holder,
     validate_idempotency_key,
     validate_int,
     validate_key,
     validate_scope,
     validate_ttl_ms,
+    validate_wait,
     validate_wait_ms,
 )
 from stockade.core.tokens import FencingToken
@@ -49,6 +51,7 @@ from stockade.server._dashboard import STREAMS_MAX, Dashboard, Sessions, session
 from stockade.server._groupcommit import GroupCommitter
 from stockade.server._guard import SMALL_BODY_BYTES
 from stockade.server._history_route import lock_history
+from stockade.server._tickets import WaitTickets, validate_ticket
 from stockade.server._http import (
     ConnectionLimits,
     HttpProtocol,
@@ -138,6 +141,7 @@ class App:
     def __init__(self, leases: Leases, store_writer: GroupCommitter[StoreOp], store_reader: SQLiteStore,
                  *, auth: BearerAuth | None, wait_ms_cap: int | None, value_bytes_max: int) -> None:
         self.leases = leases
+        self.tickets = WaitTickets(leases)  # the waits until granted (wait_ms null), by queue ticket
         self.store_writer = store_writer
         self.store_reader = store_reader
         self.auth = auth
@@ -285,18 +289,29 @@ class App:
         scope = validate_scope(segment(raw_scope, "scope"))
         query(request, ())
         document = json_object(request, optional=False)
-        fields(document, ("ttl_ms", "wait_ms", "holder"))
+        fields(document, ("ttl_ms", "wait_ms", "holder", "ticket"))
         try:
             if "ttl_ms" not in document:
                 raise InvalidArgument("ttl_ms", "is required")
             ttl_ms = validate_ttl_ms(document["ttl_ms"])
-            wait_ms = validate_wait_ms(document.get("wait_ms", 0))
+            wait: int | None = validate_wait(document.get("wait_ms", 0))
             holder = validate_holder(document["holder"]) if "holder" in document else "anonymous"
+            # Waiting until granted (wait_ms null) goes with a queue ticket, and a ticket with nothing else.
+            ticket = validate_ticket(document["ticket"]) if (wait is None or "ticket" in document) else None
+            if ticket is not None and wait is not None:
+                raise InvalidArgument("ticket", "goes only with \"wait_ms\": null (waiting until granted)")
         except InvalidArgument as exc:
+            if exc.field == "ticket" and "ticket" not in document:
+                exc = InvalidArgument("ticket", "is required with \"wait_ms\": null (waiting until granted)")
             raise BodyField(exc) from None
-        wait_ms = min(wait_ms, self.wait_ms_cap) if self.wait_ms_cap is not None else wait_ms
-        lease = await within_share(self.shares, request, wait_ms, lambda: self.leases.acquire(
-            scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms))
+        cap_ms = WAIT_MS_MAX if self.wait_ms_cap is None else self.wait_ms_cap
+        wait_ms = cap_ms if wait is None else min(wait, cap_ms)
+        if ticket is not None:
+            lease = await within_share(self.shares, request, wait_ms, lambda: self.tickets.acquire(
+                scope, ticket, holder=holder, ttl_ms=ttl_ms, cap_ms=wait_ms))
+        else:
+            lease = await within_share(self.shares, request, wait_ms, lambda: self.leases.acquire(
+                scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms))
         if isinstance(lease, Response):  # the caller's address or token holds its share of waiting acquires
             return lease
         return json_response(200, codecs.grant_doc(lease, scope))
@@ -603,6 +618,8 @@ class Server:
         _log.info("stopped")
 
     async def _close_files(self, store_writer: GroupCommitter[StoreOp] | None = None) -> None:
+        if self.app is not None:
+            await self.app.tickets.aclose()
         if self.leases is not None:
             await self.leases.aclose()
         if store_writer is not None:
