@@ -297,7 +297,7 @@ class App:
             wait: int | None = validate_wait(document.get("wait_ms", 0))
             holder = validate_holder(document["holder"]) if "holder" in document else "anonymous"
             # Waiting until granted (wait_ms null) goes with a queue ticket, and a ticket with nothing else.
-            ticket = validate_ticket(document["ticket"]) if (wait is None or "ticket" in document) else None
+            ticket = validate_ticket(document.get("ticket")) if (wait is None or "ticket" in document) else None
             if ticket is not None and wait is not None:
                 raise InvalidArgument("ticket", "goes only with \"wait_ms\": null (waiting until granted)")
         except InvalidArgument as exc:
