@@ -58,9 +58,9 @@ class ServeProcess:
 
     STARTUP_S = 20
 
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, *extra: str, port: int | None = None) -> None:
         self.data_dir = data_dir
-        self.port = free_port()
+        self.port = port or free_port()  # a restart on the same data takes the same port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / "serve.log"
         data_dir.mkdir(parents=True, exist_ok=True)

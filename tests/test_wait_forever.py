@@ -174,3 +174,40 @@ def test_the_server_refuses_bad_waits_and_tickets(capped_server):
     status, problem = _post(url, {"ttl_ms": 1_000, "wait_ms": None, "ticket": ticket})  # held: at the cap, 409
     assert (status, problem["ticket"], problem["wait_ms"] if "wait_ms" in problem else WAIT_CAP_MS) == (
         409, ticket, WAIT_CAP_MS)
+
+
+def test_a_wait_until_granted_outlives_a_server_restart(tmp_path):
+    """A served coordinator restarts (stopped, started again on its data and port) under a wait until granted:
+    the client's request fails, it tries again with its ticket, the new server knows no ticket and queues it
+    again (at the back; here the queue is empty), and it is granted once the lease held before the restart
+    has run out (held a full TTL after the restart, C3). As docs/leases.md says."""
+    data = tmp_path / "served"
+    servers = [ServeProcess(data, "--wait-ms-cap", str(WAIT_CAP_MS))]
+
+    async def scenario() -> tuple[int, int, int, int]:
+        url = servers[0].url
+        async with stockade.connect_async(url) as holder, stockade.connect_async(url) as waiting:
+            held = await holder.acquire("restart", ttl_ms=3_000, keepalive=False)
+            task = asyncio.get_running_loop().create_task(waiting.acquire("restart", ttl_ms=5_000, wait_ms=None))
+            while waiting._port.wait_rounds < 2:  # queued, and past a cap
+                await asyncio.sleep(0.01)
+            servers[0].stop()
+            restarted = await asyncio.to_thread(
+                ServeProcess, data, "--wait-ms-cap", str(WAIT_CAP_MS), port=servers[0].port)
+            servers.append(restarted)
+            while (await holder.inspect("restart")).waiters < 1:  # the waiter came back, queued again
+                assert not task.done(), "granted before it queued again"
+                await asyncio.sleep(0.01)
+            queued_again = (await holder.inspect("restart")).waiters
+            lease = await asyncio.wait_for(task, 30)
+            token = lease.token.value
+            await lease.release()
+            return held.token.value, token, queued_again, waiting._port.wait_rounds
+
+    try:
+        before, after, queued_again, rounds = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.stop()
+    print(f"granted token {after} after the restart (held before: {before}), queued again once, {rounds} caps")
+    assert after > before and queued_again == 1
