@@ -36,14 +36,16 @@ from typing import Any, Protocol
 from stockade.core.errors import InvalidArgument, LimitExceeded, LockTimeout
 from stockade.core.leases import Lease
 
-__all__ = ["WaitTickets", "TICKET_HOLD_MS", "TICKETS_MAX", "validate_ticket"]
+__all__ = ["WaitTickets", "TICKET_HOLD_MS", "TICKETS_MAX", "TICKET_PATTERN", "validate_ticket"]
 
 #: How long a wait until granted keeps its place with no request watching it (between the
 #: answer at the cap and the client's next request: one round trip, normally).
 TICKET_HOLD_MS = 5_000
 #: Waits until granted at once in this server (429 past it).
 TICKETS_MAX = 10_000
-_TICKET_RE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+#: A queue ticket, as the OpenAPI document states it.
+TICKET_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
+_TICKET_RE = re.compile(TICKET_PATTERN.strip("^$"))
 
 
 def validate_ticket(ticket: object) -> str:
