@@ -21,8 +21,8 @@ without the lease. The lease is released only once CMD is gone.
 Exit status: CMD's own (128+N if a signal N ended it); 137 if CMD had to be
 killed after the grace period; 75 if the lease could not be acquired within
 --wait-ms (``--wait forever``, or ``--wait-ms forever``: wait until granted, however
-long; Ctrl-C ends the wait and leaves no waiter behind); 76 if the lease was lost and CMD still exited 0 (a lost lease never
-reads as success); 126 if CMD cannot be executed, 127 if it is not found;
+long; Ctrl-C ends the wait and leaves no waiter behind); 76 if the lease was lost
+and CMD still exited 0 (a lost lease never reads as success); 126 if CMD cannot be executed, 127 if it is not found;
 130 if interrupted while waiting for the lease; 2 for bad arguments.
 """
 

@@ -51,7 +51,6 @@ from stockade.server._dashboard import STREAMS_MAX, Dashboard, Sessions, session
 from stockade.server._groupcommit import GroupCommitter
 from stockade.server._guard import SMALL_BODY_BYTES
 from stockade.server._history_route import lock_history
-from stockade.server._tickets import WaitTickets, validate_ticket
 from stockade.server._http import (
     ConnectionLimits,
     HttpProtocol,
@@ -76,6 +75,7 @@ from stockade.server._keys_route import verify_keys
 from stockade.server._leases import LeaseService, validate_lease_id
 from stockade.server._port_leases import PortLeaseService
 from stockade.server._store_tx import StoreOp, StoreWrites, TxWrite, parse_steps
+from stockade.server._tickets import WaitTickets, validate_ticket
 from stockade.server.openapi import JSON_BODY_BYTES_MAX, openapi_document
 from stockade.wire import DEFAULT_PORT, codecs
 from stockade.wire.problems import PROBLEM_TYPES, code_of, problem_of

@@ -390,11 +390,8 @@ class Coordinator(Handle):
         Args:
             scope: the lock name, 1..200 of ``[A-Za-z0-9._:-]``.
             ttl_ms: lease time to live, 100 ms .. 1 h.
-            wait_ms: how long to wait if held, 0 .. 5 min (0: try once), or None: until
-                granted, however long, keeping the place in the FIFO queue (a server's
-                per-request cap is renewed by the port with its queue ticket); only a
-                cancellation, KeyboardInterrupt or closing the handle ends it, and that
-                leaves no waiter behind (docs/leases.md, "Waiting until granted").
+            wait_ms: how long to wait if held, 0 .. 5 min (0: try once); None: until granted, keeping
+                the FIFO place, or until cancelled (docs/leases.md, "Waiting until granted").
             holder: name shown in status; defaults to ``host:pid``.
             keepalive: renew in the background at about TTL/3, and watch the local deadline.
             max_hold_ms: stop renewing this long after the grant, 1 .. 7 days
@@ -408,8 +405,7 @@ class Coordinator(Handle):
             with ``lease.release()`` (or use `lock`).
 
         Raises:
-            InvalidArgument: a bad argument (checked before any I/O): a negative or too long
-                wait, a wait that is not an int or None (``"forever"`` is the CLI's word only).
+            InvalidArgument: a bad argument (checked before any I/O; ``wait_ms="forever"`` too).
             LockTimeout: still held when ``wait_ms`` ran out (never for ``wait_ms=None``).
             LimitExceeded: the scope's queue or the lease table is full.
             LeaseLost: the grant came back so late that the coordinator refused

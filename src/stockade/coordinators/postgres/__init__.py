@@ -61,12 +61,12 @@ from stockade.coordinators.postgres._rows import (
     set_meta,
 )
 from stockade.coordinators.postgres._tx import GENERATION_BITS, PgTx, first_rows
+from stockade.core import limits
 from stockade.core.engine import LeaseEngine, Outcome, recover_records
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LimitExceeded, NotHolder
 from stockade.core.journal import HistoryEvent
 from stockade.core.leases import AcquireRequest, Granted, Lease, LeasePolicy, Queued, Released, lease_hint
 from stockade.core.leases import acquire as core_acquire
-from stockade.core import limits
 from stockade.core.limits import validate_int, validate_scope
 from stockade.core.tokens import EPOCH_MAX, FencingToken
 from stockade.transport.postgres import error_text, open_connection

@@ -20,8 +20,8 @@ from stockade.coordinators._mint import new_lease_id
 from stockade.coordinators.registry import REMOTE_OPTIONS, Capability, PortOptions
 from stockade.core import leases as core_leases
 from stockade.core.errors import InvalidArgument, InvariantViolation, LockTimeout, invariant
-from stockade.core.limits import wait_deadline_ns
 from stockade.core.leases import LeasePolicy
+from stockade.core.limits import wait_deadline_ns
 from stockade.transport.io import AsyncIO
 
 if TYPE_CHECKING:
