@@ -211,3 +211,16 @@ def test_a_wait_until_granted_outlives_a_server_restart(tmp_path):
             server.stop()
     print(f"granted token {after} after the restart (held before: {before}), queued again once, {rounds} caps")
     assert after > before and queued_again == 1
+
+
+def test_a_ticket_names_a_wait_of_one_scope(capped_server):
+    """schemathesis (S23) sent one ticket to two scopes and got 400 for a schema-valid request: a ticket is now
+    a wait of its scope, so the same ticket on a free scope is granted there at once."""
+    ticket = "u" * 32
+    held = f"{capped_server.url}/v1/locks/ticket-held/acquire"
+    assert _post(held, {"ttl_ms": 1_000, "wait_ms": 0})[0] == 200
+    status, problem = _post(held, {"ttl_ms": 1_000, "wait_ms": None, "ticket": ticket})
+    assert (status, problem.get("ticket")) == (409, ticket)
+    status, grant = _post(f"{capped_server.url}/v1/locks/ticket-free/acquire",
+                          {"ttl_ms": 1_000, "wait_ms": None, "ticket": ticket})
+    assert status == 200 and grant["scope"] == "ticket-free", (status, grant)

@@ -82,29 +82,28 @@ class WaitTickets:
     def __init__(self, leases: _Leases, *, hold_ms: int = TICKET_HOLD_MS) -> None:
         self.leases = leases
         self.hold_ms = hold_ms
-        self.waits: dict[str, _Wait] = {}
+        self.waits: dict[tuple[str, str], _Wait] = {}  # by (scope, ticket): a ticket is a wait of one scope
         self._cleanups: set[asyncio.Task[Any]] = set()
 
     async def acquire(self, scope: str, ticket: str, *, holder: str, ttl_ms: int, cap_ms: int) -> Lease:
         """Watch the wait of ``ticket`` (started now if this server does not know it) for up to ``cap_ms``.
 
         Raises:
-            LockTimeout: (with ``ticket``) not granted within ``cap_ms``; the wait goes on.
-            InvalidArgument: the ticket names a wait of another scope, or one another request watches.
+            LockTimeout: (with ``ticket``) not granted within ``cap_ms``, or at once when another
+                request watches the wait already; the wait goes on.
             LimitExceeded: `TICKETS_MAX` waits already.
             and what the lease service's acquire raises (the wait is over then).
         """
-        wait = self.waits.get(ticket)
+        key = (scope, ticket)
+        wait = self.waits.get(key)
         if wait is None:
             if len(self.waits) >= TICKETS_MAX:
                 raise LimitExceeded("wait_tickets_max", TICKETS_MAX)
             task = asyncio.get_running_loop().create_task(
                 self.leases.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=None))
-            wait = self.waits[ticket] = _Wait(scope, task)
-        elif wait.scope != scope:
-            raise InvalidArgument("ticket", "names a wait for another scope")
+            wait = self.waits[key] = _Wait(scope, task)
         elif wait.watched:
-            raise InvalidArgument("ticket", "another request is waiting with it")
+            raise LockTimeout(scope, 0, ticket=ticket)  # one request watches a wait at a time
         if wait.hold is not None:
             wait.hold.cancel()
             wait.hold = None
@@ -113,14 +112,14 @@ class WaitTickets:
         try:
             done, _ = await asyncio.wait((wait.task,), timeout=cap_ms / 1000)
         except asyncio.CancelledError:
-            self._drop(ticket)  # the client went away: no waiter stays behind
+            self._drop(key)  # the client went away: no waiter stays behind
             raise
         finally:
             wait.watched = False
         if not done:
-            wait.hold = asyncio.get_running_loop().call_later(self.hold_ms / 1000, self._drop, ticket)
+            wait.hold = asyncio.get_running_loop().call_later(self.hold_ms / 1000, self._drop, key)
             raise LockTimeout(scope, cap_ms, ticket=ticket)
-        del self.waits[ticket]
+        del self.waits[key]
         lease = wait.task.result()
         if granted_unwatched:
             # Granted while nobody watched: its TTL began before this request was sent.
@@ -134,9 +133,9 @@ class WaitTickets:
             self._background(self.leases.release(lease.lease_id))
             raise
 
-    def _drop(self, ticket: str) -> None:
-        """End the wait of ``ticket``: cancelled if still queued; its grant released if it got one."""
-        wait = self.waits.pop(ticket, None)
+    def _drop(self, key: tuple[str, str]) -> None:
+        """End the wait of ``key`` (scope, ticket): cancelled if still queued; its grant released if it got one."""
+        wait = self.waits.pop(key, None)
         if wait is None:
             return
         if wait.hold is not None:
@@ -153,8 +152,8 @@ class WaitTickets:
 
     async def aclose(self) -> None:
         """Cancel every wait (the server stops)."""
-        for ticket in list(self.waits):
-            self._drop(ticket)
+        for key in list(self.waits):
+            self._drop(key)
         if self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
 
