@@ -21,8 +21,9 @@ from stockade import InvalidArgument
 from stockade.testing.conformance import coordinator as suite
 from stockade.testing.mutants import MUTANTS
 
-#: Runs of the FIFO test against the control: the release lands in the ~100 ms after the first waiter
-#: queued again, behind the second, nearly every time; the control must be caught in at least one.
+#: Runs of the FIFO test against the control. The control's waiter is out of the queue for one round trip
+#: per cap (seen by a look at the queue that lands then, or by a release that does: the second is served
+#: first); the control must be caught in at least one run.
 CONTROL_RUNS = 3
 
 
@@ -48,7 +49,7 @@ def test_the_fifo_test_catches_a_wait_that_queues_again_at_each_cap(capped_serve
                 runner, CappedWait(capped_server.url, WAIT_CAP_MS, None))
         except AssertionError as exc:
             caught += 1
-            assert "out of arrival order" in str(exc) or "queued again" in str(exc), exc
+            assert any(why in str(exc) for why in ("out of arrival order", "queued again", "left the queue")), exc
         finally:
             if mode == "async":
                 runner.close()

@@ -571,23 +571,26 @@ def test_c4_a_wait_until_granted_keeps_its_place_across_caps(client, capped_wait
     _await_waiters(client, holder, scope, 1)
     join_second = _in_background(client, waiter(second, "second"))
     _await_waiters(client, holder, scope, 2)
-    most = 2
+    most = least = 2
     if capped_wait.uncapped is None:
         deadline = time.monotonic() + _WAIT_S
         while min(first._port.wait_rounds, second._port.wait_rounds) < FOREVER_CAPS:
-            most = max(most, client.run(holder.inspect(scope)).waiters)
+            waiters = client.run(holder.inspect(scope)).waiters
+            most, least = max(most, waiters), min(least, waiters)
             assert time.monotonic() < deadline, f"{FOREVER_CAPS} caps of {capped_wait.cap_ms} ms not seen"
             if client.mode == "sync":
                 time.sleep(0.005)
         # Release just after the first waiter's next cap: a wait that queued again would now be behind the second.
         seen = first._port.wait_rounds
         while first._port.wait_rounds == seen:
-            most = max(most, client.run(holder.inspect(scope)).waiters)
+            waiters = client.run(holder.inspect(scope)).waiters
+            most, least = max(most, waiters), min(least, waiters)
             assert time.monotonic() < deadline, f"no cap of {capped_wait.cap_ms} ms seen in {_WAIT_S} s"
             if client.mode == "sync":
                 time.sleep(0.001)
     rounds = (first._port.wait_rounds, second._port.wait_rounds)
     assert most == 2, f"a renewed wait queued again: {most} waiters"
+    assert least == 2, f"a renewed wait left the queue between two requests: {least} waiter(s) seen"
     client.run(held.release())
     tokens = [join_first(), join_second()]
     assert order == ["first", "second"], f"served out of arrival order: {order} after {rounds} caps"
