@@ -52,7 +52,7 @@ def test_the_fifo_test_catches_a_wait_that_queues_again_at_each_cap(capped_serve
             assert any(why in str(exc) for why in ("out of arrival order", "queued again", "left the queue")), exc
         finally:
             if mode == "async":
-                runner.close()
+                _close_loop(runner)
     print(f"wait-requeued-at-cap caught in {caught} of {CONTROL_RUNS} runs ({mode})")
     assert caught >= 1
 
@@ -71,10 +71,17 @@ def test_the_cancel_test_catches_a_wait_that_outlives_its_caller(capped_server, 
         print(f"wait-outlives-cancel ({where}, {mode}): {failed.value}")
     finally:
         if mode == "async":
-            for task in asyncio.all_tasks(runner.loop):
-                task.cancel()
-            runner.loop.run_until_complete(asyncio.sleep(0.05))
-            runner.close()
+            _close_loop(runner)
+
+
+def _close_loop(runner) -> None:
+    """End what a failed (control) run left on the runner's loop, then close it."""
+    pending = asyncio.all_tasks(runner.loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        runner.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    runner.close()
 
 
 class _Answer:
