@@ -14,6 +14,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -59,9 +60,9 @@ class ServeProcess:
 
     STARTUP_S = 20
 
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, *extra: str, port: int | None = None) -> None:
         self.data_dir = data_dir
-        self.port = free_port()
+        self.port = port or free_port()  # a restart on the same data takes the same port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / "serve.log"
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -311,6 +312,50 @@ def delayed_backend(backend: str, serve, tmp_path: Path, request):
         return ClientDelayed(request.getfixturevalue("coord_url"), lock_delay_ms, why)
 
     return make
+
+
+#: The per-request wait cap of the served coordinator the wait-until-granted tests run on: a few caps pass
+#: in a fraction of a second.
+WAIT_CAP_MS = 100
+
+
+@dataclass(frozen=True)
+class CappedWait:
+    """The ``capped_wait`` of the conformance suite (`stockade.testing.conformance.coordinator.CappedWait`)."""
+
+    url: str
+    cap_ms: int | None
+    uncapped: str | None
+
+
+#: Why a backend has no per-request wait cap, in words (its client port waits in one call).
+UNCAPPED = {
+    "embedded": "the SQLite file: one waiter row, polled by its own process, no per-request cap",
+    "memory": "in-process engine: one waiter, polled in one call, no per-request cap",
+    "postgres": "PostgreSQL: one waiter row, woken by NOTIFY and polled in one call, no per-request cap",
+    "postgres-sql_ascii": "PostgreSQL: one waiter row, woken by NOTIFY and polled in one call, no per-request cap",
+    "etcd": "etcd: one queue key (its create revision), watched in one call, no per-request cap",
+    "zookeeper": "ZooKeeper: one sequential node, watched in one call, no per-request cap",
+}
+
+
+@pytest.fixture(scope="session")
+def capped_server(tmp_path_factory) -> Iterator[ServeProcess]:
+    """One `stockade serve --wait-ms-cap` for the session (its tests use scopes of their own)."""
+    server = ServeProcess(tmp_path_factory.mktemp("capped"), "--wait-ms-cap", str(WAIT_CAP_MS))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def capped_wait(backend: str, request) -> CappedWait:
+    if backend == "http":
+        return CappedWait(request.getfixturevalue("capped_server").url, WAIT_CAP_MS, None)
+    if backend == "serve-postgres":
+        server = request.getfixturevalue("serve")("--coordinator", request.getfixturevalue("pg_coord_url"),
+                                                  "--wait-ms-cap", str(WAIT_CAP_MS))
+        return CappedWait(server.url, WAIT_CAP_MS, None)
+    return CappedWait(request.getfixturevalue("coord_url"), None, UNCAPPED[backend])
 
 
 @pytest.fixture

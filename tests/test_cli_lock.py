@@ -234,3 +234,34 @@ def test_ctrl_c_while_waiting_exits_130_without_traceback(tmp_path):
                 proc.wait()
                 proc.stdout.close()
                 proc.stderr.close()
+
+
+def test_wait_forever_is_granted_and_ctrl_c_ends_it_leaving_no_waiter(tmp_path):
+    """``--wait forever`` (and ``--wait-ms forever``) waits until granted: Ctrl-C while queued exits 130 and
+    the queue is empty after; a second one runs CMD once the holder's CMD has ended."""
+    sleeper = "import time; print('in', flush=True); time.sleep(300)"
+    holder = start_lock(tmp_path, "forever", [sys.executable, "-c", sleeper])
+    waiters: list[subprocess.Popen[str]] = []
+    coord = None
+    try:
+        assert holder.stdout.readline().strip() == "in"
+        coord = stockade.connect(f"sqlite://{tmp_path / 'data' / 'coord.db'}")
+        waiters.append(start_lock(tmp_path, "forever", ["true"], "--wait", "forever"))
+        assert poll(lambda: coord.inspect("forever").waiters == 1), "the waiter never queued"
+        waiters[0].send_signal(signal.SIGINT)
+        assert waiters[0].wait(timeout=BOUND_S) == 130
+        assert poll(lambda: coord.inspect("forever").waiters == 0), "the interrupted wait left its waiter"
+        waiters.append(start_lock(tmp_path, "forever", [sys.executable, "-c", "print('granted')"],
+                                  "--wait-ms", "forever"))
+        assert poll(lambda: coord.inspect("forever").waiters == 1), "the second waiter never queued"
+        holder.send_signal(signal.SIGTERM)  # forwarded to the sleeper: it ends, and the lease is released
+        assert waiters[1].wait(timeout=BOUND_S) == 0, waiters[1].stderr.read()
+        assert waiters[1].stdout.read().strip() == "granted"
+    finally:
+        if coord is not None:
+            coord.close()
+        for proc in (holder, *waiters):
+            kill_quietly(proc.pid)
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()

@@ -21,12 +21,12 @@ FUNCTION_LINES_MAX = 70
 FUNCTION_LINES_EXCEPTIONS = {
     "_search": 123,  # testing/linearizability.py: the linearizability search, one backtracking loop
     "restore": 114,  # resources/store/backup.py: restore's steps, in the order the docs give them
-    "_schemas": 106,  # server/openapi.py: the JSON schemas, one literal
+    "_schemas": 121,  # server/openapi.py: the JSON schemas, one literal (+15: wait_ms null with a ticket)
     "http_endpoint": 80,  # client/_shared.py: the http(s) url's every refusal, in order
     "IdGenerator.__init__": 74,  # recipes/ids.py: the start-up hand-over, step by step (docs/ids.md)
     "run": 73,  # cli/status.py: the status command's table
-    "AsyncCoordinator.acquire": 71,  # client/: the acquire path, and its generated sync twin
-    "Coordinator.acquire": 71,
+    "AsyncCoordinator.acquire": 72,  # client/: the acquire path, and its generated sync twin (+1: wait_ms=None)
+    "Coordinator.acquire": 72,
 }
 # Modules: a soft target (reported, not enforced: no docstring is cut to meet it) and a hard ceiling.
 MODULE_LINES_TARGET = 600

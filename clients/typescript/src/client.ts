@@ -10,6 +10,7 @@
  * to start. The server's clock is never read: only this host's monotonic clock.
  */
 
+import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
 
 import {
@@ -17,6 +18,7 @@ import {
   InvalidArgument,
   InvariantViolation,
   LeaseLost,
+  LockTimeout,
   NotHolder,
   StockadeError,
 } from "./errors.js";
@@ -49,6 +51,9 @@ import { Token } from "./token.js";
 export const RENEW_RETRY_MS = 50;
 /** A renewal must come back in time to matter: its timeout is TTL/3, at least this. */
 export const RENEW_TIMEOUT_MS_MIN = 50;
+/** A wait until granted whose server stopped answering tries again after this pause, doubled up to the max. */
+export const REQUEUE_PAUSE_MS_MIN = 50;
+export const REQUEUE_PAUSE_MS_MAX = 1_000;
 
 export interface ConnectOptions {
   /** A bearer token of the server's `--auth-tokens` file. */
@@ -61,8 +66,12 @@ export interface ConnectOptions {
 
 export interface AcquireOptions {
   ttlMs: number;
-  /** How long to wait in the server's FIFO queue (0..300,000 ms; default 0). */
-  waitMs?: number;
+  /**
+   * How long to wait in the server's FIFO queue (0..300,000 ms; default 0), or `null`: until granted.
+   * A wait until granted keeps its place across the server's per-request cap (each request carries
+   * the wait's queue ticket); only `signal` ends it, and the server then drops the place.
+   */
+  waitMs?: number | null;
   /** Shown in status (printable ASCII without spaces); default `<host>:<pid>`. */
   holder?: string;
   /** Aborting it gives up waiting (the server drops the place in its queue). */
@@ -204,15 +213,10 @@ export class Client {
     if (typeof options !== "object" || options === null) throw new InvalidArgument("options", "must be an object with ttlMs");
     validateScope(scope);
     const ttlMs = validateInt("ttlMs", options.ttlMs, TTL_MS_MIN, TTL_MS_MAX);
-    const waitMs = validateInt("waitMs", options.waitMs ?? 0, WAIT_MS_MIN, WAIT_MS_MAX);
+    const waitMs = options.waitMs === null ? null : validateInt("waitMs", options.waitMs ?? 0, WAIT_MS_MIN, WAIT_MS_MAX);
     const holder = validatePrintable("holder", options.holder ?? `${hostname()}:${process.pid}`);
     options.signal?.throwIfAborted();
-    const body = Buffer.from(JSON.stringify({ ttl_ms: ttlMs, wait_ms: waitMs, holder }));
-    const sentMs = performance.now();
-    const doc = await this.json("acquire", { scope }, {
-      body, contentType: "application/json", timeoutMs: this.http.endpoint.timeoutMs + waitMs,
-      signal: options.signal, context: { scope, waitMs },
-    });
+    const [doc, sentMs] = await this.acquireRequests(scope, ttlMs, waitMs, holder, options.signal);
     const leaseId = doc["lease_id"];
     if (typeof leaseId !== "string" || !leaseId) throw new BackendUnavailable("server acquire answer lacks a lease id");
     const token = tokenFrom(doc);
@@ -226,6 +230,44 @@ export class Client {
     lease.onEnd = () => this.leases.delete(lease);
     await lease.start();
     return lease;
+  }
+
+  /**
+   * The acquire's requests: one, or for a wait until granted (`waitMs` null) as many as it takes, each with
+   * the wait's ticket: a 409 carrying it means the server's cap ran out and the wait goes on at its place;
+   * a lost connection once a request may have been sent (the server restarts) is tried again, pausing up to
+   * {@link REQUEUE_PAUSE_MS_MAX}. Returns the grant document and the send time of its request.
+   */
+  private async acquireRequests(
+    scope: string, ttlMs: number, waitMs: number | null, holder: string, signal: AbortSignal | undefined,
+  ): Promise<[{ [key: string]: Json }, number]> {
+    const ticket = waitMs === null ? randomBytes(24).toString("base64url") : undefined;
+    let pauseMs = REQUEUE_PAUSE_MS_MIN;
+    let sentOnce = false;
+    for (;;) {
+      const body = Buffer.from(JSON.stringify({ ttl_ms: ttlMs, wait_ms: waitMs, holder, ...(ticket ? { ticket } : {}) }));
+      const sentMs = performance.now();
+      try {
+        const doc = await this.json("acquire", { scope }, {
+          body, contentType: "application/json", timeoutMs: this.http.endpoint.timeoutMs + (waitMs ?? WAIT_MS_MAX),
+          signal, context: { scope, waitMs: waitMs ?? 0 },
+        });
+        return [doc, sentMs];
+      } catch (error) {
+        if (ticket === undefined) throw error;
+        if (error instanceof LockTimeout && error.ticket === ticket) {
+          sentOnce = true;
+          pauseMs = REQUEUE_PAUSE_MS_MIN;
+          continue;
+        }
+        if (!(error instanceof BackendUnavailable) || (!sentOnce && error.certainNoEffect)) throw error;
+        sentOnce = true;
+        signal?.throwIfAborted();
+        await new Promise((resolve) => setTimeout(resolve, pauseMs));
+        signal?.throwIfAborted();
+        pauseMs = Math.min(2 * pauseMs, REQUEUE_PAUSE_MS_MAX);
+      }
+    }
   }
 
   /**

@@ -129,12 +129,16 @@ export class LeaseLost extends LeaseError {
   }
 }
 
-/** The scope was still held when `waitMs` ran out. */
+/**
+ * The scope was still held when `waitMs` ran out. `ticket`: the queue ticket a server's answer carries for a
+ * wait until granted (its per-request cap ran out; the client sends it again and the wait goes on).
+ */
 export class LockTimeout extends LeaseError {
   override readonly code: string = "lock-timeout";
   constructor(
     readonly scope: string,
     readonly waitMs: number,
+    readonly ticket?: string,
   ) {
     super(`${scope} still held after waiting ${waitMs} ms`);
   }

@@ -71,7 +71,9 @@ export function errorFor(status: number, body: string, context: ProblemContext =
     error = new TokenMismatch(context.token ?? null, typeof reason === "string" && reason ? reason : "mismatch", detail);
   } else if (code === "lock-timeout") {
     const scope = doc["scope"];
-    error = new LockTimeout(context.scope ?? (typeof scope === "string" ? scope : ""), context.waitMs ?? 0);
+    const ticket = doc["ticket"];
+    error = new LockTimeout(context.scope ?? (typeof scope === "string" ? scope : ""), context.waitMs ?? 0,
+      typeof ticket === "string" ? ticket : undefined);
   } else if (code === "not-holder") {
     error = new NotHolder(detail);
   } else if (code === "invalid-argument") {

@@ -98,6 +98,32 @@ test("lock(): waits FIFO, releases at the end, and a held scope at the deadline 
   }
 });
 
+test("waitMs null waits until granted, first in first out; aborting it leaves no waiter", { skip }, async () => {
+  const client = await connect(env.url!);
+  try {
+    const scope = unique("forever");
+    const holder = await client.acquire(scope, { ttlMs: 5000 });
+    const order: string[] = [];
+    const first = client.acquire(scope, { ttlMs: 5000, waitMs: null }).then((lease) => (order.push("first"), lease));
+    while ((await client.inspect(scope)).waiters < 1) await new Promise((resolve) => setTimeout(resolve, 10));
+    const abort = new AbortController();
+    const second = client.acquire(scope, { ttlMs: 5000, waitMs: null, signal: abort.signal });
+    while ((await client.inspect(scope)).waiters < 2) await new Promise((resolve) => setTimeout(resolve, 10));
+    abort.abort(new Error("gave up"));
+    await assert.rejects(second, /gave up/);
+    while ((await client.inspect(scope)).waiters > 1) await new Promise((resolve) => setTimeout(resolve, 10));
+    await holder.release();
+    const granted = await first;
+    assert.deepEqual(order, ["first"]);
+    assert.ok(granted.token.value > holder.token.value);
+    await granted.release();
+    assert.equal((await client.inspect(scope)).waiters, 0);
+    await assert.rejects(client.acquire(scope, { ttlMs: 1000, waitMs: "forever" as unknown as number }), InvalidArgument);
+  } finally {
+    client.close();
+  }
+});
+
 test("a grant that long-polled past its TTL is renewed at once, not given up as lost", { skip }, async () => {
   // Found here: the deadline counted from the acquire's send time, so such a grant was thrown as LeaseLost.
   const client = await connect(env.url!);

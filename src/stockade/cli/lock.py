@@ -20,8 +20,9 @@ without the lease. The lease is released only once CMD is gone.
 
 Exit status: CMD's own (128+N if a signal N ended it); 137 if CMD had to be
 killed after the grace period; 75 if the lease could not be acquired within
---wait-ms; 76 if the lease was lost and CMD still exited 0 (a lost lease never
-reads as success); 126 if CMD cannot be executed, 127 if it is not found;
+--wait-ms (``--wait forever``, or ``--wait-ms forever``: wait until granted, however
+long; Ctrl-C ends the wait and leaves no waiter behind); 76 if the lease was lost
+and CMD still exited 0 (a lost lease never reads as success); 126 if CMD cannot be executed, 127 if it is not found;
 130 if interrupted while waiting for the lease; 2 for bad arguments.
 """
 
@@ -117,13 +118,24 @@ def _spawn_error(command: list[str], exc: OSError) -> tuple[str, int]:
     return f"{name}: cannot execute: {reason}", EXIT_CANNOT_EXECUTE
 
 
+def _wait_ms(text: str) -> int | None:
+    """``--wait-ms``: milliseconds, or ``forever`` (None: until granted; the range is the client's to check)."""
+    if text == "forever":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be milliseconds or 'forever', got {text!r}") from None
+
+
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="stockade lock", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("name", help="the scope to lock")
     parser.add_argument("--ttl-ms", type=int, default=10_000, help="lease TTL (default 10000)")
-    parser.add_argument("--wait-ms", type=int, default=0, help="how long to wait for the lease (default 0)")
+    parser.add_argument("--wait-ms", "--wait", type=_wait_ms, default=0, metavar="MS|forever",
+                        help="how long to wait for the lease, or 'forever': until granted (default 0)")
     parser.add_argument(
         "--grace-ms", type=int, default=GRACE_MS_DEFAULT,
         help=f"how long CMD may run after SIGTERM before SIGKILL (default {GRACE_MS_DEFAULT})",
@@ -131,7 +143,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--holder", default=None, help="holder name shown in status (default host:pid)")
     add_url(parser)
     add_data_dir(parser)
-    parser.usage = ("stockade lock NAME [--url URL] [--ttl-ms MS] [--wait-ms MS] [--grace-ms MS] [--holder H] "
+    parser.usage = ("stockade lock NAME [--url URL] [--ttl-ms MS] [--wait-ms MS|forever] [--grace-ms MS] [--holder H] "
                     "-- CMD [ARGS...]")
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])  # --help ends here, with or without a CMD

@@ -242,14 +242,20 @@ class LockTimeout(LeaseError):
 
     Attributes:
         scope: the scope that was asked for.
-        wait_ms: how long the caller was prepared to wait.
+        wait_ms: how long the caller was prepared to wait (for a server's answer to an acquire
+            that waits until granted: the server's per-request cap).
+        ticket: None, or the queue ticket a server gives an acquire that waits until granted
+            when its per-request cap ran out: sent back, it continues that wait at the same
+            place in the queue (docs/leases.md, "Waiting until granted"). A client never
+            sees it raised: its wait continues.
     """
 
     code = "lock-timeout"
 
-    def __init__(self, scope: str, wait_ms: int) -> None:
+    def __init__(self, scope: str, wait_ms: int, *, ticket: str | None = None) -> None:
         self.scope = scope
         self.wait_ms = wait_ms
+        self.ticket = ticket
         super().__init__(f"scope {scope!r} still held after waiting {wait_ms} ms")
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "TTL_MS_MAX",
     "WAIT_MS_MIN",
     "WAIT_MS_MAX",
+    "WAIT_FOREVER_DEADLINE_NS",
     "LOCK_DELAY_MS_MAX",
     "SCOPE_BYTES_MAX",
     "SCOPE_CHARS",
@@ -44,6 +45,8 @@ __all__ = [
     "validate_int",
     "validate_ttl_ms",
     "validate_wait_ms",
+    "validate_wait",
+    "wait_deadline_ns",
     "validate_scope",
     "validate_key",
     "validate_value",
@@ -56,6 +59,10 @@ TTL_MS_MIN = 100
 TTL_MS_MAX = 3_600_000
 WAIT_MS_MIN = 0
 WAIT_MS_MAX = 300_000
+#: The wait deadline of an acquire that waits until granted (``wait_ms=None``), on any clock in
+#: nanoseconds: 2**62 ns is 146 years past the clock's zero, and adding a TTL to it stays a
+#: signed 64-bit integer (the SQL copies of the rules keep deadlines in ``bigint``).
+WAIT_FOREVER_DEADLINE_NS = 2**62
 LOCK_DELAY_MS_MAX = 60_000
 
 SCOPE_BYTES_MAX = 200
@@ -113,6 +120,19 @@ def validate_ttl_ms(ttl_ms: object) -> int:
 
 def validate_wait_ms(wait_ms: object) -> int:
     return validate_int("wait_ms", wait_ms, WAIT_MS_MIN, WAIT_MS_MAX)
+
+
+def validate_wait(wait_ms: object) -> int | None:
+    """A client's wait: ``None`` (until granted, or until the caller cancels) or ``0..WAIT_MS_MAX``.
+
+    No string stands for "forever" (``"forever"`` is the CLI's spelling, turned into ``None`` there).
+    """
+    return None if wait_ms is None else validate_wait_ms(wait_ms)
+
+
+def wait_deadline_ns(now_ns: int, wait_ms: int | None) -> int:
+    """The deadline of a wait of ``wait_ms`` from ``now_ns``; `WAIT_FOREVER_DEADLINE_NS` for ``None``."""
+    return WAIT_FOREVER_DEADLINE_NS if wait_ms is None else now_ns + wait_ms * 1_000_000
 
 
 def validate_scope(scope: object, field: str = "scope") -> str:

@@ -47,7 +47,7 @@ from stockade.core.leases import (
     lease_hint,
     validate_lease_id,
 )
-from stockade.core.limits import LIST_PAGE_MAX
+from stockade.core.limits import LIST_PAGE_MAX, wait_deadline_ns
 from stockade.core.values import FenceFloors
 from stockade.server import _metrics
 from stockade.server._groupcommit import GroupCommitter
@@ -195,8 +195,9 @@ class LeaseService:
 
     # -- acquire -----------------------------------------------------------------------------
 
-    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Lease:
-        """Grant ``scope`` (durably) or raise `LockTimeout` at the deadline.
+    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Lease:
+        """Grant ``scope`` (durably) or raise `LockTimeout` at the deadline (None: none; a cancellation
+        ends such a wait, as a disconnect does).
 
         Raises:
             InvalidArgument, LimitExceeded: nothing changed.
@@ -204,7 +205,7 @@ class LeaseService:
             BackendUnavailable: the grant could not be made durable (it was withdrawn).
         """
         now_ns = self.clock.now_ns()
-        deadline_ns = now_ns + wait_ms * _NS_PER_MS
+        deadline_ns = wait_deadline_ns(now_ns, wait_ms)
         # The client's open connection is the waiter's liveness, not polling: it
         # counts as alive until its deadline.
         attempt: dict[str, Any] = {"lease_id": self._new_lease_id(), "holder": holder, "ttl_ms": ttl_ms,
@@ -219,10 +220,10 @@ class LeaseService:
             return await self._deliver(outcome.lease, write)
         if isinstance(outcome, TimedOut):
             _metrics.LOCK_TIMEOUTS.inc()
-            raise LockTimeout(scope, wait_ms)
+            raise LockTimeout(scope, wait_ms or 0)
         return await self._wait(scope, attempt, now_ns, wait_ms)
 
-    async def _wait(self, scope: str, attempt: dict[str, Any], now_ns: int, wait_ms: int) -> Lease:
+    async def _wait(self, scope: str, attempt: dict[str, Any], now_ns: int, wait_ms: int | None) -> Lease:
         lease_id = attempt["lease_id"]
         future: asyncio.Future[tuple[Lease, asyncio.Future[Any] | None]] = self.loop.create_future()
         self.waiters[lease_id] = _Waiter(attempt, future)
@@ -230,7 +231,7 @@ class LeaseService:
         self._schedule(scope, now_ns)
         started_ns = now_ns
         try:
-            done, _ = await asyncio.wait((future,), timeout=wait_ms / 1000)
+            done, _ = await asyncio.wait((future,), timeout=None if wait_ms is None else wait_ms / 1000)
         except asyncio.CancelledError:
             # The client went away. Leave the queue; release a grant that raced the disconnect.
             self._abandon(scope, lease_id, future)
@@ -241,7 +242,7 @@ class LeaseService:
         if not done:
             self._leave_queue(scope, lease_id)
             _metrics.LOCK_TIMEOUTS.inc()
-            raise LockTimeout(scope, wait_ms)
+            raise LockTimeout(scope, wait_ms or 0)
         lease, write = future.result()
         return await self._deliver(lease, write)
 

@@ -153,8 +153,8 @@ class PortLeaseService:
 
     # -- leases ------------------------------------------------------------------------------
 
-    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Lease:
-        """Acquire through the port, waiting there up to ``wait_ms``.
+    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Lease:
+        """Acquire through the port, waiting there up to ``wait_ms`` (None: until granted or cancelled).
 
         Raises:
             LimitExceeded: `WAITS_MAX` acquires in flight, or `LEASES_MAX` held; nothing granted.
@@ -176,7 +176,7 @@ class PortLeaseService:
             raise
         finally:
             del self.waiters[waiter]
-            if wait_ms:
+            if wait_ms != 0:
                 _metrics.WAIT_SECONDS.observe((time.monotonic_ns() - started_ns) / 1e9)
         try:
             await asyncio.sleep(0)  # a disconnect already seen by the transport cancels here

@@ -31,12 +31,14 @@ from stockade.core.limits import (
     LIST_PAGE_MAX,
     LOCK_DELAY_MS_MAX,
     VALUE_BYTES_MAX,
+    WAIT_MS_MAX,
     validate_holder,
     validate_idempotency_key,
     validate_int,
     validate_key,
     validate_scope,
     validate_ttl_ms,
+    validate_wait,
     validate_wait_ms,
 )
 from stockade.core.tokens import FencingToken
@@ -73,6 +75,7 @@ from stockade.server._keys_route import verify_keys
 from stockade.server._leases import LeaseService, validate_lease_id
 from stockade.server._port_leases import PortLeaseService
 from stockade.server._store_tx import StoreOp, StoreWrites, TxWrite, parse_steps
+from stockade.server._tickets import WaitTickets, validate_ticket
 from stockade.server.openapi import JSON_BODY_BYTES_MAX, openapi_document
 from stockade.wire import DEFAULT_PORT, codecs
 from stockade.wire.problems import PROBLEM_TYPES, code_of, problem_of
@@ -138,6 +141,7 @@ class App:
     def __init__(self, leases: Leases, store_writer: GroupCommitter[StoreOp], store_reader: SQLiteStore,
                  *, auth: BearerAuth | None, wait_ms_cap: int | None, value_bytes_max: int) -> None:
         self.leases = leases
+        self.tickets = WaitTickets(leases)  # the waits until granted (wait_ms null), by queue ticket
         self.store_writer = store_writer
         self.store_reader = store_reader
         self.auth = auth
@@ -285,18 +289,29 @@ class App:
         scope = validate_scope(segment(raw_scope, "scope"))
         query(request, ())
         document = json_object(request, optional=False)
-        fields(document, ("ttl_ms", "wait_ms", "holder"))
+        fields(document, ("ttl_ms", "wait_ms", "holder", "ticket"))
         try:
             if "ttl_ms" not in document:
                 raise InvalidArgument("ttl_ms", "is required")
             ttl_ms = validate_ttl_ms(document["ttl_ms"])
-            wait_ms = validate_wait_ms(document.get("wait_ms", 0))
+            wait: int | None = validate_wait(document.get("wait_ms", 0))
             holder = validate_holder(document["holder"]) if "holder" in document else "anonymous"
+            # Waiting until granted (wait_ms null) goes with a queue ticket, and a ticket with nothing else.
+            ticket = validate_ticket(document.get("ticket")) if (wait is None or "ticket" in document) else None
+            if ticket is not None and wait is not None:
+                raise InvalidArgument("ticket", "goes only with \"wait_ms\": null (waiting until granted)")
         except InvalidArgument as exc:
+            if exc.field == "ticket" and "ticket" not in document:
+                exc = InvalidArgument("ticket", "is required with \"wait_ms\": null (waiting until granted)")
             raise BodyField(exc) from None
-        wait_ms = min(wait_ms, self.wait_ms_cap) if self.wait_ms_cap is not None else wait_ms
-        lease = await within_share(self.shares, request, wait_ms, lambda: self.leases.acquire(
-            scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms))
+        cap_ms = WAIT_MS_MAX if self.wait_ms_cap is None else self.wait_ms_cap
+        wait_ms = cap_ms if wait is None else min(wait, cap_ms)
+        if ticket is not None:
+            lease = await within_share(self.shares, request, wait_ms, lambda: self.tickets.acquire(
+                scope, ticket, holder=holder, ttl_ms=ttl_ms, cap_ms=wait_ms))
+        else:
+            lease = await within_share(self.shares, request, wait_ms, lambda: self.leases.acquire(
+                scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms))
         if isinstance(lease, Response):  # the caller's address or token holds its share of waiting acquires
             return lease
         return json_response(200, codecs.grant_doc(lease, scope))
@@ -604,6 +619,8 @@ class Server:
         _log.info("stopped")
 
     async def _close_files(self, store_writer: GroupCommitter[StoreOp] | None = None) -> None:
+        if self.app is not None:
+            await self.app.tickets.aclose()
         if self.leases is not None:
             await self.leases.aclose()
         if store_writer is not None:

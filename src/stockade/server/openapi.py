@@ -26,6 +26,7 @@ from stockade.core.limits import (
     WAIT_MS_MAX,
     WAIT_MS_MIN,
 )
+from stockade.server._tickets import TICKET_PATTERN
 from stockade.wire import API_VERSION
 from stockade.wire.codecs import (
     COMMIT_SEQ_HEADER,
@@ -143,6 +144,8 @@ def _schemas(value_bytes_max: int) -> dict[str, Any]:
                 "token": {"type": "string"},
                 "high_water": {"type": "integer"},
                 "reason": {"type": "string"},
+                "ticket": {"type": "string", "description": "lock-timeout of a wait until granted: its queue "
+                                                            "ticket, to send again (the wait goes on)"},
             },
         },
         "AcquireRequest": {
@@ -151,10 +154,23 @@ def _schemas(value_bytes_max: int) -> dict[str, Any]:
             "required": ["ttl_ms"],
             "properties": {
                 "ttl_ms": {"type": "integer", "minimum": TTL_MS_MIN, "maximum": TTL_MS_MAX},
-                "wait_ms": {"type": "integer", "minimum": WAIT_MS_MIN, "maximum": WAIT_MS_MAX, "default": 0},
+                "wait_ms": {"type": ["integer", "null"], "minimum": WAIT_MS_MIN, "maximum": WAIT_MS_MAX, "default": 0,
+                            "description": "null: wait until granted, with a ticket; each request waits at most "
+                                           "the server's cap, then 409 lock-timeout with the ticket, and the "
+                                           "next request with it continues at the same place in the queue"},
+                "ticket": {"type": "string", "pattern": TICKET_PATTERN,
+                           "description": "the queue ticket of a wait until granted: drawn at random by the "
+                                          "client, sent with every request of the wait"},
                 "holder": {"type": "string", "pattern": PRINTABLE_PATTERN, "minLength": 1,
                            "maxLength": HOLDER_BYTES_MAX},
             },
+            # wait_ms null goes with a ticket, and a ticket with wait_ms null.
+            "allOf": [
+                {"if": {"required": ["wait_ms"], "properties": {"wait_ms": {"type": "null"}}},
+                 "then": {"required": ["ticket"]}},
+                {"if": {"required": ["ticket"]},
+                 "then": {"required": ["wait_ms"], "properties": {"wait_ms": {"type": "null"}}}},
+            ],
         },
         "RenewRequest": {"type": "object", "additionalProperties": False, "properties": {}},
         "Grant": {

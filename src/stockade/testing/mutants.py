@@ -30,6 +30,14 @@ Coordinator-side controls work over the lease engine's seams:
   lock-delay tests (`stockade.testing.conformance.coordinator`) catch it on a
   real etcd. The simulator has no etcd port: it runs the other controls
   (`simulated`).
+- ``wait-requeued-at-cap`` (`requeue_at_cap`): a client port's wait until
+  granted (``wait_ms=None``) asks again as a new acquire each time a server's
+  per-request cap runs out, without its queue ticket: it loses its place, to
+  the back of the queue. The coordinator suite's FIFO-across-caps test catches
+  it on a served coordinator.
+- ``wait-outlives-cancel`` (`wait_outlives_cancel`): a client port's wait
+  runs on (a shielded task, a thread) when its caller is cancelled or
+  interrupted: the waiter stays queued. The suite's cancel test catches it.
 
 `MUTANTS` is the one registry of every control, each with the seam it breaks:
 the simulator (``stockade sim --mutant NAME``, ``--list-mutants``) reads it,
@@ -39,7 +47,9 @@ and the real-process tests take their controls from it (``wrap``,
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
@@ -47,10 +57,10 @@ from typing import Any, TypeVar
 
 from stockade.core import leases as rules
 from stockade.core.engine import RecordStore, RecordTx
-from stockade.core.errors import InvalidArgument
+from stockade.core.errors import InvalidArgument, LockTimeout
 from stockade.core.fence import Accept, FenceDecision, FenceRule, Reject, decide
 from stockade.core.leases import AcquireRequest, Granted, LeasePolicy, Queued, ScopeRecord, TimedOut
-from stockade.core.limits import validate_scope
+from stockade.core.limits import WAIT_MS_MAX, validate_scope
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Item, Write, WriteResult
 from stockade.resources._inputs import coerce_token, make_write
@@ -72,6 +82,8 @@ __all__ = [
     "ForgetsLockDelays",
     "no_lock_delay",
     "lock_delay_off",
+    "requeue_at_cap",
+    "wait_outlives_cancel",
     "simulated",
     "Seam",
     "Mutant",
@@ -297,6 +309,74 @@ def lock_delay_off(port: Any) -> Any:
     return port
 
 
+def requeue_at_cap(port: Any) -> Any:
+    """Break a client port's wait until granted in place: at each per-request cap (a `LockTimeout` of the
+    longest wait) it asks again as a new acquire, at the back of the queue. Returns it."""
+    acquire = port.acquire
+
+    def note_round() -> None:
+        port.wait_rounds += 1
+
+    if asyncio.iscoroutinefunction(acquire):
+        async def requeued_async(scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Any:
+            while True:
+                try:
+                    return await acquire(scope, holder=holder, ttl_ms=ttl_ms,
+                                         wait_ms=WAIT_MS_MAX if wait_ms is None else wait_ms)
+                except LockTimeout:
+                    if wait_ms is not None:
+                        raise
+                    note_round()
+
+        port.acquire = requeued_async
+        return port
+
+    def requeued(scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Any:
+        while True:
+            try:
+                return acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=WAIT_MS_MAX if wait_ms is None else wait_ms)
+            except LockTimeout:
+                if wait_ms is not None:
+                    raise
+                note_round()
+
+    port.acquire = requeued
+    return port
+
+
+def wait_outlives_cancel(port: Any) -> Any:
+    """Break a client port's acquire in place: the wait runs in a task the caller's cancellation does not
+    reach (async: shielded; sync: a thread that a KeyboardInterrupt in the caller leaves running). Returns it."""
+    acquire = port.acquire
+
+    if asyncio.iscoroutinefunction(acquire):
+        async def shielded(scope: str, **arguments: Any) -> Any:
+            return await asyncio.shield(acquire(scope, **arguments))
+
+        port.acquire = shielded
+        return port
+
+    def in_a_thread(scope: str, **arguments: Any) -> Any:
+        box: list[Any] = []
+        worker = threading.Thread(target=lambda: box.append(_outcome(acquire, scope, arguments)), daemon=True)
+        worker.start()
+        worker.join()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    port.acquire = in_a_thread
+    return port
+
+
+def _outcome(call: Callable[..., Any], scope: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
+    try:
+        return True, call(scope, **arguments)
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+        return False, exc
+
+
 # -- the one registry ----------------------------------------------------------------------------
 
 
@@ -310,11 +390,12 @@ class Seam(enum.Enum):
     RECORD_STORE = "RecordStore (opened at a coordinator restart)"
     COMMIT = "RecordStore commit: durable before the answer (MemoryRecords.on_commit)"
     PORT_LOCK_DELAY = "a client port's lock-delay decision (lock_delay_end_ns, C5)"
+    PORT_WAIT = "a client port's wait until granted (acquire with wait_ms=None)"
 
 
 #: Seams of a backend's own client port, which the simulator does not model: their controls run
 #: against the real backend only (the simulator's coordinator is the lease engine).
-PORT_SEAMS = frozenset({Seam.PORT_LOCK_DELAY})
+PORT_SEAMS = frozenset({Seam.PORT_LOCK_DELAY, Seam.PORT_WAIT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +444,12 @@ MUTANTS: dict[str, Mutant] = {
     "etcd-lock-delay-off": Mutant("the etcd port grants at once after a lapse (no lock-delay)", Seam.PORT_LOCK_DELAY,
                                   rule=no_lock_delay, wrap=lock_delay_off,
                                   caught_by="C5, the coordinator suite's lock-delay tests on a real etcd"),
+    "wait-requeued-at-cap": Mutant("a wait until granted asks again as a new acquire at each server cap (no ticket)",
+                                   Seam.PORT_WAIT, wrap=requeue_at_cap,
+                                   caught_by="C4, the coordinator suite's FIFO-across-caps test, served"),
+    "wait-outlives-cancel": Mutant("a wait until granted runs on when its caller is cancelled or interrupted",
+                                   Seam.PORT_WAIT, wrap=wait_outlives_cancel,
+                                   caught_by="the coordinator suite's cancel test"),
 }
 
 

@@ -136,7 +136,10 @@ class AsyncZkBridge:
 
         result.rawlink(done)
         try:
-            return await asyncio.wait_for(future, self.timeout_ms / 1000)
+            # Not asyncio.wait_for: on 3.11 it returns the answer and drops a cancellation that arrives with it,
+            # and a wait until granted would then never end (tests/test_wait_forever.py).
+            async with asyncio.timeout(self.timeout_ms / 1000):
+                return await future
         except (TimeoutError, *UNREACHABLE) as exc:
             raise _unreachable(exc) from None
 
@@ -145,7 +148,8 @@ class AsyncZkBridge:
 
     async def wait(self, wakeup: AsyncZkWakeup, timeout_s: float) -> None:
         try:
-            await asyncio.wait_for(wakeup.event.wait(), max(0.0, timeout_s))
+            async with asyncio.timeout(max(0.0, timeout_s)):  # keeps a cancellation, as `call` does
+                await wakeup.event.wait()
         except TimeoutError:
             pass
 

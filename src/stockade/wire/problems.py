@@ -11,7 +11,7 @@ turns a document back into the same exception with `error_for`. Both read
     stale-token              409     StaleToken(token, high_water)
     token-mismatch           409     TokenMismatch(token, reason, expected)
     fence-rejected           409     -
-    lock-timeout             409     LockTimeout(scope, wait_ms)
+    lock-timeout             409     LockTimeout(scope, wait_ms, ticket=...)  (``ticket``: a wait until granted goes on)
     not-holder               410     NotHolder
     lease-error, lease-lost  410     -
     unauthorized             401     Unauthorized
@@ -158,6 +158,8 @@ def problem_of(error: StockadeError | InvariantViolation, *, body_field: bool = 
         extra["high_water"] = error.high_water
     elif isinstance(error, TokenMismatch):
         extra["reason"] = error.reason
+    elif isinstance(error, LockTimeout) and error.ticket is not None:
+        extra["ticket"] = error.ticket  # the place in the queue of a wait until granted (docs/http-api.md)
     return problem_document(code, status=status, detail=None if status >= 500 else str(error), extra=extra)
 
 
@@ -212,7 +214,9 @@ def error_for(
             expected = scope if reason == "wrong-scope" and scope is not None else "this server's cluster"
         error = TokenMismatch(token, reason, expected)
     elif code == "lock-timeout":
-        error = LockTimeout(scope or str(doc.get("scope", "")), wait_ms if wait_ms is not None else 0)
+        ticket = doc.get("ticket")
+        error = LockTimeout(scope or str(doc.get("scope", "")), wait_ms if wait_ms is not None else 0,
+                            ticket=ticket if isinstance(ticket, str) else None)
     elif code == "not-holder":
         error = NotHolder(lease_hint(lease_id or ""), detail)
     elif code == "invalid-argument":

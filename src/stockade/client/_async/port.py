@@ -37,6 +37,9 @@ class AsyncCoordinatorPort(Protocol):
     """
 
     capabilities: frozenset[Capability]
+    #: Requests that waits until granted sent past their first (a server's per-request cap ran out
+    #: and the wait went on with its queue ticket); stays 0 on a port that waits in one call.
+    wait_rounds: int
 
     @property
     def cluster_id(self) -> str | None: ...
@@ -52,8 +55,14 @@ class AsyncCoordinatorPort(Protocol):
         """
         ...
 
-    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
+    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Grant:
         """Acquire ``scope``, waiting in FIFO order up to ``wait_ms`` (C4).
+
+        ``wait_ms=None`` waits until granted, keeping its place in the queue, however
+        many requests that takes (a server's per-request cap: the port sends the next
+        one with its queue ticket); only a cancellation (or KeyboardInterrupt) ends it,
+        and that leaves the queue as a timeout does. `wait_rounds` counts the requests
+        past the first such waits made.
 
         Raises:
             LockTimeout: still held (or others ahead) when ``wait_ms`` ran out;

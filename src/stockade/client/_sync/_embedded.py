@@ -19,6 +19,7 @@ from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
 from stockade.core.engine import LeaseEngine, Outcome
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LockTimeout, invariant
+from stockade.core.limits import wait_deadline_ns
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, Item, Write, WriteResult
 from stockade.resources.port import TransactionalStorePort
@@ -50,13 +51,18 @@ class EmbeddedCoordinatorPort:
         self.cluster_id = engine.cluster_id
         self.clock = engine.clock
         self.capabilities = capabilities
+        self.wait_rounds = 0  # one call waits: no per-request cap here
         self.keys = engine.signer  # what a store verifies this engine's tokens with
 
     def open(self) -> None:
         pass  # an engine is open once constructed
 
-    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
-        """Acquire ``scope``, waiting in FIFO order up to ``wait_ms``.
+    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Grant:
+        """Acquire ``scope``, waiting in FIFO order up to ``wait_ms`` (None: until granted or cancelled).
+
+        A wait until granted is one waiter of the engine with no deadline, kept
+        alive by this loop's attempts (``waiter_stale_ms``): it keeps its place
+        for as long as this process polls, and lapses when it stops.
 
         The wait holds whatever the engine's store is doing: each attempt waits
         for the store (a file's write lock, which a frozen process may hold) at
@@ -78,9 +84,11 @@ class EmbeddedCoordinatorPort:
         """
         lease_id = new_lease_id()
         start_ns = self.clock.now_ns()
-        deadline_ns = start_ns + wait_ms * 1_000_000
+        deadline_ns = wait_deadline_ns(start_ns, wait_ms)
         # A short wait (0: "only if free") still waits for other processes' brief writes.
         store_until_ns = max(deadline_ns, start_ns + STORE_WAIT_MS_MIN * 1_000_000)
+        if wait_ms is None:  # until granted: each attempt waits for the store a bounded time
+            store_until_ns = start_ns + STORE_WAIT_MS_MIN * 1_000_000
         interval_ms = POLL_INTERVAL_MS_MIN
         try:
             while True:
@@ -93,15 +101,17 @@ class EmbeddedCoordinatorPort:
                 except BackendUnavailable as exc:
                     # Busy (another process holds the write lock): nothing was done; try
                     # again while the wait lasts (a store's busy timeout may be shorter).
-                    if not exc.certain_no_effect or self.clock.now_ns() >= store_until_ns:
+                    if not exc.certain_no_effect or (wait_ms is not None and self.clock.now_ns() >= store_until_ns):
                         raise
                     continue  # the attempt itself waited (its busy timeout): no spinning
                 if isinstance(outcome, core_leases.Granted):
                     lease = outcome.lease
                     return Grant(lease.lease_id, lease.holder, lease.token, lease.ttl_ms, sent_ns)
                 if isinstance(outcome, core_leases.TimedOut):
-                    raise LockTimeout(scope, wait_ms)
+                    raise LockTimeout(scope, 0 if wait_ms is None else wait_ms)
                 invariant(isinstance(outcome, core_leases.Queued), f"unexpected outcome {outcome!r}")
+                if wait_ms is None:
+                    store_until_ns = self.clock.now_ns() + STORE_WAIT_MS_MIN * 1_000_000
                 remaining_ms = (deadline_ns - self.clock.now_ns()) / 1_000_000
                 SyncIO.sleep(max(0.0, min(interval_ms, remaining_ms)) / 1000)
                 interval_ms = min(interval_ms * 2, POLL_INTERVAL_MS_MAX)

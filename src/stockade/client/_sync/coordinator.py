@@ -36,7 +36,7 @@ from stockade.core.limits import (
     validate_int,
     validate_scope,
     validate_ttl_ms,
-    validate_wait_ms,
+    validate_wait,
 )
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -379,7 +379,7 @@ class Coordinator(Handle):
         scope: str,
         *,
         ttl_ms: int,
-        wait_ms: int = 0,
+        wait_ms: int | None = 0,
         holder: str | None = None,
         keepalive: bool = True,
         max_hold_ms: int | None = None,
@@ -390,7 +390,8 @@ class Coordinator(Handle):
         Args:
             scope: the lock name, 1..200 of ``[A-Za-z0-9._:-]``.
             ttl_ms: lease time to live, 100 ms .. 1 h.
-            wait_ms: how long to wait if held, 0 .. 5 min (0: try once).
+            wait_ms: how long to wait if held, 0 .. 5 min (0: try once); None: until granted, keeping
+                the FIFO place, or until cancelled (docs/leases.md, "Waiting until granted").
             holder: name shown in status; defaults to ``host:pid``.
             keepalive: renew in the background at about TTL/3, and watch the local deadline.
             max_hold_ms: stop renewing this long after the grant, 1 .. 7 days
@@ -404,8 +405,8 @@ class Coordinator(Handle):
             with ``lease.release()`` (or use `lock`).
 
         Raises:
-            InvalidArgument: a bad argument (checked before any I/O).
-            LockTimeout: still held when ``wait_ms`` ran out.
+            InvalidArgument: a bad argument (checked before any I/O; ``wait_ms="forever"`` too).
+            LockTimeout: still held when ``wait_ms`` ran out (never for ``wait_ms=None``).
             LimitExceeded: the scope's queue or the lease table is full.
             LeaseLost: the grant came back so late that the coordinator refused
                 its renewal (the lease had lapsed meanwhile); it is released.
@@ -413,7 +414,7 @@ class Coordinator(Handle):
         """
         validate_scope(scope)
         validate_ttl_ms(ttl_ms)
-        validate_wait_ms(wait_ms)
+        validate_wait(wait_ms)
         if max_hold_ms is not None:
             validate_int("max_hold_ms", max_hold_ms, 1, MAX_HOLD_MS_MAX)
         if on_lost is not None and not callable(on_lost):
@@ -452,7 +453,7 @@ class Coordinator(Handle):
         scope: str,
         *,
         ttl_ms: int,
-        wait_ms: int = 0,
+        wait_ms: int | None = 0,
         holder: str | None = None,
         max_hold_ms: int | None = None,
         on_lost: Callable[[Any], None] | None = None,
@@ -522,7 +523,7 @@ class Coordinator(Handle):
         scope: str,
         *,
         ttl_ms: int,
-        wait_ms: int = 0,
+        wait_ms: int | None = 0,
         holder: str | None = None,
         max_hold_ms: int | None = None,
         on_lost: Callable[[Any], None] | None = None,
@@ -547,7 +548,7 @@ class Coordinator(Handle):
         return decorate
 
     def elect(
-        self, name: str, *, ttl_ms: int, wait_ms: int = 0, identity: str | None = None,
+        self, name: str, *, ttl_ms: int, wait_ms: int | None = 0, identity: str | None = None,
         max_hold_ms: int | None = None, on_lost: Callable[[Any], None] | None = None,
     ) -> Leadership:
         """Become the leader of ``name``: wait in FIFO order up to ``wait_ms``, publish ``identity``

@@ -62,6 +62,7 @@ from stockade.coordinators.postgres._rows import (
     set_meta,
 )
 from stockade.coordinators.postgres._tx import GENERATION_BITS, PgTx, first_rows
+from stockade.core import limits
 from stockade.core.engine import LeaseEngine, Outcome, recover_records
 from stockade.core.errors import BackendUnavailable, InvariantViolation, LimitExceeded, NotHolder
 from stockade.core.journal import HistoryEvent
@@ -506,12 +507,12 @@ class PostgresCoordinator(LeaseEngine):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def attempt(self, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_ms: int,
+    def attempt(self, scope: str, *, lease_id: str, holder: str, ttl_ms: int, wait_ms: int | None,
                 wait_deadline_ns: int | None = None) -> Attempt:
         """One acquire attempt whose wait deadline is on the server's clock.
 
         Args:
-            wait_ms: the wait, counted from the server's time of the first attempt.
+            wait_ms: the wait, counted from the server's time of the first attempt (None: no deadline).
             wait_deadline_ns: the deadline an earlier attempt returned (None on the first).
 
         Raises:
@@ -526,11 +527,11 @@ class PostgresCoordinator(LeaseEngine):
                 token, now_ns = row
                 lease = Lease(lease_id, holder, FencingToken(self.cluster_id, scope, token), ttl_ms, now_ns,
                               now_ns + ttl_ms * 1_000_000)
-                return Attempt(Granted(self._signed(lease)), now_ns + wait_ms * 1_000_000, 1)
+                return Attempt(Granted(self._signed(lease)), limits.wait_deadline_ns(now_ns, wait_ms), 1)
         validate_scope(scope)
         with self.records.write(scope) as tx:
             now_ns = tx.now_ns
-            deadline_ns = wait_deadline_ns if wait_deadline_ns is not None else now_ns + wait_ms * 1_000_000
+            deadline_ns = wait_deadline_ns if wait_deadline_ns is not None else limits.wait_deadline_ns(now_ns, wait_ms)
             outcome = self.try_acquire(scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
                                        wait_deadline_ns=deadline_ns)
             retry_ms = self.policy.waiter_stale_ms // 4  # looked at again well before it counts as dead

@@ -6,7 +6,7 @@ inspect, scopes, last issued), the rules C1-C5 as a user meets them, and the
 client's lease objects and keepalive on top.
 
 Run it by importing its tests into a test module (``from
-stockade.testing.conformance.coordinator import *``) and providing four
+stockade.testing.conformance.coordinator import *``) and providing five
 fixtures:
 
 - ``client``: a runner with ``mode`` (``"sync"`` or ``"async"``),
@@ -18,7 +18,9 @@ fixtures:
 - ``delayed_backend``: ``delayed_backend(lock_delay_ms, restart=False)`` opens
   the backend under test with that lock-delay (C5), as a `DelayedBackend`;
   with ``restart``, one whose restart is slow (a new server process) may take
-  a longer delay, so that the restart lands while the delay is pending.
+  a longer delay, so that the restart lands while the delay is pending;
+- ``capped_wait``: the backend as a wait until granted meets it (`CappedWait`):
+  its url with a small per-request wait cap where it has one.
 
 C4 and C5 are judged by order and by lower bounds on time, which a busy host
 cannot break: a grant after a lapse must come at least the lock-delay after
@@ -33,8 +35,12 @@ engine, and a real `stockade serve` subprocess over HTTP.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -501,6 +507,155 @@ def test_closing_the_handle_stops_its_keepalives(client, coord_url):
     assert not released.lost  # released before the close: not lost
     assert lease._background == []  # the keepalive and the deadline watcher have ended
     assert not [t for t in threading.enumerate() if t.name.startswith("stockade-keepalive-closing")]
+
+
+
+
+# -- waiting until granted (wait_ms=None) ---------------------------------------------------------
+
+
+class CappedWait(Protocol):
+    """The backend under test as a wait until granted meets it (``capped_wait`` fixture).
+
+    Attributes:
+        url: a coordinator url of the backend; where the backend answers one request's wait at
+            a per-request cap, one whose cap is small (a served coordinator: ``--wait-ms-cap``).
+        cap_ms: that cap, or None.
+        uncapped: None, or in words why the backend has no per-request cap to wait across (its
+            client port waits in one call); the rounds are not counted there, FIFO order still is.
+    """
+
+    url: str
+    cap_ms: int | None
+    uncapped: str | None
+
+
+#: Caps a wait until granted must outlast, keeping its place (the acceptance's "at least 3").
+FOREVER_CAPS = 3
+#: Waits until granted cancelled by the cancel test, per backend and client (``STOCKADE_LONG=1``: 50).
+FOREVER_CANCELS = 50 if os.environ.get("STOCKADE_LONG") == "1" else 3
+#: How long a cancelled wait's waiter may stay queued, in seconds: a served coordinator holds the place of a
+#: wait cancelled between two of its requests for `stockade.server._tickets.TICKET_HOLD_MS` (5 s).
+FOREVER_GONE_S = 10
+
+
+def _fresh_scope(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex[:12]}"  # the capped server may be shared by several tests
+
+
+def test_c4_a_wait_until_granted_keeps_its_place_across_caps(client, capped_wait):
+    """Two waits until granted, queued one after the other behind a holder, each outlast `FOREVER_CAPS` of the
+    server's per-request caps; the first queued is granted first, the second after it, and never was a
+    third waiter in the queue (a renewed wait that queued again would be one, at the back)."""
+    scope = _fresh_scope("forever-fifo")
+    holder, first, second = (client.connect(capped_wait.url) for _ in range(3))
+    held = client.run(holder.acquire(scope, ttl_ms=5_000))
+    order: list[str] = []
+
+    def waiter(coord: Any, name: str) -> Callable[[], Any]:
+        async def wait_async() -> int:
+            lease = await coord.acquire(scope, ttl_ms=5_000, wait_ms=None)
+            order.append(name)
+            await lease.release()
+            return int(lease.token.value)
+
+        def wait_sync() -> int:
+            lease = coord.acquire(scope, ttl_ms=5_000, wait_ms=None)
+            order.append(name)
+            lease.release()
+            return int(lease.token.value)
+
+        return wait_async if client.mode == "async" else wait_sync
+
+    join_first = _in_background(client, waiter(first, "first"))
+    _await_waiters(client, holder, scope, 1)
+    join_second = _in_background(client, waiter(second, "second"))
+    _await_waiters(client, holder, scope, 2)
+    most = least = 2
+    if capped_wait.uncapped is None:
+        deadline = time.monotonic() + _WAIT_S
+        while min(first._port.wait_rounds, second._port.wait_rounds) < FOREVER_CAPS:
+            waiters = client.run(holder.inspect(scope)).waiters
+            most, least = max(most, waiters), min(least, waiters)
+            assert time.monotonic() < deadline, f"{FOREVER_CAPS} caps of {capped_wait.cap_ms} ms not seen"
+            if client.mode == "sync":
+                time.sleep(0.005)
+        # Release just after the first waiter's next cap: a wait that queued again would now be behind the second.
+        seen = first._port.wait_rounds
+        while first._port.wait_rounds == seen:
+            waiters = client.run(holder.inspect(scope)).waiters
+            most, least = max(most, waiters), min(least, waiters)
+            assert time.monotonic() < deadline, f"no cap of {capped_wait.cap_ms} ms seen in {_WAIT_S} s"
+            if client.mode == "sync":
+                time.sleep(0.001)
+    rounds = (first._port.wait_rounds, second._port.wait_rounds)
+    assert most == 2, f"a renewed wait queued again: {most} waiters"
+    assert least == 2, f"a renewed wait left the queue between two requests: {least} waiter(s) seen"
+    client.run(held.release())
+    tokens = [join_first(), join_second()]
+    assert order == ["first", "second"], f"served out of arrival order: {order} after {rounds} caps"
+    assert held.token.value < tokens[0] < tokens[1]
+    print(f"waits until granted served in arrival order after {rounds} caps of {capped_wait.cap_ms} ms"
+          if capped_wait.uncapped is None else f"waits until granted served in arrival order ({capped_wait.uncapped})")
+    for coord in (holder, first, second):
+        _close(client, coord)
+
+
+def test_cancelling_a_wait_until_granted_leaves_no_waiter(client, capped_wait):
+    """`FOREVER_CANCELS` waits until granted, each cancelled once queued (async: its task cancelled; sync: a
+    KeyboardInterrupt, SIGINT from a timer thread, in the thread that waits); after each, the scope's queue is
+    empty again, as the coordinator reports it (a served one: the client's disconnect ended the wait)."""
+    scope = _fresh_scope("forever-cancel")
+    holder, waiting = client.connect(capped_wait.url), client.connect(capped_wait.url)
+    held = client.run(holder.acquire(scope, ttl_ms=10_000))
+    left_behind = cancels = 0
+    for _ in range(FOREVER_CANCELS):
+        if client.mode == "async":
+            task = client.loop.create_task(waiting.acquire(scope, ttl_ms=5_000, wait_ms=None))
+            _await_waiters(client, holder, scope, 1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                client.run(asyncio.wait_for(task, _WAIT_S))
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                _interrupted_when_queued(lambda: waiting.acquire(scope, ttl_ms=5_000, wait_ms=None),
+                                         lambda: holder.inspect(scope).waiters >= 1)
+        deadline = time.monotonic() + FOREVER_GONE_S
+        while (waiters := client.run(holder.inspect(scope)).waiters) > 0 and time.monotonic() < deadline:
+            if client.mode == "sync":
+                time.sleep(0.005)
+        left_behind += waiters > 0
+        cancels += 1
+        assert left_behind == 0, f"{left_behind} of {cancels} cancelled waits left a waiter behind"
+    print(f"cancelled waits that left a waiter behind: {left_behind} of {FOREVER_CANCELS} ({client.mode})")
+    client.run(held.release())
+    _close(client, waiting)
+    _close(client, holder)
+
+
+def _interrupted_when_queued(call: Callable[[], Any], queued: Callable[[], bool]) -> Any:
+    """Run ``call()`` in this (main) thread; once ``queued()`` says so, SIGINT it from another thread."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("a KeyboardInterrupt is delivered to the main thread only")
+    stop = threading.Event()
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + _WAIT_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            if queued():
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+                return
+            time.sleep(0.005)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Thread(target=interrupt, daemon=True)
+    timer.start()
+    try:
+        return call()
+    finally:
+        stop.set()
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
 
 
 __all__ = [name for name in dir() if name.startswith("test_")]

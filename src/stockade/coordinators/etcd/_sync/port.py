@@ -47,7 +47,7 @@ from stockade.core import leases as core_leases
 from stockade.core.clock import Clock
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder, invariant
 from stockade.core.leases import ScopeInfo, ScopeState
-from stockade.core.limits import LIST_PAGE_MAX, validate_scope
+from stockade.core.limits import LIST_PAGE_MAX, validate_scope, wait_deadline_ns
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.keys import FixedKeys, _dump, _parse, ephemeral_keyring
@@ -118,6 +118,7 @@ class EtcdCoordinatorPort:
         clock: Clock | None = None,
     ) -> None:
         self.capabilities = capabilities
+        self.wait_rounds = 0  # one call waits: no per-request cap here
         self.lock_delay_ms = lock_delay_ms
         self.clock = clock or SystemClock()
         self.timeout_ms = timeout_ms
@@ -354,8 +355,11 @@ class EtcdCoordinatorPort:
             SyncIO.sleep(min(end_ns - now_ns, sent_ns + keepalive_ns - now_ns) / 1e9)
         return sent_ns
 
-    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
+    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Grant:
         """Queue a key under a fresh etcd lease; granted when no key of the scope was created before it.
+
+        ``wait_ms=None``: no deadline; the key keeps its place (its create revision)
+        while this call keeps its etcd lease alive, until granted or cancelled.
 
         Returns:
             The grant; ``sent_ns`` is when the etcd lease was last granted or
@@ -375,7 +379,7 @@ class EtcdCoordinatorPort:
             )
         if self.journal.sweep_due:
             self.journal.sweep()
-        deadline_ns = time.monotonic_ns() + wait_ms * 1_000_000
+        deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
         sent_ns = time.monotonic_ns()
         spare = self._spare(ttl_s, sent_ns)
         if spare is not None:
@@ -406,7 +410,7 @@ class EtcdCoordinatorPort:
                                                    head_in(reads[1]))
                 now_ns = time.monotonic_ns()
                 if now_ns >= deadline_ns:
-                    raise LockTimeout(scope, wait_ms)
+                    raise LockTimeout(scope, wait_ms or 0)
                 if now_ns - sent_ns >= keepalive_ns:
                     sent_ns = now_ns
                     if not self._keepalive(lease):

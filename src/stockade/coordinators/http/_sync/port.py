@@ -17,6 +17,7 @@ our check and our send, so it saw nothing).
 from __future__ import annotations
 
 import builtins
+import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,10 +28,11 @@ from stockade.clock import SystemClock
 from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import COORDINATORS, Capability
 from stockade.core import leases as core_leases
-from stockade.core.errors import BackendUnavailable, InvalidArgument, NotHolder
+from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder
 from stockade.core.limits import (
     LEASES_MAX,
     VALUE_BYTES_MAX,
+    WAIT_MS_MAX,
     validate_idempotency_key,
     validate_key,
     validate_scope,
@@ -293,6 +295,11 @@ class HTTPClient:
             self._idle.pop().close()
 
 
+#: A wait until granted whose server stopped answering tries again after this pause, doubled
+#: up to the max (a restart takes a second or so; the waiter queues again when it is back).
+REQUEUE_PAUSE_MS_MIN = 50
+REQUEUE_PAUSE_MS_MAX = 1_000
+
 # The routes this client calls, from the one table (`stockade.wire.routes`): no path is written here.
 _CLUSTER, _ACQUIRE, _RENEW, _RELEASE = ROUTE["cluster"], ROUTE["acquire"], ROUTE["renew"], ROUTE["release"]
 _INSPECT, _LIST_LOCKS, _FENCE_FLOORS = ROUTE["inspectLock"], ROUTE["listLocks"], ROUTE["fenceFloors"]
@@ -355,6 +362,7 @@ class HTTPCoordinatorPort:
         # answer carries neither, and a renewal's deadline depends on the TTL.
         self._held: dict[str, tuple[str, int]] = {}
         self._described = False  # the server's cluster document was read (`open`)
+        self.wait_rounds = 0  # requests of waits until granted past their first
 
     @property
     def keys(self) -> FixedKeys:
@@ -371,8 +379,16 @@ class HTTPCoordinatorPort:
             self.capabilities = self.capabilities - {Capability.DENSE_TOKENS}
         self._described = True
 
-    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
+    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Grant:
         """Acquire ``scope``; the server queues the request FIFO for up to ``wait_ms``.
+
+        ``wait_ms=None`` waits until granted: every request carries the wait's queue
+        ticket (a secret this port draws); the server answers at its per-request cap
+        with 409 and the ticket, and the next request, sent at once, continues at the
+        same place (`wait_rounds` counts them). A connection lost once the first
+        request may have been sent (the server restarted) is tried again, pausing
+        up to `REQUEUE_PAUSE_MS_MAX`, with the ticket; a server that no longer knows
+        it queues the request again, at the back (docs/leases.md).
 
         Returns:
             The grant; ``sent_ns`` is the send time of the request (the start of
@@ -380,17 +396,38 @@ class HTTPCoordinatorPort:
 
         Raises:
             LockTimeout: still held when ``wait_ms`` ran out.
-            BackendUnavailable: the server could not be reached or did not answer in time.
+            BackendUnavailable: the server could not be reached or did not answer in time
+                (for ``wait_ms=None``: only before the request was first queued).
         """
         self.open()  # a grant is checked against the cluster id
-        body = codecs.dumps({"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder})
-        sent_ns = self.clock.now_ns()
-        response = self._client.request(
-            _ACQUIRE.method, _ACQUIRE.target(scope=scope), body=body, content_type=codecs.JSON,
-            timeout_ms=self._client.endpoint.timeout_ms + wait_ms,
-        )
-        if response.status != 200:
+        ticket = secrets.token_urlsafe(24) if wait_ms is None else None
+        pause_ms = REQUEUE_PAUSE_MS_MIN
+        sent_once = False
+        while True:
+            fields: dict[str, Any] = {"ttl_ms": ttl_ms, "wait_ms": wait_ms, "holder": holder}
+            if ticket is not None:
+                fields["ticket"] = ticket
+            sent_ns = self.clock.now_ns()
+            try:
+                response = self._client.request(
+                    _ACQUIRE.method, _ACQUIRE.target(scope=scope), body=codecs.dumps(fields),
+                    content_type=codecs.JSON, timeout_ms=self._client.endpoint.timeout_ms + (wait_ms or WAIT_MS_MAX),
+                )
+            except BackendUnavailable as exc:
+                if ticket is None or not (sent_once or not exc.certain_no_effect):
+                    raise  # never sent: a wrong url or a server that is down fails at once
+                sent_once = True
+                SyncIO.sleep(pause_ms / 1000)  # the server restarts: try again, with the ticket
+                pause_ms = min(2 * pause_ms, REQUEUE_PAUSE_MS_MAX)
+                continue
+            sent_once = True
+            if response.status == 200:
+                break
             error, problem = error_for(response, scope=scope, wait_ms=wait_ms)
+            if ticket is not None and isinstance(error, LockTimeout) and error.ticket == ticket:
+                pause_ms = REQUEUE_PAUSE_MS_MIN
+                self.wait_rounds += 1
+                continue
             raise error from problem
         grant = codecs.grant_from(json_body(response), holder=holder, sent_ns=sent_ns)
         if grant.token.scope != scope or grant.token.cluster != self.cluster_id:

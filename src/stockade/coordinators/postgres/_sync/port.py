@@ -22,6 +22,7 @@ from stockade.coordinators.registry import REMOTE_OPTIONS, Capability, PortOptio
 from stockade.core import leases as core_leases
 from stockade.core.errors import InvalidArgument, InvariantViolation, LockTimeout, invariant
 from stockade.core.leases import LeasePolicy
+from stockade.core.limits import wait_deadline_ns
 from stockade.transport.io import SyncIO
 
 if TYPE_CHECKING:
@@ -50,8 +51,9 @@ class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
         self.waking = engine
         self.clock = SystemClock()  # the client's clock: K2's deadline; never the judge of expiry
 
-    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
-        """Acquire ``scope``, waiting in FIFO order up to ``wait_ms`` (measured by the server).
+    def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Grant:
+        """Acquire ``scope``, waiting in FIFO order up to ``wait_ms`` (measured by the server; None: until
+        granted or cancelled, the waiter row kept alive by these attempts).
 
         Returns:
             The grant; its ``sent_ns`` is this client's clock when the granted
@@ -65,7 +67,7 @@ class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
         # below takes the same gate, so it runs after any attempt still in flight and gives back
         # a grant that attempt made.
         gate = threading.Lock()
-        give_up_ns = self.clock.now_ns() + (wait_ms + OVERRUN_MS_MAX) * 1_000_000
+        give_up_ns = wait_deadline_ns(self.clock.now_ns(), None if wait_ms is None else wait_ms + OVERRUN_MS_MAX)
         server_deadline_ns: int | None = None
         try:
             while True:
@@ -81,7 +83,7 @@ class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
                     lease = outcome.lease
                     return Grant(lease.lease_id, lease.holder, lease.token, lease.ttl_ms, sent_ns)
                 if isinstance(outcome, core_leases.TimedOut):
-                    raise LockTimeout(scope, wait_ms)
+                    raise LockTimeout(scope, wait_ms or 0)
                 invariant(isinstance(outcome, core_leases.Queued), f"unexpected outcome {outcome!r}")
                 now_ns = self.clock.now_ns()
                 if now_ns >= give_up_ns:
@@ -96,7 +98,7 @@ class NotifiedCoordinatorPort(EmbeddedCoordinatorPort):
             # leave the queue and give back a grant that may have happened meanwhile.
             SyncIO.run_blocking(self._withdraw, gate, scope, lease_id)
             if isinstance(exc, TimeoutError):
-                raise LockTimeout(scope, wait_ms) from None
+                raise LockTimeout(scope, wait_ms or 0) from None
             raise
 
     def _attempt(self, gate: threading.Lock, scope: str, **arguments: Any) -> Any:

@@ -48,7 +48,7 @@ from stockade.core.clock import Clock
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder
 from stockade.core.journal import HistoryEvent
 from stockade.core.leases import LeasePolicy, ScopeInfo, ScopeState
-from stockade.core.limits import LIST_PAGE_MAX, validate_int
+from stockade.core.limits import LIST_PAGE_MAX, validate_int, wait_deadline_ns
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.keys import FixedKeys, _dump, _parse, ephemeral_keyring
@@ -91,6 +91,7 @@ class AsyncZkCoordinatorPort:
     def __init__(self, session: ZkSession, *, timeout_ms: int, capabilities: frozenset[Capability],
                  lock_delay_ms: int = 0, owner: bool = True, clock: Clock | None = None) -> None:
         self.capabilities = capabilities
+        self.wait_rounds = 0  # one call waits: no per-request cap here
         self.lock_delay_ms = lock_delay_ms
         self.clock = clock or SystemClock()
         self.timeout_ms = timeout_ms
@@ -281,8 +282,12 @@ class AsyncZkCoordinatorPort:
                 return f"{queue}/{child}", stat.czxid
         return None
 
-    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int) -> Grant:
+    async def acquire(self, scope: str, *, holder: str, ttl_ms: int, wait_ms: int | None) -> Grant:
         """Queue a node; granted when no node of the scope has a lower sequence number.
+
+        ``wait_ms=None``: no deadline; the node keeps its place while the session lives
+        (a new session, after an expiry, enqueues again at the back), until granted or
+        cancelled.
 
         When the session has just expired (a pause past it), or no server answers, the acquire
         waits for kazoo's next session and enqueues again, up to ``wait_ms`` (``timeout_ms``, one
@@ -298,8 +303,8 @@ class AsyncZkCoordinatorPort:
         await self.open()
         recipe.check_ttl(ttl_ms, self._session.session_timeout_ms())
         started_ns = time.monotonic_ns()
-        deadline_ns = started_ns + wait_ms * 1_000_000
-        patience_ns = started_ns + (wait_ms or self.timeout_ms) * 1_000_000
+        deadline_ns = wait_deadline_ns(started_ns, wait_ms)
+        patience_ns = wait_deadline_ns(started_ns, self.timeout_ms if wait_ms == 0 else wait_ms)
         while True:
             try:
                 return await self._attempt(scope, holder, ttl_ms, wait_ms, deadline_ns)
@@ -315,7 +320,7 @@ class AsyncZkCoordinatorPort:
         while not (client.connected and self._session.session_id is not None) and time.monotonic_ns() < until_ns:
             await AsyncIO.sleep(_RETRY_PAUSE_S)
 
-    async def _attempt(self, scope: str, holder: str, ttl_ms: int, wait_ms: int, deadline_ns: int) -> Grant:
+    async def _attempt(self, scope: str, holder: str, ttl_ms: int, wait_ms: int | None, deadline_ns: int) -> Grant:
         client = self._session.client
         nonce = secrets.token_hex(8)  # a new one per attempt: a sweep of the last one's node leaves this one be
         sent_ns = time.monotonic_ns()
@@ -343,7 +348,7 @@ class AsyncZkCoordinatorPort:
                     return await self._grant(scope, holder, ttl_ms, path, token, tick_version, sent_ns, granted)
                 now_ns = time.monotonic_ns()
                 if now_ns >= deadline_ns:
-                    raise LockTimeout(scope, wait_ms)
+                    raise LockTimeout(scope, wait_ms or 0)
                 wakeup = self._bridge.wakeup()
                 try:
                     stat = await self._call(client.exists_async(f"{queue}/{earlier[-1][1]}", watch=wakeup))
