@@ -245,7 +245,7 @@ def test_wait_forever_is_granted_and_ctrl_c_ends_it_leaving_no_waiter(tmp_path):
     coord = None
     try:
         assert holder.stdout.readline().strip() == "in"
-        coord = stockade.connect(f"sqlite://{tmp_path / 'data' / 'coord.db'}")
+        coord = stockade.connect(f"sqlite:///{tmp_path / 'data' / 'coord.db'}")
         waiters.append(start_lock(tmp_path, "forever", ["true"], "--wait", "forever"))
         assert poll(lambda: coord.inspect("forever").waiters == 1), "the waiter never queued"
         waiters[0].send_signal(signal.SIGINT)

@@ -71,8 +71,8 @@ class Semaphore:
         Raises:
             InvalidArgument: the lease is not on one of this semaphore's slots.
         """
-        scope = getattr(lease, "scope", None)
-        number = scope[len(self._prefix):] if isinstance(scope, str) and scope.startswith(self._prefix) else ""
+        scope = lease.scope if isinstance(lease, Lease) else ""
+        number = scope[len(self._prefix):] if scope.startswith(self._prefix) else ""
         if not number.isdigit() or not 0 <= int(number) < self.slots or str(int(number)) != number:
             raise InvalidArgument("lease", f"not a lease on a slot of semaphore {self.name!r}")
         return int(number)
