@@ -184,7 +184,7 @@ def test_async_semaphore_and_the_full_wait(coord_url):
             assert set(await semaphore.holders()) == {0, 1}
             with pytest.raises(stockade.LockTimeout):
                 await semaphore.acquire(ttl_ms=5000, wait_ms=250)
-            waiter = asyncio.ensure_future(semaphore.acquire(ttl_ms=5000, wait_ms=30_000))
+            waiter = asyncio.ensure_future(semaphore.acquire(ttl_ms=5000, wait_ms=None))  # until granted
             await asyncio.sleep(0)
             await a.release()
             c = await waiter

@@ -27,7 +27,14 @@ import time
 from stockade.client._sync.coordinator import Coordinator, Lease
 from stockade.core.errors import InvalidArgument, LockTimeout
 from stockade.core.leases import ScopeInfo, ScopeState
-from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_scope, validate_ttl_ms, validate_wait_ms
+from stockade.core.limits import (
+    LIST_PAGE_MAX,
+    validate_int,
+    validate_scope,
+    validate_ttl_ms,
+    validate_wait,
+    wait_deadline_ns,
+)
 
 __all__ = ["Semaphore", "SLOTS_MAX", "WAIT_SLICE_MS"]
 
@@ -77,8 +84,9 @@ class Semaphore:
             raise InvalidArgument("lease", f"not a lease on a slot of semaphore {self.name!r}")
         return int(number)
 
-    def acquire(self, *, ttl_ms: int, wait_ms: int = 0, holder: str | None = None) -> Lease:
-        """A lease on one free slot, waiting up to ``wait_ms`` for one to free.
+    def acquire(self, *, ttl_ms: int, wait_ms: int | None = 0, holder: str | None = None) -> Lease:
+        """A lease on one free slot, waiting up to ``wait_ms`` for one to free (``None``: until one does,
+        or the caller cancels).
 
         The lease is kept alive in the background, as `Coordinator.acquire`'s; release
         it (``lease.release()``) or use ``with sem.acquire(...)``.
@@ -90,8 +98,8 @@ class Semaphore:
             BackendUnavailable: the coordinator cannot be reached.
         """
         validate_ttl_ms(ttl_ms)
-        validate_wait_ms(wait_ms)
-        deadline_ns = time.monotonic_ns() + wait_ms * 1_000_000
+        validate_wait(wait_ms)
+        deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
         turn = random.randrange(self.slots)  # spread the contenders over the slots
         while True:
             lease = self._sweep(turn, ttl_ms, holder)
@@ -99,7 +107,7 @@ class Semaphore:
                 return lease
             remaining_ms = (deadline_ns - time.monotonic_ns()) // 1_000_000
             if remaining_ms <= 0:
-                raise LockTimeout(self.scope_of(0), wait_ms)
+                raise LockTimeout(self.scope_of(0), int(wait_ms or 0))
             turn = (turn + 1) % self.slots
             try:  # queue on one slot for a slice, then look at all of them again
                 return self._coord.acquire(self.scope_of(turn), ttl_ms=ttl_ms,
