@@ -235,8 +235,9 @@ def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one
     """8 writers of the current token keep overlapping transactions open; a higher token comes.
 
     Counted: the current token's commits after the higher token was seen waiting for its lock, until
-    it committed or more than 10 x 8 had jumped it. First come, first served, only the transactions open when it arrived may commit before it
-    (at most 8). Control: a row lock (FOR SHARE), whose lockers jump the queue.
+    it committed or more than 10 x 8 had jumped it. First come, first served, only the transactions
+    open when it arrived may commit before it (at most 8). Control: a row lock (FOR SHARE), whose
+    lockers jump the queue.
     """
     harness = rows
     if locks == "row-locks":
