@@ -410,3 +410,33 @@ def client(request):
     if isinstance(runner, AsyncRunner):
         runner.close()
 
+
+
+#: The slowest tests of a measured default run, "seconds node-id" a line (tests/slow_first.txt). They are
+#: collected first, slowest first, so that pytest-xdist hands them out at the start and none of them starts
+#: late and holds the run's end. Only an order: a test missing from the file keeps its place after them.
+SLOW_FIRST = Path(__file__).parent / "slow_first.txt"
+
+
+def _recorded_seconds() -> dict[str, float]:
+    seconds: dict[str, float] = {}
+    if SLOW_FIRST.exists():
+        for line in SLOW_FIRST.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                figure, nodeid = line.split(maxsplit=1)
+                seconds[nodeid] = float(figure)
+    return seconds
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    recorded = _recorded_seconds()
+    items.sort(key=lambda item: -recorded.get(item.nodeid, 0.0))  # stable: the others keep their order
+
+
+def pytest_configure(config) -> None:
+    # pytest-xdist's load scheduling sends each worker a block of about a twelfth of the tests at the start,
+    # and more blocks later: the slow tests, collected first, would all land on one worker, and a worker
+    # would hold a queue while the others idle at the end. Two at a time, a test starts on the first
+    # worker free (unless --maxschedchunk was given).
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 2

@@ -20,6 +20,7 @@ import random
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,10 @@ def test_a_paused_writer_process_holds_off_a_higher_token_and_ends_whole_before_
 # -- kill -9 mid-write --------------------------------------------------------------------------------
 
 
-def kill_rounds(tmp_path: Path, keys: KeyFile, mode: str, kills: int) -> tuple[int, int]:
-    """Kill a writer process ``kills`` times at random moments; (torn files, marks behind the data)."""
+def kill_rounds(tmp_path: Path, keys: KeyFile, mode: str, kills: int,
+                until: Callable[[int, int], bool] = lambda torn, behind: False) -> tuple[int, int]:
+    """Kill a writer process ``kills`` times at random moments, or until ``until(torn, behind)`` (a control's
+    first catch); (torn files, marks behind the data)."""
     path = tmp_path / mode
     rng = random.Random(kills)
     torn = behind = 0
@@ -91,6 +94,8 @@ def kill_rounds(tmp_path: Path, keys: KeyFile, mode: str, kills: int) -> tuple[i
                     next_value = max(next_value, value + 1)
             next_value = max(next_value, mark + 1)
             directory.clean()
+        if until(torn, behind):
+            break
     return torn, behind
 
 
@@ -100,9 +105,10 @@ def test_kill_9_mid_write_leaves_old_or_new_files_and_the_mark_never_behind(tmp_
 
 
 def test_kill_9_controls_tear_files_and_leave_the_mark_behind(tmp_path: Path, keys: KeyFile) -> None:
-    torn, _ = kill_rounds(tmp_path, keys, "in-place", KILLS)
+    """Each control stops at its first catch (of at most `KILLS` kills)."""
+    torn, _ = kill_rounds(tmp_path, keys, "in-place", KILLS, until=lambda torn, behind: torn > 0)
     assert torn > 0, "writing in place was never caught torn"
-    _, behind = kill_rounds(tmp_path, keys, "data-first", KILLS)
+    _, behind = kill_rounds(tmp_path, keys, "data-first", KILLS, until=lambda torn, behind: behind > 0)
     assert behind > 0, "writing the data before the mark was never caught"
 
 
