@@ -328,15 +328,6 @@ class CappedWait:
     uncapped: str | None
 
 
-#: Why a backend has no per-request wait cap, in words (its client port waits in one call).
-UNCAPPED = {
-    "embedded": "the SQLite file: one waiter row, polled by its own process, no per-request cap",
-    "memory": "in-process engine: one waiter, polled in one call, no per-request cap",
-    "postgres": "PostgreSQL: one waiter row, woken by NOTIFY and polled in one call, no per-request cap",
-    "postgres-sql_ascii": "PostgreSQL: one waiter row, woken by NOTIFY and polled in one call, no per-request cap",
-    "etcd": "etcd: one queue key (its create revision), watched in one call, no per-request cap",
-    "zookeeper": "ZooKeeper: one sequential node, watched in one call, no per-request cap",
-}
 
 
 @pytest.fixture(scope="session")
@@ -355,7 +346,9 @@ def capped_wait(backend: str, request) -> CappedWait:
         server = request.getfixturevalue("serve")("--coordinator", request.getfixturevalue("pg_coord_url"),
                                                   "--wait-ms-cap", str(WAIT_CAP_MS))
         return CappedWait(server.url, WAIT_CAP_MS, None)
-    return CappedWait(request.getfixturevalue("coord_url"), None, UNCAPPED[backend])
+    # Why this backend has no per-request wait cap, in its registry entry's words.
+    why = COORDINATORS[BACKENDS[backend.removesuffix("-sql_ascii")][0]].waits_in_one_call
+    return CappedWait(request.getfixturevalue("coord_url"), None, why)
 
 
 @pytest.fixture

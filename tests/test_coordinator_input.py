@@ -36,7 +36,7 @@ FOREIGN_CLUSTER = "ffffffffffffffff"
 BAD_ACQUIRES = [
     dict(scope="bad scope"), dict(scope=""), dict(scope="x" * 201), dict(scope="é"), dict(scope=None), dict(scope=7),
     dict(ttl_ms=99), dict(ttl_ms=3_600_001), dict(ttl_ms=-1), dict(ttl_ms=0), dict(ttl_ms=1.5), dict(ttl_ms="1000"),
-    dict(ttl_ms=True), dict(ttl_ms=math.nan), dict(wait_ms=-1), dict(wait_ms=300_001), dict(wait_ms=None),
+    dict(ttl_ms=True), dict(ttl_ms=math.nan), dict(wait_ms=-1), dict(wait_ms=300_001), dict(wait_ms="forever"),
     dict(holder=""), dict(holder="a b"), dict(holder="x" * 201), dict(holder=3),
 ]
 

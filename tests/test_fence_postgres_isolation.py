@@ -297,5 +297,5 @@ def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one
     print(f"\n{locks}: {jumped} commits of the current token after the higher one waited; {outcome}")
     if locks == "private":
         assert outcome == ["committed"] and jumped <= WRITERS
-    else:
-        assert jumped > 10 * WRITERS
+    else:  # the property's negation: more commits jumped it than were open when it came (50 to 83 seen)
+        assert jumped > WRITERS

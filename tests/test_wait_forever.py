@@ -58,13 +58,13 @@ def test_the_fifo_test_catches_a_wait_that_queues_again_at_each_cap(capped_serve
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-@pytest.mark.parametrize("where", ["memory", "http"])
+@pytest.mark.parametrize("where", ["in-process", "served"])
 def test_the_cancel_test_catches_a_wait_that_outlives_its_caller(capped_server, tmp_path, monkeypatch, mode, where):
     """Control: the suite's cancel test with the wait run where the caller's cancellation does not reach it
     (``wait-outlives-cancel``): the first cancelled wait stays queued (looked at for 1 s, not 10)."""
     monkeypatch.setattr(suite, "FOREVER_GONE_S", 1)
     runner = _broken(SyncRunner if mode == "sync" else AsyncRunner, "wait-outlives-cancel")
-    url = capped_server.url if where == "http" else f"memory://{tmp_path.name}"
+    url = capped_server.url if where == "served" else f"memory://{tmp_path.name}"
     try:
         with pytest.raises(AssertionError, match=r"of \d+ cancelled waits left a waiter behind") as failed:
             suite.test_cancelling_a_wait_until_granted_leaves_no_waiter(runner, CappedWait(url, None, "control"))

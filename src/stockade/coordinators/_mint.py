@@ -5,6 +5,8 @@
   checks the shape (`stockade.core.leases`); it never mints one (it has no randomness).
   `new_lease_id` mints one per call; `LeaseIds` mints the same ids from a pool filled
   `LEASE_ID_POOL` at a time (the server: one ``getrandom`` per 128 grants instead of one per grant).
+- A **queue ticket** names a wait until granted (``wait_ms=None``) that the HTTP client resumes across
+  the server's per-request caps: minted like a lease id (`new_wait_ticket`), and as secret.
 - A **cluster id** is the id every token of a coordinator carries (C1):
   `stockade.core.tokens.CLUSTER_ID_HEX_DIGITS` lowercase hex digits, minted once when a coordinator's
   state is created (a file, a PostgreSQL schema, an etcd or ZooKeeper prefix, a memory coordinator).
@@ -20,7 +22,7 @@ import secrets
 
 from stockade.core.tokens import CLUSTER_ID_HEX_DIGITS
 
-__all__ = ["LEASE_ID_BYTES", "LEASE_ID_POOL", "LeaseIds", "new_cluster_id", "new_lease_id"]
+__all__ = ["LEASE_ID_BYTES", "LEASE_ID_POOL", "LeaseIds", "new_cluster_id", "new_lease_id", "new_wait_ticket"]
 
 #: 192 random bits: a lease id is a bearer secret (whoever knows it can renew and release).
 LEASE_ID_BYTES = 24
@@ -30,6 +32,12 @@ LEASE_ID_POOL = 128
 
 def new_lease_id() -> str:
     """A fresh lease id: 192 random bits, URL-safe. Treat it as a secret."""
+    return secrets.token_urlsafe(LEASE_ID_BYTES)
+
+
+def new_wait_ticket() -> str:
+    """A fresh queue ticket (a wait until granted resumed across a server's per-request caps): the format of
+    a lease id, and as secret (whoever sends it takes over the wait's place and its grant)."""
     return secrets.token_urlsafe(LEASE_ID_BYTES)
 
 

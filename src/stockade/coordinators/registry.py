@@ -107,6 +107,8 @@ class CoordinatorBackend:
             that also serves a fenced store (a `stockade serve`); opened by `stockade.open_store`.
         beside: ``"module:function"`` of ``(location) -> coordinator | None``: the open in-process coordinator
             of that location, whose keys and last issued tokens a store of the same url uses (``memory://``).
+        waits_in_one_call: why a wait until granted (``wait_ms=None``) is one call of its port, in words;
+            None for a backend whose server caps each request's wait (the client resumes it by ticket).
     """
 
     scheme: str
@@ -118,6 +120,7 @@ class CoordinatorBackend:
     remote: bool = True
     store: str | None = None
     beside: str | None = None
+    waits_in_one_call: str | None = None
 
     def __post_init__(self) -> None:
         # C4 is part of the contract, not an option: a backend without it is not a coordinator.
@@ -162,6 +165,8 @@ _DENSE = frozenset({Capability.DENSE_TOKENS})
 _POSTGRES = frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS,
                        Capability.NATIVE_WAIT}) | _DENSE
 _ZOOKEEPER = _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY}
+_PG_WAIT = "PostgreSQL: one waiter row, woken by NOTIFY and polled in one call, no per-request cap"
+_ZK_WAIT = "ZooKeeper: one sequential node, watched in one call, no per-request cap"
 
 COORDINATORS: dict[str, CoordinatorBackend] = {
     backend.scheme: backend
@@ -170,20 +175,24 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
             "sqlite", "embedded: one SQLite file shared by the processes of one host",
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS}) | _DENSE,
             engine="stockade.coordinators.sqlite.signed:open_engine", remote=False,
+            waits_in_one_call="the SQLite file: one waiter row, polled by its own process, no per-request cap",
         ),
         CoordinatorBackend(
             "memory", "in this process only; tokens do not survive it (tests, examples)",
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY}) | _DENSE,
             engine="stockade.coordinators.memory:open_engine", served=False, remote=False,
             beside="stockade.coordinators.memory:find_named",
+            waits_in_one_call="in-process engine: one waiter, polled in one call, no per-request cap",
         ),
         CoordinatorBackend(
             "postgresql", "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
             _POSTGRES, port="stockade.coordinators.postgres._async.port:open_port", remote=False,
+            waits_in_one_call=_PG_WAIT,
         ),
         CoordinatorBackend(
             "postgres", "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
             _POSTGRES, port="stockade.coordinators.postgres._async.port:open_port", remote=False,
+            waits_in_one_call=_PG_WAIT,
         ),
         CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE | _DENSE,
                            port="stockade.coordinators.http._async.open:open_port", served=False,
@@ -193,12 +202,16 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
                            store="stockade.coordinators.http._async.open:open_store_port"),
         CoordinatorBackend("etcd", "an etcd 3.4+ cluster: leases and watches, tokens from create revisions",
                            _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY},
-                           port="stockade.coordinators.etcd._async.open:open_port"),
+                           port="stockade.coordinators.etcd._async.open:open_port",
+                           waits_in_one_call="etcd: one queue key (its create revision), watched in one call, "
+                                             "no per-request cap"),
         # Tokens are czxids, not dense.
         CoordinatorBackend("zookeeper", "a ZooKeeper 3.5+ ensemble: ephemeral sequential nodes, tokens from czxids",
-                           _ZOOKEEPER, port="stockade.coordinators.zookeeper._async.port:open_port"),
+                           _ZOOKEEPER, port="stockade.coordinators.zookeeper._async.port:open_port",
+                           waits_in_one_call=_ZK_WAIT),
         CoordinatorBackend("zk", "a ZooKeeper 3.5+ ensemble: ephemeral sequential nodes, tokens from czxids",
-                           _ZOOKEEPER, port="stockade.coordinators.zookeeper._async.port:open_port"),
+                           _ZOOKEEPER, port="stockade.coordinators.zookeeper._async.port:open_port",
+                           waits_in_one_call=_ZK_WAIT),
     )
 }
 

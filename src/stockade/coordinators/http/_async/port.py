@@ -16,7 +16,6 @@ our check and our send, so it saw nothing).
 from __future__ import annotations
 
 import builtins
-import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from stockade.client._shared import Grant, HTTPEndpoint
 from stockade.clock import SystemClock
+from stockade.coordinators._mint import new_wait_ticket
 from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import COORDINATORS, Capability
 from stockade.core import leases as core_leases
@@ -399,7 +399,7 @@ class AsyncHTTPCoordinatorPort:
                 (for ``wait_ms=None``: only before the request was first queued).
         """
         await self.open()  # a grant is checked against the cluster id
-        ticket = secrets.token_urlsafe(24) if wait_ms is None else None
+        ticket = new_wait_ticket() if wait_ms is None else None
         pause_ms = REQUEUE_PAUSE_MS_MIN
         sent_once = False
         while True:
