@@ -170,14 +170,16 @@ def test_sqlalchemy_session_and_connection(db: Path) -> None:
 
 
 @pytest.mark.parametrize("doc", ["fence-sqlite.md", "fence-files.md"])
-def test_the_docs_snippets_run(tmp_path: Path, doc: str) -> None:
-    """The usage snippets of docs/fence-*.md, run in order in one namespace, with their paths in tmp_path."""
+def test_the_docs_snippets_run(tmp_path: Path, doc: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usage snippets of docs/fence-*.md, run in order in one namespace, in tmp_path (their paths,
+    ``app-data/...``, are relative)."""
     import re
 
     text = (Path(__file__).resolve().parent.parent / "docs" / doc).read_text()
+    monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
     for snippet in re.findall(r"```python\n(.*?)```", text, re.DOTALL):
-        exec(compile(snippet.replace("/var/lib/app", str(tmp_path)), doc, "exec"), namespace)  # noqa: S102
+        exec(compile(snippet, doc, "exec"), namespace)  # noqa: S102
     for value in namespace.values():
         close = getattr(value, "close", None)
         if isinstance(value, (SQLiteFence, sqlite3.Connection, stockade.Coordinator)) and callable(close):
