@@ -91,21 +91,15 @@ def failover_case(run: Run, target: Target, *, restart: str | None, rounds: int,
             break
         issued.append(run.acquire("A", scope))
         run.write("A", scope, "value", f"A{round_}", op=f"failover-{round_}-a1")
-        os.kill(run.workers["A"].pid, signal.SIGSTOP)
-        run.note("A", "pause", text="SIGSTOP (holds its lease across the restart)")
-        run.send("A", do="write", scope=scope, key="value", value=f"A{round_}-late", op=f"failover-{round_}-a2")
+        run.freeze_a_sending(scope, f"A{round_}-late", f"failover-{round_}-a2",
+                             why="SIGSTOP (holds its lease across the restart)")
         if restart is not None:
             run_command("--coordinator-restart", restart, timeout_s=command_timeout_s(run), scratch=run.scratch)
         self_restart(run)  # the orchestrator's own connection too
         found = {run.call(name, do="reconnect")["cluster"] for name in ("B", "C")} | {run.coord.cluster_id}
         run.note("", "fault", text="coordinator restarted" + (f": {restart}" if restart else " (file reopened)"))
-        token_b = run.acquire("B", scope)
-        run.note("A", "expire", text="A's lease expired at the coordinator (B was granted)")
-        run.write("B", scope, "value", f"B{round_}", op=f"failover-{round_}-b1")
-        run.release("B", scope)
-        os.kill(run.workers["A"].pid, signal.SIGCONT)
-        run.note("A", "resume", text="SIGCONT")
-        late = run.written("A", run.receive("A"), "value")
+        token_b = run.newer_holder_writes(scope, f"B{round_}", f"failover-{round_}-b1")
+        late = run.thaw_a()
         run.call("A", do="reconnect")  # its connection may have died with the old coordinator
         value, _ = target.read(scope, "value")
         other_cluster += found != {cluster}

@@ -138,6 +138,26 @@ class Run:
     def write(self, name: str, scope: str, key: str, value: str, op: str | None = None) -> dict[str, Any]:
         return self.written(name, self.call(name, do="write", scope=scope, key=key, value=value, op=op), key)
 
+    def freeze_a_sending(self, scope: str, value: str, op: str, *, why: str = "SIGSTOP") -> None:
+        """Freeze worker A (SIGSTOP) with one more write to ``scope`` queued to it: the zombie's late write."""
+        os.kill(self.workers["A"].pid, signal.SIGSTOP)
+        self.note("A", "pause", text=why)
+        self.send("A", do="write", scope=scope, key="value", value=value, op=op)
+
+    def newer_holder_writes(self, scope: str, value: str, op: str) -> int:
+        """B is granted ``scope`` (A's lease ran out at the coordinator), writes ``value``, releases; its token."""
+        token = self.acquire("B", scope)
+        self.note("A", "expire", text="A's lease expired at the coordinator (B was granted)")
+        self.write("B", scope, "value", value, op=op)
+        self.release("B", scope)
+        return token
+
+    def thaw_a(self) -> dict[str, Any]:
+        """Wake worker A (SIGCONT); the answer to the late write it was frozen with."""
+        os.kill(self.workers["A"].pid, signal.SIGCONT)
+        self.note("A", "resume", text="SIGCONT")
+        return self.written("A", self.receive("A"), "value")
+
     def written(self, name: str, answer: dict[str, Any], key: str) -> dict[str, Any]:
         result = {"mismatch": "refused", "applied": "accepted"}.get(answer["result"], answer["result"])
         self.note(name, "write", token=answer["token"], outcome=result, mark=answer.get("mark"), text=key)
@@ -180,16 +200,9 @@ def pause_case(run: Run, target: Target, *, rounds: int, deadline: float) -> Ver
             break
         token_a = run.acquire("A", scope)
         run.write("A", scope, "value", f"A{round_}", op=f"pause-{round_}-a1")
-        os.kill(run.workers["A"].pid, signal.SIGSTOP)
-        run.note("A", "pause", text="SIGSTOP")
-        run.send("A", do="write", scope=scope, key="value", value=f"A{round_}-late", op=f"pause-{round_}-a2")
-        token_b = run.acquire("B", scope)
-        run.note("A", "expire", text="A's lease expired at the coordinator (B was granted)")
-        run.write("B", scope, "value", f"B{round_}", op=f"pause-{round_}-b1")
-        run.release("B", scope)
-        os.kill(run.workers["A"].pid, signal.SIGCONT)
-        run.note("A", "resume", text="SIGCONT")
-        late = run.written("A", run.receive("A"), "value")
+        run.freeze_a_sending(scope, f"A{round_}-late", f"pause-{round_}-a2")
+        token_b = run.newer_holder_writes(scope, f"B{round_}", f"pause-{round_}-b1")
+        late = run.thaw_a()
         run.call("A", do="release", scope=scope)  # the lease is gone: A forgets it
         value, _ = target.read(scope, "value")
         held = late["result"] in ("refused", "mismatch") and value == f"B{round_}" and token_b > token_a
@@ -218,10 +231,7 @@ def delay_case(run: Run, target: Target, proxy: HoldProxy, *, rounds: int, deadl
             raise WorkerFailed("worker A's write never reached the proxy")
         run.note("A", "delay", text="write held in the proxy")
         os.kill(run.workers["A"].pid, signal.SIGSTOP)  # so that its lease runs out while the write is in flight
-        token_b = run.acquire("B", scope)
-        run.note("A", "expire", text="A's lease expired at the coordinator (B was granted)")
-        run.write("B", scope, "value", f"B{round_}", op=f"delay-{round_}-b1")
-        run.release("B", scope)
+        token_b = run.newer_holder_writes(scope, f"B{round_}", f"delay-{round_}-b1")
         proxy.release()
         run.note("A", "deliver", text="the held write released to the resource")
         os.kill(run.workers["A"].pid, signal.SIGCONT)
