@@ -44,11 +44,16 @@ class AsyncIO:
 
     @staticmethod
     async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
-        """Wait until ``event`` is set or ``timeout_s`` passes; True if set."""
+        """Wait until ``event`` is set or ``timeout_s`` passes; True if set.
+
+        Not ``asyncio.wait_for``: on 3.11 it returns when the event is set and drops a cancellation
+        that arrives in the same step, so a cancelled keepalive could go on renewing.
+        """
         if event.is_set():
             return True
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
         except TimeoutError:
             pass
         return event.is_set()
