@@ -121,7 +121,7 @@ def test_bad_resources_are_clear_errors_and_create_nothing(
 ) -> None:
     data, _ = restored
     done = floor(resource, "--data-dir", str(data))
-    assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
     assert not Path("/nowhere").exists()
 
 
@@ -133,7 +133,7 @@ def test_a_store_of_another_cluster_is_refused(restored: tuple[Path, list[str]],
     coord.close()
     before = (data / "store.db").read_bytes()
     done = floor(f"sqlite:///{data / 'store.db'}", "--url", f"sqlite:///{other / 'coord.db'}")
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert (data / "store.db").read_bytes() == before
 
 
@@ -201,6 +201,6 @@ def test_stockade_floor_refuses_a_postgresql_without_the_fence(tmp_path: Path) -
     stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}").close()
     try:
         done = floor(server.url(name), "--url", f"sqlite:///{tmp_path / 'coord.db'}")
-        assert done.returncode == 1 and "install() never ran" in done.stderr and "Traceback" not in done.stderr
+        assert done.returncode == 2 and "install() never ran" in done.stderr and "Traceback" not in done.stderr
     finally:
         drop_database(server, name)

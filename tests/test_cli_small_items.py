@@ -112,7 +112,7 @@ def test_an_auth_token_file_error_names_its_line(tmp_path: Path, content: str, l
     assert f"{tokens} line {line}: " in str(refused.value) and said in str(refused.value), str(refused.value)
     served = cli("serve", "--data-dir", str(tmp_path / "data"), "--port", "0", "--auth-tokens", str(tokens),
                  cwd=tmp_path)
-    assert served.returncode == 1 and f"line {line}: " in served.stderr, served.stderr
+    assert served.returncode == 2 and f"line {line}: " in served.stderr, served.stderr
     assert AUTH_TOKEN not in served.stderr  # a secret is never echoed
 
 
@@ -139,17 +139,17 @@ def _cases(tmp_path: Path) -> dict[tuple[str, str], tuple[list[str], str, int, s
         ("status", "--data-dir"): ([], str(nowhere), 1, f"no coordinator at {nowhere}/coord.db"),
         ("status", "--url"): ([], bogus, 2, f"not {bogus}"),
         ("history", "--data-dir"): (["x"], str(nowhere), 1, f"no coordinator at {nowhere}/coord.db"),
-        ("history", "--url"): (["x"], bogus, 1, "unknown scheme 'bogus'"),
+        ("history", "--url"): (["x"], bogus, 2, "unknown scheme 'bogus'"),
         ("serve", "--data-dir"): (["--port", "0"], str(a_file), 1, f"cannot serve: [Errno 17] File exists: '{a_file}'"),
         ("floor", "--data-dir"): (["sqlite:///x"], str(nowhere), 1, f"no coordinator at {nowhere}/coord.db"),
-        ("floor", "--url"): (["sqlite:///x"], bogus, 1, "unknown scheme 'bogus'"),
+        ("floor", "--url"): (["sqlite:///x"], bogus, 2, "unknown scheme 'bogus'"),
         ("keys", "--data-dir"): (["show"], str(nowhere), 1, f"no keyring at {nowhere}/coord.keys"),
         ("bench", "--data-dir"): (["--seconds", "0.1"], str(a_file), 2, f"--data-dir {a_file}: "),
         ("bench", "--url"): (["--seconds", "0.1", "--iters", "1", "--clients", "1", "--workloads", "lock"], bogus, 1,
                              "unknown scheme 'bogus'"),
-        ("etcd", "--url"): (["bump-revision", "--to", "3"], "http://not-etcd", 1, "not http://not-etcd"),
+        ("etcd", "--url"): (["bump-revision", "--to", "3"], "http://not-etcd", 2, "not http://not-etcd"),
         ("ui", "--data-dir"): ([], str(nowhere), 1, f"no coordinator at {nowhere}/coord.db"),
-        ("ui", "--url"): ([], bogus, 1, "unknown scheme 'bogus'"),
+        ("ui", "--url"): ([], bogus, 2, "unknown scheme 'bogus'"),
     }
 
 

@@ -81,13 +81,29 @@ def test_data_dir_given_beats_the_environment(server: ServerProcess, host: Path)
     assert [json.loads(line)["scope"] for line in mine.stdout.splitlines()] == ["mine"]
 
 
+# Every command that reaches a coordinator by url, with the arguments it needs besides the url.
+URL_COMMANDS = {
+    "lock": ["jobs", "--", "true"], "status": [], "kv": ["get", "jobs", "k"], "history": ["jobs"], "ui": [],
+    "floor": ["sqlite:///store.db", "--dry-run"],
+}
+
+
 def test_unreachable_server_is_one_line(host: Path) -> None:
+    """The backend could not be reached: exit 1 (EXIT_REFUSED), one line, from every command."""
     url = f"http://127.0.0.1:{free_port()}"
-    for args in (["lock", "--url", url, "jobs", "--", "true"], ["status", "--url", url],
-                 ["kv", "get", "jobs", "k", "--url", url]):
-        done = cli(*args, cwd=host)
-        assert done.returncode == 1, (args, done.stderr)
+    for command, rest in URL_COMMANDS.items():
+        done = cli(command, "--url", url, *rest, cwd=host)
+        assert done.returncode == 1, (command, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_bad_url_is_exit_2_from_every_command(host: Path) -> None:
+    """Bad input is exit 2 (EXIT_USAGE) whichever command is given it; history and ui said 1 before."""
+    for command, rest in URL_COMMANDS.items():
+        done = cli(command, "--url", "postgresq://db/x", *rest, cwd=host)
+        assert done.returncode == 2, (command, done.stderr)
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert list(host.iterdir()) == []
 
 
 @pytest.mark.parametrize(("url", "said"), [

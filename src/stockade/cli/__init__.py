@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from stockade.cli._common import exit_code
 from stockade.core.errors import StockadeError
 
 __all__ = ["main"]
@@ -111,4 +112,4 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run([*options, *rest]))
     except StockadeError as exc:  # one line, never a traceback (e.g. `LegacyDataDir` from any command)
         print(f"stockade {name}: {exc}", file=sys.stderr)
-        return 2 if exc.code == "invalid-argument" else 1
+        return exit_code(exc)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from stockade.client import Coordinator, FencedStore, connect, open_store
-from stockade.core.errors import InvalidArgument
+from stockade.core.errors import InvalidArgument, StockadeError
 from stockade.transport.sqlite_url import sqlite_path, sqlite_url
 
 __all__ = [
@@ -206,3 +206,17 @@ def open_default_store(args: argparse.Namespace, coord: Coordinator) -> FencedSt
 def fail(message: str, code: int = 1) -> int:
     print(f"stockade: {message}", file=sys.stderr)
     return code
+
+
+EXIT_REFUSED = 1  # the backend or the resource refused or could not be reached
+EXIT_USAGE = 2  # bad input: an option, a url, a name; nothing was done
+
+
+def exit_code(exc: StockadeError) -> int:
+    """Every command's exit code for a typed error: 2 for bad input, 1 for the rest."""
+    return EXIT_USAGE if exc.code == "invalid-argument" else EXIT_REFUSED
+
+
+def refuse(exc: StockadeError) -> int:
+    """Say ``exc`` in one line (whatever a driver's message spans) and return its exit code."""
+    return fail(" ".join(str(exc).split()), exit_code(exc))

@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from stockade.cli._common import URL_ENV, fail, help_text
+from stockade.cli._common import URL_ENV, help_text, refuse
 from stockade.core.errors import InvalidArgument, LimitExceeded, StockadeError
 from stockade.core.limits import validate_int
 
@@ -86,7 +86,7 @@ def run(argv: list[str]) -> int:
             timeout_ms=args.timeout_ms, dry_run=args.dry_run, progress=not args.json,
         ))
     except StockadeError as exc:
-        return fail(str(exc))
+        return refuse(exc)
     if args.json:
         print(json.dumps(report))
         return 0

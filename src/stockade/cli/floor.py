@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from stockade.cli._common import URL_ENV, add_data_dir, fail, help_text
+from stockade.cli._common import URL_ENV, add_data_dir, fail, help_text, refuse
 from stockade.cli._common import coordinator_url as _coordinator_url
 from stockade.client import connect
 from stockade.core.errors import StockadeError
@@ -53,7 +53,7 @@ def run(argv: list[str]) -> int:
         finally:
             target.close()
     except StockadeError as exc:
-        return fail(str(exc))
+        return refuse(exc)
     if args.json:
         print(json.dumps({
             "coordinator": redact_url(url), "resource": redact_url(args.resource), "cluster_id": cluster_id,

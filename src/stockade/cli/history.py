@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, local_dir, local_file
+from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, local_dir, local_file, refuse
 from stockade.cli._readonly import check_store_file, read_history
 from stockade.coordinators.journal import HISTORY_PER_SCOPE, HistoryEvent
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StockadeError
@@ -100,7 +100,7 @@ def run(argv: list[str]) -> int:
 
             write_timeline(args.html, scope, events)
     except StockadeError as exc:
-        return fail(str(exc))
+        return refuse(exc)
     for event, source in events:
         if args.json:
             print(json.dumps({**event.as_json(), "source": source}))

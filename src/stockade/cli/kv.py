@@ -41,6 +41,7 @@ from stockade.cli._common import (
     help_text,
     is_remote,
     local_dir,
+    refuse,
     store_url,
 )
 from stockade.core.errors import FenceRejected, InvalidArgument, LimitExceeded, StaleToken, StockadeError
@@ -102,7 +103,7 @@ def run(argv: list[str]) -> int:
     except (InvalidArgument, LimitExceeded) as exc:
         return fail(str(exc), EXIT_USAGE)
     except StockadeError as exc:
-        return fail(str(exc), EXIT_UNAVAILABLE)
+        return refuse(exc)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
     except BrokenPipeError:

@@ -39,7 +39,16 @@ import sys
 import time
 from collections.abc import Callable
 
-from stockade.cli._common import add_data_dir, add_url, announce_created, child_env, coordinator_url, fail, help_text
+from stockade.cli._common import (
+    add_data_dir,
+    add_url,
+    announce_created,
+    child_env,
+    coordinator_url,
+    fail,
+    help_text,
+    refuse,
+)
 from stockade.client import connect
 from stockade.core.errors import LockTimeout, StockadeError
 
@@ -186,7 +195,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
     except LockTimeout as exc:
         return fail(str(exc), EXIT_LOCK_TIMEOUT)
     except StockadeError as exc:
-        return fail(str(exc), 2 if exc.code == "invalid-argument" else 1)
+        return refuse(exc)
 
     child: subprocess.Popen[bytes] | None = None
     try:

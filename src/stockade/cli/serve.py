@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from stockade.cli._common import add_data_dir, announce_created, data_dir, fail, help_text
+from stockade.cli._common import add_data_dir, announce_created, data_dir, fail, help_text, refuse
 from stockade.core.errors import StockadeError
 from stockade.transport.sqlite_url import sqlite_url
 from stockade.wire import DEFAULT_PORT
@@ -117,7 +117,7 @@ def run(argv: list[str]) -> int:
         )
         status = run_server(config, ready=ready)
     except StockadeError as exc:
-        return fail(" ".join(str(exc).split()))  # one line, whatever the backend's driver said
+        return refuse(exc)  # one line, whatever the backend's driver said
     except OSError as exc:
         return fail(f"cannot serve: {exc}")
     except ImportError as exc:  # a backend's optional package (psycopg for postgresql://)

@@ -28,6 +28,7 @@ from stockade.cli._common import (
     is_remote,
     local_dir,
     local_file,
+    refuse,
 )
 from stockade.cli._readonly import read_coordinator, read_high_waters
 from stockade.clock import SystemClock
@@ -116,7 +117,7 @@ def run(argv: list[str]) -> int:
                 high_waters, note = read_high_waters(root / "store.db")
                 notes.append(note)
     except StockadeError as exc:
-        return fail(str(exc))
+        return refuse(exc)
     for note in filter(None, notes):
         print(f"stockade: note: {note}", file=sys.stderr)
     rows = [

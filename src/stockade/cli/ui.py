@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, is_remote, local_file
+from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, is_remote, local_file, refuse
 from stockade.cli._readonly import check_store_file, read_coordinator, read_high_waters, read_history
 from stockade.clock import SystemClock
 from stockade.core.errors import StockadeError
@@ -218,7 +218,7 @@ def run(argv: list[str]) -> int:
         marks = UrlMarks(url, store_file)
     except StockadeError as exc:
         leases.close()
-        return fail(" ".join(str(exc).split()))
+        return refuse(exc)
     except ImportError as exc:
         return fail(f"this coordinator needs its extra: {exc}")
     try:
