@@ -204,7 +204,7 @@ def test_history_and_status_read_only_the_file_named(tmp_path: Path, capsys, mon
     assert cli_main(["history", "x", "--data-dir", str(tmp_path / "no" / "such")]) == 1
     assert cli_main(["history", "x", "--url", f"sqlite:///{tmp_path}/nope/coord.db"]) == 1
     assert cli_main(["history", "x"]) == 1  # ./stockade-data does not exist
-    assert cli_main(["history", "x", "--url", "memory://x"]) == 2  # bad input (exit 2): a memory:// coordinator lives in one process
+    assert cli_main(["history", "x", "--url", "memory://x"]) == 2  # bad input: memory:// is in-process
     err = capsys.readouterr().err
     assert err.count("no coordinator at") == 4 and "memory://" in err and "Traceback" not in err
     assert _files_under(tmp_path) == before  # nothing created
