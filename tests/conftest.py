@@ -24,6 +24,7 @@ import stockade
 from stockade.coordinators.registry import COORDINATORS
 
 HELPERS = Path(__file__).parent / "helpers"
+pytest_plugins = ["helpers.clean_checkout"]  # the run leaves the checkout as it found it
 
 # The CLI's default data directory is per user ($XDG_STATE_HOME/stockade, else ~/.local/state/stockade): no
 # test, nor any process a test starts, writes to the real home's. A test that uses the default sets its own.
