@@ -10,6 +10,8 @@ a run of them (tests/helpers/work_budget.py says how each is counted):
 - ``statements``: SQL statements on the file's connection, BEGIN and COMMIT included.
 - ``calls``: Python and C function calls on the server's event loop thread
   (``stockade serve``) or on the caller's thread (embedded), client included there.
+- ``wal_records``: PostgreSQL WAL records of the coordinator's own tables, commits included
+  (tests/test_postgres_wal_per_cycle.py reads them with ``pg_walinspect``).
 
 A budget may go down in the change that earns it; raising one is a decision,
 said in its commit with the benchmark's figures (`stockade bench`,
@@ -41,6 +43,10 @@ BUDGETS = MappingProxyType({
     # Before: 13 pages (53,560 B), 22 statements, 425 calls.
     "embedded.lock_cycle": MappingProxyType({
         "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 15.1, "calls": 400}),
+    # acquire -> release on the PostgreSQL coordinator: the lease log's row and its three index entries, the
+    # scope row's last token, the row ended in place, two commits (docs/coordinator-postgres.md, "Cost").
+    # 8 a cycle, one of slack for an index page split. Before the lease log (schema 8): 14 records.
+    "postgres.lock_cycle": MappingProxyType({"wal_records": 9}),
 })
 
 
