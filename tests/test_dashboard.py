@@ -151,6 +151,40 @@ def test_a_session_cookie_is_httponly_strict_expiring_and_limited_to_its_token(t
         server.stop()
 
 
+@pytest.mark.parametrize("control", [None, "forgets-logouts"])
+def test_a_logout_ends_the_tokens_sessions_and_outlives_a_restart(tmp_path: Path, control: str | None) -> None:
+    """Logged out, a cookie (and every cookie of its token opened before) stays refused after a restart."""
+    server = _serve(tmp_path, control=control)
+    try:
+        first, second, other = _login(server.url, ADMIN), _login(server.url, ADMIN), _login(server.url, SCOPED)
+        assert request(server.url, "DELETE", "/ui/session", headers={"Cookie": first})[0] == 204
+    finally:
+        server.stop()
+    server = _serve(tmp_path, control=control)
+    try:
+        seen = {name: request(server.url, "GET", "/ui/api/state", headers={"Cookie": cookie})[0]
+                for name, cookie in (("first", first), ("second", second), ("other token", other))}
+        again = _login(server.url, ADMIN)  # a new login after the logout works, in the same second too
+        seen["new login"] = request(server.url, "GET", "/ui/api/state", headers={"Cookie": again})[0]
+    finally:
+        server.stop()
+    if control is None:
+        assert seen == {"first": 401, "second": 401, "other token": 200, "new login": 200}, seen
+    else:  # the control: logouts kept in memory, lost with the process
+        assert seen["first"] == 200 and seen["second"] == 200, seen
+
+
+def test_a_damaged_logouts_file_is_one_line_at_start(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dashboard.logouts").write_text("{not json")
+    (tmp_path / "tokens").write_text(f"{ADMIN}\n")
+    done = subprocess.run([PYTHON, "-m", "stockade", "serve", "--data-dir", str(tmp_path / "data"), "--port", "0",
+                           "--auth-tokens", str(tmp_path / "tokens")], env=_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "is not a logouts file" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def test_control_a_session_that_ignores_its_scopes_is_caught(tmp_path: Path) -> None:
     server = _serve(tmp_path, control="sees-every-scope")
     try:

@@ -7,6 +7,7 @@ Usage: ``python dashboard_controls.py CONTROL [serve args...]``. Each control pa
 - ``unbounded-stream``: a slow reader's stream is never closed: its unsent bytes grow without bound.
 - ``drops-expiries``: the scope page's timeline leaves out the coordinator's expiries.
 - ``drops-refusals``: the scope page's timeline leaves out the store's refusals (its journal is not read).
+- ``forgets-logouts``: logouts are kept in memory only, so a restart brings a logged-out cookie back.
 - ``small-stream-buffer`` (a knob, not a control): the bound on a stream's unsent bytes is 16 KiB, so that a
   test reaches it in a few frames (the real bound is 256 KiB).
 
@@ -57,6 +58,9 @@ elif CONTROL == "drops-expiries":
 
 elif CONTROL == "drops-refusals":
     _dashboard.rejections = lambda path, scope, limit: []
+
+elif CONTROL == "forgets-logouts":
+    _dashboard._write_logouts = lambda path, logged_out: None
 
 else:
     raise SystemExit(f"unknown control {CONTROL!r}")

@@ -45,7 +45,6 @@ import json
 import os
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -66,7 +65,7 @@ from stockade.timeline import CSS as TIMELINE_CSS
 from stockade.timeline import journal_events, render_fragment
 
 __all__ = ["Dashboard", "PREFIX", "STREAMS_MAX", "TICK_S", "RESYNC_S", "STREAM_BUFFER_BYTES_MAX", "SESSION_S",
-           "SESSIONS_MAX", "COOKIE", "Sessions", "session_key"]
+           "COOKIE", "Sessions", "session_key"]
 
 PREFIX = "/ui/"
 STREAMS_MAX = 100  # open event streams, all viewers together (--dashboard-streams-max)
@@ -79,7 +78,6 @@ DUTY_FACTOR = 9
 BUILT_MAX = 256  # snapshots kept for reuse (one per view, within a tick)
 STREAM_BUFFER_BYTES_MAX = 256 * 1024  # unsent bytes of one stream; beyond it the stream is closed
 SESSION_S = 8 * 3600
-SESSIONS_MAX = 1000
 COOKIE = "stockade_session"
 _STATIC = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8",
            "timeline.css": "text/css; charset=utf-8"}
@@ -109,32 +107,38 @@ class Sessions:
     HMAC-SHA256 of both. So a session survives a restart of the server (the page
     reconnects without asking again), ends when its token leaves the tokens file
     (its ``WHO`` is no longer known), and cannot be made up or extended without
-    the key. A logged-out cookie is refused until it expires (`SESSIONS_MAX`
-    remembered at most; the browser drops the cookie anyway).
+    the key. Logging out ends every session of that token opened until then: the
+    token's ``WHO`` is kept with the greatest ``EXPIRES`` logged out, and every
+    cookie of it expiring no later is refused. That is one entry per token of the
+    tokens file, whatever the number of logouts, kept in ``logouts`` (a file of
+    the data directory, replaced whole and fsynced) so a restart does not bring a
+    logged-out cookie back; without a file, in memory only.
     """
 
     def __init__(self, key: bytes, auth: BearerAuth | None, *, session_s: int = SESSION_S,
-                 sessions_max: int = SESSIONS_MAX) -> None:
+                 logouts: Path | None = None) -> None:
         self._key = key
         self.session_s = session_s
-        self.sessions_max = sessions_max
         entries = auth.entries() if auth is not None else []
         self._who = [self._sign(b"who", digest) for digest, _ in entries]
         self._patterns = {who: patterns for who, (_, patterns) in zip(self._who, entries, strict=True)}
-        self._revoked: OrderedDict[str, None] = OrderedDict()
+        self._logouts_path = logouts
+        self._logged_out: dict[str, int] = _read_logouts(logouts, set(self._who))
 
     def _sign(self, label: bytes, data: bytes) -> str:
         mac = hmac.new(self._key, label + b"\0" + data, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(mac).decode("ascii")[:32]
 
     def open(self, index: int) -> str:
-        """A cookie value for the token at ``index`` of the tokens file."""
-        body = f"{int(time.time()) + self.session_s}.{self._who[index]}"
+        """A cookie value for the token at ``index`` of the tokens file (expiring after every logged-out one)."""
+        who = self._who[index]
+        expires = max(int(time.time()) + self.session_s, self._logged_out.get(who, 0) + 1)
+        body = f"{expires}.{who}"
         return f"{body}.{self._sign(b'cookie', body.encode())}"
 
     def find(self, cookie_header: str | None) -> _Session | None:
         value = _cookie(cookie_header)
-        if value is None or value in self._revoked:
+        if value is None:
             return None
         expires, _, rest = value.partition(".")
         who, _, mac = rest.partition(".")
@@ -142,14 +146,44 @@ class Sessions:
             return None
         if not expires.isdigit() or int(expires) <= time.time() or who not in self._patterns:
             return None
+        if int(expires) <= self._logged_out.get(who, 0):
+            return None
         return _Session(self._patterns[who])
 
     def close(self, cookie_header: str | None) -> None:
+        """Log out: this cookie's token's sessions opened until now are refused from now on, across restarts."""
         value = _cookie(cookie_header)
-        if value is not None and self.find(cookie_header) is not None:
-            while len(self._revoked) >= self.sessions_max:
-                self._revoked.popitem(last=False)
-            self._revoked[value] = None
+        if value is None or self.find(cookie_header) is None:
+            return
+        who = value.split(".")[1]
+        # Every cookie of this token made until now expires no later than now + session_s.
+        self._logged_out[who] = max(self._logged_out.get(who, 0), int(time.time()) + self.session_s)
+        if self._logouts_path is not None:
+            _write_logouts(self._logouts_path, self._logged_out)
+
+
+def _read_logouts(path: Path | None, known: set[str]) -> dict[str, int]:
+    """The logouts kept in ``path``, for the tokens still in the tokens file (a damaged file: refused)."""
+    if path is None or not path.exists():
+        return {}
+    try:
+        kept = json.loads(path.read_text(encoding="ascii"))
+        if not isinstance(kept, dict) or not all(isinstance(v, int) for v in kept.values()):
+            raise ValueError("not an object of integers")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgument("dashboard", f"{path} is not a logouts file ({exc}); delete it to forget "
+                              "the logouts (their sessions end at their expiry anyway)") from None
+    return {who: expires for who, expires in kept.items() if who in known}
+
+
+def _write_logouts(path: Path, logged_out: dict[str, int]) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as file:
+        json.dump(logged_out, file, sort_keys=True)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
 
 
 def session_key(path: Path) -> bytes:

@@ -545,7 +545,8 @@ class Server:
         app.ui = Dashboard(leases=leases, store=reader_store, store_writer=self.store_writer, auth=auth,
                                   cluster_id=cluster_id, lock_delay_ms=config.lock_delay_ms, error=app._error,
                                   connections=lambda: len(limits.open), streams_max=config.dashboard_streams_max,
-                                  sessions=Sessions(session_key(config.data_dir / "dashboard.key"), auth),
+                                  sessions=Sessions(session_key(config.data_dir / "dashboard.key"), auth,
+                                                    logouts=config.data_dir / "dashboard.logouts"),
                                   secure=context is not None)
         self._server = await loop.create_server(
             lambda: HttpProtocol(app.dispatch, app.observe, app.body_limit, limits),
