@@ -292,7 +292,8 @@ def test_the_paused_writer_class_catches_its_control(tmp_path: Path) -> None:
 def test_a_declared_stall_is_checked_against_its_control(tmp_path: Path) -> None:
     """The store on SQLite holds nothing while a writer is paused inside its unit (its steps are applied in one
     commit at the end): declared not bounded, as if it held its file's lock, the stall check must fail. The
-    newer unit completes at once, and the resumed writer is refused (StaleToken), not committed."""
+    newer unit completes at once (held up 0 of 2 in every run so far; not asserted, a loaded host may delay it past
+    the 1 s), and the resumed writer is refused (StaleToken), not committed: that fails the check every time."""
     declared = PAUSED["store-sqlite"]
     assert isinstance(declared, PausedBound) and declared.bound_ms == 0
     pretend = NotBounded("pretends to hold the file's write lock", open_writer=declared.open_writer)
@@ -303,5 +304,5 @@ def test_a_declared_stall_is_checked_against_its_control(tmp_path: Path) -> None
         harness.close()
     print(f"control (a target that holds nothing, declared not bounded): {outcome}")
     assert not outcome.as_declared()
-    assert (outcome.rounds, outcome.held_up, outcome.committed) == (2, 0, 0), (STALL_MS, outcome)
+    assert (outcome.rounds, outcome.committed, outcome.newer_after) == (2, 0, 2), (STALL_MS, outcome)
     assert outcome.answers == {"fencing-error StaleToken": 2}, outcome.answers
