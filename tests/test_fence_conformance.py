@@ -247,11 +247,14 @@ def test_the_l2_suite_catches_the_legacy_control(tmp_path: Path, target: str) ->
 from helpers.fence_postgres import NO_SUPERSEDE  # noqa: E402 - the control's name (the postgres harness's)
 
 from stockade.testing.conformance.fence_paused import (  # noqa: E402
+    STALL_MS,
     NotBounded,
     Paused,
     PausedBound,
+    check_declared_stall,
     check_paused_writer,
     test_a_writer_paused_inside_its_unit_never_stalls_a_newer_token,  # noqa: F401 - run here, over every target
+    test_a_writer_paused_inside_its_unit_stalls_only_as_declared,  # noqa: F401 - run here, over every target
 )
 
 PAUSED = {name: target.paused for name, target in DESCRIPTORS.items()}
@@ -284,3 +287,22 @@ def test_the_paused_writer_class_catches_its_control(tmp_path: Path) -> None:
     print(f"control (no supersession): {outcome}")
     assert (outcome.rounds, outcome.newer_in_bound, outcome.refused) == (CONTROL_ROUNDS, 0, 0), outcome
     assert outcome.answers == {"committed": CONTROL_ROUNDS}, outcome.answers
+
+
+def test_a_declared_stall_is_checked_against_its_control(tmp_path: Path) -> None:
+    """The store on SQLite holds nothing while a writer is paused inside its unit (its steps are applied in one
+    commit at the end): declared not bounded, as if it held its file's lock, the stall check must fail. The
+    newer unit completes at once (held up 0 of 2 in every run so far; not asserted, a loaded host may delay it past
+    the 1 s), and the resumed writer is refused (StaleToken), not committed: that fails the check every time."""
+    declared = PAUSED["store-sqlite"]
+    assert isinstance(declared, PausedBound) and declared.bound_ms == 0
+    pretend = NotBounded("pretends to hold the file's write lock", open_writer=declared.open_writer)
+    harness = TARGETS["store-sqlite"](tmp_path / "c", suite.CLUSTER, suite.KEYS, None)
+    try:
+        outcome = check_declared_stall(harness, pretend, rounds=2)
+    finally:
+        harness.close()
+    print(f"control (a target that holds nothing, declared not bounded): {outcome}")
+    assert not outcome.as_declared()
+    assert (outcome.rounds, outcome.committed, outcome.newer_after) == (2, 0, 2), (STALL_MS, outcome)
+    assert outcome.answers == {"fencing-error StaleToken": 2}, outcome.answers

@@ -52,4 +52,5 @@ STORE_SQLITE = PausedBound(0, "the steps are kept in memory and applied in one s
                               "when the block ends: a paused writer holds nothing",
                            _own_sqlite_store)
 STORE_MEMORY = NotBounded(
-    "one process's memory: no other process shares the store, and a paused process pauses all its threads")
+    "one process's memory: no other process shares the store, and a paused process pauses all its threads",
+    staged=False)

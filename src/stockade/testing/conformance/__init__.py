@@ -19,7 +19,8 @@
   paused for real (SIGSTOP) inside its unit while a newer token writes: the
   newer one completes within the adapter's declared bound and the resumed
   writer is refused whole (L1); each adapter states its bound, or in words why
-  it has none.
+  it has none, and a stall declared is shown to be real (the newer one still
+  waiting, the resumed writer committing first, R6).
 - `stockade.testing.conformance.fence_target`: one descriptor per fence
   adapter (its harness opener, each optional capability above or why it
   lacks it), named by `stockade.resources.registry.FENCE_TARGETS`.
