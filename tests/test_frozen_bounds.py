@@ -308,8 +308,8 @@ def _run(backend: str, tmp_path: Path, request: pytest.FixtureRequest, rounds: i
          moments: tuple[str, ...] | None = None, honest_ttl_ms: int = TTL_MS) -> dict[str, int]:
     moments = moments or MOMENTS[backend]
     rng = random.Random(27)
-    counts = dict.fromkeys(["rounds", "aimed", "blocked", "free_in_bound", "free_granted", "takeovers", "taken_in_bound",
-                            "blocked_typed_in_bound", "connected", "honest_lost", "waited_on",
+    counts = dict.fromkeys(["rounds", "aimed", "blocked", "free_in_bound", "free_granted", "takeovers",
+                            "taken_in_bound", "blocked_typed_in_bound", "connected", "honest_lost", "waited_on",
                             "waited_on_lost"], 0)
     slowest = {"free": 0, "takeover": 0, "connect": 0}
     for n in range(rounds):
@@ -360,7 +360,8 @@ def _say(backend: str, what: str, counts: dict[str, int]) -> None:
     free = t - counts["blocked"]
     print(
         f"{backend} {what} ({counts['aimed']} of {n} aimed): free acquire answered within {WAIT_MS + A_SLACK_MS} ms "
-        f"{counts['free_in_bound']} of {n} (slowest {counts['slowest_free_ms']} ms); takeovers granted within "
+        f"{counts['free_in_bound']} of {n} (granted {counts['free_granted']} of {n}, slowest "
+        f"{counts['slowest_free_ms']} ms); takeovers granted within "
         f"{HOLD_MS[backend] + B_SLACK_MS} ms of the freeze {counts['taken_in_bound']} of {free} (slowest "
         f"{counts['slowest_takeover_ms']} ms); frozen inside its own write transaction: refused typed within "
         f"{WAIT_MS + A_SLACK_MS} ms {counts['blocked_typed_in_bound']} of {counts['blocked']}; connected "
