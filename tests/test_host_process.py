@@ -304,3 +304,17 @@ def test_process_embedded_is_the_plain_embedded_coordinator(coord_file: Path) ->
     with stockade.connect(_url(coord_file, "embedded")) as coord:
         coord.acquire("a", ttl_ms=1_000, keepalive=False).release()
     assert coord_file.is_file() and not _host.socket_path(coord_file).exists()
+
+
+def test_the_command_line_takes_the_url(coord_file: Path) -> None:
+    """``stockade lock`` and ``stockade status`` name the file, not ``coord.db?process=host``."""
+    env = dict(os.environ)
+    url = _url(coord_file)
+    ran = subprocess.run([sys.executable, "-m", "stockade", "lock", "--url", url, "--ttl-ms", "5000", "job", "--",
+                          sys.executable, "-c", "import os; print(os.environ['STOCKADE_DATA'])"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().splitlines()[0] == str(coord_file.parent)
+    status = subprocess.run([sys.executable, "-m", "stockade", "status", "--url", url], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert status.returncode == 0 and "job" in status.stdout, status.stderr
