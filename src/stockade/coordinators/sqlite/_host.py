@@ -91,12 +91,16 @@ def _answers(sock: Path) -> bool:
     return True
 
 
-def _lock_within(fd: int, deadline: float, file: Path) -> None:
+def _lock_within(fd: int, deadline: float, file: Path) -> bool:
+    """Take the start lock (True), or return False as soon as the socket answers meanwhile (started by the
+    holder of the lock, which may be frozen before letting it go)."""
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return True
         except OSError:
+            if _answers(socket_path(file)):
+                return False
             if time.monotonic() >= deadline:
                 raise BackendUnavailable(f"the host process of {file} is being started or stopped by another "
                                          f"process for over {START_TIMEOUT_S:g} s", certain_no_effect=True) from None
@@ -120,9 +124,8 @@ def start_host_process(file: Path, *, idle_exit_s: float | None = None, timeout_
     deadline = time.monotonic() + timeout_s
     fd = _open_lock(file)
     try:
-        _lock_within(fd, deadline, file)
         sock = socket_path(file)
-        if _answers(sock):
+        if not _lock_within(fd, deadline, file) or _answers(sock):
             return
         log_path = host_dir(file) / "log"
         with open(log_path, "ab") as log:
