@@ -1,12 +1,14 @@
 """How long one frozen party delays an honest other, on every coordinator backend (L1).
 
-For each backend the suite runs (the embedded SQLite file, ``stockade serve``,
-PostgreSQL, etcd, ZooKeeper), a real holder process takes `LEASES` leases
+For each backend the suite runs (the embedded SQLite file, the same file through
+its host's coordinator process, ``stockade serve``, PostgreSQL, etcd, ZooKeeper),
+a real holder process takes `LEASES` leases
 (keepalive on, TTL 1 s) and is frozen with SIGSTOP, at a random moment of its
 renewal cycle or, where the backend lets a test aim, at a chosen one: inside a
 renewal write (embedded), inside its own write transaction (embedded: between
 ``BEGIN IMMEDIATE`` and ``COMMIT`` on coord.db; PostgreSQL: after ``BEGIN``
-and the scope's advisory lock). While it stays frozen (the parent resumes it
+and the scope's advisory lock; host process: right after it sent an acquire,
+or a release, to the host process, before reading the answer). While it stays frozen (the parent resumes it
 only after the others have answered: order, not a sleep), a new process
 (c) connects, (a) acquires a free scope with ``wait_ms=1000`` and (b) takes
 over the holder's scopes; an honest process holds a lease on another scope
@@ -36,7 +38,8 @@ PostgreSQL coordinator without its idle-in-transaction bound
 (``PostgresRecords.idle_in_transaction_ms`` 0): each breaks its bound.
 
 Figures are printed as ``N of M``; run with ``-s`` to see them.
-``STOCKADE_LONG=1`` runs 20 rounds per backend; the default runs one per moment.
+``STOCKADE_LONG=1`` runs 20 rounds per backend (50 for the host process: the
+acceptance of issue 27); the default runs one per moment.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ import json
 import os
 import random
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -66,17 +71,18 @@ B_SLACK_MS = 1_500
 ZK_SESSION_MS = 2_000
 PG_IDLE_IN_TRANSACTION_MS = 2_000  # PostgresRecords.idle_in_transaction_ms (checked below)
 #: Per backend: how long the server keeps a frozen holder's scope after its last renewal.
-HOLD_MS = {"embedded": TTL_MS, "http": TTL_MS, "postgres": max(TTL_MS, PG_IDLE_IN_TRANSACTION_MS),
+HOLD_MS = {"embedded": TTL_MS, "host": TTL_MS, "http": TTL_MS, "postgres": max(TTL_MS, PG_IDLE_IN_TRANSACTION_MS),
            "etcd": 2_000, "zookeeper": ZK_SESSION_MS}
 #: The moments of the rounds, in turn ("" = at random). Embedded: inside a renewal write, at random, inside its
 #: own write transaction, at random. PostgreSQL: inside its own transaction, at random.
-MOMENTS = {"embedded": ("renewal", "", "unit", ""), "postgres": ("unit", ""), "http": ("", ""),
+MOMENTS = {"embedded": ("renewal", "", "unit", ""), "host": ("unit", "", "release", ""), "postgres": ("unit", ""),
+           "http": ("", ""),
            "etcd": ("", ""), "zookeeper": ("", "")}
 #: What the holder acquires to be frozen inside its own write transaction. Embedded: a free scope (a grant is a
 #: write transaction on coord.db). PostgreSQL: the honest holder's scope (a free scope is granted by one
 #: server-side call, no transaction left open; a held one is queued for in a transaction that holds the scope's
 #: advisory lock, which the honest holder's renewals need).
-UNIT_SCOPE = {"embedded": "h-extra", "postgres": "honest", "http": "", "etcd": "", "zookeeper": ""}
+UNIT_SCOPE = {"embedded": "h-extra", "host": "h-extra", "postgres": "honest", "http": "", "etcd": "", "zookeeper": ""}
 CHILD_TIMEOUT_S = 60
 
 _PRELUDE = """
@@ -133,6 +139,16 @@ if kind == "postgres":
         return tx
 
     coord_pg.PostgresRecords._begin = _begin
+if kind == "host":
+    from stockade.transport import io as _io
+    original_send = _io.TCPStream.send
+
+    def _send(self, data, timeout_s):
+        original_send(self, data, timeout_s)
+        if threading.current_thread() is threading.main_thread():
+            stop_if(in_unit)  # its request sent to the host process, the answer not read yet
+
+    _io.TCPStream.send = _send
 coord = stockade.connect(url)
 held = [coord.acquire(f"{prefix}h-{i}", ttl_ms=ttl_ms, wait_ms=10000) for i in range(leases)]
 print("ready", flush=True)
@@ -142,6 +158,9 @@ for line in sys.stdin:
     elif line.split()[0] == "unit":
         in_unit.set()
         coord.acquire(prefix + line.split()[1], ttl_ms=ttl_ms, wait_ms=10000)
+    elif line.split()[0] == "release":  # stopped right after sending the release of its last lease
+        in_unit.set()
+        held.pop().release()
 """
 
 # The honest holder of another scope: says at the end whether its lease was lost.
@@ -274,6 +293,8 @@ def _round(url: str, backend: str, *, n: int, moment: str, control: str, rng: ra
 def _url(backend: str, tmp_path: Path, request: pytest.FixtureRequest, n: int) -> str:
     if backend == "embedded":
         return f"sqlite:///{tmp_path / f'coord-{n}.db'}"  # a fresh file per round, as a fresh host would have
+    if backend == "host":  # one file and its one host process for every round, as on one host
+        return f"sqlite:///{tmp_path / 'coord.db'}?process=host"
     if backend == "http":
         return request.getfixturevalue("http_server").url
     if backend == "postgres":
@@ -287,8 +308,8 @@ def _run(backend: str, tmp_path: Path, request: pytest.FixtureRequest, rounds: i
          moments: tuple[str, ...] | None = None, honest_ttl_ms: int = TTL_MS) -> dict[str, int]:
     moments = moments or MOMENTS[backend]
     rng = random.Random(27)
-    counts = dict.fromkeys(["rounds", "aimed", "blocked", "free_in_bound", "takeovers", "taken_in_bound",
-                            "blocked_typed_in_bound", "connected", "honest_lost", "waited_on",
+    counts = dict.fromkeys(["rounds", "aimed", "blocked", "free_in_bound", "free_granted", "takeovers",
+                            "taken_in_bound", "blocked_typed_in_bound", "connected", "honest_lost", "waited_on",
                             "waited_on_lost"], 0)
     slowest = {"free": 0, "takeover": 0, "connect": 0}
     for n in range(rounds):
@@ -312,6 +333,7 @@ def _run(backend: str, tmp_path: Path, request: pytest.FixtureRequest, rounds: i
         slowest["free"] = max(slowest["free"], free["ms"])
         answered = free["outcome"] in ("granted", "BackendUnavailable") and free["ms"] <= WAIT_MS + A_SLACK_MS
         counts["free_in_bound"] += answered and (free["outcome"] == "granted") != result["blocked"]
+        counts["free_granted"] += answered and free["outcome"] == "granted"
         for scope in result["takeovers"]:
             taken = seen[scope]
             counts["takeovers"] += 1
@@ -338,7 +360,8 @@ def _say(backend: str, what: str, counts: dict[str, int]) -> None:
     free = t - counts["blocked"]
     print(
         f"{backend} {what} ({counts['aimed']} of {n} aimed): free acquire answered within {WAIT_MS + A_SLACK_MS} ms "
-        f"{counts['free_in_bound']} of {n} (slowest {counts['slowest_free_ms']} ms); takeovers granted within "
+        f"{counts['free_in_bound']} of {n} (granted {counts['free_granted']} of {n}, slowest "
+        f"{counts['slowest_free_ms']} ms); takeovers granted within "
         f"{HOLD_MS[backend] + B_SLACK_MS} ms of the freeze {counts['taken_in_bound']} of {free} (slowest "
         f"{counts['slowest_takeover_ms']} ms); frozen inside its own write transaction: refused typed within "
         f"{WAIT_MS + A_SLACK_MS} ms {counts['blocked_typed_in_bound']} of {counts['blocked']}; connected "
@@ -349,6 +372,8 @@ def _say(backend: str, what: str, counts: dict[str, int]) -> None:
 
 
 def _rounds(backend: str) -> int:
+    if backend == "host":  # the acceptance of issue 27: at least 50 freezes, half of them inside a call
+        return 50 if LONG else len(MOMENTS[backend])
     return 20 if LONG else len(MOMENTS[backend])
 
 
@@ -356,14 +381,47 @@ def _rounds(backend: str) -> int:
 def test_a_frozen_holder_delays_the_others_by_at_most_the_stated_bound(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
-    counts = _run(backend, tmp_path, request, _rounds(backend))
+    try:
+        counts = _run(backend, tmp_path, request, _rounds(backend))
+    finally:
+        if backend == "host":
+            _stop_host_process(tmp_path / "coord.db")
     _say(backend, "frozen holder", counts)
     n = counts["rounds"]
     assert counts["free_in_bound"] == n, counts
+    if backend == "host":  # nothing is blocked: every free acquire granted, including those frozen inside a call
+        assert counts["free_granted"] == n and counts["blocked"] == 0, counts
     assert counts["taken_in_bound"] == counts["takeovers"] - counts["blocked"], counts
     assert counts["blocked_typed_in_bound"] == counts["blocked"], counts
     assert counts["connected"] == n, counts
     assert counts["honest_lost"] == 0, counts
+
+
+def _stop_host_process(file: Path) -> None:
+    """SIGTERM the host process of ``file`` (found by its socket's peer credentials) and wait until it is gone."""
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.connect(str(file.with_name(file.name + ".sock")))
+        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    except OSError:
+        return  # not running (it exited when idle)
+    finally:
+        sock.close()
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_control_embedded_frozen_inside_a_grant_grants_nothing_that_the_host_process_grants(
+    tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    """The control of the ``host`` rounds: the plain embedded file, its holder frozen inside a call to the
+    coordinator (its own grant transaction): the free acquire and the takeovers are refused as busy, none granted."""
+    counts = _run("embedded", tmp_path, request, 1, moments=("unit",))
+    _say("embedded", "control of the host process (frozen inside its grant)", counts)
+    assert counts["blocked"] > 0 and counts["blocked_typed_in_bound"] == counts["blocked"], counts
+    assert counts["free_granted"] == 0 and counts["taken_in_bound"] == 0, counts
 
 
 def test_the_postgres_bound_is_the_coordinators_own_setting() -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from stockade.client import Coordinator, FencedStore, connect, open_store
+from stockade.coordinators.registry import coordinator_backend
 from stockade.core.errors import InvalidArgument, StockadeError
 from stockade.transport.sqlite_url import sqlite_path, sqlite_url
 
@@ -169,9 +170,10 @@ def local_dir(url: str) -> Path | None:
 
 
 def local_file(url: str) -> Path | None:
-    """The coordinator file a ``sqlite://`` url names (None for a server)."""
+    """The coordinator file a ``sqlite://`` url names, its query left out (None for a server)."""
     if url.startswith("sqlite://"):
-        return sqlite_path(url)
+        backend, location = coordinator_backend(url)
+        return sqlite_path(backend.url_query(location)[0])
     return None
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from stockade.cli._common import URL_ENV, add_data_dir, fail, help_text, refuse
+from stockade.cli._common import URL_ENV, add_data_dir, fail, help_text, local_file, refuse
 from stockade.cli._common import coordinator_url as _coordinator_url
 from stockade.client import connect
 from stockade.core.errors import StockadeError
 from stockade.resources.floor import open_floor_target, raise_to_floors, redact_url
-from stockade.transport.sqlite_url import sqlite_path
 
 RAISED_SHOWN_MAX = 1_000
 
@@ -38,7 +37,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     url = _coordinator_url(args)
-    if url.startswith("sqlite://") and not (coord_file := sqlite_path(url)).is_file():
+    if (coord_file := local_file(url)) is not None and not coord_file.is_file():
         return fail(f"no coordinator at {coord_file} (use --url, ${URL_ENV} or --data-dir)")
     try:
         coord = connect(url)

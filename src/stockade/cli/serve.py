@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from stockade.cli._common import add_data_dir, announce_created, data_dir, fail, help_text, refuse
-from stockade.core.errors import StockadeError
+from stockade.coordinators.sqlite._host import host_dir
+from stockade.core.errors import InvalidArgument, StockadeError
 from stockade.transport.sqlite_url import sqlite_url
 from stockade.wire import DEFAULT_PORT
 
@@ -74,9 +76,28 @@ def _parser() -> argparse.ArgumentParser:
                         help="connections per bearer token, counted from their latest request (default 1024)")
     shares.add_argument("--token-waiters-max", type=int, default=256, metavar="ACQUIRES",
                         help="acquires waiting (wait_ms > 0) at once per bearer token (default 256)")
+    host = parser.add_argument_group("the host's coordinator process of one file (sqlite:///FILE?process=host)")
+    host.add_argument("--host-file", metavar="FILE",
+                      help="serve FILE's leases on the Unix socket FILE.sock (mode 0600) instead of --host/--port, "
+                           "with the server's other files in FILE.host/; what the clients of "
+                           "sqlite:///FILE?process=host start on demand (docs/coordinator-files.md)")
+    host.add_argument("--idle-exit-s", type=float, default=30.0, metavar="SECONDS",
+                      help="with --host-file: exit after this long with no lease, no waiter and no connection "
+                           "(default 30)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="JSON logs on stderr; debug adds one line per request")
     return parser
+
+
+def _host_file(args: argparse.Namespace) -> Path | None:
+    """``--host-file`` as an absolute path, checked against the options it excludes (raises InvalidArgument)."""
+    if args.host_file is None:
+        return None
+    if args.coordinator or args.tls_cert or args.data_dir:
+        raise InvalidArgument("host_file", "goes without --coordinator, --tls-cert and --data-dir")
+    if not 0.1 <= args.idle_exit_s <= 86_400:
+        raise InvalidArgument("idle_exit_s", "must be 0.1..86400")
+    return Path(args.host_file).absolute()
 
 
 def run(argv: list[str]) -> int:
@@ -88,15 +109,14 @@ def run(argv: list[str]) -> int:
         from stockade.server._logging import configure
     except ImportError as exc:
         return fail(f"the server needs its extra: pip install 'stockade[server]' ({exc})")
-    from pathlib import Path
-
     configure(args.log_level)
     try:
-        directory = data_dir(args)
+        host_file = _host_file(args)
+        directory = host_dir(host_file) if host_file is not None else data_dir(args)
         # On stdout after the ready line: stderr holds JSON logs only, and the first line stays "listening on".
         announce = (announce_created(sqlite_url(directory / "coord.db"), "clients reach it through this url",
                                      prefix="stockade serve", stream=sys.stdout)
-                    if not args.coordinator else (lambda: None))
+                    if not args.coordinator and host_file is None else (lambda: None))
 
         def ready(server: Any) -> None:
             print(f"stockade serve: listening on {server.url}", flush=True)
@@ -114,6 +134,7 @@ def run(argv: list[str]) -> int:
             connections_max=args.connections_max, buffer_bytes_max=args.buffer_bytes_max,
             peer_connections_max=args.peer_connections_max, peer_waiters_max=args.peer_waiters_max,
             token_connections_max=args.token_connections_max, token_waiters_max=args.token_waiters_max,
+            host_file=host_file, idle_exit_s=args.idle_exit_s,
         )
         status = run_server(config, ready=ready)
     except StockadeError as exc:

@@ -126,6 +126,8 @@ class HTTPEndpoint:
         auth_token: the bearer token, or None.
         timeout_ms: deadline of one request (an acquire adds its ``wait_ms``).
         connect_timeout_ms: deadline of a TCP (and TLS) connect.
+        unix_path: a Unix-domain socket to connect to instead of ``host:port`` (the host's coordinator
+            process of ``sqlite:///…?process=host``); None for TCP.
     """
 
     host: str
@@ -136,6 +138,7 @@ class HTTPEndpoint:
     auth_token: str | None
     timeout_ms: int
     connect_timeout_ms: int
+    unix_path: str | None = None
 
     def __repr__(self) -> str:  # never show the bearer token
         scheme = "https" if self.tls is not None else "http"

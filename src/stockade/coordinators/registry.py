@@ -28,8 +28,8 @@ from typing import Any
 from stockade.core.errors import InvalidArgument
 
 __all__ = [
-    "Capability", "CoordinatorBackend", "PortOptions", "COORDINATORS", "SCHEMES_PLANNED", "coordinator_backend",
-    "load", "schemes_where",
+    "Capability", "CoordinatorBackend", "PortOptions", "UrlOption", "COORDINATORS", "SCHEMES_PLANNED",
+    "coordinator_backend", "load", "schemes_where",
 ]
 
 
@@ -83,6 +83,24 @@ class PortOptions:
                 raise InvalidArgument(name, f"applies only to {', '.join(f'{s}://' for s in takers)} urls")
 
 
+@dataclass(frozen=True, slots=True)
+class UrlOption:
+    """A query parameter a backend's url takes (``sqlite:///coord.db?process=host``).
+
+    Attributes:
+        name: the parameter.
+        values: the values it takes; the first is the default (the url without the parameter).
+        ports: ``(value, "module:function")`` pairs: with that value the url is served by that port opener
+            (``(PortOptions) -> port``, in an ``_async`` folder) instead of the backend's engine or port.
+        summary: one line for docs and errors.
+    """
+
+    name: str
+    values: tuple[str, ...]
+    ports: tuple[tuple[str, str], ...] = ()
+    summary: str = ""
+
+
 #: The options only a backend reached over the network takes.
 REMOTE_OPTIONS = ("timeout_ms", "connect_timeout_ms", "auth_token", "tls_ca")
 
@@ -109,6 +127,8 @@ class CoordinatorBackend:
             of that location, whose keys and last issued tokens a store of the same url uses (``memory://``).
         waits_in_one_call: why a wait until granted (``wait_ms=None``) is one call of its port, in words;
             None for a backend whose server caps each request's wait (the client resumes it by ticket).
+        query: the url query parameters it takes (`UrlOption`); a url with any other is refused. A backend
+            with none leaves a ``?`` in its location to its own opener (libpq, ZooKeeper).
     """
 
     scheme: str
@@ -121,6 +141,7 @@ class CoordinatorBackend:
     store: str | None = None
     beside: str | None = None
     waits_in_one_call: str | None = None
+    query: tuple[UrlOption, ...] = ()
 
     def __post_init__(self) -> None:
         # C4 is part of the contract, not an option: a backend without it is not a coordinator.
@@ -128,7 +149,8 @@ class CoordinatorBackend:
             raise ValueError(f"backend {self.scheme!r} must serve waiters in FIFO order")
         if (self.engine is None) == (self.port is None):
             raise ValueError(f"backend {self.scheme!r} names an engine or a port, one of the two")
-        if self.port is not None and "._async." not in self.port:
+        ports = [target for option in self.query for _, target in option.ports]
+        if any("._async." not in target for target in [*ports, *([self.port] if self.port else [])]):
             raise ValueError(f"backend {self.scheme!r}: its port is the async source ``…._async.…:function``")
 
     @property
@@ -147,11 +169,49 @@ class CoordinatorBackend:
             raise ValueError(f"backend {self.scheme!r} is served by the engine port")
         return load(self.port.replace("._async.", f".{twin}.", 1))(options)
 
+    def open_query_port(self, twin: str, target: str, options: PortOptions) -> Any:
+        """Open the port ``target`` (from `query_port`); ``twin`` as for `open_port`."""
+        return load(target.replace("._async.", f".{twin}.", 1))(options)
+
     def open_store(self, twin: str, options: PortOptions, *, cluster_id: str | None, keys: object) -> Any:
         """Open the fenced store this backend serves; ``twin`` as for `open_port`."""
         if self.store is None:
             raise ValueError(f"backend {self.scheme!r} serves no store")
         return load(self.store.replace("._async.", f".{twin}.", 1))(options, cluster_id=cluster_id, keys=keys)
+
+    def url_query(self, location: str, field: str = "url") -> tuple[str, dict[str, str]]:
+        """``location`` without its query, and every parameter of `query` (its default where not given).
+
+        Raises:
+            InvalidArgument: a parameter this backend does not take, one given twice, or a value it does not
+                take (one line, naming what it takes). Nothing was opened.
+        """
+        if not self.query:
+            return location, {}
+        path, _, text = location.partition("?")
+        given: dict[str, str] = {}
+        for pair in text.split("&") if text else ():
+            name, _, value = pair.partition("=")
+            option = next((o for o in self.query if o.name == name), None)
+            if option is None:
+                takes = "; ".join(f"{o.name}={'|'.join(o.values)}" for o in self.query)
+                raise InvalidArgument(field, f"{self.scheme}:// takes no query parameter {name[:40]!r} "
+                                             f"(it takes {takes})")
+            if name in given:
+                raise InvalidArgument(field, f"{self.scheme}:// query parameter {name!r} is given twice")
+            if value not in option.values:
+                raise InvalidArgument(field, f"{self.scheme}:// query parameter {name} must be "
+                                             f"{' or '.join(option.values)}, got {value[:40]!r}")
+            given[name] = value
+        return path, {o.name: given.get(o.name, o.values[0]) for o in self.query}
+
+    def query_port(self, params: dict[str, str]) -> str | None:
+        """The ``"module:function"`` of the port that serves a url with ``params`` (`UrlOption.ports`), or None."""
+        for option in self.query:
+            found = dict(option.ports).get(params.get(option.name, option.values[0]))
+            if found is not None:
+                return found
+        return None
 
     def open_engine(self, location: str, policy: Any) -> Any:
         """Open this backend's lease engine (`stockade.core.engine.LeaseEngine`)."""
@@ -176,6 +236,12 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS}) | _DENSE,
             engine="stockade.coordinators.sqlite.signed:open_engine", remote=False,
             waits_in_one_call="the SQLite file: one waiter row, polled by its own process, no per-request cap",
+            query=(UrlOption(
+                "process", ("embedded", "host"),
+                ports=(("host", "stockade.coordinators.http._async.host:open_host_port"),),
+                summary="embedded: this process writes the file; host: one coordinator process per host owns it, "
+                        "reached over the Unix socket FILE.sock, started on demand (docs/coordinator-files.md)",
+            ),),
         ),
         CoordinatorBackend(
             "memory", "in this process only; tokens do not survive it (tests, examples)",

@@ -57,6 +57,7 @@ from stockade.server._guard import (
     Refusal,
     TransportSettings,
 )
+from stockade.server._host import peer_of
 from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
 from stockade.wire.problems import PROBLEM_TYPE_PREFIX, problem_document
 
@@ -285,7 +286,8 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
-        self.peer = peer[0] if isinstance(peer, tuple) else ""
+        # Over a Unix socket (the host process of a file) the peer is the client's process.
+        self.peer = peer[0] if isinstance(peer, tuple) else peer_of(transport.get_extra_info("socket"))
         refusal = self._limits.admit(self)
         if refusal is not None:
             self._fail(refusal_response(refusal))

@@ -15,6 +15,7 @@ import asyncio
 import html
 import json
 import logging
+import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.clock import SystemClock
+from stockade.coordinators.sqlite._host import socket_path
 from stockade.coordinators.sqlite.signed import open_signed_sqlite
 from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
 from stockade.core.fence import Reject
@@ -51,6 +53,7 @@ from stockade.server._dashboard import STREAMS_MAX, Dashboard, Sessions, session
 from stockade.server._groupcommit import GroupCommitter
 from stockade.server._guard import SMALL_BODY_BYTES
 from stockade.server._history_route import lock_history
+from stockade.server._host import bind_host_socket, watch_idle
 from stockade.server._http import (
     ConnectionLimits,
     HttpProtocol,
@@ -86,6 +89,7 @@ __all__ = ["ServerConfig", "App", "Server", "PROBLEMS", "DEFAULT_PORT", "problem
 KV_BODY_BYTES_MAX = VALUE_BYTES_MAX
 SWEEP_SECONDS = 5.0
 CLOSE_GRACE_S = 0.5  # how long a stop waits for answers on their way (a waiting acquire holds it up that long at most)
+IDLE_SCAN_LEASES_MAX = 1_000  # above it the host process is not idle, without looking at each lease
 EXIT_COMMIT_FAILED = 74  # EX_IOERR: coord.db could not be written; restart to reload it
 
 # code -> (status, title): the problem catalogue of `stockade.wire.problems`, in the shape it always had here.
@@ -124,6 +128,11 @@ class ServerConfig:
     wait_ms_cap: int | None = None  # operators (and tests) may bound long polls below WAIT_MS_MAX
     dashboard_streams_max: int = STREAMS_MAX  # open event streams of the /ui/ pages (server/_dashboard.py)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The host's coordinator process of this file (``sqlite:///FILE?process=host``, server/_host.py): serve
+    # FILE instead of data_dir/coord.db, on the Unix socket FILE.sock instead of host:port, and stop after
+    # idle_exit_s with no lease, no waiter and no connection.
+    host_file: Path | None = None
+    idle_exit_s: float = 30.0
 
 
 Handler = Callable[..., "Response | Awaitable[Response]"]
@@ -506,6 +515,8 @@ class Server:
         self.port: int | None = None
         self._server: asyncio.base_events.Server | None = None
         self._limits = ConnectionLimits()
+        self._idle_watch: asyncio.Task[None] | None = None
+        self._start_lock: int | None = None
         # Made here, not in `start`: a stop asked for during startup is kept, and acted on once it ends.
         self._stopping = asyncio.Event()
 
@@ -548,11 +559,16 @@ class Server:
                                   sessions=Sessions(session_key(config.data_dir / "dashboard.key"), auth,
                                                     logouts=config.data_dir / "dashboard.logouts"),
                                   secure=context is not None)
-        self._server = await loop.create_server(
-            lambda: HttpProtocol(app.dispatch, app.observe, app.body_limit, limits),
-            host=config.host, port=config.port, ssl=context, backlog=1024, reuse_address=True,
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        protocol = lambda: HttpProtocol(app.dispatch, app.observe, app.body_limit, limits)  # noqa: E731
+        if config.host_file is not None:  # the host process of a file: its Unix socket, and its idle exit
+            self._server = await loop.create_unix_server(protocol, sock=bind_host_socket(config.host_file, 1024))
+            self.port = 0
+            self._idle_watch = loop.create_task(watch_idle(config.host_file, config.idle_exit_s, self._idle,
+                                                           self._stop_idle))
+        else:
+            self._server = await loop.create_server(protocol, host=config.host, port=config.port, ssl=context,
+                                                    backlog=1024, reuse_address=True)
+            self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
         _log.info("listening on %s", self.url, extra={"url": self.url, "cluster_id": cluster_id,
                                                        "auth": auth is not None, "tls": context is not None})
@@ -564,7 +580,8 @@ class Server:
         beside it (docs/tokens.md); `stockade.server.Server` serves ``--coordinator`` instead.
         """
         engine = open_signed_sqlite(
-            self.config.data_dir / "coord.db", LeasePolicy(lock_delay_ms=self.config.lock_delay_ms), exclusive=True
+            self.config.host_file or self.config.data_dir / "coord.db",
+            LeasePolicy(lock_delay_ms=self.config.lock_delay_ms), exclusive=True,
         )
         self._files = (engine,)
         leases = LeaseService(engine, SystemClock(), loop)
@@ -572,8 +589,26 @@ class Server:
         leases.load()
         return leases, engine.signer
 
+    def _idle(self) -> bool:
+        """No connection, no waiter, no live lease (the host process's idle exit, server/_host.py)."""
+        leases = self.leases
+        if self._limits.open or not isinstance(leases, LeaseService) or leases.waiters:
+            return False
+        if not leases.leases:
+            return True
+        now_ns = time.monotonic_ns()  # the lease table's clock (SystemClock)
+        return leases.leases <= IDLE_SCAN_LEASES_MAX and all(
+            record.lease is None or record.lease.expires_ns <= now_ns for record in leases.records.values())
+
+    def _stop_idle(self, start_lock_fd: int) -> None:
+        _log.info("idle for %g s: stopping", self.config.idle_exit_s)
+        self._start_lock = start_lock_fd  # let go once the file is closed (`close`)
+        self.stop()
+
     @property
     def url(self) -> str:
+        if self.config.host_file is not None:
+            return f"unix:{socket_path(self.config.host_file)}"
         scheme = "https" if self.config.tls_cert else "http"
         host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
         return f"{scheme}://{host}:{self.port}"
@@ -609,6 +644,8 @@ class Server:
         if self.app is not None and self.app.ui is not None:
             self.app.ui.close()
         self._sweeper.cancel()
+        if self._idle_watch is not None:
+            self._idle_watch.cancel()
         # An answer already decided goes out first: a grant withdrawn because its commit failed gets its 503.
         answering = [conn.answering for conn in self._limits.open if conn.answering is not None]
         if answering:
@@ -617,6 +654,9 @@ class Server:
             conn._close()
         await asyncio.sleep(0)
         await self._close_files(self.store_writer)
+        if self._start_lock is not None:  # the idle exit's: a client may start the next process from now
+            os.close(self._start_lock)
+            self._start_lock = None
         _log.info("stopped")
 
     async def _close_files(self, store_writer: GroupCommitter[StoreOp] | None = None) -> None:

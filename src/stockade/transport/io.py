@@ -10,18 +10,21 @@ files are current). The generator renames ``AsyncIO`` to
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import select
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from stockade.transport.timer import TimerEntry, call_later
 
 __all__ = [
     "AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream", "AsyncBodyGuard", "BodyGuard", "AsyncHandle", "Handle",
+    "unix_address",
 ]
 
 T = TypeVar("T")
@@ -126,6 +129,14 @@ class AsyncIO:
         _tune(writer.get_extra_info("socket"))
         return AsyncTCPStream(reader, writer)
 
+    @staticmethod
+    async def open_unix(path: str, *, timeout_s: float) -> AsyncTCPStream:
+        """Connect to the Unix-domain socket ``path`` within ``timeout_s``; raises `OSError` as `open_tcp`."""
+        with unix_address(path) as address:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_unix_connection(address)
+        return AsyncTCPStream(reader, writer)
+
 
 class SyncIO:
     """Threads: a daemon thread for background work; blocking calls run in place."""
@@ -186,6 +197,36 @@ class SyncIO:
             sock.close()
             raise
         return TCPStream(sock)
+
+    @staticmethod
+    def open_unix(path: str, *, timeout_s: float) -> TCPStream:
+        """Connect to the Unix-domain socket ``path`` within ``timeout_s``; raises `OSError` as `open_tcp`."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout_s)
+            with unix_address(path) as address:
+                sock.connect(address)
+        except BaseException:
+            sock.close()
+            raise
+        return TCPStream(sock)
+
+
+#: The longest socket path connected to as it is (``sun_path`` holds 108 bytes with its NUL on Linux).
+UNIX_PATH_BYTES_MAX = 100
+
+
+@contextlib.contextmanager
+def unix_address(path: str) -> Iterator[str]:
+    """``path``, or for a longer one the same socket through ``/proc/self/fd/N/NAME`` (its directory held open)."""
+    if len(os.fsencode(path)) <= UNIX_PATH_BYTES_MAX:
+        yield path
+        return
+    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{directory}/{os.path.basename(path)}"
+    finally:
+        os.close(directory)
 
 
 class AsyncBodyGuard:

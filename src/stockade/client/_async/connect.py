@@ -43,7 +43,8 @@ def connect_async(
 
     Args:
         url: ``sqlite:///path/to/coord.db`` (created, with a new cluster id, if
-            missing), ``http://host:port`` / ``https://host:port`` for a
+            missing; ``?process=host``: through the host's one coordinator process for
+            that file, started on demand), ``http://host:port`` / ``https://host:port`` for a
             `stockade serve` (contacted once here, for its cluster id), or
             ``memory://NAME`` (this process only; for tests and examples).
         lock_delay_ms: after an *expiry*, keep the scope ungrantable this long
@@ -62,12 +63,16 @@ def connect_async(
             opened inside an event loop: raised by the first ``await``).
     """
     backend, location = coordinator_backend(url)
+    location, params = backend.url_query(location)
     if lock_delay_ms and Capability.CLIENT_LOCK_DELAY not in backend.capabilities:
         raise InvalidArgument("lock_delay_ms", f"{backend.scheme}:// does not take it from the client "
                                                "(a server has its own setting)")
     options = PortOptions(url, location, backend.capabilities, lock_delay_ms=lock_delay_ms, timeout_ms=timeout_ms,
                           connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     hooks = validate_hooks(hooks)
+    query_port = backend.query_port(params)  # sqlite:///coord.db?process=host: the host's coordinator process
+    if query_port is not None:
+        return AsyncCoordinator(backend.open_query_port("_async", query_port, options), hooks=hooks)
     if backend.port is not None:
         return AsyncCoordinator(backend.open_port("_async", options), hooks=hooks)
     options.refuse(*REMOTE_OPTIONS)

@@ -214,7 +214,8 @@ def claim_lock_file(path: Path, exclusive: bool) -> tuple[int, bool, bool]:
                 f"{path} is open in other processes; a server must be its only user", certain_no_effect=True
             ) from None
         raise BackendUnavailable(
-            f"{path} is served by a running stockade server; connect to the server over http:// instead",
+            f"{path} is served by a running stockade server; connect to the server over http:// instead "
+            f"(or, if it is the host process of the file, with sqlite:///…?process=host)",
             certain_no_effect=True,
         ) from None
     return fd, created, alone
