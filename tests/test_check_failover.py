@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HELPERS, python_env
+from helpers.ensemble_restart import DetachedEtcd, DetachedZk
 from helpers.etcd_cluster import etcd_available
 from helpers.redis_server import RedisServer, require_redis
 from helpers.zk_ensemble import zookeeper_available
@@ -43,11 +44,13 @@ def helper(*args: str) -> str:
                      *map(shlex.quote, args)])
 
 
-@pytest.fixture(params=["etcd", "zookeeper"])
+@pytest.fixture(params=[DetachedEtcd, DetachedZk], ids=lambda cls: cls.kind)
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
-    """A cluster of the test's own: (kind, its url, its helper home); every member stopped after."""
-    kind = request.param
-    if not (etcd_available() if kind == "etcd" else zookeeper_available()) and os.environ.get("CI") != "true":
+    """A cluster of the test's own (the helper's kinds): (kind, its url, its helper home); every member stopped
+    after."""
+    kind = request.param.kind
+    available = etcd_available if request.param is DetachedEtcd else zookeeper_available
+    if not available() and os.environ.get("CI") != "true":
         pytest.skip(f"{kind} is not installed")
     home = tmp_path / kind
     try:
@@ -61,7 +64,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
 @pytest.fixture
 def resource(cluster: tuple[str, str, Path], tmp_path: Path) -> Iterator[str]:
     """The resource of the stack in docs/check.md's table: Redis beside etcd, a directory beside ZooKeeper."""
-    if cluster[0] == "zookeeper":
+    if cluster[0] == DetachedZk.kind:
         root = tmp_path / "files"
         root.mkdir()
         yield f"file://{root}"
@@ -78,10 +81,11 @@ def resource(cluster: tuple[str, str, Path], tmp_path: Path) -> Iterator[str]:
 def failover_check(cluster: tuple[str, str, Path], resource: str, *, rounds: int,
                    fresh: bool) -> subprocess.CompletedProcess[str]:
     kind, url, home = cluster
-    coordinator = f"{url}/check" + ("?session_timeout_ms=2000" if kind == "zookeeper" else "")
+    zookeeper = kind == DetachedZk.kind  # a frozen holder's scope is freed when its 2 s session expires
+    coordinator = f"{url}/check" + ("?session_timeout_ms=2000" if zookeeper else "")
     restart = helper("restart", str(home), *(["--fresh"] if fresh else []))
     argv = [sys.executable, "-m", "stockade", "check", "--coordinator", coordinator, "--resource", resource,
-            "--cases", "failover", "--rounds", str(rounds), "--ttl-ms", "1000" if kind == "zookeeper" else "300",
+            "--cases", "failover", "--rounds", str(rounds), "--ttl-ms", "1000" if zookeeper else "300",
             "--coordinator-restart", restart, "--seconds", SECONDS, "--quiet"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=int(SECONDS) + 300, env=python_env())
     print(result.stdout, result.stderr)

@@ -60,6 +60,7 @@ def _pids(home: Path) -> list[int]:
 class DetachedEtcd(EtcdCluster):
     """The fixtures' etcd cluster, its members detached from this script and not watched by a reaper."""
 
+    kind = "etcd"
     home: Path
 
     def _spawn(self, argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -69,6 +70,7 @@ class DetachedEtcd(EtcdCluster):
 class DetachedZk(ZkEnsemble):
     """The fixtures' ZooKeeper ensemble, its servers detached from this script and not watched by a reaper."""
 
+    kind = "zookeeper"
     home: Path
 
     def _spawn(self, argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -78,11 +80,11 @@ class DetachedZk(ZkEnsemble):
 def start(kind: str, home: Path) -> str:
     home.mkdir(parents=True, exist_ok=True)
     DetachedEtcd.home = DetachedZk.home = home
-    if kind == "etcd":
+    if kind == DetachedEtcd.kind:
         etcd = DetachedEtcd(home / "data")
         state: dict[str, Any] = {"kind": kind, "url": etcd.url, "client_ports": etcd.client_ports,
                                  "peer_ports": etcd.peer_ports, "token": etcd.token}
-    elif kind == "zookeeper":
+    elif kind == DetachedZk.kind:
         zk = DetachedZk(home / "data")
         zk.wait_serving(READY_S)
         state = {"kind": kind, "url": zk.url, "client_ports": zk.client_ports}
@@ -122,7 +124,7 @@ def _rebuilt(home: Path) -> DetachedEtcd | DetachedZk:
     state = json.loads((home / "cluster.json").read_text())
     DetachedEtcd.home = DetachedZk.home = home
     cluster: DetachedEtcd | DetachedZk
-    if state["kind"] == "etcd":
+    if state["kind"] == DetachedEtcd.kind:
         etcd = DetachedEtcd.__new__(DetachedEtcd)
         etcd.root, etcd.extra_args, etcd.token, etcd.processes = home / "data", (), state["token"], {}
         etcd.client_ports, etcd.peer_ports = state["client_ports"], state["peer_ports"]
