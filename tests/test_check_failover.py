@@ -13,8 +13,8 @@ back, and the check must say so and exit 1.
 
 The stacks are those of docs/check.md's "Measured" table (etcd + Redis,
 ZooKeeper + a directory); only the failover case runs here (the other cases of
-those stacks are tests/test_check.py's). 3 rounds (``STOCKADE_LONG=1``: 20);
-the control 2 (20).
+those stacks are tests/test_check.py's). 2 rounds (``STOCKADE_LONG=1``: 20);
+the control 1 (20).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from helpers.redis_server import RedisServer, require_redis
 from helpers.zk_ensemble import zookeeper_available
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
-ROUNDS = 20 if LONG else 3
-CONTROL_ROUNDS = 20 if LONG else 2
+ROUNDS = 20 if LONG else 2
+CONTROL_ROUNDS = 20 if LONG else 1
 SECONDS = "1200" if LONG else "300"
 
 
