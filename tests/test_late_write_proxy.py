@@ -6,7 +6,8 @@ The set-up of finding 11 of issue 26 (a late write once reported accepted, 1 of
 embedded clients of that same coordinator file.
 
 Each round: holder A acquires (token ``t1``) and PUTs to the server through
-`helpers.hold_proxy.HoldProxy`, which holds the request; A's lease ends
+`stockade.check._proxy.HoldProxy` (the proxy of ``stockade check``'s delay case,
+framing HTTP), which holds the request; A's lease ends
 (released, or left to expire); holder B acquires (``t2 > t1``), writes, and is
 acknowledged; then the proxy lets A's write go. It must be refused (409
 stale-token, with the high-water mark ``t2``), and the key must hold B's value.
@@ -57,10 +58,10 @@ from typing import Any
 import pytest
 from conftest import HELPERS, python_env
 from helpers import reaper
-from helpers.hold_proxy import MODES, HoldProxy
 from helpers.late_holder import Holder
 from helpers.server_fixtures import ServerProcess, start_server
 
+from stockade.check._proxy import MODES, HoldProxy
 from stockade.core.limits import LIST_PAGE_MAX
 from stockade.resources._inputs import make_write
 from stockade.resources.store import SQLiteStore
@@ -206,7 +207,7 @@ def start_servers(tmp_path: Path, *, control: str | None = None, both: bool = Tr
         for name, data_dir in dirs.items():
             processes[name] = start_server(data_dir, "--coordinator", coord_url, control=control)
             host, port = processes[name].url.rsplit("/", 1)[1].split(":")
-            proxies[name] = HoldProxy(host, int(port)).start()
+            proxies[name] = HoldProxy((host, int(port)), http=True)
     except BaseException:
         Servers(coord_url, processes, proxies).close()
         raise

@@ -19,6 +19,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 from helpers import reaper
 
@@ -71,22 +72,28 @@ class EtcdCluster:
         return f"http://127.0.0.1:{self.client_ports[name]}"
 
     def start(self, name: str, *, state: str = "existing") -> None:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        self.processes[name] = self._spawn(self.argv(name, state), log)
+        log.close()
+
+    def argv(self, name: str, state: str) -> list[str]:
+        """The command line of member ``name`` (its data in ``root/name``)."""
         client = self.client_url(name)
         peer = f"http://127.0.0.1:{self.peer_ports[name]}"
-        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        self.processes[name] = subprocess.Popen(
-            [
-                "etcd", "--name", name, "--data-dir", str(self.root / name),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", self.initial_cluster, "--initial-cluster-state", state,
-                "--initial-cluster-token", self.token,
-                "--logger", "zap", "--log-level", "warn", *self.extra_args,
-            ],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        log.close()
-        reaper.watch(self.processes[name].pid)  # ended if this test process is killed
+        return [
+            "etcd", "--name", name, "--data-dir", str(self.root / name),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", self.initial_cluster, "--initial-cluster-state", state,
+            "--initial-cluster-token", self.token,
+            "--logger", "zap", "--log-level", "warn", *self.extra_args,
+        ]
+
+    def _spawn(self, argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """Start one member, watched by the reaper (ended if this test process is killed)."""
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        reaper.watch(process.pid)
+        return process
 
     def _get(self, name: str, path: str, timeout_s: float = 1.0) -> dict:
         with urllib.request.urlopen(self.client_url(name) + path, timeout=timeout_s) as response:

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import IO
 
 from helpers import reaper
 
@@ -116,15 +117,21 @@ class ZkEnsemble:
 
     def start(self, i: int) -> None:
         log = open(self.root / f"zk{i}.log", "ab")  # noqa: SIM115 - closed with the process
-        self.processes[i] = subprocess.Popen(
-            ["java", "-Xmx256m", "-Xms32m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-             f"-Dznode.container.checkIntervalMs={CONTAINER_CHECK_MS}", "-Dznode.container.maxPerMinute=100000",
-             "-Dzookeeper.admin.enableServer=false", "-cp", _classpath(),
-             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.root / f"zoo{i}.cfg")],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
+        self.processes[i] = self._spawn(self.argv(i), log)
         log.close()
-        reaper.watch(self.processes[i].pid)  # ended if this test process is killed
+
+    def argv(self, i: int) -> list[str]:
+        """The command line of server ``i`` (its configuration in ``root/zoo<i>.cfg``)."""
+        return ["java", "-Xmx256m", "-Xms32m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                f"-Dznode.container.checkIntervalMs={CONTAINER_CHECK_MS}", "-Dznode.container.maxPerMinute=100000",
+                "-Dzookeeper.admin.enableServer=false", "-cp", _classpath(),
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.root / f"zoo{i}.cfg")]
+
+    def _spawn(self, argv: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """Start one server, watched by the reaper (ended if this test process is killed)."""
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        reaper.watch(process.pid)
+        return process
 
     def mode(self, i: int) -> str:
         """``leader``, ``follower`` or "" (down, or not serving yet)."""

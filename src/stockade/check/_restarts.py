@@ -141,7 +141,7 @@ def _floor(run: Run, target: Target, scope: str) -> int:
     from stockade.resources.floor import open_floor_target
 
     floors = run.coord.fence_floors()
-    floor_target = open_floor_target(target.floor_url(), cluster_id=run.coord.cluster_id)
+    floor_target = open_floor_target(run.floor_url or target.floor_url(), cluster_id=run.coord.cluster_id)
     try:
         after = floor_target.raise_high_waters({scope: floors.floor(scope)}, default=0)
     finally:

@@ -63,6 +63,7 @@ class Run:
         coord: the orchestrator's own coordinator client (reopened after a restart).
         target: the orchestrator's own view of the resource (reopened after a restore).
         command_timeout_s: how long one of the user's restart or restore commands may take (``--seconds``).
+        floor_url: where the restore case raises the marks (``--resource-floor``), or None: the resource's own.
     """
 
     coordinator_url: str
@@ -76,6 +77,7 @@ class Run:
     coord: Any = None
     target: Any = None
     command_timeout_s: float = 60.0
+    floor_url: str | None = None
 
     def __post_init__(self) -> None:
         self.t0 = time.monotonic()

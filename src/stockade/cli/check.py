@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a shell command that restarts the coordinator (the failover case; run with a timeout)")
     parser.add_argument("--resource-restore", default=None, metavar="CMD",
                         help="a shell command that restores the resource from your backup (the restore case)")
+    parser.add_argument("--resource-floor", default=None, metavar="URL",
+                        help="the url the restore case raises the marks through (stockade floor's; default: "
+                             "--resource; a stockade serve's store: its file, sqlite:///DATA/store.db)")
     parser.add_argument("--control", default=None, choices=("fencing-off", "strict-greater", "restore-no-floor"),
                         help="run against a deliberately broken fence on the scratch prefix (restore-no-floor: the "
                              "restore case skips the floor): the check must FAIL")
@@ -214,9 +217,10 @@ def _check(args: argparse.Namespace) -> int:
                             ("--resource-restore", args.resource_restore)):
         if command is not None and not command.strip():
             raise InvalidArgument(option, "is an empty command")
+    floor_url = _floor_url(args)
     scratch = f"stockade-check-{os.urandom(4).hex()}"
     run = Run(args.coordinator, args.resource, scratch, control=args.control, ttl_ms=args.ttl_ms,
-              command_timeout_s=float(args.seconds))
+              command_timeout_s=float(args.seconds), floor_url=floor_url)
     run.coord = stockade.connect(args.coordinator)
     try:
         run.target = open_target(args.resource, scratch, coord=run.coord, control=args.control)
@@ -238,6 +242,31 @@ def _check(args: argparse.Namespace) -> int:
     finally:
         _clean_up(args, run, scopes, quiet=failed)
     return _report(args, run, setup, verdicts)
+
+
+def _floor_url(args: argparse.Namespace) -> str | None:
+    """``--resource-floor``, checked: a url `stockade floor` opens, naming something that is there.
+
+    Raises:
+        InvalidArgument: not such a url; or a restore command for a `stockade serve` without it (the server's
+            store is floored through its file).
+    """
+    from stockade.check.targets import target_class
+    from stockade.resources.registry import FLOOR_TARGETS
+
+    url: str | None = args.resource_floor
+    if url is None:
+        if args.resource_restore is not None and args.resource.startswith(("http://", "https://")):
+            raise InvalidArgument("--resource-floor", "the restore case floors a stockade serve's store through its "
+                                                      "file: give --resource-floor sqlite:///DATA/store.db")
+        return None
+    if url.partition("://")[0] not in FLOOR_TARGETS:
+        raise InvalidArgument("--resource-floor", f"{url!r}: stockade floor opens {', '.join(sorted(FLOOR_TARGETS))}")
+    try:
+        target_class(url)  # a typo or a missing file: one line, before anything is opened
+    except InvalidArgument as exc:
+        raise InvalidArgument("--resource-floor", exc.reason) from None
+    return url
 
 
 def _clean_up(args: argparse.Namespace, run: Any, scopes: list[str], *, quiet: bool) -> None:
