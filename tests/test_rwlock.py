@@ -39,8 +39,8 @@ from stockade.coordinators.registry import COORDINATORS
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 READERS, WRITERS, CAP = 5, 2, 3  # contenders, and the readers the lock admits at once
-CYCLES = 40 if LONG else 4  # per contender
-HOLD_S = 0.03
+CYCLES = 40 if LONG else 3  # per contender
+HOLD_S = {False: 0.1, True: 0.03}  # a reader's hold, a writer's: readers long enough to meet
 ZOMBIE_ROUNDS = 20 if LONG else 1
 STREAM = 4  # readers in the starvation stream
 ZK_SESSION_MS = 1000  # the frozen writer's ZooKeeper session: its lease lapses with it
@@ -71,15 +71,15 @@ class _Count:
             self.checks += 1
             self.violations += self.writers > 1 or (self.writers > 0 and self.readers > 0) or self.readers > CAP
 
-    def hold(self) -> None:
+    def hold(self, writer: bool) -> None:
         """Look at the counts until HOLD_S passed or a violation showed (the honest run never sees one)."""
-        end = time.monotonic() + HOLD_S
+        end = time.monotonic() + HOLD_S[writer]
         while not self.violations and time.monotonic() < end:
             self.step()
             time.sleep(0.001)
 
-    async def hold_async(self) -> None:
-        end = time.monotonic() + HOLD_S
+    async def hold_async(self, writer: bool) -> None:
+        end = time.monotonic() + HOLD_S[writer]
         while not self.violations and time.monotonic() < end:
             self.step()
             await asyncio.sleep(0.001)
@@ -132,13 +132,13 @@ def _cycle(rw: ReadWriteLock, store: stockade.FencedStore, count: _Count, writer
                 store.put(rw.scope, "data", f"by {lease.token.value}", token=lease.token)
             except stockade.StaleToken:
                 count.false_rejections += 1
-            count.hold()
+            count.hold(writer)
             count.step(writers=-1)
         return
     with rw.read(ttl_ms=10_000, wait_ms=60_000) as reader:
         count.step(readers=+1)
         store.get(rw.scope, "data")
-        count.hold()
+        count.hold(writer)
         count.step(readers=-1)
         try:
             reader.validate()
@@ -175,13 +175,13 @@ async def _cycle_async(rw: AsyncReadWriteLock, store: stockade.AsyncFencedStore,
         async with rw.write(ttl_ms=10_000, wait_ms=60_000) as lease:
             count.step(writers=+1)
             await store.put(rw.scope, "data", f"by {lease.token.value}")  # the block's lease (K1)
-            await count.hold_async()
+            await count.hold_async(writer)
             count.step(writers=-1)
         return
     async with rw.read(ttl_ms=10_000, wait_ms=60_000) as reader:
         count.step(readers=+1)
         await store.get(rw.scope, "data")
-        await count.hold_async()
+        await count.hold_async(writer)
         count.step(readers=-1)
         try:
             await reader.validate()

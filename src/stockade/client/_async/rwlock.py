@@ -32,7 +32,14 @@ from stockade.client._async.semaphore import AsyncSemaphore
 from stockade.client._async.store import AsyncFencedStore
 from stockade.client._shared import CURRENT_LEASE, default_holder
 from stockade.core.errors import InvalidArgument, LeaseLost, LockTimeout, StaleToken, StockadeError
-from stockade.core.limits import validate_holder, validate_int, validate_scope, validate_ttl_ms, validate_wait, wait_deadline_ns
+from stockade.core.limits import (
+    validate_holder,
+    validate_int,
+    validate_scope,
+    validate_ttl_ms,
+    validate_wait,
+    wait_deadline_ns,
+)
 from stockade.core.tokens import FencingToken
 
 __all__ = ["AsyncReadLease", "AsyncReadWriteLock", "READERS_MAX", "READER_KEY", "WRITER_KEY"]
