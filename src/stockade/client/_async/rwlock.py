@@ -22,7 +22,7 @@ The lock is a recipe over the public client: it works on every coordinator backe
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -44,6 +44,8 @@ from stockade.core.tokens import FencingToken
 
 __all__ = ["AsyncReadLease", "AsyncReadWriteLock", "READERS_MAX", "READER_KEY", "WRITER_KEY"]
 
+log = logging.getLogger("stockade.client")
+
 #: The most readers a lock may admit at once (a writer takes and gives back every read slot).
 READERS_MAX = 100
 #: The key of the gate scope where each writer checks in (its token, before it returns).
@@ -57,6 +59,15 @@ def _remaining_ms(deadline_ns: int, wait_ms: int | None) -> int | None:
     if wait_ms is None:
         return None
     return max(0, (deadline_ns - time.monotonic_ns()) // 1_000_000)
+
+
+async def _release_quietly(lease: AsyncLease) -> None:
+    """Release ``lease``; a failure is logged, not raised: the lease ends by its TTL anyway (its keepalive
+    has stopped), and the caller's own outcome stays the one it reports."""
+    try:
+        await lease.release()
+    except StockadeError as exc:
+        log.warning("release failed", extra={"scope": lease.scope, "error": repr(exc)})
 
 
 class AsyncReadLease:
@@ -153,6 +164,7 @@ class AsyncReadWriteLock:
         holder = validate_holder(holder) if holder is not None else default_holder()
         deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
         gate = await self._coord.acquire(self.scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        slot: AsyncLease | None = None
         try:
             await self._check_in(READER_KEY, gate, holder)
             try:
@@ -160,11 +172,13 @@ class AsyncReadWriteLock:
                                                  holder=holder)
             except LockTimeout:
                 raise LockTimeout(self.scope, int(wait_ms or 0)) from None
-            if gate.lost:  # paused past the gate's lease: a writer may be in, so give the slot back
-                await slot.release()
-                gate.raise_if_lost()
-        finally:
-            await gate.release()
+            gate.raise_if_lost()  # paused past the gate's lease: a writer may be in, so give the slot back
+        except BaseException:
+            if slot is not None:
+                await _release_quietly(slot)
+            await _release_quietly(gate)
+            raise
+        await _release_quietly(gate)
         return AsyncReadLease(self, gate.token, slot)
 
     async def acquire_write(self, *, ttl_ms: int, wait_ms: int | None = 0, holder: str | None = None) -> AsyncLease:
@@ -178,6 +192,7 @@ class AsyncReadWriteLock:
             InvalidArgument: a bad ``ttl_ms``, ``wait_ms`` or ``holder`` (before any I/O).
             LockTimeout: the gate stayed held, or readers kept a slot, for ``wait_ms``.
             StaleToken: the check-in was refused (the gate lease lapsed meanwhile; nothing is held).
+            LeaseLost: the gate's lease was known lost by the end (nothing is held).
             BackendUnavailable: the coordinator or the store failed.
         """
         validate_ttl_ms(ttl_ms)
@@ -188,8 +203,9 @@ class AsyncReadWriteLock:
         try:
             await self._drain(deadline_ns, wait_ms, ttl_ms, holder)
             await self._check_in(WRITER_KEY, gate, holder)
+            gate.raise_if_lost()  # known lost already: do not hand out a lease that is not held
         except BaseException:
-            await gate.release()
+            await _release_quietly(gate)
             raise
         return gate
 
@@ -239,8 +255,7 @@ class AsyncReadWriteLock:
                 raise LeaseLost(lease.scope, lease.token, lease.lost_cause)
         finally:
             CURRENT_LEASE.reset(context_token)
-            with contextlib.suppress(StockadeError):  # it ends by its TTL anyway; the block's outcome stays
-                await lease.release()
+            await _release_quietly(lease)
 
     async def readers_now(self) -> dict[int, str]:
         """The read slots held now and each reader's holder label (a snapshot)."""

@@ -23,7 +23,7 @@ The lock is a recipe over the public client: it works on every coordinator backe
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +45,8 @@ from stockade.core.tokens import FencingToken
 
 __all__ = ["ReadLease", "ReadWriteLock", "READERS_MAX", "READER_KEY", "WRITER_KEY"]
 
+log = logging.getLogger("stockade.client")
+
 #: The most readers a lock may admit at once (a writer takes and gives back every read slot).
 READERS_MAX = 100
 #: The key of the gate scope where each writer checks in (its token, before it returns).
@@ -58,6 +60,15 @@ def _remaining_ms(deadline_ns: int, wait_ms: int | None) -> int | None:
     if wait_ms is None:
         return None
     return max(0, (deadline_ns - time.monotonic_ns()) // 1_000_000)
+
+
+def _release_quietly(lease: Lease) -> None:
+    """Release ``lease``; a failure is logged, not raised: the lease ends by its TTL anyway (its keepalive
+    has stopped), and the caller's own outcome stays the one it reports."""
+    try:
+        lease.release()
+    except StockadeError as exc:
+        log.warning("release failed", extra={"scope": lease.scope, "error": repr(exc)})
 
 
 class ReadLease:
@@ -154,6 +165,7 @@ class ReadWriteLock:
         holder = validate_holder(holder) if holder is not None else default_holder()
         deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
         gate = self._coord.acquire(self.scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        slot: Lease | None = None
         try:
             self._check_in(READER_KEY, gate, holder)
             try:
@@ -161,11 +173,13 @@ class ReadWriteLock:
                                                  holder=holder)
             except LockTimeout:
                 raise LockTimeout(self.scope, int(wait_ms or 0)) from None
-            if gate.lost:  # paused past the gate's lease: a writer may be in, so give the slot back
-                slot.release()
-                gate.raise_if_lost()
-        finally:
-            gate.release()
+            gate.raise_if_lost()  # paused past the gate's lease: a writer may be in, so give the slot back
+        except BaseException:
+            if slot is not None:
+                _release_quietly(slot)
+            _release_quietly(gate)
+            raise
+        _release_quietly(gate)
         return ReadLease(self, gate.token, slot)
 
     def acquire_write(self, *, ttl_ms: int, wait_ms: int | None = 0, holder: str | None = None) -> Lease:
@@ -179,6 +193,7 @@ class ReadWriteLock:
             InvalidArgument: a bad ``ttl_ms``, ``wait_ms`` or ``holder`` (before any I/O).
             LockTimeout: the gate stayed held, or readers kept a slot, for ``wait_ms``.
             StaleToken: the check-in was refused (the gate lease lapsed meanwhile; nothing is held).
+            LeaseLost: the gate's lease was known lost by the end (nothing is held).
             BackendUnavailable: the coordinator or the store failed.
         """
         validate_ttl_ms(ttl_ms)
@@ -189,8 +204,9 @@ class ReadWriteLock:
         try:
             self._drain(deadline_ns, wait_ms, ttl_ms, holder)
             self._check_in(WRITER_KEY, gate, holder)
+            gate.raise_if_lost()  # known lost already: do not hand out a lease that is not held
         except BaseException:
-            gate.release()
+            _release_quietly(gate)
             raise
         return gate
 
@@ -240,8 +256,7 @@ class ReadWriteLock:
                 raise LeaseLost(lease.scope, lease.token, lease.lost_cause)
         finally:
             CURRENT_LEASE.reset(context_token)
-            with contextlib.suppress(StockadeError):  # it ends by its TTL anyway; the block's outcome stays
-                lease.release()
+            _release_quietly(lease)
 
     def readers_now(self) -> dict[int, str]:
         """The read slots held now and each reader's holder label (a snapshot)."""
