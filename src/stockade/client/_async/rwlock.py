@@ -233,7 +233,7 @@ class AsyncReadWriteLock:
         try:
             yield reader
         finally:
-            await reader.release()
+            await _release_quietly(reader.lease)
 
     @asynccontextmanager
     async def write(self, *, ttl_ms: int, wait_ms: int | None = 0,

@@ -234,7 +234,7 @@ class ReadWriteLock:
         try:
             yield reader
         finally:
-            reader.release()
+            _release_quietly(reader.lease)
 
     @contextmanager
     def write(self, *, ttl_ms: int, wait_ms: int | None = 0,
