@@ -9,7 +9,7 @@
   (the zombie's write after the reader got in is accepted). A reader whose lease lapsed validates
   after a newer writer wrote: refused. Control: a writer that skips its check-in (accepted).
   Where several processes share the coordinator, the zombie writer is a real process frozen with
-  SIGSTOP past its lease, beside the same control.
+  SIGSTOP past its lease, beside the same control. The lapsed writer runs through the async client too.
 - Starvation: a writer arrives while a stream of readers keeps the lock read-held; it gets in after
   at most the readers queued before it. Control: a writer that waits for the readers to drain
   before it takes the gate (readers-preferring), which the stream starves.
@@ -284,6 +284,39 @@ def test_a_lapsed_writer_is_refused_after_a_reader_and_after_a_newer_writer(coor
           f"check in): accepted after the reader {int(control[0])} of 1")
     assert after_reader == 0 and after_writer == 0
     assert control == (True, False)  # without the readers' check-in the zombie writes under a reader
+
+
+async def _zombie_writes_async(coord_url: str, store_url: str) -> tuple[bool, bool]:
+    """`_zombie_writes` through the async client (`AsyncReadWriteLock`)."""
+    async with stockade.connect_async(coord_url) as zombie_coord:
+        async with await stockade.open_store_async(store_url, cluster_id=zombie_coord.cluster_id) as store:
+            lease = await AsyncReadWriteLock(zombie_coord, store, "catalog", readers=CAP).acquire_write(ttl_ms=300)
+            await store.put(lease.scope, "data", "zombie", token=lease.token)
+            old = lease.token
+    accepted = []
+    async with stockade.connect_async(coord_url) as coord:
+        async with await stockade.open_store_async(store_url, cluster_id=coord.cluster_id) as store:
+            rw = AsyncReadWriteLock(coord, store, "catalog", readers=CAP)
+            for step in ("reader", "writer"):
+                async with (rw.read if step == "reader" else rw.write)(ttl_ms=10_000, wait_ms=60_000) as held:
+                    assert held.token.value > old.value
+                    if step == "writer":
+                        await store.put(rw.scope, "data", "newer writer")
+                    try:
+                        await store.put(rw.scope, "data", "zombie again", token=old)
+                        accepted.append(True)
+                    except stockade.StaleToken:
+                        accepted.append(False)
+            assert (await store.get(rw.scope, "data")).value == b"newer writer"
+    return accepted[0], accepted[1]
+
+
+def test_a_lapsed_writer_is_refused_through_the_async_client(coord_url, store_url, backend):
+    rounds = [asyncio.run(_zombie_writes_async(coord_url, store_url)) for _ in range(ZOMBIE_ROUNDS)]
+    print(f"\nrwlock [{backend} async]: lapsed writer's writes accepted after a reader got in "
+          f"{sum(first for first, _ in rounds)} of {len(rounds)}, after a newer writer wrote "
+          f"{sum(second for _, second in rounds)} of {len(rounds)}")
+    assert all(verdict == (False, False) for verdict in rounds)
 
 
 def _lapsed_reader_validates(coord_url: str, store_url: str, lock_class: type[ReadWriteLock]) -> bool:
