@@ -344,9 +344,10 @@ def open_engine(location: str, policy: LeasePolicy) -> MemoryCoordinator:
     """
     if not location or not location.isascii() or not location.isprintable() or len(location) > 200:
         raise InvalidArgument("url", "memory url needs a name: memory://NAME (1..200 printable ASCII)")
-    coordinator = named(location, policy=policy)
-    if coordinator.signer is None:  # in-process keys: they live and die with the coordinator
-        from stockade.keys import FixedKeys, ephemeral_keyring
+    from stockade.keys import FixedKeys, ephemeral_keyring
 
-        coordinator.signer = FixedKeys(ephemeral_keyring(coordinator.cluster_id))
+    coordinator = named(location, policy=policy)
+    with _NAMED_LOCK:  # threads opening one name at once: one keyring, not one each (a store saw "forged")
+        if coordinator.signer is None:  # in-process keys: they live and die with the coordinator
+            coordinator.signer = FixedKeys(ephemeral_keyring(coordinator.cluster_id))
     return coordinator
