@@ -32,7 +32,7 @@ client process, on one scope per process. The layouts:
 
 With ``--breakdown``, three more: ``stockade-no-lock``, ``-no-bound`` and
 ``-no-timeline``, the same functions each without one part of their work (the
-scope's advisory lock, the bound on held leases, the timeline check; the history
+scope's lock on its view, the bound on held leases, the timeline check; the history
 is the lease's own row since schema 9, nothing to take out): what each part costs a cycle. They are
 unsafe as rules and exist only here.
 
