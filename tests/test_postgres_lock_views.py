@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -50,6 +51,16 @@ SCOPES = ["billing", "orders", "mail"]
 ROUNDS = 2
 #: The bound on every statement and lock wait of the honest coordinator: a unit that waited for the outsider fails.
 TIMEOUT_MS = 1_000
+
+
+#: The sha256 of migration 9's text as version 9 shipped it: schema 10 parameterised the functions' SQL
+#: (`server_rules`), and the migrations a database already ran must stay what they were.
+MIGRATION_9_SHA256 = "aa130672700d893adee814f2aa31184c70534fe36db5f7cf7468b0f7b98f22d0"
+
+
+def test_migration_9_is_the_text_version_9_shipped():
+    assert hashlib.sha256(MIGRATIONS[8].encode()).hexdigest() == MIGRATION_9_SHA256
+    assert "pg_advisory_xact_lock" in MIGRATIONS[8] and "pg_advisory_xact_lock" not in MIGRATIONS[9]
 
 
 def _as_role(url: str, role: str) -> str:
