@@ -26,13 +26,13 @@ client process, on one scope per process. The layouts:
   id, so that a release needs only the lease id (as the coordinator port's
   ``release(lease_id)`` does today); each write then adds an index entry.
 - ``stockade``: the coordinator's server functions as they are
-  (``stockade_coord_grant_log``, ``stockade_coord_keep_log``: the lease log of
+  (``stockade_coord_grant_10``, ``stockade_coord_keep_10``: the lease log of
   schema 9), called directly. Run this script from a checkout of an older
   version for its layout (schema 8: ``stockade_coord_grant``, ``stockade_coord_keep``).
 
 With ``--breakdown``, three more: ``stockade-no-lock``, ``-no-bound`` and
 ``-no-timeline``, the same functions each without one part of their work (the
-scope's advisory lock, the bound on held leases, the timeline check; the history
+scope's lock on its view, the bound on held leases, the timeline check; the history
 is the lease's own row since schema 9, nothing to take out): what each part costs a cycle. They are
 unsafe as rules and exist only here.
 
@@ -67,6 +67,8 @@ from side_by_side import Servers  # noqa: E402  (the servers it starts, and how)
 from stockade.coordinators.postgres._rows import (  # noqa: E402
     _NEW_TIMELINE,
     LEASE_ROWS_MAX,
+    LOCK_SCHEMA,
+    RULE_NAMES,
     SERVER_RULES,
     leases_at_least,
 )
@@ -158,9 +160,9 @@ def _scope_release(table: str, *, by_id_only: bool, rules: bool, history: bool) 
         + (", " + _scope_ring("release") if history else " ") + "SELECT c.token FROM c")
 
 
-_STOCKADE_GRANT = ("SELECT token FROM stockade_coord_grant_log(%(scope)s, %(lease_id)s, %(holder)s, %(ttl_ms)s, "
+_STOCKADE_GRANT = ("SELECT token FROM stockade_coord_grant_10(%(scope)s, %(lease_id)s, %(holder)s, %(ttl_ms)s, "
                    "100000)")
-_STOCKADE_RELEASE = "SELECT token FROM stockade_coord_keep_log(%(lease_id)s, true)"
+_STOCKADE_RELEASE = "SELECT token FROM stockade_coord_keep_10(%(lease_id)s, true)"
 
 #: layout -> (grant, release); each answers one row when it did its work.
 LAYOUTS: dict[str, tuple[str, str]] = {
@@ -179,8 +181,8 @@ LAYOUTS: dict[str, tuple[str, str]] = {
 def _stockade_without(part: str) -> str:
     """The coordinator's two functions with one part of their work taken out, renamed (for measuring only)."""
     lines = SERVER_RULES.splitlines()
-    if part == "lock":  # the scope's advisory lock (each client uses its own scope here)
-        rules = "\n".join(line for line in lines if "pg_advisory_xact_lock" not in line)
+    if part == "lock":  # the scope's lock, on its view (each client uses its own scope here)
+        rules = "\n".join(line for line in lines if f"PERFORM {LOCK_SCHEMA}." not in line)
     elif part == "bound":  # the bound on held leases
         rules = SERVER_RULES.replace("OR " + leases_at_least("p_leases_max"), "")
     elif part == "timeline":  # the check of the timeline against the recorded one
@@ -189,14 +191,14 @@ def _stockade_without(part: str) -> str:
         raise ValueError(part)
     if rules == SERVER_RULES:
         raise RuntimeError(f"the coordinator's functions changed: no {part} found to take out")
-    return (rules.replace("stockade_coord_grant_log(", f"bench_grant_no_{part}(")
-            .replace("stockade_coord_keep_log(", f"bench_keep_no_{part}("))
+    return (rules.replace(f"{RULE_NAMES[0]}(", f"bench_grant_no_{part}(")
+            .replace(f"{RULE_NAMES[1]}(", f"bench_keep_no_{part}("))
 
 
 #: ``--breakdown``: the coordinator's functions, each time without one part: what that part costs a cycle.
 BREAKDOWN: dict[str, tuple[str, str]] = {
-    f"stockade-no-{part}": (_STOCKADE_GRANT.replace("stockade_coord_grant_log(", f"bench_grant_no_{part}("),
-                            _STOCKADE_RELEASE.replace("stockade_coord_keep_log(", f"bench_keep_no_{part}("))
+    f"stockade-no-{part}": (_STOCKADE_GRANT.replace(f"{RULE_NAMES[0]}(", f"bench_grant_no_{part}("),
+                            _STOCKADE_RELEASE.replace(f"{RULE_NAMES[1]}(", f"bench_keep_no_{part}("))
     for part in ("lock", "bound", "timeline")
 }
 

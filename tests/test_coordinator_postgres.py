@@ -41,6 +41,7 @@ if not pg_helper.available():
 from helpers.pg_cluster import Pair, promote  # noqa: E402 - psycopg and the binaries are there
 
 from stockade.coordinators.postgres import PostgresRecords  # noqa: E402
+from stockade.coordinators.postgres._rows import TIMELINE_KEY  # noqa: E402
 
 SCOPES = ("a", "b", "c")
 GRANTS_BEFORE_STOP = 5  # per scope: the standby replays these
@@ -156,8 +157,8 @@ def test_restored_copy_below_its_timeline_is_refused_until_the_offset_is_raised(
     server = pg_helper.shared_server()
     dsn = server.dsn_of(pg_coord_url.rsplit("/", 1)[1])
     with psycopg.connect(dsn, autocommit=True) as conn:  # what a logical restore into a fresh cluster looks like
-        timeline = int(conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'timeline'").fetchone()[0])
-        conn.execute("UPDATE stockade_coord_meta SET v = %s WHERE k = 'timeline'", (str(timeline + 3),))
+        timeline = int(conn.execute("SELECT v FROM stockade_coord_meta WHERE k = %s", (TIMELINE_KEY,)).fetchone()[0])
+        conn.execute("UPDATE stockade_coord_meta SET v = %s WHERE k = %s", (str(timeline + 3), TIMELINE_KEY))
     coord = stockade.connect(pg_coord_url)
     with pytest.raises(BackendUnavailable, match="timeline_offset"):
         coord.acquire("r", ttl_ms=1_000, wait_ms=0)

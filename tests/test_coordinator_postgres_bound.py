@@ -18,7 +18,7 @@ from helpers.pg_schema8 import grant_8
 
 from stockade.coordinators import postgres as pg_module
 from stockade.coordinators.postgres import PostgresCoordinator
-from stockade.coordinators.postgres._rows import leases_at_least
+from stockade.coordinators.postgres._rows import RULE_NAMES, leases_at_least
 from stockade.coordinators.postgres._schema8 import HISTORY_SCHEMA, MIGRATIONS_8, SERVER_RULES_8, leases_at_least_8
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.errors import LimitExceeded
@@ -97,7 +97,7 @@ def test_a_database_of_schema_4_migrates_with_its_leases(pg_coord_url, monkeypat
         with psycopg.connect(pg_coord_url, autocommit=True) as conn:
             version = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'schema_version'").fetchone()[0]
             assert version == str(pg_module.SCHEMA_VERSION)
-            grant = conn.execute("SELECT pg_get_functiondef('stockade_coord_grant_log'::regproc)").fetchone()[0]
+            grant = conn.execute("SELECT pg_get_functiondef(%s::regproc)", (RULE_NAMES[0],)).fetchone()[0]
         assert "pg_relation_size" in grant and "stockade_coord_scopes_pkey" in grant  # schema 9's check
         # the lease granted under schema 4 is still held
         assert isinstance(new.attempt("m", lease_id=new_lease_id(), holder="h", ttl_ms=60_000, wait_ms=0).outcome,

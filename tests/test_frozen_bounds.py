@@ -7,7 +7,7 @@ a real holder process takes `LEASES` leases
 renewal cycle or, where the backend lets a test aim, at a chosen one: inside a
 renewal write (embedded), inside its own write transaction (embedded: between
 ``BEGIN IMMEDIATE`` and ``COMMIT`` on coord.db; PostgreSQL: after ``BEGIN``
-and the scope's advisory lock; host process: right after it sent an acquire,
+and the scope's lock; host process: right after it sent an acquire,
 or a release, to the host process, before reading the answer). While it stays frozen (the parent resumes it
 only after the others have answered: order, not a sleep), a new process
 (c) connects, (a) acquires a free scope with ``wait_ms=1000`` and (b) takes
@@ -81,7 +81,7 @@ MOMENTS = {"embedded": ("renewal", "", "unit", ""), "host": ("unit", "", "releas
 #: What the holder acquires to be frozen inside its own write transaction. Embedded: a free scope (a grant is a
 #: write transaction on coord.db). PostgreSQL: the honest holder's scope (a free scope is granted by one
 #: server-side call, no transaction left open; a held one is queued for in a transaction that holds the scope's
-#: advisory lock, which the honest holder's renewals need).
+#: lock, which the honest holder's renewals need).
 UNIT_SCOPE = {"embedded": "h-extra", "host": "h-extra", "postgres": "honest", "http": "", "etcd": "", "zookeeper": ""}
 CHILD_TIMEOUT_S = 60
 
@@ -135,7 +135,7 @@ if kind == "postgres":
     def _begin(self, conn, *, write, scope=None, lease_id=None):
         tx = original_begin(self, conn, write=write, scope=scope, lease_id=lease_id)
         if write and threading.current_thread() is threading.main_thread():
-            stop_if(in_unit)  # after BEGIN and the scope's advisory lock, before the unit's writes and COMMIT
+            stop_if(in_unit)  # after BEGIN and the scope's lock, before the unit's writes and COMMIT
         return tx
 
     coord_pg.PostgresRecords._begin = _begin
@@ -455,7 +455,7 @@ PG_SAFE_TTL_MS = 4_000
 def test_postgres_a_frozen_waiter_costs_a_short_lease_but_not_one_past_the_idle_bound(
     tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
-    """The finding of docs/frozen.md: a process frozen inside its queued acquire holds the scope's advisory lock
+    """The finding of docs/frozen.md: a process frozen inside its queued acquire holds the scope's lock
     until the server ends its session (2 s); the holder's renewals wait for it. A 1 s lease is lost (counted by
     the test above); a 4 s lease is not."""
     rounds = 10 if LONG else 1

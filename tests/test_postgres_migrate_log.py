@@ -26,7 +26,7 @@ from stockade.coordinators import postgres as pg_module
 from stockade.coordinators.postgres import PostgresCoordinator, PostgresRecords
 from stockade.coordinators.postgres._call import Prepared
 from stockade.coordinators.postgres._journal import LEASE_LOG
-from stockade.coordinators.postgres._rows import MIGRATIONS, SERVER_RULES
+from stockade.coordinators.postgres._rows import MIGRATIONS, SERVER_RULES_9
 from stockade.coordinators.postgres._schema8 import MIGRATIONS_8
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.errors import BackendUnavailable
@@ -89,14 +89,15 @@ def test_a_database_of_schema_8_in_use_migrates_in_place(pg_coord_url, monkeypat
     assert _migrate_and_check(pg_coord_url, before) == []
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
         version = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'schema_version'").fetchone()[0]
-    assert version == str(len(MIGRATIONS)) == "9"
+    assert version == str(len(MIGRATIONS)) == "10"
 
 
 def test_control_a_migration_that_loses_the_held_leases_is_caught(pg_coord_url, monkeypatch):
     before = _schema_8_in_use(pg_coord_url, monkeypatch)
     assert LEASE_LOG.count(_HELD_KEPT) == 1
     monkeypatch.setattr(pg_module, "MIGRATIONS",
-                        (*MIGRATIONS_8, LEASE_LOG.replace(_HELD_KEPT, "COALESCE(e.kind, '')") + SERVER_RULES))
+                        (*MIGRATIONS_8, LEASE_LOG.replace(_HELD_KEPT, "COALESCE(e.kind, '')") + SERVER_RULES_9,
+                         *MIGRATIONS[9:]))
     broken = _migrate_and_check(pg_coord_url, before)
     assert len(broken) == 1 and broken[0].startswith("the held lease was lost"), broken
 
@@ -126,7 +127,7 @@ def test_a_process_of_version_8_fails_typed_after_the_migration_and_writes_nothi
     finally:
         old.close()
     monkeypatch.setattr(pg_module, "SCHEMA_VERSION", len(MIGRATIONS_8))  # one that connects afterwards
-    with pytest.raises(BackendUnavailable, match="schema version 9, newer than this stockade"):
+    with pytest.raises(BackendUnavailable, match=f"schema version {len(MIGRATIONS)}, newer than this stockade"):
         PostgresCoordinator(pg_coord_url)
 
 

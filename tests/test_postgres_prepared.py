@@ -20,6 +20,7 @@ from helpers import postgres as pg_helper
 
 from stockade.coordinators.postgres import PostgresCoordinator
 from stockade.coordinators.postgres import _call as call
+from stockade.coordinators.postgres._rows import LOCK_SCOPE
 from stockade.core.errors import BackendUnavailable
 from stockade.core.leases import Granted
 
@@ -55,7 +56,7 @@ def test_a_grant_refused_by_the_server_is_certain_to_have_done_nothing(pg_coord_
     coord = PostgresCoordinator(pg_coord_url, statement_timeout_ms=300)
     try:
         with psycopg.connect(pg_coord_url) as other:  # holds the scope's lock: the grant's lock_timeout ends it
-            other.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (0x5374_6B02, "busy"))
+            other.execute(f"SELECT {LOCK_SCOPE.format(scope='%s')}", ("busy",))
             with pytest.raises(BackendUnavailable) as raised:
                 coord.attempt("busy", lease_id="l" * 24, holder="h", ttl_ms=10_000, wait_ms=0)
             assert raised.value.certain_no_effect

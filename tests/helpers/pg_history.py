@@ -17,7 +17,7 @@ import psycopg
 from stockade.coordinators.postgres import PostgresCoordinator
 from stockade.coordinators.postgres import _rows as _postgres_coord_rows
 from stockade.coordinators.postgres._journal import log_statements
-from stockade.coordinators.postgres._rows import HELD, SCOPE_LOCK_CLASS
+from stockade.coordinators.postgres._rows import HELD, LOCK_SCOPE
 
 #: The journal of schema versions 4 to 6, as they created it: each scope's events numbered (``n``),
 #: and each event deleting its scope's event 100 behind and the table's event 100,000 behind.
@@ -98,7 +98,7 @@ class defer_journal:  # noqa: N801 - used as a function that returns the deferre
     def __call__(self) -> None:
         with self.conn.transaction():  # the events, in a commit of their own, under the scopes' locks
             for sql, params in self.later:
-                self.conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SCOPE_LOCK_CLASS, params[0]))
+                self.conn.execute(f"SELECT {LOCK_SCOPE.format(scope='%s')}", (params[0],))
                 self.conn.execute(sql, params)
         self.later.clear()
 

@@ -12,8 +12,9 @@ PostgreSQL gives where the records live and three things the rules need:
 - **The clock.** Every unit's first statement reads the server's
   ``clock_timestamp()``, and that is ``now_ns`` for the whole unit
   (`ServerClock`). No client's clock judges an expiry (C3).
-- **The order.** A write unit takes a transaction-scoped advisory lock per
-  scope before it reads the scope's rows, so two units on one scope run one
+- **The order.** A write unit locks each scope before it reads the scope's
+  rows (EXCLUSIVE on the scope's view in a schema no other role may use,
+  until the transaction ends: `LOCK_SCOPE`), so two units on one scope run one
   after the other, in any process on any host; units on different scopes run
   in parallel and commit together (PostgreSQL's group commit).
 - **The epoch.** A token value is ``epoch << 22 | counter`` as everywhere
@@ -51,15 +52,18 @@ from stockade.coordinators.postgres._rows import (
     EXPECT_SQLSTATE,
     HELD_SCOPE,
     LEASE_ROWS_MAX,
+    LOCK_SCOPE,
     MIGRATION_LOCK,
     MIGRATIONS,
     RECORD_COLUMNS,
     RECORD_SELECT,
+    RULE_NAMES,
     SCHEMA_VERSION,
-    SCOPE_LOCK_CLASS,
+    TIMELINE_KEY,
     get_meta,
     record_of_row,
     set_meta,
+    timeline_key,
 )
 from stockade.coordinators.postgres._tx import GENERATION_BITS, PgTx, first_rows
 from stockade.core import limits
@@ -110,12 +114,12 @@ def check_settings(conn: Any) -> None:
 
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
 _META = (f"SELECT {_NOW}, pg_walfile_name(pg_current_wal_lsn()), "
-         "(SELECT v FROM stockade_coord_meta WHERE k = 'timeline'), "
+         f"(SELECT v FROM stockade_coord_meta WHERE k = '{TIMELINE_KEY}'), "
          "(SELECT v FROM stockade_coord_meta WHERE k = 'timeline_offset'), "
          "(SELECT v FROM stockade_coord_meta WHERE k = 'epoch'), "
          "(SELECT v FROM stockade_coord_meta WHERE k = 'forgotten_floor')")
-_LOCK_SCOPE = "SELECT %s::text, pg_advisory_xact_lock(%s, hashtext(%s))"
-_LOCK_LEASE = (f"SELECT s.scope, pg_advisory_xact_lock(%s, hashtext(s.scope)) "
+_LOCK_SCOPE = f"SELECT %s::text, {LOCK_SCOPE.format(scope='%s')}"
+_LOCK_LEASE = (f"SELECT s.scope, {LOCK_SCOPE.format(scope='s.scope')} "
                f"FROM {HELD_SCOPE.format(lease_id='%s')} AS s(scope)")
 _META_SCOPE = (f"{_META}, {LEASE_ROWS_MAX}, r.* FROM (SELECT 1) AS one "
                f"LEFT JOIN LATERAL ({RECORD_SELECT}WHERE s.scope = %s) AS r ON true")
@@ -126,10 +130,9 @@ _META_LEASE = (f"{_META}, NULL, r.* FROM (SELECT 1) AS one LEFT JOIN LATERAL ({R
 #: How long a lease id may be to travel inside the first round trip (longer ones take the plain path).
 _INLINE_ID_MAX = 256
 #: The common cases, one call of a server-side function each (`SERVER_RULES`); each answers the server's time last.
-_GRANT = Prepared("stockade_coord_grant_log", "SELECT token, now_ns FROM stockade_coord_grant_log($1, $2, $3, $4, $5)",
-                  (int, int))
-_KEEP = Prepared("stockade_coord_keep_log", "SELECT scope, holder, token, ttl_ms, granted_ns, expires_ns, now_ns "
-                 "FROM stockade_coord_keep_log($1, $2)", (str, str, int, int, int, int, int))
+_GRANT = Prepared(RULE_NAMES[0], f"SELECT token, now_ns FROM {RULE_NAMES[0]}($1, $2, $3, $4, $5)", (int, int))
+_KEEP = Prepared(RULE_NAMES[1], "SELECT scope, holder, token, ttl_ms, granted_ns, expires_ns, now_ns "
+                 f"FROM {RULE_NAMES[1]}($1, $2)", (str, str, int, int, int, int, int))
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,9 +343,9 @@ class PostgresRecords(Journaled):
             return new(conn, self.clock.observe(row[-1][0]), epoch=0, writable=False)
         statements: list[tuple[str, tuple[object, ...]]] = [("BEGIN", ())]
         if scope is not None:
-            statements += [(_LOCK_SCOPE, (scope, SCOPE_LOCK_CLASS, scope)), (_META_SCOPE, (scope,))]
+            statements += [(_LOCK_SCOPE, (scope, scope)), (_META_SCOPE, (scope,))]
         elif lease_id is not None:
-            statements += [(_LOCK_LEASE, (SCOPE_LOCK_CLASS, lease_id)), (_META_LEASE, (lease_id,))]
+            statements += [(_LOCK_LEASE, (lease_id,)), (_META_LEASE, (lease_id,))]
         else:
             statements.append((_META, ()))
         while True:
@@ -377,7 +380,8 @@ class PostgresRecords(Journaled):
         """First unit on a new timeline: record it, start its epoch, apply the restart rule, in one transaction."""
         conn.execute("BEGIN")
         try:
-            stored = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = 'timeline' FOR UPDATE").fetchone()
+            stored = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = %s FOR UPDATE",
+                                  (TIMELINE_KEY,)).fetchone()
             if stored is None:
                 raise BackendUnavailable("the coordinator tables are not initialised", certain_no_effect=True)
             if int(stored[0]) > timeline:
@@ -398,7 +402,7 @@ class PostgresRecords(Journaled):
                     self._on_new_timeline(tx, self.clock.now_ns())
                     tx.flush()
                 set_meta(conn, "epoch", str(epoch))
-                set_meta(conn, "timeline", str(timeline))
+                set_meta(conn, TIMELINE_KEY, str(timeline))
             conn.execute("COMMIT")
         except BaseException:
             try:
@@ -415,25 +419,26 @@ class PostgresRecords(Journaled):
         healthy = False
         try:
             conn.execute("BEGIN")
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
                 raise BackendUnavailable("the coordinator's server is a standby (read-only); connect to the primary "
                                          "(target_session_attrs=read-write)", certain_no_effect=True)
-            exists = conn.execute("SELECT to_regclass('stockade_coord_meta') IS NOT NULL").fetchone()[0]
-            version = int(get_meta(conn, "schema_version") or 0) if exists else 0
-            if version > SCHEMA_VERSION:
-                raise BackendUnavailable(f"coordinator tables are of schema version {version}, newer than this "
-                                         f"stockade ({SCHEMA_VERSION})", certain_no_effect=True)
-            for migration in MIGRATIONS[version:]:
-                conn.execute(migration)
-            set_meta(conn, "schema_version", str(SCHEMA_VERSION))
+            if not _installed(conn):  # an installed database of this version opens without the install lock
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                exists = conn.execute("SELECT to_regclass('stockade_coord_meta') IS NOT NULL").fetchone()[0]
+                version = int(get_meta(conn, "schema_version") or 0) if exists else 0
+                if version > SCHEMA_VERSION:
+                    raise BackendUnavailable(f"coordinator tables are of schema version {version}, newer than this "
+                                             f"stockade ({SCHEMA_VERSION})", certain_no_effect=True)
+                for migration in MIGRATIONS[version:]:
+                    conn.execute(migration)
+                set_meta(conn, "schema_version", str(SCHEMA_VERSION))
             cluster_id = get_meta(conn, "cluster_id")
             if cluster_id is None:
                 cluster_id = new_cluster_id()
                 walfile = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()[0]
                 timeline = int(walfile[:8], 16)
                 set_meta(conn, "cluster_id", cluster_id)
-                set_meta(conn, "timeline", str(timeline))
+                set_meta(conn, timeline_key(SCHEMA_VERSION), str(timeline))  # the key of the version installed
                 set_meta(conn, "timeline_offset", "0")
                 set_meta(conn, "epoch", str(timeline << GENERATION_BITS if self.timelines else 0))
             doc = conn.execute("SELECT doc FROM stockade_coord_keyring WHERE id = 1").fetchone()
@@ -596,6 +601,16 @@ class PostgresCoordinator(LeaseEngine):
     def wait_for_change(self, scope: str, seen: tuple[int, int], timeout_ms: int) -> bool:
         """Sleep until ``scope`` is notified after ``seen``, or ``timeout_ms`` passes."""
         return self.records.notifier.wait(scope, seen, timeout_ms / 1000)
+
+
+def _installed(conn: Any) -> bool:
+    """Whether the tables are of this version, with their cluster id and keyring (read without the install lock:
+    a migration commits all of it at once). Then opening takes no lock that another role could hold."""
+    if not conn.execute("SELECT to_regclass('stockade_coord_keyring') IS NOT NULL").fetchone()[0]:
+        return False
+    if get_meta(conn, "schema_version") != str(SCHEMA_VERSION) or get_meta(conn, "cluster_id") is None:
+        return False
+    return conn.execute("SELECT 1 FROM stockade_coord_keyring WHERE id = 1").fetchone() is not None
 
 
 def _inline_id(lease_id: object) -> bool:

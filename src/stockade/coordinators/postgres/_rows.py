@@ -8,7 +8,7 @@ can share a database with the application (and with the fenced store of
 
 Migrations are a list: version N is the first N entries applied in order
 (versions 1 to 8 frozen in `stockade.coordinators.postgres._schema8`; 9 is the
-lease log, `stockade.coordinators.postgres._journal`), in the transaction of
+lease log, `stockade.coordinators.postgres._journal`; 10 the scopes' lock views, `LOCK_VIEWS`), in the transaction of
 the first connect of a newer version, under one transaction-scoped advisory lock so that
 processes opening a new database at the same moment do not race
 (``CREATE TABLE IF NOT EXISTS`` alone is not safe against a concurrent twin).
@@ -30,12 +30,39 @@ __all__ = [
     "MIGRATIONS", "SCHEMA_VERSION", "MIGRATION_LOCK", "SCOPE_LOCK_CLASS", "get_meta", "set_meta",
     "forgotten_floor", "load_record", "forget_record", "record_writes", "record_of_row", "RECORD_SELECT",
     "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES", "LEASE_ROWS_MAX", "leases_at_least", "HELD", "HELD_SCOPE",
-    "server_rules",
+    "server_rules", "SERVER_RULES_9", "ADVISORY_LOCK", "LOCK_SCHEMA", "SCOPE_LOCKS", "LOCK_SCOPE", "LOCK_VIEW",
+    "TIMELINE_KEY", "timeline_key", "RULE_NAMES", "RULE_NAMES_9", "LOCK_VIEWS",
 ]
 
-#: Advisory lock keys: one for the migration, one class for per-scope locks (two-int form).
+#: Advisory lock keys: one for the migration, one class for the per-scope locks of schema 9 and
+#: before (two-int form), which any role that may connect can take (`LOCK_SCOPE` replaced them).
 MIGRATION_LOCK = 0x5374_6B01
 SCOPE_LOCK_CLASS = 0x5374_6B02
+#: The scope's lock of schema 9 and before, an SQL expression on ``{scope}``.
+ADVISORY_LOCK = f"pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext({{scope}}))"
+#: The schema of the scopes' lock views: only the coordinator's role may use it, so no other role can name them.
+LOCK_SCHEMA = "stockade_coord_private"
+#: How many views ``stockade_coord_private.scope_lock_<n>`` lock scopes (by ``hashtext(scope) & (n - 1)``).
+SCOPE_LOCKS = 256
+#: The scope's lock since schema 10, an SQL expression on ``{scope}``: EXCLUSIVE on the scope's view,
+#: until the transaction ends (`LOCK_VIEWS`). NULL locks nothing.
+LOCK_SCOPE = f"{LOCK_SCHEMA}.lock_scope({{scope}})"
+#: The view that ``{scope}`` locks (an SQL expression), for the tests and the docs.
+LOCK_VIEW = f"format('{LOCK_SCHEMA}.scope_lock_%s', hashtext({{scope}}) & {SCOPE_LOCKS - 1})"
+#: The key of ``stockade_coord_meta`` that holds the recorded timeline. Schema 10 renamed it from
+#: ``timeline``: a process of schema 9 (advisory locks) still running then finds no timeline and
+#: refuses its next unit (BackendUnavailable), instead of running beside the views' order.
+TIMELINE_KEY = "timeline10"
+
+
+def timeline_key(version: int) -> str:
+    """The key of the recorded timeline in the tables of schema ``version`` (`TIMELINE_KEY` since 10)."""
+    return "timeline" if version < 10 else TIMELINE_KEY
+
+
+#: The names of the grant's and the keep's functions of schema 9, and since 10 (`server_rules`).
+RULE_NAMES_9 = ("stockade_coord_grant_log", "stockade_coord_keep_log")
+RULE_NAMES = ("stockade_coord_grant_10", "stockade_coord_keep_10")
 #: The SQLSTATE of a failed `stockade_coord_expect` check: an invariant broke, not the server.
 EXPECT_SQLSTATE = "SK001"
 
@@ -93,14 +120,22 @@ HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lea
 #: read, its lock, one write (the write checks the lease is still live and nobody queued).
 #: The lease's row in the log is its history (`stockade.coordinators.postgres._journal`): the
 #: grant inserts it, the release marks it ended in place, each in its own transaction.
-def server_rules(**bounds: int) -> str:
-    """The SQL of the two functions; ``bounds`` as `stockade.coordinators.postgres._journal.sweep` takes them."""
-    return _grant_rule(**bounds) + _keep_rule(**bounds)
+def server_rules(*, lock: str = LOCK_SCOPE, names: tuple[str, str] = RULE_NAMES, timeline_key: str = TIMELINE_KEY,
+                 **bounds: int) -> str:
+    """The SQL of the two functions; ``bounds`` as `stockade.coordinators.postgres._journal.sweep` takes them.
+
+    Args:
+        lock: the scope's lock, an SQL expression on ``{scope}`` (`ADVISORY_LOCK` in schema 9, `LOCK_SCOPE` since 10).
+        names: the names of the grant's and the keep's functions.
+        timeline_key: the key of ``stockade_coord_meta`` that holds the recorded timeline (`TIMELINE_KEY`).
+    """
+    meta = _META.replace("'timeline'", f"'{timeline_key}'")
+    return (_grant_rule(lock, names[0], meta, **bounds) + _keep_rule(lock, names[1], meta, **bounds))
 
 
-def _grant_rule(**bounds: int) -> str:
+def _grant_rule(lock: str, name: str, meta: str, **bounds: int) -> str:
     return f"""
-CREATE OR REPLACE FUNCTION stockade_coord_grant_log(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
+CREATE OR REPLACE FUNCTION {name}(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
                                                     p_leases_max bigint)
 RETURNS TABLE (token bigint, now_ns bigint) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -113,7 +148,7 @@ DECLARE
     v_exists boolean;
     v_seq bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext(p_scope));
+    PERFORM {lock.format(scope='p_scope')};
     v_now := {_NOW};
     -- A later statement than the lock: it reads what the lock protects.
     SELECT COALESCE(s.last_token, 0), COALESCE(s.delay_until_ns, 0),
@@ -125,7 +160,7 @@ BEGIN
            GREATEST(COALESCE(s.last_token, 0), m.epoch << {COUNTER_BITS}, COALESCE(m.forgotten_floor, 0)),
            s.scope IS NOT NULL
       INTO v_last, v_delay, v_refused, v_base, v_exists
-      FROM {_META} LEFT JOIN stockade_coord_scopes s ON s.scope = p_scope;
+      FROM {meta} LEFT JOIN stockade_coord_scopes s ON s.scope = p_scope;
     IF v_refused OR v_base & {COUNTER_MAX} = {COUNTER_MAX} THEN
         RETURN;  -- busy, a new timeline, a full table, or a counter at the end of its epoch: the engine decides
     END IF;
@@ -156,9 +191,9 @@ $$;
 """
 
 
-def _keep_rule(**bounds: int) -> str:
+def _keep_rule(lock: str, name: str, meta: str, **bounds: int) -> str:
     return f"""
-CREATE OR REPLACE FUNCTION stockade_coord_keep_log(p_lease_id text, p_release boolean)
+CREATE OR REPLACE FUNCTION {name}(p_lease_id text, p_release boolean)
 RETURNS TABLE (scope text, holder text, token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint,
                now_ns bigint) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -169,7 +204,7 @@ DECLARE
     v_seq bigint;
 BEGIN
     v_now := {_NOW};
-    SELECT {HELD_SCOPE.format(lease_id='p_lease_id')}, {_NEW_TIMELINE} INTO v_scope, v_refused FROM {_META};
+    SELECT {HELD_SCOPE.format(lease_id='p_lease_id')}, {_NEW_TIMELINE} INTO v_scope, v_refused FROM {meta};
     IF v_refused THEN
         RETURN;
     END IF;
@@ -178,7 +213,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock({SCOPE_LOCK_CLASS}, hashtext(v_scope));
+    PERFORM {lock.format(scope='v_scope')};
     v_now := {_NOW};  -- the lock may have waited
     -- A later statement than the lock: it reads what the lock protects. Only a live lease with
     -- nobody queued is released or renewed here, in its row, in place; for anything else no row
@@ -209,7 +244,51 @@ $$
 """
 
 
+#: The two functions as schema 9 created them (advisory locks), kept as they were for migration 9.
+SERVER_RULES_9 = server_rules(lock=ADVISORY_LOCK, names=RULE_NAMES_9, timeline_key="timeline")
+#: The two functions since schema 10: the scope's lock is its view's (`LOCK_SCOPE`).
 SERVER_RULES = server_rules()
+
+#: Migration 10's locks: views in a schema no other role may use, so that no other role can name
+#: them, nor lock them (an advisory lock any role can take; a view in a schema it may use it can
+#: lock ROW SHARE by PREPAREing a ``SELECT ... FOR UPDATE`` of it, which needs no privilege). The
+#: schema is created unless it exists owned by the coordinator's role (an administrator may create
+#: it so, for a role without CREATE on the database). Views, not tables: pg_dump locks the tables
+#: it dumps until it ends. A lock on a view writes nothing (no WAL), like the advisory lock.
+LOCK_VIEWS = f"""
+DO $schema$ BEGIN
+    IF to_regnamespace('{LOCK_SCHEMA}') IS NULL THEN
+        IF NOT has_database_privilege(current_database(), 'CREATE') THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = format(
+                'the coordinator locks its scopes on views in the schema {LOCK_SCHEMA}, which role %I may not '
+                'create: GRANT CREATE ON DATABASE %I TO %I, or CREATE SCHEMA {LOCK_SCHEMA} AUTHORIZATION %I '
+                '(docs/coordinator-postgres.md)', current_user, current_database(), current_user, current_user);
+        END IF;
+        CREATE SCHEMA {LOCK_SCHEMA};
+    ELSIF (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = '{LOCK_SCHEMA}')
+            IS DISTINCT FROM (SELECT r.oid FROM pg_roles r WHERE r.rolname = current_user) THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = format(
+            'the schema {LOCK_SCHEMA} belongs to another role than %I, which could take the coordinator''s '
+            'locks: ALTER SCHEMA {LOCK_SCHEMA} OWNER TO %I (docs/coordinator-postgres.md)', current_user, current_user);
+    END IF;
+END $schema$;
+REVOKE ALL ON SCHEMA {LOCK_SCHEMA} FROM PUBLIC;
+DO $views$ BEGIN
+    FOR i IN 0..{SCOPE_LOCKS - 1} LOOP
+        EXECUTE format('CREATE OR REPLACE VIEW {LOCK_SCHEMA}.scope_lock_%s AS SELECT 1 AS one', i);
+    END LOOP;
+END $views$;
+REVOKE ALL ON ALL TABLES IN SCHEMA {LOCK_SCHEMA} FROM PUBLIC;
+CREATE OR REPLACE FUNCTION {LOCK_SCOPE.format(scope='p_scope text')} RETURNS void LANGUAGE plpgsql STRICT AS $$
+BEGIN
+    EXECUTE 'LOCK TABLE {LOCK_SCHEMA}.scope_lock_' || (hashtext(p_scope) & {SCOPE_LOCKS - 1}) || ' IN EXCLUSIVE MODE';
+END
+$$;
+REVOKE ALL ON FUNCTION {LOCK_SCOPE.format(scope='text')} FROM PUBLIC;
+DROP FUNCTION IF EXISTS {RULE_NAMES_9[0]}(text, text, text, bigint, bigint);
+DROP FUNCTION IF EXISTS {RULE_NAMES_9[1]}(text, boolean);
+UPDATE stockade_coord_meta SET k = '{TIMELINE_KEY}' WHERE k = 'timeline';
+"""
 
 MIGRATIONS: tuple[str, ...] = (
     *MIGRATIONS_8,  # versions 1 to 8, as they were (`stockade.coordinators.postgres._schema8`)
@@ -218,7 +297,11 @@ MIGRATIONS: tuple[str, ...] = (
     # (a lease row with three indexes inserted and deleted, two events with two each), now 8
     # (tests/test_postgres_wal_per_cycle.py). The functions are new names: a process of version 8
     # still running fails on its next call instead of writing beside the log.
-    LEASE_LOG + SERVER_RULES,
+    LEASE_LOG + SERVER_RULES_9,
+    # 10: the scopes' locks on views no other role can lock (`LOCK_VIEWS`), instead of advisory
+    # locks any role can take. The functions are new names and the timeline's key is renamed, so a
+    # process of version 9 still running fails on its next call instead of locking differently.
+    LOCK_VIEWS + SERVER_RULES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -25,7 +25,7 @@ from typing import Any
 from stockade.coordinators.postgres._notify import CHANNEL
 from stockade.coordinators.postgres._rows import (
     HELD_SCOPE,
-    SCOPE_LOCK_CLASS,
+    LOCK_SCOPE,
     Statement,
     forget_record,
     forgotten_floor,
@@ -145,7 +145,7 @@ class PgTx:
     def _lock(self, scope: str) -> None:
         # One lock per scope per unit, released at COMMIT/ROLLBACK: units on one scope run one after the other.
         if self.writable and scope not in self._locked:
-            self._execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SCOPE_LOCK_CLASS, scope))
+            self._execute(f"SELECT {LOCK_SCOPE.format(scope='%s')}", (scope,))
             self._locked.add(scope)
 
     def load(self, scope: str) -> ScopeRecord:
@@ -168,9 +168,9 @@ class PgTx:
         # Found and locked in one round trip; the load that follows is a later statement, so it
         # reads what the lock protects (a scope re-granted meanwhile shows another lease id).
         row = self._execute(
-            f"SELECT s.scope, pg_advisory_xact_lock(%s, hashtext(s.scope)) FROM {HELD_SCOPE.format(lease_id='%s')} "
+            f"SELECT s.scope, {LOCK_SCOPE.format(scope='s.scope')} FROM {HELD_SCOPE.format(lease_id='%s')} "
             "AS s(scope) WHERE s.scope IS NOT NULL",
-            (SCOPE_LOCK_CLASS, lease_id)).fetchone()
+            (lease_id,)).fetchone()
         if row is None:
             return None
         self._locked.add(row[0])
