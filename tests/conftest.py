@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import socket
+import string
 import subprocess
 import sys
 import tempfile
@@ -141,21 +142,17 @@ def backend(request) -> str:
     return request.param
 
 
+#: The parameters that are not a registry folder, each a url template as `CoordinatorBackend.test_url`.
+_TEST_URLS = {"serve-postgres": "{serve_pg.url}", "postgres-sql_ascii": "{pg_sql_ascii_coord_url}"}
+
+
 @pytest.fixture
-def coord_url(tmp_path: Path, backend: str, request) -> str:
-    if backend in ("http", "serve-postgres"):
-        return request.getfixturevalue("serve_pg" if backend == "serve-postgres" else "http_server").url
-    if backend == "memory":
-        return f"memory://{tmp_path.name}"
-    if backend == "postgres":
-        return request.getfixturevalue("pg_coord_url")
-    if backend == "postgres-sql_ascii":
-        return request.getfixturevalue("pg_sql_ascii_coord_url")
-    if backend == "etcd":  # one three-member cluster per session, a namespace per test
-        return f"{request.getfixturevalue('etcd_cluster').url}/{tmp_path.name}"
-    if backend == "zookeeper":  # one three-server ensemble per session, a chroot per test
-        return f"{request.getfixturevalue('zk_ensemble').url}/{tmp_path.name}"
-    return f"sqlite:///{tmp_path / 'coord.db'}"
+def coord_url(backend: str, request) -> str:
+    """A fresh url of ``backend`` for this test: its registry entry's ``test_url``, each field a fixture."""
+    template = _TEST_URLS.get(backend) or next(
+        url for url in (COORDINATORS[scheme].test_url for scheme in BACKENDS[backend]) if url)
+    fixtures = {field.split(".")[0] for _, field, _, _ in string.Formatter().parse(template) if field}
+    return template.format(**{name: request.getfixturevalue(name) for name in fixtures})
 
 
 @pytest.fixture
