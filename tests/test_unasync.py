@@ -106,7 +106,7 @@ def test_the_async_source_never_imports_generated_code(tmp_path):
     # the control: the import the HTTP opener used to make, planted in a copy, is found
     package = _copy(unasync, tmp_path)
     planted = package / "coordinators" / "http" / "_async" / "open.py"
-    planted_import = "    from stockade.coordinators.http._sync.port import HTTPClient\n"
+    planted_import = "    from stockade.transport._sync.http_client import HTTPClient\n"
     planted.write_text(planted.read_text() + "\n\ndef f():\n" + planted_import)
     line = len(planted.read_text().splitlines())
     assert async_imports_of_sync(package) == [f"coordinators/http/_async/open.py:{line}"]
