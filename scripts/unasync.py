@@ -47,7 +47,8 @@ NAME_RULES = [
     (r"\bconnect_async\b", "connect"),
     (r"\bopen_store_async\b", "open_store"),
     # the public functions the async API names with a suffix (the recipes, the PostgreSQL fence)
-    (r"\b(once|reconcile|forget|status|uncertain)_async\b", r"\1"),
+    (r"\b(once|reconcile|forget|status|uncertain|fenced|fenced_sqlalchemy|probe_psycopg|probe_sqlalchemy)_async\b",
+     r"\1"),
     (r"\b_async\b", "_sync"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
 ]

@@ -46,6 +46,7 @@ from stockade.keys import FixedKeys
 from stockade.resources import postgres as pg
 from stockade.resources._observe import reject
 from stockade.resources.postgres import _sql as q
+from stockade.resources.postgres._fenced import _prepare
 
 T = TypeVar("T")
 
@@ -149,7 +150,7 @@ class PgHarness:
             yield PgUnit(self, scope)
 
     def _checked_then_trusted(self, scope: str, token: Any) -> PgUnit:
-        fencing_token, scope = pg._prepare(token, validate_scope(scope), self.keys)
+        fencing_token, scope = _prepare(token, validate_scope(scope), self.keys)
         mark = self.high_water(scope)  # one transaction ...
         decision = decide(fencing_token, cluster=self.cluster_id, scope=scope, high_water=mark)
         if isinstance(decision, Reject):
