@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import reaper
 
 import stockade
 from stockade.coordinators.registry import COORDINATORS
+from stockade.testing.servers import reaper
 
 HELPERS = Path(__file__).parent / "helpers"
 
@@ -125,7 +125,7 @@ for _scheme, _entry in COORDINATORS.items():
     BACKENDS[_name] = (*BACKENDS.get(_name, ()), _scheme)
 if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3 min (the default runs the core)
     BACKENDS["serve-postgres"] = ("http",)
-#: The PostgreSQL backend on each database encoding (tests/helpers/postgres.py ``ENCODINGS``).
+#: The PostgreSQL backend on each database encoding (stockade.testing.servers.postgres ``ENCODINGS``).
 PG_ENCODINGS = {"postgres": "UTF8", "postgres-sql_ascii": "SQL_ASCII"}
 #: What the coordinator conformance suite runs on: every backend, and PostgreSQL once more on a
 #: SQL_ASCII database (the other files that take ``backend`` run UTF8 only: the suite is the port's proof).
@@ -185,9 +185,9 @@ def keyring_here(tmp_path: Path, backend: str, request) -> Path:
 
 @contextlib.contextmanager
 def fresh_pg_url(encoding: str = "UTF8") -> Iterator[str]:
-    """A fresh database in ``encoding`` on the session's PostgreSQL 15 (tests/helpers/postgres.py) as a url,
+    """A fresh database in ``encoding`` on the session's PostgreSQL 15 (stockade.testing.servers.postgres) as a url,
     dropped after."""
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     if not pg_helper.available():
         if os.environ.get("CI") == "true":
@@ -202,7 +202,7 @@ def fresh_pg_url(encoding: str = "UTF8") -> Iterator[str]:
 @pytest.fixture
 def pg_db():
     """A fresh database on the session's PostgreSQL 15: ``(server, name)``, dropped after."""
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     server = pg_helper.shared_server()
     name = pg_helper.fresh_database(server)

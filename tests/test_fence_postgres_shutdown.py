@@ -21,10 +21,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers.postgres import BIN, START_TIMEOUT_S, PostgresServer, available
 
 from stockade.resources import postgres as pg
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import BIN, START_TIMEOUT_S, PostgresServer, available
 
 ROOT = Path(__file__).resolve().parent.parent
 

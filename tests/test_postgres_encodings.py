@@ -33,7 +33,6 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from conftest import python_env
-from helpers.postgres import PostgresServer, available, drop_database, shared_server
 
 import stockade
 from stockade.coordinators.postgres import open_postgres
@@ -42,6 +41,7 @@ from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import FencingToken
 from stockade.resources import postgres as pg
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import PostgresServer, available, drop_database, shared_server
 from stockade.transport import postgres as _postgres_errors
 from stockade.transport.postgres import error_text
 

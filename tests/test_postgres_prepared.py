@@ -16,12 +16,12 @@ import os
 
 import psycopg
 import pytest
-from helpers import postgres as pg_helper
 
 from stockade.coordinators.postgres import PostgresCoordinator
 from stockade.coordinators.postgres import _call as call
 from stockade.core.errors import BackendUnavailable
 from stockade.core.leases import Granted
+from stockade.testing.servers import postgres as pg_helper
 
 pytestmark = pytest.mark.skipif(
     not pg_helper.available() and os.environ.get("CI") != "true", reason="PostgreSQL 15 is not installed"

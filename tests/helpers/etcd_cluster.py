@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from helpers import reaper
+from stockade.testing.servers import reaper
 
 __all__ = ["EtcdCluster", "etcd_available", "MEMBERS"]
 

@@ -20,8 +20,6 @@ from helpers.fence_postgres import HARNESSES, _database, _free
 from helpers.fence_redis import AsyncRedisHarness, SyncRedisHarness, _Loop
 from helpers.fence_sqlite_db import SQLiteDbHarness, user_database
 from helpers.fence_store import StoreHarness
-from helpers.postgres import shared_server
-from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.signing import Keyring
 from stockade.keys import save_keyring
@@ -29,6 +27,8 @@ from stockade.resources import postgres as pg
 from stockade.resources.memory import MemoryStore
 from stockade.resources.registry import StoreOptions, open_resource
 from stockade.testing.conformance.fence import CLUSTER
+from stockade.testing.servers.postgres import shared_server
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 Opener = Callable[..., Any]
 

@@ -1,7 +1,7 @@
 """Fence harnesses over a real PostgreSQL: ``postgres`` (psycopg sync), ``postgres-async`` (psycopg
 async, driven from a private event loop thread) and ``postgres-sqlalchemy`` (a sync SQLAlchemy Session),
 each on a UTF8 database; ``postgres-sql_ascii`` is ``postgres`` on a SQL_ASCII database (the user's
-connection then gets text back as bytes: `helpers.postgres.ENCODINGS`).
+connection then gets text back as bytes: `stockade.testing.servers.postgres.ENCODINGS`).
 
 Each harness gets an empty database on one shared server (a new one, or one a
 closed harness left, emptied), `install`s the fence in it and keeps the user's
@@ -36,7 +36,6 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from helpers.postgres import SUPERUSER, PostgresServer, fresh_database, shared_server
 
 from stockade.core import limits
 from stockade.core.errors import InvalidArgument
@@ -47,6 +46,7 @@ from stockade.resources import postgres as pg
 from stockade.resources._observe import reject
 from stockade.resources.postgres import _sql as q
 from stockade.resources.postgres._fenced import _prepare
+from stockade.testing.servers.postgres import SUPERUSER, PostgresServer, fresh_database, shared_server
 
 T = TypeVar("T")
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
-from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.fence import Reject, decide
 from stockade.keys import FixedKeys
@@ -29,6 +28,7 @@ from stockade.resources._inputs import coerce_token
 from stockade.resources.redis import AsyncRedisFence, RedisFence
 from stockade.resources.redis import _script as script_module
 from stockade.testing.mutants import accept_everything, reject_equal
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 T = TypeVar("T")
 VALUE_BYTES_MAX = 4096

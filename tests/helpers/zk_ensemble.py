@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from helpers import reaper
+from stockade.testing.servers import reaper
 
 __all__ = ["ZkEnsemble", "zookeeper_available", "SERVERS", "CONTAINER_CHECK_MS"]
 
