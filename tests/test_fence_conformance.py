@@ -244,8 +244,6 @@ def test_the_l2_suite_catches_the_legacy_control(tmp_path: Path, target: str) ->
     assert failed == (l2_suite.L2_TESTS if target in HAD_THE_HOLE else []) + l2_suite.L2_MEMORY_TESTS, failed
 # -- a writer paused inside its unit (stockade.testing.conformance.fence_paused): L1 at the resource ----------
 
-from helpers.fence_postgres import NO_SUPERSEDE  # noqa: E402 - the control's name (the postgres harness's)
-
 from stockade.testing.conformance.fence_paused import (  # noqa: E402
     NotBounded,
     Paused,
@@ -253,6 +251,7 @@ from stockade.testing.conformance.fence_paused import (  # noqa: E402
     check_paused_writer,
     test_a_writer_paused_inside_its_unit_never_stalls_a_newer_token,  # noqa: F401 - run here, over every target
 )
+from stockade.testing.fences.postgres import NO_SUPERSEDE  # noqa: E402 - the control's name (the postgres harness's)
 
 PAUSED = {name: target.paused for name, target in DESCRIPTORS.items()}
 

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers.fence_redis import redis_state
 
 import stockade
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.values import FenceFloors
 from stockade.resources.redis import AsyncRedisFence, RedisFence
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
+from stockade.testing.fences.redis import redis_state
 from stockade.testing.servers.redis import RedisServer, free_port, require_redis
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"

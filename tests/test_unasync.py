@@ -116,6 +116,8 @@ def test_the_async_source_never_imports_generated_code(tmp_path):
 TWINS_BY_HAND = {
     "resources/postgres/_probe.py:probe_sqlalchemy_async": "two drivers, not two spellings: the sync probe runs on a "
     "raw DBAPI connection of any driver (psycopg2 too), the async one on psycopg's AsyncConnection",
+    "testing/fences/postgres.py:AsyncPgHarness": "not a twin: a subclass of the sync harness that drives the async "
+    "front from the suite's sync tests on a loop thread of its own",
 }
 
 

@@ -348,9 +348,9 @@ def _database(server: PostgresServer, encoding: str) -> str:
     free = _free.setdefault((server.port, encoding), [])
     name = free.pop() if free else fresh_database(server, encoding)
     with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
-        if conn.execute("SELECT to_regclass('kv')").fetchone()[0] is None:
+        if conn.execute("SELECT to_regclass('kv')").fetchone()[0] is None:  # type: ignore[index]
             conn.execute(KV_TABLE)
-        if conn.execute("SELECT to_regclass('stockade.settings')").fetchone()[0] is not None:
+        if conn.execute("SELECT to_regclass('stockade.settings')").fetchone()[0] is not None:  # type: ignore[index]
             conn.execute("TRUNCATE kv, stockade.high_water, stockade.keys, stockade.settings, stockade.operations")
     return name
 
