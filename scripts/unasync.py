@@ -46,6 +46,9 @@ NAME_RULES = [
     (r"\bredis_asyncio\b", "redis_py"),
     (r"\bconnect_async\b", "connect"),
     (r"\bopen_store_async\b", "open_store"),
+    # the public functions the async API names with a suffix (the recipes, the PostgreSQL fence)
+    (r"\b(once|reconcile|forget|status|uncertain|fenced|fenced_sqlalchemy|probe_psycopg|probe_sqlalchemy)_async\b",
+     r"\1"),
     (r"\b_async\b", "_sync"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
 ]
@@ -53,6 +56,7 @@ NAME_RULES = [
 # Syntax: applied to code, and to code spans inside prose.
 SYNTAX_RULES = [
     (r"\bAwaitable\[T\]", "T"),
+    (r"\bAwaitable\[Any\]", "Any"),
     (r"\bAwaitable, ", ""),  # the import, unused once the annotations are rewritten
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),

@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import socket
+import string
 import subprocess
 import sys
 import tempfile
@@ -18,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import reaper
 
 import stockade
 from stockade.coordinators.registry import COORDINATORS
+from stockade.testing.servers import reaper
 
 HELPERS = Path(__file__).parent / "helpers"
 pytest_plugins = ["helpers.clean_checkout"]  # the run leaves the checkout as it found it
@@ -125,7 +126,7 @@ for _scheme, _entry in COORDINATORS.items():
     BACKENDS[_name] = (*BACKENDS.get(_name, ()), _scheme)
 if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3 min (the default runs the core)
     BACKENDS["serve-postgres"] = ("http",)
-#: The PostgreSQL backend on each database encoding (tests/helpers/postgres.py ``ENCODINGS``).
+#: The PostgreSQL backend on each database encoding (stockade.testing.servers.postgres ``ENCODINGS``).
 PG_ENCODINGS = {"postgres": "UTF8", "postgres-sql_ascii": "SQL_ASCII"}
 #: What the coordinator conformance suite runs on: every backend, and PostgreSQL once more on a
 #: SQL_ASCII database (the other files that take ``backend`` run UTF8 only: the suite is the port's proof).
@@ -142,21 +143,17 @@ def backend(request) -> str:
     return request.param
 
 
+#: The parameters that are not a registry folder, each a url template as `CoordinatorBackend.test_url`.
+_TEST_URLS = {"serve-postgres": "{serve_pg.url}", "postgres-sql_ascii": "{pg_sql_ascii_coord_url}"}
+
+
 @pytest.fixture
-def coord_url(tmp_path: Path, backend: str, request) -> str:
-    if backend in ("http", "serve-postgres"):
-        return request.getfixturevalue("serve_pg" if backend == "serve-postgres" else "http_server").url
-    if backend == "memory":
-        return f"memory://{tmp_path.name}"
-    if backend == "postgres":
-        return request.getfixturevalue("pg_coord_url")
-    if backend == "postgres-sql_ascii":
-        return request.getfixturevalue("pg_sql_ascii_coord_url")
-    if backend == "etcd":  # one three-member cluster per session, a namespace per test
-        return f"{request.getfixturevalue('etcd_cluster').url}/{tmp_path.name}"
-    if backend == "zookeeper":  # one three-server ensemble per session, a chroot per test
-        return f"{request.getfixturevalue('zk_ensemble').url}/{tmp_path.name}"
-    return f"sqlite:///{tmp_path / 'coord.db'}"
+def coord_url(backend: str, request) -> str:
+    """A fresh url of ``backend`` for this test: its registry entry's ``test_url``, each field a fixture."""
+    template = _TEST_URLS.get(backend) or next(
+        url for url in (COORDINATORS[scheme].test_url for scheme in BACKENDS[backend]) if url)
+    fixtures = {field.split(".")[0] for _, field, _, _ in string.Formatter().parse(template) if field}
+    return template.format(**{name: request.getfixturevalue(name) for name in fixtures})
 
 
 @pytest.fixture
@@ -189,9 +186,9 @@ def keyring_here(tmp_path: Path, backend: str, request) -> Path:
 
 @contextlib.contextmanager
 def fresh_pg_url(encoding: str = "UTF8") -> Iterator[str]:
-    """A fresh database in ``encoding`` on the session's PostgreSQL 15 (tests/helpers/postgres.py) as a url,
+    """A fresh database in ``encoding`` on the session's PostgreSQL 15 (stockade.testing.servers.postgres) as a url,
     dropped after."""
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     if not pg_helper.available():
         if os.environ.get("CI") == "true":
@@ -206,7 +203,7 @@ def fresh_pg_url(encoding: str = "UTF8") -> Iterator[str]:
 @pytest.fixture
 def pg_db():
     """A fresh database on the session's PostgreSQL 15: ``(server, name)``, dropped after."""
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     server = pg_helper.shared_server()
     name = pg_helper.fresh_database(server)

@@ -23,11 +23,11 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import free_port, fresh_pg_url, python_env
-from helpers.redis_server import RedisServer, require_redis
 
 import stockade
 from stockade.resources.postgres import PostgresFence
 from stockade.resources.sqlite_db import SQLiteFence
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 ROUNDS = "20" if os.environ.get("STOCKADE_LONG") == "1" else "3"
 #: --seconds of the checks that restart a server once a round (20 rounds of a restart take minutes).
@@ -299,7 +299,7 @@ def test_zookeeper_coordinator_and_directory(zk_ensemble, tmp_path: Path) -> Non
 @pytest.fixture
 def pg_coordinator(tmp_path: Path) -> Iterator[tuple[str, Any]]:
     """A PostgreSQL cluster of its own (it is restarted), its url, and its server; stopped by pg_ctl after."""
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     if not pg_helper.available():
         pytest.skip("PostgreSQL 15 is not installed")
@@ -316,13 +316,13 @@ def pg_coordinator(tmp_path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _as_postgres(command: str) -> str:
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     return " ".join([*pg_helper._as_postgres(), "sh", "-c", shlex.quote(command)])
 
 
 def test_failover_postgres_coordinator_restarted_by_pg_ctl(pg_coordinator, tmp_path: Path) -> None:
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     url, server = pg_coordinator
     root = tmp_path / "files"
@@ -340,7 +340,7 @@ def test_failover_postgres_coordinator_restarted_by_pg_ctl(pg_coordinator, tmp_p
 def test_failover_postgres_restored_from_an_old_copy_fails(pg_coordinator, tmp_path: Path) -> None:
     """The control: the "restart" brings back a copy of the data directory taken before the check, on the same
     timeline, so the scope's counter starts again: every round a token goes back."""
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     url, server = pg_coordinator
     ctl, data, old = f"{pg_helper.BIN}/pg_ctl", server.datadir, server.root / "old"

@@ -240,7 +240,8 @@ def test_serve_whose_store_accepts_every_token_fails(tmp_path: Path) -> None:
     import urllib.request
 
     from conftest import HELPERS, free_port, python_env
-    from helpers import reaper
+
+    from stockade.testing.servers import reaper
 
     port = free_port()
     with open(tmp_path / "serve.log", "wb") as log:
@@ -271,7 +272,7 @@ def test_serve_whose_store_accepts_every_token_fails(tmp_path: Path) -> None:
 def test_postgres_restored_by_pg_restore(pg_fenced_sql_ascii, tmp_path: Path) -> None:
     """``--resource-restore``: the database dropped and restored from a ``pg_dump`` taken after install (its
     marks from before the check): the stale holder is accepted without the floor, refused after it."""
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     coord_url, app_url = pg_fenced_sql_ascii
     server = pg_helper.shared_server()

@@ -151,9 +151,9 @@ def test_passwords_are_not_printed() -> None:
 def test_stockade_floor_on_a_users_postgresql(tmp_path: Path) -> None:
     """A user's PostgreSQL whose marks went back (a restore): old tokens write until ``stockade floor`` runs."""
     import psycopg
-    from helpers.postgres import drop_database, fresh_database, shared_server
 
     from stockade.resources.postgres import fenced, install
+    from stockade.testing.servers.postgres import drop_database, fresh_database, shared_server
 
     server = shared_server()
     name = fresh_database(server)
@@ -194,7 +194,7 @@ def test_stockade_floor_on_a_users_postgresql(tmp_path: Path) -> None:
 
 
 def test_stockade_floor_refuses_a_postgresql_without_the_fence(tmp_path: Path) -> None:
-    from helpers.postgres import drop_database, fresh_database, shared_server
+    from stockade.testing.servers.postgres import drop_database, fresh_database, shared_server
 
     server = shared_server()
     name = fresh_database(server)

@@ -13,10 +13,10 @@ import os
 import threading
 
 import pytest
-from helpers import postgres as pg_helper
 
 import stockade
 from stockade.core.leases import ScopeState
+from stockade.testing.servers import postgres as pg_helper
 
 pytestmark = pytest.mark.skipif(
     not pg_helper.available() and os.environ.get("CI") != "true", reason="PostgreSQL 15 is not installed"

@@ -10,7 +10,7 @@ import pytest
 from conftest import CONFORMANCE_BACKENDS
 
 from stockade.testing.conformance.coordinator import *  # noqa: F403 - the suite's tests
-from stockade.testing.conformance.history import *  # noqa: F403 - the history suite's tests
+from stockade.testing.conformance.journal import *  # noqa: F403 - the lease-journal suite's tests
 
 
 @pytest.fixture(params=CONFORMANCE_BACKENDS)

@@ -28,10 +28,10 @@ import time
 
 import psycopg
 import pytest
-from helpers import postgres as pg_helper
 
 import stockade
 from stockade.core.errors import BackendUnavailable, LockTimeout
+from stockade.testing.servers import postgres as pg_helper
 
 if not pg_helper.available():
     if os.environ.get("CI") == "true":
@@ -429,7 +429,7 @@ def _storm_through_promotions(tmp_path, *, synchronous: bool, timelines: bool, f
             old_port = primary.port
             primary.close()
             primary = standby
-            import helpers.postgres as pg_module
+            import stockade.testing.servers.postgres as pg_module
 
             real_free_port = pg_module._free_port
             pg_module._free_port = lambda port=old_port: port  # the url names two fixed ports

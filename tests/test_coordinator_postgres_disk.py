@@ -41,7 +41,7 @@ CLI_RUNS_MAX = 5
 @contextlib.contextmanager
 def _postgres_on_a_small_disk() -> Iterator[tuple[Any, Path]]:
     """A real PostgreSQL 15 whose data directory is on a small tmpfs: ``(server, mount)``, stopped after."""
-    from helpers import postgres as pg_helper
+    from stockade.testing.servers import postgres as pg_helper
 
     if not pg_helper.available():
         if os.environ.get("CI") == "true":

@@ -24,10 +24,10 @@ import pytest
 from conftest import HELPERS
 
 sys.path.insert(0, str(HELPERS))
-from helpers import reaper  # noqa: E402
 from server_fixtures import PYTHON, ServerProcess, _env, request, start_server  # noqa: E402
 
 from stockade.core.journal import HistoryEvent  # noqa: E402
+from stockade.testing.servers import reaper  # noqa: E402
 from stockade.timeline import CSS as TIMELINE_CSS  # noqa: E402
 from stockade.timeline import journal_events, render_fragment  # noqa: E402
 

@@ -26,7 +26,7 @@ def _serve(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
 
 
 def _postgres(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
-    from helpers.postgres import PostgresServer
+    from stockade.testing.servers.postgres import PostgresServer
 
     server = PostgresServer()
     server.start()
@@ -34,7 +34,7 @@ def _postgres(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
 
 
 def _redis(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
-    from helpers.redis_server import RedisServer
+    from stockade.testing.servers.redis import RedisServer
 
     server = RedisServer(workdir / "redis")
     return {"127.0.0.1:6379": f"127.0.0.1:{server.port}"}, server.stop

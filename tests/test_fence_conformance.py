@@ -244,8 +244,6 @@ def test_the_l2_suite_catches_the_legacy_control(tmp_path: Path, target: str) ->
     assert failed == (l2_suite.L2_TESTS if target in HAD_THE_HOLE else []) + l2_suite.L2_MEMORY_TESTS, failed
 # -- a writer paused inside its unit (stockade.testing.conformance.fence_paused): L1 at the resource ----------
 
-from helpers.fence_postgres import NO_SUPERSEDE  # noqa: E402 - the control's name (the postgres harness's)
-
 from stockade.testing.conformance.fence_paused import (  # noqa: E402
     STALL_MS,
     NotBounded,
@@ -256,6 +254,7 @@ from stockade.testing.conformance.fence_paused import (  # noqa: E402
     test_a_writer_paused_inside_its_unit_never_stalls_a_newer_token,  # noqa: F401 - run here, over every target
     test_a_writer_paused_inside_its_unit_stalls_only_as_declared,  # noqa: F401 - run here, over every target
 )
+from stockade.testing.fences.postgres import NO_SUPERSEDE  # noqa: E402 - the control's name (the postgres harness's)
 
 PAUSED = {name: target.paused for name, target in DESCRIPTORS.items()}
 

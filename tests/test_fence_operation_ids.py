@@ -17,13 +17,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers.postgres import available, drop_database, fresh_database, shared_server
 
 from stockade.core.errors import AlreadyApplied, InvalidArgument
 from stockade.resources import postgres as pg
 from stockade.resources import sqlite_db
 from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
+from stockade.testing.servers.postgres import available, drop_database, fresh_database, shared_server
 
 BOUND = 3
 

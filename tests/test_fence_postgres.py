@@ -30,13 +30,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.tokens import FencingToken
 from stockade.resources import postgres as pg
 from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import CLUSTER, KEYS, ROGUE_KEYS, tok
+from stockade.testing.servers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = int(os.environ.get("STOCKADE_LONG", "0") or 0)

@@ -20,11 +20,11 @@ import os
 
 import psycopg
 import pytest
-from helpers.postgres import PostgresServer, available
 
 from stockade.core.errors import StaleToken
 from stockade.resources import postgres as pg
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import PostgresServer, available
 
 OLD_TOKEN_WRITES = 20
 LAST_ISSUED = 60  # t: the coordinator's last issued token for scope "s"

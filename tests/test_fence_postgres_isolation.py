@@ -28,14 +28,14 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from helpers.fence_postgres import OUTSIDER_ROLE, PgHarness, make_postgres_harness
-from helpers.postgres import available
 
 from stockade.core.errors import StaleToken
 from stockade.resources import postgres as pg
 from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
 from stockade.testing.conformance.fence_isolation import check_floor_raised_mid_transaction, check_outsider_cannot_stall
+from stockade.testing.fences.postgres import OUTSIDER_ROLE, PgHarness, make_postgres_harness
+from stockade.testing.servers.postgres import available
 
 if not available():
     if os.environ.get("CI") == "true":

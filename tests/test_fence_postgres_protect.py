@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
-from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 from stockade.core.errors import InvalidArgument
 from stockade.resources import postgres as pg
 from stockade.resources.postgres import _protect as _postgres_protect
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 if not available():
     pytest.skip("PostgreSQL 15 is not installed", allow_module_level=True)

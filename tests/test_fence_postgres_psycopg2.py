@@ -16,11 +16,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.postgres import available, drop_database, fresh_database, shared_server
 
 from stockade.core.errors import AlreadyApplied, StaleToken, TokenMismatch
 from stockade.resources import postgres as pg
 from stockade.testing.conformance.fence import KEYS, ROGUE_KEYS, tok
+from stockade.testing.servers.postgres import available, drop_database, fresh_database, shared_server
 
 if not available():
     pytest.skip("PostgreSQL 15 is not installed", allow_module_level=True)

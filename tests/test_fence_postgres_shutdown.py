@@ -21,10 +21,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers.postgres import BIN, START_TIMEOUT_S, PostgresServer, available
 
 from stockade.resources import postgres as pg
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import BIN, START_TIMEOUT_S, PostgresServer, available
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,8 +37,9 @@ from stockade.core.errors import StaleToken, Superseded, BackendUnavailable
 from stockade.resources import postgres as pg
 dsn, token, front, control = sys.argv[1:5]
 if control == "1":  # the behaviour before the probe: every 57P01 read as supersession
-    pg.probe_psycopg = lambda conn: None
-    pg.probe_sqlalchemy = lambda bind: None
+    from stockade.resources.postgres._sync import fence as sync_fronts
+    sync_fronts.probe_psycopg = lambda conn: None
+    sync_fronts.probe_sqlalchemy = lambda bind: None
 UPSERT = "INSERT INTO kv VALUES ('A', 'zombie') ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 def out(line):
     print(line, flush=True)

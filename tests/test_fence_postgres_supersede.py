@@ -22,12 +22,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 from stockade.core.errors import Superseded
 from stockade.resources import postgres as pg
 from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = int(os.environ.get("STOCKADE_LONG", "0") or 0)

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers.fence_redis import redis_state
-from helpers.redis_server import RedisServer, free_port, require_redis
 
 import stockade
 from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken, TokenMismatch
 from stockade.core.values import FenceFloors
 from stockade.resources.redis import AsyncRedisFence, RedisFence
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
+from stockade.testing.fences.redis import redis_state
+from stockade.testing.servers.redis import RedisServer, free_port, require_redis
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 RESTARTS = 50 if LONG else 10  # the issue asks for >= 10

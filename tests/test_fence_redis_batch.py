@@ -29,9 +29,6 @@ from typing import Any
 
 import pytest
 import redis
-from helpers.fence_partial import REDIS as REDIS_WAYS
-from helpers.fence_redis import make_redis_harness, old_first_pass, redis_state
-from helpers.redis_server import RedisServer, require_redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -40,6 +37,9 @@ from stockade.resources.redis import RedisFence
 from stockade.resources.redis import _script as script
 from stockade.testing.conformance import fence_partial as partial
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
+from stockade.testing.fences.partial import REDIS as REDIS_WAYS
+from stockade.testing.fences.redis import make_redis_harness, old_first_pass, redis_state
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 GENERATED_BATCHES = 2000 if LONG else 150

@@ -14,11 +14,11 @@ import os
 
 import pytest
 from helpers import full_disk
-from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.errors import BackendUnavailable
 from stockade.resources.redis import RedisFence
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 pytestmark = pytest.mark.skipif(not full_disk.can_mount(), reason="needs root to mount a tmpfs")
 

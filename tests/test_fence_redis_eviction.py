@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.errors import BackendUnavailable, StaleToken
 from stockade.resources.redis import AsyncRedisFence, RedisFence
 from stockade.resources.redis import _batch as _redis_batch
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 MAXMEMORY = "4mb"
 #: Filler keys of 512 bytes: about 10 MB, well past the 4 MB.

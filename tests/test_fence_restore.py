@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.fence_sqlite_db import UPSERT, user_database
 
 import stockade
 from stockade.core.errors import InvalidArgument, StaleToken
@@ -25,6 +24,7 @@ from stockade.resources.files import FencedDirectory
 from stockade.resources.files import open_floor_target as open_files_floor
 from stockade.resources.sqlite_db import SQLiteFence
 from stockade.resources.sqlite_db import open_floor_target as open_sqlite_floor
+from stockade.testing.fences.sqlite_db import UPSERT, user_database
 
 SCOPE = "orders"
 OLD_TOKENS = 20  # tokens issued after the backup was taken and before the restore; the issue asks for >= 20

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers.postgres import available, drop_database, fresh_database, shared_server
 
 from stockade.core.tokens import FencingToken
 from stockade.keys import KeyFile, create_keyring
 from stockade.resources import postgres, sqlite_db
+from stockade.testing.servers.postgres import available, drop_database, fresh_database, shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 WRITER = Path(__file__).resolve().parent / "helpers" / "retry_writer.py"

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from helpers.fence_files import paused_rounds
-from helpers.fence_sqlite_db import UPSERT, USER_TABLE, user_database
 
 import stockade
 from stockade.core.errors import InvalidArgument, StaleToken
@@ -26,6 +25,7 @@ from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.keys import FixedKeys, KeyFile, create_keyring, ephemeral_keyring
 from stockade.resources.sqlite_db import SQLiteFence, fenced, fenced_sqlalchemy, install
+from stockade.testing.fences.sqlite_db import UPSERT, USER_TABLE, user_database
 
 CLUSTER = "feedfacefeedface"
 KEYS = FixedKeys(ephemeral_keyring(CLUSTER))

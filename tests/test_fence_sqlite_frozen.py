@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.fence_sqlite_db import UPSERT, user_database
 from helpers.stopped import read_line as _read_line
 from helpers.stopped import stopped as _stopped
 
@@ -37,6 +36,7 @@ from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring, save_keyring
 from stockade.resources import sqlite_db
 from stockade.resources.sqlite_db import fenced, install
+from stockade.testing.fences.sqlite_db import UPSERT, user_database
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "helpers" / "sqlite_db_frozen.py")

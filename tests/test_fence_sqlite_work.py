@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.fence_sqlite_db import UPSERT, user_database
 
 from stockade.core.errors import StaleToken
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring
 from stockade.resources import sqlite_db
 from stockade.resources.sqlite_db import SQLiteFence, install
+from stockade.testing.fences.sqlite_db import UPSERT, user_database
 
 CLUSTER = "feedfacefeedface"
 KEYS = FixedKeys(ephemeral_keyring(CLUSTER))

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers.postgres import available, drop_database, fresh_database, shared_server
 
 from stockade.recipes.log import READ_LIMIT_MAX, open_postgres_log
 from stockade.resources import postgres as pg
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import available, drop_database, fresh_database, shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "helpers" / "shardlog_writer.py")

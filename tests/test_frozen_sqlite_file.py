@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.fence_sqlite_db import UPSERT, user_database
 
 import stockade
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, create_keyring, load_keyring
 from stockade.resources.sqlite_db import fenced, install
+from stockade.testing.fences.sqlite_db import UPSERT, user_database
 
 CLUSTER = "feedfacefeedface"
 ROUNDS = 20 if os.environ.get("STOCKADE_LONG") == "1" else 2

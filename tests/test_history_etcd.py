@@ -1,6 +1,6 @@
 """The lease history on etcd: journal keys written in the Txn of each change, bounded, and served.
 
-The conformance suite (`stockade.testing.conformance.history`) runs on etcd from
+The conformance suite (`stockade.testing.conformance.journal`) runs on etcd from
 tests/test_coordinator_conformance.py; this file holds what is etcd's own:
 
 - a grant whose Txn fails at etcd writes no event (control: the events in a Txn

@@ -19,7 +19,6 @@ import psycopg
 import pytest
 import redis
 from conftest import fresh_pg_url
-from helpers.redis_server import RedisServer, require_redis
 
 import stockade
 from stockade.core.errors import InvalidArgument, StockadeError
@@ -31,6 +30,7 @@ from stockade.resources.files import FencedDirectory
 from stockade.resources.redis import RedisFence
 from stockade.resources.sqlite_db import SQLiteFence
 from stockade.testing.conformance.fence_keys import legacy_keys
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 
 def _forge(cluster_id: str) -> FencingToken:

@@ -57,7 +57,6 @@ from typing import Any
 
 import pytest
 from conftest import HELPERS, python_env
-from helpers import reaper
 from helpers.late_holder import Holder
 from helpers.server_fixtures import ServerProcess, start_server
 
@@ -67,6 +66,7 @@ from stockade.resources._inputs import make_write
 from stockade.resources.store import SQLiteStore
 from stockade.testing.checkers import check
 from stockade.testing.history import dump_jsonl
+from stockade.testing.servers import reaper
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 ROUNDS = int(os.environ.get("STOCKADE_LATE_ROUNDS") or (240 if LONG else 12))

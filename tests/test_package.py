@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import reaper
 from helpers.docblocks import blocks
+
+from stockade.testing.servers import reaper
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -6,7 +6,7 @@ first (``int("b'8'")``, a raw ``ValueError`` out of `stockade.connect` and
 ``stockade status``), and the fence's `install` refused its own cluster id
 (``this database is fenced for cluster b'29e1…'``). The conformance suites run
 both integrations on a SQL_ASCII database of the shared server
-(tests/conftest.py ``CONFORMANCE_BACKENDS``, tests/helpers/fence_postgres.py
+(tests/conftest.py ``CONFORMANCE_BACKENDS``, stockade.testing.fences.postgres
 ``postgres-sql_ascii``); here:
 
 - a real ``initdb --locale=C`` cluster: connect twice, a holder read back,
@@ -33,7 +33,6 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from conftest import python_env
-from helpers.postgres import PostgresServer, available, drop_database, shared_server
 
 import stockade
 from stockade.coordinators.postgres import open_postgres
@@ -42,6 +41,7 @@ from stockade.core.leases import LeasePolicy
 from stockade.core.tokens import FencingToken
 from stockade.resources import postgres as pg
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import PostgresServer, available, drop_database, shared_server
 from stockade.transport import postgres as _postgres_errors
 from stockade.transport.postgres import error_text
 

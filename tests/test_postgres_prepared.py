@@ -16,13 +16,13 @@ import os
 
 import psycopg
 import pytest
-from helpers import postgres as pg_helper
 
 from stockade.coordinators.postgres import PostgresCoordinator
 from stockade.coordinators.postgres import _call as call
 from stockade.coordinators.postgres._rows import LOCK_SCOPE
 from stockade.core.errors import BackendUnavailable
 from stockade.core.leases import Granted
+from stockade.testing.servers import postgres as pg_helper
 
 pytestmark = pytest.mark.skipif(
     not pg_helper.available() and os.environ.get("CI") != "true", reason="PostgreSQL 15 is not installed"

@@ -1,4 +1,4 @@
-"""A test process that is killed does not leave its servers running (tests/helpers/reaper.py).
+"""A test process that is killed does not leave its servers running (src/stockade/testing/servers/reaper.py).
 
 A child Python process plays the test process: it starts a real Redis through
 the fixtures' helper (which registers it with the watcher) and a plain
@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import reaper
-from helpers.redis_server import require_redis
+
+from stockade.testing.servers import reaper
+from stockade.testing.servers.redis import require_redis
 
 TESTS = Path(__file__).parent
 GONE_WITHIN_S = 60.0  # a bound for a busy machine; the watcher acts as soon as it reads end-of-file
@@ -27,7 +28,7 @@ GONE_WITHIN_S = 60.0  # a bound for a busy machine; the watcher acts as soon as 
 _CHILD = """
 import json, subprocess, sys, time
 from pathlib import Path
-from helpers.redis_server import RedisServer
+from stockade.testing.servers.redis import RedisServer
 server = RedisServer(Path(sys.argv[1]))
 control = subprocess.Popen(["sleep", "600"])
 print(json.dumps({"redis": server.process.pid, "control": control.pid}), flush=True)
@@ -50,8 +51,9 @@ def _wait_gone(pid: int) -> bool:
 
 def test_a_killed_test_process_leaves_no_server_behind(tmp_path: Path) -> None:
     require_redis()
+    path = os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "redis")], stdout=subprocess.PIPE,
-                             text=True, cwd=TESTS, env={**os.environ, "PYTHONPATH": str(TESTS)})
+                             text=True, cwd=TESTS, env={**os.environ, "PYTHONPATH": path})
     assert child.stdout is not None
     pids = json.loads(child.stdout.readline())
     try:
@@ -71,7 +73,7 @@ def test_a_killed_test_process_leaves_no_server_behind(tmp_path: Path) -> None:
 
 def _watcher_reads(lines: str) -> int:
     """Run a watcher that reads ``lines`` and then end-of-file (its test process ended); its exit status."""
-    watcher = subprocess.Popen([sys.executable, str(TESTS / "helpers" / "reaper.py")], stdin=subprocess.PIPE)
+    watcher = subprocess.Popen([sys.executable, reaper.__file__], stdin=subprocess.PIPE)
     watcher.communicate(lines.encode(), timeout=30)
     return watcher.returncode
 

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pytest
 from conftest import HELPERS, PYTHON, python_env
-from helpers import reaper
+
+from stockade.testing.servers import reaper
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 ROUNDS = 100 if LONG else 10

@@ -31,7 +31,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 import stockade
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StaleToken, TokenMismatch
@@ -51,6 +50,7 @@ from stockade.resources.floor import open_floor_target, raise_to_floors
 from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import CLUSTER, KEYS, OTHER_CLUSTER, OTHER_KEYS, ROGUE_KEYS, tok
 from stockade.testing.mutants import fencing_off
+from stockade.testing.servers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "helpers" / "shardlog_writer.py")

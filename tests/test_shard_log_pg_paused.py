@@ -28,13 +28,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.postgres import PostgresServer, available
 
 from stockade.recipes._log_postgres import install_log
 from stockade.recipes.log import READ_LIMIT_MAX, open_postgres_log
 from stockade.resources import postgres as pg
 from stockade.resources.postgres import _sql as q
 from stockade.testing.conformance.fence import KEYS, tok
+from stockade.testing.servers.postgres import PostgresServer, available
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "helpers" / "shardlog_writer.py")

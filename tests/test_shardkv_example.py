@@ -27,12 +27,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.postgres import PostgresServer, available
 
 import stockade
 from stockade.recipes._log_postgres import install_log
 from stockade.resources import postgres as pg
 from stockade.resources.postgres import _sql as q
+from stockade.testing.servers.postgres import PostgresServer, available
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "shardkv"

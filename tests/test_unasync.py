@@ -106,7 +106,56 @@ def test_the_async_source_never_imports_generated_code(tmp_path):
     # the control: the import the HTTP opener used to make, planted in a copy, is found
     package = _copy(unasync, tmp_path)
     planted = package / "coordinators" / "http" / "_async" / "open.py"
-    planted_import = "    from stockade.coordinators.http._sync.port import HTTPClient\n"
+    planted_import = "    from stockade.transport._sync.http_client import HTTPClient\n"
     planted.write_text(planted.read_text() + "\n\ndef f():\n" + planted_import)
     line = len(planted.read_text().splitlines())
     assert async_imports_of_sync(package) == [f"coordinators/http/_async/open.py:{line}"]
+
+
+#: Hand-written async twins left outside transport/, each with why it cannot be generated.
+TWINS_BY_HAND = {
+    "resources/postgres/_probe.py:probe_sqlalchemy_async": "two drivers, not two spellings: the sync probe runs on a "
+    "raw DBAPI connection of any driver (psycopg2 too), the async one on psycopg's AsyncConnection",
+    "testing/fences/postgres.py:AsyncPgHarness": "not a twin: a subclass of the sync harness that drives the async "
+    "front from the suite's sync tests on a loop thread of its own",
+}
+
+
+def hand_written_twins(package: Path) -> list[str]:
+    """Every module-level function or class with async code in it, outside transport/ and the ``_async``/``_sync``
+    folders, whose sync name (unasync's name rules) is defined in the same module: a twin written by hand."""
+    import ast
+    import re
+
+    unasync = _load()
+
+    def sync_name(name: str) -> str:
+        for pattern, replacement in unasync.NAME_RULES:
+            name = re.sub(pattern, replacement, name)
+        return name
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).parts
+        if parts[0] == "transport" or "_async" in parts or "_sync" in parts:
+            continue
+        body = ast.parse(path.read_text()).body
+        defined = [node for node in body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+        names = {node.name for node in defined}
+        for node in defined:
+            is_async = any(isinstance(n, ast.AsyncFunctionDef | ast.Await | ast.AsyncWith | ast.AsyncFor)
+                           for n in ast.walk(node))
+            if is_async and sync_name(node.name) != node.name and sync_name(node.name) in names:
+                found.append(f"{path.relative_to(package).as_posix()}:{node.name}")
+    return found
+
+
+def test_no_async_twin_is_written_by_hand_outside_transport(tmp_path):
+    """Every sync/async pair outside transport/ is generated from one ``_async/`` source, or named above with why."""
+    unasync = _load()
+    assert hand_written_twins(unasync.PACKAGE) == sorted(TWINS_BY_HAND)
+    # the control: the pair the jobs recipe used to be, planted in a copy, is found
+    package = _copy(unasync, tmp_path)
+    planted = package / "recipes" / "planted.py"
+    planted.write_text("def once(fn):\n    return fn()\n\n\nasync def once_async(fn):\n    return await fn()\n")
+    assert hand_written_twins(package) == sorted([*TWINS_BY_HAND, "recipes/planted.py:once_async"])

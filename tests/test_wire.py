@@ -17,7 +17,7 @@ from conftest import HELPERS
 
 import stockade.client
 from stockade.client._shared import http_endpoint
-from stockade.coordinators.http._sync.port import HTTPClient, HTTPCoordinatorPort, HTTPStorePort, fetch_cluster_id
+from stockade.coordinators.http._sync.port import HTTPCoordinatorPort, HTTPStorePort, fetch_cluster_id
 from stockade.core.errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -33,6 +33,7 @@ from stockade.core.errors import (
 from stockade.core.tokens import FencingToken
 from stockade.server.app import App, _handler_name, problem_for
 from stockade.server.openapi import openapi_document
+from stockade.transport._sync.http_client import HTTPClient
 from stockade.transport.http11 import HTTPResponse, error_for
 from stockade.wire import DEFAULT_PORT, PROBLEM_TYPE_PREFIX
 from stockade.wire.problems import BODY_FIELD_STATUS, PROBLEM_TYPES, SIZE_STATUS

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import reaper
+
+from stockade.testing.servers import reaper
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
-from helpers import reaper
+from stockade.testing.servers import reaper
 
 __all__ = ["EtcdCluster", "etcd_available", "MEMBERS"]
 

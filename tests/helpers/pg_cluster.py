@@ -1,6 +1,6 @@
 """A PostgreSQL 15 primary with a streaming standby (``pg_basebackup -R``), promoted with ``pg_ctl promote``.
 
-Built on `helpers.postgres.PostgresServer` (each server a real postmaster on a
+Built on `stockade.testing.servers.postgres.PostgresServer` (each server a real postmaster on a
 free loopback port, stopped by its own pid). The standby is asynchronous
 unless ``synchronous=True`` (``synchronous_standby_names = '*'``: a commit
 returns only after the standby flushed it).
@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-from helpers.postgres import BIN, SUPERUSER, PostgresServer, _as_postgres
+
+from stockade.testing.servers.postgres import BIN, SUPERUSER, PostgresServer, _as_postgres
 
 WAIT_S = 60.0
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from helpers import reaper
+from stockade.testing.servers import reaper
 
 HELPERS = Path(__file__).parent
 PYTHON = sys.executable

@@ -13,11 +13,10 @@ import signal
 import sqlite3
 import sys
 
-from helpers.fence_sqlite_db import UPSERT
-
 from stockade.core.errors import StockadeError
 from stockade.core.tokens import FencingToken
 from stockade.resources.sqlite_db import fenced
+from stockade.testing.fences.sqlite_db import UPSERT
 
 path, keyring = sys.argv[1], sys.argv[2]
 conn = sqlite3.connect(path, isolation_level=None)

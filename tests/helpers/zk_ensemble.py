@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from helpers import reaper
+from stockade.testing.servers import reaper
 
 __all__ = ["ZkEnsemble", "zookeeper_available", "SERVERS", "CONTAINER_CHECK_MS"]
 

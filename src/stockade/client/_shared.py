@@ -7,13 +7,13 @@ import ipaddress
 import os
 import socket
 import ssl
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_int
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Grant  # defined with the other values a port answers; re-exported for the ports
+from stockade.transport.http11 import HTTPEndpoint  # what `http_endpoint` answers; re-exported
 
 __all__ = [
     "Grant",
@@ -112,37 +112,6 @@ def _http_schemes() -> list[str]:
     from stockade.coordinators.registry import COORDINATORS
 
     return sorted(scheme for scheme, backend in COORDINATORS.items() if backend.folder == "http")
-
-
-@dataclass(frozen=True, slots=True)
-class HTTPEndpoint:
-    """Where and how to reach a `stockade serve`, validated at construction.
-
-    Attributes:
-        host, port: the server (``[v6]`` brackets stripped from ``host``).
-        base_path: a path prefix before ``/v1`` (for a reverse proxy), without a trailing slash.
-        tls: the TLS context for ``https://`` (None for ``http://``).
-        authority: the ``Host`` header value.
-        auth_token: the bearer token, or None.
-        timeout_ms: deadline of one request (an acquire adds its ``wait_ms``).
-        connect_timeout_ms: deadline of a TCP (and TLS) connect.
-        unix_path: a Unix-domain socket to connect to instead of ``host:port`` (the host's coordinator
-            process of ``sqlite:///…?process=host``); None for TCP.
-    """
-
-    host: str
-    port: int
-    base_path: str
-    tls: ssl.SSLContext | None
-    authority: str
-    auth_token: str | None
-    timeout_ms: int
-    connect_timeout_ms: int
-    unix_path: str | None = None
-
-    def __repr__(self) -> str:  # never show the bearer token
-        scheme = "https" if self.tls is not None else "http"
-        return f"<HTTPEndpoint {scheme}://{self.authority}{self.base_path}>"
 
 
 def http_endpoint(

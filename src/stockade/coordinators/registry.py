@@ -129,6 +129,10 @@ class CoordinatorBackend:
             None for a backend whose server caps each request's wait (the client resumes it by ticket).
         query: the url query parameters it takes (`UrlOption`); a url with any other is refused. A backend
             with none leaves a ``?`` in its location to its own opener (libpq, ZooKeeper).
+        test_url: a fresh url of this backend for one test, as a `str.format` template whose fields are
+            pytest fixture names (``"{tmp_path.name}"``, ``"{etcd_cluster.url}"``), read by the project's
+            tests/conftest.py ``coord_url``; None: the tests reach this backend under another scheme of its
+            folder.
     """
 
     scheme: str
@@ -142,6 +146,7 @@ class CoordinatorBackend:
     beside: str | None = None
     waits_in_one_call: str | None = None
     query: tuple[UrlOption, ...] = ()
+    test_url: str | None = None
 
     def __post_init__(self) -> None:
         # C4 is part of the contract, not an option: a backend without it is not a coordinator.
@@ -242,6 +247,7 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
                 summary="embedded: this process writes the file; host: one coordinator process per host owns it, "
                         "reached over the Unix socket FILE.sock, started on demand (docs/coordinator-files.md)",
             ),),
+            test_url="sqlite:///{tmp_path}/coord.db",
         ),
         CoordinatorBackend(
             "memory", "in this process only; tokens do not survive it (tests, examples)",
@@ -249,11 +255,12 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
             engine="stockade.coordinators.memory:open_engine", served=False, remote=False,
             beside="stockade.coordinators.memory:find_named",
             waits_in_one_call="in-process engine: one waiter, polled in one call, no per-request cap",
+            test_url="memory://{tmp_path.name}",
         ),
         CoordinatorBackend(
             "postgresql", "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
             _POSTGRES, port="stockade.coordinators.postgres._async.port:open_port", remote=False,
-            waits_in_one_call=_PG_WAIT,
+            waits_in_one_call=_PG_WAIT, test_url="{pg_coord_url}",  # a fresh database per test
         ),
         CoordinatorBackend(
             "postgres", "PostgreSQL tables (libpq url, multi-host with target_session_attrs=read-write)",
@@ -262,7 +269,8 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
         ),
         CoordinatorBackend("http", "a stockade serve", _DURABLE_REMOTE | _DENSE,
                            port="stockade.coordinators.http._async.open:open_port", served=False,
-                           store="stockade.coordinators.http._async.open:open_store_port"),
+                           store="stockade.coordinators.http._async.open:open_store_port",
+                           test_url="{http_server.url}"),  # a stockade serve per test
         CoordinatorBackend("https", "a stockade serve over TLS", _DURABLE_REMOTE | _DENSE,
                            port="stockade.coordinators.http._async.open:open_port", served=False,
                            store="stockade.coordinators.http._async.open:open_store_port"),
@@ -270,11 +278,13 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
                            _DURABLE_REMOTE | {Capability.CLIENT_LOCK_DELAY},
                            port="stockade.coordinators.etcd._async.open:open_port",
                            waits_in_one_call="etcd: one queue key (its create revision), watched in one call, "
-                                             "no per-request cap"),
+                                             "no per-request cap",
+                           test_url="{etcd_cluster.url}/{tmp_path.name}"),  # a session cluster, a namespace per test
         # Tokens are czxids, not dense.
         CoordinatorBackend("zookeeper", "a ZooKeeper 3.5+ ensemble: ephemeral sequential nodes, tokens from czxids",
                            _ZOOKEEPER, port="stockade.coordinators.zookeeper._async.port:open_port",
-                           waits_in_one_call=_ZK_WAIT),
+                           waits_in_one_call=_ZK_WAIT,
+                           test_url="{zk_ensemble.url}/{tmp_path.name}"),  # a session ensemble, a chroot per test
         CoordinatorBackend("zk", "a ZooKeeper 3.5+ ensemble: ephemeral sequential nodes, tokens from czxids",
                            _ZOOKEEPER, port="stockade.coordinators.zookeeper._async.port:open_port",
                            waits_in_one_call=_ZK_WAIT),

@@ -1,23 +1,36 @@
-"""The record a fenced job leaves in its store, how a result is serialised, and `JobUncertain`.
+"""The record a fenced job leaves in its store, how a result is serialised, `JobUncertain`, and what the
+sync and async recipes share (their arguments' checks, the codec protocol, how each side calls a job).
 
-Pure: no I/O. `stockade.recipes.jobs` reads and writes these records through a
-fenced store, under the job's lease.
+No I/O. The recipe (``recipes/_async/jobs.py``, its sync twin generated into ``_sync/``; both under the
+name `stockade.recipes.jobs`) reads and writes these records through a fenced store, under the job's lease.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from stockade.core.errors import InvalidArgument, LimitExceeded, StockadeError
-from stockade.core.limits import SCOPE_BYTES_MAX, SCOPE_CHARS, VALUE_BYTES_MAX, validate_int, validate_scope
+from stockade.core.limits import (
+    LIST_PAGE_MAX,
+    SCOPE_BYTES_MAX,
+    SCOPE_CHARS,
+    VALUE_BYTES_MAX,
+    validate_int,
+    validate_scope,
+)
+from stockade.core.tokens import FencingToken
 
 __all__ = [
     "JOB_SCOPE_PREFIX", "RECORD_KEY", "FENCE_KEY", "RESULT_BYTES_MAX_DEFAULT", "RESULT_BYTES_CEILING",
     "ERROR_CHARS_MAX",
     "JobRecord", "JobUncertain", "JsonCodec", "job_scope", "decode_record", "encode_record", "encode_result",
+    "TTL_MS_DEFAULT", "WAIT_MS_DEFAULT", "SCAN_SCOPES_MAX", "Codec", "JobContext", "JSON", "AsyncJobCall", "JobCall",
+    "now_ms", "checked_args", "error_text", "read_record", "scan_start", "page_done",
 ]
 
 #: Every job's scope is this prefix and the job key: one lease, one token sequence, one mark per job.
@@ -165,3 +178,97 @@ class JobUncertain(StockadeError):
             f"job {record.key!r} was started by {record.holder!r} with token {record.token_value} and no result "
             f"was recorded{detail}: reconcile or forget it"
         )
+
+
+TTL_MS_DEFAULT = 30_000
+WAIT_MS_DEFAULT = 30_000
+#: Scopes one `uncertain` call looks at, at most.
+SCAN_SCOPES_MAX = 100_000
+
+
+class Codec(Protocol):
+    """How results are serialised: ``encode(value) -> str`` and ``decode(str) -> value``."""
+
+    def encode(self, value: Any) -> str: ...
+
+    def decode(self, text: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a job is given.
+
+    Attributes:
+        key: the job key.
+        scope: the job's scope (``job:KEY``); the job's own writes go there.
+        token: the lease's token: pass it with every write of the job (``token=ctx.token``),
+            so that a write sent after the lease was lost and the job taken over is refused.
+        lease: the lease itself (``lease.lost``, ``lease.raise_if_lost()``).
+    """
+
+    key: str
+    scope: str
+    token: FencingToken
+    lease: Any
+
+
+#: The default codec (compact JSON).
+JSON: Codec = JsonCodec()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def checked_args(key: object, fn: object, result_bytes_max: object, codec: object, *, needs_fn: bool = True) -> str:
+    scope = job_scope(key)
+    if needs_fn and not callable(fn):
+        raise InvalidArgument("fn", "must be callable")
+    validate_result_bytes_max(result_bytes_max)
+    if not (callable(getattr(codec, "encode", None)) and callable(getattr(codec, "decode", None))):
+        raise InvalidArgument("codec", "must have encode(value) -> str and decode(str) -> value")
+    return scope
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:ERROR_CHARS_MAX]
+
+
+def read_record(item: Any) -> JobRecord | None:
+    return None if item is None else decode_record(item.value)
+
+
+class AsyncJobCall:
+    """How the async side calls a job: ``fn`` is a coroutine function, and only an `Exception` is the job's
+    error (a cancellation, as when the lease is lost while it runs, is recorded as nothing: the record stays
+    started, uncertain)."""
+
+    recorded: tuple[type[BaseException], ...] = (Exception,)
+
+    @staticmethod
+    def check(fn: object) -> None:
+        """Raises `InvalidArgument` unless ``fn`` is a coroutine function."""
+        if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)):
+            raise InvalidArgument("fn", "must be a coroutine function (async def); use once() for a plain function")
+
+
+class JobCall:
+    """How the sync side calls a job: any callable, and whatever it raises is kept in the record."""
+
+    recorded: tuple[type[BaseException], ...] = (BaseException,)
+
+    @staticmethod
+    def check(fn: object) -> None:
+        """Any callable will do (`checked_args` has seen that ``fn`` is one)."""
+
+
+def scan_start(after: str, limit: int) -> str:
+    """Where `uncertain` starts in the coordinator's scope list (``limit`` checked)."""
+    validate_int("limit", limit, 1, LIST_PAGE_MAX)
+    return job_scope(after) if after else JOB_SCOPE_PREFIX
+
+
+def page_done(names: list[str], limit: int) -> tuple[list[str], bool]:
+    """The job scopes of one page of scope names, and whether the scan ends with it."""
+    jobs = [n for n in names if n.startswith(JOB_SCOPE_PREFIX)]
+    return jobs, len(jobs) < len(names) or len(names) < limit

@@ -81,19 +81,20 @@ CHECK_TARGETS: Mapping[str, str] = MappingProxyType({
 #: Each fence adapter's conformance descriptor: target name -> ``"module:NAME"`` of a
 #: `stockade.testing.conformance.fence_target.FenceTarget` (its harness opener and its capabilities, or why
 #: it lacks each), imported only by the conformance run (`fence_targets`). The project's own adapters'
-#: descriptors start test servers, so they live beside the tests (``helpers.fence_targets``).
+#: descriptors ship with the conformance kit (``stockade.testing.fences.targets``; the servers they start
+#: are `stockade.testing.servers`).
 FENCE_TARGETS: Mapping[str, str] = MappingProxyType({
-    "store-memory": "helpers.fence_targets:STORE_MEMORY",
-    "store-sqlite": "helpers.fence_targets:STORE_SQLITE",
-    "sqlite-db": "helpers.fence_targets:SQLITE_DB",
-    "sqlite-db-sqlalchemy": "helpers.fence_targets:SQLITE_DB_SQLALCHEMY",
-    "files": "helpers.fence_targets:FILES",
-    "postgres": "helpers.fence_targets:POSTGRES",
-    "postgres-async": "helpers.fence_targets:POSTGRES_ASYNC",
-    "postgres-sqlalchemy": "helpers.fence_targets:POSTGRES_SQLALCHEMY",
-    "postgres-sql_ascii": "helpers.fence_targets:POSTGRES_SQL_ASCII",
-    "redis": "helpers.fence_targets:REDIS",
-    "redis-async": "helpers.fence_targets:REDIS_ASYNC",
+    "store-memory": "stockade.testing.fences.targets:STORE_MEMORY",
+    "store-sqlite": "stockade.testing.fences.targets:STORE_SQLITE",
+    "sqlite-db": "stockade.testing.fences.targets:SQLITE_DB",
+    "sqlite-db-sqlalchemy": "stockade.testing.fences.targets:SQLITE_DB_SQLALCHEMY",
+    "files": "stockade.testing.fences.targets:FILES",
+    "postgres": "stockade.testing.fences.targets:POSTGRES",
+    "postgres-async": "stockade.testing.fences.targets:POSTGRES_ASYNC",
+    "postgres-sqlalchemy": "stockade.testing.fences.targets:POSTGRES_SQLALCHEMY",
+    "postgres-sql_ascii": "stockade.testing.fences.targets:POSTGRES_SQL_ASCII",
+    "redis": "stockade.testing.fences.targets:REDIS",
+    "redis-async": "stockade.testing.fences.targets:REDIS_ASYNC",
     "toy-json": "stockade.testing.toy_fence.conformance:FENCE_TARGET",
 })
 #: The default port of each scheme whose requests `stockade check`'s proxy can hold (no TLS scheme: the

@@ -12,6 +12,10 @@
 - `linearizability`: a fenced-register linearizability check, per scope.
 - `faults`: fault-injecting wrappers over the ports (`FaultyRecords` fails a
   record store's units before or after their commit), for every backend.
+- `fences`: the harnesses of the project's own fence adapters and their conformance descriptors
+  (`fences.targets`, named by the resource registry's ``FENCE_TARGETS``).
+- `servers`: throwaway PostgreSQL and Redis servers on free loopback ports, in temporary directories,
+  for an adapter's conformance run (and the watcher that ends them if the test process is killed).
 - `mutants`: deliberately broken fenced stores. Every fault test runs once
   against one of them and must fail there, because a test that cannot fail
   proves nothing.

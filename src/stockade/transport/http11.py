@@ -3,8 +3,8 @@
 Shared by the async and the generated sync client (as h11 is by its users):
 request bytes, response-head parsing and body framing. What the bytes mean
 (routes, problem documents, JSON documents) is `stockade.wire`, shared with
-the server; this module adapts it to `HTTPResponse`. The connection that
-moves the bytes is in ``coordinators/http/_async/port.py``.
+the server; this module adapts it to `HTTPResponse`. The client that
+moves the bytes is ``transport/_async/http_client.py`` (its sync twin generated).
 
 Why not httpx or http.client: a lock cycle is two requests and the goal is a
 p50 under 1 ms for both, so the client may spend ~100 µs per request. httpx
@@ -14,6 +14,7 @@ server in a few µs (measured figures in benchmarks/README.md).
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from stockade.wire.codecs import lease_from, scope_info_from, write_result_from
 from stockade.wire.problems import RemoteProblem
 
 __all__ = [
+    "HTTPEndpoint",
     "HTTPResponse",
     "ProtocolError",
     "RemoteProblem",
@@ -50,6 +52,40 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 
 class ProtocolError(Exception):
     """The server's bytes were not the HTTP/1.1 this client speaks (a bug or a wrong port)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPEndpoint:
+    """Where and how to reach an HTTP/1.1 server: a `stockade serve`, or an etcd member's JSON gateway.
+
+    A ``stockade serve``'s is made from its url by `stockade.client._shared.http_endpoint`, which
+    validates every field.
+
+    Attributes:
+        host, port: the server (``[v6]`` brackets stripped from ``host``).
+        base_path: a path prefix before ``/v1`` (for a reverse proxy), without a trailing slash.
+        tls: the TLS context for ``https://`` (None for ``http://``).
+        authority: the ``Host`` header value.
+        auth_token: the bearer token, or None.
+        timeout_ms: deadline of one request (an acquire adds its ``wait_ms``).
+        connect_timeout_ms: deadline of a TCP (and TLS) connect.
+        unix_path: a Unix-domain socket to connect to instead of ``host:port`` (the host's coordinator
+            process of ``sqlite:///…?process=host``); None for TCP.
+    """
+
+    host: str
+    port: int
+    base_path: str
+    tls: ssl.SSLContext | None
+    authority: str
+    auth_token: str | None
+    timeout_ms: int
+    connect_timeout_ms: int
+    unix_path: str | None = None
+
+    def __repr__(self) -> str:  # never show the bearer token
+        scheme = "https" if self.tls is not None else "http"
+        return f"<HTTPEndpoint {scheme}://{self.authority}{self.base_path}>"
 
 
 @dataclass(frozen=True, slots=True)

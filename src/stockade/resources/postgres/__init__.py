@@ -39,38 +39,29 @@ is trusted like the coordinator.
 from __future__ import annotations
 
 import functools
-import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 from stockade.core import limits
 from stockade.core.errors import AlreadyApplied, InvalidArgument, Superseded
-from stockade.core.fence import Reject
-from stockade.core.limits import SCOPE_CHARS, TOKEN_VALUE_MAX, validate_int, validate_op_id, validate_scope
+from stockade.core.limits import TOKEN_VALUE_MAX, validate_int
 from stockade.core.signing import Keyring
-from stockade.core.tokens import FencingToken, validate_cluster_id
+from stockade.core.tokens import validate_cluster_id
 from stockade.core.values import FenceFloors
 from stockade.keys import KeyFile, load_keyring, verifier_of
-from stockade.resources._inputs import check_floors, coerce_token
-from stockade.resources._observe import reject
-from stockade.resources._verify import UNSIGNED, Verification, refuse_unsigned_after_signed
+from stockade.resources._inputs import check_floors
+from stockade.resources._verify import UNSIGNED, refuse_unsigned_after_signed
 from stockade.resources.postgres import _protect as protected
 from stockade.resources.postgres import _sql as q
+from stockade.resources.postgres._async.fence import fenced_async, fenced_sqlalchemy_async
 from stockade.resources.postgres._errors import _edge, _lost, _rejection, _translate, ended  # noqa: F401
-from stockade.resources.postgres._probe import (
-    Probe,
-    probe_psycopg,
-    probe_psycopg_async,
-    probe_sqlalchemy,
-    probe_sqlalchemy_async,
-)
+from stockade.resources.postgres._fenced import FENCE_OP_SQL, FENCE_SQL, Connection, _resource
 from stockade.resources.postgres._supersede import SupersedeWarning, warn_without_signal_right
+from stockade.resources.postgres._sync.fence import fenced, fenced_sqlalchemy
 from stockade.transport.postgres import open_connection, text_of
 
 try:
     import psycopg
-    from psycopg import sql
 except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ImportError("stockade.resources.postgres needs psycopg 3: pip install 'stockade[postgres]'") from exc
 
@@ -81,18 +72,12 @@ __all__ = [
     "FENCE_SQL", "FENCE_OP_SQL", "REJECT_SQLSTATE", "NO_TOKEN_SQLSTATE", "ALREADY_APPLIED_SQLSTATE",
 ]
 
-#: The one statement of a fenced transaction (any language or ORM can run it).
-FENCE_SQL = "SELECT stockade.fence(%s, %s)"
-#: The same with an operation id (R3): refused with `ALREADY_APPLIED_SQLSTATE` if it was applied before.
-FENCE_OP_SQL = "SELECT stockade.fence_op(%s, %s, %s)"
 REJECT_SQLSTATE = q.REJECT_SQLSTATE
 NO_TOKEN_SQLSTATE = q.NO_TOKEN_SQLSTATE
 ALREADY_APPLIED_SQLSTATE = q.ALREADY_APPLIED_SQLSTATE
 
 P = ParamSpec("P")
 T = TypeVar("T")
-Connection = Any  # psycopg.Connection[Any]; Any so that every row factory is accepted
-AsyncConnection = Any
 
 
 # -- keys ------------------------------------------------------------------------------------------
@@ -204,249 +189,7 @@ def sync_keys(conn: Connection, keys: object) -> None:
         _write_keys(conn, keyring)
 
 
-def _resource(info: Any) -> str:
-    try:
-        return f"postgres:{info.host}:{info.port}/{info.dbname}"
-    except Exception:  # noqa: BLE001 - a name for the log only
-        return "postgres"
-
-
-def _prepare(token: object, scope: object, keys: object, op_id: object = None) -> tuple[FencingToken, str]:
-    """Validate the arguments and, with ``keys``, verify the MAC here (no round trip for a forgery)."""
-    fencing_token = coerce_token(token)
-    scope = validate_scope(fencing_token.scope if scope is None else scope)
-    if op_id is not None:
-        validate_op_id(op_id)
-    if keys is not None and keys != UNSIGNED:
-        verification = Verification()
-        verifier = verifier_of(keys, None)
-        assert verifier is not None
-        verification.use_keys(verifier, verifier.cluster_id)
-        why = verification.forged(fencing_token)
-        if why is not None:
-            # Nothing was read: the mark is not known here, and a forged token learns nothing of it.
-            reject(Reject("forged", 0, why), resource="postgres", cluster=verifier.cluster_id,
-                   token=fencing_token, scope=scope, key=None)
-    return fencing_token, scope
-
-
-def _check_result(error: BaseException, token: FencingToken, scope: str, resource: str,
-                  op_id: str | None = None, probe: Probe | None = None) -> NoReturn:
-    _translate(error, token, scope, resource, op_id, probe)
-    raise error
-
-
-def _probe_of(conn: Any, error: BaseException) -> Probe | None:
-    """For a session that ended under the transaction, a probe (built before a rollback closes ``conn``)."""
-    return probe_psycopg(conn) if ended(error) else None
-
-
-async def _async_probe_of(aconn: Any, error: BaseException, token: FencingToken, scope: str) -> Probe | None:
-    """`_probe_of` for an ``AsyncConnection``: the probe runs here, and `_translate` reads its verdict."""
-    probe = probe_psycopg_async(aconn) if ended(error) else None
-    if probe is None:
-        return None
-    superseded = await probe(token, scope)
-    return lambda _token, _scope: superseded
-
-
-def _fence_statement(op_id: str | None) -> tuple[str, Any]:
-    """The check's statement and its parameters' builder: ``stockade.fence``, or ``fence_op`` with an id."""
-    if op_id is None:
-        return FENCE_SQL, lambda token, scope: (token.encode(), scope)
-    return FENCE_OP_SQL, lambda token, scope: (token.encode(), scope, op_id)
-
-
 # -- fenced transactions ---------------------------------------------------------------------------
-
-
-def _begin_and_fence(token: FencingToken, scope: str, op_id: str | None = None, conn: Any = None) -> str:
-    """``BEGIN`` and the fence in one simple query: one round trip, as many as a plain ``BEGIN``.
-
-    The values are inlined: a validated token and scope hold only ``[A-Za-z0-9._:-]``
-    (checked again here, so no quote can ever reach the text); an operation id,
-    printable ASCII, is quoted by psycopg for this connection.
-    """
-    encoded = token.encode()
-    if not (_INLINE_SAFE.fullmatch(encoded) and _INLINE_SAFE.fullmatch(scope)):
-        raise InvalidArgument("token", "holds characters a token never holds")
-    if op_id is None:
-        return f"BEGIN; SELECT stockade.fence('{encoded}', '{scope}')"
-    return f"BEGIN; SELECT stockade.fence_op('{encoded}', '{scope}', {sql.Literal(op_id).as_string(conn)})"
-
-
-_INLINE_SAFE = re.compile(f"[{SCOPE_CHARS}]+")  # a token's characters are a scope's
-
-
-def _owns_transaction(conn: Any) -> bool:
-    """Whether `fenced` begins and ends the transaction itself (an idle autocommit connection)."""
-    return bool(conn.autocommit) and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-
-@contextmanager
-def fenced(conn: Connection, token: FencingToken | str, scope: str | None = None, *,
-           keys: object = None, op_id: str | None = None) -> Iterator[Connection]:
-    """A transaction of ``conn`` admitted by ``token``: ``with fenced(conn, token): conn.execute(...)``.
-
-    Runs ``SELECT stockade.fence(token, scope)`` as the first statement of a
-    transaction, then the body, then commits. On an idle autocommit connection
-    it sends ``BEGIN`` and the check in one round trip and commits at the end;
-    otherwise it uses ``conn.transaction()`` (a savepoint of the transaction
-    already open). The scope's lock is held until the commit, so a higher
-    token waits for this transaction to end (R6). A rejection or an exception
-    in the body rolls the block back: nothing of it is applied, and the mark is
-    not raised.
-
-    With ``op_id``, the block is one operation (R3): the id is recorded in
-    ``stockade.operations`` in the same transaction, and a transaction that
-    comes with an id already committed raises `AlreadyApplied` before the
-    block runs, applying nothing: the retry of a transaction whose outcome was
-    unknown (`BackendUnavailable`, a writer killed around its commit) is safe.
-    Ids are per scope; the newest `stockade.core.limits.OPERATION_IDS_MAX`
-    are remembered.
-
-    Args:
-        conn: a psycopg 3 ``Connection`` to a database where `install` ran.
-        token: the lease's token (a `FencingToken` or its encoded string).
-        scope: the scope written (default: the token's own; another one is refused, R2).
-        keys: the coordinator's keys, to refuse a forged token before any round trip (optional:
-            the database checks the MAC anyway).
-        op_id: the operation's id (1..200 printable ASCII characters, no spaces), or None.
-
-    Raises:
-        AlreadyApplied: ``op_id`` was applied by a committed transaction (even under a token
-            that has gone stale since); nothing of this one was applied.
-        StaleToken: the token is below the scope's mark (``.high_water``).
-        TokenMismatch: another scope's or cluster's token, or a forged one.
-        InvalidArgument: a malformed token or scope.
-        BackendUnavailable: the connection failed (the commit's outcome is unknown).
-    """
-    fencing_token, scope = _prepare(token, scope, keys, op_id)
-    statement, parameters = _fence_statement(op_id)
-    if not _owns_transaction(conn):
-        try:
-            with conn.transaction():
-                conn.execute(statement, parameters(fencing_token, scope))
-                yield conn
-        except psycopg.Error as error:  # the check's, the body's (a protected table's trigger) or the commit's
-            _check_result(error, fencing_token, scope, _resource(conn.info), op_id, _probe_of(conn, error))
-        return
-    try:
-        conn.execute(_begin_and_fence(fencing_token, scope, op_id, conn))
-        yield conn
-    except BaseException as error:
-        probe = _probe_of(conn, error)
-        _rollback_quietly(conn)
-        if isinstance(error, psycopg.Error):
-            _check_result(error, fencing_token, scope, _resource(conn.info), op_id, probe)
-        raise
-    try:
-        conn.commit()
-    except psycopg.Error as error:
-        _check_result(error, fencing_token, scope, _resource(conn.info), op_id, _probe_of(conn, error))
-
-
-def _rollback_quietly(conn: Any) -> None:
-    try:
-        conn.rollback()
-    except psycopg.Error:
-        pass  # the connection is gone: the server rolls back by itself
-
-
-async def _arollback_quietly(aconn: Any) -> None:
-    try:
-        await aconn.rollback()
-    except psycopg.Error:
-        pass
-
-
-@asynccontextmanager
-async def fenced_async(aconn: AsyncConnection, token: FencingToken | str, scope: str | None = None, *,
-                       keys: object = None, op_id: str | None = None) -> AsyncIterator[AsyncConnection]:
-    """`fenced` for a psycopg 3 ``AsyncConnection``: ``async with fenced_async(aconn, token): ...``."""
-    fencing_token, scope = _prepare(token, scope, keys, op_id)
-    statement, parameters = _fence_statement(op_id)
-    if not _owns_transaction(aconn):
-        try:
-            async with aconn.transaction():
-                await aconn.execute(statement, parameters(fencing_token, scope))
-                yield aconn
-        except psycopg.Error as error:
-            probe = await _async_probe_of(aconn, error, fencing_token, scope)
-            _check_result(error, fencing_token, scope, _resource(aconn.info), op_id, probe)
-        return
-    try:
-        await aconn.execute(_begin_and_fence(fencing_token, scope, op_id, aconn))
-        yield aconn
-    except BaseException as error:
-        probe = await _async_probe_of(aconn, error, fencing_token, scope)
-        await _arollback_quietly(aconn)
-        if isinstance(error, psycopg.Error):
-            _check_result(error, fencing_token, scope, _resource(aconn.info), op_id, probe)
-        raise
-    try:
-        await aconn.commit()
-    except psycopg.Error as error:
-        probe = await _async_probe_of(aconn, error, fencing_token, scope)
-        _check_result(error, fencing_token, scope, _resource(aconn.info), op_id, probe)
-
-
-def _sqlalchemy() -> Any:
-    try:
-        import sqlalchemy
-        import sqlalchemy.exc
-    except ImportError as exc:  # pragma: no cover - the extra is not installed
-        raise ImportError("fenced_sqlalchemy needs SQLAlchemy: pip install 'stockade[sqlalchemy]'") from exc
-    return sqlalchemy
-
-
-@contextmanager
-def fenced_sqlalchemy(bind: Any, token: FencingToken | str, scope: str | None = None, *,
-                      keys: object = None, op_id: str | None = None) -> Iterator[Any]:
-    """`fenced` for an SQLAlchemy ``Session`` or ``Connection`` on PostgreSQL (any DBAPI driver).
-
-    Begins a transaction (a SAVEPOINT if one is already open), runs the fence
-    statement in it, yields ``bind``, and commits (releases) at the end.
-    ``op_id`` as in `fenced`.
-    """
-    sa = _sqlalchemy()
-    fencing_token, scope = _prepare(token, scope, keys, op_id)
-    statement, parameters = _sqlalchemy_fence(sa, fencing_token, scope, op_id)
-    try:
-        with bind.begin_nested() if bind.in_transaction() else bind.begin():
-            bind.execute(statement, parameters)
-            yield bind
-    except sa.exc.DBAPIError as error:
-        _translate(error.orig, fencing_token, scope, "postgres", op_id,
-                   probe_sqlalchemy(bind) if ended(error.orig) else None)
-        raise
-
-
-def _sqlalchemy_fence(sa: Any, token: FencingToken, scope: str, op_id: str | None) -> tuple[Any, dict[str, str]]:
-    if op_id is None:
-        return sa.text("SELECT stockade.fence(:token, :scope)"), {"token": token.encode(), "scope": scope}
-    return (sa.text("SELECT stockade.fence_op(:token, :scope, :op_id)"),
-            {"token": token.encode(), "scope": scope, "op_id": op_id})
-
-
-@asynccontextmanager
-async def fenced_sqlalchemy_async(bind: Any, token: FencingToken | str, scope: str | None = None, *,
-                                  keys: object = None, op_id: str | None = None) -> AsyncIterator[Any]:
-    """`fenced_sqlalchemy` for an ``AsyncSession`` or ``AsyncConnection`` (``postgresql+psycopg``)."""
-    sa = _sqlalchemy()
-    fencing_token, scope = _prepare(token, scope, keys, op_id)
-    statement, parameters = _sqlalchemy_fence(sa, fencing_token, scope, op_id)
-    try:
-        async with bind.begin_nested() if bind.in_transaction() else bind.begin():
-            await bind.execute(statement, parameters)
-            yield bind
-    except sa.exc.DBAPIError as error:
-        probe = None
-        if ended(error.orig):
-            superseded = await probe_sqlalchemy_async(bind)(fencing_token, scope)
-            probe = lambda _token, _scope: superseded  # noqa: E731 - the verdict, read by _translate
-        _translate(error.orig, fencing_token, scope, "postgres", op_id, probe)
-        raise
 
 
 # -- protected tables (docs/fence-postgres.md; the rule in `_postgres_protect` and SQL's stockade.cover) --------

@@ -20,6 +20,11 @@ transaction that is rolled back whatever happens.
 Nothing of the probe's transaction is kept. It costs a connection, only on this
 error path. A holder of a lower token that holds the scope meanwhile is
 superseded by the probe as it would be by the resumed commit.
+
+The probe over psycopg 3 is written once, async (``_async/probe.py``; its sync twin generated). The two
+over SQLAlchemy stay here, a pair written by hand because they are two drivers, not two spellings of
+one: the sync one runs on a raw DBAPI connection of any driver (psycopg2 too), the async one on psycopg's
+own ``AsyncConnection`` under SQLAlchemy's asyncio engine.
 """
 
 from __future__ import annotations
@@ -32,8 +37,7 @@ from stockade.core.limits import SCOPE_CHARS
 from stockade.core.tokens import FencingToken
 from stockade.resources.postgres._sql import REJECT_SQLSTATE
 
-__all__ = ["PROBE_MS", "Probe", "AsyncProbe", "probe_psycopg", "probe_psycopg_async", "probe_sqlalchemy",
-           "probe_sqlalchemy_async"]
+__all__ = ["PROBE_MS", "Probe", "AsyncProbe", "probe_sqlalchemy", "probe_sqlalchemy_async"]
 
 #: How long the probe's check may take (it waits for the newer holder's transaction to end).
 PROBE_MS = 10_000
@@ -61,53 +65,6 @@ def _stale(error: BaseException) -> bool:
     diag = getattr(error, "diag", None)
     detail = getattr(diag, "message_detail", None) or ""
     return sqlstate == REJECT_SQLSTATE and detail.startswith("reason=stale ")
-
-
-def probe_psycopg(conn: Any) -> Probe | None:
-    """A probe over a fresh psycopg 3 connection with ``conn``'s parameters (None: they cannot be read)."""
-    try:
-        dsn, password = conn.info.dsn, conn.info.password
-    except Exception:  # noqa: BLE001 - a connection already closed: no probe, the error stays an outage
-        return None
-
-    def probe(token: FencingToken, scope: str) -> bool:
-        import psycopg
-
-        try:
-            with psycopg.connect(dsn, password=password, connect_timeout=PROBE_CONNECT_S) as fresh:
-                try:
-                    fresh.execute(_probe_sql(token, scope))
-                finally:
-                    fresh.rollback()
-        except psycopg.Error as error:
-            return _stale(error)
-        return False
-
-    return probe
-
-
-def probe_psycopg_async(aconn: Any) -> AsyncProbe | None:
-    """`probe_psycopg` for a psycopg 3 ``AsyncConnection``."""
-    try:
-        dsn, password = aconn.info.dsn, aconn.info.password
-    except Exception:  # noqa: BLE001 - as probe_psycopg
-        return None
-
-    async def probe(token: FencingToken, scope: str) -> bool:
-        import psycopg
-
-        try:
-            fresh = await psycopg.AsyncConnection.connect(dsn, password=password, connect_timeout=PROBE_CONNECT_S)
-            try:
-                await fresh.execute(_probe_sql(token, scope))
-            finally:
-                await fresh.rollback()
-                await fresh.close()
-        except psycopg.Error as error:
-            return _stale(error)
-        return False
-
-    return probe
 
 
 def probe_sqlalchemy(bind: Any) -> Probe:

@@ -24,9 +24,10 @@
 - `stockade.testing.conformance.fence_target`: one descriptor per fence
   adapter (its harness opener, each optional capability above or why it
   lacks it), named by `stockade.resources.registry.FENCE_TARGETS`.
-- `stockade.testing.conformance.history`: every coordinator's lease history
-  (grants, expiries, releases), in order and bounded, run beside the
-  coordinator suite with its fixtures.
+- `stockade.testing.conformance.journal`: every coordinator's lease journal
+  (grants, expiries, releases, as ``history()`` answers them), in order and
+  bounded, run beside the coordinator suite with its fixtures. (Not the
+  checker's operation histories of `stockade.testing.history`.)
 
 A new backend or adapter is accepted when it passes its port's suite; the
 project's tests refuse a registered scheme that has no parameter in them.

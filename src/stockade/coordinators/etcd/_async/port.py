@@ -32,14 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stockade.client._shared import Grant, HTTPEndpoint
+from stockade.client._shared import Grant
 from stockade.clock import SystemClock
 from stockade.coordinators import etcd as recipe
 from stockade.coordinators._mint import new_cluster_id
 from stockade.coordinators.etcd._async.journal import AsyncEtcdJournal, head_in, now_ms
 from stockade.coordinators.etcd._async.watch import wait_deleted
 from stockade.coordinators.etcd._journal import Head, released_before, settled
-from stockade.coordinators.http._async.port import AsyncHTTPClient
 from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core import leases as core_leases
@@ -50,6 +49,8 @@ from stockade.core.limits import LIST_PAGE_MAX, validate_scope, wait_deadline_ns
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.keys import FixedKeys, _dump, _parse, ephemeral_keyring
+from stockade.transport._async.http_client import AsyncHTTPClient
+from stockade.transport.http11 import HTTPEndpoint
 from stockade.transport.io import AsyncIO
 
 __all__ = ["AsyncEtcdCoordinatorPort"]

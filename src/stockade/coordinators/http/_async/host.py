@@ -12,17 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from stockade.client._shared import CONNECT_TIMEOUT_MS_DEFAULT, TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX, HTTPEndpoint
-from stockade.coordinators.http._async.port import (
-    AsyncHTTPClient,
-    AsyncHTTPConnection,
-    AsyncHTTPCoordinatorPort,
-    fetch_cluster_id,
-)
+from stockade.coordinators.http._async.port import AsyncHTTPCoordinatorPort, fetch_cluster_id
 from stockade.coordinators.registry import PortOptions
 from stockade.coordinators.sqlite._file import inspect_coordinator_path
 from stockade.coordinators.sqlite._host import socket_path, start_host_process
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.limits import validate_int
+from stockade.transport._async.http_client import AsyncHTTPClient, AsyncHTTPConnection
 from stockade.transport.io import AsyncIO
 from stockade.transport.sqlite_url import sqlite_path
 

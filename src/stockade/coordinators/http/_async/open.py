@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from stockade.client._shared import HTTPEndpoint, http_endpoint
+from stockade.client._shared import http_endpoint
 from stockade.coordinators.http._async.port import (
-    AsyncHTTPClient,
     AsyncHTTPCoordinatorPort,
     AsyncHTTPStorePort,
     check_store_cluster,
@@ -13,6 +12,8 @@ from stockade.coordinators.http._async.port import (
 from stockade.coordinators.registry import PortOptions
 from stockade.core.errors import InvalidArgument
 from stockade.core.tokens import validate_cluster_id
+from stockade.transport._async.http_client import AsyncHTTPClient
+from stockade.transport.http11 import HTTPEndpoint
 from stockade.transport.io import AsyncIO
 
 __all__ = ["open_port", "open_store_port", "remote_cluster_id"]

@@ -13,17 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from stockade.client._shared import CONNECT_TIMEOUT_MS_DEFAULT, TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX, HTTPEndpoint
-from stockade.coordinators.http._sync.port import (
-    HTTPClient,
-    HTTPConnection,
-    HTTPCoordinatorPort,
-    fetch_cluster_id,
-)
+from stockade.coordinators.http._sync.port import HTTPCoordinatorPort, fetch_cluster_id
 from stockade.coordinators.registry import PortOptions
 from stockade.coordinators.sqlite._file import inspect_coordinator_path
 from stockade.coordinators.sqlite._host import socket_path, start_host_process
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.limits import validate_int
+from stockade.transport._sync.http_client import HTTPClient, HTTPConnection
 from stockade.transport.io import SyncIO
 from stockade.transport.sqlite_url import sqlite_path
 

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from stockade.client._shared import HTTPEndpoint, http_endpoint
+from stockade.client._shared import http_endpoint
 from stockade.coordinators.http._sync.port import (
-    HTTPClient,
     HTTPCoordinatorPort,
     HTTPStorePort,
     check_store_cluster,
@@ -14,6 +13,8 @@ from stockade.coordinators.http._sync.port import (
 from stockade.coordinators.registry import PortOptions
 from stockade.core.errors import InvalidArgument
 from stockade.core.tokens import validate_cluster_id
+from stockade.transport._sync.http_client import HTTPClient
+from stockade.transport.http11 import HTTPEndpoint
 from stockade.transport.io import SyncIO
 
 __all__ = ["open_port", "open_store_port", "remote_cluster_id"]

@@ -7,22 +7,19 @@ from`` the `RemoteProblem`), and a connection that fails or times out becomes
 `BackendUnavailable`. Every request has a deadline; an acquire gets its
 ``wait_ms`` on top, since the server long-polls.
 
-Connections are kept open and reused (one per concurrent request, up to
-`IDLE_CONNECTIONS_MAX` kept idle). An idle connection the server has closed is
-noticed before use; a reused one that fails before any byte of the answer
-arrived is retried once on a fresh connection (the server closed it between
-our check and our send, so it saw nothing).
+The requests go through the transport's HTTP/1.1 client
+(`stockade.transport._sync.http_client`: keep-alive connections, deadlines,
+one retry of a reused connection the server had closed).
 """
 
 from __future__ import annotations
 
 import builtins
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stockade.client._shared import Grant, HTTPEndpoint
+from stockade.client._shared import Grant
 from stockade.clock import SystemClock
 from stockade.coordinators._mint import new_wait_ticket
 from stockade.coordinators.journal import HistoryEvent
@@ -42,16 +39,13 @@ from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, Write
 from stockade.keys import FixedKeys, _parse
 from stockade.resources.store import Item, WriteResult
+from stockade.transport._sync.http_client import HTTPClient
 from stockade.transport.http11 import (
-    RESPONSE_HEAD_BYTES_MAX,
-    HTTPResponse,
-    ProtocolError,
-    build_request,
+    HTTPEndpoint,
     error_for,
     item_from,
     json_body,
     lease_from,
-    parse_head,
     scope_info_from,
     write_result_from,
 )
@@ -59,241 +53,10 @@ from stockade.transport.io import SyncIO
 from stockade.wire import codecs
 from stockade.wire.routes import ROUTE, Route, page_query
 
-__all__ = [
-    "HTTPClient",
-    "HTTPConnection",
-    "HTTPCoordinatorPort",
-    "HTTPStorePort",
-    "IDLE_CONNECTIONS_MAX",
-]
+__all__ = ["HTTPCoordinatorPort", "HTTPStorePort"]
 
-IDLE_CONNECTIONS_MAX = 8
-RECEIVE_BYTES = 65536
 # A renewal must come back in time to matter: at most a third of the TTL.
 RENEW_TIMEOUT_MS_MIN = 50
-
-
-class _PeerClosed(ConnectionError):
-    """The server closed the connection before the answer was complete."""
-
-
-class HTTPConnection:
-    """One keep-alive HTTP/1.1 connection; one request at a time."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self._buffer = b""
-        self.received_any = False
-        self.reusable = False
-
-    def is_stale(self) -> bool:
-        return bool(self._buffer) or self._stream.is_stale()
-
-    def close(self) -> None:
-        self.reusable = False
-        self._stream.close()
-
-    def _receive(self, deadline: float) -> None:
-        remaining_s = deadline - time.monotonic()
-        if remaining_s <= 0:
-            raise TimeoutError("deadline passed")
-        data = self._stream.receive(RECEIVE_BYTES, remaining_s)
-        if not data:
-            raise _PeerClosed("server closed the connection")
-        self.received_any = True
-        self._buffer += data
-
-    def _receive_until(self, marker: bytes, deadline: float, bytes_max: int) -> bytes:
-        while True:
-            end = self._buffer.find(marker)
-            if end >= 0:
-                found, self._buffer = self._buffer[:end], self._buffer[end + len(marker):]
-                return found
-            if len(self._buffer) > bytes_max:
-                raise ProtocolError(f"no {marker!r} within {bytes_max} bytes")
-            self._receive(deadline)
-
-    def _receive_exactly(self, size: int, deadline: float) -> bytes:
-        while len(self._buffer) < size:
-            self._receive(deadline)
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
-
-    def roundtrip(self, method: str, request: bytes, deadline: float) -> HTTPResponse:
-        """Send ``request`` and read its answer by ``deadline`` (``time.monotonic()``).
-
-        Raises:
-            OSError: the connection failed or the deadline passed (`TimeoutError`).
-            ProtocolError: the answer was not HTTP/1.1 as expected.
-        """
-        self.reusable = False
-        self.received_any = False
-        remaining_s = deadline - time.monotonic()
-        if remaining_s <= 0:
-            raise TimeoutError("deadline passed")
-        self._stream.send(request, remaining_s)
-        while True:
-            head = parse_head(self._receive_until(b"\r\n\r\n", deadline, RESPONSE_HEAD_BYTES_MAX), method=method)
-            if head.status >= 200:
-                break  # 1xx: interim answers are skipped
-        if head.body_length >= 0:
-            body = self._receive_exactly(head.body_length, deadline)
-        elif head.body_length == -1:
-            body = self._receive_chunked(deadline)
-        else:
-            body = self._receive_until_close(deadline)
-        self.reusable = head.keep_alive and not self._buffer
-        return HTTPResponse(head.status, head.headers, body)
-
-    def _receive_chunked(self, deadline: float) -> bytes:
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            size_line = self._receive_until(b"\r\n", deadline, 1024)
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError as exc:
-                raise ProtocolError("bad chunk size") from exc
-            total += size
-            if size < 0 or total > RESPONSE_HEAD_BYTES_MAX * 64:
-                raise ProtocolError("chunked body too large")
-            if size == 0:
-                while self._receive_until(b"\r\n", deadline, RESPONSE_HEAD_BYTES_MAX):
-                    pass  # trailer fields, unused
-                return b"".join(chunks)
-            chunks.append(self._receive_exactly(size, deadline))
-            if self._receive_exactly(2, deadline) != b"\r\n":
-                raise ProtocolError("bad chunk end")
-
-    def _receive_until_close(self, deadline: float) -> bytes:
-        while True:
-            try:
-                self._receive(deadline)
-            except _PeerClosed:
-                data, self._buffer = self._buffer, b""
-                return data
-            if len(self._buffer) > RESPONSE_HEAD_BYTES_MAX * 64:
-                raise ProtocolError("response body too large")
-
-
-class HTTPClient:
-    """Requests to one server over a small pool of keep-alive connections.
-
-    Safe to share between the caller and lease keepalives (tasks, or threads
-    in the sync client): each request takes a connection of its own.
-    """
-
-    def __init__(self, endpoint: HTTPEndpoint) -> None:
-        self.endpoint = endpoint
-        self._idle: list[HTTPConnection] = []
-        self._closed = False
-
-    def _open(self) -> HTTPConnection:
-        endpoint = self.endpoint
-        try:
-            stream = SyncIO.open_tcp(
-                endpoint.host, endpoint.port, tls=endpoint.tls, timeout_s=endpoint.connect_timeout_ms / 1000
-            )
-        except TimeoutError as exc:
-            raise BackendUnavailable(
-                f"connect to {endpoint.authority} timed out after {endpoint.connect_timeout_ms} ms",
-                certain_no_effect=True,
-            ) from exc
-        except OSError as exc:
-            raise BackendUnavailable(
-                f"cannot connect to {endpoint.authority}: {exc.strerror or exc}",
-                certain_no_effect=True,
-            ) from exc
-        return HTTPConnection(stream)
-
-    def _checkout(self) -> HTTPConnection | None:
-        while True:
-            try:
-                connection = self._idle.pop()
-            except IndexError:
-                return None
-            if not connection.is_stale():
-                return connection
-            connection.close()
-
-    def _checkin(self, connection: HTTPConnection) -> None:
-        if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:
-            self._idle.append(connection)
-        else:
-            connection.close()
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        timeout_ms: int,
-        body: bytes = b"",
-        content_type: str | None = None,
-        headers: tuple[tuple[str, str], ...] = (),
-        idempotent: bool | None = None,
-    ) -> HTTPResponse:
-        """One request; any status is returned, the caller maps problems.
-
-        A reused keep-alive connection that fails before any answer byte is
-        retried once on a fresh one, but only for a request that may safely
-        arrive twice (``idempotent``, default: GET). An acquire or a store
-        write is never sent twice: the first may have been applied.
-
-        Raises:
-            BackendUnavailable: closed client, connect failure (``certain_no_effect``),
-                timeout or broken connection (outcome unknown), or not HTTP.
-        """
-        if self._closed:
-            raise BackendUnavailable("the client is closed", certain_no_effect=True)
-        endpoint = self.endpoint
-        request = build_request(
-            method, endpoint.base_path + path, authority=endpoint.authority, auth_token=endpoint.auth_token,
-            body=body, content_type=content_type, headers=headers,
-        )
-        deadline = time.monotonic() + timeout_ms / 1000
-        retry_safe = method == "GET" if idempotent is None else idempotent
-        shown = core_leases.redact_lease_path(path)
-        connection = self._checkout()
-        reused = connection is not None
-        for attempt in (1, 2):
-            if connection is None:
-                connection = self._open()
-            try:
-                response = connection.roundtrip(method, request, deadline)
-            except TimeoutError as exc:
-                connection.close()
-                raise BackendUnavailable(
-                    f"{method} {shown}: no answer from {endpoint.authority} within {timeout_ms} ms"
-                ) from exc
-            except (OSError, ProtocolError) as exc:
-                connection.close()
-                fresh_start = reused and not connection.received_any and not isinstance(exc, ProtocolError)
-                if attempt == 1 and fresh_start and retry_safe:
-                    connection = None
-                    continue
-                raise BackendUnavailable(
-                    f"{method} {shown}: connection to {endpoint.authority} failed: {exc}"
-                ) from exc
-            except BaseException:
-                connection.close()  # cancelled mid-request: the stream's state is unknown
-                raise
-            self._checkin(connection)
-            return response
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def get_json(self, path: str, *, timeout_ms: int | None = None) -> tuple[HTTPResponse, Any]:
-        response = self.request("GET", path, timeout_ms=timeout_ms or self.endpoint.timeout_ms)
-        if response.status != 200:
-            error, problem = error_for(response)
-            raise error from problem
-        return response, json_body(response)
-
-    def close(self) -> None:
-        self._closed = True
-        while self._idle:
-            self._idle.pop().close()
-
 
 #: A wait until granted whose server stopped answering tries again after this pause, doubled
 #: up to the max (a restart takes a second or so; the waiter queues again when it is back).

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from helpers import reaper
+from stockade.testing.servers import reaper
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 PSQL = str(BIN / "psql") if (BIN / "psql").exists() else "/usr/bin/psql"

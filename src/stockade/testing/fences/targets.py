@@ -1,12 +1,12 @@
 """The fence targets of the project's own adapters, one `FenceTarget` each, named by the resource registry.
 
-`stockade.resources.registry.FENCE_TARGETS` names each of these as ``"helpers.fence_targets:NAME"``;
+`stockade.resources.registry.FENCE_TARGETS` names each of these as ``"stockade.testing.fences.targets:NAME"``;
 tests/test_fence_conformance.py runs every fence suite over what the registry names
 (`stockade.testing.conformance.fence_target.fence_targets`). Each descriptor gathers what used to be
-one hand list per capability: the harness opener (`helpers.fence_*`), the L2 opener
-(`helpers.fence_keyed`), the partial failures (`helpers.fence_partial`), the paused-writer bound
-(`helpers.fence_paused`), and whether it offers operation ids, isolation and the outsider class, or
-why not.
+one hand list per capability: the harness opener (`stockade.testing.fences.<adapter>`), the L2 opener
+(`stockade.testing.fences.keyed`), the partial failures (`stockade.testing.fences.partial`), the
+paused-writer bound (`stockade.testing.fences.paused`), and whether it offers operation ids, isolation and
+the outsider class, or why not.
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from helpers import fence_keyed, fence_partial, fence_paused
-from helpers.fence_files import make_files_harness
-from helpers.fence_postgres import make_postgres_harness
-from helpers.fence_redis import make_async_redis_harness, make_redis_harness
-from helpers.fence_sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
-from helpers.fence_store import make_memory_harness, make_sqlite_store_harness
-
 from stockade.keys import FixedKeys
 from stockade.testing.conformance.fence_target import FenceTarget
+from stockade.testing.fences import keyed as fence_keyed
+from stockade.testing.fences import partial as fence_partial
+from stockade.testing.fences import paused as fence_paused
+from stockade.testing.fences.files import make_files_harness
+from stockade.testing.fences.postgres import make_postgres_harness
+from stockade.testing.fences.redis import make_async_redis_harness, make_redis_harness
+from stockade.testing.fences.sqlite_db import make_sqlite_db_harness, make_sqlite_db_sqlalchemy_harness
+from stockade.testing.fences.store import make_memory_harness, make_sqlite_store_harness
 
 
 def _memory(tmp_path: Path, cluster_id: str, keys: FixedKeys, mutant: str | None) -> Any:

@@ -1,7 +1,7 @@
 """Fence harnesses over a real PostgreSQL: ``postgres`` (psycopg sync), ``postgres-async`` (psycopg
 async, driven from a private event loop thread) and ``postgres-sqlalchemy`` (a sync SQLAlchemy Session),
 each on a UTF8 database; ``postgres-sql_ascii`` is ``postgres`` on a SQL_ASCII database (the user's
-connection then gets text back as bytes: `helpers.postgres.ENCODINGS`).
+connection then gets text back as bytes: `stockade.testing.servers.postgres.ENCODINGS`).
 
 Each harness gets an empty database on one shared server (a new one, or one a
 closed harness left, emptied), `install`s the fence in it and keeps the user's
@@ -36,7 +36,6 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from helpers.postgres import SUPERUSER, PostgresServer, fresh_database, shared_server
 
 from stockade.core import limits
 from stockade.core.errors import InvalidArgument
@@ -46,6 +45,8 @@ from stockade.keys import FixedKeys
 from stockade.resources import postgres as pg
 from stockade.resources._observe import reject
 from stockade.resources.postgres import _sql as q
+from stockade.resources.postgres._fenced import _prepare
+from stockade.testing.servers.postgres import SUPERUSER, PostgresServer, fresh_database, shared_server
 
 T = TypeVar("T")
 
@@ -149,7 +150,7 @@ class PgHarness:
             yield PgUnit(self, scope)
 
     def _checked_then_trusted(self, scope: str, token: Any) -> PgUnit:
-        fencing_token, scope = pg._prepare(token, validate_scope(scope), self.keys)
+        fencing_token, scope = _prepare(token, validate_scope(scope), self.keys)
         mark = self.high_water(scope)  # one transaction ...
         decision = decide(fencing_token, cluster=self.cluster_id, scope=scope, high_water=mark)
         if isinstance(decision, Reject):
@@ -347,9 +348,9 @@ def _database(server: PostgresServer, encoding: str) -> str:
     free = _free.setdefault((server.port, encoding), [])
     name = free.pop() if free else fresh_database(server, encoding)
     with psycopg.connect(server.dsn_of(name), autocommit=True) as conn:
-        if conn.execute("SELECT to_regclass('kv')").fetchone()[0] is None:
+        if conn.execute("SELECT to_regclass('kv')").fetchone()[0] is None:  # type: ignore[index]
             conn.execute(KV_TABLE)
-        if conn.execute("SELECT to_regclass('stockade.settings')").fetchone()[0] is not None:
+        if conn.execute("SELECT to_regclass('stockade.settings')").fetchone()[0] is not None:  # type: ignore[index]
             conn.execute("TRUNCATE kv, stockade.high_water, stockade.keys, stockade.settings, stockade.operations")
     return name
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
-from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.fence import Reject, decide
 from stockade.keys import FixedKeys
@@ -29,6 +28,7 @@ from stockade.resources._inputs import coerce_token
 from stockade.resources.redis import AsyncRedisFence, RedisFence
 from stockade.resources.redis import _script as script_module
 from stockade.testing.mutants import accept_everything, reject_equal
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 T = TypeVar("T")
 VALUE_BYTES_MAX = 4096
@@ -77,6 +77,8 @@ class _Unit:
 
 class _HarnessBase:
     value_bytes_max = VALUE_BYTES_MAX
+    fence: Any  # the sync or the async fence (each subclass opens its own)
+    high_water: Callable[[str], int]
 
     def __init__(self, server: RedisServer, mutant: str | None, owner: bool) -> None:
         self.server, self.mutant, self._owner = server, mutant, owner
@@ -84,7 +86,7 @@ class _HarnessBase:
         self.plain = redis.Redis.from_url(server.url)
 
     def read(self, scope: str, key: str) -> bytes | None:
-        return self.plain.get(data_key(scope, key))
+        return self.plain.get(data_key(scope, key))  # type: ignore[return-value]
 
     def state(self) -> Any:
         return redis_state(self.plain)
@@ -122,7 +124,7 @@ class SyncRedisHarness(_HarnessBase):
             yield _Unit(self, batch, scope)
 
     def _get(self, batch: Any, key: str) -> bytes | None:
-        return batch.get(key)  # type: ignore[no-any-return]
+        return batch.get(key)
 
     def high_water(self, scope: str) -> int:
         return self.fence.high_water(scope)
@@ -182,13 +184,13 @@ class AsyncRedisHarness(_HarnessBase):
         self._loop.run(context.__aexit__(None, None, None))
 
     def _get(self, batch: Any, key: str) -> bytes | None:
-        return self._loop.run(batch.get(key))  # type: ignore[no-any-return]
+        return self._loop.run(batch.get(key))
 
     def high_water(self, scope: str) -> int:
-        return self._loop.run(self.fence.high_water(scope))  # type: ignore[no-any-return]
+        return self._loop.run(self.fence.high_water(scope))
 
     def raise_high_waters(self, floors: Mapping[str, int], *, default: int = 0) -> dict[str, int]:
-        return self._loop.run(self.fence.raise_high_waters(floors, default=default))  # type: ignore[no-any-return]
+        return self._loop.run(self.fence.raise_high_waters(floors, default=default))
 
     def clone(self) -> AsyncRedisHarness:
         return AsyncRedisHarness(self.server, *self._args, self.mutant, self._loop)

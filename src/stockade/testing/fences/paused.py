@@ -1,6 +1,6 @@
 """Each fence target's bound on a writer paused inside its unit (`stockade.testing.conformance.fence_paused`).
 
-One declaration per kind of adapter, named by each target's descriptor (`helpers.fence_targets`):
+One declaration per kind of adapter, named by each target's descriptor (`stockade.testing.fences.targets`):
 the bound a newer token may wait for a paused lower one, or why there is none.
 Each was found by running the class against the target (docs/fence-*.md say
 the same in words).
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers.fence_redis import AsyncRedisHarness
-from helpers.fence_store import StoreHarness
-
 from stockade.core import limits
 from stockade.resources.store.sqlite_store import SQLiteStore
 from stockade.testing.conformance.fence import CLUSTER, KEYS
 from stockade.testing.conformance.fence_paused import NotBounded, PausedBound
+from stockade.testing.fences.redis import AsyncRedisHarness
+from stockade.testing.fences.store import StoreHarness
 
 
 def _own_sqlite_store(harness: Any) -> StoreHarness:

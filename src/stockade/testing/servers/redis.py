@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import reaper
+
+from stockade.testing.servers import reaper
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 START_TIMEOUT_S = 30.0

@@ -1,4 +1,4 @@
-"""The lease-history conformance suite: what every coordinator's journal must show, through the client.
+"""The lease-journal conformance suite: what every coordinator's journal must show through ``history()``.
 
 Run beside the coordinator suite (`stockade.testing.conformance.coordinator`),
 with the same three fixtures (``client``, ``coord_url``, ``store_url``). Every

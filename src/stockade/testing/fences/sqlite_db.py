@@ -129,6 +129,7 @@ class SQLiteDbHarness:
             reject(decision, resource=self.fence.resource, cluster=self.cluster_id, token=checked_token,
                    scope=scope, key=None)
         assert isinstance(decision, Accept)
+        accepted = decision
         if self.between_check_and_write is not None:
             self.between_check_and_write()
         harness = self
@@ -137,7 +138,7 @@ class SQLiteDbHarness:
             def write(self, key: str, value: bytes) -> None:
                 fence = SQLiteFence(harness.path, keys=harness.keys, cluster_id=harness.cluster_id,
                                     busy_timeout_ms=30_000)
-                fence.fence_rule = trusting(decision)
+                fence.fence_rule = trusting(accepted)
                 try:
                     with harness._unit(fence, scope, checked_token) as unit:
                         unit.write(key, value)

@@ -16,7 +16,7 @@ is never signalled. `unwatch(pid)` drops a server the fixture stopped itself.
 The watcher runs in its own session: a Ctrl-C sent to the terminal's process
 group reaches the tests (which stop their servers themselves), not it.
 
-    python tests/helpers/reaper.py    # the watcher; lines on stdin: "+<pid> <start>" or "-<pid>"
+    python src/stockade/testing/servers/reaper.py    # the watcher; lines on stdin: "+<pid> <start>" or "-<pid>"
 """
 
 from __future__ import annotations

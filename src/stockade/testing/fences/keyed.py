@@ -1,7 +1,7 @@
 """Openers for the L2 suite (`stockade.testing.conformance.fence_keys`): each adapter's resource of one
 test, opened again and again with ``keys=`` exactly as a user passes them.
 
-Each target's descriptor (`helpers.fence_targets`) names one of these: a context manager
+Each target's descriptor (`stockade.testing.fences.targets`) names one of these: a context manager
 ``(directory, name) -> opener``: it owns the resource (a directory, a file, a Redis server, a
 PostgreSQL database) for the test, and every harness the opener returns is a handle on it that does
 not own it (closing one leaves the resource to the next).
@@ -15,13 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from helpers.fence_files import FilesHarness
-from helpers.fence_postgres import HARNESSES, _database, _free
-from helpers.fence_redis import AsyncRedisHarness, SyncRedisHarness, _Loop
-from helpers.fence_sqlite_db import SQLiteDbHarness, user_database
-from helpers.fence_store import StoreHarness
-from helpers.postgres import shared_server
-from helpers.redis_server import RedisServer, require_redis
 
 from stockade.core.signing import Keyring
 from stockade.keys import save_keyring
@@ -29,6 +22,13 @@ from stockade.resources import postgres as pg
 from stockade.resources.memory import MemoryStore
 from stockade.resources.registry import StoreOptions, open_resource
 from stockade.testing.conformance.fence import CLUSTER
+from stockade.testing.fences.files import FilesHarness
+from stockade.testing.fences.postgres import HARNESSES, _database, _free
+from stockade.testing.fences.redis import AsyncRedisHarness, SyncRedisHarness, _Loop
+from stockade.testing.fences.sqlite_db import SQLiteDbHarness, user_database
+from stockade.testing.fences.store import StoreHarness
+from stockade.testing.servers.postgres import shared_server
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 Opener = Callable[..., Any]
 

@@ -1,6 +1,6 @@
 """Each fence target's ways to fail a unit's later write (`stockade.testing.conformance.fence_partial`).
 
-One declaration per kind of adapter, named by each target's descriptor (`helpers.fence_targets`);
+One declaration per kind of adapter, named by each target's descriptor (`stockade.testing.fences.targets`);
 the ways reach into the harnesses' units (test code over test code).
 """
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg
 import sqlalchemy.exc
-from helpers.fence_redis import data_key
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.testing.conformance.fence_partial import FailingWrite, NotApplicable, PartialFailures
+from stockade.testing.fences.redis import data_key
 
 # -- Redis: the five triggers of issue 26 and the other refusals, each after the unit's first SET ----------
 
