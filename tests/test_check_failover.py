@@ -30,8 +30,9 @@ import pytest
 from conftest import HELPERS, python_env
 from helpers.ensemble_restart import DetachedEtcd, DetachedZk
 from helpers.etcd_cluster import etcd_available
-from helpers.redis_server import RedisServer, require_redis
 from helpers.zk_ensemble import zookeeper_available
+
+from stockade.testing.servers.redis import RedisServer, require_redis
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 ROUNDS = 20 if LONG else 2
