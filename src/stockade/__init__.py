@@ -43,7 +43,7 @@ from stockade.core.errors import (
     TokenMismatch,
     Unauthorized,
 )
-from stockade.core.leases import ScopeInfo, ScopeState
+from stockade.core.leases import Contender, ScopeInfo, ScopeState
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import Item, WriteResult
 
@@ -68,6 +68,7 @@ __all__ = [
     "FencingToken",
     "ScopeInfo",
     "ScopeState",
+    "Contender",
     "Item",
     "WriteResult",
     "StockadeError",

@@ -39,6 +39,11 @@ Coordinator-side controls work over the lease engine's seams:
   runs on (a shielded task, a thread) when its caller is cancelled or
   interrupted: the waiter stays queued. The suite's cancel test catches it.
 
+- ``contenders-reversed`` (`contenders_reversed`) and ``contenders-by-name``
+  (`contenders_by_name`): a client port's ``contenders`` lists the waiters in
+  reverse, or sorted by holder name, instead of in the order they will be
+  served (C4). The coordinator suite's contenders test catches both.
+
 `MUTANTS` is the one registry of every control, each with the seam it breaks:
 the simulator (``stockade sim --mutant NAME``, ``--list-mutants``) reads it,
 and the real-process tests take their controls from it (``wrap``,
@@ -84,6 +89,8 @@ __all__ = [
     "lock_delay_off",
     "requeue_at_cap",
     "wait_outlives_cancel",
+    "contenders_reversed",
+    "contenders_by_name",
     "simulated",
     "Seam",
     "Mutant",
@@ -370,6 +377,38 @@ def wait_outlives_cancel(port: Any) -> Any:
     return port
 
 
+def _misordered(port: Any, order: Callable[[list[Any]], list[Any]]) -> Any:
+    """Break a client port's ``contenders`` in place: the holder stays first, the waiters come in ``order``."""
+    contenders = port.contenders
+
+    def line(found: list[Any]) -> list[Any]:
+        head = found[:1] if found and found[0].holding else []
+        return head + order(found[len(head):])
+
+    if asyncio.iscoroutinefunction(contenders):
+        async def misordered_async(scope: str, *, limit: int) -> list[Any]:
+            return line(await contenders(scope, limit=limit))
+
+        port.contenders = misordered_async
+        return port
+
+    def misordered(scope: str, *, limit: int) -> list[Any]:
+        return line(contenders(scope, limit=limit))
+
+    port.contenders = misordered
+    return port
+
+
+def contenders_reversed(port: Any) -> Any:
+    """A client port whose ``contenders`` lists the waiters last queued first. Returns it."""
+    return _misordered(port, lambda waiters: waiters[::-1])
+
+
+def contenders_by_name(port: Any) -> Any:
+    """A client port whose ``contenders`` lists the waiters sorted by holder name. Returns it."""
+    return _misordered(port, lambda waiters: sorted(waiters, key=lambda c: c.holder))
+
+
 def _outcome(call: Callable[..., Any], scope: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
     try:
         return True, call(scope, **arguments)
@@ -391,11 +430,12 @@ class Seam(enum.Enum):
     COMMIT = "RecordStore commit: durable before the answer (MemoryRecords.on_commit)"
     PORT_LOCK_DELAY = "a client port's lock-delay decision (lock_delay_end_ns, C5)"
     PORT_WAIT = "a client port's wait until granted (acquire with wait_ms=None)"
+    PORT_CONTENDERS = "a client port's contenders listing (its serving order, C4)"
 
 
 #: Seams of a backend's own client port, which the simulator does not model: their controls run
 #: against the real backend only (the simulator's coordinator is the lease engine).
-PORT_SEAMS = frozenset({Seam.PORT_LOCK_DELAY, Seam.PORT_WAIT})
+PORT_SEAMS = frozenset({Seam.PORT_LOCK_DELAY, Seam.PORT_WAIT, Seam.PORT_CONTENDERS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,6 +490,10 @@ MUTANTS: dict[str, Mutant] = {
     "wait-outlives-cancel": Mutant("a wait until granted runs on when its caller is cancelled or interrupted",
                                    Seam.PORT_WAIT, wrap=wait_outlives_cancel,
                                    caught_by="the coordinator suite's cancel test"),
+    "contenders-reversed": Mutant("contenders lists the waiters last queued first", Seam.PORT_CONTENDERS,
+                                  wrap=contenders_reversed, caught_by="C4, the coordinator suite's contenders test"),
+    "contenders-by-name": Mutant("contenders lists the waiters sorted by holder name", Seam.PORT_CONTENDERS,
+                                 wrap=contenders_by_name, caught_by="C4, the coordinator suite's contenders test"),
 }
 
 
