@@ -9,10 +9,11 @@ tests/test_coordinator_conformance.py; here the same check runs against broken c
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
-from conftest import HELPERS, AsyncRunner, SyncRunner
+from conftest import HELPERS, AsyncRunner, SyncRunner, python_env
 
 import stockade
 from stockade.core.limits import CONTENDERS_MAX
@@ -86,4 +87,69 @@ def test_the_route_answers_holder_names_only_and_refuses_bad_input(serve, tmp_pa
         held.release()
         other.release()
     finally:
+        coord.close()
+
+
+def test_the_lease_leadership_and_semaphore_read_the_same_line(client, tmp_path):
+    """``lease.contenders()``, ``leadership.contenders()`` (kazoo's ``Election.contenders()``) and
+    ``sem.contenders()`` (per slot) read the coordinator's line: the holder first, then who waits, in order."""
+    coord = client.connect(f"memory://{tmp_path.name}")
+    leader = client.run(coord.elect("primary", ttl_ms=10_000, identity="node-a:8080"))
+    join = suite._in_background(client, suite._acquiring(client, coord, "primary", ttl_ms=10_000,
+                                                          wait_ms=30_000, holder="node-b:8080"))
+    suite._await_waiters(client, coord, "primary", 1)
+    expected = [("node-a:8080", True), ("node-b:8080", False)]
+    assert [(c.holder, c.holding) for c in client.run(leader.contenders())] == expected
+    assert [(c.holder, c.holding) for c in client.run(leader.lease.contenders())] == expected
+    assert [(c.holder, c.holding) for c in client.run(coord.contenders("primary"))] == expected
+    with pytest.raises(stockade.InvalidArgument):
+        client.run(leader.lease.contenders(limit=0))
+    client.run(leader.resign())
+    successor, _ = join()
+    assert [(c.holder, c.holding) for c in client.run(successor.contenders())] == [("node-b:8080", True)]
+    client.run(successor.release())
+    sem = (stockade.Semaphore if client.mode == "sync" else stockade.AsyncSemaphore)(coord, "exports", slots=3)
+    held = [client.run(sem.acquire(ttl_ms=10_000, holder=f"exporter-{i}")) for i in range(2)]
+    line = client.run(sem.contenders())
+    assert sorted(line) == sorted(sem.slot_of(lease) for lease in held)
+    assert {(c.holder, c.holding) for slot in line.values() for c in slot} == {("exporter-0", True),
+                                                                              ("exporter-1", True)}
+    for lease in held:
+        client.run(lease.release())
+    assert client.run(sem.contenders()) == {}
+    suite._close(client, coord)
+
+
+def _status(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stockade", "status", "--url", url, *args], capture_output=True,
+                          text=True, timeout=60, env=python_env())
+
+
+def test_status_shows_a_scopes_contenders_in_order(serve, tmp_path):
+    """``stockade status --url U SCOPE``: the holder, then the waiter; read-only from a coordinator file (no
+    file created), through the client from a served one; a bad scope is a one-line error."""
+    server = serve()
+    for url in (f"sqlite:///{tmp_path / 'coord.db'}", server.url):
+        runner = SyncRunner()
+        coord = runner.connect(url)
+        held = coord.acquire("reports", ttl_ms=10_000, holder="alice")
+        join = suite._in_background(runner, suite._acquiring(runner, coord, "reports", ttl_ms=10_000,
+                                                              wait_ms=30_000, holder="bob"))
+        suite._await_waiters(runner, coord, "reports", 1)
+        before = sorted(tmp_path.iterdir())
+        shown = _status(url, "reports", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert [json.loads(line) for line in shown.stdout.splitlines()] == [
+            {"scope": "reports", "position": 0, "holder": "alice", "holding": True},
+            {"scope": "reports", "position": 1, "holder": "bob", "holding": False}]
+        assert sorted(tmp_path.iterdir()) == before
+        table = _status(url, "reports")
+        assert table.returncode == 0 and "1 waiting" in table.stdout, table
+        assert [line.split()[1:] for line in table.stdout.splitlines()[2:]] == [["alice", "holding"],
+                                                                                 ["bob", "waiting"]]
+        bad = _status(url, "bad scope")
+        assert bad.returncode != 0 and "scope" in bad.stderr
+        held.release()
+        lease, _ = join()
+        lease.release()
         coord.close()

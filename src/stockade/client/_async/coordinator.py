@@ -200,6 +200,16 @@ class AsyncLease(Leased):
         if not self._lost.is_set():
             self._telemetry.renewed(self)
 
+    async def contenders(self, *, limit: int = CONTENDERS_MAX) -> list[core_leases.Contender]:
+        """Who holds this lease's scope and who waits for it, in serving order (`AsyncCoordinator.contenders`):
+        while the lease is held, this holder first. A snapshot; holder names only.
+
+        Raises:
+            InvalidArgument: a bad limit.
+        """
+        validate_int("limit", limit, 1, CONTENDERS_MAX)
+        return await self._port.contenders(self.scope, limit=limit)
+
     async def release(self) -> None:
         """Stop the keepalive and release the lease. Idempotent.
 
