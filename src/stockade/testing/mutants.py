@@ -24,6 +24,10 @@ Coordinator-side controls work over the lease engine's seams:
   `LeaseEngine.acquire_rule` that takes the token from the clock.
 - ``lock-delay-lost-on-restart`` (`ForgetsLockDelays`): wraps the record-store
   port; opened at a coordinator restart, it forgets the pending lock-delays.
+- ``semaphore-extra-slot``: a semaphore whose holders take one slot more than
+  it admits (the simulator's clients acquire on one scope more than the
+  semaphore's slots). P10 catches it (`stockade.testing.semaphore_slots`);
+  tests/test_semaphore.py has its real-process twin.
 - ``etcd-lock-delay-off`` (`lock_delay_off`): replaces a client port's C5
   decision (``lock_delay_end_ns``, the etcd port's) with one that never waits:
   the next grant after a lapse comes at once. The coordinator suite's
@@ -431,6 +435,7 @@ class Seam(enum.Enum):
     PORT_LOCK_DELAY = "a client port's lock-delay decision (lock_delay_end_ns, C5)"
     PORT_WAIT = "a client port's wait until granted (acquire with wait_ms=None)"
     PORT_CONTENDERS = "a client port's contenders listing (its serving order, C4)"
+    SEMAPHORE_SLOTS = "a semaphore's slots (Semaphore.scope_of: the scopes its holders take)"
 
 
 #: Seams of a backend's own client port, which the simulator does not model: their controls run
@@ -481,6 +486,8 @@ MUTANTS: dict[str, Mutant] = {
                               Seam.COMMIT, caught_by="P1 after a coordinator crash"),
     "lock-delay-lost-on-restart": Mutant("a restarted coordinator forgets the pending lock-delays",
                                          Seam.RECORD_STORE, wrap=ForgetsLockDelays, caught_by="P9"),
+    "semaphore-extra-slot": Mutant("a semaphore's holders take one slot more than it admits (its slots miscounted)",
+                                   Seam.SEMAPHORE_SLOTS, caught_by="P10"),
     "etcd-lock-delay-off": Mutant("the etcd port grants at once after a lapse (no lock-delay)", Seam.PORT_LOCK_DELAY,
                                   rule=no_lock_delay, wrap=lock_delay_off,
                                   caught_by="C5, the coordinator suite's lock-delay tests on a real etcd"),
