@@ -153,3 +153,33 @@ def test_status_shows_a_scopes_contenders_in_order(serve, tmp_path):
         lease, _ = join()
         lease.release()
         coord.close()
+
+
+def test_the_dashboard_of_a_backend_shows_a_waiting_scopes_queue(tmp_path):
+    """``stockade ui`` (and ``serve --coordinator``) draws a waiting scope's queue from the backend's contenders:
+    the waiters' holder names in serving order, here read-only from a coordinator file."""
+    import asyncio
+
+    from stockade.cli.ui import UrlLeases, UrlMarks
+    from stockade.server._dashboard_view import View, _rows
+
+    url = f"sqlite:///{tmp_path / 'coord.db'}"
+    runner = SyncRunner()
+    coord = runner.connect(url)
+    held = coord.acquire("reports", ttl_ms=10_000, holder="alice")
+    joins = []
+    for name in ("zed", "amy"):
+        joins.append(suite._in_background(runner, suite._acquiring(runner, coord, "reports", ttl_ms=10_000,
+                                                                    wait_ms=30_000, holder=name)))
+        suite._await_waiters(runner, coord, "reports", len(joins))
+    leases = UrlLeases(url)
+    leases.open()
+    rows, seen, exact = asyncio.run(_rows(leases, UrlMarks(url, None), View(None)))
+    assert seen == 1 and exact
+    assert (rows[0]["scope"], rows[0]["holder"], rows[0]["queue"]) == ("reports", "alice", ["zed", "amy"])
+    held.release()
+    for join in joins:
+        lease, _ = join()
+        lease.release()
+    leases.close()
+    coord.close()
