@@ -124,7 +124,7 @@ def _show_contenders(url: str, scope: str, coord_file: Path, as_json: bool) -> i
     return 0
 
 
-def run(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stockade status", description=help_text(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_url(parser)
@@ -132,7 +132,11 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per scope (per contender with SCOPE)")
     parser.add_argument("scope", nargs="?", metavar="SCOPE",
                         help="show this scope's contenders: the holder, then the waiters in serving order")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     url = coordinator_url(args)
     root = local_dir(url)
     coord_file = local_file(url) or Path("coord.db")  # the file the url names, never another beside it

@@ -133,11 +133,11 @@ def check_lock_delay(records: list[dict[str, Any]], ops: list[Op] | None = None)
                                  if op.f == "acquire" and op.type == "ok"}
                 found.append(_too_early(scope, held, record, index, axis, acquirers))
             current[scope] = _Held(value.get("lease"), value.get("token"),
-                                   entry.offset + int(value.get("expires_ns", value.get("at_ns"))),
+                                   entry.offset + int(value.get("expires_ns", value["at_ns"])),
                                    int(value.get("lock_delay_ms", 0)) * _MS, index)
         elif held is not None and value.get("lease") == held.lease:
             if f == "renew":
-                held.expires = entry.offset + int(value.get("expires_ns", value.get("at_ns")))
+                held.expires = entry.offset + int(value.get("expires_ns", value["at_ns"]))
             elif f == "release":
                 held.released = True
     return found
