@@ -253,3 +253,31 @@ def test_p9_passes_over_histories_without_a_lease_log():
     b = Builder()
     b.acquire(1, 0, 10, 1).acquire(2, 20, 30, 2)
     assert check(b.records).ok
+
+
+# --- P10 the semaphore, on the coordinator's lease log -------------------------------------------
+
+
+def test_p10_control_more_holders_than_slots_is_flagged():
+    # Two slots, a and b, held from 0 and 10; a lease of c (a third slot the semaphore does not admit) at 20.
+    log = LeaseLog(delay_ms=0).grant("A1", 1, 0).grant("B1", 1, 10, scope="b").grant("C1", 1, 20, scope="c")
+    result = check(log.records, semaphore_slots=2)
+    assert props(result) == ["P10"], result
+    assert "3 holders of a semaphore of 2 slots at once" in result.violations[0].message
+    assert check(log.records, semaphore_slots=3).ok
+    assert check(log.records).ok  # no semaphore declared: P10 is not judged
+
+
+def test_p10_holds_when_a_holder_released_or_lapsed_and_judges_each_slots_tokens():
+    released = LeaseLog(delay_ms=0).grant("A1", 1, 0).grant("B1", 1, 10, scope="b").release("A1", 15)
+    assert check(released.grant("C1", 1, 20, scope="c").records, semaphore_slots=2).ok
+    lapsed = LeaseLog(delay_ms=0).grant("A1", 1, 0, ttl_ms=100).grant("B1", 1, 10, scope="b")
+    assert check(lapsed.grant("C1", 1, 100, scope="c").records, semaphore_slots=2).ok  # A1's deadline was 100
+    renewed = LeaseLog(delay_ms=0).grant("A1", 1, 0, ttl_ms=100).renew("A1", 90, ttl_ms=100)
+    renewed.grant("B1", 1, 10, scope="b").grant("C1", 1, 150, scope="c")
+    assert props(check(renewed.records, semaphore_slots=2)) == ["P10"]  # the renew held A1 to 190
+    # Each slot's tokens rise from one grant to the next (scopes independent).
+    again = LeaseLog(delay_ms=0).grant("A1", 5, 0, ttl_ms=100).grant("A2", 5, 200).grant("B1", 1, 300, scope="b")
+    result = check(again.records, semaphore_slots=2)
+    assert [v.message for v in result.violations if v.property == "P10"] == [
+        "slot 'a': token 5 granted after token 5"], result

@@ -24,7 +24,6 @@ FUNCTION_LINES_EXCEPTIONS = {
     "_schemas": 121,  # server/openapi.py: the JSON schemas, one literal (+15: wait_ms null with a ticket)
     "http_endpoint": 80,  # client/_shared.py: the http(s) url's every refusal, in order
     "IdGenerator.__init__": 74,  # recipes/ids.py: the start-up hand-over, step by step (docs/ids.md)
-    "run": 73,  # cli/status.py: the status command's table
     "AsyncCoordinator.acquire": 72,  # client/: the acquire path, and its generated sync twin (+1: wait_ms=None)
     "Coordinator.acquire": 72,
 }

@@ -20,7 +20,7 @@ def test_public_api_is_pinned():
             "connect", "connect_async", "open_store", "open_store_async",
             "Coordinator", "AsyncCoordinator", "Lease", "AsyncLease", "FencedStore", "AsyncFencedStore", "Semaphore",
             "AsyncSemaphore", "ReadWriteLock", "AsyncReadWriteLock", "ReadLease", "AsyncReadLease",
-            "FencingToken", "ScopeInfo", "ScopeState", "Item", "WriteResult",
+            "FencingToken", "ScopeInfo", "ScopeState", "Contender", "Item", "WriteResult",
             "StockadeError", "InvalidArgument", "LimitExceeded", "FenceRejected", "StaleToken", "TokenMismatch",
             "LeaseError", "NotHolder", "LeaseLost", "LockTimeout", "Unauthorized", "BackendUnavailable",
             "InvariantViolation",

@@ -47,7 +47,7 @@ from stockade.core.errors import (
     TokenMismatch,
     Unauthorized,
 )
-from stockade.core.leases import ScopeInfo, ScopeState
+from stockade.core.leases import Contender, ScopeInfo, ScopeState
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import Item, WriteResult
 
@@ -76,6 +76,7 @@ __all__ = [
     "FencingToken",
     "ScopeInfo",
     "ScopeState",
+    "Contender",
     "Item",
     "WriteResult",
     "StockadeError",

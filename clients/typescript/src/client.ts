@@ -25,6 +25,7 @@ import {
 import { HttpClient, type Response } from "./http.js";
 import { asObject, type Json, JsonError, parseJson } from "./json.js";
 import {
+  CONTENDERS_MAX,
   describe,
   RESPONSE_BYTES_MAX_CEILING,
   RESPONSE_BYTES_MAX_DEFAULT,
@@ -107,6 +108,12 @@ export interface TxResult {
 }
 
 export type TxStep = { op: "put"; key: string; value: string | Uint8Array } | { op: "delete"; key: string };
+
+/** One party in a scope's line: its holder name (never a lease id or a token), and whether it holds the scope. */
+export interface Contender {
+  readonly holder: string;
+  readonly holding: boolean;
+}
 
 export interface ScopeInfo {
   readonly scope: string;
@@ -319,6 +326,26 @@ export class Client {
       remainingMs: intField(doc, "remaining_ms"),
       waiters: intField(doc, "waiters"),
     };
+  }
+
+  /**
+   * Who holds `scope` and who waits for it, in the order they will be served: the holder first
+   * (`holding: true`), then the waiters, first queued first; at most `limit` (1..1025).
+   * @throws InvalidArgument on a bad scope or limit; BackendUnavailable.
+   */
+  async contenders(scope: string, limit = CONTENDERS_MAX): Promise<Contender[]> {
+    validateScope(scope);
+    validateInt("limit", limit, 1, CONTENDERS_MAX);
+    const doc = await this.json("lockContenders", { scope }, { query: `limit=${limit}` });
+    const line = doc["contenders"];
+    if (!Array.isArray(line)) throw new BackendUnavailable("server answer lacks 'contenders'");
+    return line.map((entry) => {
+      const item = asObject(entry);
+      if (item === undefined) throw new BackendUnavailable("server sent a contender that is not an object");
+      const holding = item["holding"];
+      if (typeof holding !== "boolean") throw new BackendUnavailable("server response lacks a valid 'holding'");
+      return { holder: stringField(item, "holder"), holding };
+    });
   }
 
   // -- the fenced store ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@
  */
 
 export { connect, Client, Lease, lostMarginMs, RENEW_RETRY_MS } from "./client.js";
-export type { AcquireOptions, ConnectOptions, Item, ScopeInfo, TokenLike, TxResult, TxStep, WriteResult } from "./client.js";
+export type { AcquireOptions, ConnectOptions, Contender, Item, ScopeInfo, TokenLike, TxResult, TxStep, WriteResult } from "./client.js";
 export {
   AlreadyApplied,
   BackendUnavailable,

@@ -19,6 +19,8 @@ export const IDEMPOTENCY_KEY_BYTES_MAX = 200;
 export const OP_ID_BYTES_MAX = 200;
 /** Steps in one transaction (`stockade.core.limits.TX_WRITES_MAX`). */
 export const TX_WRITES_MAX = 10_000;
+/** The most contenders one `contenders` call lists: a holder and a full queue (1,024 waiters). */
+export const CONTENDERS_MAX = 1025;
 /** A transaction's JSON body (`stockade.wire.codecs.TX_BODY_BYTES_MAX`). */
 export const TX_BODY_BYTES_MAX = 4 * 1024 * 1024;
 /** Default deadline of one request (an acquire gets its `waitMs` on top: the server long-polls). */

@@ -16,6 +16,7 @@ export const ROUTES = {
   openapiDocument: { method: "GET", path: "/openapi.json" },
   cluster: { method: "GET", path: "/v1/cluster" },
   inspectLock: { method: "GET", path: "/v1/locks/{scope}" },
+  lockContenders: { method: "GET", path: "/v1/locks/{scope}/contenders" },
   acquire: { method: "POST", path: "/v1/locks/{scope}/acquire" },
   renew: { method: "POST", path: "/v1/leases/{lease_id}/renew" },
   release: { method: "DELETE", path: "/v1/leases/{lease_id}" },

@@ -109,9 +109,12 @@ test("waitMs null waits until granted, first in first out; aborting it leaves no
     const abort = new AbortController();
     const second = client.acquire(scope, { ttlMs: 5000, waitMs: null, signal: abort.signal });
     while ((await client.inspect(scope)).waiters < 2) await new Promise((resolve) => setTimeout(resolve, 10));
+    assert.deepEqual((await client.contenders(scope)).map((c) => c.holding), [true, false, false]);
     abort.abort(new Error("gave up"));
     await assert.rejects(second, /gave up/);
     while ((await client.inspect(scope)).waiters > 1) await new Promise((resolve) => setTimeout(resolve, 10));
+    assert.deepEqual((await client.contenders(scope)).length, 2);
+    await assert.rejects(client.contenders(scope, 0), InvalidArgument);
     await holder.release();
     const granted = await first;
     assert.deepEqual(order, ["first"]);

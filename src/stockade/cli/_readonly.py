@@ -38,7 +38,8 @@ from stockade.core.errors import BackendUnavailable
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import _sqlite_files as store_files
 
-__all__ = ["CoordinatorSnapshot", "read_coordinator", "read_high_waters", "read_history", "check_store_file"]
+__all__ = ["CoordinatorSnapshot", "read_coordinator", "read_contenders", "read_high_waters", "read_history",
+           "check_store_file"]
 
 T = TypeVar("T")
 
@@ -123,45 +124,58 @@ def check_store_file(path: Path) -> None:
     _read(path, "store", lambda conn: _store_meta(conn, path))
 
 
+def _records(conn: sqlite3.Connection, path: Path, now_ns: int, limit: int,
+             scope: str | None = None) -> tuple[str, list[rules.ScopeRecord]]:
+    """The cluster id and the first ``limit`` scope records (only ``scope``'s, when given), as the
+    coordinator would judge them now (the restart rule applied when the host rebooted since)."""
+    meta = _coordinator_meta(conn, path)
+    cluster = meta["cluster_id"]
+    rebooted = meta.get("boot_id") != _boot_id()
+    where, args = ("WHERE scope = ?", (scope,)) if scope is not None else ("", ())
+    held = "leases" if meta["schema_version"] == "1" else "scopes WHERE lease_id IS NOT NULL"
+    leases = {
+        row[0]: rules.Lease(row[1], row[2], FencingToken(cluster, row[0], row[3]), *row[4:])
+        for row in conn.execute(  # version 1 kept leases in a table of their own (read as it is, never migrated)
+            "SELECT scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM " + held
+        ) if scope is None or row[0] == scope
+    }
+    waiters: dict[str, list[rules.Waiter]] = {}
+    for name, *waiter in conn.execute(
+        f"SELECT scope, lease_id, holder, deadline_ns, stale_ns FROM waiters {where} ORDER BY scope, seq", args
+    ):
+        waiters.setdefault(name, []).append(rules.Waiter(*waiter))
+    records = []
+    for name, last_token, delay_until_ns in conn.execute(
+        f"SELECT scope, last_token, delay_until_ns FROM scopes {where} ORDER BY scope LIMIT ?", (*args, limit)
+    ):
+        record = rules.ScopeRecord(
+            name, last_token=last_token, lease=leases.get(name), delay_until_ns=delay_until_ns,
+            waiters=tuple(waiters.get(name, ())),
+        )
+        if rebooted:  # what the next opener will do (C3): the stored times are on a clock that is gone
+            record = rules.recover(record, now_ns, rules.LeasePolicy(), same_clock=False)
+        records.append(record)
+    return cluster, records
+
+
 def read_coordinator(path: Path, now_ns: int, limit: int) -> CoordinatorSnapshot:
     """The first ``limit`` scopes of the coordinator file at ``path``, as ``status`` shows it, read-only.
 
     Raises:
         BackendUnavailable: not a readable coordinator file of a supported version.
     """
-    policy = rules.LeasePolicy()
+    (cluster, records), note = _read(path, "coordinator", lambda conn: _records(conn, path, now_ns, limit))
+    return CoordinatorSnapshot(cluster, [rules.describe(r, now_ns, rules.LeasePolicy()) for r in records], note)
 
-    def body(conn: sqlite3.Connection) -> tuple[str, list[rules.ScopeInfo]]:
-        meta = _coordinator_meta(conn, path)
-        cluster = meta["cluster_id"]
-        rebooted = meta.get("boot_id") != _boot_id()
-        leases = {
-            row[0]: rules.Lease(row[1], row[2], FencingToken(cluster, row[0], row[3]), *row[4:])
-            for row in conn.execute(  # version 1 kept leases in a table of their own (read as it is, never migrated)
-                "SELECT scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM "
-                + ("leases" if meta["schema_version"] == "1" else "scopes WHERE lease_id IS NOT NULL")
-            )
-        }
-        waiters: dict[str, list[rules.Waiter]] = {}
-        for scope, *waiter in conn.execute(
-            "SELECT scope, lease_id, holder, deadline_ns, stale_ns FROM waiters ORDER BY scope, seq"
-        ):
-            waiters.setdefault(scope, []).append(rules.Waiter(*waiter))
-        infos = []
-        for scope, last_token, delay_until_ns in conn.execute(
-            "SELECT scope, last_token, delay_until_ns FROM scopes ORDER BY scope LIMIT ?", (limit,)
-        ):
-            record = rules.ScopeRecord(
-                scope, last_token=last_token, lease=leases.get(scope), delay_until_ns=delay_until_ns,
-                waiters=tuple(waiters.get(scope, ())),
-            )
-            if rebooted:  # what the next opener will do (C3): the stored times are on a clock that is gone
-                record = rules.recover(record, now_ns, policy, same_clock=False)
-            infos.append(rules.describe(record, now_ns, policy))
-        return cluster, infos
 
-    (cluster, infos), note = _read(path, "coordinator", body)
-    return CoordinatorSnapshot(cluster, infos, note)
+def read_contenders(path: Path, now_ns: int, scope: str, limit: int) -> tuple[list[rules.Contender], str | None]:
+    """Who holds ``scope`` and who waits for it in the coordinator file at ``path``, in serving order, read-only.
+
+    Raises:
+        BackendUnavailable: not a readable coordinator file of a supported version.
+    """
+    (_, records), note = _read(path, "coordinator", lambda conn: _records(conn, path, now_ns, 1, scope))
+    return (rules.contenders_of(records[0], now_ns, rules.LeasePolicy(), limit) if records else []), note
 
 
 def read_high_waters(path: Path) -> tuple[dict[str, int], str | None]:

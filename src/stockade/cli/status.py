@@ -10,6 +10,9 @@ A local coordinator's and store's files are read read-only and no file is
 created, so status works on a read-only data directory and on a full disk.
 A server is asked over HTTP (bearer token from $STOCKADE_AUTH_TOKEN): its
 scopes page by page, and the high-water mark of each scope shown.
+
+With a SCOPE, status shows that scope's contenders instead: its holder first,
+then its waiters in the order they will be served (holder names only).
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ from stockade.cli._common import (
     local_file,
     refuse,
 )
-from stockade.cli._readonly import read_coordinator, read_high_waters
+from stockade.cli._readonly import read_contenders, read_coordinator, read_high_waters
 from stockade.clock import SystemClock
-from stockade.core.errors import StockadeError
-from stockade.core.leases import ScopeInfo
-from stockade.core.limits import LIST_PAGE_MAX
+from stockade.core.errors import BackendUnavailable, StockadeError
+from stockade.core.leases import Contender, ScopeInfo
+from stockade.core.limits import CONTENDERS_MAX, LIST_PAGE_MAX, validate_scope
 
 SCOPES_SHOWN_MAX = 10_000
 REMOTE_HIGH_WATERS_MAX = 1_000  # one request each: beyond this many scopes, the marks are left out
@@ -81,16 +84,65 @@ def _scopes(url: str) -> tuple[str, list[ScopeInfo]]:
     return cluster_id, infos
 
 
-def run(argv: list[str]) -> int:
+def _contenders(url: str, scope: str, coord_file: Path) -> tuple[list[Contender], str | None]:
+    """The contenders of ``scope``: a local coordinator file read-only, any other url through the client.
+
+    Raises:
+        StockadeError: a bad scope, or the coordinator cannot be read.
+    """
+    validate_scope(scope)
+    if local_file(url) is not None:
+        if not coord_file.is_file():
+            raise BackendUnavailable(f"no coordinator at {coord_file}", certain_no_effect=True)
+        return read_contenders(coord_file, SystemClock().now_ns(), scope, CONTENDERS_MAX)
+    from stockade.client import connect
+
+    coord = connect(url)
+    try:
+        return coord.contenders(scope), None
+    finally:
+        coord.close()
+
+
+def _show_contenders(url: str, scope: str, coord_file: Path, as_json: bool) -> int:
+    try:
+        line, note = _contenders(url, scope, coord_file)
+    except StockadeError as exc:
+        return fail(str(exc))
+    if note:
+        print(f"stockade: note: {note}", file=sys.stderr)
+    if as_json:
+        for position, contender in enumerate(line):
+            print(json.dumps({"scope": scope, "position": position, "holder": contender.holder,
+                              "holding": contender.holding}))
+        return 0
+    waiting = sum(not c.holding for c in line)
+    print(f"scope {scope}: {'held' if line and line[0].holding else 'not held'}, {waiting} waiting")
+    width = max([len("HOLDER")] + [len(c.holder) for c in line])
+    print(f"{'#':>4}  {'HOLDER'.ljust(width)}  STATE")
+    for position, contender in enumerate(line):
+        print(f"{position:>4}  {contender.holder.ljust(width)}  {'holding' if contender.holding else 'waiting'}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stockade status", description=help_text(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_url(parser)
     add_data_dir(parser)
-    parser.add_argument("--json", action="store_true", help="one JSON object per scope")
-    args = parser.parse_args(argv)
+    parser.add_argument("--json", action="store_true", help="one JSON object per scope (per contender with SCOPE)")
+    parser.add_argument("scope", nargs="?", metavar="SCOPE",
+                        help="show this scope's contenders: the holder, then the waiters in serving order")
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     url = coordinator_url(args)
     root = local_dir(url)
     coord_file = local_file(url) or Path("coord.db")  # the file the url names, never another beside it
+    if args.scope is not None:
+        return _show_contenders(url, args.scope, coord_file, args.json)
     high_waters: dict[str, int] = {}
     try:
         if is_remote(url):

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, is_remote, local_file, refuse
-from stockade.cli._readonly import check_store_file, read_coordinator, read_high_waters, read_history
+from stockade.cli._readonly import check_store_file, read_contenders, read_coordinator, read_high_waters, read_history
 from stockade.clock import SystemClock
 from stockade.core.errors import StockadeError
 from stockade.core.journal import HistoryEvent
-from stockade.core.leases import ScopeInfo
+from stockade.core.leases import Contender, ScopeInfo
 
 __all__ = ["run", "UI_PORT", "TICK_S"]
 
@@ -100,6 +100,16 @@ class UrlLeases:
         page = self._scopes[start:start + limit]
         more = start + limit < len(self._scopes)
         return page, (page[-1].scope if more and page else None)
+
+    async def contenders(self, scope: str, limit: int) -> Sequence[Contender]:
+        """The scope's holder and waiters in serving order: read-only from a coordinator file, else the client's."""
+        def read() -> Sequence[Contender]:
+            with self._lock:
+                if self.file is not None:
+                    return read_contenders(self.file, SystemClock().now_ns(), scope, limit)[0]
+                return list(self._coord.contenders(scope, limit=limit))
+
+        return await asyncio.to_thread(read)
 
     async def history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
         def read() -> Sequence[HistoryEvent]:

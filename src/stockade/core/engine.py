@@ -29,6 +29,7 @@ from stockade.core.clock import Clock
 from stockade.core.errors import InvalidArgument, LimitExceeded, NotHolder
 from stockade.core.leases import (
     AcquireRequest,
+    Contender,
     Granted,
     Lease,
     LeasePolicy,
@@ -39,7 +40,7 @@ from stockade.core.leases import (
     TimedOut,
     lease_hint,
 )
-from stockade.core.limits import LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
+from stockade.core.limits import CONTENDERS_MAX, LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
 from stockade.core.signing import TokenSigner
 from stockade.core.tokens import counter_exhausted, epoch_floor, epoch_of, grant_base
 from stockade.core.values import FenceFloors
@@ -411,6 +412,14 @@ class LeaseEngine:
         with self.records.read() as tx:
             record = tx.load(scope)
         return rules.describe(record, self.clock.now_ns(), self.policy)
+
+    def contenders(self, scope: str, *, limit: int = CONTENDERS_MAX) -> list[Contender]:
+        """Who holds ``scope`` and who waits for it, in the order they will be served (C4), at most ``limit``."""
+        validate_scope(scope)
+        validate_int("limit", limit, 1, CONTENDERS_MAX)
+        with self.records.read() as tx:
+            record = tx.load(scope)
+        return rules.contenders_of(record, self.clock.now_ns(), self.policy, limit)
 
     def scopes(self, *, after: str = "", limit: int = LIST_PAGE_MAX) -> list[ScopeInfo]:
         """Scopes in name order after ``after``, at most ``limit`` of them."""

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 from stockade.core.errors import InvalidArgument, LimitExceeded, NotHolder, invariant
 from stockade.core.limits import (
+    CONTENDERS_MAX,
     LOCK_DELAY_MS_MAX,
     TOKEN_VALUE_MAX,
     WAITERS_PER_SCOPE_MAX,
@@ -74,6 +75,8 @@ __all__ = [
     "redact_lease_path",
     "ScopeInfo",
     "describe",
+    "Contender",
+    "contenders_of",
 ]
 
 _NS_PER_MS = 1_000_000
@@ -468,3 +471,33 @@ def describe(record: ScopeRecord, now_ns: int, policy: LeasePolicy) -> ScopeInfo
         remaining_ms=max(0, (lease.expires_ns - now_ns) // _NS_PER_MS) if lease else 0,
         waiters=len(record.waiters),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Contender:
+    """One party in a scope's line, as status displays may show it: its holder name, never its
+    lease id (a secret) nor its token's MAC.
+
+    Attributes:
+        holder: the name the party acquired with (``holder=``, or an election's ``identity=``).
+        holding: True for the scope's current holder (first in the list), False for a waiter.
+    """
+
+    holder: str
+    holding: bool
+
+
+def contenders_of(
+    record: ScopeRecord, now_ns: int, policy: LeasePolicy, limit: int = CONTENDERS_MAX
+) -> list[Contender]:
+    """Who holds ``record``'s scope at ``now_ns`` and who waits, in the order they will be served (C4),
+    at most ``limit`` of them: the holder first (if any), then the waiters, first queued first.
+
+    Raises:
+        InvalidArgument: ``limit`` is not in 1..`CONTENDERS_MAX`.
+    """
+    validate_int("limit", limit, 1, CONTENDERS_MAX)
+    record = settle(record, now_ns, policy)
+    line = [Contender(record.lease.holder, True)] if record.lease is not None else []
+    line += [Contender(waiter.holder, False) for waiter in record.waiters[:limit]]
+    return line[:limit]

@@ -30,6 +30,7 @@ __all__ = [
     "TOKEN_VALUE_MIN",
     "TOKEN_VALUE_MAX",
     "WAITERS_PER_SCOPE_MAX",
+    "CONTENDERS_MAX",
     "LEASES_MAX",
     "LIST_PAGE_MAX",
     "VALUE_BYTES_CEILING",
@@ -79,6 +80,8 @@ TOKEN_VALUE_MIN = 1
 TOKEN_VALUE_MAX = 2**63 - 1
 
 WAITERS_PER_SCOPE_MAX = 1024
+#: The most contenders one ``contenders`` call lists: a holder and a full queue of waiters.
+CONTENDERS_MAX = WAITERS_PER_SCOPE_MAX + 1
 LEASES_MAX = 100_000
 LIST_PAGE_MAX = 1000
 

@@ -7,7 +7,9 @@ for the first answer and for every event of the stream:
 - the scopes, busiest first (most waiters, then held, then most grants ever:
   the last token issued), `PAGE_SCOPES` a page, at most `PAGES_MAX` pages; each
   with its holder, its token's value (never its MAC, never its lease id), the
-  time left on its lease, its waiters' holder names in queue order, the time
+  time left on its lease, its waiters' holder names in queue order (from a
+  backend, `--coordinator` or ``stockade ui``: its contenders, the first
+  `QUEUE_SHOWN_MAX` of them), the time
   left of its lock-delay (C5), and the high-water mark the store knows (R1);
 - fence rejections by reason and the server's health (connections, leases,
   waiters, open dashboard streams, group-commit latency), only to a viewer
@@ -41,6 +43,9 @@ __all__ = ["View", "PAGE_SCOPES", "PAGES_MAX", "FILTER_CHARS_MAX", "SCAN_SCOPES_
            "stable_part", "Latency"]
 
 PAGE_SCOPES = 50
+#: Contenders read for a waiting scope of a page served from a backend (``--coordinator``, ``stockade ui``):
+#: its holder and the first waiters (the server's own lease table shows every waiter).
+QUEUE_SHOWN_MAX = 101
 PAGES_MAX = 200  # the busiest 10,000 scopes can be paged through; the filter box finds the others
 FILTER_CHARS_MAX = 200  # a scope is at most 200 bytes
 SCAN_SCOPES_MAX = 10_000  # scopes listed from a --coordinator backend per snapshot
@@ -171,7 +176,13 @@ async def _rows(leases: Any, store: Any, view: View) -> tuple[list[dict[str, Any
     exact = scanned < SCAN_SCOPES_MAX
     infos.sort(key=lambda i: (i.waiters, i.token is not None, i.last_token), reverse=True)
     page = infos[view.page * PAGE_SCOPES:(view.page + 1) * PAGE_SCOPES]
-    return [_row(i, None, 0, store.high_water(i.scope)) for i in page], len(infos), exact
+    rows = []
+    for info in page:  # a waiting scope's queue, read from the backend's own line (its contenders)
+        queue = None
+        if info.waiters:
+            queue = [c.holder for c in await leases.contenders(info.scope, QUEUE_SHOWN_MAX) if not c.holding]
+        rows.append(_row(info, queue, 0, store.high_water(info.scope)))
+    return rows, len(infos), exact
 
 
 async def snapshot(leases: Any, store: Any, view: View, *, cluster: str, lock_delay_ms: int | None,

@@ -37,6 +37,7 @@ from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import BackendUnavailable, LockTimeout, NotHolder, StockadeError
 from stockade.core.leases import (
+    Contender,
     Granted,
     Lease,
     LeasePolicy,
@@ -384,6 +385,13 @@ class LeaseService:
         more = bool(infos) and names[-1] != infos[-1].scope
         await self._barrier()
         return infos, (infos[-1].scope if more else None)
+
+    async def contenders(self, scope: str, limit: int) -> Sequence[Contender]:
+        """The holder and the waiters of ``scope`` in serving order, as the lease table has them (C4),
+        answered once what was read is durable."""
+        line = self.engine.contenders(scope, limit=limit)
+        await self._barrier()
+        return line
 
     async def history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
         """The scope's last events as the coordinator file holds them: what has committed (docs/history.md)."""

@@ -45,7 +45,7 @@ from stockade.coordinators._mint import new_lease_id
 from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
 from stockade.core.errors import InvalidArgument, LimitExceeded, LockTimeout, NotHolder
-from stockade.core.leases import Lease, ScopeInfo, lease_hint
+from stockade.core.leases import Contender, Lease, ScopeInfo, lease_hint
 from stockade.core.limits import LIST_PAGE_MAX
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -249,6 +249,10 @@ class PortLeaseService:
 
     async def fence_floors(self) -> FenceFloors:
         return await self.port.fence_floors()
+
+    async def contenders(self, scope: str, limit: int) -> Sequence[Contender]:
+        """The backend's line for ``scope`` (holder, then waiters in serving order), as its port reads it."""
+        return await self.port.contenders(scope, limit=limit)
 
     async def history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
         """The backend's journal of ``scope``, oldest first, as its port reads it (docs/history.md).

@@ -49,6 +49,7 @@ from stockade.resources._observe import reject
 from stockade.resources.store import BatchWrite, SQLiteStore
 from stockade.server import _metrics
 from stockade.server._auth import BearerAuth
+from stockade.server._contenders_route import lock_contenders
 from stockade.server._dashboard import STREAMS_MAX, Dashboard, Sessions, session_key
 from stockade.server._groupcommit import GroupCommitter
 from stockade.server._guard import SMALL_BODY_BYTES
@@ -349,6 +350,7 @@ class App:
         return json_response(200, codecs.lock_doc(await self.leases.inspect(scope)))
 
     lock_history = lock_history  # GET /v1/locks/{scope}/history (server/_history_route.py)
+    lock_contenders = lock_contenders  # GET /v1/locks/{scope}/contenders (server/_contenders_route.py)
     verify_keys = verify_keys  # GET /v1/admin/verify-keys, administrators only (server/_keys_route.py)
 
     async def list_locks(self, request: Request) -> Response:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from stockade.core.limits import (
+    CONTENDERS_MAX,
     HOLDER_BYTES_MAX,
     IDEMPOTENCY_KEY_BYTES_MAX,
     KEY_BYTES_MAX,
@@ -91,6 +92,16 @@ _TOKEN_HEADER = {"name": FENCING_TOKEN_HEADER, "in": "header", "required": True,
 _IDEMPOTENCY_HEADER = {"name": IDEMPOTENCY_KEY_HEADER, "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": PRINTABLE_PATTERN, "minLength": 1,
                                   "maxLength": IDEMPOTENCY_KEY_BYTES_MAX}}
+
+_LOCK_CONTENDERS = {  # GET /v1/locks/{scope}/contenders: holder names only, in serving order
+    "type": "object",
+    "required": ["scope", "contenders"],
+    "properties": {"scope": {"type": "string"}, "contenders": {
+        "type": "array", "maxItems": CONTENDERS_MAX, "items": {
+            "type": "object", "required": ["holder", "holding"],
+            "properties": {"holder": {"type": "string"}, "holding": {"type": "boolean"}}}}},
+}
+
 
 def _transaction_schemas(value_bytes_max: int) -> dict[str, Any]:
     """A transaction's body and answer (docs/http-api.md, "Transactions")."""
@@ -241,8 +252,11 @@ def _schemas(value_bytes_max: int) -> dict[str, Any]:
 _PATH_PARAMS = {"scope": _SCOPE_PARAM, "lease_id": _LEASE_PARAM, "key": _KEY_PARAM}
 _HISTORY_LIMIT = {"name": "limit", "in": "query", "required": False,  # GET /v1/locks/{scope}/history
                   "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 100}}
+_CONTENDERS_LIMIT = {"name": "limit", "in": "query", "required": False,  # GET /v1/locks/{scope}/contenders
+                     "schema": {"type": "integer", "minimum": 1, "maximum": CONTENDERS_MAX,
+                                "default": CONTENDERS_MAX}}
 _QUERY_PARAMS = {("after", "scope"): _AFTER_SCOPE, ("after", "key"): _AFTER_KEY, ("limit", "limit"): _LIMIT,
-                 ("limit", "history-limit"): _HISTORY_LIMIT}
+                 ("limit", "history-limit"): _HISTORY_LIMIT, ("limit", "contenders-limit"): _CONTENDERS_LIMIT}
 _HEADER_PARAMS = {FENCING_TOKEN_HEADER: _TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER: _IDEMPOTENCY_HEADER}
 
 # What a client does next with an answer (OpenAPI links, by operation id): a grant's lease id renews
@@ -325,7 +339,7 @@ def openapi_document(*, auth: bool, value_bytes_max: int) -> dict[str, Any]:
         "info": {"title": "stockade", "version": API_VERSION,
                  "description": "Leases with fencing tokens, and a fenced key-value store. See docs/http-api.md."},
         "paths": paths,
-        "components": {"schemas": _schemas(value_bytes_max)},
+        "components": {"schemas": {**_schemas(value_bytes_max), "LockContenders": _LOCK_CONTENDERS}},
     }
     if auth:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -43,6 +43,8 @@ Property by property (defined in docs/rules.md):
 - **P7** per scope, no accepted pattern ``A … B … A`` of tokens.
 - **P9** lock-delay (C5), judged on the coordinator's own lease log:
   `stockade.testing.lock_delay`.
+- **P10** a semaphore never has more holders at once than slots, and each
+  slot's tokens rise, judged on the same log: `stockade.testing.semaphore_slots`.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from stockade.testing._verdict import CheckResult, Violation
 from stockade.testing._verdict import violation as _violation
 from stockade.testing.history import AuditEntry, Op, normalize_audit, pair
 from stockade.testing.lock_delay import check_lock_delay
+from stockade.testing.semaphore_slots import check_semaphore
 
 __all__ = [
     "Violation",
@@ -69,6 +72,7 @@ __all__ = [
     "check_at_most_once",
     "check_contiguity",
     "check_lock_delay",
+    "check_semaphore",
     "figures",
 ]
 
@@ -438,14 +442,18 @@ def check(
     audit: Iterable[Any] | None = None,
     issued: Iterable[Any] | None = None,
     cluster: str | None = None,
+    semaphore_slots: int | None = None,
 ) -> CheckResult:
-    """Run P1–P7 and P9 over a history (and the audit trail and issue log when given).
+    """Run P1–P7 and P9 over a history (and the audit trail and issue log when given), and P10 when the
+    history's leases are the holders of one semaphore.
 
     Args:
         records: history records (dicts in the JSON-lines form).
         audit: the resource's accepted commits ``(scope, token, idempotency_key, commit_seq)``.
         issued: the coordinator's issue log ``(scope, token_value)`` in issue order.
         cluster: the coordinator cluster id the resource trusts (P3).
+        semaphore_slots: every lease of the history is a holder of one semaphore of this many slots
+            (P10, `stockade.testing.semaphore_slots`); None: no semaphore.
 
     Returns:
         A `CheckResult`; linear (n log n) in the size of the inputs.
@@ -462,5 +470,7 @@ def check(
     violations += check_at_most_once(ops, records, trail)
     violations += check_contiguity(ops, trail)
     violations += check_lock_delay(records, ops)
+    if semaphore_slots is not None:
+        violations += check_semaphore(records, semaphore_slots)
     return CheckResult(violations, figures(ops))
 

@@ -37,13 +37,14 @@ records has nothing to judge.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from stockade.testing._verdict import Violation
 from stockade.testing.history import Op
 
-__all__ = ["check_lock_delay"]
+__all__ = ["check_lock_delay", "coordinator_log", "LogEntry"]
 
 _MS = 1_000_000
 
@@ -58,13 +59,37 @@ class _Held:
     released: bool = False
 
 
-def check_lock_delay(records: list[dict[str, Any]], ops: list[Op] | None = None) -> list[Violation]:
-    """P9 over the coordinator's lease log in ``records``; ``ops`` (paired) name the acquires involved."""
-    found: list[Violation] = []
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One grant, renew or release of the coordinator's lease log, placed on the axis of coordinator time.
+
+    Attributes:
+        index: its position in the records.
+        f: ``"grant"``, ``"renew"`` or ``"release"``.
+        scope: its scope.
+        value: its ``value`` (``lease``, ``token``, ``expires_ns``, ...).
+        axis: when it happened, on the axis.
+        offset: what puts a reading of its clock on the axis (``expires_ns + offset``).
+        fresh: a clock came in with no reading of the old one at its end: what came before cannot be
+            compared with what comes after (forget it).
+    """
+
+    index: int
+    f: str
+    scope: Any
+    value: dict[str, Any]
+    axis: int
+    offset: int
+    fresh: bool
+
+
+def coordinator_log(records: list[dict[str, Any]]) -> Iterator[LogEntry]:
+    """The coordinator's lease log in ``records``, in order, on one axis of coordinator time (the module
+    docstring says how): crashes and restarts place the clocks and are not yielded. P9 reads it, and P10
+    (`stockade.testing.semaphore`)."""
     base: dict[Any, int] = {}
     crash_axis: int | None = None
-    current: dict[str, _Held] = {}
-    acquirers: dict[tuple[Any, Any], Op] | None = None
+    fresh = False
     for index, record in enumerate(records):
         if record.get("process") != "coordinator":
             continue
@@ -75,7 +100,7 @@ def check_lock_delay(records: list[dict[str, Any]], ops: list[Op] | None = None)
             continue
         if clock not in base:
             if crash_axis is None and base:
-                current.clear()  # another clock, and no reading of the old one at its end: cannot compare
+                fresh = True  # another clock, and no reading of the old one at its end: cannot compare
                 base[clock] = 0
             else:
                 base[clock] = (crash_axis or 0) - at
@@ -86,20 +111,33 @@ def check_lock_delay(records: list[dict[str, Any]], ops: list[Op] | None = None)
         if f == "restart":
             crash_axis = None
             continue
-        scope = record.get("scope")
-        held = current.get(scope)  # type: ignore[arg-type]
+        yield LogEntry(index, str(f), record.get("scope"), value, axis, base[clock], fresh)
+        fresh = False
+
+
+def check_lock_delay(records: list[dict[str, Any]], ops: list[Op] | None = None) -> list[Violation]:
+    """P9 over the coordinator's lease log in ``records``; ``ops`` (paired) name the acquires involved."""
+    found: list[Violation] = []
+    current: dict[str, _Held] = {}
+    acquirers: dict[tuple[Any, Any], Op] | None = None
+    for entry in coordinator_log(records):
+        if entry.fresh:
+            current.clear()
+        index, record, f, value, axis = entry.index, records[entry.index], entry.f, entry.value, entry.axis
+        scope = entry.scope
+        held = current.get(scope)
         if f == "grant":
             if held is not None and not held.released and axis < held.expires + held.lock_delay_ns:
                 if acquirers is None:
                     acquirers = {(op.scope, op.token): op for op in ops or ()
                                  if op.f == "acquire" and op.type == "ok"}
                 found.append(_too_early(scope, held, record, index, axis, acquirers))
-            current[scope] = _Held(value.get("lease"), value.get("token"),  # type: ignore[index]
-                                   base[clock] + int(value.get("expires_ns", at)),
+            current[scope] = _Held(value.get("lease"), value.get("token"),
+                                   entry.offset + int(value.get("expires_ns", value["at_ns"])),
                                    int(value.get("lock_delay_ms", 0)) * _MS, index)
         elif held is not None and value.get("lease") == held.lease:
             if f == "renew":
-                held.expires = base[clock] + int(value.get("expires_ns", at))
+                held.expires = entry.offset + int(value.get("expires_ns", value["at_ns"]))
             elif f == "release":
                 held.released = True
     return found

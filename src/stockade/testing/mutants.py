@@ -24,6 +24,10 @@ Coordinator-side controls work over the lease engine's seams:
   `LeaseEngine.acquire_rule` that takes the token from the clock.
 - ``lock-delay-lost-on-restart`` (`ForgetsLockDelays`): wraps the record-store
   port; opened at a coordinator restart, it forgets the pending lock-delays.
+- ``semaphore-extra-slot``: a semaphore whose holders take one slot more than
+  it admits (the simulator's clients acquire on one scope more than the
+  semaphore's slots). P10 catches it (`stockade.testing.semaphore_slots`);
+  tests/test_semaphore.py has its real-process twin.
 - ``etcd-lock-delay-off`` (`lock_delay_off`): replaces a client port's C5
   decision (``lock_delay_end_ns``, the etcd port's) with one that never waits:
   the next grant after a lapse comes at once. The coordinator suite's
@@ -38,6 +42,11 @@ Coordinator-side controls work over the lease engine's seams:
 - ``wait-outlives-cancel`` (`wait_outlives_cancel`): a client port's wait
   runs on (a shielded task, a thread) when its caller is cancelled or
   interrupted: the waiter stays queued. The suite's cancel test catches it.
+
+- ``contenders-reversed`` (`contenders_reversed`) and ``contenders-by-name``
+  (`contenders_by_name`): a client port's ``contenders`` lists the waiters in
+  reverse, or sorted by holder name, instead of in the order they will be
+  served (C4). The coordinator suite's contenders test catches both.
 
 `MUTANTS` is the one registry of every control, each with the seam it breaks:
 the simulator (``stockade sim --mutant NAME``, ``--list-mutants``) reads it,
@@ -84,6 +93,8 @@ __all__ = [
     "lock_delay_off",
     "requeue_at_cap",
     "wait_outlives_cancel",
+    "contenders_reversed",
+    "contenders_by_name",
     "simulated",
     "Seam",
     "Mutant",
@@ -370,6 +381,38 @@ def wait_outlives_cancel(port: Any) -> Any:
     return port
 
 
+def _misordered(port: Any, order: Callable[[list[Any]], list[Any]]) -> Any:
+    """Break a client port's ``contenders`` in place: the holder stays first, the waiters come in ``order``."""
+    contenders = port.contenders
+
+    def line(found: list[Any]) -> list[Any]:
+        head = found[:1] if found and found[0].holding else []
+        return head + order(found[len(head):])
+
+    if asyncio.iscoroutinefunction(contenders):
+        async def misordered_async(scope: str, *, limit: int) -> list[Any]:
+            return line(await contenders(scope, limit=limit))
+
+        port.contenders = misordered_async
+        return port
+
+    def misordered(scope: str, *, limit: int) -> list[Any]:
+        return line(contenders(scope, limit=limit))
+
+    port.contenders = misordered
+    return port
+
+
+def contenders_reversed(port: Any) -> Any:
+    """A client port whose ``contenders`` lists the waiters last queued first. Returns it."""
+    return _misordered(port, lambda waiters: waiters[::-1])
+
+
+def contenders_by_name(port: Any) -> Any:
+    """A client port whose ``contenders`` lists the waiters sorted by holder name. Returns it."""
+    return _misordered(port, lambda waiters: sorted(waiters, key=lambda c: c.holder))
+
+
 def _outcome(call: Callable[..., Any], scope: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
     try:
         return True, call(scope, **arguments)
@@ -391,11 +434,13 @@ class Seam(enum.Enum):
     COMMIT = "RecordStore commit: durable before the answer (MemoryRecords.on_commit)"
     PORT_LOCK_DELAY = "a client port's lock-delay decision (lock_delay_end_ns, C5)"
     PORT_WAIT = "a client port's wait until granted (acquire with wait_ms=None)"
+    PORT_CONTENDERS = "a client port's contenders listing (its serving order, C4)"
+    SEMAPHORE_SLOTS = "a semaphore's slots (Semaphore.scope_of: the scopes its holders take)"
 
 
 #: Seams of a backend's own client port, which the simulator does not model: their controls run
 #: against the real backend only (the simulator's coordinator is the lease engine).
-PORT_SEAMS = frozenset({Seam.PORT_LOCK_DELAY, Seam.PORT_WAIT})
+PORT_SEAMS = frozenset({Seam.PORT_LOCK_DELAY, Seam.PORT_WAIT, Seam.PORT_CONTENDERS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,6 +486,8 @@ MUTANTS: dict[str, Mutant] = {
                               Seam.COMMIT, caught_by="P1 after a coordinator crash"),
     "lock-delay-lost-on-restart": Mutant("a restarted coordinator forgets the pending lock-delays",
                                          Seam.RECORD_STORE, wrap=ForgetsLockDelays, caught_by="P9"),
+    "semaphore-extra-slot": Mutant("a semaphore's holders take one slot more than it admits (its slots miscounted)",
+                                   Seam.SEMAPHORE_SLOTS, caught_by="P10"),
     "etcd-lock-delay-off": Mutant("the etcd port grants at once after a lapse (no lock-delay)", Seam.PORT_LOCK_DELAY,
                                   rule=no_lock_delay, wrap=lock_delay_off,
                                   caught_by="C5, the coordinator suite's lock-delay tests on a real etcd"),
@@ -450,6 +497,10 @@ MUTANTS: dict[str, Mutant] = {
     "wait-outlives-cancel": Mutant("a wait until granted runs on when its caller is cancelled or interrupted",
                                    Seam.PORT_WAIT, wrap=wait_outlives_cancel,
                                    caught_by="the coordinator suite's cancel test"),
+    "contenders-reversed": Mutant("contenders lists the waiters last queued first", Seam.PORT_CONTENDERS,
+                                  wrap=contenders_reversed, caught_by="C4, the coordinator suite's contenders test"),
+    "contenders-by-name": Mutant("contenders lists the waiters sorted by holder name", Seam.PORT_CONTENDERS,
+                                 wrap=contenders_by_name, caught_by="C4, the coordinator suite's contenders test"),
 }
 
 

@@ -14,8 +14,9 @@ switch some faults off, which finds bugs that a constant mix of every fault
 hides).
 
 At the end the faults heal, the world drains, a final read takes the store's
-contents, and the checkers judge the history: P1–P7 (`checkers.check`) and
-fenced-register linearizability (`linearizability.check_linearizable`).
+contents, and the checkers judge the history: P1–P7, P9 and P10 (`checkers.check`;
+the world's scopes are the slots of one semaphore) and fenced-register
+linearizability (`linearizability.check_linearizable`).
 
 The processes live in `_sim_coordinator`, `_sim_nodes` (the resource) and
 `_sim_client`; the knobs in `_sim_options`; the narrated trace in
@@ -48,7 +49,7 @@ from stockade.testing.checkers import CheckResult, Violation, check
 from stockade.testing.clock import SimClock, SimTime
 from stockade.testing.history import History
 from stockade.testing.linearizability import check_linearizable
-from stockade.testing.mutants import MUTANTS, PORT_SEAMS, simulated
+from stockade.testing.mutants import MUTANTS, PORT_SEAMS, Seam, simulated
 from stockade.testing.mutants import mutant as find_mutant
 from stockade.testing.network import SimNetwork
 
@@ -108,7 +109,11 @@ class World:
         self._request_seq = 0
         self._streams: dict[str, random.Random] = {}
         o = self.options
-        self.scopes = [f"s{i}" for i in range(o.scopes)]
+        # The scopes are the slots of one semaphore (P10: at most `semaphore_slots` holders at once); a control
+        # that miscounts the slots (`Seam.SEMAPHORE_SLOTS`) gives the clients one more than it admits.
+        self.semaphore_slots = o.scopes
+        extra = 1 if found is not None and found.seam is Seam.SEMAPHORE_SLOTS else 0
+        self.scopes = [f"s{i}" for i in range(o.scopes + extra)]
         self.keys = [f"k{i}" for i in range(o.keys)]
         self.cluster = new_cluster_id(self.rng)
         self.network = SimNetwork(self.rng_for("network"), o.network, manual=manual_network)
@@ -366,7 +371,8 @@ class World:
         self._deliver(message.dst, message.src, message.payload)
 
     def check(self) -> CheckResult:
-        return check(self.history.records, audit=self.audit, issued=self.issued, cluster=self.cluster)
+        return check(self.history.records, audit=self.audit, issued=self.issued, cluster=self.cluster,
+                     semaphore_slots=self.semaphore_slots)
 
 
 # --- running seeds ------------------------------------------------------------------------------
@@ -401,7 +407,8 @@ def run_seed(seed: int, *, mutant: str | None = None, options: SimOptions | None
     world = World(seed, options, mutant=mutant)
     world.run()
     records = world.history.records
-    verdict = check(records, audit=world.audit, issued=world.issued, cluster=world.cluster)
+    verdict = check(records, audit=world.audit, issued=world.issued, cluster=world.cluster,
+                    semaphore_slots=world.semaphore_slots)
     violations = list(verdict.violations)
     undecided: list[str] = []
     if linearizability:

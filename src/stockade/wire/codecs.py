@@ -45,6 +45,8 @@ __all__ = [
     "renewal_doc",
     "lock_doc",
     "lock_list_doc",
+    "contenders_doc",
+    "contenders_from",
     "write_doc",
     "key_list_doc",
     "item_headers",
@@ -123,6 +125,11 @@ def lock_doc(info: core_leases.ScopeInfo) -> dict[str, Any]:
 
 def lock_list_doc(infos: Sequence[core_leases.ScopeInfo], next_after: str | None) -> dict[str, Any]:
     return {"locks": [lock_doc(info) for info in infos], "next_after": next_after}
+
+
+def contenders_doc(scope: str, line: Sequence[core_leases.Contender]) -> dict[str, Any]:
+    """Who holds ``scope`` and who waits, in serving order: holder names only (no lease id, no token)."""
+    return {"scope": scope, "contenders": [{"holder": c.holder, "holding": c.holding} for c in line]}
 
 
 def write_doc(result: WriteResult) -> dict[str, Any]:
@@ -282,6 +289,13 @@ def scope_infos_from(doc: Any) -> list[core_leases.ScopeInfo]:
     if not isinstance(locks, list):
         raise BackendUnavailable("server answer lacks 'locks'")
     return [scope_info_from(entry) for entry in locks]
+
+
+def contenders_from(doc: Any) -> list[core_leases.Contender]:
+    line = doc.get("contenders") if isinstance(doc, dict) else None
+    if not isinstance(line, list):
+        raise BackendUnavailable("server answer lacks 'contenders'")
+    return [core_leases.Contender(_field(entry, "holder", str), _field(entry, "holding", bool)) for entry in line]
 
 
 def write_result_from(doc: Any) -> WriteResult:

@@ -16,6 +16,7 @@ a route is written once (docs/http-api.md is its prose).
     GET     /v1/locks                     listLocks      yes   -
     GET     /v1/locks/{scope}             inspectLock    yes   -
     GET     /v1/locks/{scope}/history     lockHistory    yes   -
+    GET     /v1/locks/{scope}/contenders  lockContenders yes   -
     POST    /v1/locks/{scope}/acquire     acquire        yes   JSON (required)
     POST    /v1/leases/{lease_id}/renew   renew          yes   JSON (optional)
     DELETE  /v1/leases/{lease_id}         release        yes   -
@@ -177,6 +178,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/locks/{scope}/history", "lockHistory",
           "The scope's last events (grants, expiries, releases), oldest first, as committed.",
           answer_schema="LockHistory", query=(("limit", "history-limit"),), problems=_COMMON),
+    Route("GET", "/v1/locks/{scope}/contenders", "lockContenders",
+          "Who holds the scope and who waits for it, in the order they will be served: the holder first "
+          "(holding true), then the waiters, first queued first (C4). Holder names only.",
+          answer_schema="LockContenders", query=(("limit", "contenders-limit"),), problems=_COMMON),
     Route("POST", "/v1/locks/{scope}/acquire", "acquire", "Granted; the token is durable.", answer_schema="Grant",
           description="Long-polls up to wait_ms; waiters are served first in, first out.",
           body="json", body_schema="AcquireRequest", body_required=True,

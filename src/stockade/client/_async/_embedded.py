@@ -140,6 +140,9 @@ class AsyncEmbeddedCoordinatorPort:
     async def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
         return await AsyncIO.run_blocking(self.engine.scopes, after=after, limit=limit)
 
+    async def contenders(self, scope: str, *, limit: int) -> list[core_leases.Contender]:
+        return await AsyncIO.run_blocking(self.engine.contenders, scope, limit=limit)
+
     async def last_issued(self, scope: str) -> int:
         return await AsyncIO.run_blocking(self.engine.last_issued, scope)
 

@@ -30,6 +30,7 @@ from stockade.core.errors import (
     StockadeError,
 )
 from stockade.core.limits import (
+    CONTENDERS_MAX,
     LIST_PAGE_MAX,
     validate_holder,
     validate_int,
@@ -198,6 +199,16 @@ class AsyncLease(Leased):
         self._deadline_ns = max(self._deadline_ns, deadline_ns)
         if not self._lost.is_set():
             self._telemetry.renewed(self)
+
+    async def contenders(self, *, limit: int = CONTENDERS_MAX) -> list[core_leases.Contender]:
+        """Who holds this lease's scope and who waits for it, in serving order (`AsyncCoordinator.contenders`):
+        while the lease is held, this holder first. A snapshot; holder names only.
+
+        Raises:
+            InvalidArgument: a bad limit.
+        """
+        validate_int("limit", limit, 1, CONTENDERS_MAX)
+        return await self._port.contenders(self.scope, limit=limit)
 
     async def release(self) -> None:
         """Stop the keepalive and release the lease. Idempotent.
@@ -592,6 +603,23 @@ class AsyncCoordinator(AsyncHandle):
         validate_int("limit", limit, 1, LIST_PAGE_MAX)
         await self._open()
         return await self._port.scopes(after=after, limit=limit)
+
+    async def contenders(self, scope: str, *, limit: int = CONTENDERS_MAX) -> list[core_leases.Contender]:
+        """Who holds ``scope`` and who waits for it, in the order they will be served: the holder first
+        (``holding=True``; none while the scope is free or in its lock-delay), then the waiters, first
+        queued first (C4), at most ``limit`` (1..`CONTENDERS_MAX`, a holder and a full queue). Each is a
+        `Contender` with its holder name only: lease ids and tokens are secrets (docs/leases.md).
+
+        For an election (`elect`) these are the leader and the candidates in line; for a semaphore, see
+        `AsyncSemaphore.contenders`. A snapshot: the line may move as soon as it is read.
+
+        Raises:
+            InvalidArgument: a bad scope or limit.
+        """
+        validate_scope(scope)
+        validate_int("limit", limit, 1, CONTENDERS_MAX)
+        await self._open()
+        return await self._port.contenders(scope, limit=limit)
 
     async def last_issued(self, scope: str) -> int:
         """The greatest token value issued for ``scope`` so far (0 if none).

@@ -7,8 +7,9 @@ the leader makes carries it, and the fenced resource refuses a former leader's
 writes once the new one has written (R1). ``lost`` and ``wait_lost`` are the
 lease's (K2): a refused renewal, or the local deadline passed.
 
-Anyone can read the leader (`leader_of` over ``inspect``) and wait for a
-change: `watch_leader` polls ``inspect`` at a bounded interval, on every
+Anyone can read the leader (`leader_of` over ``inspect``), the line of
+candidates (``coord.contenders(name)``: the leader, then who waits, in order)
+and wait for a change: `watch_leader` polls ``inspect`` at a bounded interval, on every
 backend alike (no port offers a native watch).
 """
 
@@ -20,6 +21,8 @@ from typing import Any
 
 from stockade.client._leader import LeaderInfo, changed, leader_of, validate_watch
 from stockade.client._shared import CURRENT_LEASE
+from stockade.core.leases import Contender
+from stockade.core.limits import CONTENDERS_MAX
 from stockade.core.tokens import FencingToken
 from stockade.transport.io import AsyncIO
 
@@ -81,6 +84,12 @@ class AsyncLeadership:
         """Wait until the leadership is lost, at most ``timeout_ms``; returns `lost`."""
         await self.lease.wait_lost(timeout_ms)
         return self.lost
+
+    async def contenders(self, *, limit: int = CONTENDERS_MAX) -> list[Contender]:
+        """The election's line: this leader first while it leads (``holding=True``), then the candidates
+        waiting in `elect`, in the order they will lead (C4); each by its published identity. A snapshot.
+        Anyone else reads the same with ``coord.contenders(name)``."""
+        return list(await self.lease.contenders(limit=limit))
 
     async def resign(self) -> None:
         """Step down: stop the keepalive and release the lease, so the next candidate is granted at once.

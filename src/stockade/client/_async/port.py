@@ -18,7 +18,7 @@ from typing import Protocol
 from stockade.client._shared import Grant
 from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.registry import Capability
-from stockade.core.leases import ScopeInfo
+from stockade.core.leases import Contender, ScopeInfo
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors, Item, Write, WriteResult
 
@@ -90,6 +90,12 @@ class AsyncCoordinatorPort(Protocol):
 
     async def scopes(self, *, after: str, limit: int) -> list[ScopeInfo]:
         """Scopes in name order after ``after``, at most ``limit``."""
+        ...
+
+    async def contenders(self, scope: str, *, limit: int) -> list[Contender]:
+        """Who holds ``scope`` and who waits for it, at most ``limit`` (1..`CONTENDERS_MAX`): the holder
+        first (none when the scope is free or in its lock-delay), then the waiters in the order they
+        will be served (C4). Holder names only: no lease id, no token."""
         ...
 
     async def last_issued(self, scope: str) -> int:

@@ -141,6 +141,9 @@ class EmbeddedCoordinatorPort:
     def scopes(self, *, after: str, limit: int) -> list[core_leases.ScopeInfo]:
         return SyncIO.run_blocking(self.engine.scopes, after=after, limit=limit)
 
+    def contenders(self, scope: str, *, limit: int) -> list[core_leases.Contender]:
+        return SyncIO.run_blocking(self.engine.contenders, scope, limit=limit)
+
     def last_issued(self, scope: str) -> int:
         return SyncIO.run_blocking(self.engine.last_issued, scope)
 

@@ -26,8 +26,9 @@ import time
 
 from stockade.client._sync.coordinator import Coordinator, Lease
 from stockade.core.errors import InvalidArgument, LockTimeout
-from stockade.core.leases import ScopeInfo, ScopeState
+from stockade.core.leases import Contender, ScopeInfo, ScopeState
 from stockade.core.limits import (
+    CONTENDERS_MAX,
     LIST_PAGE_MAX,
     validate_int,
     validate_scope,
@@ -145,6 +146,25 @@ class Semaphore:
                 break
             after = page[-1].scope
         return taken
+
+    def contenders(self, *, limit: int = CONTENDERS_MAX) -> dict[int, list[Contender]]:
+        """Per slot with anyone on it: its holder first, then the waiters queued on that slot, in the
+        order that slot serves them (at most ``limit`` per slot; one ``contenders`` read per slot).
+
+        A waiter queues on one slot at a time, for a slice (`WAIT_SLICE_MS`), then looks at every
+        slot again: the semaphore as a whole has no single line, and a waiter between two slices is
+        on none. A snapshot; holder names only.
+
+        Raises:
+            InvalidArgument: a bad limit.
+        """
+        validate_int("limit", limit, 1, CONTENDERS_MAX)
+        found: dict[int, list[Contender]] = {}
+        for slot in range(self.slots):
+            line = self._coord.contenders(self.scope_of(slot), limit=limit)
+            if line:
+                found[slot] = line
+        return found
 
     def holders(self) -> dict[int, str]:
         """The slots held now and each one's holder label (a snapshot, read through ``scopes``)."""

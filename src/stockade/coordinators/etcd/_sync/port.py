@@ -581,6 +581,15 @@ class EtcdCoordinatorPort:
         last_token = max(last_token, head.create_revision)
         return ScopeInfo(scope, ScopeState.HELD, holder, token, last_token, remaining_ms, waiters)
 
+    def contenders(self, scope: str, *, limit: int) -> list[core_leases.Contender]:
+        """The scope's queue keys in create-revision order (the order `acquire` serves them, C4), at most
+        ``limit``: the first is the holder, as `inspect` shows it; each named by the holder its value records."""
+        self.open()
+        start = self._layout.queue_prefix(scope)
+        kvs = recipe.kvs_of(self._range(start, recipe.prefix_end(start), sort_order="ASCEND",
+                                              sort_target="CREATE", limit=str(limit)))
+        return [core_leases.Contender(_shown(kv)[0], index == 0) for index, kv in enumerate(kvs[:limit])]
+
     def _last_keys(self, after: str, limit: int) -> list[recipe.KV]:
         start = self._layout.last_prefix
         begin = start + after.encode() + b"\x00" if after else start

@@ -240,6 +240,10 @@ class AsyncHTTPCoordinatorPort:
         _, doc = await self._client.get_json(_LIST_LOCKS.target(page_query(after, limit)))
         return codecs.scope_infos_from(doc)
 
+    async def contenders(self, scope: str, *, limit: int) -> list[core_leases.Contender]:
+        _, doc = await self._client.get_json(ROUTE["lockContenders"].target(f"limit={limit}", scope=scope))
+        return codecs.contenders_from(doc)
+
     async def last_issued(self, scope: str) -> int:
         last = (await self.inspect(scope)).last_token
         return last if last else (await self.fence_floors()).default  # not held: never used, or forgotten

@@ -241,6 +241,10 @@ class HTTPCoordinatorPort:
         _, doc = self._client.get_json(_LIST_LOCKS.target(page_query(after, limit)))
         return codecs.scope_infos_from(doc)
 
+    def contenders(self, scope: str, *, limit: int) -> list[core_leases.Contender]:
+        _, doc = self._client.get_json(ROUTE["lockContenders"].target(f"limit={limit}", scope=scope))
+        return codecs.contenders_from(doc)
+
     def last_issued(self, scope: str) -> int:
         last = (self.inspect(scope)).last_token
         return last if last else (self.fence_floors()).default  # not held: never used, or forgotten

@@ -492,6 +492,29 @@ class ZkCoordinatorPort:
             return (queued[0][1][len(recipe.NODE_PREFIX):], stat.czxid, data), len(queued) - 1
         raise BackendUnavailable("zookeeper: the queue changed under three reads in a row")
 
+    def contenders(self, scope: str, *, limit: int) -> list[core_leases.Contender]:
+        """The scope's queue nodes in sequence order (the order `acquire` serves them, C4), at most
+        ``limit``: the first is the holder, as `inspect` shows it; each named by the holder its data records.
+        A node deleted between the listing and its read (released, or its waiter gave up) is left out."""
+        self.open()
+        client = self._session.client
+        queue = self._layout.queue_path(scope)
+        self._call(client.sync_async(queue))  # catch up with the leader, as `inspect` does
+        try:
+            children = self._call(client.get_children_async(queue))
+        except NoNodeError:
+            return []
+        queued = sorted((seq, child) for child in children if (seq := recipe.sequence_of(child)) is not None)
+        pending = [client.get_async(f"{queue}/{child}") for _, child in queued[:limit]]  # pipelined
+        line: list[core_leases.Contender] = []
+        for result in pending:
+            try:
+                data, _ = self._call(result)
+            except NoNodeError:
+                continue
+            line.append(core_leases.Contender(recipe.holder_of(data)[0], not line))
+        return line
+
     def _tick_floor(self, scope: str) -> int:
         """The last enqueue's zxid: no token of the scope was issued above it (0: never used)."""
         stat = self._call(self._session.client.exists_async(self._layout.tick_path(scope)))
