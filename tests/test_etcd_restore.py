@@ -98,7 +98,7 @@ def test_cli_refuses_bad_input_before_any_request(capsys, monkeypatch):
         (("--url", "etcd://127.0.0.1:9", "--to", "5", "--workers", "0"), "workers"),
         (("--url", "etcd://127.0.0.1:9", "--to", "5", "--margin", "-3"), "margin"),
     ]:
-        assert etcd_cli.run(["bump-revision", *args]) == 1, args
+        assert etcd_cli.run(["bump-revision", *args]) == 2, args  # bad input
         assert words in capsys.readouterr().err, args
 
 

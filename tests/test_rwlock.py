@@ -466,7 +466,9 @@ def test_control_a_readers_preferring_writer_is_starved(coord_url, store_url):
     got_in, jumped = _writer_amid_readers(coord_url, store_url, _ReaderPreferringLock, 3000)
     print(f"\nrwlock control (writer waits for no reader before the gate): got in {got_in}, {jumped} reads "
           f"granted while it waited 3 s")
-    assert not got_in and jumped > 2 * STREAM
+    # The property's negation: more reads jumped the waiting writer than the property allows. Whether it got in
+    # at all within 3 s is luck (a moment with every reader out lets it in: 45 reads jumped it in one run).
+    assert jumped > 2 * STREAM, (got_in, jumped)
 
 
 # -- the API -----------------------------------------------------------------------------------------

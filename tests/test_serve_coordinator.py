@@ -170,16 +170,17 @@ def _start_failing(data_dir: Path, *args: str) -> subprocess.Popen[str]:
                             stdin=subprocess.DEVNULL)
 
 
-def _one_line_failure(process: subprocess.Popen[str]) -> str:
+def _one_line_failure(process: subprocess.Popen[str], code: int = 1) -> str:
+    """Its one line; ``code``: 1 when the backend refused or could not be reached, 2 for bad input."""
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 1, stdout + stderr
+    assert process.returncode == code, stdout + stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr and lines[0].startswith("stockade: "), stderr
     return lines[0]
 
 
-def _serve_fails(data_dir: Path, *args: str) -> str:
-    return _one_line_failure(_start_failing(data_dir, *args))
+def _serve_fails(data_dir: Path, *args: str, code: int = 1) -> str:
+    return _one_line_failure(_start_failing(data_dir, *args), code)
 
 
 @pytest.mark.parametrize(("url", "expected"), [
@@ -190,7 +191,7 @@ def _serve_fails(data_dir: Path, *args: str) -> str:
 def test_a_url_that_cannot_be_served_is_refused_before_anything(tmp_path, capsys, url, expected):
     from stockade.cli.serve import run
 
-    assert run(["--data-dir", str(tmp_path / "d"), "--port", "0", "--coordinator", url]) == 1
+    assert run(["--data-dir", str(tmp_path / "d"), "--port", "0", "--coordinator", url]) == 2  # bad input
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err and not (tmp_path / "d").exists(), err
 
@@ -211,7 +212,7 @@ def test_an_unreachable_backend_fails_in_one_line(tmp_path):
 
 def test_store_of_another_cluster_is_refused(tmp_path, module_pg_url):
     SQLiteStore(tmp_path / "store.db", cluster_id="0123456789abcdef", keys="unsigned").close()
-    assert "differs from the store's cluster" in _serve_fails(tmp_path, "--coordinator", module_pg_url)
+    assert "differs from the store's cluster" in _serve_fails(tmp_path, "--coordinator", module_pg_url, code=2)
 
 
 def test_lock_delay_is_mapped_to_the_servers_grants(serve, module_pg_url):
