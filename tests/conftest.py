@@ -128,9 +128,9 @@ if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3
     BACKENDS["serve-postgres"] = ("http",)
 #: The PostgreSQL backend on each database encoding (stockade.testing.servers.postgres ``ENCODINGS``).
 PG_ENCODINGS = {"postgres": "UTF8", "postgres-sql_ascii": "SQL_ASCII"}
-#: What the coordinator conformance suite runs on: every backend, and PostgreSQL once more on a
-#: SQL_ASCII database (the other files that take ``backend`` run UTF8 only: the suite is the port's proof).
-CONFORMANCE_BACKENDS = [*BACKENDS, "postgres-sql_ascii"]
+#: The coordinator conformance suite runs every backend, and PostgreSQL once more on a SQL_ASCII database
+#: (``postgres-sql_ascii``, its cases that read text back: tests/test_coordinator_conformance.py); the other
+#: files that take ``backend`` run UTF8 only.
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -393,13 +393,22 @@ class AsyncRunner:
         self.loop.close()
 
 
+@contextlib.contextmanager
+def runner_of(mode: str) -> Iterator[SyncRunner | AsyncRunner]:
+    """The ``client`` fixture's runner for ``mode`` ("sync" or "async"); an async one's loop closed after."""
+    runner = SyncRunner() if mode == "sync" else AsyncRunner()
+    try:
+        yield runner
+    finally:
+        if isinstance(runner, AsyncRunner):
+            runner.close()
+
+
 @pytest.fixture(params=["sync", "async"])
 def client(request):
     """``client.run(x)`` awaits x under async and passes it through under sync."""
-    runner = SyncRunner() if request.param == "sync" else AsyncRunner()
-    yield runner
-    if isinstance(runner, AsyncRunner):
-        runner.close()
+    with runner_of(request.param) as runner:
+        yield runner
 
 
 

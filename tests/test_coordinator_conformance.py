@@ -1,22 +1,62 @@
 """The coordinator conformance suite (`stockade.testing.conformance.coordinator`), on every registered backend.
 
-The ``backend`` fixture here takes each parameter of `CONFORMANCE_BACKENDS` (tests/conftest.py):
-every one of `BACKENDS` (a new backend adds one line there, and
+Every test runs on each parameter of `BACKENDS` (tests/conftest.py: a new backend adds one line there, and
 `tests/test_public_api.py::test_every_registered_coordinator_runs_the_conformance_suite`
-fails until it does), and PostgreSQL once more on a SQL_ASCII database.
+fails until it does); the cases of `SQL_ASCII_CASES` run on PostgreSQL once more, on a SQL_ASCII database.
 """
 
 import pytest
-from conftest import CONFORMANCE_BACKENDS
+from conftest import BACKENDS, runner_of
 
 from stockade.testing.conformance.coordinator import *  # noqa: F403 - the suite's tests
 from stockade.testing.conformance.journal import *  # noqa: F403 - the lease-journal suite's tests
 
+#: The cases that run on a SQL_ASCII database too (``postgres-sql_ascii``). What the encoding changes is how
+#: the port's text comes back (psycopg hands it back as bytes there, unless the connection asks for UTF8): these
+#: read each kind of it at least once, over a first and a later connection: the cluster id and the keyring (a
+#: store's check), lease ids (acquire, renew, release, a release by another handle), holders and scope names
+#: (inspect, scopes), the journal's kinds, and a waiter woken by a release. The other cases are about time and
+#: order (keepalive, lock-delay, FIFO across caps, cancels) or the client alone, the same on either encoding;
+#: they run on the UTF8 database (``postgres``).
+SQL_ASCII_CASES = frozenset({
+    "test_acquire_release_tokens_increase",
+    "test_stale_token_rejected_after_newer_grant",
+    "test_wait_times_out_then_fifo_grant",
+    "test_lease_lost_when_coordinator_refuses_renewal",
+    "test_waiter_is_granted_when_holder_releases",
+    "test_inspect_and_scopes_while_held",
+    "test_renew_after_release_is_lease_lost",
+    "test_token_of_another_scope_is_mismatch",
+    "test_last_issued_is_the_fence_floor",
+    "test_history_names_each_grant_and_release_in_order",
+    "test_history_tells_an_expiry_from_a_release",
+})
 
-@pytest.fixture(params=CONFORMANCE_BACKENDS)
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        if "client" in metafunc.fixturenames:  # first, so that the ids read as before: [sync-postgres]
+            metafunc.parametrize("client", ["sync", "async"], indirect=True)
+        extra = ["postgres-sql_ascii"] if metafunc.function.__name__ in SQL_ASCII_CASES else []
+        metafunc.parametrize("backend", [*BACKENDS, *extra], indirect=True)
+
+
+@pytest.fixture
+def client(request: pytest.FixtureRequest):
+    """The conftest's ``client``, parametrized here (`pytest_generate_tests`) before ``backend``."""
+    with runner_of(request.param) as runner:
+        yield runner
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
-    """The conftest's ``backend``, with ``postgres-sql_ascii`` added (the suite only)."""
+    """The conftest's ``backend``; ``postgres-sql_ascii`` too for the cases of `SQL_ASCII_CASES`."""
     return str(request.param)
+
+
+def test_every_sql_ascii_case_is_in_the_suite() -> None:
+    """A case renamed in the suite would drop out of the SQL_ASCII run without a word."""
+    assert SQL_ASCII_CASES <= set(globals()), sorted(SQL_ASCII_CASES - set(globals()))
 
 
 def test_the_c5_tests_catch_an_etcd_port_without_lock_delay(etcd_cluster, tmp_path):

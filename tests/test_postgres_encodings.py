@@ -6,7 +6,7 @@ first (``int("b'8'")``, a raw ``ValueError`` out of `stockade.connect` and
 ``stockade status``), and the fence's `install` refused its own cluster id
 (``this database is fenced for cluster b'29e1…'``). The conformance suites run
 both integrations on a SQL_ASCII database of the shared server
-(tests/conftest.py ``CONFORMANCE_BACKENDS``, stockade.testing.fences.postgres
+(tests/test_coordinator_conformance.py ``SQL_ASCII_CASES``, stockade.testing.fences.postgres
 ``postgres-sql_ascii``); here:
 
 - a real ``initdb --locale=C`` cluster: connect twice, a holder read back,

@@ -305,6 +305,8 @@ def _flood(serve, tmp_path, *, idle: int, slow: int, bodies: int, honest: int, s
             times.append(honest_cycle(server.url, token))
             peak = max(peak, rss_mb(pid))
             time.sleep(0.1)
+        peak = max(peak, rss_mb(pid))
+        attack.terminate()  # measured: the rest of its `seconds` would be waited out for nothing
         out, _ = attack.communicate(timeout=seconds + 60)
     finally:
         if attack.poll() is None:

@@ -2,7 +2,8 @@
 
 Usage: ``python abuse.py HOST PORT --idle N --slow N --bodies N --seconds S``.
 All sockets are non-blocking in one process (epoll); a connection the server
-closes is opened again, so the pressure lasts ``S`` seconds. Kinds:
+closes is opened again, so the pressure lasts ``S`` seconds, or until a SIGTERM (once the test has measured
+what it wanted under it). Kinds:
 
 - idle: connects and sends nothing;
 - slow: sends a request line and then one header byte every 2 s (never ends its headers);
@@ -18,6 +19,7 @@ import errno
 import json
 import resource
 import select
+import signal
 import socket
 import time
 
@@ -132,8 +134,10 @@ def main() -> None:
     deadline = time.monotonic() + args.seconds
     next_trickle = time.monotonic() + SLOW_EVERY_S
     counts = dict.fromkeys(wanted, 0)
+    stopped: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))  # ends the loop; the line is printed
     print("started", flush=True)
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopped:
         for kind, target in wanted.items():
             for _ in range(min(200, target - counts[kind])):  # at most 200 new per kind per round
                 before = len(peer.socks)
