@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import time
 import urllib.error
 import urllib.request
 
 import pytest
-from conftest import WAIT_CAP_MS, AsyncRunner, CappedWait, ServeProcess, SyncRunner
+from conftest import HELPERS, WAIT_CAP_MS, AsyncRunner, CappedWait, ServeProcess, SyncRunner
 
 import stockade
 from stockade import InvalidArgument
@@ -232,3 +234,60 @@ def test_a_ticket_names_a_wait_of_one_scope(capped_server):
     status, grant = _post(f"{capped_server.url}/v1/locks/ticket-free/acquire",
                           {"ttl_ms": 1_000, "wait_ms": None, "ticket": ticket})
     assert status == 200 and grant["scope"] == "ticket-free", (status, grant)
+
+
+def _serve_capped(tmp_path, control: str | None) -> ServeProcess:
+    """A `stockade serve --wait-ms-cap`, or its control from tests/helpers/server_controls.py."""
+    if control is None:
+        return ServeProcess(tmp_path / "data", "--wait-ms-cap", str(WAIT_CAP_MS))
+
+    class Control(ServeProcess):  # `python server_controls.py CONTROL serve-args` for `python -m stockade serve`
+        def __init__(self) -> None:
+            original = subprocess.Popen
+
+            def popen(args, **kwargs):  # type: ignore[no-untyped-def]
+                return original([args[0], str(HELPERS / "server_controls.py"), control, *args[4:]], **kwargs)
+
+            subprocess.Popen = popen  # type: ignore[assignment, misc]
+            try:
+                super().__init__(tmp_path / "data", "--wait-ms-cap", str(WAIT_CAP_MS))
+            finally:
+                subprocess.Popen = original  # type: ignore[misc]
+
+    return Control()
+
+
+def _state(url: str, scope: str) -> dict:
+    with urllib.request.urlopen(f"{url}/v1/locks/{scope}", timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.parametrize("control", [None, "hands-over-lapsed-grants"])
+def test_a_grant_that_lapsed_before_its_ticket_came_back_is_waited_for_again(tmp_path, control):
+    """schemathesis (S23) once got 410 "not held" from an acquire with a ticket: the grant kept for the ticket
+    had a TTL shorter than the gap to the ticket's next request. Now the wait starts again (the scope is free
+    then: granted at once, 200); the control hands the lapsed grant over, as before, and answers 410."""
+    server = _serve_capped(tmp_path, control)
+    try:
+        acquire = f"{server.url}/v1/locks/lapsed/acquire"
+        status, first = _post(acquire, {"ttl_ms": 60_000, "wait_ms": 0, "holder": "a"})
+        assert status == 200
+        ticket = "l" * 32
+        body = {"ttl_ms": 100, "wait_ms": None, "ticket": ticket, "holder": "w"}
+        assert _post(acquire, body)[0] == 409  # queued behind a; nobody watches the wait now
+        request = urllib.request.Request(f"{server.url}/v1/leases/{first['lease_id']}", method="DELETE")
+        urllib.request.urlopen(request, timeout=10).close()
+        for _ in range(2_000):  # granted to w while no request watched, then lapsed (its 100 ms TTL)
+            state = _state(server.url, "lapsed")
+            if state["state"] != "held" and state["last_token"] > first["token_value"]:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"the kept grant never lapsed: {state}")
+        status, answer = _post(acquire, body)
+    finally:
+        server.stop()
+    if control is None:
+        assert status == 200 and answer["token_value"] > state["last_token"], (status, answer)
+    else:
+        assert status == 410, (status, answer)

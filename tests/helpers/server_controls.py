@@ -10,6 +10,8 @@ patches one rule of the real server, as small as possible:
 - ``auth-after-apply``: runs the handler first and checks the bearer token
   afterwards, so an unauthenticated request changes state but still gets 401.
 - ``crash-on-holder``: an uncaught exception (500) for holder names longer than 3.
+- ``hands-over-lapsed-grants``: a grant kept for an HTTP wait ticket that lapsed before the
+  ticket's next request is "handed over" anyway: the acquire answers 410 (not held).
 - ``fencing-off``: the store is `stockade.testing.mutants.FencingOffStore`: it accepts
   every token, so a delayed write from an old holder lands (S05's control).
 """
@@ -21,11 +23,24 @@ import sys
 import time
 
 from stockade.cli import serve
-from stockade.server import _groupcommit, _leases, app
+from stockade.server import _groupcommit, _leases, _tickets, app
 
 CONTROL = sys.argv[1]
 
-if CONTROL == "ack-before-commit":
+if CONTROL == "hands-over-lapsed-grants":
+    from stockade.core.errors import LeaseLost
+
+    original_renewed = _tickets.WaitTickets._renewed
+
+    async def renewed(self, lease):  # type: ignore[no-untyped-def]
+        try:
+            return await original_renewed(self, lease)
+        except _tickets.NotHolder as exc:  # out of reach of the fix's handler, as before it
+            raise LeaseLost(lease.scope, lease.token, str(exc)) from exc
+
+    _tickets.WaitTickets._renewed = renewed  # type: ignore[method-assign]
+
+elif CONTROL == "ack-before-commit":
     original_main_submit = _groupcommit.GroupCommitter.submit
     original_run = _groupcommit.GroupCommitter.__init__
 

@@ -12,7 +12,11 @@ the wait runs here as a task of its own, named by the ticket the client sent
   and watches the same wait: its place in the queue is the one it had;
 - a grant that comes while no request watches is kept for the next one, renewed
   when it is handed over (the client's lease deadline counts from that
-  request's send time, K2, and the renewal starts the TTL after it);
+  request's send time, K2, and the renewal starts the TTL after it); a kept
+  grant that lapsed before the next request came (its TTL shorter than the gap)
+  cannot be handed over: the wait starts again, at the back of the queue (its
+  place was served), and that request watches it, so an acquire never answers
+  "not held" (schemathesis found that 410);
 - nobody comes back within `TICKET_HOLD_MS` (the client was cancelled between
   two requests, or died): the wait is cancelled, leaving the queue, and a grant
   it got is released;
@@ -33,7 +37,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stockade.core.errors import InvalidArgument, LimitExceeded, LockTimeout
+from stockade.core.errors import InvalidArgument, LimitExceeded, LockTimeout, NotHolder
 from stockade.core.leases import Lease
 
 __all__ = ["WaitTickets", "TICKET_HOLD_MS", "TICKETS_MAX", "TICKET_PATTERN", "validate_ticket"]
@@ -123,7 +127,10 @@ class WaitTickets:
         lease = wait.task.result()
         if granted_unwatched:
             # Granted while nobody watched: its TTL began before this request was sent.
-            lease = await self._renewed(lease)
+            try:
+                lease = await self._renewed(lease)
+            except NotHolder:  # it lapsed meanwhile: wait again, at the back (this request starts it)
+                return await self.acquire(scope, ticket, holder=holder, ttl_ms=ttl_ms, cap_ms=cap_ms)
         return lease
 
     async def _renewed(self, lease: Lease) -> Lease:
