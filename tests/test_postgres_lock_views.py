@@ -46,6 +46,7 @@ from stockade.coordinators.postgres._rows import (
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.errors import BackendUnavailable
 from stockade.core.leases import Granted, Queued
+from stockade.testing.servers.postgres import keep_what_succeeds
 
 SCOPES = ["billing", "orders", "mail"]
 ROUNDS = 2
@@ -101,16 +102,7 @@ def _hold_what_it_can(conn: psycopg.Connection) -> list[str]:
     attempts += [f"SELECT {LOCK_SCOPE.format(scope=repr(s))}" for s in SCOPES]
     attempts += [f"SELECT * FROM {RULE_NAMES[0]}('{s}', 'x', 'x', 60000, 100000)" for s in SCOPES]
     conn.execute("BEGIN")
-    for attempt in attempts:
-        conn.execute("SAVEPOINT attempt")
-        try:
-            conn.execute(attempt)
-        except psycopg.Error:
-            conn.execute("ROLLBACK TO SAVEPOINT attempt")
-        else:
-            conn.execute("RELEASE SAVEPOINT attempt")
-            held.append(attempt)
-    return held
+    return held + keep_what_succeeds(conn, attempts)
 
 
 def _cycle(coord: PostgresCoordinator, scope: str) -> float:

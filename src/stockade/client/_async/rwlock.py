@@ -159,11 +159,7 @@ class AsyncReadWriteLock:
                 holder checked in (nothing is held).
             BackendUnavailable: the coordinator or the store failed.
         """
-        validate_ttl_ms(ttl_ms)
-        validate_wait(wait_ms)
-        holder = validate_holder(holder) if holder is not None else default_holder()
-        deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
-        gate = await self._coord.acquire(self.scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        gate, holder, deadline_ns = await self._gate(ttl_ms, wait_ms, holder)
         slot: AsyncLease | None = None
         try:
             await self._check_in(READER_KEY, gate, holder)
@@ -181,6 +177,14 @@ class AsyncReadWriteLock:
         await _release_quietly(gate)
         return AsyncReadLease(self, gate.token, slot)
 
+    async def _gate(self, ttl_ms: int, wait_ms: int | None, holder: str | None) -> tuple[AsyncLease, str, int]:
+        """Check the arguments (before any I/O), then take the gate: its lease, the holder name, the deadline."""
+        validate_ttl_ms(ttl_ms)
+        validate_wait(wait_ms)
+        holder = validate_holder(holder) if holder is not None else default_holder()
+        deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
+        return await self._coord.acquire(self.scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder), holder, deadline_ns
+
     async def acquire_write(self, *, ttl_ms: int, wait_ms: int | None = 0, holder: str | None = None) -> AsyncLease:
         """Take the gate, wait until no reader holds a slot, check in; return the gate's lease.
 
@@ -195,11 +199,7 @@ class AsyncReadWriteLock:
             LeaseLost: the gate's lease was known lost by the end (nothing is held).
             BackendUnavailable: the coordinator or the store failed.
         """
-        validate_ttl_ms(ttl_ms)
-        validate_wait(wait_ms)
-        holder = validate_holder(holder) if holder is not None else default_holder()
-        deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
-        gate = await self._coord.acquire(self.scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        gate, holder, deadline_ns = await self._gate(ttl_ms, wait_ms, holder)
         try:
             await self._drain(deadline_ns, wait_ms, ttl_ms, holder)
             await self._check_in(WRITER_KEY, gate, holder)

@@ -160,11 +160,7 @@ class ReadWriteLock:
                 holder checked in (nothing is held).
             BackendUnavailable: the coordinator or the store failed.
         """
-        validate_ttl_ms(ttl_ms)
-        validate_wait(wait_ms)
-        holder = validate_holder(holder) if holder is not None else default_holder()
-        deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
-        gate = self._coord.acquire(self.scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        gate, holder, deadline_ns = self._gate(ttl_ms, wait_ms, holder)
         slot: Lease | None = None
         try:
             self._check_in(READER_KEY, gate, holder)
@@ -182,6 +178,14 @@ class ReadWriteLock:
         _release_quietly(gate)
         return ReadLease(self, gate.token, slot)
 
+    def _gate(self, ttl_ms: int, wait_ms: int | None, holder: str | None) -> tuple[Lease, str, int]:
+        """Check the arguments (before any I/O), then take the gate: its lease, the holder name, the deadline."""
+        validate_ttl_ms(ttl_ms)
+        validate_wait(wait_ms)
+        holder = validate_holder(holder) if holder is not None else default_holder()
+        deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
+        return self._coord.acquire(self.scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder), holder, deadline_ns
+
     def acquire_write(self, *, ttl_ms: int, wait_ms: int | None = 0, holder: str | None = None) -> Lease:
         """Take the gate, wait until no reader holds a slot, check in; return the gate's lease.
 
@@ -196,11 +200,7 @@ class ReadWriteLock:
             LeaseLost: the gate's lease was known lost by the end (nothing is held).
             BackendUnavailable: the coordinator or the store failed.
         """
-        validate_ttl_ms(ttl_ms)
-        validate_wait(wait_ms)
-        holder = validate_holder(holder) if holder is not None else default_holder()
-        deadline_ns = wait_deadline_ns(time.monotonic_ns(), wait_ms)
-        gate = self._coord.acquire(self.scope, ttl_ms=ttl_ms, wait_ms=wait_ms, holder=holder)
+        gate, holder, deadline_ns = self._gate(ttl_ms, wait_ms, holder)
         try:
             self._drain(deadline_ns, wait_ms, ttl_ms, holder)
             self._check_in(WRITER_KEY, gate, holder)

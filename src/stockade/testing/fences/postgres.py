@@ -46,7 +46,13 @@ from stockade.resources import postgres as pg
 from stockade.resources._observe import reject
 from stockade.resources.postgres import _sql as q
 from stockade.resources.postgres._fenced import _prepare
-from stockade.testing.servers.postgres import SUPERUSER, PostgresServer, fresh_database, shared_server
+from stockade.testing.servers.postgres import (
+    SUPERUSER,
+    PostgresServer,
+    fresh_database,
+    keep_what_succeeds,
+    shared_server,
+)
 
 T = TypeVar("T")
 
@@ -226,15 +232,7 @@ class PgHarness:
                              f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE", f"SELECT 1 FROM {table} FOR SHARE"]
             attempts += [f"SELECT scope FROM stockade.high_water WHERE scope = '{s}' FOR UPDATE" for s in scopes]
             attempts += [f"SELECT stockade.fence('stk1.{self.cluster_id}.9.{s}', '{s}')" for s in scopes]
-            for attempt in attempts:
-                conn.execute("SAVEPOINT attempt")
-                try:
-                    conn.execute(attempt)
-                except psycopg.Error:
-                    conn.execute("ROLLBACK TO SAVEPOINT attempt")
-                else:
-                    conn.execute("RELEASE SAVEPOINT attempt")
-                    held.append(attempt)
+            held += keep_what_succeeds(conn, attempts)
             try:
                 yield held
             finally:

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from stockade.testing.servers import reaper
 
@@ -204,3 +205,24 @@ def drop_database(server: PostgresServer, name: str) -> None:
 
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def keep_what_succeeds(conn: Any, statements: list[str]) -> list[str]:
+    """Run each statement in a savepoint of ``conn``'s open transaction; the ones that succeeded, in order.
+
+    An outsider's attempts on what it should not reach: what it could take stays held (in the
+    transaction), and a refusal does not end the transaction for the attempts after it.
+    """
+    import psycopg
+
+    kept: list[str] = []
+    for statement in statements:
+        conn.execute("SAVEPOINT attempt")
+        try:
+            conn.execute(statement)
+        except psycopg.Error:
+            conn.execute("ROLLBACK TO SAVEPOINT attempt")
+        else:
+            conn.execute("RELEASE SAVEPOINT attempt")
+            kept.append(statement)
+    return kept
