@@ -138,7 +138,9 @@ def test_http_hold_forwards_the_prefix_then_the_rest(upstream: Upstream, mode: s
         assert upstream.wait_for(len(request("GET", b"")) + len(sent)) == request("GET", b"") + sent
     assert [(p.method, p.target, p.held) for p in proxy.passed] == [("GET", "/v1/x", None), ("PUT", "/v1/x", mode)]
     assert held.first_byte_ns <= held.received_ns <= held.prefix_sent_ns <= held.released_ns
-    assert held.released_ns <= held.forwarded_ns <= held.answered_ns
+    # Nothing went on, and no answer came, before the release. (The last byte's stamp is taken after its send
+    # returns, on the forwarding thread; the answer's, on the other, may come first: 18 µs once in CI.)
+    assert held.released_ns <= held.forwarded_ns and held.released_ns <= held.answered_ns
 
 
 @pytest.mark.parametrize("sent", [
