@@ -62,7 +62,10 @@ class ServeProcess:
 
     STARTUP_S = 20
 
-    def __init__(self, data_dir: Path, *extra: str, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, *extra: str, port: int | None = None,
+                 entry: tuple[str, ...] = ("-m", "stockade", "serve")) -> None:
+        """``entry``: what the interpreter runs, before the serve arguments (a control of
+        tests/helpers/server_controls.py: ``(str(HELPERS / "server_controls.py"), CONTROL)``)."""
         self.data_dir = data_dir
         self.port = port or free_port()  # a restart on the same data takes the same port
         self.url = f"http://127.0.0.1:{self.port}"
@@ -70,7 +73,7 @@ class ServeProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [PYTHON, "-m", "stockade", "serve", "--data-dir", str(data_dir), "--port", str(self.port), *extra],
+                [PYTHON, *entry, "--data-dir", str(data_dir), "--port", str(self.port), *extra],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=python_env(),
             )
         reaper.watch(self.process.pid)  # ended if this test process is killed

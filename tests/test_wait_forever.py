@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -238,23 +237,8 @@ def test_a_ticket_names_a_wait_of_one_scope(capped_server):
 
 def _serve_capped(tmp_path, control: str | None) -> ServeProcess:
     """A `stockade serve --wait-ms-cap`, or its control from tests/helpers/server_controls.py."""
-    if control is None:
-        return ServeProcess(tmp_path / "data", "--wait-ms-cap", str(WAIT_CAP_MS))
-
-    class Control(ServeProcess):  # `python server_controls.py CONTROL serve-args` for `python -m stockade serve`
-        def __init__(self) -> None:
-            original = subprocess.Popen
-
-            def popen(args, **kwargs):  # type: ignore[no-untyped-def]
-                return original([args[0], str(HELPERS / "server_controls.py"), control, *args[4:]], **kwargs)
-
-            subprocess.Popen = popen  # type: ignore[assignment, misc]
-            try:
-                super().__init__(tmp_path / "data", "--wait-ms-cap", str(WAIT_CAP_MS))
-            finally:
-                subprocess.Popen = original  # type: ignore[misc]
-
-    return Control()
+    entry = ("-m", "stockade", "serve") if control is None else (str(HELPERS / "server_controls.py"), control)
+    return ServeProcess(tmp_path / "data", "--wait-ms-cap", str(WAIT_CAP_MS), entry=entry)
 
 
 def _state(url: str, scope: str) -> dict:

@@ -71,11 +71,17 @@ EXPECT_SQLSTATE = "SK001"
 # and the lease engine's path starts the timeline (the restart rule, C3/C5). The check is a
 # column of the function's one read (fewer statements: each costs the server an executor start).
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint"
-_META = ("(SELECT max(v::bigint) FILTER (WHERE k = 'timeline') AS timeline, "
-         "max(v::bigint) FILTER (WHERE k = 'timeline_offset') AS timeline_offset, "
-         "max(v::bigint) FILTER (WHERE k = 'epoch') AS epoch, "
-         "max(v::bigint) FILTER (WHERE k = 'forgotten_floor') AS forgotten_floor FROM stockade_coord_meta "
-         "WHERE k IN ('timeline', 'timeline_offset', 'epoch', 'forgotten_floor')) AS m")
+
+
+def _meta(timeline_key: str) -> str:
+    """The one read of the meta values every function starts with, the timeline under ``timeline_key``."""
+    return (f"(SELECT max(v::bigint) FILTER (WHERE k = '{timeline_key}') AS timeline, "
+            "max(v::bigint) FILTER (WHERE k = 'timeline_offset') AS timeline_offset, "
+            "max(v::bigint) FILTER (WHERE k = 'epoch') AS epoch, "
+            "max(v::bigint) FILTER (WHERE k = 'forgotten_floor') AS forgotten_floor FROM stockade_coord_meta "
+            f"WHERE k IN ('{timeline_key}', 'timeline_offset', 'epoch', 'forgotten_floor')) AS m")
+
+
 _NEW_TIMELINE = ("m.timeline IS DISTINCT FROM ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
                  "::bit(32)::bigint + COALESCE(m.timeline_offset, 0)")
 
@@ -129,7 +135,7 @@ def server_rules(*, lock: str = LOCK_SCOPE, names: tuple[str, str] = RULE_NAMES,
         names: the names of the grant's and the keep's functions.
         timeline_key: the key of ``stockade_coord_meta`` that holds the recorded timeline (`TIMELINE_KEY`).
     """
-    meta = _META.replace("'timeline'", f"'{timeline_key}'")
+    meta = _meta(timeline_key)
     return (_grant_rule(lock, names[0], meta, **bounds) + _keep_rule(lock, names[1], meta, **bounds))
 
 
