@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -96,12 +97,36 @@ def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     create_private(path)
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
+        switch_to_wal(conn, busy_timeout_ms)
         conn.execute("PRAGMA synchronous=FULL")
     except sqlite3.Error:
         conn.close()
         raise
     return conn
+
+
+#: Connections that open one new file at once: "database is locked" is retried this often (jittered) within
+#: the busy timeout.
+WAL_RETRY_S = 0.005
+
+
+def switch_to_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
+    """``PRAGMA journal_mode=WAL``, retried within ``busy_timeout_ms``.
+
+    Switching needs a moment of exclusive access, and SQLite answers "database
+    is locked" at once, without its busy handler, when another connection opens
+    (or switches) the same file at that moment: several processes opening a new
+    store together would fail all but one.
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_RETRY_S * (0.5 + random.random()))
 
 
 def initialise(conn: sqlite3.Connection, path: Path, cluster_id: str | None) -> str:
