@@ -227,8 +227,8 @@ class SQLiteRecords(Journaled):
 
     def _check_kind(self, conn: sqlite3.Connection) -> None:
         """Refuse a file that is not a coordinator, reading only (the header may not be rewritten yet)."""
-        conn.execute("BEGIN")
         try:
+            conn.execute("BEGIN")
             application_id = conn.execute("PRAGMA application_id").fetchone()[0]
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             meta = dict(conn.execute("SELECT k, v FROM meta").fetchall()) if "meta" in tables else {}
@@ -320,13 +320,14 @@ class SQLiteRecords(Journaled):
             return None  # a new epoch is written (and nobody else can hold the write lock)
         conn = self._conn
         try:
-            conn.execute("BEGIN")
             try:
+                conn.execute("BEGIN")
                 application_id = conn.execute("PRAGMA application_id").fetchone()[0]
                 tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 meta = dict(conn.execute("SELECT k, v FROM meta").fetchall()) if "meta" in tables else {}
             finally:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
         except sqlite3.Error:
             return None  # the writing path says what is wrong, within the busy timeout
         if (
@@ -460,10 +461,12 @@ class SQLiteRecords(Journaled):
         """One IMMEDIATE transaction; its COMMIT is fsync'd before we return."""
         with self._locked() as conn:
             try:
-                conn.execute("BEGIN IMMEDIATE")  # the write lock is free, the usual case (a server's always)
-            except sqlite3.Error:
-                self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
-            try:
+                # Inside the try: an interrupt (KeyboardInterrupt) raised as BEGIN returns must not leave
+                # the transaction, and the file's write lock, open on this connection.
+                try:
+                    conn.execute("BEGIN IMMEDIATE")  # the write lock is free, the usual case (a server's always)
+                except sqlite3.Error:
+                    self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
                 yield conn
             except BaseException as exc:
                 if conn.in_transaction:
@@ -511,8 +514,8 @@ class SQLiteRecords(Journaled):
         """A read transaction: every statement of it sees one snapshot of the file (a scope's row, its
         waiters and the list of names agree, whatever another process commits meanwhile)."""
         with self._locked() as conn:
-            conn.execute("BEGIN")
             try:
+                conn.execute("BEGIN")
                 yield _SQLiteTx(self, conn)
             finally:
                 if conn.in_transaction:

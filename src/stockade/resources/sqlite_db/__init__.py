@@ -198,11 +198,14 @@ def _check_settings(journal: object, synchronous: object, durable: bool) -> None
 bounded_waits = True
 
 
-def _begin(conn: sqlite3.Connection) -> None:
+def _check_idle(conn: sqlite3.Connection) -> None:
     if getattr(conn, "autocommit", True) is False:  # Python 3.12's autocommit=False: always in a transaction
         raise InvalidArgument("conn", "open it with autocommit=True or isolation_level=None, not autocommit=False")
     if conn.in_transaction:
         raise InvalidArgument("conn", "already inside a transaction: commit or roll it back before fencing")
+
+
+def _begin(conn: sqlite3.Connection) -> None:
     try:
         if bounded_waits:
             begin_by(conn)  # FileBusy (a BackendUnavailable, certain_no_effect) names the file and its holder
@@ -227,8 +230,9 @@ def _ours(what: str) -> Iterator[None]:
 def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolled back on any exception, which propagates unchanged
     (the block's own statements are the user's: an IntegrityError stays one)."""
-    _begin(conn)
+    _check_idle(conn)  # the caller's own transaction is never rolled back
     try:
+        _begin(conn)  # in the try: an interrupt raised as BEGIN returns rolls it back too
         yield
     except BaseException:
         rollback(conn)
@@ -350,8 +354,9 @@ def _fenced_sqlite3(
     if not isinstance(conn, sqlite3.Connection):
         raise InvalidArgument("conn", f"must be a sqlite3.Connection, got {type(conn).__name__}")
     admission.durable = durable
-    _begin(conn)
+    _check_idle(conn)  # the caller's own transaction is never rolled back
     try:
+        _begin(conn)  # in the try: an interrupt raised as BEGIN returns rolls it back too
         try:
             admission.admit(conn.execute, checked, scope_name, op_id, forged=forged)
         except sqlite3.Error as exc:
@@ -438,6 +443,7 @@ def _fenced_sqlalchemy(
         if not isinstance(driver, sqlite3.Connection):
             raise InvalidArgument("session_or_connection", "needs the pysqlite driver (sqlite3)")
         admission.durable = durable
+        _check_idle(driver)
         _begin(driver)
         try:
             admission.admit(connection.exec_driver_sql, checked, scope_name, op_id, forged=forged)

@@ -262,6 +262,9 @@ def write_transaction(
         raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
     except sqlite3.Error as exc:
         raise BackendUnavailable(f"store busy or unavailable: {exc}", certain_no_effect=True) from exc
+    except BaseException:  # an interrupt raised as BEGIN returned: never leave the write lock held
+        rollback(conn)
+        raise
     with collecting() as refused:  # the fence's refusals in this transaction, for the refusal journal
         try:
             yield conn

@@ -129,12 +129,13 @@ def journal_alone(conn: sqlite3.Connection, notes: list[Note], *, until_s: float
             return  # an in-memory database keeps no journal
         side = _journal_of(store_path)
         side.execute(f"PRAGMA busy_timeout = {max(0, math.floor((until_s - time.monotonic()) * 1000))}")
-        side.execute("BEGIN IMMEDIATE")
         try:
+            side.execute("BEGIN IMMEDIATE")
             journal(side, notes)
             side.execute("COMMIT")
         except BaseException:
-            side.execute("ROLLBACK")
+            if side.in_transaction:
+                side.execute("ROLLBACK")
             raise
     except (sqlite3.Error, OSError):
         pass  # a refused write changed nothing; losing its note is not losing a change
