@@ -378,8 +378,8 @@ class PostgresRecords(Journaled):
 
     def _start_timeline(self, conn: Any, timeline: int) -> None:
         """First unit on a new timeline: record it, start its epoch, apply the restart rule, in one transaction."""
-        conn.execute("BEGIN")
         try:
+            conn.execute("BEGIN")  # in the try: an interrupt as it returns must not leave the transaction open
             stored = conn.execute("SELECT v FROM stockade_coord_meta WHERE k = %s FOR UPDATE",
                                   (TIMELINE_KEY,)).fetchone()
             if stored is None:
