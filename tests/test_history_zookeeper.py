@@ -6,6 +6,14 @@ server; the global cap; and a kill -9 of a process that grants and releases
 in a loop, after which the scope's nodes, its journal record and its events
 must agree, beside its control (the journal written in a transaction of its
 own, after the change), which must be caught.
+
+The nodes are read by a second session (``raw``) that syncs each path before
+reading it: ZooKeeper orders a session's reads after that session's own
+writes only, and a follower that the coordinator's last transactions did not
+need (two servers of three are a quorum) may still be applying them when
+another session reads from it. Without the sync, the bound's test once read
+the journal one transaction behind (its oldest event 6 where 7 was due);
+the trailing-follower test shows the read and its control.
 """
 
 from __future__ import annotations
@@ -13,10 +21,13 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import threading
 import time
 
 import pytest
 from conftest import HELPERS, PYTHON, python_env
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 
 import stockade
 from stockade.coordinators.zookeeper import _journal as journal
@@ -26,15 +37,36 @@ LONG = os.environ.get("STOCKADE_LONG") == "1"
 KILL_ROUNDS = 40 if LONG else 4
 CONTROL_ROUNDS_MAX = 40
 CYCLER = HELPERS / "zk_history_cycler.py"
+#: Rounds of the trailing-follower test until its control (a read without a sync) is caught behind.
+TRAILING_ROUNDS_MAX = 10
+
+
+class SyncedReads(KazooClient):
+    """A kazoo client whose reads catch up with the leader first (``sync`` of the path): it sees every
+    transaction another session's answer confirmed, whichever server it reads from."""
+
+    def get(self, path, watch=None):  # type: ignore[no-untyped-def]
+        self.sync(path)
+        return super().get(path, watch)
+
+    def get_children(self, path, watch=None, include_data=False):  # type: ignore[no-untyped-def]
+        self.sync(path)
+        return super().get_children(path, watch, include_data)
+
+    def exists(self, path, watch=None):  # type: ignore[no-untyped-def]
+        self.sync(path)
+        return super().exists(path, watch)
+
+
+def _started(client: KazooClient) -> KazooClient:
+    client.start(30)
+    return client
 
 
 @pytest.fixture
 def raw(zk_ensemble):
-    """A plain kazoo client on the ensemble, to read the nodes as they are."""
-    from kazoo.client import KazooClient
-
-    client = KazooClient(hosts=zk_ensemble.hosts, timeout=30)
-    client.start(30)
+    """A second session on the ensemble, to read the nodes as the coordinator left them (synced reads)."""
+    client = _started(SyncedReads(hosts=zk_ensemble.hosts, timeout=30))
     yield client
     client.stop()
     client.close()
@@ -62,6 +94,108 @@ def test_a_scope_keeps_its_last_100_events_counted_on_the_server(url, raw, tmp_p
     assert len(events) == 100 and [e.kind for e in events] == ["grant", "release"] * 50
     assert [e.seq for e in events] == sorted({e.seq for e in events})
     coord.close()
+
+
+def _read_past_a_stopped_follower(zk_ensemble, trailing: int, coord, scope: str, hist: str,
+                                  reader: KazooClient, read):
+    """Cycle ``scope`` once, then 52 more times (106 events: 7..106 kept) while the follower ``trailing``
+    is stopped; ``read()`` runs on a thread of its own, and the follower resumes once ``reader`` (a client
+    on it) has sent the read's first request. What ``read()`` returned (None: the connection was lost)."""
+    _cycle(coord, scope, 1)
+    reader.sync(hist)  # the follower has the scope's journal
+    answer: list = []
+
+    def run() -> None:
+        try:
+            answer.append(read())
+        except (ConnectionLoss, stockade.BackendUnavailable):  # stopped past the leader's patience: it rejoined
+            answer.append(None)
+
+    thread = threading.Thread(target=run)
+    zk_ensemble.pause(trailing)
+    try:
+        _cycle(coord, scope, 52)
+        thread.start()
+        sent_by = time.monotonic() + 10
+        while not reader._pending and time.monotonic() < sent_by:  # in the stopped follower's socket
+            time.sleep(0.001)
+    finally:
+        zk_ensemble.resume(trailing)
+    thread.join(60)
+    return answer[0]
+
+
+def _trailing(zk_ensemble, tmp_path):
+    """A coordinator on one follower, and the other follower (the one its quorum need not wait for)."""
+    leader = zk_ensemble.leader()
+    trailing, serving = (i for i in zk_ensemble.ids if i != leader)
+    return stockade.connect(f"zookeeper://127.0.0.1:{zk_ensemble.client_ports[serving]}/{tmp_path.name}"), trailing
+
+
+def test_a_reader_on_a_trailing_follower_sees_the_last_events_after_a_sync(zk_ensemble, tmp_path):
+    """The bound's test read from a follower the coordinator's quorum did not wait for: here that
+    follower is stopped while the coordinator cycles a scope, and a read is sent to it meanwhile
+    (answered once it runs again). Synced (``raw``'s reads): the last 100 events, every round. The
+    control, the same read without the sync, must be caught on a past journal in some round."""
+    coord, trailing = _trailing(zk_ensemble, tmp_path)
+    hosts = f"127.0.0.1:{zk_ensemble.client_ports[trailing]}"
+    synced, plain = _started(SyncedReads(hosts=hosts, timeout=30)), _started(KazooClient(hosts=hosts, timeout=30))
+    caught, rounds = [], 0
+    try:
+        while not caught and rounds < TRAILING_ROUNDS_MAX:
+            rounds += 1
+            hist = f"/{tmp_path.name}/stockade/hist/trail{rounds}"
+            names = _read_past_a_stopped_follower(zk_ensemble, trailing, coord, f"trail{rounds}", hist, plain,
+                                                  lambda hist=hist: plain.get_children(hist))
+            kept = synced.retry(synced.get_children, hist)
+            assert sorted(journal.event_number(name) for name in kept) == list(range(7, 107))
+            seen = sorted(journal.event_number(name) for name in names or [])
+            if names is not None and seen != list(range(7, 107)):
+                caught.append((seen[:1], seen[-1:], len(seen)))
+    finally:
+        for client in (synced, plain):
+            client.stop()
+            client.close()
+        coord.close()
+    print(f"history zookeeper: a read from a trailing follower without a sync behind in round {rounds}: {caught}")
+    assert caught, f"the unsynced read was never behind in {rounds} rounds"
+
+
+@pytest.mark.parametrize("synced", [True, False], ids=["synced", "control-unsynced"])
+def test_history_read_through_a_trailing_follower_shows_the_last_events(zk_ensemble, tmp_path, monkeypatch, synced):
+    """`history` through a session on that trailing follower (`stockade history` opens a new session on
+    any server) catches up with the leader first: the events the writer's own session reads, in every
+    round. Control: that session's ``sync`` answered at once without reaching the server (history as it
+    read before); it must be caught showing a past journal in some round."""
+    coord, trailing = _trailing(zk_ensemble, tmp_path)
+    reader = stockade.connect(f"zookeeper://127.0.0.1:{zk_ensemble.client_ports[trailing]}/{tmp_path.name}")
+    client = reader._port._session.client
+    if not synced:
+        def sync_async(path: str):  # type: ignore[no-untyped-def]
+            answered = client.handler.async_result()
+            answered.set(path)
+            return answered
+
+        monkeypatch.setattr(client, "sync_async", sync_async)
+    behind, rounds = [], 0
+    try:
+        while rounds < (3 if synced else TRAILING_ROUNDS_MAX) and not (behind and not synced):
+            rounds += 1
+            scope, hist = f"h{rounds}", f"/{tmp_path.name}/stockade/hist/h{rounds}"
+            shown = _read_past_a_stopped_follower(zk_ensemble, trailing, coord, scope, hist, client,
+                                                  lambda scope=scope: reader.history(scope))
+            if shown is None:  # the follower rejoined: nothing told this round
+                continue
+            expected = coord.history(scope)
+            assert len(expected) == 100 and expected[-1].kind == "release"
+            if shown != expected:
+                behind.append((len(shown), shown[-1].seq if shown else None, expected[-1].seq))
+    finally:
+        reader.close()
+        coord.close()
+    print(f"history zookeeper: history through a trailing follower ({'synced' if synced else 'control'}): "
+          f"behind in {len(behind)} of {rounds} rounds {behind}")
+    assert (behind == []) if synced else behind, f"behind in {len(behind)} of {rounds} rounds"
 
 
 def test_the_journals_global_cap_empties_the_least_recently_written(url, raw, tmp_path, monkeypatch):

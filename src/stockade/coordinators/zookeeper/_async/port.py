@@ -559,6 +559,9 @@ class AsyncZkCoordinatorPort:
         await self.open()
         client = self._session.client
         record_path = self._layout.hist_path(scope)
+        # This session's server may trail the events another client's answer confirmed: catch up with the
+        # leader first, as `inspect` does (a follower the quorum did not wait for applies them later).
+        await self._call(client.sync_async(record_path))
         try:
             names = await self._call(client.get_children_async(record_path))
         except NoNodeError:

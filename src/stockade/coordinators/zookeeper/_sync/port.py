@@ -560,6 +560,9 @@ class ZkCoordinatorPort:
         self.open()
         client = self._session.client
         record_path = self._layout.hist_path(scope)
+        # This session's server may trail the events another client's answer confirmed: catch up with the
+        # leader first, as `inspect` does (a follower the quorum did not wait for applies them later).
+        self._call(client.sync_async(record_path))
         try:
             names = self._call(client.get_children_async(record_path))
         except NoNodeError:
