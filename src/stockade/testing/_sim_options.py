@@ -49,6 +49,8 @@ class SimOptions:
     rwlock_readers: int = 0
     #: In the lock's world, the share of acquisitions that are writes (percent).
     rwlock_write_percent: int = 0
+    #: In the lock's world, the share of read holds paused (1–5 TTL) between their reads and their validation.
+    rwlock_pause_percent: int = 0
 
     @classmethod
     def swarm(cls, rng: random.Random) -> SimOptions:
@@ -110,7 +112,8 @@ class SimOptions:
         cap_ppm = base.drift_margin_percent * 2_500
         return replace(base, clients=rng.randint(2, 5), scopes=1, rwlock_readers=rng.randint(1, 3),
                        duration_ms=min(base.duration_ms, 4_000),
-                       rwlock_write_percent=rng.choice([20, 50]), drift_ppm_max=min(base.drift_ppm_max, cap_ppm))
+                       rwlock_write_percent=rng.choice([20, 50]), rwlock_pause_percent=rng.choice([20, 50]),
+                       drift_ppm_max=min(base.drift_ppm_max, cap_ppm))
 
     def describe(self) -> str:
         """The knobs that are on, in one line."""

@@ -14,8 +14,8 @@ again, as a reader or a writer, exactly as `AsyncReadWriteLock` does, one reques
 
 Every step is an ordinary request of the simulated client (`stockade.testing._sim_client.Client`: acquire,
 renew, release, fenced write, read), so the network, the pauses and the crashes reach every step, and the
-older properties judge them too. The client keeps the lease it waits with alive: between the short waits of
-an acquire it renews the gate at TTL/3, as the real lock's keepalive does in the background.
+older properties judge them too. Beside them, a keepalive renews the gate (and a reader's slot while it
+holds it) every TTL/3 in the background, as the real lease's does; a refused renewal marks the lease lost.
 
 When a step's outcome makes the lock's answer known, the client writes a ``process: "rwlock"`` record into
 the history, which P11 (`stockade.testing.rwlock_holds`) reads beside the coordinator's lease log:
@@ -77,6 +77,7 @@ class RwClient(Client):
         self.validate_invoked_ns = 0
         self.check_in_key = ""
         self.last: tuple[str, str, dict[str, Any], Any] | None = None
+        self.renewals: dict[int, tuple[_Lease, int]] = {}  # the keepalive's requests in flight
 
     # -- the driver: one request at a time, each step issued, then its outcome handled ----------------
 
@@ -95,7 +96,7 @@ class RwClient(Client):
             return
         last, self.last = self.last, None
         tag, self.waiting_for = self.waiting_for, ""
-        if tag and tag != "renew":
+        if tag:
             self._handle(tag, last)
         if self.op is None and not self.waiting_for:
             self._issue()
@@ -112,13 +113,36 @@ class RwClient(Client):
                                            "f": f, "scope": GATE, "value": value})
 
     def _keep(self, lease: _Lease | None) -> bool:
-        """Make ``lease`` the current one; False when it is lost (K2). Renews it first when due (TTL/3)."""
+        """Make ``lease`` the current one; False when it is lost: refused (K3) or past its local deadline (K2)."""
         self.lease = lease
-        if lease is None or lease.token.value in self.lost_tokens or not self.lease_valid():
-            return False
-        if self.clock.now_ns() - lease.renew_sent_ns >= self.ttl_ms * _MS // 3:
-            self._await("renew", self.begin_renew())
-        return True
+        return lease is not None and lease.token.value not in self.lost_tokens and self.lease_valid()
+
+    # -- the keepalive: in the background, as the real lease's, beside the one request of each step -------
+
+    def _start_keepalive(self, lease: _Lease) -> None:
+        self.timer(self.ttl_ms * _MS // 3, self._keepalive, lease)
+
+    def _keepalive(self, lease: _Lease) -> None:
+        """Renew ``lease`` every TTL/3 while it is the gate or the read slot held, and not lost."""
+        if lease is not self.gate and lease is not self.slot:
+            return
+        if lease.token.value in self.lost_tokens or self.clock.now_ns() >= lease.deadline_ns:
+            return  # lost: the real keepalive stops too (the next look at the lease tells its holder)
+        request = self.world.next_request_id()
+        self.renewals[request] = (lease, self.clock.now_ns())
+        self.send("coordinator", ("renew", request, lease.lease_id))
+        self._start_keepalive(lease)
+
+    def receive(self, src: str, payload: tuple[Any, ...]) -> None:
+        renewal = self.renewals.pop(payload[1], None)
+        if renewal is None:
+            super().receive(src, payload)
+            return
+        lease, sent_ns = renewal
+        if payload[0] == "renewed":  # K2: good until the renewal's send time + TTL - margin
+            lease.deadline_ns = max(lease.deadline_ns, sent_ns + self.ttl_ms * _MS - self.margin_ns)
+        elif payload[0] == "not-holder":
+            self.lost_tokens.add(lease.token.value)
 
     # -- issuing each step ------------------------------------------------------------------------------
 
@@ -139,9 +163,8 @@ class RwClient(Client):
         if step in ("hold", "validate", "release"):
             self._issue_held(step)
             return
-        if self.gate is not None and (not self._keep(self.gate) or self.waiting_for):
-            if not self.waiting_for:
-                self._give_up("the gate's lease was lost")
+        if self.gate is not None and not self._keep(self.gate):
+            self._give_up("the gate's lease was lost")
             return
         if step == "gate":
             self._acquire(GATE, "gate")
@@ -165,8 +188,8 @@ class RwClient(Client):
             self._await(step, self.begin_release())
 
     def _acquire(self, scope: str, tag: str) -> None:
-        left_ms = max(0, (self.deadline_ns - self.clock.now_ns()) // _MS)
-        self.begin_acquire(scope, min(left_ms, max(1, self.ttl_ms // 4)))
+        """One acquire for what is left of the acquisition's wait (polls keep its place in the queue, C4)."""
+        self.begin_acquire(scope, max(0, (self.deadline_ns - self.clock.now_ns()) // _MS))
         self.waiting_for = tag
 
     def _check_in(self) -> None:
@@ -198,8 +221,6 @@ class RwClient(Client):
             self.step = "validate" if self.mode == "read" else "release"  # a lapsed reader still validates
             self._later()
             return
-        if self.waiting_for:
-            return
         key = self.rng.choice([k for k in self.world.keys if k not in (READER_KEY, WRITER_KEY)])
         if self.mode == "read":
             if self.reads_left <= 0:
@@ -218,7 +239,7 @@ class RwClient(Client):
     def _validate(self) -> None:
         o = self.world.options
         self.waiting_for = "validate"
-        if o.zombie_pause_probability and self.rng.random() < o.zombie_pause_probability:
+        if self.rng.random() < max(o.zombie_pause_probability, o.rwlock_pause_percent / 100):
             # Paused between its reads and its validation: the slot's lease may lapse and a writer get in.
             self.world.pause(self, self.rng.randint(1, 5) * o.ttl_ms * _MS, reason="between read and validate")
             self.timer(0, self._send_validate)
@@ -251,6 +272,8 @@ class RwClient(Client):
             self._note("hold", mode="read", token=self.token, lease=self.slot.lease_id if self.slot else "",
                        leases=list(self.granted))
             self.reads_left = self.rng.randint(0, 3)
+            if self.slot is not None:
+                self._start_keepalive(self.slot)
             self.step = "hold"
         elif tag == "validate" and last is not None:
             self._validated(last)
@@ -262,7 +285,7 @@ class RwClient(Client):
     def _handle_acquire(self, tag: str, ok: bool) -> None:
         if not ok:
             if self.clock.now_ns() < self.deadline_ns and not self.world.quiescing:
-                return  # the same step again: a new short wait (the gate is renewed between them)
+                return  # the same step again (an answer lost or late): a new acquire for what is left
             self._give_up("the wait ran out")
             return
         granted = self.lease
@@ -271,6 +294,7 @@ class RwClient(Client):
         if tag == "gate":
             self.gate = granted
             self.token = granted.token.value
+            self._start_keepalive(granted)
             self.step = "check-in" if self.mode == "read" else "drain"
             return
         self.slot = granted

@@ -4,8 +4,9 @@ A read/write lock (`stockade.ReadWriteLock`, docs/rwlock.md) is a gate scope tha
 takes first, N read slots, and two check-in keys of the gate scope in a fenced store. The simulator's clients
 of such a lock (`stockade.testing._sim_rwlock`) write a ``process: "rwlock"`` record when an acquisition
 returned (``f: "hold"``: ``mode``, ``token``, ``lease``, the hold's lease id, ``leases``, every lease
-granted on the way, and a writer's ``check_in``, the idempotency key of its check-in) and when a reader's validation answered (``f: "validate"``: ``token``, ``seen``, the
-writer token it read, ``verdict``, ``invoke_ns``). P11 judges them against the coordinator's lease log and
+granted on the way, and a writer's ``check_in``, the idempotency key of its check-in) and when a
+reader's validation answered (``f: "validate"``: ``token``, ``seen``, the writer token it read,
+``verdict``, ``invoke_ns``). P11 judges them against the coordinator's lease log and
 the store's accepted check-ins:
 
 - **exclusion**, on the coordinator's lease log in coordinator time (the axis of
@@ -74,9 +75,8 @@ def _spans(records: list[dict[str, Any]]) -> dict[Any, list[_LeaseSpan]]:
     for entry in coordinator_log(records):
         if entry.fresh:
             for each in spans.values():  # a clock the axis cannot place: what was open ends where it was seen
-                span = each[-1]
-                if not span.closed and span.epoch == epoch:
-                    span.end, span.closed = min(span.end, last_axis), True
+                if not each[-1].closed and each[-1].epoch == epoch:
+                    each[-1].end, each[-1].closed = min(each[-1].end, last_axis), True
             epoch += 1
         last_axis = entry.axis
         lease, value = entry.value.get("lease"), entry.value
@@ -84,17 +84,17 @@ def _spans(records: list[dict[str, Any]]) -> dict[Any, list[_LeaseSpan]]:
         if entry.f == "grant":
             spans.setdefault(lease, []).append(_LeaseSpan(entry.axis, epoch, deadline, entry.index))
             continue
-        span = spans[lease][-1] if lease in spans else None
-        if span is not None and not span.closed and entry.f == "renew":
-            span.end = deadline
-        elif span is not None and not span.closed and entry.f == "release":
-            span.end, span.closed = min(span.end, entry.axis), True
+        latest = spans[lease][-1] if lease in spans else None
+        if latest is not None and not latest.closed and entry.f == "renew":
+            latest.end = deadline
+        elif latest is not None and not latest.closed and entry.f == "release":
+            latest.end, latest.closed = min(latest.end, entry.axis), True
     return spans
 
 
 def _granted_before(spans: dict[Any, list[_LeaseSpan]], lease: Any, index: int) -> _LeaseSpan | None:
     """The grant of ``lease`` its holder was answered with: the last one logged before history index ``index``."""
-    found = None
+    found: _LeaseSpan | None = None
     for span in spans.get(lease, ()):
         if span.index < index:
             found = span
@@ -119,8 +119,8 @@ def _holds(records: list[dict[str, Any]], spans: dict[Any, list[_LeaseSpan]]) ->
 
 
 def _describe(hold: _Hold) -> str:
-    return (f"[#{hold.index}] {_WHO.get(hold.mode, hold.mode)} c{hold.client} token {hold.token}: held {hold.start} .. {hold.end} "
-            f"(coordinator time, ns)")
+    return (f"[#{hold.index}] {_WHO.get(hold.mode, hold.mode)} c{hold.client} token {hold.token}: "
+            f"held {hold.start} .. {hold.end} (coordinator time, ns)")
 
 
 def _exclusion(holds: list[_Hold]) -> list[Violation]:
@@ -135,7 +135,7 @@ def _exclusion(holds: list[_Hold]) -> list[Violation]:
                                               f"a {_WHO.get(first.mode)} (token {first.token}) did (coordinator time)",
                                        (_describe(first), _describe(second)), (first.index, second.index)))
     writers = [h for h in ordered if h.mode == "write"]
-    for before, after in zip(writers, writers[1:]):
+    for before, after in zip(writers, writers[1:], strict=False):
         if after.token <= before.token:
             found.append(Violation("P11", f"writer token {after.token} held the lock after writer token {before.token}",
                                    (_describe(before), _describe(after)), (before.index, after.index)))
