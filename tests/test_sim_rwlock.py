@@ -50,7 +50,7 @@ class Log:
     def check_in(self, process: int, key: str, token: int, at_ms: int, done_ms: int) -> Log:
         value = f"{process}-{at_ms}-t{token}"
         self.records.append({"t_ns": at_ms * _MS, "process": process, "type": "invoke", "f": "write", "scope": GATE,
-                             "key": key, "token": str(token), "value": value, "idempotency_key": value})
+                             "key": key, "token": token, "value": value, "idempotency_key": value})
         self.records.append({"t_ns": done_ms * _MS, "process": process, "type": "ok", "f": "write"})
         return self
 
