@@ -174,3 +174,37 @@ def test_long_each_control_is_caught_in_many_seeds(mutant, capsys):
     with capsys.disabled():
         print(f"\n{mutant}: caught in {len(campaign.failures)} of {campaign.examples} seeds")
     assert len(campaign.failures) >= 20
+
+
+# --- the controls' real-code twins (the registry's ``wrap``): they break a real lock the same way ---------
+
+
+def test_the_lock_controls_wrap_a_real_read_write_lock(tmp_path):
+    import stockade
+    from stockade.core.errors import LockTimeout
+
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    store = stockade.open_store(f"sqlite:///{tmp_path}/store.db", cluster_id=coord.cluster_id)
+    try:
+        real = stockade.ReadWriteLock(coord, store, "catalog", readers=2)
+        reader = real.acquire_read(ttl_ms=10_000)
+        with pytest.raises(LockTimeout):  # the real writer waits for the reader's slot
+            real.acquire_write(ttl_ms=10_000, wait_ms=50)
+        broken = MUTANTS["rwlock-skip-drain"].wrap(stockade.ReadWriteLock(coord, store, "catalog", readers=2))
+        lease = broken.acquire_write(ttl_ms=10_000, wait_ms=50)  # in beside the reader: the control
+        assert real.readers_now() and store.get(real.scope, "rw.writer").token_value == lease.token.value
+        lease.release()
+        reader.release()
+        silent = MUTANTS["rwlock-silent-writer"].wrap(stockade.ReadWriteLock(coord, store, "catalog", readers=2))
+        stale = real.acquire_read(ttl_ms=10_000)
+        stale.release()
+        with silent.write(ttl_ms=10_000, wait_ms=1_000) as newer:  # no check-in: the mark stays the reader's
+            assert store.get(real.scope, "rw.writer").token_value < newer.token.value
+        stale.validate()  # the stale reader is not told: the control
+        with real.write(ttl_ms=10_000, wait_ms=1_000):
+            pass
+        with pytest.raises(stockade.StaleToken):
+            stale.validate()  # the real writer's check-in tells it
+    finally:
+        store.close()
+        coord.close()
