@@ -92,6 +92,10 @@ def run(argv: list[str]) -> int:
     return 1 if campaign.failures else 0
 
 
+#: The worlds a seed runs (`stockade.testing.sim.run_seed`), as a report names them.
+_WORLDS = {"plain": "plain", "rwlock": "read/write lock"}
+
+
 def _replay(args: argparse.Namespace) -> int:
     result = run_seed(args.seed, mutant=args.mutant, linearizability=not args.no_linearizability)
     lease_hours = result.lease_ns / 3600e9
@@ -101,11 +105,14 @@ def _replay(args: argparse.Namespace) -> int:
             "seed": result.seed, "mutant": result.mutant, "steps": result.steps, "operations": result.operations,
             "simulated_s": round(result.simulated_ns / 1e9, 6), "simulated_lease_hours": round(lease_hours, 6),
             "violations": len(result.violations), "undecided_scopes": len(result.undecided), "options": options,
+            "world": result.world, "steps_by_world": result.steps_by_world,
         }, sort_keys=True, default=str))
     else:
         print(f"seed {result.seed}" + (f" (mutant {result.mutant})" if result.mutant else "")
               + f": steps {result.steps}, operations {result.operations}, simulated {result.simulated_ns / 1e9:.3f} s, "
                 f"lease-hours {lease_hours:.5f}, violations {len(result.violations)}")
+        print("worlds: " + ", ".join(f"{_WORLDS[name]} {steps} steps" for name, steps in result.steps_by_world.items())
+              + f"; options of the {_WORLDS[result.world]} world")
         print("options: " + ", ".join(f"{name}={value}" for name, value in options.items()))
     if result.violations:
         _print_failure(result, args.save, stream=sys.stderr if args.json else sys.stdout)
@@ -209,7 +216,8 @@ def _report(campaign: Campaign, first: int, args: argparse.Namespace) -> None:
 
 def _print_failure(result: RunResult, save: Path | None, stream: Any = None) -> None:
     out = stream or sys.stdout
-    print(f"\nVIOLATION at seed {result.seed}: {len(result.violations)} violation(s)", file=out)
+    print(f"\nVIOLATION at seed {result.seed}: {len(result.violations)} violation(s) in the "
+          f"{_WORLDS[result.world]} world", file=out)
     print(f"replay: {replay_command(result.seed, result.mutant)}", file=out)
     print(narrate(result), file=out)
     if save is not None:

@@ -36,16 +36,20 @@ def narrate(result: RunResult, violation: Violation | None = None, *, context: i
         return "\n".join(lines + ["no violation"])
     lines.append(str(violation))
     offending = [by_invoke[i] for i in violation.indices if i in by_invoke]
-    if not offending:
+    # P11 names the read/write lock's own records (a hold, a validation): their clients are the offenders.
+    locked = [i for i in violation.indices if i < len(records) and records[i].get("process") == "rwlock"]
+    if not offending and not locked:
         return "\n".join(lines)
     scopes = {op.scope for op in offending}
-    processes = {op.process for op in offending}
-    first = min(op.invoke_index for op in offending)
-    last = max(op.complete_index if op.complete_index is not None else op.invoke_index for op in offending)
-    # Start a few records before the first offending operation, or where its process got its lease.
+    processes = {op.process for op in offending} | {(records[i].get("value") or {}).get("client") for i in locked}
+    first = min([op.invoke_index for op in offending] + locked)
+    last = max([op.complete_index if op.complete_index is not None else op.invoke_index for op in offending]
+               + locked)
+    # Start a few records before the first offending operation, or where its process got its lease (for the
+    # lock's records: where its acquisitions could have begun).
     leases = [op.invoke_index for op in ops if op.process in processes and op.f == "acquire" and op.type == "ok"
               and op.scope in scopes and op.invoke_index < first]
-    start = max(0, min(first - context, max(leases) if leases else first))
+    start = max(0, min(first - (4 * context if locked else context), max(leases) if leases else first))
     lines.append("trace:")
     shown = 0
     for index in range(start, last + 1):
@@ -54,6 +58,13 @@ def narrate(result: RunResult, violation: Violation | None = None, *, context: i
         if process == "coordinator":
             if violation.property == "P9" and record.get("scope") in scopes:
                 lines.append(f"  {_seconds(record['t_ns'])}  {'co':>4} {_lease_log_text(record)}")
+                shown += 1
+            continue
+        if process == "rwlock":
+            value = record.get("value") or {}
+            if value.get("client") in processes:
+                lines.append(f"  {_seconds(record['t_ns'])}  {'rw':>4} c{value.get('client')} {record.get('f')} "
+                             + ", ".join(f"{k}={v}" for k, v in value.items() if k != "client"))
                 shown += 1
             continue
         if process in ("nemesis", "note"):

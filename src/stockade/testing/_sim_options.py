@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from stockade.testing.network import NetworkOptions
@@ -44,6 +44,13 @@ class SimOptions:
     processing_max_us: int = 0
     commit_max_us: int = 0
     checkpoint_ms: int = 200
+    #: Above 0: the world is one read/write lock of this many read slots, its clients readers and writers
+    #: (`stockade.testing._sim_rwlock`, P11); 0: the plain world, clients of plain leases.
+    rwlock_readers: int = 0
+    #: In the lock's world, the share of acquisitions that are writes (percent).
+    rwlock_write_percent: int = 0
+    #: In the lock's world, the share of read holds paused (1–5 TTL) between their reads and their validation.
+    rwlock_pause_percent: int = 0
 
     @classmethod
     def swarm(cls, rng: random.Random) -> SimOptions:
@@ -90,6 +97,23 @@ class SimOptions:
             commit_max_us=maybe(rng.choice([500, 5_000])),
             checkpoint_ms=rng.choice([50, 200, 1000]),
         )
+
+    @classmethod
+    def rwlock_world(cls, seed: int) -> SimOptions:
+        """The options of seed ``seed``'s world of the read/write lock: the plain world's faults, drawn from
+        the same seed, with 2–5 clients of one lock of 1–3 read slots (drawn from a stream of their own), for
+        at most 4 s of simulated time (each of its steps costs more: most are the coordinator's).
+
+        The clocks stay within the drift margin, as K2 assumes (two clocks drift apart by at most half the
+        margin over a TTL); the world also leaves the coordinator's clock unjumped (`World`).
+        """
+        base = cls.swarm(random.Random(seed))
+        rng = random.Random(f"{seed}/rwlock")
+        cap_ppm = base.drift_margin_percent * 2_500
+        return replace(base, clients=rng.randint(2, 5), scopes=1, rwlock_readers=rng.randint(1, 3),
+                       duration_ms=min(base.duration_ms, 4_000),
+                       rwlock_write_percent=rng.choice([20, 50]), rwlock_pause_percent=rng.choice([20, 50]),
+                       drift_ppm_max=min(base.drift_ppm_max, cap_ppm))
 
     def describe(self) -> str:
         """The knobs that are on, in one line."""

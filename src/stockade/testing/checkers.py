@@ -45,6 +45,9 @@ Property by property (defined in docs/rules.md):
   `stockade.testing.lock_delay`.
 - **P10** a semaphore never has more holders at once than slots, and each
   slot's tokens rise, judged on the same log: `stockade.testing.semaphore_slots`.
+- **P11** a read/write lock: no writer's hold overlaps another writer's or a
+  reader's (on the same log), no reader's validation passes after a newer
+  writer checked in, writer tokens rise: `stockade.testing.rwlock_holds`.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from stockade.testing._verdict import CheckResult, Violation
 from stockade.testing._verdict import violation as _violation
 from stockade.testing.history import AuditEntry, Op, normalize_audit, pair
 from stockade.testing.lock_delay import check_lock_delay
+from stockade.testing.rwlock_holds import check_rwlock
 from stockade.testing.semaphore_slots import check_semaphore
 
 __all__ = [
@@ -443,9 +447,11 @@ def check(
     issued: Iterable[Any] | None = None,
     cluster: str | None = None,
     semaphore_slots: int | None = None,
+    semaphore_scopes: Iterable[Any] | None = None,
+    rwlock_scope: str | None = None,
 ) -> CheckResult:
-    """Run P1–P7 and P9 over a history (and the audit trail and issue log when given), and P10 when the
-    history's leases are the holders of one semaphore.
+    """Run P1–P7 and P9 over a history (and the audit trail and issue log when given), P10 when the
+    history's leases are the holders of one semaphore, and P11 when they are a read/write lock's.
 
     Args:
         records: history records (dicts in the JSON-lines form).
@@ -454,6 +460,9 @@ def check(
         cluster: the coordinator cluster id the resource trusts (P3).
         semaphore_slots: every lease of the history is a holder of one semaphore of this many slots
             (P10, `stockade.testing.semaphore_slots`); None: no semaphore.
+        semaphore_scopes: the semaphore's slots are the leases of these scopes only (None: of every scope).
+        rwlock_scope: the gate scope of a read/write lock whose clients wrote ``rwlock`` records (P11,
+            `stockade.testing.rwlock_holds`); None: no such lock.
 
     Returns:
         A `CheckResult`; linear (n log n) in the size of the inputs.
@@ -471,6 +480,9 @@ def check(
     violations += check_contiguity(ops, trail)
     violations += check_lock_delay(records, ops)
     if semaphore_slots is not None:
-        violations += check_semaphore(records, semaphore_slots)
+        scopes = set(semaphore_scopes) if semaphore_scopes is not None else None
+        violations += check_semaphore(records, semaphore_slots, scopes)
+    if rwlock_scope is not None:
+        violations += check_rwlock(records, rwlock_scope, audit=trail, ops=ops)
     return CheckResult(violations, figures(ops))
 

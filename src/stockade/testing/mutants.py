@@ -28,6 +28,12 @@ Coordinator-side controls work over the lease engine's seams:
   it admits (the simulator's clients acquire on one scope more than the
   semaphore's slots). P10 catches it (`stockade.testing.semaphore_slots`);
   tests/test_semaphore.py has its real-process twin.
+- ``rwlock-skip-drain`` (`skip_drain`): a read/write lock whose writers do not drain the read slots
+  (``AsyncReadWriteLock._drain`` does nothing): a writer gets in while readers hold their slots. P11
+  catches it (`stockade.testing.rwlock_holds`); tests/test_rwlock.py has its real-process twin.
+- ``rwlock-silent-writer`` (`silent_writer`): a read/write lock whose writers skip their check-in at
+  ``WRITER_KEY``: a reader paused past its slot's lease validates its read as good after a newer writer
+  got in. P11 catches it; tests/test_rwlock.py has its real-process twin.
 - ``etcd-lock-delay-off`` (`lock_delay_off`): replaces a client port's C5
   decision (``lock_delay_end_ns``, the etcd port's) with one that never waits:
   the next grant after a lapse comes at once. The coordinator suite's
@@ -64,6 +70,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from stockade.client._async.rwlock import WRITER_KEY as _WRITER_KEY
 from stockade.core import leases as rules
 from stockade.core.engine import RecordStore, RecordTx
 from stockade.core.errors import InvalidArgument, LockTimeout
@@ -95,6 +102,8 @@ __all__ = [
     "wait_outlives_cancel",
     "contenders_reversed",
     "contenders_by_name",
+    "skip_drain",
+    "silent_writer",
     "simulated",
     "Seam",
     "Mutant",
@@ -381,6 +390,44 @@ def wait_outlives_cancel(port: Any) -> Any:
     return port
 
 
+def skip_drain(rwlock: Any) -> Any:
+    """Break a read/write lock (`stockade.ReadWriteLock` or its async twin) in place: its writers take the
+    gate and check in without waiting for the read slots to be free. Returns it."""
+    if asyncio.iscoroutinefunction(rwlock._drain):
+        async def no_drain_async(*arguments: Any) -> None:
+            return None
+
+        rwlock._drain = no_drain_async
+        return rwlock
+
+    def no_drain(*arguments: Any) -> None:
+        return None
+
+    rwlock._drain = no_drain
+    return rwlock
+
+
+def silent_writer(rwlock: Any) -> Any:
+    """Break a read/write lock in place: its writers do not check in (readers' `validate` cannot see them).
+    Returns it."""
+    check_in = rwlock._check_in
+
+    if asyncio.iscoroutinefunction(check_in):
+        async def silent_async(key: str, gate: Any, holder: str) -> None:
+            if key != _WRITER_KEY:
+                await check_in(key, gate, holder)
+
+        rwlock._check_in = silent_async
+        return rwlock
+
+    def silent(key: str, gate: Any, holder: str) -> None:
+        if key != _WRITER_KEY:
+            check_in(key, gate, holder)
+
+    rwlock._check_in = silent
+    return rwlock
+
+
 def _misordered(port: Any, order: Callable[[list[Any]], list[Any]]) -> Any:
     """Break a client port's ``contenders`` in place: the holder stays first, the waiters come in ``order``."""
     contenders = port.contenders
@@ -436,11 +483,16 @@ class Seam(enum.Enum):
     PORT_WAIT = "a client port's wait until granted (acquire with wait_ms=None)"
     PORT_CONTENDERS = "a client port's contenders listing (its serving order, C4)"
     SEMAPHORE_SLOTS = "a semaphore's slots (Semaphore.scope_of: the scopes its holders take)"
+    RWLOCK_DRAIN = "a read/write lock's writer drain (ReadWriteLock._drain: every read slot free once)"
+    RWLOCK_CHECK_IN = "a read/write lock's writer check-in (ReadWriteLock._check_in at WRITER_KEY)"
 
 
 #: Seams of a backend's own client port, which the simulator does not model: their controls run
 #: against the real backend only (the simulator's coordinator is the lease engine).
 PORT_SEAMS = frozenset({Seam.PORT_LOCK_DELAY, Seam.PORT_WAIT, Seam.PORT_CONTENDERS})
+#: Seams of the read/write lock: their controls run in the simulator's world of the lock, and only there (the
+#: other controls run in the plain world only, so their seeds and costs stay those of P1–P10).
+RWLOCK_SEAMS = frozenset({Seam.RWLOCK_DRAIN, Seam.RWLOCK_CHECK_IN})
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,6 +540,10 @@ MUTANTS: dict[str, Mutant] = {
                                          Seam.RECORD_STORE, wrap=ForgetsLockDelays, caught_by="P9"),
     "semaphore-extra-slot": Mutant("a semaphore's holders take one slot more than it admits (its slots miscounted)",
                                    Seam.SEMAPHORE_SLOTS, caught_by="P10"),
+    "rwlock-skip-drain": Mutant("a read/write lock's writers do not wait for the read slots to be free (no drain)",
+                                Seam.RWLOCK_DRAIN, wrap=skip_drain, caught_by="P11"),
+    "rwlock-silent-writer": Mutant("a read/write lock's writers skip their check-in (validate cannot see them)",
+                                   Seam.RWLOCK_CHECK_IN, wrap=silent_writer, caught_by="P11"),
     "etcd-lock-delay-off": Mutant("the etcd port grants at once after a lapse (no lock-delay)", Seam.PORT_LOCK_DELAY,
                                   rule=no_lock_delay, wrap=lock_delay_off,
                                   caught_by="C5, the coordinator suite's lock-delay tests on a real etcd"),

@@ -18,6 +18,12 @@ contents, and the checkers judge the history: P1–P7, P9 and P10 (`checkers.che
 the world's scopes are the slots of one semaphore) and fenced-register
 linearizability (`linearizability.check_linearizable`).
 
+Each seed runs two worlds with the same drawn faults: the plain one above, and
+the world of one read/write lock (`SimOptions.rwlock_world`), whose clients
+take the lock as readers and writers (`_sim_rwlock`), judged by the same
+checkers and P11 (`stockade.testing.rwlock_holds`); P10 there counts the
+lock's read slots.
+
 The processes live in `_sim_coordinator`, `_sim_nodes` (the resource) and
 `_sim_client`; the knobs in `_sim_options`; the narrated trace in
 `_sim_narrate`. The controls come from the one registry,
@@ -45,11 +51,12 @@ from stockade.testing._sim_coordinator import Coordinator
 from stockade.testing._sim_narrate import narrate
 from stockade.testing._sim_nodes import Node, Resource
 from stockade.testing._sim_options import SimOptions
+from stockade.testing._sim_rwlock import GATE, READER_KEY, WRITER_KEY, RwClient, slot_scopes
 from stockade.testing.checkers import CheckResult, Violation, check
 from stockade.testing.clock import SimClock, SimTime
 from stockade.testing.history import History
 from stockade.testing.linearizability import check_linearizable
-from stockade.testing.mutants import MUTANTS, PORT_SEAMS, Seam, simulated
+from stockade.testing.mutants import MUTANTS, PORT_SEAMS, RWLOCK_SEAMS, Seam, simulated
 from stockade.testing.mutants import mutant as find_mutant
 from stockade.testing.network import SimNetwork
 
@@ -115,13 +122,24 @@ class World:
         extra = 1 if found is not None and found.seam is Seam.SEMAPHORE_SLOTS else 0
         self.scopes = [f"s{i}" for i in range(o.scopes + extra)]
         self.keys = [f"k{i}" for i in range(o.keys)]
+        #: The world of one read/write lock (P11): its data and check-ins in the gate scope; P10 counts its
+        #: read slots (the readers' scopes: one more under a control that miscounts them).
+        self.rwlock_scope: str | None = None
+        self.semaphore_scopes: list[str] | None = None
+        if o.rwlock_readers:
+            self.rwlock_scope = GATE
+            self.semaphore_slots = o.rwlock_readers
+            self.semaphore_scopes = slot_scopes(o.rwlock_readers + extra)
+            self.scopes = [GATE]
+            self.keys += [READER_KEY, WRITER_KEY]
         self.cluster = new_cluster_id(self.rng)
         self.network = SimNetwork(self.rng_for("network"), o.network, manual=manual_network)
         self.nemesis_rng = self.rng_for("nemesis")
         self.coordinator = Coordinator(self, self._new_clock(), cluster=self.cluster,
                                        policy=LeasePolicy(lock_delay_ms=o.lock_delay_ms))
         self.resource = Resource(self, self._new_clock(), cluster=self.cluster)
-        self.clients = [Client(self, i, self._new_clock(), autopilot=autopilot) for i in range(o.clients)]
+        kind = RwClient if o.rwlock_readers else Client
+        self.clients = [kind(self, i, self._new_clock(), autopilot=autopilot) for i in range(o.clients)]
         self.nodes: dict[str, Node] = {"coordinator": self.coordinator, "resource": self.resource}
         self.nodes.update((c.name, c) for c in self.clients)
         self._held = 0
@@ -336,7 +354,7 @@ class World:
             return
         index = self.nemesis_rng.randrange(len(resource.backups))
         # The operator reads the coordinator's latest issued tokens: the fence floor (R4).
-        floors = {s: r.last_token for s, r in self.coordinator.durable.items()}
+        floors = {s: r.last_token for s, r in self.coordinator.durable.items() if s in self.scopes}
         report = resource.restore(index, floors)
         self.history.nemesis(self.time.now_ns, "restore", value=report)
 
@@ -347,7 +365,10 @@ class World:
 
     def _do_clock_jump(self) -> None:
         rng = self.nemesis_rng
-        node = rng.choice(list(self.nodes.values()))
+        # The lock's world keeps K2's assumption: the coordinator's clock is not jumped (its leases would
+        # end early against every client's local deadline); the clients' clocks are.
+        nodes = [n for n in self.nodes.values() if not (self.rwlock_scope and n is self.coordinator)]
+        node = rng.choice(nodes)
         delta = rng.randint(1, 2 * self.options.ttl_ms) * _MS
         node.clock.jump(delta)
         self.history.nemesis(self.time.now_ns, "clock-jump", value={"process": node.name, "ms": delta // _MS})
@@ -372,7 +393,8 @@ class World:
 
     def check(self) -> CheckResult:
         return check(self.history.records, audit=self.audit, issued=self.issued, cluster=self.cluster,
-                     semaphore_slots=self.semaphore_slots)
+                     semaphore_slots=self.semaphore_slots, semaphore_scopes=self.semaphore_scopes,
+                     rwlock_scope=self.rwlock_scope)
 
 
 # --- running seeds ------------------------------------------------------------------------------
@@ -395,6 +417,10 @@ class RunResult:
     audit: list[tuple[str, int, str, int]]
     issued: list[tuple[str, int]]
     figures: dict[str, Any]
+    #: Which world the history, options and violations are of: "plain" or "rwlock" (the read/write lock's).
+    world: str = "plain"
+    #: Steps per world run for the seed (the size figures above add up every world).
+    steps_by_world: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -403,12 +429,36 @@ class RunResult:
 
 def run_seed(seed: int, *, mutant: str | None = None, options: SimOptions | None = None,
              linearizability: bool = True) -> RunResult:
-    """Simulate one seed and judge its history with every checker."""
-    world = World(seed, options, mutant=mutant)
+    """Simulate one seed and judge its histories with every checker.
+
+    Without a control, the seed runs the plain world, then (unless it failed, or ``options`` are given) the
+    world of the read/write lock with the same seed's faults (`SimOptions.rwlock_world`). A control runs in
+    the world of its seam: the lock's (`RWLOCK_SEAMS`) or the plain one.
+
+    Returns:
+        The plain world's result when it has violations (or is the only one run), else the lock world's;
+        its size figures add up the worlds run, ``steps_by_world`` tells them apart.
+    """
+    found = find_mutant(mutant)
+    if found is not None and found.seam in RWLOCK_SEAMS:
+        return _run_world(World(seed, options or SimOptions.rwlock_world(seed), mutant=mutant), linearizability)
+    result = _run_world(World(seed, options, mutant=mutant), linearizability)
+    if options is not None or found is not None or result.violations:
+        return result
+    rw = _run_world(World(seed, SimOptions.rwlock_world(seed)), linearizability)
+    chosen = rw if rw.violations else result
+    chosen.steps_by_world = {"plain": result.steps, "rwlock": rw.steps}
+    chosen.steps, chosen.simulated_ns = result.steps + rw.steps, result.simulated_ns + rw.simulated_ns
+    chosen.lease_ns, chosen.operations = result.lease_ns + rw.lease_ns, result.operations + rw.operations
+    chosen.undecided = result.undecided + rw.undecided
+    return chosen
+
+
+def _run_world(world: World, linearizability: bool) -> RunResult:
     world.run()
+    seed, mutant = world.seed, world.mutant
     records = world.history.records
-    verdict = check(records, audit=world.audit, issued=world.issued, cluster=world.cluster,
-                    semaphore_slots=world.semaphore_slots)
+    verdict = world.check()
     violations = list(verdict.violations)
     undecided: list[str] = []
     if linearizability:
@@ -429,6 +479,8 @@ def run_seed(seed: int, *, mutant: str | None = None, options: SimOptions | None
         audit=world.audit,
         issued=world.issued,
         figures=verdict.figures,
+        world="rwlock" if world.rwlock_scope else "plain",
+        steps_by_world={"rwlock" if world.rwlock_scope else "plain": world.steps},
     )
 
 
