@@ -86,6 +86,12 @@ RAW_BYTES_MAX = 64 * 1024  # unparsed bytes kept while a handler runs; then read
 
 _log = logging.getLogger("stockade.server")
 
+# The lowercase names of the headers clients send, by their bytes as sent: found, not decoded, per request.
+_HEADER_NAMES = {spelling.encode("latin-1"): spelling.lower() for name in (
+    "Host", "User-Agent", "Accept", "Accept-Encoding", "Connection", "Content-Type", "Content-Length",
+    "Authorization", "Transfer-Encoding", "Cookie", "Origin", "Idempotency-Key",
+) for spelling in (name, name.lower())}
+
 _REASONS = {
     200: "OK", 204: "No Content", 303: "See Other", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
     404: "Not Found",
@@ -442,7 +448,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._header_bytes > HEADER_BYTES_MAX or len(self._headers) >= HEADERS_MAX:
             raise HttpError(431, "limit-exceeded",
                             f"at most {HEADERS_MAX} headers and {HEADER_BYTES_MAX} bytes of them")
-        key = name.decode("latin-1").lower()
+        key = _HEADER_NAMES.get(name) or name.decode("latin-1").lower()
         if key in self._headers:
             self._repeated.add(key)
         self._headers[key] = value.decode("latin-1")
