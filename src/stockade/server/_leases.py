@@ -178,6 +178,10 @@ class LeaseService:
                 _log.debug("lease %s… on %r expired", lease_hint(old_lease.lease_id), new.scope,
                            extra={"scope": new.scope, "lease": lease_hint(old_lease.lease_id),
                                   "token_value": old_lease.token.value})
+            if not old.waiters and not new.waiters:
+                # The usual change: durable as it is, and a change (the table hands over only what changed).
+                self._write = self.committer.submit((old, new))
+                continue
             durable_old, durable_new = _durable(old), _durable(new)
             if durable_old != durable_new:
                 self._write = self.committer.submit((durable_old, durable_new))
@@ -250,7 +254,10 @@ class LeaseService:
     async def _deliver(self, lease: Lease, write: asyncio.Future[Any] | None) -> Lease:
         """Answer a grant only once it is durable; withdraw it if that fails or the client is gone."""
         try:
-            await self._wait_durable(write)
+            if write is not None:  # `_wait_durable`, written out: every grant passes here
+                error = await self.committer.reply(write)  # cancelled by a disconnect: the write goes on
+                if isinstance(error, StockadeError):
+                    raise error
         except asyncio.CancelledError:
             self._release_quietly(lease.lease_id)
             raise
