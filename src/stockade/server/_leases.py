@@ -96,7 +96,7 @@ class LeaseService:
         self.loop = loop
         self.scopes_max = scopes_max
         self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self.file.commit_records, loop)
-        self.table = MemoryRecords(scopes_max=scopes_max, on_commit=self._on_commit)
+        self.table = MemoryRecords(scopes_max=scopes_max, on_commit=self._on_commit, journal=False)
         self.signer = coordinator.signer
         self.engine = LeaseEngine(self.table, cluster_id=self.cluster_id, clock=clock, policy=self.policy,
                                   signer=self.signer)
@@ -133,7 +133,8 @@ class LeaseService:
         epoch_floor, forgotten_floor = self.file.token_floor_now()
         self.table = MemoryRecords(self.file.records(), scopes_max=self.scopes_max, on_commit=self._on_commit,
                                    epoch_floor=epoch_floor, forgotten_floor=forgotten_floor,
-                                   wall_ns=time.time_ns if self.file.epochs else None)
+                                   wall_ns=time.time_ns if self.file.epochs else None,
+                                   journal=False)  # the file journals what it commits; history is read there
         self.engine = LeaseEngine(self.table, cluster_id=self.cluster_id, clock=self.clock, policy=self.policy,
                                   signer=self.signer)
         self._loading = []
