@@ -237,8 +237,8 @@ def test_the_server_answers_history_from_its_file_across_a_restart(tmp_path: Pat
 def test_records_without_a_journal_keep_no_events_and_say_so(journal: bool):
     """`stockade serve`'s table keeps no journal in memory (its file journals what it commits, and history is read
     there, test above); memory:// records keep theirs (the control: the same grant and release are journaled)."""
-    from stockade.coordinators.memory import MemoryRecords
     from stockade.clock import SystemClock
+    from stockade.coordinators.memory import MemoryRecords
     from stockade.core.engine import LeaseEngine
 
     records = MemoryRecords(journal=journal)
