@@ -255,10 +255,7 @@ class LeaseService:
     async def _deliver(self, lease: Lease, write: asyncio.Future[Any] | None) -> Lease:
         """Answer a grant only once it is durable; withdraw it if that fails or the client is gone."""
         try:
-            if write is not None:  # `_wait_durable`, written out: every grant passes here
-                error = await self.committer.reply(write)  # cancelled by a disconnect: the write goes on
-                if isinstance(error, StockadeError):
-                    raise error
+            await self._wait_durable(write)  # the seam the fault tests' ack-before-commit control replaces
         except asyncio.CancelledError:
             self._release_quietly(lease.lease_id)
             raise
