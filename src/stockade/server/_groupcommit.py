@@ -3,8 +3,8 @@
 One writer thread per database file owns that file's write connection. The
 event loop hands it operations (`GroupCommitter.submit`); the thread takes
 every operation queued so far, runs them as one batch (one ``BEGIN IMMEDIATE``
-… ``COMMIT``, a SAVEPOINT per operation, in the engines' ``commit_records`` /
-``apply_batch``), and only after the COMMIT has returned (the file is in WAL
+… ``COMMIT``, in the engines' ``commit_records`` / ``apply_batch``; a failed
+operation takes only its own slot), and only after the COMMIT has returned (the file is in WAL
 mode with ``synchronous=FULL``, so the commit is on disk) resolves the
 operations' futures on the loop. A handler answers only after its future
 resolved: nothing is acknowledged before its fsync.
