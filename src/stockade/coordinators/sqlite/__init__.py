@@ -614,17 +614,20 @@ class SQLiteRecords(Journaled):
         commit): the server commits every lone change here, on its event loop.
         """
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error:
-            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
-        try:
-            store_record(conn, old, new)
-        except (StockadeError, sqlite3.Error) as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                return [BackendUnavailable(f"coordinator write failed: {exc}", certain_no_effect=True)]
-            return [exc]
+            # Inside the try, as in `_write`: an interrupt raised as BEGIN returns must not leave the
+            # transaction, and the file's write lock, open on this connection.
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error:
+                self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
+            try:
+                store_record(conn, old, new)
+            except (StockadeError, sqlite3.Error) as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    return [BackendUnavailable(f"coordinator write failed: {exc}", certain_no_effect=True)]
+                return [exc]
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
