@@ -226,3 +226,14 @@ def test_bad_requests_cannot_exist(kwargs):
     with pytest.raises(InvalidArgument):
         L.AcquireRequest(cluster=CLUSTER, lease_id=lid if len(lid) < 16 and lid == "short" else lid.ljust(16, "x"),
                          wait_deadline_ns=0, **args)
+
+
+def test_the_records_built_field_by_field_name_every_field():
+    """`grant` and `release` build a `ScopeRecord` positionally (not with `dataclasses.replace`, for speed): a field
+    added to it must be added there too, and this fails until it is."""
+    import dataclasses
+
+    from stockade.core.leases import ScopeRecord
+
+    built = ("scope", "last_token", "lease", "delay_until_ns", "waiters")
+    assert tuple(f.name for f in dataclasses.fields(ScopeRecord)) == built

@@ -231,3 +231,23 @@ def test_the_server_answers_history_from_its_file_across_a_restart(tmp_path: Pat
     coord = stockade.connect(again.url)
     assert coord.history("web") == events
     coord.close()
+
+
+@pytest.mark.parametrize("journal", [False, True], ids=["serve-table", "memory-control"])
+def test_records_without_a_journal_keep_no_events_and_say_so(journal: bool):
+    """`stockade serve`'s table keeps no journal in memory (its file journals what it commits, and history is read
+    there, test above); memory:// records keep theirs (the control: the same grant and release are journaled)."""
+    from stockade.clock import SystemClock
+    from stockade.coordinators.memory import MemoryRecords
+    from stockade.core.engine import LeaseEngine
+
+    records = MemoryRecords(journal=journal)
+    engine = LeaseEngine(records, cluster_id="0123456789abcdef", clock=SystemClock())
+    granted = engine.try_acquire("s", lease_id=new_lease_id(), holder="h", ttl_ms=10_000, wait_deadline_ns=0)
+    engine.release(granted.lease.lease_id)
+    if journal:
+        assert [e.kind for e in records.history("s", 10)] == ["grant", "release"]
+    else:
+        assert records.journal is None
+        with pytest.raises(InvalidArgument, match="coordinator file"):
+            records.history("s", 10)

@@ -171,3 +171,61 @@ def test_the_fence_on_your_sqlite_file(tmp_path: Path, interrupting: Any, monkey
     what = "SQLite fence (control)" if control else "SQLite fence"
     print(f"\n{what}: write lock free after an interrupted BEGIN {free} of {tried}")
     assert (free, tried) == ((0, 1) if control else (ROUNDS, ROUNDS))
+
+
+def _old_commit_one_locked(self: coord_sqlite.SQLiteRecords, conn: sqlite3.Connection, old: Any, new: Any) -> Any:
+    """The server's lone commit with BEGIN before the ``try`` that rolls back (the old shape)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        coord_sqlite.store_record(conn, old, new)
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return [None]
+
+
+@pytest.mark.parametrize("batch", [1, 3], ids=["lone", "batch"])
+@pytest.mark.parametrize("control", [False, True], ids=["fixed", "control"])
+def test_the_servers_commits(tmp_path: Path, interrupting: Any, monkeypatch: pytest.MonkeyPatch, control: bool,
+                             batch: int) -> None:
+    """`stockade serve`'s group commit (`SQLiteRecords.commit_records`): a lone change's written-out transaction
+    and a batch's, interrupted as BEGIN returns, leave the file's write lock free and commit the next time."""
+    from stockade.core.leases import AcquireRequest, LeasePolicy, ScopeRecord, acquire
+
+    if control:
+        if batch > 1:
+            from contextlib import contextmanager
+            monkeypatch.setattr(coord_sqlite.SQLiteRecords, "_write", contextmanager(_old_write))
+        else:
+            monkeypatch.setattr(coord_sqlite.SQLiteRecords, "_commit_one_locked", _old_commit_one_locked)
+    path = tmp_path / "coord.db"
+    records = coord_sqlite.SQLiteRecords(path, exclusive=True)
+    interrupting()  # the server's own connection interrupts; the others are plain
+    cluster = records.cluster_id
+
+    def changes(n: int) -> list[Any]:
+        out = []
+        for i in range(batch):
+            scope = f"s{n}-{i}"
+            request = AcquireRequest(cluster=cluster, scope=scope, lease_id=coord_sqlite.new_lease_id(), holder="h",
+                                     ttl_ms=1_000, wait_deadline_ns=0)
+            out.append((ScopeRecord(scope), acquire(ScopeRecord(scope), request, 0, LeasePolicy())[0]))
+        return out
+
+    free = tried = 0
+    try:
+        for n in range(ROUNDS):
+            _interrupted(lambda n=n: records.commit_records(changes(n)))
+            free += _write_lock_free(path)
+            tried += 1
+            if control:
+                break
+            assert records.commit_records(changes(n)) == [None] * batch  # the same connection goes on
+    finally:
+        if not control:
+            records.close()
+    print(f"\nserver's {'lone' if batch == 1 else 'batch'} commit{' (control)' if control else ''}: write lock free "
+          f"after an interrupted BEGIN {free} of {tried}")
+    assert (free, tried) == ((0, 1) if control else (ROUNDS, ROUNDS))

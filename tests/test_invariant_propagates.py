@@ -124,3 +124,38 @@ def test_keepalive_retries_an_operating_error(client, tmp_path):
     assert lease.lost_cause.startswith("local deadline")
     client.run(lease.release())
     _close(client, coord)
+
+
+@pytest.mark.parametrize("failing", [None, "b"], ids=["all-good", "one-fails"])
+def test_coordinator_batch_uses_savepoints_only_when_a_change_fails(tmp_path, monkeypatch, failing):
+    """A batch is written without savepoints; when a change fails (an operating error: its slot), that attempt is
+    rolled back and the batch written again with a SAVEPOINT per change, so the others still commit (the control)."""
+    from stockade.coordinators.sqlite import _rows
+
+    engine = SQLiteCoordinator(tmp_path / "coord.db")
+    changes = []
+    for scope in ("a", "b", "c"):
+        request = AcquireRequest(cluster=engine.cluster_id, scope=scope, lease_id=new_lease_id(), holder="me",
+                                 ttl_ms=100, wait_deadline_ns=0)
+        changes.append((ScopeRecord(scope), acquire(ScopeRecord(scope), request, 0, LeasePolicy())[0]))
+    store_record = _rows.store_record
+
+    def failing_store(conn, old, new):  # type: ignore[no-untyped-def]
+        store_record(conn, old, new)
+        if old.scope == failing:
+            raise BackendUnavailable("disk trouble")
+
+    monkeypatch.setattr("stockade.coordinators.sqlite.store_record", failing_store)
+    statements: list[str] = []
+    engine.records._conn.set_trace_callback(statements.append)
+    results = engine.records.commit_records(changes)
+    engine.records._conn.set_trace_callback(None)
+    savepoints = sum(s.startswith("SAVEPOINT") for s in statements)
+    if failing is None:
+        assert results == [None, None, None] and savepoints == 0
+        assert [engine.last_issued(s) > 0 for s in "abc"] == [True, True, True]
+    else:
+        assert results[0] is None and isinstance(results[1], BackendUnavailable) and results[2] is None
+        assert savepoints == 3 and statements.count("ROLLBACK") == 1  # the first attempt, undone
+        assert [engine.last_issued(s) > 0 for s in "abc"] == [True, False, True]
+    engine.close()

@@ -160,6 +160,23 @@ def test_token_encoding_round_trips_and_the_mac_is_not_identity():
     assert ring.verify(FencingToken.decode(encoded.replace(".42.", ".43.")), 0) == "bad-mac"
 
 
+@pytest.mark.parametrize("secret_bytes", [SECRET_BYTES, 64, 65, 100])
+def test_keyring_mac_is_hmac_sha256_of_the_documented_message(secret_bytes):
+    """The keyring's MAC (hashes with the key's pads absorbed, copied per token) is the one-shot HMAC's,
+    for the keys a keyring holds and for secrets longer than SHA-256's block (hashed first, RFC 2104)."""
+    from stockade.core.signing import _mac_with, _pads, mac_of
+
+    ring = Keyring("0123456789abcdef", [SigningKey("0a0b0c0d", secrets.token_bytes(SECRET_BYTES))])
+    key = ring.current
+    for value, scope in itertools.product((1, 42, TOKEN_VALUE_MAX), ("s", "a.b:c", "x" * 200)):
+        signed = ring.sign(FencingToken("0123456789abcdef", scope, value))
+        assert signed.mac == mac_of(key.secret, key.kid, "0123456789abcdef", value, scope)
+        assert ring.verify(signed, 0) is None
+    secret = secrets.token_bytes(secret_bytes)
+    assert _mac_with(_pads(secret), "0a0b0c0d", "c", 7, "s") == mac_of(secret, "0a0b0c0d", "c", 7, "s")
+    assert _mac_with(_pads(secret), "0a0b0c0d", "c", 7, "s") != mac_of(secret, "0a0b0c0d", "c", 8, "s")  # control
+
+
 def test_signing_and_verifying_cost_per_write():
     ring = Keyring("0123456789abcdef", [SigningKey("0a0b0c0d", secrets.token_bytes(SECRET_BYTES))])
     token = FencingToken("0123456789abcdef", "reports", 386314749534535681)

@@ -29,6 +29,13 @@ class Counter:
                 key = tuple("_overflow" for _ in self.labels)
             self._values[key] = self._values.get(key, 0.0) + amount
 
+    def inc_series(self, key: tuple[str, ...], amount: float = 1.0) -> None:
+        """`inc` of the label set whose values, in label order, are ``key`` (a hot path keeps its key)."""
+        with self._lock:
+            if key not in self._values and len(self._values) >= LABEL_SETS_MAX:
+                key = tuple("_overflow" for _ in self.labels)
+            self._values[key] = self._values.get(key, 0.0) + amount
+
     def value(self, **labels: str) -> float:
         key = tuple(str(labels.get(name, "")) for name in self.labels)
         with self._lock:

@@ -308,7 +308,7 @@ class LeaseEngine:
                 new, outcome = self._acquire(tx, record, request, now_ns)
             tx.save(record, new)
         if isinstance(outcome, Granted):
-            outcome = replace(outcome, lease=self._signed(outcome.lease))
+            outcome = Granted(self._signed(outcome.lease))
         return outcome
 
     def _acquire(

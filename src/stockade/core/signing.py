@@ -25,7 +25,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.tokens import FencingToken, validate_cluster_id
@@ -88,6 +88,32 @@ def mac_of(secret: bytes, kid: str, cluster: str, value: int, scope: str) -> str
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
+_BLOCK_BYTES = 64  # SHA-256's block
+_INNER_PAD = bytes(x ^ 0x36 for x in range(256))
+_OUTER_PAD = bytes(x ^ 0x5C for x in range(256))
+
+
+def _pads(secret: bytes) -> tuple[Any, Any]:
+    """HMAC-SHA256's inner and outer hashes with ``secret``'s pads already absorbed (RFC 2104, section 2).
+
+    `_mac_with` copies them for each MAC: the same MAC as `mac_of`, about 1 us
+    instead of 7 here (the one-shot ``hmac.digest`` sets up OpenSSL's HMAC,
+    digest lookup included, on every call).
+    """
+    if len(secret) > _BLOCK_BYTES:
+        secret = hashlib.sha256(secret).digest()
+    key = secret.ljust(_BLOCK_BYTES, b"\0")
+    return hashlib.sha256(key.translate(_INNER_PAD)), hashlib.sha256(key.translate(_OUTER_PAD))
+
+
+def _mac_with(pads: tuple[Any, Any], kid: str, cluster: str, value: int, scope: str) -> str:
+    """`mac_of` under the key whose `_pads` these are."""
+    inner, outer = pads[0].copy(), pads[1].copy()
+    inner.update(f"stk2\0{kid}\0{cluster}\0{value}\0{scope}".encode("ascii"))
+    outer.update(inner.digest())
+    return base64.urlsafe_b64encode(outer.digest()[:MAC_BYTES]).rstrip(b"=").decode("ascii")
+
+
 class Keyring:
     """The keys of one coordinator cluster: the current one signs, all unexpired ones verify.
 
@@ -99,7 +125,7 @@ class Keyring:
         InvalidArgument: no current key, several, or duplicate key ids.
     """
 
-    __slots__ = ("cluster_id", "keys", "current", "_by_kid")
+    __slots__ = ("cluster_id", "keys", "current", "_by_kid", "_pads")
 
     def __init__(self, cluster_id: str, keys: Iterable[SigningKey]) -> None:
         self.cluster_id = validate_cluster_id(cluster_id, "cluster_id")
@@ -111,6 +137,7 @@ class Keyring:
         if len(current) != 1:
             raise InvalidArgument("keys", f"a keyring has exactly one current key, got {len(current)}")
         self.current = current[0]
+        self._pads = {key.kid: _pads(key.secret) for key in self.keys}
 
     def __repr__(self) -> str:
         return f"Keyring(cluster_id={self.cluster_id!r}, kids={[k.kid for k in self.keys]!r})"
@@ -126,9 +153,9 @@ class Keyring:
         """
         if token.cluster != self.cluster_id:
             raise InvalidArgument("token", "belongs to another cluster than this keyring")
-        key = self.current
-        mac = mac_of(key.secret, key.kid, token.cluster, token.value, token.scope)
-        return FencingToken(token.cluster, token.scope, token.value, key.kid, mac)
+        kid = self.current.kid
+        mac = _mac_with(self._pads[kid], kid, token.cluster, token.value, token.scope)
+        return FencingToken(token.cluster, token.scope, token.value, kid, mac)
 
     def verify(self, token: FencingToken, now_s: float) -> str | None:
         """None when ``token`` carries a right MAC by a key still valid at ``now_s``; else why not.
@@ -144,7 +171,7 @@ class Keyring:
             return "unknown-key"
         if key.verify_until_s is not None and now_s >= key.verify_until_s:
             return "retired-key"
-        expected = mac_of(key.secret, key.kid, token.cluster, token.value, token.scope)
+        expected = _mac_with(self._pads[key.kid], key.kid, token.cluster, token.value, token.scope)
         if not hmac.compare_digest(expected, token.mac):
             return "bad-mac"
         return None

@@ -3,8 +3,8 @@
 One writer thread per database file owns that file's write connection. The
 event loop hands it operations (`GroupCommitter.submit`); the thread takes
 every operation queued so far, runs them as one batch (one ``BEGIN IMMEDIATE``
-… ``COMMIT``, a SAVEPOINT per operation, in the engines' ``commit_records`` /
-``apply_batch``), and only after the COMMIT has returned (the file is in WAL
+… ``COMMIT``, in the engines' ``commit_records`` / ``apply_batch``; a failed
+operation takes only its own slot), and only after the COMMIT has returned (the file is in WAL
 mode with ``synchronous=FULL``, so the commit is on disk) resolves the
 operations' futures on the loop. A handler answers only after its future
 resolved: nothing is acknowledged before its fsync.
@@ -71,6 +71,7 @@ class GroupCommitter(Generic[Op]):
                  loop: asyncio.AbstractEventLoop, *, inline: bool = True,
                  try_batch: Callable[[Sequence[Op]], Sequence[Any] | None] | None = None) -> None:
         self.name = name
+        self._series = (name,)  # its label set in the commit counters
         self.inline = inline
         # Commits a batch only if that needs no waiting on a lock, else returns None (nothing done).
         self.try_batch = try_batch
@@ -99,7 +100,6 @@ class GroupCommitter(Generic[Op]):
     def submit(self, op: Op) -> asyncio.Future[Any]:
         """Queue ``op``; the future resolves (on the loop) once its batch is durable."""
         future: asyncio.Future[Any] = self._loop.create_future()
-        future.add_done_callback(_retrieve)
         self._last = future
         if self.inline and not self._in_thread:
             gathering = self._gathering
@@ -171,8 +171,8 @@ class GroupCommitter(Generic[Op]):
         COMMIT_SECONDS.observe(time.monotonic() - started, self.name)
         self.batches += 1
         self.ops += len(batch)
-        _BATCHES.inc(file=self.name)
-        _OPS.inc(len(batch), file=self.name)
+        _BATCHES.inc_series(self._series)
+        _OPS.inc_series(self._series, len(batch))
         return results, error
 
     def barrier(self) -> asyncio.Future[Any] | None:
@@ -221,6 +221,7 @@ def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any
         if not future.done():
             if error is not None:
                 future.set_exception(error)
+                future.exception()  # retrieved: a failed batch is logged once, futures nobody awaits stay quiet
             else:
                 future.set_result(results[index])  # type: ignore[index]
         for reply in replies.pop(future, ()):
@@ -233,13 +234,10 @@ def _settle(reply: asyncio.Future[Any], future: asyncio.Future[Any]) -> None:
         return
     if future.cancelled():
         reply.cancel()
-    elif future.exception() is not None:
-        reply.set_exception(future.exception())  # type: ignore[arg-type]
+        return
+    error = future.exception()
+    if error is not None:
+        reply.set_exception(error)
     else:
         reply.set_result(future.result())
 
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    # A failed batch is logged once above; futures nobody awaits (an expiry's write) stay quiet.
-    if not future.cancelled():
-        future.exception()

@@ -86,6 +86,12 @@ RAW_BYTES_MAX = 64 * 1024  # unparsed bytes kept while a handler runs; then read
 
 _log = logging.getLogger("stockade.server")
 
+# The lowercase names of the headers clients send, by their bytes as sent: found, not decoded, per request.
+_HEADER_NAMES = {spelling.encode("latin-1"): spelling.lower() for name in (
+    "Host", "User-Agent", "Accept", "Accept-Encoding", "Connection", "Content-Type", "Content-Length",
+    "Authorization", "Transfer-Encoding", "Cookie", "Origin", "Idempotency-Key",
+) for spelling in (name, name.lower())}
+
 _REASONS = {
     200: "OK", 204: "No Content", 303: "See Other", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
     404: "Not Found",
@@ -241,6 +247,7 @@ class HttpProtocol(asyncio.Protocol):
         "_repeated", "_header_bytes", "_body", "_body_size", "_body_max", "_pending", "_current", "_closing",
         "_write_paused", "_discarding", "_discarded", "_request_started", "_header_name", "_held", "_raw",
         "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small", "peer", "credential",
+        "_path", "_query",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
@@ -270,6 +277,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._url = b""
+        self._path = "/"  # the request target's, once the headers are complete
+        self._query = ""
         self._headers: dict[str, str] = {}
         self._repeated: set[str] = set()
         self._header_bytes = 0
@@ -439,7 +448,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._header_bytes > HEADER_BYTES_MAX or len(self._headers) >= HEADERS_MAX:
             raise HttpError(431, "limit-exceeded",
                             f"at most {HEADERS_MAX} headers and {HEADER_BYTES_MAX} bytes of them")
-        key = name.decode("latin-1").lower()
+        key = _HEADER_NAMES.get(name) or name.decode("latin-1").lower()
         if key in self._headers:
             self._repeated.add(key)
         self._headers[key] = value.decode("latin-1")
@@ -449,7 +458,8 @@ class HttpProtocol(asyncio.Protocol):
             parsed = httptools.parse_url(self._url)
         except httptools.HttpParserInvalidURLError:
             raise HttpError(400, "invalid-argument", "malformed request target") from None
-        path = (parsed.path or b"/").decode("latin-1")
+        path = self._path = (parsed.path or b"/").decode("latin-1")
+        self._query = (parsed.query or b"").decode("latin-1")
         self._body_max = self._body_limit(path)
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self._body_max:
@@ -486,11 +496,10 @@ class HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        parsed = httptools.parse_url(self._url)
         request = Request(
             method=self._parser.get_method().decode("latin-1"),
-            raw_path=(parsed.path or b"/").decode("latin-1"),
-            query=(parsed.query or b"").decode("latin-1"),
+            raw_path=self._path,  # parsed once, when the headers were complete
+            query=self._query,
             headers=self._headers,
             repeated=self._repeated,
             body=b"".join(self._body),

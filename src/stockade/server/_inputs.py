@@ -71,6 +71,10 @@ def _number(text: str) -> int | float:
     return float(number)
 
 
+# One strict decoder for every body: ``json.loads`` with these hooks builds a decoder (and its scanner) per call.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_number)
+
+
 def json_object(request: Request, *, optional: bool) -> dict[str, Any]:
     """Parse a JSON object body strictly (no duplicate keys, no NaN/Infinity, UTF-8 only).
 
@@ -90,8 +94,7 @@ def json_object(request: Request, *, optional: bool) -> dict[str, Any]:
         raise Problem("unsupported-media-type",
                       "the body must be JSON with Content-Type: application/json (curl --json, or -H)")
     try:
-        document = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constants,
-                              parse_float=_number)
+        document = _DECODER.decode(body.decode("utf-8"))
     except InvalidArgument:
         raise
     except (ValueError, RecursionError) as exc:
@@ -114,6 +117,8 @@ def fields(document: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 def segment(raw: str, field: str) -> str:
     """Percent-decode one path segment (or query value) as strict UTF-8."""
+    if raw.isascii() and "%" not in raw:
+        return raw  # nothing to decode (a lease id, most scopes): what the decoding below returns for it
     try:
         return unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:

@@ -316,7 +316,9 @@ class App:
             raise BodyField(exc) from None
         cap_ms = WAIT_MS_MAX if self.wait_ms_cap is None else self.wait_ms_cap
         wait_ms = cap_ms if wait is None else min(wait, cap_ms)
-        if ticket is not None:
+        if ticket is None and not wait_ms:  # no wait: counted in no share (`within_share` awaits it as it is)
+            lease = await self.leases.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
+        elif ticket is not None:
             lease = await within_share(self.shares, request, wait_ms, lambda: self.tickets.acquire(
                 scope, ticket, holder=holder, ttl_ms=ttl_ms, cap_ms=wait_ms))
         else:

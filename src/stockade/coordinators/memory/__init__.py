@@ -74,6 +74,9 @@ class MemoryRecords(Journaled):
         forgotten_floor: the greatest last token of scopes forgotten before.
         wall_ns: the wall clock, when the records' tokens carry epochs (a
             scope whose counter runs out moves to a new epoch); None: no epochs.
+        journal: keep the history in memory (`MemoryJournal`). ``stockade serve``
+            turns it off: its coordinator file journals every change it commits,
+            and its history is read from there (what has committed).
 
     Thread-safe: a unit holds a lock from start to commit. Scope names are kept
     in the order they last changed, so the least recently changed come first
@@ -89,6 +92,7 @@ class MemoryRecords(Journaled):
         epoch_floor: int = 0,
         forgotten_floor: int = 0,
         wall_ns: Callable[[], int] | None = None,
+        journal: bool = True,
     ) -> None:
         self.scopes_max = scopes_max
         self.on_commit = on_commit
@@ -100,7 +104,8 @@ class MemoryRecords(Journaled):
         self._names: list[str] = []
         self._scope_of_lease: dict[str, str] = {}
         self._lock = threading.RLock()
-        self.journal = MemoryJournal()  # the history, added to at each unit's commit (docs/history.md)
+        # The history, added to at each unit's commit (docs/history.md); None: kept elsewhere.
+        self.journal: MemoryJournal | None = MemoryJournal() if journal else None
         for record in (records or {}).values():
             self._put(record.scope, None, record)
 
@@ -116,7 +121,13 @@ class MemoryRecords(Journaled):
         """Nothing to release: the records live as long as the object."""
 
     def history(self, scope: str, limit: int) -> list[HistoryEvent]:
-        """The scope's last ``limit`` events, oldest first."""
+        """The scope's last ``limit`` events, oldest first.
+
+        Raises:
+            InvalidArgument: these records keep no journal (their owner's file does).
+        """
+        if self.journal is None:
+            raise InvalidArgument("url", "these records keep no lease history: their coordinator file does")
         return self.journal.history(scope, limit)
 
     # -- direct reads (no unit needed: one dictionary lookup) ----------------------------------
@@ -199,10 +210,12 @@ class _MemoryTx:
             elif self.changes:
                 if store.on_commit is not None:
                     store.on_commit(self.changes)
-                at_ms = time.time_ns() // 1_000_000
-                for old, new in self.changes:
-                    for kind, holder, token in events_of(old, new):
-                        store.journal.add(old.scope, kind, holder, token, at_ms)
+                journal = store.journal
+                if journal is not None:
+                    at_ms = time.time_ns() // 1_000_000
+                    for old, new in self.changes:
+                        for kind, holder, token in events_of(old, new):
+                            journal.add(old.scope, kind, holder, token, at_ms)
         finally:
             store._lock.release()
 
@@ -234,7 +247,8 @@ class _MemoryTx:
         current = store._records.get(scope)
         if current is not old:
             invariant((current or ScopeRecord(scope)) == old, f"record of {scope!r} changed underneath this unit")
-        invariant(new.last_token >= old.last_token, f"last_token went back in {scope!r}")
+        if new.last_token < old.last_token:  # the message is built only then (every change runs this)
+            invariant(False, f"last_token went back in {scope!r}")
         if current is None and len(store._records) >= store.scopes_max:
             raise LimitExceeded("scopes_max", store.scopes_max, "scopes kept in memory")
         store._put(scope, current, new)
