@@ -176,3 +176,28 @@ def test_the_redis_fence_refuses_a_dropped_keys_token_at_the_files_next_look(
         fence.close()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("blind", [False, True], ids=["memory", "control-blind-to-the-keyring"])
+def test_postgres_keys_check_refuses_a_dropped_keys_token_at_the_files_next_look(
+        keyfile: tuple[Path, Keyring], blind: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fenced(conn, token, keys=KeyFile)`` checks the MAC in Python first, with one memory per KeyFile."""
+    pytest.importorskip("psycopg")
+    from stockade.resources.postgres import _fenced
+
+    path, keyring = keyfile
+    verifier = KeyFile(path)
+    verifier.reload_check_s = 0.0
+    token = keyring.sign(FencingToken(CLUSTER, "a", 5))
+    for _ in range(3):
+        assert _fenced._prepare(token.encode(), None, verifier) == (token, "a")
+    assert _fenced._memory_of(verifier) is _fenced._memory_of(verifier)
+    if blind:
+        then = verifier.keyring
+        monkeypatch.setattr(verifier, "in_force", lambda: (then, 0.0))
+    _drop_every_key(path)
+    if blind:
+        assert _fenced._prepare(token, None, verifier) == (token, "a"), "the control: a blind memory admits it"
+    else:
+        with pytest.raises(TokenMismatch):
+            _fenced._prepare(token, None, verifier)

@@ -45,6 +45,12 @@ class VerifiedTokens:
         #: key -> (the token, monotonic deadline, the keyring it passed with, its key's verify_until_s)
         self._passed: dict[object, tuple[FencingToken, float, object, float | None]] = {}
 
+    @property
+    def cluster_id(self) -> str | None:
+        """The cluster of the verifier's keys (None: no verifier)."""
+        verifier = self._verification.verifier
+        return None if verifier is None else verifier.cluster_id
+
     def check(self, token: object) -> tuple[FencingToken, str | None]:
         """The validated token and why it is forged (None: it verified).
 
