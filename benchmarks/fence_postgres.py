@@ -18,16 +18,23 @@ load of a shared machine hits every variant alike:
   the private seam `_postgres_sql.FENCE_BODIES`): the side by side of the
   row-lock function with the one it replaced
 
+* ``fenced-before`` (with ``--before FILE``): ``fenced`` in a third database whose
+  ``stockade.fence`` is the one of another revision's ``_sql.py`` (FILE, e.g. from
+  ``git show``), so a change of the function is measured before and after in one run
+
 each transaction of one variant followed by one of each other variant, and
 prints the median over rounds of each variant's throughput and p50/p99
 latency, with the ratio to ``plain``.
 
     PYTHONPATH=src python benchmarks/fence_postgres.py --rounds 7 --ops 2000
+    git show main:src/stockade/resources/postgres/_sql.py > /tmp/before_sql.py
+    PYTHONPATH=src python benchmarks/fence_postgres.py --rounds 5 --ops 1000 --before /tmp/before_sql.py
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import socket
@@ -83,8 +90,8 @@ def start_postgres(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("PostgreSQL did not start")
 
 
-def variants(conn: psycopg.Connection, keys: FixedKeys,
-             advisory: psycopg.Connection) -> dict[str, Callable[[int], None]]:
+def variants(conn: psycopg.Connection, keys: FixedKeys, advisory: psycopg.Connection,
+             before: psycopg.Connection | None = None) -> dict[str, Callable[[int], None]]:
     token = keys.sign(FencingToken(CLUSTER, "orders", 7)).encode()
     upsert = ("INSERT INTO {t} (id, state) VALUES (%s, 'paid') "
               "ON CONFLICT (id) DO UPDATE SET state = excluded.state")
@@ -109,8 +116,33 @@ def variants(conn: psycopg.Connection, keys: FixedKeys,
         with pg.fenced(advisory, token):
             advisory.execute(upsert.format(t="fenced_orders"), (i % ROWS,))
 
-    return {"plain": plain, "fenced": fenced, "fenced+keys": fenced_keys, "protected": protected,
-            "fenced-advisory": fenced_advisory}
+    def fenced_before(i: int) -> None:
+        assert before is not None
+        with pg.fenced(before, token):
+            before.execute(upsert.format(t="fenced_orders"), (i % ROWS,))
+
+    ops = {"plain": plain, "fenced": fenced, "fenced+keys": fenced_keys, "protected": protected,
+           "fenced-advisory": fenced_advisory}
+    if before is not None:
+        ops["fenced-before"] = fenced_before
+    return ops
+
+
+def install_before(dsn: str, keys: FixedKeys, path: str) -> psycopg.Connection:
+    """A third database, installed, whose ``stockade.fence`` is the one in another revision's ``_sql.py``."""
+    spec = importlib.util.spec_from_file_location("fence_sql_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE bench_before")
+    before = psycopg.connect(dsn.replace("dbname=postgres", "dbname=bench_before"), autocommit=True)
+    pg.install(before, keys=keys)
+    schema = before.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
+                            "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
+    before.execute(module.fence_function(pgcrypto_schema=schema, stale_when=module.STALE_WHEN["decide"]))
+    before.execute("CREATE TABLE fenced_orders (id int PRIMARY KEY, state text NOT NULL)")
+    return before
 
 
 def run_round(ops: dict[str, Callable[[int], None]], count: int) -> dict[str, tuple[float, float, float]]:
@@ -138,6 +170,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians over them); >= 5")
     parser.add_argument("--ops", type=int, default=2000, help="transactions per variant per round")
+    parser.add_argument("--before", help="another revision's postgres/_sql.py: adds the fenced-before variant")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="stockade-bench-pg-"))
     os.chmod(root, 0o755)
@@ -149,6 +182,7 @@ def main() -> int:
         advisory = psycopg.connect(dsn.replace("dbname=postgres", "dbname=bench_advisory"), autocommit=True)
         pg._install(advisory, keys.keyring, CLUSTER, q.STALE_WHEN["decide"], body="advisory")
         advisory.execute("CREATE TABLE fenced_orders (id int PRIMARY KEY, state text NOT NULL)")
+        before = install_before(dsn, keys, args.before) if args.before else None
         with psycopg.connect(dsn, autocommit=True) as conn:
             pg.install(conn, keys=keys)
             pg.install_ddl_guard(conn)  # the benchmark's server runs as its superuser
@@ -157,7 +191,7 @@ def main() -> int:
             pg.protect(conn, "protected_orders", scope="orders")
             settings = conn.execute("SELECT name, setting FROM pg_settings WHERE name IN "
                                     "('fsync', 'synchronous_commit', 'wal_sync_method')").fetchall()
-            ops = variants(conn, keys, advisory)
+            ops = variants(conn, keys, advisory, before)
             run_round(ops, 200)  # warm up (prepared statements, caches)
             results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ops}
             for _ in range(args.rounds):

@@ -490,3 +490,66 @@ def test_a_database_that_verified_refuses_unsigned_install_and_sync(
     with pytest.raises(TokenMismatch), pg.fenced(conn, tok(5, scope="orders", keys=None)):
         conn.execute("INSERT INTO orders VALUES (1, 'forged')")
     pg.install(conn, keys=KEYS)  # with keys, as often as wanted
+
+
+# -- the database's own check, without the Python side -----------------------------------------------
+
+
+def _verdict(conn: psycopg.Connection, token: str, scope: str = "orders") -> str:
+    """``stockade.fence`` called as any SQL client would: ``admitted <mark>``, or the refusal it raised."""
+    try:
+        with conn.transaction():
+            return f"admitted {conn.execute('SELECT stockade.fence(%s, %s)', (token, scope)).fetchone()[0]}"
+    except psycopg.Error as error:
+        detail = error.diag.message_detail or ""
+        reason = dict(part.split("=", 1) for part in detail.split() if "=" in part)
+        return f"{error.sqlstate} {reason.get('reason', '')} {reason.get('detail', '')}".strip()
+
+
+def _fast_path_without_mac(conn: psycopg.Connection) -> None:
+    """The control: ``stockade.fence`` whose common path takes any signed token whose MAC it computes."""
+    schema = conn.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
+                          "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
+    text = q.fence_function(pgcrypto_schema=schema, stale_when=q.STALE_WHEN["decide"])
+    check = "'+/', '-_'), '=') = v_parts[4] THEN"
+    assert text.count(check) == 1
+    conn.execute(text.replace(check, "'+/', '-_'), '=') IS NOT NULL THEN"))
+
+
+@pytest.mark.parametrize("function", ["installed", "control-fast-path-without-mac"])
+def test_the_database_refuses_what_the_python_side_would(db: tuple[PostgresServer, str, psycopg.Connection],
+                                                         function: str) -> None:
+    """Each token SQL can send, through ``stockade.fence`` alone: a signed token of this cluster and scope
+    is admitted on the common path; a bad MAC, a token with more after its scope, a value with a leading
+    zero, another scope's, an unsigned and a malformed one are refused as the full check says. Control: a
+    common path that does not compare the MAC admits the bad MAC."""
+    _, _, conn = db
+    if function != "installed":
+        _fast_path_without_mac(conn)
+    good = tok(7, scope="orders").encode()
+    cases = {
+        "good": (good, "orders"),
+        "bad-mac": (_bad_mac(8), "orders"),
+        "more after the scope": (good + ".x", "orders"),
+        "the longer scope asked": (good + ".x", "orders.x"),
+        "leading zero": (good.replace(".7.", ".07.", 1), "orders"),
+        "another scope": (good, "other"),
+        "unsigned": (tok(8, scope="orders", keys=None).encode(), "orders"),
+        "malformed": ("stk2.nonsense", "orders"),
+    }
+    verdicts = {name: _verdict(conn, token, scope) for name, (token, scope) in cases.items()}
+    expected = {
+        "good": "admitted 7",
+        "bad-mac": "SKF01 forged bad-mac",
+        "more after the scope": "SKF01 forged bad-mac",
+        "the longer scope asked": "SKF01 forged bad-mac",
+        "leading zero": "22023",
+        "another scope": "SKF01 wrong-scope",
+        "unsigned": "SKF01 forged unsigned",
+        "malformed": "22023",
+    }
+    if function != "installed":
+        assert verdicts["bad-mac"] == "admitted 8", "the control: a common path without the MAC admits a bad one"
+        return
+    assert verdicts == expected
+    assert conn.execute("SELECT high_water FROM stockade.high_water WHERE scope = 'orders'").fetchone()[0] == 7

@@ -261,6 +261,11 @@ class KeyFile:
         self._maybe_reload()
         return self.keyring.sign(token)
 
+    def in_force(self) -> tuple[Keyring, float]:
+        """The keyring it verifies with now (the file looked at as `why_forged` would) and the wall clock."""
+        self._maybe_reload()
+        return self.keyring, self._now_s()
+
     def why_forged(self, token: FencingToken) -> str | None:
         """None when the token verifies; else why not (see `Keyring.verify`)."""
         self._maybe_reload()
@@ -283,6 +288,10 @@ class FixedKeys:
 
     def sign(self, token: FencingToken) -> FencingToken:
         return self.keyring.sign(token)
+
+    def in_force(self) -> tuple[Keyring, float]:
+        """The keyring it verifies with and the wall clock (as `KeyFile.in_force`)."""
+        return self.keyring, self._now_s()
 
     def why_forged(self, token: FencingToken) -> str | None:
         return self.keyring.verify(token, self._now_s())

@@ -5,6 +5,7 @@ Bad input raises `InvalidArgument` here, so no adapter can change state for it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from stockade.core.errors import InvalidArgument
@@ -48,6 +49,12 @@ def check_bounds(
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _decoded(text: str) -> FencingToken:
+    """`FencingToken.decode`, remembered: a pure function of the string (a malformed one raises, never kept)."""
+    return FencingToken.decode(text)
+
+
 def coerce_token(token: object) -> FencingToken:
     """Accept a `FencingToken` or its encoded string (K1: never an int, a float or a bool).
 
@@ -60,6 +67,8 @@ def coerce_token(token: object) -> FencingToken:
         return FencingToken(
             token.cluster, token.scope, token.value, getattr(token, "kid", ""), getattr(token, "mac", "")
         )
+    if type(token) is str:
+        return _decoded(token)
     if isinstance(token, str):
         return FencingToken.decode(token)
     raise InvalidArgument("token", f"must be a FencingToken or its encoded string, got {type(token).__name__}")

@@ -193,7 +193,7 @@ class FencedDirectory:
         self.fence_rule: FenceRule = decide
         self._verification = Verification()
         self._verification.use_keys(keys, cluster)
-        self._tokens = VerifiedTokens(self._verification.forged)
+        self._tokens = VerifiedTokens(self._verification)
         self._meta_cache: tuple[tuple[int, int, int, int], dict[str, Any]] | None = None
         self._open_scopes: dict[str, fio.OpenScope] = {}
         self._syncer: ThreadPoolExecutor | None = None  # the mark's sync beside the data's (_raise_beside)

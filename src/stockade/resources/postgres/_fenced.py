@@ -8,15 +8,17 @@ the arguments' checks (and the MAC, given keys), the fence statement, and the ty
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any, NoReturn
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.fence import Reject
 from stockade.core.limits import SCOPE_CHARS, validate_op_id, validate_scope
 from stockade.core.tokens import FencingToken
-from stockade.keys import verifier_of
+from stockade.keys import FixedKeys, KeyFile, verifier_of
 from stockade.resources._inputs import coerce_token
 from stockade.resources._observe import reject
+from stockade.resources._verified_tokens import VerifiedTokens
 from stockade.resources._verify import UNSIGNED, Verification
 from stockade.resources.postgres._errors import _translate
 from stockade.resources.postgres._probe import Probe
@@ -50,16 +52,32 @@ def _prepare(token: object, scope: object, keys: object, op_id: object = None) -
     if op_id is not None:
         validate_op_id(op_id)
     if keys is not None and keys != UNSIGNED:
-        verification = Verification()
-        verifier = verifier_of(keys, None)
-        assert verifier is not None
-        verification.use_keys(verifier, verifier.cluster_id)
-        why = verification.forged(fencing_token)
+        memory = _memory_of(keys)
+        why = memory.check(fencing_token)[1]
         if why is not None:
             # Nothing was read: the mark is not known here, and a forged token learns nothing of it.
-            reject(Reject("forged", 0, why), resource="postgres", cluster=verifier.cluster_id,
+            reject(Reject("forged", 0, why), resource="postgres", cluster=memory.cluster_id or "",
                    token=fencing_token, scope=scope, key=None)
     return fencing_token, scope
+
+
+#: The memory of verified tokens of each `FixedKeys` or `KeyFile` given as ``keys=`` (as long as it lives).
+_MEMORIES: weakref.WeakKeyDictionary[object, VerifiedTokens] = weakref.WeakKeyDictionary()
+
+
+def _memory_of(keys: object) -> VerifiedTokens:
+    """What checks tokens against ``keys``: one memory per verifier object (`stockade.resources._verified_tokens`
+    says what it changes: nothing a token could tell), a fresh one for keys given otherwise (a path, a keyring)."""
+    memory = _MEMORIES.get(keys) if isinstance(keys, FixedKeys | KeyFile) else None
+    if memory is None:
+        verifier = verifier_of(keys, None)
+        assert verifier is not None
+        verification = Verification()
+        verification.use_keys(verifier, verifier.cluster_id)
+        memory = VerifiedTokens(verification)
+        if isinstance(keys, FixedKeys | KeyFile):
+            _MEMORIES[keys] = memory
+    return memory
 
 
 def _check_result(error: BaseException, token: FencingToken, scope: str, resource: str,

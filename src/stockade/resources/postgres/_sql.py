@@ -205,33 +205,15 @@ DECLARE
     v_mark bigint;
     v_tokens jsonb;
 BEGIN
-    -- Parsed with split_part and plain character classes: bounded repeats ({16}) make
-    -- PostgreSQL's regex engine cost ~150 us a call, more than the rest of the check.
-    IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[@SCOPE_CHARS@]+$'
-       OR scope IN ('.', '..') THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: bad scope or no token';
-    END IF;
-    IF left(token, 5) = 'stk2.' THEN
-        v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3), split_part(token, '.', 4),
-                         split_part(token, '.', 5)];
-        v_kid := v_parts[3];
-        v_mac := v_parts[4];
-        v_scope := substr(token, 10 + length(v_parts[1]) + length(v_parts[2]) + length(v_kid) + length(v_mac));
-        IF length(v_kid) <> 8 OR v_kid !~ '^[0-9a-f]+$' OR length(v_mac) <> 22 OR v_mac !~ '^[A-Za-z0-9_-]+$' THEN
-            v_parts := NULL;
-        END IF;
-    ELSIF left(token, 5) = 'stk1.' THEN
-        v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3)];
-        v_scope := substr(token, 8 + length(v_parts[1]) + length(v_parts[2]));
-    END IF;
-    IF v_parts IS NULL OR length(v_parts[1]) <> 16 OR v_parts[1] !~ '^[0-9a-f]+$'
-       OR length(v_parts[2]) NOT BETWEEN 1 AND 19 OR v_parts[2] !~ '^[1-9][0-9]*$'
-       OR v_parts[2]::numeric > 9223372036854775807
-       OR length(v_scope) NOT BETWEEN 1 AND 200 OR v_scope !~ '^[@SCOPE_CHARS@]+$' OR v_scope IN ('.', '..') THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: malformed token';
-    END IF;
-    v_cluster := v_parts[1];
-    v_value := v_parts[2]::bigint;
+    -- The common case first: a signed token whose MAC verifies, of this cluster and scope. Its fields
+    -- are cut out with split_part alone, and the whole token must read back as
+    -- stk2.<cluster>.<value>.<kid>.<mac>.<scope> with this database's cluster and the scope asked for:
+    -- the MAC binds kid, cluster, value and scope, and only the coordinator signs, so a token that
+    -- passes is well formed (its value a decimal below 2^63) without a regular expression. Any other
+    -- token (unsigned, forged, malformed, another cluster's or scope's, a retired key's) takes the
+    -- full path below, which finds why, in the order P3 and R2 say.
+    v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3), split_part(token, '.', 4),
+                     split_part(token, '.', 5)];
     -- One statement reads the settings, the token's key and the scope's mark, and takes the floor's
     -- gate: ACCESS SHARE on the view stockade_private.floor_gate, held until the transaction ends, so
     -- that raise_high_waters (ACCESS EXCLUSIVE on it) waits for this transaction. Only the installing
@@ -242,37 +224,80 @@ BEGIN
       INTO STRICT v_cluster_id, v_verify, v_floor, v_replaced, v_key_found, v_secret, v_until, v_own
       FROM stockade.settings s
       CROSS JOIN stockade_private.floor_gate g
-      LEFT JOIN stockade.keys k ON k.kid = v_kid
+      LEFT JOIN stockade.keys k ON k.kid = v_parts[3]
       LEFT JOIN stockade.high_water h ON h.scope = fence.scope
      WHERE s.id = 1;
 
-    -- 1. the MAC, before anything else is looked at (P3)
-    IF v_verify THEN
-        IF v_mac = '' THEN
-            v_forged := 'unsigned';
-        ELSIF NOT v_key_found THEN
-            v_forged := 'unknown-key';
-        ELSIF v_until IS NOT NULL AND extract(epoch FROM clock_timestamp()) >= v_until THEN
-            v_forged := 'retired-key';
-        ELSIF rtrim(translate(encode(substring(@PGCRYPTO@.hmac(
-                  convert_to('stk2', 'UTF8') || '\x00'::bytea || convert_to(v_kid, 'UTF8')
-                  || '\x00'::bytea || convert_to(v_cluster, 'UTF8') || '\x00'::bytea
-                  || convert_to(v_parts[2], 'UTF8') || '\x00'::bytea || convert_to(v_scope, 'UTF8'),
-                  v_secret, 'sha256') FROM 1 FOR 16), 'base64'), '+/', '-_'), '=') IS DISTINCT FROM v_mac THEN
-            v_forged := 'bad-mac';
+    IF v_verify AND v_key_found AND v_parts[1] = v_cluster_id
+       AND token = 'stk2.' || v_cluster_id || '.' || v_parts[2] || '.' || v_parts[3] || '.' || v_parts[4]
+                   || '.' || scope
+       AND (v_until IS NULL OR extract(epoch FROM clock_timestamp()) < v_until)
+       AND rtrim(translate(encode(substring(@PGCRYPTO@.hmac(
+               convert_to('stk2', 'UTF8') || '\x00'::bytea || convert_to(v_parts[3], 'UTF8')
+               || '\x00'::bytea || convert_to(v_cluster_id, 'UTF8') || '\x00'::bytea
+               || convert_to(v_parts[2], 'UTF8') || '\x00'::bytea || convert_to(scope, 'UTF8'),
+               v_secret, 'sha256') FROM 1 FOR 16), 'base64'), '+/', '-_'), '=') = v_parts[4] THEN
+        v_value := v_parts[2]::bigint;
+    ELSE
+        -- Parsed with split_part and plain character classes: bounded repeats ({16}) make
+        -- PostgreSQL's regex engine cost ~150 us a call, more than the rest of the check.
+        IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[@SCOPE_CHARS@]+$'
+           OR scope IN ('.', '..') THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: bad scope or no token';
         END IF;
-        IF v_forged IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (forged)',
-                DETAIL = format('reason=forged high_water=0 cluster=%s detail=%s', v_cluster_id, v_forged);
+        IF left(token, 5) = 'stk2.' THEN
+            v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3), split_part(token, '.', 4),
+                             split_part(token, '.', 5)];
+            v_kid := v_parts[3];
+            v_mac := v_parts[4];
+            v_scope := substr(token, 10 + length(v_parts[1]) + length(v_parts[2]) + length(v_kid) + length(v_mac));
+            IF length(v_kid) <> 8 OR v_kid !~ '^[0-9a-f]+$' OR length(v_mac) <> 22 OR v_mac !~ '^[A-Za-z0-9_-]+$' THEN
+                v_parts := NULL;
+            END IF;
+        ELSIF left(token, 5) = 'stk1.' THEN
+            v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3)];
+            v_scope := substr(token, 8 + length(v_parts[1]) + length(v_parts[2]));
         END IF;
-    END IF;
+        IF v_parts IS NULL OR length(v_parts[1]) <> 16 OR v_parts[1] !~ '^[0-9a-f]+$'
+           OR length(v_parts[2]) NOT BETWEEN 1 AND 19 OR v_parts[2] !~ '^[1-9][0-9]*$'
+           OR v_parts[2]::numeric > 9223372036854775807
+           OR length(v_scope) NOT BETWEEN 1 AND 200 OR v_scope !~ '^[@SCOPE_CHARS@]+$' OR v_scope IN ('.', '..') THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'stockade.fence: malformed token';
+        END IF;
+        v_cluster := v_parts[1];
+        v_value := v_parts[2]::bigint;
+        -- The key of the token as parsed in full (an unsigned token has none).
+        SELECT k.kid IS NOT NULL, k.secret, k.verify_until_s INTO v_key_found, v_secret, v_until
+          FROM (SELECT 1) one LEFT JOIN stockade.keys k ON k.kid = v_kid;
 
-    -- 2. R2: the cluster, then the scope
-    IF v_cluster <> v_cluster_id OR v_scope <> scope THEN
-        RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (R2)',
-            DETAIL = format('reason=%s high_water=0 cluster=%s detail=',
-                            CASE WHEN v_cluster <> v_cluster_id THEN 'wrong-cluster' ELSE 'wrong-scope' END,
-                            v_cluster_id);
+        -- 1. the MAC, before anything else is looked at (P3)
+        IF v_verify THEN
+            IF v_mac = '' THEN
+                v_forged := 'unsigned';
+            ELSIF NOT v_key_found THEN
+                v_forged := 'unknown-key';
+            ELSIF v_until IS NOT NULL AND extract(epoch FROM clock_timestamp()) >= v_until THEN
+                v_forged := 'retired-key';
+            ELSIF rtrim(translate(encode(substring(@PGCRYPTO@.hmac(
+                      convert_to('stk2', 'UTF8') || '\x00'::bytea || convert_to(v_kid, 'UTF8')
+                      || '\x00'::bytea || convert_to(v_cluster, 'UTF8') || '\x00'::bytea
+                      || convert_to(v_parts[2], 'UTF8') || '\x00'::bytea || convert_to(v_scope, 'UTF8'),
+                      v_secret, 'sha256') FROM 1 FOR 16), 'base64'), '+/', '-_'), '=') IS DISTINCT FROM v_mac THEN
+                v_forged := 'bad-mac';
+            END IF;
+            IF v_forged IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (forged)',
+                    DETAIL = format('reason=forged high_water=0 cluster=%s detail=%s', v_cluster_id, v_forged);
+            END IF;
+        END IF;
+
+        -- 2. R2: the cluster, then the scope
+        IF v_cluster <> v_cluster_id OR v_scope <> scope THEN
+            RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (R2)',
+                DETAIL = format('reason=%s high_water=0 cluster=%s detail=',
+                                CASE WHEN v_cluster <> v_cluster_id THEN 'wrong-cluster' ELSE 'wrong-scope' END,
+                                v_cluster_id);
+        END IF;
     END IF;
 
     -- 3. the floor as committed. The statement above may have read the settings through a snapshot
@@ -334,9 +359,14 @@ BEGIN
             ON CONFLICT ON CONSTRAINT high_water_pkey
             DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
     END IF;
-    v_tokens := coalesce(nullif(current_setting('stockade.tokens', true), ''), '{}')::jsonb;
-    IF v_tokens ->> scope IS DISTINCT FROM token THEN
-        v_void := set_config('stockade.tokens', (v_tokens || jsonb_build_object(scope, token))::text, true);
+    v_void := current_setting('stockade.tokens', true);
+    IF v_void IS NULL OR v_void = '' THEN  -- the transaction's first fence: nothing to merge with
+        v_void := set_config('stockade.tokens', jsonb_build_object(scope, token)::text, true);
+    ELSE
+        v_tokens := v_void::jsonb;
+        IF v_tokens ->> scope IS DISTINCT FROM token THEN
+            v_void := set_config('stockade.tokens', (v_tokens || jsonb_build_object(scope, token))::text, true);
+        END IF;
     END IF;
     RETURN greatest(v_value, v_mark);
 END

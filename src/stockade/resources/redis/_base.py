@@ -8,7 +8,6 @@ from typing import Any
 from stockade.core.errors import BackendUnavailable, InvalidArgument, InvariantViolation
 from stockade.core.limits import validate_scope
 from stockade.core.tokens import FencingToken
-from stockade.resources._inputs import coerce_token
 from stockade.resources._verify import check_keys_given
 from stockade.resources.redis import _script as script
 from stockade.resources.redis._batch import Commands, FenceCore
@@ -104,11 +103,12 @@ class _FenceBase(FenceCore):
         self._read = client.register_script(script.READ_CHECKED)
 
     def _open(self, token: object, scope: str | None) -> tuple[FencingToken, str | None]:
-        return coerce_token(token), None if scope is None else validate_scope(scope)
+        return self._tokens.check(token)[0], None if scope is None else validate_scope(scope)
 
     def _single(self, token: object) -> tuple[FencingToken, Commands]:
         # One command: a batch of one, without the context manager (the common, fast path).
-        return coerce_token(token), Commands(None, value_bytes_max=self.value_bytes_max)
+        # The token validated as `coerce_token` does, from the memory of tokens that verified when it is there.
+        return self._tokens.check(token)[0], Commands(None, value_bytes_max=self.value_bytes_max)
 
     def _info_call(self) -> Any:
         """``INFO memory`` of the server, or of every primary of a cluster (a dict per node)."""

@@ -30,6 +30,7 @@ from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
 from stockade.resources._inputs import check_floors_and_default
 from stockade.resources._observe import reject
+from stockade.resources._verified_tokens import VerifiedTokens
 from stockade.resources._verify import UNSIGNED, Verification, refuse_unsigned_after_signed
 from stockade.resources.redis import _script as script
 
@@ -168,6 +169,8 @@ class FenceCore:
             if not isinstance(cluster_id, str):
                 raise InvalidArgument("cluster_id", "is required unless keys= carries it")
         self._verification.use_keys(keys, cluster_id)
+        #: The tokens that passed the MAC check, remembered (`stockade.resources._verified_tokens` says for how long).
+        self._tokens = VerifiedTokens(self._verification)
         self.cluster_id = cluster_id
         self.value_bytes_max = validate_int("value_bytes_max", value_bytes_max, 0, VALUE_BYTES_MAX)
         self.resource = resource
@@ -212,7 +215,7 @@ class FenceCore:
 
     def premise(self, token: FencingToken, scope: str) -> bool:
         """Whether `admit` would pass without needing the mark (the common path: no extra read)."""
-        if self._verification.forged(token) is not None:
+        if self._tokens.check(token)[1] is not None:
             return False
         decision = self.fence_rule(token, cluster=self.cluster_id, scope=scope, high_water=0)
         return not (isinstance(decision, Reject) and decision.reason != "stale")

@@ -509,7 +509,7 @@ class SQLiteFence:
         self.cluster_id = _cluster_of(keys, cluster_id)
         self.resource = f"sqlite-db:{self.path}"
         self._verification = _verification(keys, self.cluster_id)
-        self._tokens = VerifiedTokens(self._verification.forged)  # _verified_tokens says what it changes
+        self._tokens = VerifiedTokens(self._verification)  # _verified_tokens says what it changes
         try:
             self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
                                          timeout=timeout_ms / 1000)

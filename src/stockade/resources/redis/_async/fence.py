@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio as redis_asyncio
 from redis import RedisError
+from redis.exceptions import NoScriptError
 
 from stockade.core.errors import LimitExceeded
 from stockade.core.limits import VALUE_BYTES_MAX, validate_scope
@@ -229,10 +230,19 @@ class AsyncRedisFence(_FenceBase):
             self._memory_seen = True
         keys, args = commands.script_call(token, self._compare, self.memory, self._cluster)
         try:
-            reply = await self._write(keys=keys, args=args)
+            reply = await self._evalsha(self._write, keys, args)
         except RedisError as error:
             raise _translate(error, self.resource) from error
         return self.judge(token, commands, reply)
+
+    async def _evalsha(self, lua: Any, keys: list[str], args: list[str | bytes]) -> Any:
+        """The registered script ``lua`` by EVALSHA, loaded again on NOSCRIPT (after a restart, a failover or
+        SCRIPT FLUSH): what redis-py's ``Script`` call does, without its checks for pipelines on every write."""
+        try:
+            return await self.client.evalsha(lua.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            lua.sha = await self.client.script_load(lua.script)
+            return await self.client.evalsha(lua.sha, len(keys), *keys, *args)
 
     async def _checked_read(self, token: FencingToken, commands: Commands, key: str) -> bytes | None:
         assert commands.scope is not None

@@ -15,6 +15,7 @@ from typing import Any
 
 import redis as redis_py
 from redis import RedisError
+from redis.exceptions import NoScriptError
 
 from stockade.core.errors import LimitExceeded
 from stockade.core.limits import VALUE_BYTES_MAX, validate_scope
@@ -230,10 +231,19 @@ class RedisFence(_FenceBase):
             self._memory_seen = True
         keys, args = commands.script_call(token, self._compare, self.memory, self._cluster)
         try:
-            reply = self._write(keys=keys, args=args)
+            reply = self._evalsha(self._write, keys, args)
         except RedisError as error:
             raise _translate(error, self.resource) from error
         return self.judge(token, commands, reply)
+
+    def _evalsha(self, lua: Any, keys: list[str], args: list[str | bytes]) -> Any:
+        """The registered script ``lua`` by EVALSHA, loaded again on NOSCRIPT (after a restart, a failover or
+        SCRIPT FLUSH): what redis-py's ``Script`` call does, without its checks for pipelines on every write."""
+        try:
+            return self.client.evalsha(lua.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            lua.sha = self.client.script_load(lua.script)
+            return self.client.evalsha(lua.sha, len(keys), *keys, *args)
 
     def _checked_read(self, token: FencingToken, commands: Commands, key: str) -> bytes | None:
         assert commands.scope is not None
