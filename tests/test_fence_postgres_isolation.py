@@ -229,6 +229,11 @@ def _install_row_locks(harness: PgHarness) -> None:
     harness.admin.execute(text[:start] + "    " + _ROW_LOCK + text[end:])
 
 
+#: The control's rounds: its starvation depends on the writers keeping the row lock held between them,
+#: which a loaded host sometimes fails to do (once 8 jumped, not more): it must show in one of them.
+CONTROL_ROUNDS = 3
+
+
 @pytest.mark.parametrize("locks", ["private", "row-locks"])
 def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one(rows: PgHarness,
                                                                                  locks: str) -> None:
@@ -237,12 +242,23 @@ def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one
     Counted: the current token's commits after the higher token was seen waiting for its lock, until
     it committed or more than 10 x 8 had jumped it. First come, first served, only the transactions
     open when it arrived may commit before it (at most 8). Control: a row lock (FOR SHARE), whose
-    lockers jump the queue.
+    lockers jump the queue (more than 8 jump it in one of `CONTROL_ROUNDS` rounds, each with a new scope).
     """
-    harness = rows
     if locks == "row-locks":
-        _install_row_locks(harness)
-    with pg.fenced(harness.conn, tok(5, scope="busy")):
+        _install_row_locks(rows)
+    for round_ in range(1 if locks == "private" else CONTROL_ROUNDS):
+        jumped, outcome = _starvation_round(rows, f"busy{round_}")
+        print(f"\n{locks}: {jumped} commits of the current token after the higher one waited; {outcome}")
+        if locks == "private":
+            assert outcome == ["committed"] and jumped <= WRITERS
+        elif jumped > WRITERS:  # the property's negation: more jumped it than were open when it came (50-83 seen)
+            return
+    if locks != "private":
+        pytest.fail(f"the row-lock control never starved the raise in {CONTROL_ROUNDS} rounds")
+
+
+def _starvation_round(harness: PgHarness, scope: str) -> tuple[int, list[object]]:
+    with pg.fenced(harness.conn, tok(5, scope=scope)):
         pass
     stop, committed, lock = threading.Event(), [0], threading.Lock()
 
@@ -250,7 +266,7 @@ def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one
         with psycopg.connect(harness.server.dsn_of(harness.dbname), autocommit=True) as conn:
             while not stop.is_set():
                 try:
-                    with pg.fenced(conn, tok(5, scope="busy")):
+                    with pg.fenced(conn, tok(5, scope=scope)):
                         conn.execute("SELECT pg_sleep(0.02)")  # a transaction that does some work
                 except StaleToken:
                     return
@@ -266,7 +282,7 @@ def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one
 
     def raise_it() -> None:
         try:
-            with pg.fenced(raiser, tok(6, scope="busy")):
+            with pg.fenced(raiser, tok(6, scope=scope)):
                 pass
             outcome.append("committed")
         except psycopg.Error as error:
@@ -294,8 +310,4 @@ def test_a_higher_token_is_not_starved_by_overlapping_writers_of_the_current_one
             thread.join(60)
         raising.join(60)
         raiser.close()
-    print(f"\n{locks}: {jumped} commits of the current token after the higher one waited; {outcome}")
-    if locks == "private":
-        assert outcome == ["committed"] and jumped <= WRITERS
-    else:  # the property's negation: more commits jumped it than were open when it came (50 to 83 seen)
-        assert jumped > WRITERS
+    return jumped, outcome
