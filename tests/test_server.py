@@ -64,8 +64,8 @@ def put(url, scope, key, value, token, idempotency_key=None):
 # -- the contract ---------------------------------------------------------------------------------
 
 
-def test_routes_follow_the_contract(shared):
-    url = shared.url
+def test_routes_follow_the_contract(server):
+    url = server.url
     status, _, grant = acquire(url, "reports", holder="worker-1")
     assert status == 200 and set(grant) == {"scope", "token", "token_value", "lease_id", "ttl_ms"}
     # signed: stk2.<cluster>.<value>.<kid>.<mac>.<scope> (docs/tokens.md)
