@@ -3,7 +3,17 @@
 Every test runs on each parameter of `BACKENDS` (tests/conftest.py: a new backend adds one line there, and
 `tests/test_public_api.py::test_every_registered_coordinator_runs_the_conformance_suite`
 fails until it does); the cases of `SQL_ASCII_CASES` run on PostgreSQL once more, on a SQL_ASCII database.
+
+A case that takes ``client`` runs, on each backend, in one mode by default (`modes_of`): sync and async
+alternate by case and by backend, so that every case runs in both modes across the backends and every backend
+runs about half of its cases in each. ``STOCKADE_LONG=1`` runs every case in both modes on every backend. The
+two modes are one source: the ``_sync`` code is generated from the ``_async`` code (scripts/unasync.py), and
+tests/test_unasync.py fails when they differ.
 """
+
+import inspect
+import os
+import sys
 
 import pytest
 from conftest import BACKENDS, runner_of
@@ -33,12 +43,40 @@ SQL_ASCII_CASES = frozenset({
 })
 
 
+#: The client's two modes, in the order the test ids name them.
+MODES = ("sync", "async")
+#: ``STOCKADE_LONG=1``: every case in both modes on every backend.
+BOTH_MODES = os.environ.get("STOCKADE_LONG") == "1"
+
+
+def cases_of(backend: str, module: object) -> list[str]:
+    """The cases that take ``client`` and run on ``backend``, by name: the order the modes alternate in."""
+    cases = sorted(name for name, case in vars(module).items()
+                   if name.startswith("test_") and callable(case) and "client" in inspect.signature(case).parameters)
+    return [case for case in cases if case in SQL_ASCII_CASES] if backend == "postgres-sql_ascii" else cases
+
+
+def modes_of(case: str, backend: str, module: object, both: bool = BOTH_MODES) -> tuple[str, ...]:
+    """The modes ``case`` runs in on ``backend``: both with ``both``, else one, by the case's place among the
+    backend's cases plus the backend's place, so that neighbouring cases and neighbouring backends alternate.
+    Deterministic: names and the parameters' order, nothing random."""
+    if both:
+        return MODES
+    place = cases_of(backend, module).index(case) + [*BACKENDS, "postgres-sql_ascii"].index(backend)
+    return (MODES[place % 2],)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
-        if "client" in metafunc.fixturenames:  # first, so that the ids read as before: [sync-postgres]
-            metafunc.parametrize("client", ["sync", "async"], indirect=True)
-        extra = ["postgres-sql_ascii"] if metafunc.function.__name__ in SQL_ASCII_CASES else []
-        metafunc.parametrize("backend", [*BACKENDS, *extra], indirect=True)
+        case = metafunc.function.__name__
+        backends = [*BACKENDS, *(["postgres-sql_ascii"] if case in SQL_ASCII_CASES else [])]
+        if "client" not in metafunc.fixturenames:
+            metafunc.parametrize("backend", backends, indirect=True)
+            return
+        pairs = [(mode, backend) for mode in MODES for backend in backends
+                 if mode in modes_of(case, backend, metafunc.module)]
+        # The ids read as before: [sync-postgres].
+        metafunc.parametrize(("client", "backend"), pairs, indirect=True, ids=[f"{m}-{b}" for m, b in pairs])
 
 
 @pytest.fixture
@@ -57,6 +95,34 @@ def backend(request: pytest.FixtureRequest) -> str:
 def test_every_sql_ascii_case_is_in_the_suite() -> None:
     """A case renamed in the suite would drop out of the SQL_ASCII run without a word."""
     assert SQL_ASCII_CASES <= set(globals()), sorted(SQL_ASCII_CASES - set(globals()))
+
+
+def _split(choose) -> tuple[dict[str, dict[str, int]], set[str]]:
+    """Under ``choose(case, backend) -> modes``: each backend's count of cases per mode, and the cases that run
+    in one mode only across all backends."""
+    module = sys.modules[__name__]
+    counts: dict[str, dict[str, int]] = {}
+    seen: dict[str, set[str]] = {}
+    for backend in [*BACKENDS, "postgres-sql_ascii"]:
+        counts[backend] = dict.fromkeys(MODES, 0)
+        for case in cases_of(backend, module):
+            for mode in choose(case, backend):
+                counts[backend][mode] += 1
+                seen.setdefault(case, set()).add(mode)
+    return counts, {case for case, modes in seen.items() if len(modes) < 2}
+
+
+def test_the_default_run_takes_both_modes_on_every_backend_and_for_every_case() -> None:
+    """Each backend runs at least 40 % of its cases in each mode, and each case runs in both modes across the
+    backends. The control: choosing the mode by the case alone leaves every case in one mode."""
+    counts, one_mode_only = _split(lambda case, backend: modes_of(case, backend, sys.modules[__name__], both=False))
+    print("cases per mode on each backend (sync, async):", {b: tuple(c.values()) for b, c in counts.items()})
+    for backend, by_mode in counts.items():
+        assert min(by_mode.values()) >= 0.4 * sum(by_mode.values()), (backend, by_mode)
+    assert not one_mode_only
+    assert _split(lambda case, backend: modes_of(case, "embedded", sys.modules[__name__], both=False))[1]
+    both, _ = _split(lambda case, backend: modes_of(case, backend, sys.modules[__name__], both=True))
+    assert all(by_mode["sync"] == by_mode["async"] > 0 for by_mode in both.values())
 
 
 def test_the_c5_tests_catch_an_etcd_port_without_lock_delay(etcd_cluster, tmp_path):

@@ -1,5 +1,8 @@
 """The lease history: bounded, in order, durable, and written in the same commit as each change it records.
 
+What a user sees of every backend's journal (the kinds in order, the last 100 of a scope, bad input) is the
+journal conformance suite's (`stockade.testing.conformance.journal`, in tests/test_coordinator_conformance.py).
+
 The kill -9 test stops a process that grants and releases in a loop at random
 moments; afterwards the scope's record and its journal must agree. Its
 control writes each change's events in a transaction of their own, after the
@@ -36,30 +39,6 @@ def _cycle(coord, scope: str, n: int) -> None:
     for _ in range(n):
         with coord.lock(scope, ttl_ms=5_000):
             pass
-
-
-@pytest.mark.parametrize("url", ["sqlite", "memory"])
-def test_the_journal_is_bounded_and_in_order(tmp_path: Path, url: str):
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db" if url == "sqlite" else f"memory://hist-{tmp_path.name}")
-    _cycle(coord, "a", 60)  # 120 events
-    _cycle(coord, "b", 1)
-    events = coord.history("a")
-    assert len(events) == 100
-    assert [e.seq for e in events] == sorted(e.seq for e in events)
-    assert [e.kind for e in events] == ["grant", "release"] * 50
-    tokens = [e.token_value for e in events[::2]]
-    assert tokens == sorted(tokens) and len(set(tokens)) == 50
-    assert [e.token_value for e in events[1::2]] == tokens  # each release names the grant before it
-    assert coord.inspect("a").last_token == tokens[-1]
-    assert len(coord.history("a", limit=3)) == 3 and coord.history("a", limit=3) == events[-3:]
-    assert [e.kind for e in coord.history("b")] == ["grant", "release"]
-    assert coord.history("never-used") == []
-    for bad in [0, 101, True, "5"]:
-        with pytest.raises(InvalidArgument):
-            coord.history("a", limit=bad)
-    with pytest.raises(InvalidArgument):
-        coord.history("no spaces")
-    coord.close()
 
 
 def test_the_journal_has_a_global_cap(tmp_path: Path, monkeypatch):

@@ -233,24 +233,6 @@ def test_a_lease_held_past_the_bound_is_deleted_when_it_ends(pg_coord_url):
         coord.close()
 
 
-def test_a_busy_scope_shows_its_last_100_events(pg_coord_url):
-    """Nothing trims one scope's events, and a read still gives the newest 100, oldest first."""
-    client = stockade.connect(pg_coord_url)
-    try:
-        tokens = []
-        for _ in range(55):
-            lease = client.acquire("busy", ttl_ms=5_000)
-            tokens.append(lease.token.value)
-            lease.release()
-        events = client.history("busy", limit=100)
-        assert len(events) == 100 and events[-1].kind == "release" and events[-1].token_value == tokens[-1]
-        assert [e.token_value for e in events[::2]] == tokens[5:]  # grants of the last 50 leases
-        assert [e.seq for e in events] == sorted(e.seq for e in events)
-        assert [e.kind for e in client.history("busy", limit=3)] == ["release", "grant", "release"]
-    finally:
-        client.close()
-
-
 def _left_behind(url: str, *, sweep_every: int, sweep_windows: int = 4) -> list[int]:
     """Leases logged and ended directly, every third rolled back (its ``seq`` never used): what the trims miss."""
     PostgresCoordinator(url).close()

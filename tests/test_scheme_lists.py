@@ -27,7 +27,7 @@ REGISTRIES = {PACKAGE / "coordinators" / "registry.py", PACKAGE / "resources" / 
 PENDING = {
     "tests/test_cluster_disk.py", "tests/test_docs_run.py",
     "tests/test_election.py", "tests/test_engine_faults.py",
-    "tests/test_fence_retry_kill.py", "tests/test_history.py", "tests/test_history_etcd.py",
+    "tests/test_fence_retry_kill.py", "tests/test_history_etcd.py",
     "tests/test_shard_log.py", "tests/test_store_conformance.py", "tests/test_store_transactions.py",
     "tests/test_frozen_bounds.py",  # landed with issue 27
     "tests/test_dashboard.py",  # landed with issue 31

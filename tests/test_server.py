@@ -28,7 +28,17 @@ pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 @pytest.fixture
 def server(tmp_path):
+    """A fresh server, for a test that reads what the whole server holds or counts (every lock, a metric)."""
     proc = start_server(tmp_path / "data")
+    yield proc
+    assert proc.stop() == 0, proc.logs()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One server for the tests here that look only at scopes of their own or at the documents (started once per
+    module and test worker): a test that reads every lock or a metric takes a fresh ``server``."""
+    proc = start_server(tmp_path_factory.mktemp("shared") / "data")
     yield proc
     assert proc.stop() == 0, proc.logs()[-2000:]
 
@@ -122,8 +132,8 @@ def test_routes_follow_the_contract(server):
     assert status == 405 and headers["allow"] == "GET"
 
 
-def test_long_poll_serves_waiters_first_in_first_out(server):
-    url = server.url
+def test_long_poll_serves_waiters_first_in_first_out(shared):
+    url = shared.url
     holder = acquire(url, "fifo")[2]
     results: dict[int, tuple[float, dict]] = {}
 
@@ -164,8 +174,8 @@ def test_expiry_wakes_the_head_waiter(server):
     assert "stockade_expiries_total 1" in call(url, "GET", "/metrics")[2].decode()
 
 
-def test_disconnected_waiter_leaves_the_queue(server):
-    url = server.url
+def test_disconnected_waiter_leaves_the_queue(shared):
+    url = shared.url
     host, port = url.split("//")[1].split(":")
     holder = acquire(url, "gone")[2]
     body = json.dumps({"ttl_ms": 60_000, "wait_ms": 60_000}).encode()
@@ -450,34 +460,34 @@ def test_lease_ids_never_reach_the_logs(tmp_path):
         assert grant["lease_id"][:7] not in logs
 
 
-def test_openapi_matches_limits(server):
-    doc = call(server.url, "GET", "/openapi.json")[2]
+def test_openapi_matches_limits(shared):
+    doc = call(shared.url, "GET", "/openapi.json")[2]
     acquire_schema = doc["components"]["schemas"]["AcquireRequest"]["properties"]
     assert acquire_schema["ttl_ms"]["minimum"] == 100 and acquire_schema["wait_ms"]["maximum"] == 300_000
     assert "security" not in doc
 
 
-def test_an_integer_field_takes_every_json_form_of_an_integer(server):
+def test_an_integer_field_takes_every_json_form_of_an_integer(shared):
     # JSON Schema (and so the OpenAPI document) counts 2000.0 and 2e3 as the integer 2000: a
     # schema-valid request is taken (schemathesis found "ttl_ms": 236.0 refused with 422).
     for n, (ttl, wait) in enumerate([("2000.0", "0.0"), ("2e3", "0E5"), ("2000", "-0.0"), ("20000e-1", "0")]):
-        status, _, grant = call(server.url, "POST", f"/v1/locks/f{n}/acquire",
+        status, _, grant = call(shared.url, "POST", f"/v1/locks/f{n}/acquire",
                                 body=f'{{"ttl_ms": {ttl}, "wait_ms": {wait}}}'.encode(),
                                 headers={"Content-Type": "application/json"})
         assert status == 200 and grant["ttl_ms"] == 2000, (ttl, grant)
     # Not integers, or integers past their bounds: refused, read exactly (never through a float).
     for body in ['{"ttl_ms": 2000.5}', '{"ttl_ms": 1e-3}', '{"ttl_ms": 1e999}', '{"ttl_ms": 3600000.0000000001}',
                  '{"ttl_ms": 9223372036854775808.0}', '{"ttl_ms": 1e21}', '{"ttl_ms": 1000, "wait_ms": 300001.0}']:
-        status, _, problem = call(server.url, "POST", "/v1/locks/g/acquire", body=body.encode(),
+        status, _, problem = call(shared.url, "POST", "/v1/locks/g/acquire", body=body.encode(),
                                   headers={"Content-Type": "application/json"})
         assert status == 422 and problem["type"].endswith("/invalid-argument"), (body, problem)
-    assert call(server.url, "GET", "/v1/locks/g")[2]["state"] == "free"
+    assert call(shared.url, "GET", "/v1/locks/g")[2]["state"] == "free"
 
 
-def test_the_document_leaves_out_the_scopes_the_server_refuses(server):
+def test_the_document_leaves_out_the_scopes_the_server_refuses(shared):
     # schemathesis (STOCKADE_LONG=1) sent a Fencing-Token whose scope was "." as schema-valid; the server
     # refuses "." and ".." (path steps, not names): the patterns now say so, for paths and tokens alike.
-    doc = call(server.url, "GET", "/openapi.json")[2]
+    doc = call(shared.url, "GET", "/openapi.json")[2]
     operation = doc["paths"]["/v1/kv/{scope}/{key}"]["delete"]
     patterns = {p["name"]: re.compile(p["schema"]["pattern"])
                 for p in operation["parameters"] if "pattern" in p["schema"]}
@@ -485,15 +495,15 @@ def test_the_document_leaves_out_the_scopes_the_server_refuses(server):
         assert not patterns["scope"].search(scope)
         assert not patterns["Fencing-Token"].search(f"stk1.0123456789abcdef.5.{scope}")
         token = f"stk1.0123456789abcdef.5.{scope}"
-        assert call(server.url, "DELETE", "/v1/kv/x/k", headers={"Fencing-Token": token})[0] == 400
+        assert call(shared.url, "DELETE", "/v1/kv/x/k", headers={"Fencing-Token": token})[0] == 400
     for scope in ("...", ".a", "a.b"):
         assert patterns["scope"].search(scope) and patterns["Fencing-Token"].search(f"stk1.0123456789abcdef.5.{scope}")
 
 
-def test_the_documents_links_name_real_operations_and_parameters(server):
+def test_the_documents_links_name_real_operations_and_parameters(shared):
     # The stateful fuzzer follows these links (S23); a link naming a parameter its target does not
     # take would be followed by nobody. Control: a planted wrong name is caught by the same check.
-    doc = call(server.url, "GET", "/openapi.json")[2]
+    doc = call(shared.url, "GET", "/openapi.json")[2]
     operations = {op["operationId"]: op for path in doc["paths"].values() for op in path.values()}
 
     def wrong(links):

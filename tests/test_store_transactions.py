@@ -1,6 +1,6 @@
 """`store.transaction(scope)` on the client handle (``open_store``), embedded and over HTTP (``POST /v1/tx``).
 
-Every backend of the conformance fixtures (``sqlite://``, ``memory://``, a real
+Each kind of store the client opens (`STORES`: ``sqlite://``, ``memory://``, a real
 `stockade serve` over ``http://``), sync and async: the steps are buffered in
 the client and applied all or none in one call that checks the token again
 (R6). S20 through the public API: a newer holder writes while the block is
@@ -20,9 +20,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
-from conftest import HELPERS, PYTHON, free_port, python_env
+from conftest import HELPERS, PYTHON, ServeProcess, free_port, python_env
 
 import stockade
 from stockade.core.limits import TX_WRITES_MAX
@@ -37,6 +38,29 @@ pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 S20_ROUNDS = 1000 if LONG else 200
 MIB = 1024 * 1024
+
+
+#: The stores a transaction runs on, as the conftest's ``backend`` names them: the SQLite file (``embedded``), the
+#: in-memory store and a served one. The other coordinator backends (PostgreSQL, etcd, ZooKeeper) would only mint
+#: the tokens for the same SQLite store; their tokens on a store are the conformance suite's
+#: (tests/test_coordinator_conformance.py: the lock block, stale tokens, another scope's token, idempotent replays).
+STORES = ["embedded", "memory", "http"]
+
+
+@pytest.fixture(params=STORES)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The conftest's ``backend``, over the kinds of store only (`STORES`)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """The conftest's ``http_server``, one per module and test worker: a case here writes only what the next one
+    expects to find (a fresh scope where it reads what is not yet written: `test_steps_are_buffered_read_back_and_
+    committed_together`), so the ``http`` cases share one `stockade serve` instead of starting one each."""
+    server = ServeProcess(tmp_path_factory.mktemp("tx-serve"))
+    yield server
+    server.stop()
 
 
 class Boom(Exception):
@@ -116,15 +140,16 @@ def value_of(writer, scope, key):
 
 def test_steps_are_buffered_read_back_and_committed_together(opened, client):
     coord, store, writer = opened
-    first = lease_token(coord, "reports")
-    writer.put("reports", "old", b"before", token=first)
-    writer.put("reports", "gone", b"to delete", token=first)
-    token = lease_token(coord, "reports")
+    scope = f"steps-{client.mode}"  # a scope of its own: the http cases share a server (`http_server`)
+    first = lease_token(coord, scope)
+    writer.put(scope, "old", b"before", token=first)
+    writer.put(scope, "gone", b"to delete", token=first)
+    token = lease_token(coord, scope)
     script = [("put", "daily.csv", b"day,total"), ("get", "daily.csv"), ("get", "old"), ("delete", "gone"),
               ("get", "gone"), ("put", "daily.csv", b"day,total,2"), ("get", "daily.csv"),
-              ("call", lambda: reads_meanwhile.append(value_of(writer, "reports", "daily.csv")))]
+              ("call", lambda: reads_meanwhile.append(value_of(writer, scope, "daily.csv")))]
     reads_meanwhile: list = []
-    tx, reads = play(client, store, "reports", script, token=token)
+    tx, reads = play(client, store, scope, script, token=token)
     own, through, deleted, latest = reads
     assert own.value == b"day,total" and own.commit_seq == 0 and own.token_value == token.value
     assert through.value == b"before" and through.commit_seq > 0
@@ -134,9 +159,9 @@ def test_steps_are_buffered_read_back_and_committed_together(opened, client):
     seqs = [r.commit_seq for r in tx.results]
     assert seqs == sorted(seqs) and seqs[0] > 0 and len(set(seqs)) == 3
     assert all(r.token_value == token.value == r.high_water and not r.replayed for r in tx.results)
-    assert value_of(writer, "reports", "daily.csv") == b"day,total,2"
-    assert writer.get("reports", "gone") is None and value_of(writer, "reports", "old") == b"before"
-    assert writer.high_water("reports") == token.value
+    assert value_of(writer, scope, "daily.csv") == b"day,total,2"
+    assert writer.get(scope, "gone") is None and value_of(writer, scope, "old") == b"before"
+    assert writer.high_water(scope) == token.value
 
 
 def test_the_token_defaults_to_the_enclosing_lease_k1(opened, client, coord_url):
@@ -247,7 +272,6 @@ def s20_round(store, writer, coord, scope, *, control):
     return int(bool(landed)), int(value_of(writer, scope, "b") != b"B"), refused
 
 
-@pytest.mark.parametrize("backend", ["embedded", "memory", "http"])
 def test_s20_newer_holder_during_the_block_never_interleaves(backend, coord_url, store_url):
     coord = stockade.connect(coord_url)
     cluster = None if backend == "http" else coord.cluster_id

@@ -30,7 +30,10 @@ before the lock-delay (a second) could have passed.
 The project's own run (tests/test_coordinator_conformance.py, fixtures in
 tests/conftest.py) takes every scheme of
 `stockade.coordinators.registry.COORDINATORS`: the SQLite file, the in-memory
-engine, and a real `stockade serve` subprocess over HTTP.
+engine, and a real `stockade serve` subprocess over HTTP. It runs each case on
+each backend in one mode by default, sync and async alternating by case and by
+backend, and in both modes with ``STOCKADE_LONG=1``: the sync client is
+generated from the async source, and the run checks that they are equal.
 """
 
 from __future__ import annotations
