@@ -446,10 +446,11 @@ def test_token_of_another_scope_is_mismatch(client, coord_url, store_url):
 def test_idempotent_write_replays_after_token_went_stale(client, coord_url, store_url):
     coord = client.connect(coord_url)
     store = client.open_store(store_url, cluster_id=coord.cluster_id)
-    old = client.run(coord.acquire("i", ttl_ms=1000, keepalive=False))
+    # Released, not lapsed: a TTL that outlives a loaded host's put (1 s did not, once, on ZooKeeper).
+    old = client.run(coord.acquire("i", ttl_ms=10_000, keepalive=False))
     first = client.run(store.put("i", "k", b"one", token=old.token, idempotency_key="op-1"))
     client.run(old.release())
-    new = client.run(coord.acquire("i", ttl_ms=1000, keepalive=False))
+    new = client.run(coord.acquire("i", ttl_ms=10_000, keepalive=False))
     client.run(store.put("i", "k", b"two", token=new.token))
     again = client.run(store.put("i", "k", b"one", token=old.token, idempotency_key="op-1"))
     assert again.replayed is True and again.commit_seq == first.commit_seq and first.replayed is False
