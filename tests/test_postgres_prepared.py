@@ -53,7 +53,7 @@ def test_a_refused_statement_raises_with_its_sqlstate_and_the_connection_goes_on
 
 
 def test_a_grant_refused_by_the_server_is_certain_to_have_done_nothing(pg_coord_url):
-    coord = PostgresCoordinator(pg_coord_url, statement_timeout_ms=300)
+    coord = PostgresCoordinator(pg_coord_url, statement_timeout_ms=1_500)  # 300 ms: a free grant timed out at load
     try:
         with psycopg.connect(pg_coord_url) as other:  # holds the scope's lock: the grant's lock_timeout ends it
             other.execute(f"SELECT {LOCK_SCOPE.format(scope='%s')}", ("busy",))
