@@ -463,10 +463,7 @@ class SQLiteRecords(Journaled):
             try:
                 # Inside the try: an interrupt (KeyboardInterrupt) raised as BEGIN returns must not leave
                 # the transaction, and the file's write lock, open on this connection.
-                try:
-                    conn.execute("BEGIN IMMEDIATE")  # the write lock is free, the usual case (a server's always)
-                except sqlite3.Error:
-                    self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
+                self._begin_immediate(conn)
                 yield conn
             except BaseException as exc:
                 if conn.in_transaction:
@@ -474,12 +471,22 @@ class SQLiteRecords(Journaled):
                 if isinstance(exc, sqlite3.Error):
                     raise BackendUnavailable(f"coordinator write failed: {exc}", certain_no_effect=True) from exc
                 raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise BackendUnavailable(f"coordinator commit failed: {exc}") from exc
+            self._commit_now(conn)
+
+    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # the write lock is free, the usual case (a server's always)
+        except sqlite3.Error:
+            self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
+
+    @staticmethod
+    def _commit_now(conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise BackendUnavailable(f"coordinator commit failed: {exc}") from exc
 
     def _retry_busy(self, statement: Any, *, bounded: bool = False) -> None:
         # SQLite's own busy handler sleeps in growing steps (up to 100 ms), so a
@@ -616,10 +623,7 @@ class SQLiteRecords(Journaled):
         try:
             # Inside the try, as in `_write`: an interrupt raised as BEGIN returns must not leave the
             # transaction, and the file's write lock, open on this connection.
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error:
-                self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), bounded=True)
+            self._begin_immediate(conn)
             try:
                 store_record(conn, old, new)
             except (StockadeError, sqlite3.Error) as exc:
@@ -632,12 +636,7 @@ class SQLiteRecords(Journaled):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise BackendUnavailable(f"coordinator commit failed: {exc}") from exc
+        self._commit_now(conn)
         return [None]
 
 
