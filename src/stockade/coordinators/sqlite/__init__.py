@@ -551,12 +551,12 @@ class SQLiteRecords(Journaled):
         does not abort the others. Each ``old`` must be what is stored for its
         scope at that point: the previous change's ``new``, or the loaded record.
 
-        Returns:
-            One slot per change: None when written, else the error.
-
         A batch is first written without savepoints (two statements fewer per
         change): only if a change fails is that transaction rolled back and the
         batch written again, each change in its SAVEPOINT, as said above.
+
+        Returns:
+            One slot per change: None when written, else the error.
 
         Raises:
             BackendUnavailable: BEGIN or COMMIT failed; nothing of the batch is durable.
@@ -600,18 +600,8 @@ class SQLiteRecords(Journaled):
                 raise BackendUnavailable(f"coordinator read failed: {exc}", certain_no_effect=True) from exc
             finally:
                 self._lock.release()
-        try:
-            with self._write() as conn:
-                try:
-                    store_record(conn, old, new)
-                except (StockadeError, sqlite3.Error) as exc:
-                    raise _ChangeFailed(exc) from exc
-        except _ChangeFailed as failed:
-            error = failed.error
-            if isinstance(error, sqlite3.Error):
-                error = BackendUnavailable(f"coordinator write failed: {error}", certain_no_effect=True)
-            return [error]
-        return [None]
+        with self._locked() as conn:  # another thread of this process has it: waited for, within the bound
+            return self._commit_one_locked(conn, old, new)
 
     def _commit_one_locked(self, conn: sqlite3.Connection, old: ScopeRecord,
                            new: ScopeRecord | None) -> list[StockadeError | None]:

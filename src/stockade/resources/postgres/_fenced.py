@@ -68,14 +68,15 @@ _MEMORIES: weakref.WeakKeyDictionary[object, VerifiedTokens] = weakref.WeakKeyDi
 def _memory_of(keys: object) -> VerifiedTokens:
     """What checks tokens against ``keys``: one memory per verifier object (`stockade.resources._verified_tokens`
     says what it changes: nothing a token could tell), a fresh one for keys given otherwise (a path, a keyring)."""
-    memory = _MEMORIES.get(keys) if isinstance(keys, FixedKeys | KeyFile) else None
+    kept = isinstance(keys, FixedKeys | KeyFile)
+    memory = _MEMORIES.get(keys) if kept else None
     if memory is None:
         verifier = verifier_of(keys, None)
         assert verifier is not None
         verification = Verification()
         verification.use_keys(verifier, verifier.cluster_id)
         memory = VerifiedTokens(verification)
-        if isinstance(keys, FixedKeys | KeyFile):
+        if kept:
             _MEMORIES[keys] = memory
     return memory
 
