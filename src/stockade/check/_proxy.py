@@ -49,6 +49,7 @@ PASSED_MAX = 10_000
 #: Where a `Hold` cuts the request it caught: ``head``, ``body``, ``tail`` (see the module docstring).
 MODES = ("head", "body", "tail")
 _CHUNK = 65536
+CLOSE_JOIN_S = 5.0  # `close` waits this long at most for each connection's thread
 
 
 def upstream_of(url: str) -> tuple[str, int] | None:
@@ -132,6 +133,7 @@ class HoldProxy:
         self._armed: Hold | None = None
         self._caught: list[Hold] = []
         self._sockets: list[socket.socket] = [self._listener]
+        self._threads: list[threading.Thread] = []  # each connection's two, joined by `close`
         threading.Thread(target=self._accept, daemon=True, name="check-proxy").start()
 
     @property
@@ -147,12 +149,15 @@ class HoldProxy:
                 server.settimeout(None)
             except OSError:
                 return
-            with self._state:
-                self._sockets += [client, server]
             in_flight: list[Passed] = []  # this connection's requests forwarded and not yet answered, oldest first
             requests = self._requests if self.http else self._pump
-            threading.Thread(target=requests, args=(client, server, in_flight), daemon=True).start()
-            threading.Thread(target=self._answers, args=(server, client, in_flight), daemon=True).start()
+            threads = [threading.Thread(target=requests, args=(client, server, in_flight), daemon=True),
+                       threading.Thread(target=self._answers, args=(server, client, in_flight), daemon=True)]
+            with self._state:  # started under the lock: `close` never joins a thread not yet started
+                self._sockets += [client, server]
+                self._threads += threads
+                for thread in threads:
+                    thread.start()
 
     def _pump(self, source: socket.socket, sink: socket.socket, _in_flight: list[Passed]) -> None:
         """The client's bytes, unparsed (held as they come while `hold` is on)."""
@@ -275,17 +280,29 @@ class HoldProxy:
             return hold
 
     def close(self) -> None:
-        """Close every socket and let every held request go (its connection is closed: it reaches no one)."""
+        """Close every socket and let every held request go (its connection is closed: it reaches no one).
+
+        Then waits (at most `CLOSE_JOIN_S` each) for the connections' threads, so that every record in
+        `passed` is complete: a request's last stamp is taken on its thread after its send returned, and
+        its answer may have reached the client before that.
+        """
         with self._state:
             sockets, self._sockets = self._sockets, []
             caught, self._caught, self._armed = self._caught, [], None
+            threads, self._threads = self._threads, []
         for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it (close alone does not)
+            except OSError:
+                pass
             try:
                 sock.close()
             except OSError:
                 pass
         for hold in caught:
             hold.release()
+        for thread in threads:
+            thread.join(CLOSE_JOIN_S)
 
     def __enter__(self) -> HoldProxy:
         return self
