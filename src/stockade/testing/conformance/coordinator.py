@@ -645,12 +645,15 @@ def _interrupted_when_queued(call: Callable[[], Any], queued: Callable[[], bool]
     stop = threading.Event()
 
     def interrupt() -> None:
+        # SIGINT is sent in every case but the call's own end: once queued, or at the deadline, or when
+        # ``queued()`` fails. A wait without a deadline must never be left running (a CI run once hung here).
         deadline = time.monotonic() + _WAIT_S
-        while not stop.is_set() and time.monotonic() < deadline:
-            if queued():
+        try:
+            while not stop.is_set() and time.monotonic() < deadline and not queued():
+                time.sleep(0.005)
+        finally:
+            if not stop.is_set():
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-                return
-            time.sleep(0.005)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Thread(target=interrupt, daemon=True)
