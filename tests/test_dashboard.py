@@ -21,11 +21,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import HELPERS
+from conftest import BACKENDS, HELPERS
 
 sys.path.insert(0, str(HELPERS))
 from server_fixtures import PYTHON, ServerProcess, _env, request, start_server  # noqa: E402
 
+from stockade.coordinators.registry import COORDINATORS  # noqa: E402
 from stockade.core.journal import HistoryEvent  # noqa: E402
 from stockade.testing.servers import reaper  # noqa: E402
 from stockade.timeline import CSS as TIMELINE_CSS  # noqa: E402
@@ -40,18 +41,7 @@ def _serve(tmp_path: Path, *args: str, control: str | None = None, auth: bool = 
     tokens = tmp_path / "tokens"
     tokens.write_text(f"{ADMIN}\n{SCOPED} reports.*\n")
     extra = ("--auth-tokens", str(tokens), *args) if auth else args
-    if control is None:
-        return start_server(tmp_path / "data", *extra)
-    data = tmp_path / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    log = data / "control.log"
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen([PYTHON, str(HELPERS / "dashboard_controls.py"), control, "--data-dir", str(data),
-                                 "--port", "0", *extra], stdout=subprocess.PIPE, stderr=stderr, env=_env())
-    reaper.watch(proc.pid)
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    assert b"listening on" in line, log.read_text()
-    return ServerProcess(proc, line.decode().strip().rsplit(" ", 1)[-1], data, log)
+    return start_server(tmp_path / "data", *extra, control=control, controls="dashboard_controls.py")
 
 
 def _acquire(url: str, scope: str, holder: str = "h", wait_ms: int = 0) -> dict:
@@ -197,6 +187,82 @@ def test_control_a_session_that_ignores_its_scopes_is_caught(tmp_path: Path) -> 
         server.stop()
 
 
+def _bad_cookies(good: str) -> dict[str, str]:
+    """Cookies a hostile client sends: huge, malformed, of another name, made up from a good one."""
+    expires, who, mac = good.split("=", 1)[1].split(".")
+    return {
+        "huge (12 KiB)": "stockade_session=" + "A" * 12 * 1024,
+        "past the header bound (20 KiB)": "stockade_session=" + "A" * 20 * 1024,
+        "empty": "stockade_session=", "no dots": "stockade_session=abc", "dots only": "stockade_session=..",
+        "latin-1 bytes": "stockade_session=\u00e9\u00e9.\u00fc.\u00f6",
+        "another name": f"session={expires}.{who}.{mac}",
+        "a field too many": f"{good}.{mac}", "expired": f"stockade_session=0.{who}.{mac}",
+        "a digit the key did not sign": f"stockade_session={expires}9.{who}.{mac}",
+        "another token's name": f"stockade_session={expires}.{mac[:len(who)]}.{mac}",
+        "forged first, good second": f"stockade_session=1.2.3; {good}",
+    }
+
+
+def _admin_view(server: ServerProcess) -> tuple[list[tuple[str, str, str]], bytes | None]:
+    """What a hostile request must not change: the leases (read with the bearer token) and the kept logouts."""
+    state = json.loads(request(server.url, "GET", "/ui/api/state", headers=BEARER)[2])
+    logouts = server.data_dir / "dashboard.logouts"
+    return ([(r["scope"], r["holder"], r["token"]) for r in state["scopes"]],
+            logouts.read_bytes() if logouts.exists() else None)
+
+
+def _refused(server: ServerProcess, cookie: str) -> dict[str, int]:
+    """The status of each dashboard request made with ``cookie`` alone (the data, the stream, a timeline, a
+    logout); the stream is asked with urllib, so an accepted one would hang the test until its timeout."""
+    return {f"{method} {path}": request(server.url, method, path, headers={"Cookie": cookie}, timeout=10)[0]
+            for method, path in (("GET", "/ui/api/state"), ("GET", "/ui/events"), ("GET", "/ui/api/timeline/billing"),
+                                 ("DELETE", "/ui/session"))}
+
+
+def test_a_hostile_client_gets_a_4xx_and_changes_nothing(tmp_path: Path) -> None:
+    """Bad cookies, a cookie replayed after its logout and after a restart, a limited token asking for another
+    scope: each a 4xx, and neither the leases nor the kept logouts nor another session change."""
+    server = _serve(tmp_path)
+    try:
+        for scope in ("billing", "reports.daily"):
+            _acquire(server.url, scope)
+        good, limited = _login(server.url, ADMIN), _login(server.url, SCOPED)
+        before = _admin_view(server)
+        answers = {name: _refused(server, cookie) for name, cookie in _bad_cookies(good).items()}
+        print("\n" + "\n".join(f"{name}: {sorted(set(seen.values()))}" for name, seen in answers.items()))
+        assert {name: {s for s in seen.values() if not 400 <= s < 500} for name, seen in answers.items()} == {
+            name: set() for name in answers}
+        assert set(answers["past the header bound (20 KiB)"].values()) == {431}
+        assert set(answers["huge (12 KiB)"].values()) == {401}
+        # A scope-limited session asks for another scope: 403 for its timeline, nothing of it in the data.
+        assert request(server.url, "GET", "/ui/api/timeline/billing", headers={"Cookie": limited})[0] == 403
+        assert request(server.url, "GET", "/ui/api/timeline/billing",
+                       headers={"Authorization": f"Bearer {SCOPED}"})[0] == 403
+        state = json.loads(request(server.url, "GET", "/ui/api/state?q=billing", headers={"Cookie": limited})[2])
+        assert (state["scopes"], state["scopes_seen"]) == ([], 0)
+        stream = EventStream(server.url, {"Cookie": limited}, "?q=billing")
+        try:
+            assert stream.status() == 200 and stream.snapshot()["scopes"] == []
+        finally:
+            stream.close()
+        assert _admin_view(server) == before
+        # A cookie replayed after its logout, then after a restart: refused, and its logout is not redone.
+        assert request(server.url, "DELETE", "/ui/session", headers={"Cookie": good})[0] == 204
+        logged_out = _admin_view(server)
+        assert logged_out[1] is not None and logged_out[1] != before[1]
+        assert set(_refused(server, good).values()) == {401}
+        assert _admin_view(server) == logged_out
+    finally:
+        server.stop()
+    server = _serve(tmp_path)
+    try:
+        assert set(_refused(server, good).values()) == {401}
+        assert _admin_view(server) == logged_out
+        assert request(server.url, "GET", "/ui/api/state", headers={"Cookie": limited})[0] == 200  # untouched
+    finally:
+        server.stop()
+
+
 def _answers(server: ServerProcess, cookie: str) -> list[bytes]:
     """Every page, file, document and a few events the dashboard serves for what ``_grants`` made."""
     headers = {"Cookie": cookie}
@@ -228,7 +294,7 @@ def _grants(server: ServerProcess) -> list[dict]:
 
 def _leaks(answers: list[bytes], grants: list[dict]) -> list[str]:
     secrets = [g["lease_id"] for g in grants] + [g["token"] for g in grants] + [g["token"].split(".")[4]
-                                                                                for g in grants]
+                                                                                for g in grants] + [ADMIN, SCOPED]
     return [secret for secret in secrets for answer in answers if secret.encode() in answer]
 
 
@@ -346,7 +412,15 @@ def test_busiest_scopes_first_in_pages_and_the_filter(tmp_path: Path) -> None:
         assert len(shown) == 120
         found = json.loads(request(server.url, "GET", "/ui/api/state?q=.11")[2])
         assert sorted(row["scope"] for row in found["scopes"]) == [f"job.{i}" for i in range(110, 120)]
-        for bad in ("page=200", "page=-1", "q=" + "x" * 201, "other=1"):
+        # A scope's page asks for its scope by name: found however many busier scopes contain the name.
+        grant = _acquire(server.url, "job")
+        assert request(server.url, "DELETE", f"/v1/leases/{grant['lease_id']}")[0] == 204
+        by_filter = json.loads(request(server.url, "GET", "/ui/api/state?q=job")[2])
+        assert by_filter["scopes_seen"] == 121 and "job" not in [row["scope"] for row in by_filter["scopes"]]
+        by_name = json.loads(request(server.url, "GET", "/ui/api/state?scope=job")[2])
+        assert [(row["scope"], row["state"]) for row in by_name["scopes"]] == [("job", "free")]
+        assert json.loads(request(server.url, "GET", "/ui/api/state?scope=jo")[2])["scopes"] == []
+        for bad in ("page=200", "page=-1", "q=" + "x" * 201, "other=1", "scope=..", "scope=job&page=0", "scope="):
             assert request(server.url, "GET", f"/ui/api/state?{bad}")[0] == 400, bad
         for proc in waiting:
             proc.kill()
@@ -440,7 +514,12 @@ def _ui(url: str) -> tuple[subprocess.Popen[bytes], str]:
     return proc, line.rsplit(" ", 1)[1].strip().removesuffix("/ui/")
 
 
-@pytest.mark.parametrize("backend", ["embedded", "http", "postgres", "etcd", "zookeeper"], indirect=True)
+#: The backends another process can reach (`stockade ui` is one): all but the in-process memory engine.
+OTHER_PROCESS = [name for name, schemes in BACKENDS.items()
+                 if any(COORDINATORS[scheme].served or COORDINATORS[scheme].remote for scheme in schemes)]
+
+
+@pytest.mark.parametrize("backend", OTHER_PROCESS, indirect=True)
 def test_stockade_ui_shows_the_scope_stockade_status_shows(coord_url: str, backend: str) -> None:
     import stockade
 

@@ -30,7 +30,6 @@ PENDING = {
     "tests/test_fence_retry_kill.py", "tests/test_history_etcd.py",
     "tests/test_shard_log.py", "tests/test_store_conformance.py", "tests/test_store_transactions.py",
     "tests/test_frozen_bounds.py",  # landed with issue 27
-    "tests/test_dashboard.py",  # landed with issue 31
     "tests/test_package.py",  # the package extras, named like the backends they install drivers for
 }
 KNOWN = set(COORDINATORS) | set(SCHEMES) | set(FLOOR_TARGETS)

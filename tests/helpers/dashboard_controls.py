@@ -8,6 +8,9 @@ Usage: ``python dashboard_controls.py CONTROL [serve args...]``. Each control pa
 - ``drops-expiries``: the scope page's timeline leaves out the coordinator's expiries.
 - ``drops-refusals``: the scope page's timeline leaves out the store's refusals (its journal is not read).
 - ``forgets-logouts``: logouts are kept in memory only, so a restart brings a logged-out cookie back.
+- ``frozen-stream``: a stream sends its first snapshot and nothing after it (no live update).
+- ``console-error``: the page's script logs an error to the browser's console once loaded.
+- ``no-reconnect``: the page gives up when its stream is cut (it closes the stream and never retries).
 - ``small-stream-buffer`` (a knob, not a control): the bound on a stream's unsent bytes is 16 KiB, so that a
   test reaches it in a few frames (the real bound is 256 KiB).
 
@@ -61,6 +64,21 @@ elif CONTROL == "drops-refusals":
 
 elif CONTROL == "forgets-logouts":
     _dashboard._write_logouts = lambda path, logged_out: None
+
+elif CONTROL == "frozen-stream":
+    _dashboard.Dashboard._tick = lambda self: asyncio.sleep(3600)  # type: ignore[method-assign]
+
+elif CONTROL in ("console-error", "no-reconnect"):
+    script = _dashboard._file("dashboard.js").decode()
+    if CONTROL == "console-error":
+        script += '\nconsole.error("control: an error on the page");\n'
+    else:
+        for old, new in (("state.retry = setTimeout(connect, 1000);", "state.retry = null;"),
+                         ('else setStatus("reconnecting…", false);',
+                          'else { source.close(); setStatus("gave up", false); }')):
+            assert script.count(old) == 1, old  # the control must change the page, not silently nothing
+            script = script.replace(old, new)
+    _dashboard._files["dashboard.js"] = script.encode()
 
 else:
     raise SystemExit(f"unknown control {CONTROL!r}")

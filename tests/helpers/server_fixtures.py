@@ -52,14 +52,16 @@ class ServerProcess:
         return self.stderr_path.read_text(errors="replace")
 
 
-def start_server(data_dir: Path, *args: str, control: str | None = None, port: int = 0) -> ServerProcess:
-    """Run ``stockade serve --port 0`` (or the control ``control``) and wait for its ready line."""
+def start_server(data_dir: Path, *args: str, control: str | None = None, port: int = 0,
+                 controls: str = "server_controls.py") -> ServerProcess:
+    """Run ``stockade serve --port 0`` (or the control ``control`` of the helper file ``controls``) and wait for
+    its ready line."""
     data_dir.mkdir(parents=True, exist_ok=True)
     serve_args = ["--data-dir", str(data_dir), "--port", str(port), *args]
     if control is None:
         command = [PYTHON, "-m", "stockade", "serve", *serve_args]
     else:
-        command = [PYTHON, str(HELPERS / "server_controls.py"), control, *serve_args]
+        command = [PYTHON, str(HELPERS / controls), control, *serve_args]
     stderr_path = data_dir / f"server-{time.monotonic_ns()}.log"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, env=_env())

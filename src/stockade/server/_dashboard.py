@@ -8,7 +8,7 @@ Paths (none of them writes a lease or a value; the API is untouched)::
     POST   /ui/session              a bearer token (in Authorization, no body) for a session cookie
     DELETE /ui/session              log out
     GET    /ui/api/session          whether auth is on and the request is logged in (to anyone)
-    GET    /ui/api/state?q=&page=   one snapshot (`stockade.server._dashboard_view`) as JSON
+    GET    /ui/api/state?q=&page=   one snapshot (`stockade.server._dashboard_view`) as JSON (?scope=NAME: one scope)
     GET    /ui/api/timeline/{scope} the scope's timeline, an HTML fragment drawn by `stockade.timeline`, the
                                     renderer of ``stockade history --html`` and ``stockade check --report``
     GET    /ui/events?q=&page=      the same snapshots as server-sent events, while the page is open
@@ -150,16 +150,21 @@ class Sessions:
             return None
         return _Session(self._patterns[who])
 
-    def close(self, cookie_header: str | None) -> None:
-        """Log out: this cookie's token's sessions opened until now are refused from now on, across restarts."""
+    def close(self, cookie_header: str | None) -> bool:
+        """Log out: this cookie's token's sessions opened until now are refused from now on, across restarts.
+
+        Returns False, changing nothing, for a cookie that is not a live session (none, forged, expired, or
+        logged out already).
+        """
         value = _cookie(cookie_header)
         if value is None or self.find(cookie_header) is None:
-            return
+            return False
         who = value.split(".")[1]
         # Every cookie of this token made until now expires no later than now + session_s.
         self._logged_out[who] = max(self._logged_out.get(who, 0), int(time.time()) + self.session_s)
         if self._logouts_path is not None:
             _write_logouts(self._logouts_path, self._logged_out)
+        return True
 
 
 def _read_logouts(path: Path | None, known: set[str]) -> dict[str, int]:
@@ -292,10 +297,9 @@ class Dashboard:
             return _static(rest[len("static/"):])
         patterns = self._viewer(request)
         if rest == "api/state":
-            view = view_of(query(request, ("q", "page")), patterns)
-            return self._state(view)
+            return self._state(view_of(query(request, ("q", "page", "scope")), patterns))
         if rest == "events":
-            return self._events(view_of(query(request, ("q", "page")), patterns))
+            return self._events(view_of(query(request, ("q", "page", "scope")), patterns))
         if rest.startswith("api/timeline/"):
             scope = validate_scope(segment(rest[len("api/timeline/"):], "scope"))
             query(request, ())
@@ -333,9 +337,11 @@ class Dashboard:
         query(request, ())
         if request.body:
             raise Problem("invalid-argument", "the token goes in the Authorization header; the body must be empty")
-        if request.method == "DELETE":
-            self.sessions.close(request.headers.get("cookie"))
-            return Response(204, headers=[("Set-Cookie", f"{COOKIE}=; {self._cookie_flags()}; Max-Age=0")])
+        if request.method == "DELETE":  # log out; the browser forgets the cookie either way
+            forget = [("Set-Cookie", f"{COOKIE}=; {self._cookie_flags()}; Max-Age=0")]
+            if self.auth is not None and not self.sessions.close(request.headers.get("cookie")):
+                raise Problem("unauthorized", "no session to log out (not logged in, or logged out already)", forget)
+            return Response(204, headers=forget)
         if request.method != "POST":
             raise Problem("method-not-allowed", f"{request.method} not allowed", [("Allow", "POST, DELETE")])
         if self.auth is None:

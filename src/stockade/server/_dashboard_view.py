@@ -34,7 +34,7 @@ from typing import Any
 from stockade import metrics
 from stockade.core.errors import InvalidArgument
 from stockade.core.leases import ScopeInfo, ScopeRecord, describe
-from stockade.core.limits import LIST_PAGE_MAX
+from stockade.core.limits import LIST_PAGE_MAX, validate_scope
 from stockade.resources._observe import REASONS
 from stockade.server import _metrics
 from stockade.server._leases import LeaseService
@@ -60,9 +60,10 @@ class View:
     patterns: tuple[str, ...] | None
     text: str = ""
     page: int = 0
+    exact: bool = False  # ``text`` is one scope's whole name (a scope's page), not a part of names
 
     def sees(self, scope: str) -> bool:
-        if self.text and self.text not in scope:
+        if self.text and (scope != self.text if self.exact else self.text not in scope):
             return False
         if self.patterns is None:
             return True
@@ -77,11 +78,17 @@ def _split(patterns: tuple[str, ...]) -> tuple[tuple[str, ...], frozenset[str]]:
 
 
 def view_of(params: dict[str, str], patterns: tuple[str, ...] | None) -> View:
-    """The view a query asks for: ``q`` (a substring of scope names) and ``page`` (from 0).
+    """The view a query asks for: ``q`` (a substring of scope names) and ``page`` (from 0), or ``scope`` (one
+    scope by its whole name, what a scope's page shows, however many scopes contain its name).
 
     Raises:
-        InvalidArgument: a filter too long or not printable, or a page out of 0..PAGES_MAX-1.
+        InvalidArgument: a filter too long or not printable, a page out of 0..PAGES_MAX-1, or ``scope`` not a
+            scope name or with ``q`` or ``page``.
     """
+    if "scope" in params:
+        if len(params) > 1:
+            raise InvalidArgument("scope", "goes alone, without q or page")
+        return View(patterns, validate_scope(params["scope"]), 0, exact=True)
     text = params.get("q", "")
     if len(text) > FILTER_CHARS_MAX or not text.isprintable():
         raise InvalidArgument("q", f"at most {FILTER_CHARS_MAX} printable characters")
@@ -131,6 +138,10 @@ def _busy(record: ScopeRecord, now_ns: int) -> tuple[int, bool, int]:
 
 def _ranked(records: Mapping[str, ScopeRecord], view: View, now_ns: int) -> tuple[list[ScopeRecord], int]:
     """The view's page of records, busiest first, and how many records the view sees."""
+    if view.exact:  # a scope's page: one lookup, not a pass
+        record = records.get(view.text)
+        found = [record] if record is not None and view.sees(record.scope) else []
+        return found, len(found)
     wanted = (view.page + 1) * PAGE_SCOPES
     if not view.text and view.patterns is None:  # sees every scope: no test per scope
         top = heapq.nlargest(wanted, records.values(), key=lambda r: _busy(r, now_ns))

@@ -3,7 +3,7 @@
 "use strict";
 
 const scopePage = document.body.dataset.scope || "";
-const state = { q: scopePage, page: 0, source: null, retry: null, snapshot: null, at: 0, timelineBusy: false };
+const state = { q: "", page: 0, source: null, retry: null, snapshot: null, at: 0, timelineBusy: false };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -62,8 +62,9 @@ main.append(board);
 
 function drawScopes(doc) {
   const rows = scopePage ? doc.scopes.filter((s) => s.scope === scopePage) : doc.scopes;
+  const numeric = new Set(["token", "time left", "lock-delay", "high-water mark"]); // right-aligned, as their values
   const head = el("tr", {}, ...["scope", "state", "holder", "token", "time left", "waiters (in order)",
-    "lock-delay", "high-water mark"].map((t) => el("th", {}, t)));
+    "lock-delay", "high-water mark"].map((t) => el("th", { class: numeric.has(t) ? "num" : null }, t)));
   const body = rows.map((s) => el("tr", { class: s.state, "data-scope": s.scope },
     el("td", {}, el("a", { href: "/ui/scope/" + encodeURIComponent(s.scope) }, s.scope)),
     el("td", {}, el("span", { class: "badge " + s.state }, s.state)),
@@ -151,8 +152,8 @@ function setStatus(text, live) {
   status.className = "status " + (live ? "on" : "off");
 }
 
-function query() {
-  return `q=${encodeURIComponent(state.q)}&page=${state.page}`;
+function query() { // a scope's page asks for that scope by its whole name (a filter would match others too)
+  return scopePage ? "scope=" + encodeURIComponent(scopePage) : `q=${encodeURIComponent(state.q)}&page=${state.page}`;
 }
 
 async function connect() {
