@@ -114,10 +114,13 @@ def _console_errors(browser: Browser) -> list[dict]:
     return [entry for entry in browser.console() if entry.get("level") == "SEVERE"]
 
 
-def _outage_errors(browser: Browser) -> list[dict]:
-    """The console's errors but the failed requests of a server that is away (what a browser logs then)."""
-    return [entry for entry in _console_errors(browser)
-            if not (entry.get("source") == "network" and "net::ERR_" in entry.get("message", ""))]
+def _outage_errors(browser: Browser) -> tuple[list[dict], int]:
+    """The console's errors but the failed requests of a server that is away (what a browser logs then), and
+    how many of those there were."""
+    errors = _console_errors(browser)
+    others = [entry for entry in errors
+              if not (entry.get("source") == "network" and "net::ERR_" in entry.get("message", ""))]
+    return others, len(errors) - len(others)
 
 
 def _restart(browser: Browser, server: ServerProcess, data: Path, tokens: Path, control: str | None) -> ServerProcess:
@@ -206,7 +209,7 @@ def test_the_dashboard_in_a_headless_browser(tmp_path: Path) -> None:
         reconnect_s = _live_again(browser)
         waiter.join(30)
         shown_s.append(_grant_shown(browser, server.url, "after.restart", "gina", grants))
-        outage = _outage_errors(browser)  # the requests refused while the server was away are all it logged
+        outage, refused = _outage_errors(browser)  # the requests refused while the server was away: all it logged
         assert outage == [], outage
 
         # A scope-limited token sees its scopes only, and not the server's health.
@@ -216,7 +219,8 @@ def test_the_dashboard_in_a_headless_browser(tmp_path: Path) -> None:
         errors = _console_errors(browser)
         assert errors == [], errors
         print(f"grants shown after {', '.join(f'{s * 1000:.0f}' for s in shown_s)} ms (bound {APPEAR_S} s); "
-              f"live again {reconnect_s * 1000:.0f} ms after the server restarted")
+              f"live again {reconnect_s * 1000:.0f} ms after the server restarted ({refused} refused requests logged "
+              "meanwhile)")
     finally:
         browser.close()
         server.stop()
