@@ -72,6 +72,22 @@ def assert_no_workers_left(result: subprocess.CompletedProcess[str]) -> None:
     assert [line for line in listing.splitlines() if scratch in line] == []
 
 
+def paused_holder_check(coordinator_url: str, tmp_path: Path, *extra: str, ttl_ms: str = "300",
+                        rounds: str = ROUNDS) -> tuple[str, int]:
+    """The pause case of `stockade check` (docs/check.md), the one harness for it, on a coordinator a test
+    started (etcd, ZooKeeper, PostgreSQL): a worker process holds a scope, is stopped (SIGSTOP) until the
+    coordinator ends its lease and another worker has taken and written the scope, then writes with its old
+    token to an embedded store; once a round, ``rounds`` rounds. Its output and exit status."""
+    with stockade.connect(coordinator_url) as coord:
+        cluster_id = coord.cluster_id
+    (tmp_path / "paused").mkdir(parents=True)
+    store = f"sqlite:///{tmp_path / 'paused' / 'store.db'}"
+    stockade.open_store(store, cluster_id=cluster_id, keys="tokenless").close()
+    result = check("--coordinator", coordinator_url, "--resource", store, "--cases", "pause", *extra,
+                   "--seconds", "600", timeout=900, ttl_ms=ttl_ms, rounds=rounds)
+    return result.stdout, result.returncode
+
+
 @pytest.fixture
 def embedded(tmp_path: Path) -> Iterator[tuple[str, stockade.Coordinator]]:
     url = f"sqlite:///{tmp_path / 'coord.db'}"

@@ -293,31 +293,15 @@ def test_a_restored_snapshot_is_refused_by_a_client_that_saw_later_revisions(own
     assert own_cluster.put(b"control/next") <= max(issued)
 
 
-def paused_holder_check(coordinator_url: str, tmp_path: Path, *extra: str, ttl_ms: str = "300") -> tuple[str, int]:
-    """The pause case of `stockade check` (docs/check.md), the one harness for it: a worker process holds a scope,
-    is stopped (SIGSTOP) until the coordinator ends its lease and another worker has taken and written the scope,
-    then writes with its old token to an embedded store; once a round. Its output and exit status."""
-    from test_check import check
-
-    with stockade.connect(coordinator_url) as coord:
-        cluster_id = coord.cluster_id
-    (tmp_path / "paused").mkdir(parents=True)
-    store = f"sqlite:///{tmp_path / 'paused' / 'store.db'}"
-    stockade.open_store(store, cluster_id=cluster_id, keys="tokenless").close()
-    result = check("--coordinator", coordinator_url, "--resource", store, "--cases", "pause", *extra,
-                   "--seconds", "600", timeout=900, ttl_ms=ttl_ms)
-    return result.stdout, result.returncode
-
-
 def test_a_holder_paused_past_its_ttl_has_its_writes_rejected(url, tmp_path):
-    from test_check import ROUNDS
+    from test_check import ROUNDS, paused_holder_check
 
     out, status = paused_holder_check(url, tmp_path)
     assert status == 0 and f"held    pause: 0 of {ROUNDS} stale writes applied" in out, out
 
 
 def test_a_paused_holder_control_without_the_fence_is_caught(url, tmp_path):
-    from test_check import ROUNDS
+    from test_check import ROUNDS, paused_holder_check
 
     out, status = paused_holder_check(url, tmp_path, "--control", "fencing-off")
     assert status == 1 and f"BROKEN  pause: {ROUNDS} of {ROUNDS} stale writes applied" in out, out

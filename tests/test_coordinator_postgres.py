@@ -487,53 +487,27 @@ def test_s15_control_storm_without_timeline_regresses(tmp_path):
 
 # -- a client paused past its TTL -----------------------------------------------------------------
 
-PAUSED_ROUNDS = 50 if os.environ.get("STOCKADE_LONG") == "1" else 12
-
-
-def _paused_rounds(coord_url: str, store_path, rounds: int, *, control: bool) -> int:
-    """Rounds in which the paused client's write was accepted after a newer holder wrote."""
-    import signal
-    import subprocess
-    import sys
-
-    from conftest import python_env
-
-    env = python_env()
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath("src"), env["PYTHONPATH"]])
-    helper = os.path.join(os.path.dirname(__file__), "helpers", "pg_paused.py")
-    child = subprocess.Popen([sys.executable, helper, coord_url, str(store_path), str(rounds), "1" if control else "0"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    coord = stockade.connect(coord_url)
-    store = stockade.open_store(f"sqlite:///{store_path}", cluster_id=coord.cluster_id, keys=coord.verify_keys())
-    accepted = 0
-    try:
-        for _ in range(rounds):
-            held = int(child.stdout.readline().split()[1])
-            os.kill(child.pid, signal.SIGSTOP)  # its keepalive stops with it
-            lease = coord.acquire("p", ttl_ms=5_000, wait_ms=10_000, keepalive=False)  # after the server expired it
-            assert lease.token.value > held
-            store.put("p", "k", b"newer holder", token=lease.token)
-            lease.release()
-            os.kill(child.pid, signal.SIGCONT)
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            accepted += child.stdout.readline().strip() == "accepted"
-    finally:
-        child.stdin.close()
-        child.wait(30)
-        coord.close()
-    return accepted
+PAUSED_ROUNDS = "50" if os.environ.get("STOCKADE_LONG") == "1" else "12"
+PAUSED_CONTROL_ROUNDS = "3"
 
 
 def test_a_client_paused_past_its_ttl_is_fenced_out(pg_coord_url, tmp_path):
-    accepted = _paused_rounds(pg_coord_url, tmp_path / "store.db", PAUSED_ROUNDS, control=False)
-    print(f"paused past the TTL: {accepted} of {PAUSED_ROUNDS} writes accepted")
-    assert accepted == 0
+    """The pause case of `stockade check` on this coordinator (`paused_holder_check`): a worker holding a lease
+    (TTL 300 ms, keepalive on) is stopped with SIGSTOP, a newer holder is granted once the server expired it and
+    writes, the stopped one resumes and writes with its old token: refused in every round."""
+    from test_check import paused_holder_check
+
+    out, status = paused_holder_check(pg_coord_url, tmp_path, rounds=PAUSED_ROUNDS)
+    assert status == 0 and f"held    pause: 0 of {PAUSED_ROUNDS} stale writes applied" in out, out
 
 
 def test_control_a_paused_client_writes_where_fencing_is_off(pg_coord_url, tmp_path):
-    accepted = _paused_rounds(pg_coord_url, tmp_path / "store.db", 3, control=True)
-    assert accepted == 3
+    """The same check with the store's fence turned off (``--control fencing-off``): the old token writes."""
+    from test_check import paused_holder_check
+
+    out, status = paused_holder_check(pg_coord_url, tmp_path, "--control", "fencing-off", rounds=PAUSED_CONTROL_ROUNDS)
+    assert status == 1, out
+    assert f"BROKEN  pause: {PAUSED_CONTROL_ROUNDS} of {PAUSED_CONTROL_ROUNDS} stale writes applied" in out, out
 
 
 # -- the rules run as SQL (one statement per common case) agree with the lease engine -------------

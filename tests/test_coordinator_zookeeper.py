@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import HELPERS, PYTHON, python_env
 from helpers.zk_ensemble import CONTAINER_CHECK_MS, ZkEnsemble, zookeeper_available
-from test_coordinator_etcd import _check, _grants, _wait_grants, paused_holder_check
+from test_coordinator_etcd import _check, _grants, _wait_grants
 
 import stockade
 from stockade.coordinators.registry import Capability
@@ -228,7 +228,7 @@ def test_suspended_connection_marks_the_lease_lost_by_its_local_deadline(url, zk
 def test_a_client_paused_past_its_session_timeout_has_its_writes_rejected(url, tmp_path):
     """The pause case of `stockade check` on a 2 s session (`paused_holder_check`), beside its control: the same
     worker writing through a store with its fence swapped out."""
-    from test_check import ROUNDS
+    from test_check import ROUNDS, paused_holder_check
 
     session = "?session_timeout_ms=2000"
     out, status = paused_holder_check(url + session, tmp_path / "fenced", ttl_ms="1000")

@@ -15,7 +15,7 @@ from conftest import python_env
 
 import stockade
 from stockade.resources.sqlite_db import SQLiteFence
-from stockade.timeline import Event, Verdict, render_html, render_text
+from stockade.timeline import Event, Verdict, render_fragment, render_html, render_text
 
 CHROMIUM = shutil.which("chromium")
 
@@ -99,3 +99,37 @@ def test_render_text_orders_and_describes() -> None:
     assert "BROKEN" in page and "&lt;stale&gt;" in page  # escaped
     with pytest.raises(ValueError):
         Event(0, "A", "explode")
+
+
+_LABEL = re.compile(r'<text (visibility="hidden" )?x="([\d.]+)" y="([\d.]+)" class="(wlabel|leaselabel|faulttext)'
+                    r'( left| right| before)?">([^<]*)</text>')
+
+
+def _overprinted(page: str, *, with_hidden: bool) -> int:
+    """Pairs of labels on one row (same y) whose boxes (7.5 px a character, as the renderer reckons) meet."""
+    boxes: dict[str, list[tuple[float, float]]] = {}
+    for hidden, x, y, _, place, text in _LABEL.findall(page):
+        if hidden and not with_hidden:
+            continue
+        width = 7.5 * len(text.replace("&lt;", "<"))
+        left = float(x) - width if place.strip() in ("left", "before") else float(x)
+        boxes.setdefault(y, []).append((left, left + width))
+    return sum(a[0] < b[1] and b[0] < a[1] for row in boxes.values() for i, a in enumerate(row) for b in row[i + 1:])
+
+
+def test_labels_that_would_overprint_are_hidden_and_kept() -> None:
+    """Twenty pause rounds squeezed into one drawing: no two visible labels of a row meet; every label is still in
+    the page (hidden), its mark still drawn. Control: the same labels all shown would overprint."""
+    events = [Event(0, "", "note", case="pause", text="case: pause")]
+    for r in range(20):
+        at, token = 100 + r * 50, 10**18 + 2 * r
+        events += [Event(at, "A", "grant", token=token, case="pause"),
+                   Event(at + 20, "B", "grant", token=token + 1, case="pause"),
+                   Event(at + 30, "", "fault", case="pause", text="coordinator restarted (file reopened)"),
+                   Event(at + 40, "A", "write", token=token, outcome="refused", mark=token + 1, case="pause")]
+    page = render_fragment(events)
+    assert page.count('class="wlabel') == 20 and page.count('class="faulttext">coordinator restarted') == 20
+    assert page.count('class="write refused"') == 20 and page.count('class="lease"') == 40
+    assert _overprinted(page, with_hidden=False) == 0
+    assert 'visibility="hidden"' in page
+    assert _overprinted(page, with_hidden=True) > 0  # the control: without hiding, they meet

@@ -53,6 +53,8 @@ _LEFT_PX = 150
 _PLOT_PX = 1000
 _TOP_PX = 34
 _WIDTH_PX = _LEFT_PX + _PLOT_PX + 30
+_CHAR_PX = 7.5  # about one character of an 11 px label, bold or not (digits; the ellipsis a little wider)
+_LABEL_GAP_PX = 8.0  # the least room between two labels on one row
 _HIGH_WATER = re.compile(r"high-water (\d+)")
 
 
@@ -202,6 +204,19 @@ class _Plot:
         self.end = max([e.at_ms for e in events] + ([until_ms] if until_ms is not None else []))
         self.span = max(self.end - self.origin, 1.0)
         self.height = _TOP_PX + _LANE_PX * max(len(self.lanes), 1) + 30
+        self._rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
+
+    def label(self, row: tuple[str, str], text: str, x: float, *, anchor_end: bool = False) -> str:
+        """The attribute that hides a text label where it would overprint one already placed on its row (a lane's
+        lease labels, a lane's refused-write labels, the fault labels): ``""``, or ``visibility="hidden"``. The
+        label stays in the page, its mark keeps its tooltip, and the table of events below has every value."""
+        width = _CHAR_PX * len(text)
+        left, right = (x - width, x) if anchor_end else (x, x + width)
+        placed = self._rows.setdefault(row, [])
+        if any(left < end + _LABEL_GAP_PX and begin < right + _LABEL_GAP_PX for begin, end in placed):
+            return 'visibility="hidden" '
+        placed.append((left, right))
+        return ""
 
     def x(self, at_ms: float) -> float:
         return _LEFT_PX + (at_ms - self.origin) / self.span * _PLOT_PX
@@ -231,10 +246,10 @@ def _svg(events: Sequence[Event], *, until_ms: float | None, wall_clock: bool) -
     out += _bars(events, plot)
     for event in events:
         if event.kind == "fault" or (event.kind == "note" and not event.lane):
-            fx = plot.x(event.at_ms)
+            fx, text = plot.x(event.at_ms), event.text or event.kind
             out.append(f'<g class="fault"{_data(event)}><line x1="{fx:.1f}" y1="{_TOP_PX}" x2="{fx:.1f}" '
-                       f'y2="{height - 30}" class="faultline"/><text x="{fx + 3:.1f}" y="{height - 16}" '
-                       f'class="faulttext">{_esc(event.text or event.kind)}</text>'
+                       f'y2="{height - 30}" class="faultline"/><text {plot.label(("", "fault"), text, fx + 3)}'
+                       f'x="{fx + 3:.1f}" y="{height - 16}" class="faulttext">{_esc(text)}</text>'
                        f'<title>{_esc(event.describe())}</title></g>')
     for event in events:
         if event.kind == "write" and event.lane:
@@ -253,7 +268,8 @@ def _write(event: Event, plot: _Plot) -> str:
         lx = wx - 4 if side == "right" else wx + 4
         below = _short(event.token) + (f" < {_short(event.mark)}" if event.mark is not None else "")
         label = (f'<text x="{wx:.1f}" y="{wy + 4:.1f}" class="glyph">\u2715</text>'
-                 f'<text x="{lx:.1f}" y="{wy + 19:.1f}" class="wlabel {side}">{_esc(below)}</text>')
+                 f'<text {plot.label((event.lane, "write"), below, lx, anchor_end=side == "left")}'
+                 f'x="{lx:.1f}" y="{wy + 19:.1f}" class="wlabel {side}">{_esc(below)}</text>')
     return (f'<g class="write {_esc(event.outcome or "")}"{_data(event)}><circle cx="{wx:.1f}" cy="{wy:.1f}" '
             f'r="{radius}"/>{label}<title>{_esc(event.lane)}: {_esc(event.describe())}</title></g>')
 
@@ -262,6 +278,7 @@ def _bars(events: Sequence[Event], plot: _Plot) -> list[str]:
     """Lease bars (grant to release/expire/next grant), their ends, and shaded pauses and delays, per lane."""
     bars: list[str] = []
     ends: list[str] = []  # drawn over the bars
+    labels: list[str] = []  # the bars' tokens, over every bar (a later bar never covers an earlier one's label)
     for lane in plot.lanes:
         opened: dict[str, Event] = {}
         spans: list[tuple[str, Event, float]] = []
@@ -290,14 +307,15 @@ def _bars(events: Sequence[Event], plot: _Plot) -> list[str]:
                 lx = x0 + 3  # the label in its bar; a short bar's after its end, or before it at the right edge
                 if not fits:
                     lx, place = (x1 + 5, "") if x1 + 7 * len(label) + 10 < _WIDTH_PX else (x0 - 5, " before")
+                hide = plot.label((lane, "lease"), label, lx, anchor_end=bool(place))
                 bars.append(f'<g class="lease"{_data(begun)}><rect x="{x0:.1f}" y="{top + 8}" width="{x1 - x0:.1f}" '
-                            f'height="14" rx="3"/><text x="{lx:.1f}" y="{top + 19}" class="leaselabel{place}">'
-                            f'{_esc(label)}</text><title>{_esc(lane)}: lease, token {_esc(begun.token)}</title></g>')
+                            f'height="14" rx="3"/><title>{_esc(lane)}: lease, token {_esc(begun.token)}</title></g>')
+                labels.append(f'<text {hide}x="{lx:.1f}" y="{top + 19}" class="leaselabel{place}">{_esc(label)}</text>')
             else:
                 bars.append(f'<rect x="{x0:.1f}" y="{top + 2}" width="{x1 - x0:.1f}" height="{_LANE_PX - 4}" '
                             f'class="{kind}"{_data(begun)}><title>{_esc(lane)}: {kind} {_esc(begun.text)}</title>'
                             '</rect>')
-    return bars + ends
+    return bars + ends + labels
 
 
 def _end(event: Event, plot: _Plot) -> str:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from stockade.check.cases import Run
 from stockade.check.targets import Target, scratch_scope
+from stockade.check.worker import close_quietly, connect_again
 from stockade.core.errors import InvalidArgument
 from stockade.timeline import Verdict
 
@@ -70,11 +71,11 @@ def run_command(option: str, command: str, *, timeout_s: float, scratch: str) ->
 
 def self_restart(run: Run) -> None:
     """The orchestrator closes its coordinator and opens it again (the embedded file's restart, as every
-    worker's ``reconnect`` is; after a command, a connection that may have died with the old coordinator)."""
-    run.coord.close()
-    import stockade
-
-    run.coord = stockade.connect(run.coordinator_url)
+    worker's ``reconnect`` is; after a command, a connection that may have died with the old coordinator), as a
+    worker does: a close that fails with the old connection is let be, and the connect is retried (for
+    `stockade.check.worker.RECONNECT_S`) while the coordinator is still coming back."""
+    close_quietly(run.coord)
+    run.coord = connect_again(run.coordinator_url)
 
 
 def failover_case(run: Run, target: Target, *, restart: str | None, rounds: int, deadline: float) -> Verdict:

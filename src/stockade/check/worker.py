@@ -27,7 +27,7 @@ from typing import Any
 from stockade.check.targets import open_target
 from stockade.core.errors import BackendUnavailable, StockadeError
 
-__all__ = ["serve_commands"]
+__all__ = ["serve_commands", "connect_again", "close_quietly"]
 
 
 def _answer(**event: Any) -> None:
@@ -39,7 +39,7 @@ def _answer(**event: Any) -> None:
 RECONNECT_S = 30.0
 
 
-def _connect_again(coordinator_url: str) -> Any:
+def connect_again(coordinator_url: str) -> Any:
     """A new client of the coordinator, retried (bounded) while it refuses connections."""
     import stockade
 
@@ -53,7 +53,7 @@ def _connect_again(coordinator_url: str) -> Any:
             time.sleep(0.1)
 
 
-def _close_quietly(thing: Any) -> None:
+def close_quietly(thing: Any) -> None:
     try:
         thing.close()
     except StockadeError:
@@ -96,11 +96,11 @@ def serve_commands(name: str, coordinator_url: str, resource_url: str, scratch: 
                     _answer(ev="release", lost=lost)
                 elif action == "reconnect":
                     leases.clear()  # gone with the old connection; the tokens stay, as a zombie's do
-                    _close_quietly(coord)
-                    coord = _connect_again(coordinator_url)
+                    close_quietly(coord)
+                    coord = connect_again(coordinator_url)
                     _answer(ev="reconnected", cluster=coord.cluster_id)
                 elif action == "reopen":
-                    _close_quietly(target)
+                    close_quietly(target)
                     target = open_target(resource_url, scratch, coord=coord, control=control)
                     _answer(ev="reopened")
                 elif action == "read":
@@ -116,6 +116,6 @@ def serve_commands(name: str, coordinator_url: str, resource_url: str, scratch: 
                 lease.release()
             except StockadeError:
                 pass
-        _close_quietly(target)
-        _close_quietly(coord)
+        close_quietly(target)
+        close_quietly(coord)
     return 0
