@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import socket
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -352,3 +354,27 @@ def test_bad_bytes_get_a_4xx_or_a_close_and_change_nothing(parsed_server) -> Non
     # the control: the same connection with a well-formed release does change the state
     assert _answer(url, b"DELETE /v1/leases/" + grant["lease_id"].encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 204
     assert _state(url) != before
+
+
+def test_serve_runs_without_httptools_and_uvloop(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The base install: with neither package importable, the server parses with _h1 on asyncio's loop and
+    answers a lock cycle; asking for httptools there stops it at startup in one line."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    for name in ("httptools", "uvloop"):
+        (hidden / f"{name}.py").write_text(f"raise ImportError('{name} is hidden by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")]))
+    check = subprocess.run([sys.executable, "-c", "import stockade.server._http as h; print(h._DEFAULT_PARSER)"],
+                           capture_output=True, text=True, timeout=60)
+    assert "stockade.server._h1.RequestParser" in check.stdout, check.stdout + check.stderr
+    server = start_server(tmp_path / "data")
+    try:
+        status, grant = _call(server.url, "POST", "/v1/locks/s/acquire", json_body={"ttl_ms": 10_000})
+        assert status == 200
+        assert _call(server.url, "DELETE", f"/v1/leases/{grant['lease_id']}")[0] == 204
+    finally:
+        assert server.stop() == 0
+    refused = subprocess.run([sys.executable, "-m", "stockade", "serve", "--data-dir", str(tmp_path / "d2"), "--port",
+                              "0", "--http-parser", "httptools"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "httptools is not installed" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
