@@ -9,8 +9,8 @@ when it is installed) and ``host-python`` (the same, its host process started
 with ``STOCKADE_HTTP_PARSER=python``: the base install's parser). Run after run,
 the order rotated, each is driven by ``stockade.bench.run_workload("lock", ...)``
 in a process of its own, 1 client and N client processes. Prints each run's
-cycles/s and CPU per cycle (the bench process with its client processes,
-``wait4``, plus the host process's from ``/proc``), then the medians and the
+cycles/s and CPU per cycle (the bench process with its client processes
+around the workload, ``getrusage``, plus the host process's from ``/proc``), then the medians and the
 ratios to ``embedded``.
 """
 
@@ -64,8 +64,9 @@ def env_of(variant: str) -> dict[str, str]:
     return env
 
 
-def one_run(args: argparse.Namespace, variant: str, file: Path, clients: int, tag: str) -> tuple[float, float, float]:
-    """cycles/s, CPU µs per cycle (clients and host process), load average."""
+def one_run(args: argparse.Namespace, variant: str, file: Path, clients: int, tag: str
+            ) -> tuple[float, float, float, float]:
+    """cycles/s, CPU µs per cycle (clients and host process), load average, the host process's CPU µs per cycle."""
     url = f"sqlite:///{file}{VARIANTS[variant]}"
     pid = None
     if variant != "embedded":
@@ -78,20 +79,22 @@ def one_run(args: argparse.Namespace, variant: str, file: Path, clients: int, ta
             os.environ.clear()
             os.environ.update(saved)
         pid = host_pid(file)
-    code = (f"import json; from stockade.bench import run_workload; r = run_workload('lock', {url!r}, "
-            f"clients={clients}, seconds={args.seconds}, iters=10**9, tag={tag!r}); print(json.dumps(r.as_dict()))")
+    # the clients' CPU: the bench process's and its client processes', around the workload (not its imports)
+    code = (f"import json, resource; from stockade.bench import run_workload\n"
+            f"def cpu():\n"
+            f"    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF), "
+            f"resource.getrusage(resource.RUSAGE_CHILDREN)))\n"
+            f"c0 = cpu(); r = run_workload('lock', {url!r}, clients={clients}, seconds={args.seconds}, iters=10**9, "
+            f"tag={tag!r}); print(json.dumps(dict(r.as_dict(), cpu_s=cpu() - c0)))")
     load = os.getloadavg()[0]
     host0 = cpu_s(pid)
-    bench = subprocess.Popen([sys.executable, "-c", code], env=env_of(variant), stdout=subprocess.PIPE, text=True)
-    out = bench.stdout.read()  # type: ignore[union-attr]
-    _, status, usage = os.wait4(bench.pid, 0)
-    bench.returncode = status  # reaped here, with its CPU and its children's
-    if status != 0:
-        raise SystemExit(f"{variant} run failed: {out}")
+    out = subprocess.run([sys.executable, "-c", code], env=env_of(variant), stdout=subprocess.PIPE, text=True,
+                         check=True).stdout
     host1 = cpu_s(pid)
     result = json.loads(out.strip().splitlines()[-1])
-    cpu = usage.ru_utime + usage.ru_stime + (host1 - host0)
-    return result["ops_s"], cpu / max(1, result["n"]) * 1e6, load
+    cycles = max(1, result["n"])
+    cpu = result["cpu_s"] + (host1 - host0)
+    return result["ops_s"], cpu / cycles * 1e6, load, (host1 - host0) / cycles * 1e6
 
 
 def main() -> int:
@@ -106,15 +109,15 @@ def main() -> int:
     files = {v: base / v / "coord.db" for v in variants}
     for file in files.values():
         file.parent.mkdir()
-    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
     for run in range(args.runs):
         for clients in (1, args.clients):
             order = variants[run % len(variants):] + variants[:run % len(variants)]
             for variant in order:
                 row = one_run(args, variant, files[variant], clients, f"r{run}c{clients}")
                 results.setdefault((variant, clients), []).append(row)
-                print(f"run {run + 1} {variant:12} {clients}c: {row[0]:7.0f} cycles/s, CPU {row[1]:6.0f} us/cycle, "
-                      f"load {row[2]:.1f}", flush=True)
+                print(f"run {run + 1} {variant:12} {clients}c: {row[0]:7.0f} cycles/s, CPU {row[1]:6.0f} us/cycle "
+                      f"(host process {row[3]:5.0f}), load {row[2]:.1f}", flush=True)
     print(f"medians of {args.runs} runs:")
     for clients in (1, args.clients):
         first = None
@@ -123,7 +126,8 @@ def main() -> int:
             rate, cpu = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
             first = first or (rate, cpu)
             print(f"  {variant:12} {clients}c: {rate:7.0f} cycles/s ({rate / first[0]:.2f}x), "
-                  f"{cpu:6.0f} us CPU/cycle ({cpu / first[1]:.2f}x), load {statistics.median(r[2] for r in rows):.1f}")
+                  f"{cpu:6.0f} us CPU/cycle ({cpu / first[1]:.2f}x; host process "
+                  f"{statistics.median(r[3] for r in rows):5.0f}), load {statistics.median(r[2] for r in rows):.1f}")
     return 0
 
 
