@@ -2,9 +2,11 @@
 """Two `stockade serve` builds side by side: server CPU per lock cycle and cycles/s, in steady state.
 
     python benchmarks/serve_ab.py --a /path/to/checkout-a/src --b /path/to/checkout-b/src --runs 3
+    python benchmarks/serve_ab.py --a src --b src --b-args="--http-parser python"  # one build, two parsers
 
 Starts one server from each source tree (``PYTHONPATH``), each on its own data
-directory, then, run after run with the order rotated, drives each with
+directory (``--a-args``/``--b-args``: more ``stockade serve`` arguments for one side),
+then, run after run with the order rotated, drives each with
 ``stockade.bench.run_workload("lock", ...)`` (one client code for both: ``--client``,
 default ``--a``), 1 client and N client processes. The server's CPU (utime +
 stime from ``/proc/PID/stat``, all its threads) and its committed operations
@@ -40,9 +42,9 @@ def commit_ops(url: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def start(src: str, python: str) -> tuple[subprocess.Popen[bytes], str]:
+def start(src: str, python: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     data = tempfile.mkdtemp(prefix="serve-ab-")
-    proc = subprocess.Popen([python, "-m", "stockade", "serve", "--data-dir", data, "--port", "0"],
+    proc = subprocess.Popen([python, "-m", "stockade", "serve", "--data-dir", data, "--port", "0", *extra],
                             env=dict(os.environ, PYTHONPATH=src), stdout=subprocess.PIPE,
                             stderr=open(f"{data}/server.log", "wb"))
     line = b""
@@ -73,6 +75,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", required=True, help="source tree of side A (its src/)")
     parser.add_argument("--b", required=True, help="source tree of side B (its src/)")
+    parser.add_argument("--a-args", default="", help="more stockade serve arguments for side A (one string)")
+    parser.add_argument("--b-args", default="", help="more stockade serve arguments for side B (one string)")
     parser.add_argument("--client", help="source tree of the bench client (default: --a)")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--runs", type=int, default=3)
@@ -80,7 +84,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8, help="client processes of the concurrent run")
     args = parser.parse_args()
     sides = {"A": args.a, "B": args.b}
-    servers = {side: start(src, args.python) for side, src in sides.items()}
+    extra = {"A": args.a_args.split(), "B": args.b_args.split()}
+    servers = {side: start(src, args.python, extra[side]) for side, src in sides.items()}
     results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     try:
         for run in range(args.runs):
@@ -100,6 +105,11 @@ def main() -> int:
         print(f"  {side} {clients}c: {statistics.median(r[1] for r in rows):7.0f} cycles/s, "
               f"{statistics.median(r[0] for r in rows):5.0f} us server CPU/cycle, "
               f"load {statistics.median(r[2] for r in rows):.1f}")
+    for clients in (1, args.clients):
+        a_rows, b_rows = results[("A", clients)], results[("B", clients)]
+        rate = statistics.median(r[1] for r in b_rows) / statistics.median(r[1] for r in a_rows)
+        cpu = statistics.median(r[0] for r in b_rows) / statistics.median(r[0] for r in a_rows)
+        print(f"  B/A {clients}c: cycles/s {rate:.2f}, server CPU/cycle {cpu:.2f}")
     return 0
 
 

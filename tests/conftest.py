@@ -45,6 +45,13 @@ def python_env() -> dict[str, str]:
 
 PYTHON = sys.executable
 
+try:
+    import httptools  # noqa: F401 - the server extra's parser
+    #: The request parsers a `stockade serve` here can run (``--http-parser``); the tests of the HTTP layer run each.
+    HTTP_PARSERS = ["httptools", "python"]
+except ImportError:
+    HTTP_PARSERS = ["python"]
+
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:

@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from conftest import HELPERS
+from conftest import HELPERS, HTTP_PARSERS
 
 from stockade.core.tokens import FencingToken
 
@@ -27,9 +27,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 
 @pytest.fixture
-def server(tmp_path):
-    """A fresh server, for a test that reads what the whole server holds or counts (every lock, a metric)."""
-    proc = start_server(tmp_path / "data")
+def server(tmp_path, request):
+    """A fresh server, for a test that reads what the whole server holds or counts (every lock, a metric);
+    parametrized indirectly with a parser name, it parses with that one (``--http-parser``)."""
+    parser = getattr(request, "param", None)
+    proc = start_server(tmp_path / "data", *(["--http-parser", parser] if parser else []))
     yield proc
     assert proc.stop() == 0, proc.logs()[-2000:]
 
@@ -64,6 +66,7 @@ def put(url, scope, key, value, token, idempotency_key=None):
 # -- the contract ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("server", HTTP_PARSERS, indirect=True)
 def test_routes_follow_the_contract(server):
     url = server.url
     status, _, grant = acquire(url, "reports", holder="worker-1")
@@ -289,6 +292,7 @@ def _corpus_run(url):
     return cases, statuses, before, after
 
 
+@pytest.mark.parametrize("server", HTTP_PARSERS, indirect=True)
 def test_s23_hand_corpus_gets_4xx_and_changes_nothing(server):
     cases, statuses, before, after = _corpus_run(server.url)
     errors = [(c[0], c[1][:60], s) for c, s in zip(cases, statuses, strict=True) if not 400 <= s < 500]
@@ -395,6 +399,7 @@ def test_tls(tmp_path):
         proc.stop()
 
 
+@pytest.mark.parametrize("server", HTTP_PARSERS, indirect=True)
 def test_oversize_body_is_refused_before_it_is_read(server):
     host, port = server.url.split("//")[1].split(":")
     sock = socket.create_connection((host, int(port)), timeout=5)

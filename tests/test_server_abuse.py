@@ -19,7 +19,7 @@ import threading
 import time
 
 import pytest
-from conftest import HELPERS, PYTHON, python_env
+from conftest import HELPERS, HTTP_PARSERS, PYTHON, python_env
 
 import stockade
 
@@ -122,9 +122,10 @@ def test_unauthenticated_body_is_refused_at_its_headers_and_never_buffered(serve
 # -- 2. timeouts ----------------------------------------------------------------------------------
 
 
-def test_idle_and_slow_connections_are_closed_but_long_polls_are_not(serve):
+@pytest.mark.parametrize("parser", HTTP_PARSERS)
+def test_idle_and_slow_connections_are_closed_but_long_polls_are_not(serve, parser):
     server = serve("--idle-timeout-s", "0.5", "--header-timeout-s", "0.5", "--body-timeout-s", "1",
-                   "--body-rate-min", "0")
+                   "--body-rate-min", "0", "--http-parser", parser)
     idle = socket.create_connection(address(server), timeout=5)
     slow_headers = socket.create_connection(address(server), timeout=5)
     slow_headers.sendall(b"POST /v1/locks/s/acquire HTTP/1.1\r\nHo")
@@ -184,8 +185,9 @@ def test_connection_cap_closes_the_oldest_idle_connections_not_honest_clients(se
     assert request(server.url, "GET", "/healthz")[0] == 200
 
 
-def test_buffered_bytes_bound_answers_503_then_makes_room_from_stale_bodies(serve):
-    server = serve("--buffer-bytes-max", str(4 * MIB))
+@pytest.mark.parametrize("parser", HTTP_PARSERS)
+def test_buffered_bytes_bound_answers_503_then_makes_room_from_stale_bodies(serve, parser):
+    server = serve("--buffer-bytes-max", str(4 * MIB), "--http-parser", parser)
     socks, answers = [], []
     for _ in range(12):
         s = socket.create_connection(address(server), timeout=5)
@@ -210,8 +212,9 @@ def test_buffered_bytes_bound_answers_503_then_makes_room_from_stale_bodies(serv
     assert max(times) < 1
 
 
-def test_pipelined_bodies_behind_a_long_poll_are_not_read(serve):
-    server = serve()
+@pytest.mark.parametrize("parser", HTTP_PARSERS)
+def test_pipelined_bodies_behind_a_long_poll_are_not_read(serve, parser):
+    server = serve("--http-parser", parser)
     assert request(server.url, "POST", "/v1/locks/held/acquire", json_body={"ttl_ms": 60_000})[0] == 200
     sock = socket.create_connection(address(server), timeout=10)
     wait = b'{"ttl_ms": 1000, "wait_ms": 2000}'

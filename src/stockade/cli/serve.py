@@ -84,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     host.add_argument("--idle-exit-s", type=float, default=30.0, metavar="SECONDS",
                       help="with --host-file: exit after this long with no lease, no waiter and no connection "
                            "(default 30)")
+    parser.add_argument("--http-parser", choices=("httptools", "python"),
+                        default=os.environ.get("STOCKADE_HTTP_PARSER") or None,
+                        help="the request parser: httptools (the server extra's) or python (the base install's); "
+                             "both take and refuse the same requests (default $STOCKADE_HTTP_PARSER, else "
+                             "httptools when installed)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="JSON logs on stderr; debug adds one line per request")
     return parser
@@ -107,8 +112,8 @@ def run(argv: list[str]) -> int:
         from stockade.server import run as run_server
         from stockade.server._auth import load_tokens
         from stockade.server._logging import configure
-    except ImportError as exc:
-        return fail(f"the server needs its extra: pip install 'stockade[server]' ({exc})")
+    except ImportError as exc:  # the server needs only the standard library: a broken install
+        return fail(f"cannot import the server: {exc}")
     configure(args.log_level)
     try:
         host_file = _host_file(args)
@@ -134,7 +139,7 @@ def run(argv: list[str]) -> int:
             connections_max=args.connections_max, buffer_bytes_max=args.buffer_bytes_max,
             peer_connections_max=args.peer_connections_max, peer_waiters_max=args.peer_waiters_max,
             token_connections_max=args.token_connections_max, token_waiters_max=args.token_waiters_max,
-            host_file=host_file, idle_exit_s=args.idle_exit_s,
+            host_file=host_file, idle_exit_s=args.idle_exit_s, http_parser=args.http_parser,
         )
         status = run_server(config, ready=ready)
     except StockadeError as exc:

@@ -214,10 +214,6 @@ def run(argv: list[str]) -> int:
     local = local_file(url)
     if store_file is None and local is not None and (local.parent / "store.db").is_file():
         store_file = local.parent / "store.db"
-    try:
-        from stockade.server._http import HttpProtocol  # noqa: F401 - the server extra is needed
-    except ImportError as exc:
-        return fail(f"stockade ui needs the server extra: pip install 'stockade[server]' ({exc})")
     leases = UrlLeases(url)
     try:
         if store_file is not None:

@@ -8,7 +8,8 @@ problem types, documents), shared with the remote client. OpenAPI at
 - `_lifetime`: the process: one event loop, the stop signals, the ready callback.
 - `_inputs`: strict input parsing (JSON bodies, query, headers, path segments).
 - `openapi`: the OpenAPI 3.1 document, rendered from the route table and `stockade.core.limits`.
-- `_http`: a lean HTTP/1.1 server on asyncio + httptools, with its bounds.
+- `_http`: a lean HTTP/1.1 server on asyncio, with its bounds.
+- `_h1`: the pure-Python request parser (the base install's); httptools' when installed.
 - `_guard`: bounds across connections: timeouts, the connection cap, request bytes in memory,
   fair shares per source address and per bearer token.
 - `_leases`: the lease table in memory, FIFO long-poll waits, durable writes.
@@ -19,7 +20,8 @@ problem types, documents), shared with the remote client. OpenAPI at
 `ServerConfig` and `Server` here are those of `app` with the transport's
 numbers (`stockade.server._guard.TransportSettings`) added; `run` serves one.
 
-Needs the ``server`` extra (``pip install 'stockade[server]'``).
+Needs only the standard library; the ``server`` extra (``pip install 'stockade[server]'``: httptools,
+uvloop) makes it faster and changes no answer.
 """
 
 from __future__ import annotations

@@ -1,9 +1,15 @@
-"""A lean HTTP/1.1 server over asyncio and ``httptools`` (the parser uvicorn uses).
+"""A lean HTTP/1.1 server over asyncio, parsing with ``httptools`` (the parser uvicorn uses) when it is
+installed and with `stockade.server._h1` (pure Python, the base install's) when not.
 
 Why not a framework: measured on this machine with one keep-alive client, a
 JSON POST round trip costs ~125 µs here and ~240 µs through uvicorn+Starlette
 (7.5k vs 3.0k req/s; 14.2k vs 6.8k req/s with 8 client processes). The wire
 contract (docs/http-api.md) is the product; the framework is not.
+
+Both parsers take and refuse the same requests (`stockade.server._h1` says which), and
+this layer gives every refusal its problem document, so what a client sees does not
+depend on the parser; ``--http-parser`` (default ``$STOCKADE_HTTP_PARSER``, else
+httptools when installed) picks one.
 
 What this layer enforces before an application sees a request (each bound named):
 URL length, header count and bytes, body size by route (checked against
@@ -46,7 +52,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-import httptools
+try:
+    import httptools
+except ImportError:  # the base install: the pure-Python parser of _h1
+    httptools = None  # type: ignore[assignment]
 
 from stockade.server._guard import (
     BODY_GRACE_S,
@@ -56,6 +65,17 @@ from stockade.server._guard import (
     ConnectionLimits,
     Refusal,
     TransportSettings,
+)
+from stockade.server._h1 import (
+    HEADER_BYTES_MAX,
+    HEADERS_DETAIL,
+    HEADERS_MAX,
+    MALFORMED,
+    URL_BYTES_MAX,
+    URL_DETAIL,
+    ParseError,
+    make_parser,
+    split_target,
 )
 from stockade.server._host import peer_of
 from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
@@ -76,15 +96,17 @@ __all__ = [
     "within_share",
 ]
 
-URL_BYTES_MAX = 8 * 1024
-HEADERS_MAX = 64
-HEADER_BYTES_MAX = 16 * 1024
 PIPELINED_MAX = 16
 DISCARD_BYTES_MAX = 4 * 1024 * 1024  # after an early 413, drain this much so the client reads the answer
 _LINGER_RESET = struct.pack("ii", 1, 0)  # close with a reset, dropping unsent bytes
 RAW_BYTES_MAX = 64 * 1024  # unparsed bytes kept while a handler runs; then reading pauses
 
 _log = logging.getLogger("stockade.server")
+_OWS = (b" ", b"\t")
+_VERSIONS = ("1.1", "1.0")
+# httptools' refusals (none without it): a malformed request, and a protocol upgrade it parsed to its end.
+_HTTPTOOLS_ERRORS: tuple[type[Exception], ...] = () if httptools is None else (httptools.HttpParserError,)
+_HTTPTOOLS_UPGRADE: tuple[type[Exception], ...] = () if httptools is None else (httptools.HttpParserUpgrade,)
 
 # The lowercase names of the headers clients send, by their bytes as sent: found, not decoded, per request.
 _HEADER_NAMES = {spelling.encode("latin-1"): spelling.lower() for name in (
@@ -237,10 +259,12 @@ class HttpError(Exception):
 
 
 Dispatch = Callable[[Request], "Response | Awaitable[Response]"]
+_DEFAULT_PARSER = make_parser(None)
 
 
 class HttpProtocol(asyncio.Protocol):
-    """One connection. ``body_limit(path)`` gives the body bound for a request path."""
+    """One connection. ``body_limit(path)`` gives the body bound for a request path; ``parser`` is
+    the request parser's class (`stockade.server._h1.make_parser`)."""
 
     __slots__ = (
         "_dispatch", "_observe", "_body_limit", "_limits", "_loop", "_transport", "_parser", "_url", "_headers",
@@ -251,14 +275,14 @@ class HttpProtocol(asyncio.Protocol):
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
-                 body_limit: Callable[[str], int], limits: ConnectionLimits) -> None:
+                 body_limit: Callable[[str], int], limits: ConnectionLimits, parser: Any = None) -> None:
         self._dispatch = dispatch
         self._observe = observe
         self._body_limit = body_limit
         self._limits = limits
         self._loop = asyncio.get_event_loop()
         self._transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser = (parser or _DEFAULT_PARSER)(self)
         self._pending: deque[tuple[Request, bool]] = deque()
         self._current: asyncio.Task[None] | None = None
         self._closing = False
@@ -416,22 +440,24 @@ class HttpProtocol(asyncio.Protocol):
             self._parser.feed_data(data)
         except HttpError as exc:
             self._fail(exc.response)
-        except httptools.HttpParserUpgrade:
+        except ParseError as exc:
+            self._fail(problem(exc.code, str(exc), status=exc.status))
+        except _HTTPTOOLS_UPGRADE:  # checked at the headers already (on_headers_complete): a backstop
             self._fail(problem("invalid-argument", "protocol upgrade is not supported"))
-        except httptools.HttpParserError as exc:
+        except _HTTPTOOLS_ERRORS as exc:
             # httptools wraps an exception raised in a callback: answer with the one we raised.
             cause = exc.__context__ or exc.__cause__
             if isinstance(cause, HttpError):
                 self._fail(cause.response)
             else:
-                self._fail(problem("invalid-argument", "malformed HTTP request"))
+                self._fail(problem("invalid-argument", MALFORMED))
         finally:
             self._feeding = False
 
     def eof_received(self) -> bool | None:
         return False  # close: a half-closed peer cannot read a long-poll's answer anyway
 
-    # -- httptools callbacks ---------------------------------------------------------------
+    # -- the parser's callbacks (httptools' interface) ---------------------------------------
 
     def on_message_begin(self) -> None:
         self._reset()
@@ -441,25 +467,29 @@ class HttpProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > URL_BYTES_MAX:
-            raise HttpError(414, "limit-exceeded", f"URL longer than {URL_BYTES_MAX} bytes")
+            raise HttpError(414, "limit-exceeded", URL_DETAIL)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > HEADER_BYTES_MAX or len(self._headers) >= HEADERS_MAX:
-            raise HttpError(431, "limit-exceeded",
-                            f"at most {HEADERS_MAX} headers and {HEADER_BYTES_MAX} bytes of them")
+            raise HttpError(431, "limit-exceeded", HEADERS_DETAIL)
+        if value[-1:] in _OWS:
+            value = value.rstrip(b" \t")  # httptools keeps the spaces after a value; _h1 drops them
         key = _HEADER_NAMES.get(name) or name.decode("latin-1").lower()
         if key in self._headers:
             self._repeated.add(key)
         self._headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        if self._parser.should_upgrade():  # both parsers: refused before the request runs
+            raise HttpError(400, "invalid-argument", "protocol upgrade is not supported")
+        if self._parser.get_http_version() not in _VERSIONS:  # httptools takes 0.9 and 2.0 too
+            raise HttpError(400, "invalid-argument", MALFORMED)
         try:
-            parsed = httptools.parse_url(self._url)
-        except httptools.HttpParserInvalidURLError:
-            raise HttpError(400, "invalid-argument", "malformed request target") from None
-        path = self._path = (parsed.path or b"/").decode("latin-1")
-        self._query = (parsed.query or b"").decode("latin-1")
+            path, self._query = split_target(self._url)
+        except ParseError as exc:
+            raise HttpError(400, "invalid-argument", str(exc)) from None
+        self._path = path
         self._body_max = self._body_limit(path)
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self._body_max:

@@ -9,7 +9,7 @@ gap (as when a supervisor sends SIGTERM the instant it reads "listening on")
 was recorded and never acted on: the server went on serving, 20 of 100 times
 (`tests/test_serve_signals.py`, whose control keeps the old order).
 
-Needs the ``server`` extra, as `stockade.server.app` does.
+Runs on uvloop when it is installed (the ``server`` extra), else on asyncio's own loop.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ from stockade.server._contenders_route import lock_contenders
 from stockade.server._dashboard import STREAMS_MAX, Dashboard, Sessions, session_key
 from stockade.server._groupcommit import GroupCommitter
 from stockade.server._guard import SMALL_BODY_BYTES
+from stockade.server._h1 import PARSERS, make_parser
 from stockade.server._history_route import lock_history
 from stockade.server._host import bind_host_socket, watch_idle
 from stockade.server._http import (
@@ -134,6 +135,9 @@ class ServerConfig:
     # idle_exit_s with no lease, no waiter and no connection.
     host_file: Path | None = None
     idle_exit_s: float = 30.0
+    # The request parser (server/_h1.py, PARSERS): "httptools" (the server extra's), "python" (the base
+    # install's), or None for httptools when it is installed, else python. Both answer the same.
+    http_parser: str | None = None
 
 
 Handler = Callable[..., "Response | Awaitable[Response]"]
@@ -510,6 +514,13 @@ class Server:
             validate_wait_ms(config.wait_ms_cap)
         if (config.tls_cert is None) != (config.tls_key is None):
             raise InvalidArgument("tls", "--tls-cert and --tls-key go together")
+        if config.http_parser is not None and config.http_parser not in PARSERS:
+            raise InvalidArgument("http_parser", f"must be one of {', '.join(PARSERS)}")
+        try:
+            self.parser = make_parser(config.http_parser)
+        except ImportError:
+            raise InvalidArgument("http_parser",
+                                  "httptools is not installed (pip install 'stockade[server]')") from None
         self.config = config
         self.exit_status = 0
         self.app: App | None = None
@@ -563,7 +574,8 @@ class Server:
                                   sessions=Sessions(session_key(config.data_dir / "dashboard.key"), auth,
                                                     logouts=config.data_dir / "dashboard.logouts"),
                                   secure=context is not None)
-        protocol = lambda: HttpProtocol(app.dispatch, app.observe, app.body_limit, limits)  # noqa: E731
+        parser = self.parser
+        protocol = lambda: HttpProtocol(app.dispatch, app.observe, app.body_limit, limits, parser)  # noqa: E731
         if config.host_file is not None:  # the host process of a file: its Unix socket, and its idle exit
             self._server = await loop.create_unix_server(protocol, sock=bind_host_socket(config.host_file, 1024))
             self.port = 0

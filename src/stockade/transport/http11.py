@@ -14,6 +14,7 @@ server in a few µs (measured figures in benchmarks/README.md).
 
 from __future__ import annotations
 
+import re
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,10 @@ __all__ = [
     "RemoteProblem",
     "RESPONSE_HEAD_BYTES_MAX",
     "RESPONSE_BODY_BYTES_MAX",
+    "CHUNK_SIZE_LINE",
+    "FIELD_LINE",
     "build_request",
+    "chunk_size",
     "parse_head",
     "error_for",
     "json_body",
@@ -48,6 +52,20 @@ RESPONSE_BODY_BYTES_MAX = 4 * 1024 * 1024
 USER_AGENT = "stockade-client/1"
 
 _NO_BODY_STATUSES = frozenset({204, 304})
+
+# The framing both ends of this HTTP/1.1 read (RFC 9112), shared with the server's pure-Python
+# request parser (`stockade.server._h1`):
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_QUOTED = rb'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
+#: a chunk-size line: 1 to 16 hex digits, then extensions ``;name`` or ``;name=value`` (a token or a quoted
+#: string; either may be empty, as llhttp takes them, but the line does not end with ``;``), which are
+#: ignored; no spaces, no ``0x``;
+CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;(?:" + _TOKEN + rb")?(?:=(?:" + _TOKEN + rb"|" + _QUOTED
+                             + rb")?)?)*(?<!;)")
+#: a field line ``name: value``: a token name, no space before the colon, a value of visible bytes
+#: (obs-text included) with single spaces or tabs inside, the spaces and tabs around it not in the group.
+FIELD_LINE = re.compile(rb"(" + _TOKEN + rb"):[ \t]*((?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?)"
+                        rb"[ \t]*")
 
 
 class ProtocolError(Exception):
@@ -172,6 +190,18 @@ def parse_head(raw: bytes, *, method: str) -> Head:
     if body_length > RESPONSE_BODY_BYTES_MAX:
         raise ProtocolError(f"response body of {body_length} bytes is over {RESPONSE_BODY_BYTES_MAX}")
     return Head(status, headers, keep_alive, body_length)
+
+
+def chunk_size(line: bytes) -> int:
+    """The size a chunk-size line (without its CRLF) gives.
+
+    Raises:
+        ProtocolError: not a chunk-size line.
+    """
+    found = CHUNK_SIZE_LINE.fullmatch(line)
+    if found is None:
+        raise ProtocolError(f"bad chunk size line {line[:40]!r}")
+    return int(found.group(1), 16)
 
 
 def json_body(response: HTTPResponse) -> Any:

@@ -26,6 +26,7 @@ from stockade.transport.http11 import (
     HTTPResponse,
     ProtocolError,
     build_request,
+    chunk_size,
     error_for,
     json_body,
     parse_head,
@@ -114,13 +115,9 @@ class HTTPConnection:
         chunks: list[bytes] = []
         total = 0
         while True:
-            size_line = self._receive_until(b"\r\n", deadline, 1024)
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError as exc:
-                raise ProtocolError("bad chunk size") from exc
+            size = chunk_size(self._receive_until(b"\r\n", deadline, 1024))
             total += size
-            if size < 0 or total > RESPONSE_HEAD_BYTES_MAX * 64:
+            if total > RESPONSE_HEAD_BYTES_MAX * 64:
                 raise ProtocolError("chunked body too large")
             if size == 0:
                 while self._receive_until(b"\r\n", deadline, RESPONSE_HEAD_BYTES_MAX):
