@@ -104,8 +104,11 @@ def test_signal_during_startup_stops_cleanly(tmp_path, signum, order):
     process, line = _signal_at_first_line(_helper(order, "start", tmp_path / "d"), signum)
     assert line == "starting\n"
     statuses = _stopped([process])
-    if order == "old-order":  # the control: ended, but killed by the signal (SIGINT: an uncaught KeyboardInterrupt)
-        assert statuses == [-signum]
+    if order == "old-order":
+        # The control is not a clean stop: killed by the signal (SIGTERM's default action; SIGINT as an uncaught
+        # KeyboardInterrupt), or, when the interrupt lands while the start has a thread running, still running at
+        # the bound (seen once at a load of 18).
+        assert statuses[0] in (-signum, None)
         return
     assert statuses == [0]
     assert process.stdout is not None and "listening on" not in process.stdout.read()

@@ -206,6 +206,11 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
             STOCKADE_TOKEN_VALUE=str(lease.token.value),
         )
         env.update(child_env(url))
+        # From here a signal is CMD's: one that arrives before the forwarding below is in place is kept and
+        # forwarded then (it used to end `stockade lock` with 128+N and kill a CMD that had already started).
+        pending: list[int] = []
+        for s in FORWARDED_SIGNALS:
+            signal.signal(s, lambda signum, _frame: pending.append(signum))
         try:
             # Spawned before any keepalive or timer thread starts: the fork happens while this
             # process has one thread, which is what makes a preexec_fn safe.
@@ -214,7 +219,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
             message, code = _spawn_error(command, exc)
             return fail(message, code)
         lease._schedule_keepalive()
-        return _supervise(args, child, lease)
+        return _supervise(args, child, lease, pending)
     finally:
         if child is not None and child.poll() is None:
             # Only on an unexpected error: CMD must not outlive the lease.
@@ -226,8 +231,9 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
             print(f"stockade: release failed ({exc}); the lease expires by TTL", file=sys.stderr)
 
 
-def _supervise(args: argparse.Namespace, child: subprocess.Popen[bytes], lease: object) -> int:
-    """Wait for CMD; forward signals; stop it if the lease is lost. Returns the exit status."""
+def _supervise(args: argparse.Namespace, child: subprocess.Popen[bytes], lease: object, pending: list[int]) -> int:
+    """Wait for CMD; forward signals (first ``pending``, those that came while it was started); stop it if
+    the lease is lost. Returns the exit status."""
     grace_ns = args.grace_ms * 1_000_000
     stop_by_ns: list[int] = []  # when CMD gets SIGKILL, once a stop began
     killed = False
@@ -239,6 +245,8 @@ def _supervise(args: argparse.Namespace, child: subprocess.Popen[bytes], lease: 
 
     for s in FORWARDED_SIGNALS:
         signal.signal(s, forward)
+    for signum in list(pending):
+        forward(signum, None)
     lost = False
     while child.poll() is None:
         if stop_by_ns:
