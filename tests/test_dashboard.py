@@ -561,3 +561,78 @@ def test_a_views_scope_test_is_the_auth_rule() -> None:
     for patterns in [("a*", "b"), ("rss.00*",), ("rss.000001", "q*"), ("reports.*", "b"), ("reports",)]:
         assert [View(patterns).sees(n) for n in names] == [scope_allowed(n, patterns) for n in names], patterns
     assert [View(("reports.*",), "daily").sees(n) for n in names].count(True) == 1
+
+
+# -- a scope's page over a backend: read by name, past the listing's bound ---------------------------
+
+SCAN_BOUND = 20  # the listing's bound for this test (10,000 in the package: costly to create past)
+
+
+async def _backend_snapshots(leases, store, names: list[str]) -> dict[str, dict]:
+    """Per name: the exact view (``?scope=``), the control, a filter by the whole name (the listing path, which
+    the exact view took before), and the exact view of a viewer whose token covers ``other.*`` only."""
+    from stockade.server._dashboard_view import View, snapshot
+
+    out = {}
+    for name in names:
+        views = {name: View(None, name, exact=True), "q:" + name: View(None, name),
+                 "limited:" + name: View(("other.*",), name, exact=True)}
+        for key, view in views.items():
+            out[key] = await snapshot(leases, store, view, cluster="", lock_delay_ms=None, health=None)
+    return out
+
+
+@pytest.mark.parametrize("via", ["ui-file", "serve-coordinator", "ui-server"])
+def test_a_scope_page_over_a_backend_finds_a_scope_past_the_listings_bound(
+        tmp_path: Path, via: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """bound + 5 scopes: the last one's page (``?scope=``) shows it, held by its holder, while the listing (the
+    control: the old path of a scope's page) stops at the bound and misses it; a scope the viewer may not see,
+    or one never recorded, shows no row."""
+    import asyncio
+
+    import stockade
+    from stockade.cli import ui
+    from stockade.server import _dashboard_view
+    from stockade.server._port_leases import open_port_leases
+
+    monkeypatch.setattr(_dashboard_view, "SCAN_SCOPES_MAX", SCAN_BOUND)
+    monkeypatch.setattr(ui, "SCAN_SCOPES_MAX", SCAN_BOUND)
+    url = request.getfixturevalue("http_server").url if via == "ui-server" else f"sqlite:///{tmp_path}/coord.db"
+    names = [f"many.{index:03d}" for index in range(SCAN_BOUND + 5)]
+    asked = [names[-1], names[0], "many.none"]
+
+    async def through_the_port() -> dict[str, dict]:  # what `stockade serve --coordinator URL` reads
+        leases = await open_port_leases(url, lock_delay_ms=0)
+        try:
+            return await _backend_snapshots(leases, marks, asked)
+        finally:
+            await leases.coordinator.aclose()
+
+    with stockade.connect(url) as coord:
+        for name in names[:-1]:
+            coord.acquire(name, ttl_ms=60_000, holder="h").release()
+        last = coord.acquire(names[-1], ttl_ms=60_000, holder="late")
+        marks = ui.UrlMarks(url, None)
+        try:
+            if via == "serve-coordinator":
+                got = asyncio.run(through_the_port())
+            else:  # what `stockade ui --url URL` reads
+                leases = ui.UrlLeases(url)
+                leases.open()
+                try:
+                    got = asyncio.run(_backend_snapshots(leases, marks, asked))
+                finally:
+                    leases.close()
+        finally:
+            marks.close()
+            last.release()
+    found = got[names[-1]]
+    assert [(r["scope"], r["state"], r["holder"], r["token"]) for r in found["scopes"]] == [
+        (names[-1], "held", "late", str(last.token.value))]
+    assert found["exact"] and found["scopes_seen"] == 1
+    control = got["q:" + names[-1]]  # the listing: the first SCAN_BOUND in name order, the last one not among them
+    assert control["scopes"] == [] and not control["exact"]
+    assert [r["scope"] for r in got[names[0]]["scopes"]] == [names[0]] == [
+        r["scope"] for r in got["q:" + names[0]]["scopes"]]  # within the bound both paths agree
+    assert got["many.none"]["scopes"] == [] and got["many.none"]["scopes_seen"] == 0
+    assert all(got["limited:" + name]["scopes"] == [] for name in asked)

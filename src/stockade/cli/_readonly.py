@@ -38,8 +38,8 @@ from stockade.core.errors import BackendUnavailable
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import _sqlite_files as store_files
 
-__all__ = ["CoordinatorSnapshot", "read_coordinator", "read_contenders", "read_high_waters", "read_history",
-           "check_store_file"]
+__all__ = ["CoordinatorSnapshot", "read_coordinator", "read_contenders", "read_scope", "read_high_waters",
+           "read_history", "check_store_file"]
 
 T = TypeVar("T")
 
@@ -132,12 +132,13 @@ def _records(conn: sqlite3.Connection, path: Path, now_ns: int, limit: int,
     cluster = meta["cluster_id"]
     rebooted = meta.get("boot_id") != _boot_id()
     where, args = ("WHERE scope = ?", (scope,)) if scope is not None else ("", ())
-    held = "leases" if meta["schema_version"] == "1" else "scopes WHERE lease_id IS NOT NULL"
+    held = "leases WHERE 1" if meta["schema_version"] == "1" else "scopes WHERE lease_id IS NOT NULL"
     leases = {
         row[0]: rules.Lease(row[1], row[2], FencingToken(cluster, row[0], row[3]), *row[4:])
         for row in conn.execute(  # version 1 kept leases in a table of their own (read as it is, never migrated)
             "SELECT scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns FROM " + held
-        ) if scope is None or row[0] == scope
+            + (" AND scope = ?" if scope is not None else ""), args
+        )
     }
     waiters: dict[str, list[rules.Waiter]] = {}
     for name, *waiter in conn.execute(
@@ -176,6 +177,17 @@ def read_contenders(path: Path, now_ns: int, scope: str, limit: int) -> tuple[li
     """
     (_, records), note = _read(path, "coordinator", lambda conn: _records(conn, path, now_ns, 1, scope))
     return (rules.contenders_of(records[0], now_ns, rules.LeasePolicy(), limit) if records else []), note
+
+
+def read_scope(path: Path, now_ns: int, scope: str) -> tuple[rules.ScopeInfo | None, str | None]:
+    """``scope``'s state in the coordinator file at ``path`` (None: no record of it), read-only, by its name:
+    one lookup, however many scopes the file holds.
+
+    Raises:
+        BackendUnavailable: not a readable coordinator file of a supported version.
+    """
+    (_, records), note = _read(path, "coordinator", lambda conn: _records(conn, path, now_ns, 1, scope))
+    return (rules.describe(records[0], now_ns, rules.LeasePolicy()) if records else None), note
 
 
 def read_high_waters(path: Path) -> tuple[dict[str, int], str | None]:

@@ -7,7 +7,8 @@ directory. The same pages as a server's ``/ui/``, on a local port (default
 127.0.0.1:7391), read-only: a local file is read read-only (nothing is created,
 as ``stockade status`` reads it), any other coordinator through its client,
 which only lists scopes and reads journals. The scopes are read again every
-second (`TICK_S`), the first 10,000 in name order, and shown busiest first;
+second (`TICK_S`), the first `SCAN_SCOPES_MAX` (10,000) in name order, and
+shown busiest first; a scope's page reads that one scope by name (any scope);
 high-water marks come from the store beside a local coord.db (or --store-file),
 or, for a server, from its ``/v1/hwm`` (the page's scopes only, a second late).
 A server with --auth-tokens wants $STOCKADE_AUTH_TOKEN; this page itself asks
@@ -29,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from stockade.cli._common import add_data_dir, add_url, coordinator_url, fail, help_text, is_remote, local_file, refuse
-from stockade.cli._readonly import check_store_file, read_contenders, read_coordinator, read_high_waters, read_history
+from stockade.cli._readonly import (
+    check_store_file,
+    read_contenders,
+    read_coordinator,
+    read_high_waters,
+    read_history,
+    read_scope,
+)
 from stockade.clock import SystemClock
 from stockade.core.errors import StockadeError
 from stockade.core.journal import HistoryEvent
@@ -39,7 +47,7 @@ __all__ = ["run", "UI_PORT", "TICK_S"]
 
 UI_PORT = 7391
 TICK_S = 1.0  # each tick lists the coordinator's scopes again: gentler than a server's own 250 ms
-SCAN_SCOPES_MAX = 10_000
+SCAN_SCOPES_MAX = 10_000  # scopes read per tick (a scope's page reads its one scope by name, past them too)
 
 
 class UrlLeases:
@@ -86,7 +94,8 @@ class UrlLeases:
                 return list(snapshot.scopes)
             infos: list[ScopeInfo] = []
             while len(infos) < SCAN_SCOPES_MAX:
-                page = self._coord.scopes(after=infos[-1].scope if infos else "", limit=200)
+                page = self._coord.scopes(after=infos[-1].scope if infos else "",
+                                         limit=min(200, SCAN_SCOPES_MAX - len(infos)))
                 infos += page
                 if not page:
                     break
@@ -100,6 +109,18 @@ class UrlLeases:
         page = self._scopes[start:start + limit]
         more = start + limit < len(self._scopes)
         return page, (page[-1].scope if more and page else None)
+
+    async def inspect(self, scope: str) -> ScopeInfo | None:
+        """One scope by name (a scope's page): read-only from a coordinator file (None: no record), else the
+        client's `inspect`. One read, whatever the number of scopes."""
+        def read() -> ScopeInfo | None:
+            with self._lock:
+                if self.file is not None:
+                    return read_scope(self.file, SystemClock().now_ns(), scope)[0]
+                info: ScopeInfo = self._coord.inspect(scope)
+                return info
+
+        return await asyncio.to_thread(read)
 
     async def contenders(self, scope: str, limit: int) -> Sequence[Contender]:
         """The scope's holder and waiters in serving order: read-only from a coordinator file, else the client's."""

@@ -18,8 +18,12 @@ for the first answer and for every event of the stream:
 
 Cost: ranking is one pass over the scopes the viewer may see (`heapq.nlargest`
 keeps ``page x PAGE_SCOPES`` of them), so a page of 100,000 scopes costs one
-pass and 50 rows, whatever the page; over ``--coordinator`` the scopes are
-listed from the backend, the first `SCAN_SCOPES_MAX` of them in name order.
+pass and 50 rows, whatever the page; over a backend (``--coordinator``, ``stockade
+ui``) the scopes are listed from it, the first `SCAN_SCOPES_MAX` of them in name
+order. A scope's page (``?scope=NAME``) is one lookup either way: its record in
+the table, or one `inspect` of that scope on the backend (found however many
+scopes come before it in name order; a scope never granted and with no waiter
+has no row).
 """
 
 from __future__ import annotations
@@ -175,10 +179,13 @@ async def _rows(leases: Any, store: Any, view: View) -> tuple[list[dict[str, Any
         rows = [_row(describe(r, now_ns, leases.policy), [w.holder for w in r.waiters],
                      max(0, (r.delay_until_ns - now_ns) // _NS_PER_MS), store.high_water(r.scope)) for r in busiest]
         return rows, seen, True
+    if view.exact:  # a scope's page: one read of that scope on the backend, not a listing
+        rows = await _scope_row(leases, store, view)
+        return rows, len(rows), True
     infos: list[ScopeInfo] = []
     after, scanned = "", 0
     while scanned < SCAN_SCOPES_MAX:
-        batch, after_next = await leases.list(after=after, limit=LIST_PAGE_MAX)
+        batch, after_next = await leases.list(after=after, limit=min(LIST_PAGE_MAX, SCAN_SCOPES_MAX - scanned))
         scanned += len(batch)
         infos.extend(i for i in batch if view.sees(i.scope))
         if after_next is None:
@@ -187,13 +194,26 @@ async def _rows(leases: Any, store: Any, view: View) -> tuple[list[dict[str, Any
     exact = scanned < SCAN_SCOPES_MAX
     infos.sort(key=lambda i: (i.waiters, i.token is not None, i.last_token), reverse=True)
     page = infos[view.page * PAGE_SCOPES:(view.page + 1) * PAGE_SCOPES]
-    rows = []
-    for info in page:  # a waiting scope's queue, read from the backend's own line (its contenders)
-        queue = None
-        if info.waiters:
-            queue = [c.holder for c in await leases.contenders(info.scope, QUEUE_SHOWN_MAX) if not c.holding]
-        rows.append(_row(info, queue, 0, store.high_water(info.scope)))
-    return rows, len(infos), exact
+    return [await _backend_row(leases, store, info) for info in page], len(infos), exact
+
+
+async def _scope_row(leases: Any, store: Any, view: View) -> list[dict[str, Any]]:
+    """The row of the one scope an exact view names, read by name from the backend (`inspect`), if the
+    viewer may see it (the same rule as a listing) and it is recorded (granted once, or waited for)."""
+    if not view.sees(view.text):
+        return []
+    info = await leases.inspect(view.text)
+    if info is None or (info.token is None and not info.last_token and not info.waiters):
+        return []
+    return [await _backend_row(leases, store, info)]
+
+
+async def _backend_row(leases: Any, store: Any, info: ScopeInfo) -> dict[str, Any]:
+    """A backend scope's row; a waiting scope's queue read from the backend's own line (its contenders)."""
+    queue = None
+    if info.waiters:
+        queue = [c.holder for c in await leases.contenders(info.scope, QUEUE_SHOWN_MAX) if not c.holding]
+    return _row(info, queue, 0, store.high_water(info.scope))
 
 
 async def snapshot(leases: Any, store: Any, view: View, *, cluster: str, lock_delay_ms: int | None,
