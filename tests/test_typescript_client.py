@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -57,11 +58,9 @@ def test_a_stale_contract_file_is_caught(monkeypatch, tmp_path, capsys) -> None:
     assert "stale" in capsys.readouterr().err
 
 
-def test_the_package_packs_its_built_sources_only() -> None:
+def test_the_package_packs_its_built_sources_only(tmp_path_factory) -> None:
     """``npm pack`` ships the compiled client (JavaScript, declarations) and its sources, not the tests."""
-    node, tsc = _tools()
-    build = subprocess.run([str(tsc), "-p", str(PACKAGE)], capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
+    _built(tmp_path_factory)
     npm = shutil.which("npm")
     assert npm is not None
     packed = subprocess.run([npm, "pack", "--dry-run", "--json"], cwd=PACKAGE, capture_output=True, text=True,
@@ -71,6 +70,22 @@ def test_the_package_packs_its_built_sources_only() -> None:
     for needed in ("package.json", "dist/src/index.js", "dist/src/index.d.ts", "dist/src/pg.js", "src/client.ts"):
         assert needed in files, sorted(files)
     assert not [f for f in files if f.startswith(("dist/test", "test/", "node_modules"))], sorted(files)
+
+
+def _built(tmp_path_factory) -> tuple[str, Path]:
+    """Node and tsc, once the package is compiled (``tsc -p``) in this run: once, under a lock, whichever test and
+    xdist worker asks first, so that no test reads dist/ while another rewrites it."""
+    node, tsc = _tools()
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one directory for this run's workers
+    with open(shared / "typescript-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / "typescript-built"
+        if not done.exists():
+            build = subprocess.run([str(tsc), "-p", str(PACKAGE)], capture_output=True, text=True, timeout=300)
+            assert build.returncode == 0, build.stdout + build.stderr
+            done.touch()
+    return node, tsc
 
 
 def _tools() -> tuple[str, Path]:
@@ -146,11 +161,9 @@ def _run_doc_blocks(node: str, tsc: Path, server_url: str, pg_url: str) -> list[
     return ran
 
 
-def test_node_suite(http_server, fenced_pg, tmp_path) -> None:
+def test_node_suite(http_server, fenced_pg, tmp_path, tmp_path_factory) -> None:
     """``node --test`` on the compiled client, against the servers and the database started here."""
-    node, tsc = _tools()
-    build = subprocess.run([str(tsc), "-p", str(PACKAGE)], capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
+    node, tsc = _built(tmp_path_factory)
     assert len(_run_doc_blocks(node, tsc, http_server.url, fenced_pg)) >= 3
     control = start_server(tmp_path / "control", control="fencing-off")
     try:
