@@ -212,13 +212,15 @@ def _history_verdicts(history: Path) -> dict[str, str]:
 
 def test_a_server_gone_between_cases_keeps_what_was_measured(serve, tmp_path: Path) -> None:
     """`stockade serve` (coordinator and resource) killed by its pid once the history holds the pause case's
-    verdict: the pause verdict is printed, kept in the history and the report; retries could not run; exit 2.
-    Ordered, not timed: the test holds the retries scope's lease from before the pause case ended, so retries
-    cannot pass its first grant before the kill. (Before: exit 1 or 2, no verdict in the history until the end.)"""
+    verdict: the pause verdict is printed, kept in the history and the report; retries could not run, and the
+    failover case after it is not begun (its workers cannot start: the stack is gone); exit 2. Ordered, not
+    timed: the test holds the retries scope's lease from before the pause case ended, so retries cannot pass its
+    first grant before the kill. (Before: exit 1 or 2, no verdict in the history until the end.)"""
     server = serve()
     history, report = tmp_path / "history.jsonl", tmp_path / "report.html"
     argv = [sys.executable, "-m", "stockade", "check", "--coordinator", server.url, "--resource", server.url,
-            "--cases", "pause,retries", "--rounds", ROUNDS, "--ttl-ms", "300", "--seconds", "600", "--quiet",
+            "--cases", "pause,retries,failover", "--coordinator-restart", "true", "--rounds", ROUNDS,
+            "--ttl-ms", "300", "--seconds", "600", "--quiet",
             "--history", str(history), "--report", str(report)]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**python_env(), "PYTHONUNBUFFERED": "1"})
@@ -240,12 +242,13 @@ def test_a_server_gone_between_cases_keeps_what_was_measured(serve, tmp_path: Pa
             process.wait()
     result = subprocess.CompletedProcess(argv, process.returncode, first + out, err)
     print(result.stdout, result.stderr)
-    assert _history_verdicts(history) == {"pause": "held", "retries": "could not run"}
+    assert _history_verdicts(history) == {"pause": "held", "retries": "could not run", "failover": "could not run"}
     assert result.returncode == 2, result.stdout + result.stderr
-    assert cases(result) == {"pause": "held", "retries": "ERROR"}
+    assert cases(result) == {"pause": "held", "retries": "ERROR", "failover": "ERROR"}
     assert f"held    pause: 0 of {ROUNDS} stale writes applied" in result.stdout
     assert "ERROR   retries: could not run: " in result.stdout  # a worker's or the check's own request refused
-    assert "INCOMPLETE: 1 of 2 cases held, none broke; could not run: retries, clean-up" in result.stdout
+    assert "ERROR   failover: could not run: the workers did not start: worker A exited" in result.stdout
+    assert "INCOMPLETE: 1 of 3 cases held, none broke; could not run: retries, failover, clean-up" in result.stdout
     assert "note: the clean-up could not finish, scratch data may be left: " in result.stdout
     assert result.stderr.strip().startswith("stockade check: retries: could not run: ")
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
