@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", "--html", dest="report", type=Path, default=None,
                         help="write the timeline, verdicts and setup lines as one self-contained HTML file")
     parser.add_argument("--history", type=Path, default=None,
-                        help="write every event (grants, writes with their outcome and mark, pauses) as JSON lines")
+                        help="write every event (grants, writes with their outcome and mark, pauses) and each case's "
+                             "verdict as JSON lines, each as it happens")
     parser.add_argument("--quiet", action="store_true", help="leave the timeline out of the output")
     parser.add_argument("--coordinator-restart", default=None, metavar="CMD",
                         help="a shell command that restarts the coordinator (the failover case; run with a timeout)")
