@@ -13,9 +13,11 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,11 +45,11 @@ def check(*args: str, timeout: float = 240, rounds: str = ROUNDS,
 
 
 def cases(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
-    """``{case: "held" | "BROKEN"}`` from the verdict lines."""
+    """``{case: "held" | "BROKEN" | "ERROR"}`` from the verdict lines (ERROR: the case could not run)."""
     found = {}
     for line in result.stdout.splitlines():
         words = line.split()
-        if len(words) >= 2 and words[0] in ("held", "BROKEN") and words[1].endswith(":"):
+        if len(words) >= 2 and words[0] in ("held", "BROKEN", "ERROR") and words[1].endswith(":"):
             found[words[1][:-1]] = words[0]
     return found
 
@@ -200,6 +202,82 @@ def test_directory_restore_without_the_floor_fails(tmp_path: Path, embedded) -> 
 def test_serve_and_its_store(serve) -> None:
     server = serve()
     assert_held(check("--coordinator", server.url, "--resource", server.url), network=True)
+
+
+def _history_verdicts(history: Path) -> dict[str, str]:
+    """``{case: verdict}`` from the ``verdict`` lines of a check's ``--history`` as it is now."""
+    lines = history.read_text().splitlines() if history.exists() else []
+    return {line["case"]: line["verdict"] for line in map(json.loads, lines) if line["kind"] == "verdict"}
+
+
+def test_a_server_gone_between_cases_keeps_what_was_measured(serve, tmp_path: Path) -> None:
+    """`stockade serve` (coordinator and resource) killed by its pid once the history holds the pause case's
+    verdict: the pause verdict is printed, kept in the history and the report; retries could not run, and the
+    failover case after it is not begun (its workers cannot start: the stack is gone); exit 2. Ordered, not
+    timed: the test holds the retries scope's lease from before the pause case ended, so retries cannot pass its
+    first grant before the kill. (Before: exit 1 or 2, no verdict in the history until the end.)"""
+    server = serve()
+    history, report = tmp_path / "history.jsonl", tmp_path / "report.html"
+    argv = [sys.executable, "-m", "stockade", "check", "--coordinator", server.url, "--resource", server.url,
+            "--cases", "pause,retries,failover", "--coordinator-restart", "true", "--rounds", ROUNDS,
+            "--ttl-ms", "300", "--seconds", "600", "--quiet",
+            "--history", str(history), "--report", str(report)]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**python_env(), "PYTHONUNBUFFERED": "1"})
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        hexid = first.split("scratch prefix stockade-check-")[1].split()[0].rstrip(",")
+        with stockade.connect(server.url) as coord:
+            coord.acquire(f"stockade-check.{hexid}.retries", ttl_ms=120_000, wait_ms=10_000, holder="test")
+            assert "pause" not in _history_verdicts(history)  # taken before the pause case ended
+            while "pause" not in _history_verdicts(history) and process.poll() is None:
+                time.sleep(0.02)
+            os.kill(server.process.pid, signal.SIGKILL)
+            server.process.wait()
+        out, err = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    result = subprocess.CompletedProcess(argv, process.returncode, first + out, err)
+    print(result.stdout, result.stderr)
+    assert _history_verdicts(history) == {"pause": "held", "retries": "could not run", "failover": "could not run"}
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert cases(result) == {"pause": "held", "retries": "ERROR", "failover": "ERROR"}
+    assert f"held    pause: 0 of {ROUNDS} stale writes applied" in result.stdout
+    assert "ERROR   retries: could not run: " in result.stdout  # a worker's or the check's own request refused
+    assert "ERROR   failover: could not run: the workers did not start: worker A exited" in result.stdout
+    assert "INCOMPLETE: 1 of 3 cases held, none broke; could not run: retries, failover, clean-up" in result.stdout
+    assert "note: the clean-up could not finish, scratch data may be left: " in result.stdout
+    assert result.stderr.strip().startswith("stockade check: retries: could not run: ")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    events = [json.loads(line) for line in history.read_text().splitlines()]
+    refused = [e for e in events if e["kind"] == "write" and e["case"] == "pause" and e["outcome"] == "refused"]
+    assert len(refused) == int(ROUNDS)  # every pause round's zombie write, kept
+    page = report.read_text()
+    assert '<td class="held">held</td>' in page and '<td class="could-not-run">could not run</td>' in page
+    assert_no_workers_left(result)
+
+
+def test_a_restart_that_leaves_the_server_down_keeps_what_was_measured(serve, tmp_path: Path) -> None:
+    """The check's own connection is the first to fail: the failover case's "restart" command ends the
+    `stockade serve` by its pid and starts nothing, so the check's reconnect gives up (after its 30 s). The pause
+    verdict, run before, is printed and kept; failover could not run; exit 2. (Before: exit 2 with the one line
+    of the error, no verdict printed, no history, no report.)"""
+    server = serve()
+    history, report = tmp_path / "history.jsonl", tmp_path / "report.html"
+    result = check("--coordinator", server.url, "--resource", server.url, "--cases", "pause,failover",
+                   "--coordinator-restart", f"kill -9 {server.process.pid}", "--seconds", "600",
+                   "--history", str(history), "--report", str(report))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert cases(result) == {"pause": "held", "failover": "ERROR"}
+    assert f"held    pause: 0 of {ROUNDS} stale writes applied" in result.stdout
+    assert "ERROR   failover: could not run: cannot connect to " in result.stdout  # the check's own reconnect
+    assert result.stderr.startswith("stockade check: failover: could not run: ")
+    assert _history_verdicts(history) == {"pause": "held", "failover": "could not run"}
+    assert '<td class="could-not-run">could not run</td>' in report.read_text()
+    assert_no_workers_left(result)
 
 
 @pytest.fixture
@@ -402,20 +480,26 @@ def test_failover_serve_back_on_a_fresh_data_dir_fails(restartable_serve) -> Non
     assert "1 of 1 came back as another cluster" in result.stdout  # its values stay above (a new epoch): R2 fails
 
 
-@pytest.mark.parametrize("option, command, message", [
-    ("--coordinator-restart", "echo no such service >&2; exit 3", "exited 3: no such service"),
-    ("--resource-restore", "sleep 30", "did not end within"),
-    ("--coordinator-restart", " ", "is an empty command"),
+@pytest.mark.parametrize("option, command, message, case", [
+    ("--coordinator-restart", "echo no such service >&2; exit 3", "exited 3: no such service", "failover"),
+    ("--resource-restore", "sleep 30", "did not end within", "restore"),
+    ("--coordinator-restart", " ", "is an empty command", None),
 ])
 def test_a_command_that_fails_is_one_line_and_exit_2(tmp_path: Path, embedded, option: str, command: str,
-                                                      message: str) -> None:
+                                                      message: str, case: str | None) -> None:
+    """A command that fails mid-run: its case could not run, the others' verdicts stand (the restore case after
+    a failed restart runs on the coordinator the command left); an empty one is refused before anything."""
     root = tmp_path / "files"
     root.mkdir()
     result = check("--coordinator", embedded[0], "--resource", f"file://{root}", option, command, "--seconds", "4",
                    rounds="1", timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert result.stderr.startswith(f"stockade check: {option}: ") and message in result.stderr
+    where = f"{case}: could not run: " if case else ""
+    assert result.stderr.startswith(f"stockade check: {where}{option}: ") and message in result.stderr
+    if case:
+        others = {"pause", "retries", "failover", "restore"} - {case}
+        assert cases(result) == {name: "held" for name in others} | {case: "ERROR"}
     assert list(root.iterdir()) == []  # the scratch subdirectory removed all the same
     if "scratch prefix" in result.stdout:  # the empty command is refused before anything starts
         assert_no_workers_left(result)

@@ -104,11 +104,21 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """One case's result: ``held`` and the figure that says why (``"0 of 20 stale writes applied"``)."""
+    """One case's result: ``held`` and the figure that says why (``"0 of 20 stale writes applied"``).
+
+    ``ran`` is False for a case that could not run (an error that is no verdict: a worker or a server gone);
+    ``held`` is then False and the figure is ``"could not run: <why>"``.
+    """
 
     case: str
     held: bool
     figure: str
+    ran: bool = True
+
+    @property
+    def status(self) -> str:
+        """``held``, ``BROKEN`` or ``could not run``."""
+        return "held" if self.held else "BROKEN" if self.ran else "could not run"
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +375,7 @@ _PAGE_CSS = """
 body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222;background:#fff}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 6px}h3{font-size:14px;margin:14px 0 2px}
 table{border-collapse:collapse;margin:4px 0}td,th{border:1px solid #ccc;padding:3px 10px;text-align:left}
-.held,.ok{color:#1a9850;font-weight:600}.broken,.FAIL{color:#d73027;font-weight:600}.warn{color:#b8860b;font-weight:600}
+.held,.ok{color:#1a9850;font-weight:600}.broken,.FAIL{color:#d73027;font-weight:600}.could-not-run{color:#6a3d9a;font-weight:600}.warn{color:#b8860b;font-weight:600}
 """
 
 _LEGEND = (("lease", "lease (token)"), ("release", "released"), ("expire", "expired"),
@@ -438,8 +448,8 @@ def render_html(title: str, events: Sequence[Event], *, verdicts: Sequence[Verdi
         parts.append(f'<p id="summary">{_esc(summary)}</p>')
     if verdicts:
         parts.append('<h2>Verdicts</h2><table id="verdicts"><tr><th>case</th><th>verdict</th><th>figure</th></tr>')
-        parts += [f'<tr><td>{_esc(v.case)}</td><td class="{"held" if v.held else "broken"}">'
-                  f'{"held" if v.held else "BROKEN"}</td><td>{_esc(v.figure)}</td></tr>' for v in verdicts]
+        parts += [f'<tr><td>{_esc(v.case)}</td><td class="{v.status.lower().replace(" ", "-")}">'
+                  f'{v.status}</td><td>{_esc(v.figure)}</td></tr>' for v in verdicts]
         parts.append("</table>")
     if setup:
         parts.append('<h2>Setup</h2><table id="setup"><tr><th>precondition</th><th>found</th><th>verdict</th></tr>')

@@ -25,6 +25,7 @@ by how long anything took:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from stockade.check._proxy import HoldProxy
 from stockade.check.targets import Target, scratch_scope
@@ -64,6 +65,7 @@ class Run:
         target: the orchestrator's own view of the resource (reopened after a restore).
         command_timeout_s: how long one of the user's restart or restore commands may take (``--seconds``).
         floor_url: where the restore case raises the marks (``--resource-floor``), or None: the resource's own.
+        history: where every event and verdict is written as a JSON line as it happens (``--history``), or None.
     """
 
     coordinator_url: str
@@ -78,6 +80,7 @@ class Run:
     target: Any = None
     command_timeout_s: float = 60.0
     floor_url: str | None = None
+    history: TextIO | None = None
 
     def __post_init__(self) -> None:
         self.t0 = time.monotonic()
@@ -92,8 +95,21 @@ class Run:
         self.target.create_scratch()
 
     def note(self, lane: str, kind: str, **fields: Any) -> None:
-        self.events.append(Event(at_ms=(time.monotonic() - self.t0) * 1000, lane=lane, kind=kind, case=self.case,
-                                 **fields))
+        event = Event(at_ms=(time.monotonic() - self.t0) * 1000, lane=lane, kind=kind, case=self.case, **fields)
+        self.events.append(event)
+        self._record(dataclasses.asdict(event))
+
+    def judged(self, verdict: Verdict) -> None:
+        """A case ended: its verdict goes to the history (``kind`` ``verdict``) as its events did."""
+        self._record({"at_ms": (time.monotonic() - self.t0) * 1000, "kind": "verdict", "case": verdict.case,
+                      "verdict": verdict.status, "figure": verdict.figure})
+
+    def _record(self, line: dict[str, Any]) -> None:
+        """One line of ``--history``, written and flushed at once: what was measured is kept whatever ends the
+        run."""
+        if self.history is not None:
+            self.history.write(json.dumps(line) + "\n")
+            self.history.flush()
 
     def start(self, name: str, resource_url: str | None = None) -> None:
         """Start worker ``name``; it reaches the resource at ``resource_url`` (default: the user's url)."""
@@ -170,7 +186,8 @@ class Run:
         self.note(name, "expire" if answer.get("lost") else "release")
 
     def stop(self) -> None:
-        """End every worker this run started (resumed first, so a frozen one can exit), and reap it."""
+        """End every worker this run started (resumed first, so a frozen one can exit), and reap it; `start`
+        starts them anew."""
         for worker in self.workers.values():
             if worker.poll() is None:
                 try:
@@ -189,6 +206,7 @@ class Run:
             for stream in (worker.stdout, worker.stderr):
                 if stream is not None:
                     stream.close()
+        self.workers.clear()
 
 
 def pause_case(run: Run, target: Target, *, rounds: int, deadline: float) -> Verdict:

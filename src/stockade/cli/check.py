@@ -26,9 +26,17 @@ every worker did, and one verdict line.
 It writes only under a scratch prefix (scopes stockade-check.<hex>.*, a table
 or subdirectory stockade-check-<hex>) that it creates and removes; the
 coordinator's counters and the resource's marks of those scopes stay (tokens
-never go back). Exit status: 0 every case held and no setup line FAILed; 1
-otherwise; 2 bad input or a server that cannot be reached (nothing touched).
-docs/check.md describes each case and line.
+never go back). A case that cannot run (a worker that fails, a server that
+stops answering, a restart or restore command that fails) is reported on its
+own line, "could not run: WHY"; the next case runs if the workers can start
+again; every finished case's verdict is printed, and --history and --report
+are written all the same.
+
+Exit status: 0 only when every case held and no setup line FAILed; 1 when a
+case broke or a setup line FAILed (or none of --cases applies); 2 when a case
+could not run and none broke, or for bad input or a server that cannot be
+reached at the start (one line on stderr, nothing touched). docs/check.md
+describes each case and line.
 """
 
 from __future__ import annotations
@@ -63,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", "--html", dest="report", type=Path, default=None,
                         help="write the timeline, verdicts and setup lines as one self-contained HTML file")
     parser.add_argument("--history", type=Path, default=None,
-                        help="write every event (grants, writes with their outcome and mark, pauses) as JSON lines")
+                        help="write every event (grants, writes with their outcome and mark, pauses) and each case's "
+                             "verdict as JSON lines, each as it happens")
     parser.add_argument("--quiet", action="store_true", help="leave the timeline out of the output")
     parser.add_argument("--coordinator-restart", default=None, metavar="CMD",
                         help="a shell command that restarts the coordinator (the failover case; run with a timeout)")
@@ -118,12 +127,15 @@ def _clean_store(coord: Any, target: Any, scopes: list[str], ttl_ms: int) -> Non
 
 def _run_cases(args: argparse.Namespace, run: Any, started: float) -> list[Any]:
     """Start the workers (A through the proxy when the resource is reached over TCP), run the cases in the time
-    left, stop every worker. A case that could not run is a broken one, named; one that does not apply to this
-    stack is said so on a note line."""
+    left, stop every worker. A case that could not run (an error that is no verdict: a worker that failed, a
+    server that did not answer, a command that failed) is said so, and the next one runs with workers started
+    anew; when they cannot start (the stack is gone), the cases left are said not begun. A case that does not
+    apply to this stack is said so on a note line."""
     from stockade.check._proxy import HoldProxy, proxied_url, upstream_of
-    from stockade.check.cases import WorkerFailed, delay_case, pause_case, retries_case
+    from stockade.check.cases import WorkerFailed
     from stockade.timeline import Verdict
 
+    no_verdict = (WorkerFailed, StockadeError, OSError)
     verdicts: list[Verdict] = []
     upstream = upstream_of(args.resource)
     proxy = HoldProxy(upstream) if upstream is not None else None
@@ -135,23 +147,29 @@ def _run_cases(args: argparse.Namespace, run: Any, started: float) -> list[Any]:
     budget = args.seconds - (time.monotonic() - started)
     share = budget / max(len(cases), 1)
     try:
-        run.start("A", proxied_url(args.resource, proxy.port) if proxy is not None else None)
-        run.start("B")
-        run.start("C")
         for index, case in enumerate(cases):
             deadline = time.monotonic() + share if index < len(cases) - 1 else started + args.seconds
-            if case == "pause":
-                verdicts.append(pause_case(run, run.target, rounds=args.rounds, deadline=deadline))
-            elif case == "delay":
-                assert proxy is not None
-                verdicts.append(delay_case(run, run.target, proxy, rounds=args.rounds, deadline=deadline))
-            elif case == "retries":
-                verdicts.append(retries_case(run, run.target, rounds=args.rounds, deadline=deadline))
-            else:
-                verdicts.append(_restart_case(case, run, restart, restore, own, rounds=args.rounds,
-                                              deadline=deadline))
-    except WorkerFailed as exc:
-        verdicts.append(Verdict(run.case or "start", False, f"could not run: {exc}"))
+            run.case = case
+            try:
+                if not run.workers:
+                    for name in ("A", "B", "C"):
+                        run.start(name, proxied_url(args.resource, proxy.port) if proxy and name == "A" else None)
+            except no_verdict as exc:
+                not_begun = [Verdict(left, False, f"could not run: the workers did not start: {_reason(exc)}",
+                                     ran=False) for left in cases[index:]]
+                verdicts += not_begun
+                for verdict in not_begun:
+                    run.judged(verdict)
+                break
+            try:
+                verdict = _one_case(case, run, proxy, restart, restore, own, rounds=args.rounds, deadline=deadline)
+            except no_verdict as exc:
+                verdict = Verdict(case, False, f"could not run: {_reason(exc)}", ran=False)
+                run.stop()  # the next case starts its own workers (or finds that they cannot start)
+                if proxy is not None:
+                    proxy.release()
+            verdicts.append(verdict)
+            run.judged(verdict)
     finally:
         run.stop()
         if proxy is not None:
@@ -163,6 +181,31 @@ def _run_cases(args: argparse.Namespace, run: Any, started: float) -> list[Any]:
     if restore is False and "restore" in chosen:
         print("note: the restore case needs --resource-restore CMD (or a file:// directory): not run")
     return verdicts
+
+
+def _one_case(case: str, run: Any, proxy: Any, restart: Any, restore: Any, own: Any, *, rounds: int,
+              deadline: float) -> Any:
+    from stockade.check._restarts import failover_case, restore_case
+    from stockade.check.cases import delay_case, pause_case, retries_case
+
+    if case == "pause":
+        return pause_case(run, run.target, rounds=rounds, deadline=deadline)
+    if case == "delay":
+        return delay_case(run, run.target, proxy, rounds=rounds, deadline=deadline)
+    if case == "retries":
+        return retries_case(run, run.target, rounds=rounds, deadline=deadline)
+    if case == "failover":
+        return failover_case(run, run.target, restart=restart, rounds=rounds, deadline=deadline)
+    return restore_case(run, restore=restore, own=own, rounds=rounds, deadline=deadline)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a case could not run, in one line (the error's type named unless its message says enough)."""
+    from stockade.check.cases import WorkerFailed
+
+    if isinstance(exc, (WorkerFailed, InvalidArgument, BackendUnavailable)):
+        return _one_line(exc)
+    return f"{type(exc).__name__}: {_one_line(exc)}"
 
 
 def _chosen(args: argparse.Namespace) -> tuple[str, ...]:
@@ -193,15 +236,6 @@ def _restarts_of(args: argparse.Namespace, target: Any) -> tuple[str | None | bo
     if restore is None and own is None:
         restore = False
     return restart, restore, own
-
-
-def _restart_case(case: str, run: Any, restart: Any, restore: Any, own: Any, *, rounds: int,
-                  deadline: float) -> Any:
-    from stockade.check._restarts import failover_case, restore_case
-
-    if case == "failover":
-        return failover_case(run, run.target, restart=restart, rounds=rounds, deadline=deadline)
-    return restore_case(run, restore=restore, own=own, rounds=rounds, deadline=deadline)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -237,11 +271,15 @@ def _check(args: argparse.Namespace) -> int:
         print("setup:")
         for line in setup:
             print(f"  {line.verdict:<4}  {line.name}: {line.found}")
+        if args.history is not None:  # written as the cases go: what was measured stays, whatever ends the run
+            run.history = open(args.history, "w", encoding="utf-8")  # noqa: SIM115 - closed below
         verdicts = _run_cases(args, run, started)
         failed = False
     finally:
-        _clean_up(args, run, scopes, quiet=failed)
-    return _report(args, run, setup, verdicts)
+        left = _clean_up(args, run, scopes, quiet=failed)
+        if run.history is not None:
+            run.history.close()
+    return _report(args, run, setup, verdicts, left)
 
 
 def _floor_url(args: argparse.Namespace) -> str | None:
@@ -269,9 +307,10 @@ def _floor_url(args: argparse.Namespace) -> str | None:
     return url
 
 
-def _clean_up(args: argparse.Namespace, run: Any, scopes: list[str], *, quiet: bool) -> None:
-    """Remove the scratch data and close; ``quiet``: an error is already on its way out, and a coordinator or
-    resource that a failed command left down must not hide it behind its own."""
+def _clean_up(args: argparse.Namespace, run: Any, scopes: list[str], *, quiet: bool) -> str | None:
+    """Remove the scratch data and close. Returns why that could not be finished (a server gone), or None;
+    ``quiet``: an error is already on its way out, and a coordinator or resource that a failed command left down
+    must not hide it behind its own."""
     try:
         try:
             if run.target.kind == "store":
@@ -282,38 +321,51 @@ def _clean_up(args: argparse.Namespace, run: Any, scopes: list[str], *, quiet: b
                 run.target.close()
             finally:
                 run.coord.close()
-    except StockadeError:
-        if not quiet:
-            raise
+    except (StockadeError, OSError) as exc:
+        return None if quiet else _reason(exc)
+    return None
 
 
-def _report(args: argparse.Namespace, run: Any, setup: list[Any], verdicts: list[Any]) -> int:
-    """Print the timeline and the verdicts, write the history and the HTML report; the exit status."""
+#: How a verdict's line begins (`stockade.timeline.Verdict.status`), six columns wide.
+_MARKS = {"held": "held  ", "BROKEN": "BROKEN", "could not run": "ERROR "}
+
+
+def _report(args: argparse.Namespace, run: Any, setup: list[Any], verdicts: list[Any], left: str | None) -> int:
+    """Print the timeline and the verdicts, write the HTML report; the exit status: 1 when a case broke or a
+    setup line FAILed (or no case applied), else 2 when a case or the clean-up could not run, else 0."""
     from stockade.timeline import render_html, render_text
 
     failed_setup = [line for line in setup if line.verdict == "FAIL"]
-    held = bool(verdicts) and all(v.held for v in verdicts) and not failed_setup
     if not args.quiet:
         print("timeline:")
         print(render_text(run.events))
     print("cases:")
     for verdict in verdicts:
-        print(f"  {'held  ' if verdict.held else 'BROKEN'}  {verdict.case}: {verdict.figure}")
-    broken = [v.case for v in verdicts if not v.held] + [f"setup: {line.name}" for line in failed_setup]
-    summary = (f"HELD: {len(verdicts)} of {len(verdicts)} cases held, no setup line failed" if held
-               else f"FAILED: {'; '.join(broken) or 'no case ran (none of --cases applies here)'}")
-    if args.history is not None:
-        import dataclasses
-        import json
-
-        with open(args.history, "w", encoding="utf-8") as out:
-            out.writelines(json.dumps(dataclasses.asdict(event)) + "\n" for event in run.events)
+        print(f"  {_MARKS[verdict.status]}  {verdict.case}: {verdict.figure}")
+    if left is not None:
+        print(f"note: the clean-up could not finish, scratch data may be left: {left}")
+    broken = [v.case for v in verdicts if v.ran and not v.held] + [f"setup: {line.name}" for line in failed_setup]
+    unrun = [v for v in verdicts if not v.ran]
+    not_run = ", ".join([v.case for v in unrun] + (["clean-up"] if left is not None else []))
+    if broken or not verdicts:
+        status = 1
+        summary = (f"FAILED: {'; '.join(broken) or 'no case ran (none of --cases applies here)'}"
+                   + (f"; could not run: {not_run}" if not_run else ""))
+    elif not_run:
+        status = 2
+        summary = (f"INCOMPLETE: {len(verdicts) - len(unrun)} of {len(verdicts)} cases held, none broke; "
+                   f"could not run: {not_run}")
+    else:
+        status, summary = 0, f"HELD: {len(verdicts)} of {len(verdicts)} cases held, no setup line failed"
     if args.report is not None:
         args.report.write_text(render_html(f"stockade check: {run.target.kind} resource", run.events,
                                            verdicts=verdicts, setup=setup, summary=summary), encoding="utf-8")
         print(f"report: {args.report}")
     print(f"stockade check: {summary}")
-    return 0 if held else 1
+    if status == 2:  # one line on stderr, as for any exit 2: the first thing that could not run, and why
+        first = f"{unrun[0].case}: {unrun[0].figure}" if unrun else f"clean-up: could not run: {left}"
+        print(f"stockade check: {first}", file=sys.stderr)
+    return status
 
 
 def run(argv: list[str]) -> int:
