@@ -250,14 +250,15 @@ def test_keepalive_holds_lease_past_ttl(client, coord_url):
 def test_lease_granted_after_a_long_wait_is_kept_alive(client, coord_url):
     # The grant comes long after the request was sent (more than the TTL): the
     # lease must not count as lost at once, and the keepalive must hold it.
-    # TTLs of 2 s and 1 s: with 0.3 s (and once with 0.6 s), a loaded host (3 test workers)
-    # stalled the renewals past the local deadline.
+    # TTLs of 3 s and 2 s: with 0.3 s (and once with 0.6 s), a loaded host (3 test workers)
+    # stalled the renewals past the local deadline; with 1 s, once at a load of 13 (6 workers), the
+    # grant's first renewal came more than 1 s after its commit.
     coord = client.connect(coord_url)
-    first = client.run(coord.acquire("k", ttl_ms=2_000, keepalive=False))
-    lease = client.run(coord.acquire("k", ttl_ms=1_000, wait_ms=10_000))
+    first = client.run(coord.acquire("k", ttl_ms=3_000, keepalive=False))
+    lease = client.run(coord.acquire("k", ttl_ms=2_000, wait_ms=15_000))
     assert _follows(coord, lease.token.value, first.token.value)
     assert not lease.lost
-    time.sleep(1.5) if client.mode == "sync" else client.run(__import__("asyncio").sleep(1.5))
+    time.sleep(2.5) if client.mode == "sync" else client.run(__import__("asyncio").sleep(2.5))
     assert not lease.lost
     assert client.run(coord.inspect("k")).token == lease.token
     client.run(lease.release())
