@@ -438,9 +438,16 @@ def _recorded_seconds() -> dict[str, float]:
     return seconds
 
 
+#: The backstop for one test of a long run (pyproject.toml's ``timeout`` is the default run's).
+LONG_TIMEOUT_S = 3600
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     recorded = _recorded_seconds()
     items.sort(key=lambda item: -recorded.get(item.nodeid, 0.0))  # stable: the others keep their order
+    if os.environ.get("STOCKADE_LONG") == "1":  # the long runs' rounds take longer than the default backstop
+        for item in items:
+            item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
 
 
 def pytest_configure(config) -> None:

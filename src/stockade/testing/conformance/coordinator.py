@@ -543,6 +543,9 @@ FOREVER_CANCELS = 50 if os.environ.get("STOCKADE_LONG") == "1" else 3
 #: How long a cancelled wait's waiter may stay queued, in seconds: a served coordinator holds the place of a
 #: wait cancelled between two of its requests for `stockade.server._tickets.TICKET_HOLD_MS` (5 s).
 FOREVER_GONE_S = 10
+#: How long a SIGINT has to end a wait until granted in the sync client's thread, and how often it is sent.
+SIGINT_GRACE_S = 15
+SIGINT_SENDS = 3
 
 
 def _fresh_scope(stem: str) -> str:
@@ -640,31 +643,63 @@ def test_cancelling_a_wait_until_granted_leaves_no_waiter(client, capped_wait):
 
 
 def _interrupted_when_queued(call: Callable[[], Any], queued: Callable[[], bool]) -> Any:
-    """Run ``call()`` in this (main) thread; once ``queued()`` says so, SIGINT it from another thread."""
+    """Run ``call()`` in this (main) thread; once ``queued()`` says so, SIGINT it from another thread.
+
+    Bounded on every path (a CI run once hung here for 30 minutes with no way to tell why): ``queued()`` is
+    polled from a thread of its own, so a read that hangs cannot hold the signal back past `_WAIT_S`; a SIGINT
+    that has not ended ``call()`` within `SIGINT_GRACE_S` is sent again, at most `SIGINT_SENDS` times. Either
+    is a failure, raised here with what was seen, in place of the call's own outcome."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("a KeyboardInterrupt is delivered to the main thread only")
-    stop = threading.Event()
+    main_id = threading.main_thread().ident or 0
+    ready, returned, armed = threading.Event(), threading.Event(), threading.Event()
+    seen: list[str] = []
+    started = time.monotonic()
+
+    def poll() -> None:
+        last: BaseException | None = None
+        while not ready.is_set() and not returned.is_set() and time.monotonic() - started < _WAIT_S:
+            try:
+                if queued():
+                    ready.set()
+                    return
+            except Exception as exc:  # noqa: BLE001 - retried until the deadline, then reported
+                last = exc
+            time.sleep(0.005)
+        if last is not None:
+            seen.append(f"queued() last failed with {last!r}")
 
     def interrupt() -> None:
-        # SIGINT is sent in every case but the call's own end: once queued, or at the deadline, or when
-        # ``queued()`` fails. A wait without a deadline must never be left running (a CI run once hung here).
-        deadline = time.monotonic() + _WAIT_S
-        try:
-            while not stop.is_set() and time.monotonic() < deadline and not queued():
-                time.sleep(0.005)
-        finally:
-            if not stop.is_set():
-                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        armed.wait()  # not before the call is about to start: the signal must land in it
+        while not ready.is_set() and not returned.is_set() and time.monotonic() - started < _WAIT_S:
+            ready.wait(0.05)
+        if returned.is_set():
+            return
+        if not ready.is_set():
+            seen.append(f"queued() did not confirm the wait within {_WAIT_S} s")
+        for sent in range(1, SIGINT_SENDS + 1):
+            signal.pthread_kill(main_id, signal.SIGINT)
+            if returned.wait(SIGINT_GRACE_S):
+                return
+            seen.append(f"SIGINT {sent} of {SIGINT_SENDS} had not ended the call {SIGINT_GRACE_S} s later")
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Thread(target=interrupt, daemon=True)
+    poller = threading.Thread(target=poll, name="stockade-test-queued", daemon=True)
+    timer = threading.Thread(target=interrupt, name="stockade-test-sigint", daemon=True)
+    poller.start()
     timer.start()
     try:
+        armed.set()
         return call()
     finally:
-        stop.set()
+        returned.set()
         timer.join()
+        poller.join(1.0)  # a read that hangs is left to its daemon thread (and reported below)
+        if poller.is_alive():
+            seen.append(f"queued() still running {time.monotonic() - started:.1f} s after it was first called")
         signal.signal(signal.SIGINT, previous)
+        if seen:
+            raise AssertionError("interrupting a wait until granted: " + "; ".join(seen))
 
 
 #: The contenders test's waiters, in the order they queue: not the order of their names (so that a line
