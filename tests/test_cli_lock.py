@@ -182,12 +182,57 @@ def test_signals_are_forwarded_to_cmd(tmp_path, signum):
     try:
         assert lock.stdout.readline().strip() == "ready"
         lock.send_signal(signum)
-        assert lock.wait(timeout=BOUND_S) == 0  # CMD handled it and exited 0
+        code = lock.wait(timeout=BOUND_S)
+        assert code == 0, (code, lock.stderr.read())  # CMD handled it and exited 0
     finally:
         kill_quietly(lock.pid)
         lock.wait()
         lock.stdout.close()
         lock.stderr.close()
+
+
+#: Runs `stockade lock` in this process with a SIGINT sent to itself right after CMD is spawned, before the
+#: forwarding handler is in place (the window a Ctrl-C once fell into). ``control``: the old handler (interrupt
+#: `stockade lock`) is back in that window, as before the fix.
+SIGNAL_IN_THE_SPAWN_WINDOW = (
+    "import os, signal, sys\n"
+    "from stockade.cli import lock\n"
+    "real = lock._spawn\n"
+    "def spawn_then_signal(command, env):\n"
+    "    child = real(command, env)\n"
+    "    if sys.argv[1] == 'control':\n"
+    "        def interrupt(signum, _frame):\n"
+    "            raise lock._Interrupted(signum)\n"
+    "        signal.signal(signal.SIGINT, interrupt)\n"
+    "    os.kill(os.getpid(), signal.SIGINT)\n"
+    "    return child\n"
+    "lock._spawn = spawn_then_signal\n"
+    "sys.exit(lock.run(sys.argv[2:]))\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["fixed", "control"])
+def test_a_signal_while_cmd_is_spawned_goes_to_cmd(tmp_path, mode):
+    """A SIGINT that lands between CMD's spawn and the forwarding handler is CMD's: CMD ends by it (`stockade
+    lock` exits 130 as CMD's status, with no word of its own) and the lease is released after. The control, with
+    the old handler in that window, ends `stockade lock` itself ("interrupted by SIGINT") and must be told apart."""
+    runs = 5
+    said: list[str] = []
+    for i in range(runs):
+        argv = [sys.executable, "-c", SIGNAL_IN_THE_SPAWN_WINDOW, mode, f"window{i}", "--", "sleep", "300"]
+        result = subprocess.run(argv, capture_output=True, text=True, env=env_for(tmp_path), timeout=60)
+        assert result.returncode == 130, (result.returncode, result.stderr)
+        said.append(result.stderr)
+    interrupted = sum("interrupted by SIGINT" in text for text in said)
+    if mode == "control":
+        assert interrupted == runs, said
+        return
+    assert interrupted == 0, said  # 0 of 5: CMD got the signal, `stockade lock` did not end by it
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'data' / 'coord.db'}")
+    try:
+        assert all(coord.inspect(f"window{i}").state.value == "free" for i in range(runs))
+    finally:
+        coord.close()
 
 
 def test_command_not_executable_126_not_found_127(tmp_path):
