@@ -24,7 +24,11 @@ load of a shared machine hits every variant alike:
 
 each transaction of one variant followed by one of each other variant, and
 prints the median over rounds of each variant's throughput and p50/p99
-latency, with the ratio to ``plain``.
+latency, with the ratio to ``plain``, and its CPU per transaction: its
+backend's (``/proc/<pid>/schedstat``, so the server must run on this machine)
+and this client's, with the ratio of their sum to ``plain``'s. The CPU moves
+less with the host's load than the time does, which a busy disk's fsyncs
+decide.
 
     PYTHONPATH=src python benchmarks/fence_postgres.py --rounds 7 --ops 2000
     git show main:src/stockade/resources/postgres/_sql.py > /tmp/before_sql.py
@@ -145,24 +149,39 @@ def install_before(dsn: str, keys: FixedKeys, path: str) -> psycopg.Connection:
     return before
 
 
-def run_round(ops: dict[str, Callable[[int], None]], count: int) -> dict[str, tuple[float, float, float]]:
+def backend_cpu_ns(pid: int) -> int:
+    """The run time of a local backend so far (``/proc/<pid>/schedstat``: readable as root or as its user)."""
+    with open(f"/proc/{pid}/schedstat") as stat:
+        return int(stat.read().split()[0])
+
+
+def run_round(ops: dict[str, Callable[[int], None]], count: int,
+              backends: dict[str, int]) -> dict[str, tuple[float, ...]]:
     """One round: ``count`` transactions of every variant, alternated one by one (the order rotates).
 
     Alternating transaction by transaction puts every variant under the same load, which
-    matters on a shared machine where the load drifts within seconds.
+    matters on a shared machine where the load drifts within seconds. Each variant's figures:
+    transactions/s, p50 and p99 µs, and the CPU per transaction of its backend (``backends``:
+    its pid) and of this client, read around each transaction (outside the time taken).
     """
     names = list(ops)
     latencies: dict[str, list[float]] = {name: [] for name in names}
+    server_ns = dict.fromkeys(names, 0)
+    client_s = dict.fromkeys(names, 0.0)
     for i in range(count):
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
+            b0, c0 = backend_cpu_ns(backends[name]), time.process_time()
             t0 = time.perf_counter()
             ops[name](i)
             latencies[name].append(time.perf_counter() - t0)
-    out = {}
+            client_s[name] += time.process_time() - c0
+            server_ns[name] += backend_cpu_ns(backends[name]) - b0
+    out: dict[str, tuple[float, ...]] = {}
     for name, values in latencies.items():
         values.sort()
-        out[name] = (count / sum(values), values[len(values) // 2] * 1e6, values[int(len(values) * 0.99)] * 1e6)
+        out[name] = (count / sum(values), values[len(values) // 2] * 1e6, values[int(len(values) * 0.99)] * 1e6,
+                     server_ns[name] / count / 1000, client_s[name] / count * 1e6)
     return out
 
 
@@ -192,23 +211,31 @@ def main() -> int:
             settings = conn.execute("SELECT name, setting FROM pg_settings WHERE name IN "
                                     "('fsync', 'synchronous_commit', 'wal_sync_method')").fetchall()
             ops = variants(conn, keys, advisory, before)
-            run_round(ops, 200)  # warm up (prepared statements, caches)
-            results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ops}
+            pid = {"fenced-advisory": advisory.info.backend_pid,
+                   "fenced-before": before.info.backend_pid if before is not None else 0}
+            backends = {name: pid.get(name, conn.info.backend_pid) for name in ops}
+            run_round(ops, 200, backends)  # warm up (prepared statements, caches)
+            results: dict[str, list[tuple[float, ...]]] = {name: [] for name in ops}
             for _ in range(args.rounds):
-                for name, figures in run_round(ops, args.ops).items():
+                for name, figures in run_round(ops, args.ops, backends).items():
                     results[name].append(figures)
         print(f"PostgreSQL 15, {', '.join(f'{n}={v}' for n, v in settings)}; one client, "
               f"{args.ops} single-row transactions per variant per round, {args.rounds} interleaved rounds "
               f"(medians); python {sys.version.split()[0]}")
         base = statistics.median(r[0] for r in results["plain"])
         base_p50 = statistics.median(r[1] for r in results["plain"])
-        print("| variant | tx/s | p50 µs | p99 µs | time per tx vs plain (tx/s) | p50 vs plain |")
-        print("|---|---|---|---|---|---|")
+        base_cpu = statistics.median(r[3] + r[4] for r in results["plain"])
+        print("| variant | tx/s | p50 µs | p99 µs | time per tx vs plain (tx/s) | p50 vs plain "
+              "| server CPU µs/tx | client CPU µs/tx | CPU vs plain |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, rounds in results.items():
             rate = statistics.median(r[0] for r in rounds)
             p50 = statistics.median(r[1] for r in rounds)
             p99 = statistics.median(r[2] for r in rounds)
-            print(f"| {name} | {rate:.0f} | {p50:.0f} | {p99:.0f} | {base / rate:.3f}x | {p50 / base_p50:.3f}x |")
+            backend, client = statistics.median(r[3] for r in rounds), statistics.median(r[4] for r in rounds)
+            cpu = statistics.median(r[3] + r[4] for r in rounds)
+            print(f"| {name} | {rate:.0f} | {p50:.0f} | {p99:.0f} | {base / rate:.3f}x | {p50 / base_p50:.3f}x "
+                  f"| {backend:.0f} | {client:.0f} | {cpu / base_cpu:.3f}x |")
     finally:
         subprocess.run([*as_postgres(), str(PG_BIN / "pg_ctl"), "stop", "-D", str(root / "data"), "-m", "fast"],
                        capture_output=True, cwd="/")

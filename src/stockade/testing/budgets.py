@@ -11,7 +11,9 @@ a run of them (tests/helpers/work_budget.py says how each is counted):
 - ``calls``: Python and C function calls on the server's event loop thread
   (``stockade serve``) or on the caller's thread (embedded), client included there.
 - ``wal_records``: PostgreSQL WAL records of the coordinator's own tables, commits included
-  (tests/test_postgres_wal_per_cycle.py reads them with ``pg_walinspect``).
+  (tests/test_postgres_wal_per_cycle.py reads them with ``pg_walinspect``); for a fenced
+  transaction, every record of the transaction.
+- ``round_trips``: queries sent and answered (a commit is one), each a wait of psycopg's connection.
 
 A budget may go down in the change that earns it; raising one is a decision,
 said in its commit with the benchmark's figures (`stockade bench`,
@@ -49,6 +51,12 @@ BUDGETS = MappingProxyType({
     # scope row's last token, the row ended in place, two commits (docs/coordinator-postgres.md, "Cost").
     # 8 a cycle, one of slack for an index page split. Before the lease log (schema 8): 14 records.
     "postgres.lock_cycle": MappingProxyType({"wal_records": 9}),
+    # one fenced transaction on the user's PostgreSQL (`fenced` on an idle autocommit connection, a one-row
+    # upsert of a row that exists, the commit): what the same transaction unfenced makes and writes. BEGIN and
+    # the check go in one query (3 round trips: it, the upsert, COMMIT); the check's locks write nothing and an
+    # equal token does not write the mark (3 WAL records: the upsert's row lock and update, the commit).
+    # tests/test_fence_postgres_work.py; measure the time with benchmarks/fence_postgres.py.
+    "postgres.fenced_write": MappingProxyType({"round_trips": 3, "wal_records": 3}),
 })
 
 

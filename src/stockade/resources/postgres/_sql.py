@@ -203,7 +203,7 @@ DECLARE
     v_void text;
     v_own bigint;
     v_mark bigint;
-    v_tokens jsonb;
+    v_rc boolean;
 BEGIN
     -- The common case first: a signed token whose MAC verifies, of this cluster and scope. Its fields
     -- are cut out with split_part alone, and the whole token must read back as
@@ -219,9 +219,10 @@ BEGIN
     -- that raise_high_waters (ACCESS EXCLUSIVE on it) waits for this transaction. Only the installing
     -- role can name that schema, so no other role can hold the gate (an advisory lock any role can
     -- take, and pg_locks shows every key to every role).
+    -- The isolation level is read here too (it cannot change once the transaction has a snapshot).
     SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax::text, k.kid IS NOT NULL, k.secret,
-           k.verify_until_s, h.high_water
-      INTO STRICT v_cluster_id, v_verify, v_floor, v_replaced, v_key_found, v_secret, v_until, v_own
+           k.verify_until_s, h.high_water, current_setting('transaction_isolation') = 'read committed'
+      INTO STRICT v_cluster_id, v_verify, v_floor, v_replaced, v_key_found, v_secret, v_until, v_own, v_rc
       FROM stockade.settings s
       CROSS JOIN stockade_private.floor_gate g
       LEFT JOIN stockade.keys k ON k.kid = v_parts[3]
@@ -308,7 +309,7 @@ BEGIN
     --    again (a new snapshot, taken after the gate was granted), and the other levels fail with
     --    a serialization failure (SQLSTATE 40001): never a stale floor.
     IF v_replaced <> '0' AND stockade_private.replaced(v_replaced) THEN
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
+        IF NOT v_rc THEN
             RAISE EXCEPTION USING ERRCODE = '40001',
                 MESSAGE = 'stockade.fence: could not serialize access: the fence floor was raised '
                           'after this transaction took its snapshot';
@@ -338,7 +339,7 @@ BEGIN
     -- fresh snapshot; under the other levels the row is locked too (FOR SHARE, one WAL record),
     -- so that a mark committed after the transaction's snapshot is a serialization failure
     -- (40001), never a stale admission.
-    IF current_setting('transaction_isolation') = 'read committed' THEN
+    IF v_rc THEN
         SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
     ELSE
         INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
@@ -359,15 +360,11 @@ BEGIN
             ON CONFLICT ON CONSTRAINT high_water_pkey
             DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
     END IF;
-    v_void := current_setting('stockade.tokens', true);
-    IF v_void IS NULL OR v_void = '' THEN  -- the transaction's first fence: nothing to merge with
-        v_void := set_config('stockade.tokens', jsonb_build_object(scope, token)::text, true);
-    ELSE
-        v_tokens := v_void::jsonb;
-        IF v_tokens ->> scope IS DISTINCT FROM token THEN
-            v_void := set_config('stockade.tokens', (v_tokens || jsonb_build_object(scope, token))::text, true);
-        END IF;
-    END IF;
+    -- The token, for a protected table's trigger: the transaction's first fence sets it without parsing
+    -- anything; a later one merges it in. One expression: each costs its set-up in every transaction.
+    v_void := set_config('stockade.tokens', CASE coalesce(current_setting('stockade.tokens', true), '')
+        WHEN '' THEN jsonb_build_object(scope, token)::text
+        ELSE (current_setting('stockade.tokens', true)::jsonb || jsonb_build_object(scope, token))::text END, true);
     RETURN greatest(v_value, v_mark);
 END
 $fence$;

@@ -88,8 +88,8 @@ async def fenced_async(conn: AsyncConnection, token: FencingToken | str, scope: 
         BackendUnavailable: the connection failed (the commit's outcome is unknown).
     """
     fencing_token, scope = _prepare(token, scope, keys, op_id)
-    statement, parameters = _fence_statement(op_id)
     if not _owns_transaction(conn):
+        statement, parameters = _fence_statement(op_id)
         try:
             async with conn.transaction():
                 await conn.execute(statement, parameters(fencing_token, scope))
@@ -99,7 +99,9 @@ async def fenced_async(conn: AsyncConnection, token: FencingToken | str, scope: 
             _check_result(error, fencing_token, scope, _resource(conn.info), op_id, probe)
         return
     try:
-        await conn.execute(_begin_and_fence(fencing_token, scope, op_id, conn))
+        # Never prepared (two statements, the token in the text): prepare=False skips psycopg's count of the
+        # statements worth preparing, which added this text and dropped it again on every call.
+        await conn.execute(_begin_and_fence(fencing_token, scope, op_id, conn), prepare=False)
         yield conn
     except BaseException as error:
         # The probe is made before the rollback closes ``conn`` (it reads the connection's parameters).
