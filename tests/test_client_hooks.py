@@ -64,7 +64,7 @@ def test_grant_renew_release_and_reject(hooked, coord_url, store_url):
     recorder = Recorder()
     coord = client.run(client.connect_hooks(coord_url, recorder.hooks()))
     store = client.open_store(store_url, cluster_id=coord.cluster_id, hooks=recorder.hooks())
-    first = client.run(coord.acquire("s", ttl_ms=1000))
+    first = client.run(coord.acquire("s", ttl_ms=3000))  # renewed at 1 s: a late renewal at load would add "lost"
     if client.mode == "async":
         client.run(_wait_async(recorder.renewed))  # the keepalive task runs while the loop does
     else:
@@ -102,7 +102,7 @@ def test_a_raising_hook_is_logged_and_the_lease_goes_on(tmp_path, caplog, raisin
     coord = stockade.connect(url, hooks=recorder.hooks())
     store = stockade.open_store(url, cluster_id=coord.cluster_id, hooks=recorder.hooks())
     with pytest.raises(LeaseLost):  # the block ends without its lease, and says so
-        with coord.lock("s", ttl_ms=1000) as lease:
+        with coord.lock("s", ttl_ms=3000) as lease:
             assert recorder.renewed.wait(5)
             store.put("s", "k", b"v")
             assert not lease.lost  # renewals went on after a raising on_renew
@@ -189,7 +189,7 @@ def test_opentelemetry_spans(tmp_path, otel):
             store.put("s", "k", b"v")
             coord._port.release(first.lease_id)
             assert first.wait_lost(timeout_ms=5000)
-    with coord.lock("s", ttl_ms=1000):
+    with coord.lock("s", ttl_ms=3000):
         store.put("s", "k", b"w")
     with pytest.raises(StaleToken):
         store.put("s", "k", b"zombie", token=first.token)

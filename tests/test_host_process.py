@@ -244,7 +244,7 @@ def test_clients_starting_it_at_once_start_one_process(coord_file: Path) -> None
 
 def test_it_exits_when_idle_and_not_while_a_lease_is_held(coord_file: Path, quick_idle: float) -> None:
     with stockade.connect(_url(coord_file)) as coord:
-        lease = coord.acquire("held", ttl_ms=1_000)  # keepalive on
+        lease = coord.acquire("held", ttl_ms=10_000)  # keepalive on; 10 s: a renewal late at load cannot lose it
         pid = _host_pid(coord_file)
         assert pid is not None
         time.sleep(3 * quick_idle + 1.0)

@@ -69,7 +69,7 @@ def test_a_lease_held_past_its_first_renewal_is_renewed(monkeypatch):
     started = _started(monkeypatch, Lease)
     renewed = threading.Event()
     with stockade.connect("memory://keepalive-start", hooks=Hooks(on_renew=lambda lease: renewed.set())) as coord:
-        with coord.lock("long", ttl_ms=300) as lease:
+        with coord.lock("long", ttl_ms=3000) as lease:  # renewed at 1 s; 300 ms could lapse at load
             assert renewed.wait(10), "no renewal"
             assert not lease.lost and started == ["long"]
 
@@ -106,7 +106,7 @@ def test_async_a_lease_held_past_its_first_renewal_is_renewed(monkeypatch):
         renewed = asyncio.Event()
         hooks = Hooks(on_renew=lambda lease: renewed.set())
         async with stockade.connect_async("memory://keepalive-start", hooks=hooks) as coord:
-            async with coord.lock("long", ttl_ms=300) as lease:
+            async with coord.lock("long", ttl_ms=3000) as lease:  # renewed at 1 s; 300 ms could lapse at load
                 await asyncio.wait_for(renewed.wait(), 10)
                 assert not lease.lost
 

@@ -3,7 +3,12 @@
 - Exclusion, sync and async: readers and writers count themselves in while they hold the lock and
   look at the counts at every step: never a writer beside a reader or another writer, never more
   readers than the cap. Every writer writes with its token and every reader validates its read:
-  none of them may be refused (false rejections). Control: a writer that skips draining the readers.
+  none of them may be refused (false rejections). First the readers meet: as many readers as the cap
+  hold the lock at once by construction (each, once granted, waits until all are in; a lock that never
+  lets them in together fails the test, saying so, after a bounded wait), and while they hold, one more
+  reader and a writer ask without waiting: each let in is a violation. Then readers and writers contend.
+  Controls: a writer that skips draining the readers (let in beside them); a lock that admits one reader
+  at a time (the readers never meet).
 - Zombies: a writer whose lease lapsed (its handle closed: no keepalive) writes after a reader got in,
   and again after a newer writer wrote: refused both times. Control: readers that skip their check-in
   (the zombie's write after the reader got in is accepted). A reader whose lease lapsed validates
@@ -42,7 +47,9 @@ from stockade.coordinators.registry import COORDINATORS
 LONG = os.environ.get("STOCKADE_LONG") == "1"
 READERS, WRITERS, CAP = 5, 2, 3  # contenders, and the readers the lock admits at once
 CYCLES = 60 if LONG else 3  # per contender
-HOLD_S = {False: 0.1, True: 0.03}  # a reader's hold, a writer's: readers long enough to meet
+HOLD_S = {False: 0.1, True: 0.03}  # a reader's hold, a writer's
+LOOKS = 3  # the fewest looks at the counts in one hold, however slow the host
+MEET_S = 60  # the bounded wait for the readers' meeting (a grant of the lock, then all CAP readers in)
 ZOMBIE_ROUNDS = 20 if LONG else 1
 STREAM = 4  # readers in the starvation stream
 ZK_SESSION_MS = 1000  # the frozen writer's ZooKeeper session: its lease lapses with it
@@ -100,16 +107,19 @@ class _Count:
             self.violations += self.writers > 1 or (self.writers > 0 and self.readers > 0) or self.readers > CAP
 
     def hold(self, writer: bool) -> None:
-        """Look at the counts until HOLD_S passed or a violation showed (the honest run never sees one)."""
-        end = time.monotonic() + HOLD_S[writer]
-        while not self.violations and time.monotonic() < end:
+        """Look at the counts at least LOOKS times and until HOLD_S passed, or until a violation showed
+        (the honest run never sees one)."""
+        end, looks = time.monotonic() + HOLD_S[writer], 0
+        while not self.violations and (looks < LOOKS or time.monotonic() < end):
             self.step()
+            looks += 1
             time.sleep(0.001)
 
     async def hold_async(self, writer: bool) -> None:
-        end = time.monotonic() + HOLD_S[writer]
-        while not self.violations and time.monotonic() < end:
+        end, looks = time.monotonic() + HOLD_S[writer], 0
+        while not self.violations and (looks < LOOKS or time.monotonic() < end):
             self.step()
+            looks += 1
             await asyncio.sleep(0.001)
 
 
@@ -126,6 +136,13 @@ class _UncheckedReadLock(ReadWriteLock):
     def _check_in(self, key, gate, holder):  # type: ignore[no-untyped-def]
         if key != READER_KEY:
             super()._check_in(key, gate, holder)
+
+
+class _OneReaderLock(ReadWriteLock):
+    """Control: a lock that admits one reader at a time, whatever its ``readers`` says."""
+
+    def __init__(self, coord, store, name, *, readers):  # type: ignore[no-untyped-def]
+        super().__init__(coord, store, name, readers=1)
 
 
 class _SilentWriterLock(ReadWriteLock):
@@ -177,6 +194,79 @@ def _cycle(rw: ReadWriteLock, store: stockade.FencedStore, count: _Count, writer
             count.false_rejections += 1
 
 
+class _Meeting:
+    """CAP readers meet: each, once granted, counts itself in and waits until ``leave`` is set."""
+
+    def __init__(self) -> None:
+        self.granted = 0
+        self.all_in = threading.Event()
+        self.leave = threading.Event()
+
+    def arrived(self, count: _Count) -> None:
+        with count.lock:
+            self.granted += 1
+            if self.granted == CAP:
+                self.all_in.set()
+
+    def verdict(self, wait_s: float) -> str:
+        """Taken when the wait for all of them ends, before they are let go."""
+        return "" if self.all_in.is_set() else (
+            f"the readers never held the lock together: {self.granted} of {CAP} held it at once after {wait_s} s "
+            f"(the rest waited)")
+
+
+def _probe(rw: ReadWriteLock, count: _Count) -> None:
+    """While CAP readers hold: one more reader and a writer ask without waiting; each let in is a violation."""
+    for writer in (False, True):
+        try:
+            with (rw.write if writer else rw.read)(ttl_ms=10_000, wait_ms=0):
+                count.step(readers=int(not writer), writers=int(writer))
+                count.step(readers=-int(not writer), writers=-int(writer))
+        except stockade.LockTimeout:
+            pass
+
+
+def _meet(coord_url: str, store_url: str, lock_class: type[ReadWriteLock], count: _Count,
+          wait_s: float = MEET_S) -> str:
+    """The readers' meeting (threads); returns "" if all CAP readers held at once, else what went wrong."""
+    meeting, errors = _Meeting(), []
+
+    def reader() -> None:
+        try:
+            with stockade.connect(coord_url) as coord, \
+                    stockade.open_store(store_url, cluster_id=coord.cluster_id) as store:
+                rw = lock_class(coord, store, "catalog", readers=CAP)
+                with rw.read(ttl_ms=10_000, wait_ms=int(wait_s * 1000)) as held:
+                    count.step(readers=+1)
+                    meeting.arrived(count)
+                    meeting.leave.wait(wait_s)
+                    count.step(readers=-1)
+                try:
+                    held.validate()
+                except stockade.StaleToken:
+                    count.false_rejections += 1
+        except stockade.LockTimeout:
+            pass  # never granted: the verdict says so
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(CAP)]
+    for thread in threads:
+        thread.start()
+    try:
+        failed = meeting.verdict(wait_s) if not meeting.all_in.wait(wait_s) else ""
+        if not failed:
+            with stockade.connect(coord_url) as coord, \
+                    stockade.open_store(store_url, cluster_id=coord.cluster_id) as store:
+                _probe(lock_class(coord, store, "catalog", readers=CAP), count)
+    finally:
+        meeting.leave.set()
+        for thread in threads:
+            thread.join(wait_s + 60)
+    assert not errors, errors
+    return failed
+
+
 def _run_threads(coord_url: str, store_url: str, lock_class: type[ReadWriteLock]) -> _Count:
     count, errors = _Count(), []
 
@@ -195,6 +285,8 @@ def _run_threads(coord_url: str, store_url: str, lock_class: type[ReadWriteLock]
 
     threads = [threading.Thread(target=contend, args=(i < WRITERS,)) for i in range(READERS + WRITERS)]
     with _opened(coord_url):
+        failed = _meet(coord_url, store_url, lock_class, count)
+        assert not failed, failed
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -227,6 +319,56 @@ async def _cycle_async(rw: AsyncReadWriteLock, store: stockade.AsyncFencedStore,
             count.false_rejections += 1
 
 
+async def _probe_async(rw: AsyncReadWriteLock, count: _Count) -> None:
+    """`_probe` through the async client."""
+    for writer in (False, True):
+        try:
+            async with (rw.write if writer else rw.read)(ttl_ms=10_000, wait_ms=0):
+                count.step(readers=int(not writer), writers=int(writer))
+                count.step(readers=-int(not writer), writers=-int(writer))
+        except stockade.LockTimeout:
+            pass
+
+
+async def _meet_async(coord_url: str, store_url: str, count: _Count) -> str:
+    """`_meet` through the async client: CAP reader tasks, each on its own handle."""
+    meeting, all_in, leave, failed = _Meeting(), asyncio.Event(), asyncio.Event(), [""]
+
+    async def reader() -> None:
+        async with stockade.connect_async(coord_url) as coord:
+            async with await stockade.open_store_async(store_url, cluster_id=coord.cluster_id) as store:
+                rw = AsyncReadWriteLock(coord, store, "catalog", readers=CAP)
+                with contextlib.suppress(stockade.LockTimeout):  # never granted: the verdict says so
+                    async with rw.read(ttl_ms=10_000, wait_ms=MEET_S * 1000) as held:
+                        count.step(readers=+1)
+                        meeting.arrived(count)
+                        if meeting.all_in.is_set():
+                            all_in.set()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(leave.wait(), MEET_S)
+                        count.step(readers=-1)
+                    try:
+                        await held.validate()
+                    except stockade.StaleToken:
+                        count.false_rejections += 1
+
+    async def probe() -> None:
+        try:
+            try:
+                await asyncio.wait_for(all_in.wait(), MEET_S)
+            except TimeoutError:
+                failed[0] = meeting.verdict(MEET_S)
+                return
+            async with stockade.connect_async(coord_url) as coord:
+                async with await stockade.open_store_async(store_url, cluster_id=coord.cluster_id) as store:
+                    await _probe_async(AsyncReadWriteLock(coord, store, "catalog", readers=CAP), count)
+        finally:
+            leave.set()
+
+    await asyncio.gather(probe(), *(reader() for _ in range(CAP)))
+    return failed[0]
+
+
 def _run_tasks(coord_url: str, store_url: str) -> _Count:
     count = _Count()
 
@@ -241,6 +383,8 @@ def _run_tasks(coord_url: str, store_url: str) -> _Count:
                         count.unavailable += 1
 
     async def body() -> None:
+        failed = await _meet_async(coord_url, store_url, count)
+        assert not failed, failed
         await asyncio.gather(*(contend(i < WRITERS) for i in range(READERS + WRITERS)))
 
     with _opened(coord_url):
@@ -255,7 +399,7 @@ def test_never_a_writer_beside_anyone_nor_more_readers_than_the_cap(coord_url, s
           f"most readers at once {count.most_readers} (cap {CAP}); false rejections {count.false_rejections} "
           f"of {(READERS + WRITERS) * CYCLES} holds; cycles that met BackendUnavailable {count.unavailable}")
     assert count.violations == 0 and count.false_rejections == 0
-    assert count.checks >= (READERS + WRITERS) * CYCLES * 4 and count.most_readers >= 2  # readers did share
+    assert count.checks >= (READERS + WRITERS) * CYCLES * 4 and count.most_readers >= CAP  # readers did share
 
 
 @pytest.mark.parametrize("backend", ["memory"])
@@ -263,6 +407,16 @@ def test_control_a_writer_that_skips_draining_the_readers_is_caught(coord_url, s
     count = _run_threads(coord_url, store_url, _NoDrainLock)
     print(f"\nrwlock control (no drain): violations {count.violations} of {count.checks} checks")
     assert count.violations > 0
+
+
+@pytest.mark.parametrize("backend", ["memory"])
+def test_control_readers_that_cannot_share_fail_the_meeting(coord_url, store_url):
+    count = _Count()
+    with _opened(coord_url):
+        failed = _meet(coord_url, store_url, _OneReaderLock, count, wait_s=2)
+    print(f"\nrwlock control (one reader at a time): {failed or 'the readers met'}; most readers at once "
+          f"{count.most_readers}")
+    assert failed and count.most_readers == 1
 
 
 # -- zombies, in process: a lease that lapsed (its handle closed, so no keepalive) ---------------------

@@ -1,7 +1,12 @@
 """The semaphore (`stockade.Semaphore`, docs/semaphore.md) on every coordinator backend, sync and async.
 
 Eight contenders share three slots. Each counts itself in while it holds a slot and out before
-it releases, and every contender checks the count at each step: it must never exceed 3. The
+it releases, and every contender checks the count at each step: it must never exceed 3. First
+three holders meet: each, once granted, waits until all three hold (a bounded wait that fails
+saying so), so the slots are all used at once by construction, and while they hold a fourth asks
+without waiting: let in, it is counted over the limit. An acquire the embedded coordinator answers
+"busy" with nothing done (`BackendUnavailable` with ``certain_no_effect``: its file stayed locked
+past the store wait, which a loaded host brings) is counted and asked again, up to BUSY_TRIES times. The
 slots' fenced resources (a fenced store, one scope per slot) must refuse every stale slot
 token: each round, the slot's previous holder writes again with its old token after the
 next holder wrote. The control is a semaphore that miscounts its slots (it spreads holders
@@ -11,6 +16,7 @@ over one slot more than it admits): the same check must see 4 holders.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -26,6 +32,8 @@ SLOTS = 3
 CYCLES = 60 if LONG else 8  # per contender
 HOLD_S = 0.05
 STALE_ROUNDS = 200 if LONG else 20
+MEET_S = 60  # the bounded wait for the holders' meeting
+BUSY_TRIES = 10  # acquires answered "busy, nothing done" asked again, per acquire
 
 
 class _Count:
@@ -33,7 +41,7 @@ class _Count:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.now = self.most = self.checks = self.over = 0
+        self.now = self.most = self.checks = self.over = self.busy = 0
 
     def step(self, delta: int) -> None:
         with self.lock:
@@ -62,10 +70,81 @@ class _MiscountedSemaphore(Semaphore):
         return None
 
 
+def _acquire(semaphore: Semaphore, count: _Count, wait_ms: int = 60_000) -> stockade.Lease:
+    """``semaphore.acquire``, asked again when the answer was "busy, nothing done" (counted in ``busy``)."""
+    for attempt in range(BUSY_TRIES):
+        try:
+            return semaphore.acquire(ttl_ms=10_000, wait_ms=wait_ms)
+        except stockade.BackendUnavailable as exc:
+            if not exc.certain_no_effect or attempt == BUSY_TRIES - 1:
+                raise
+            with count.lock:
+                count.busy += 1
+    raise AssertionError("unreachable")
+
+
+async def _acquire_async(semaphore: AsyncSemaphore, count: _Count, wait_ms: int = 60_000) -> stockade.AsyncLease:
+    """`_acquire` through the async client."""
+    for attempt in range(BUSY_TRIES):
+        try:
+            return await semaphore.acquire(ttl_ms=10_000, wait_ms=wait_ms)
+        except stockade.BackendUnavailable as exc:
+            if not exc.certain_no_effect or attempt == BUSY_TRIES - 1:
+                raise
+            count.busy += 1
+    raise AssertionError("unreachable")
+
+
+def _probe(semaphore: Semaphore, count: _Count) -> None:
+    """While SLOTS holders hold: one more asks without waiting; let in, it is counted over the limit."""
+    try:
+        lease = _acquire(semaphore, count, wait_ms=0)
+    except stockade.LockTimeout:
+        return
+    count.step(+1)
+    count.step(-1)
+    lease.release()
+
+
+def _meet(semaphores: list[Semaphore], count: _Count) -> None:
+    """SLOTS holders (``semaphores[:SLOTS]``) hold at once, each waiting until all are in (at most MEET_S);
+    meanwhile ``semaphores[SLOTS]`` probes."""
+    granted, all_in, leave, errors = [0], threading.Event(), threading.Event(), []
+
+    def holder(semaphore: Semaphore) -> None:
+        try:
+            lease = _acquire(semaphore, count, wait_ms=MEET_S * 1000)
+            count.step(+1)
+            with count.lock:
+                granted[0] += 1
+                if granted[0] == SLOTS:
+                    all_in.set()
+            leave.wait(MEET_S)
+            count.step(-1)
+            lease.release()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=holder, args=(semaphore,)) for semaphore in semaphores[:SLOTS]]
+    for thread in threads:
+        thread.start()
+    try:
+        met = all_in.wait(MEET_S)
+        together = granted[0]
+        if met:
+            _probe(semaphores[SLOTS], count)
+    finally:
+        leave.set()
+        for thread in threads:
+            thread.join(MEET_S + 60)
+    assert not errors, errors
+    assert met, f"the holders never held the slots together: {together} of {SLOTS} held at once after {MEET_S} s"
+
+
 def _contend(semaphore: Semaphore, count: _Count, errors: list[BaseException]) -> None:
     try:
         for _ in range(CYCLES):
-            lease = semaphore.acquire(ttl_ms=10_000, wait_ms=60_000)
+            lease = _acquire(semaphore, count)
             try:
                 count.step(+1)
                 # Hold until one more holder than the slots came in, or HOLD_S passed: the honest run never
@@ -85,8 +164,9 @@ def _run_threads(coord_url: str, semaphore_class: type[Semaphore]) -> _Count:
     count, errors = _Count(), []
     coords = [stockade.connect(coord_url) for _ in range(CONTENDERS)]
     try:
-        threads = [threading.Thread(target=_contend, args=(semaphore_class(coord, "exports", slots=SLOTS), count,
-                                                            errors)) for coord in coords]
+        semaphores = [semaphore_class(coord, "exports", slots=SLOTS) for coord in coords]
+        _meet(semaphores, count)
+        threads = [threading.Thread(target=_contend, args=(semaphore, count, errors)) for semaphore in semaphores]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -98,9 +178,46 @@ def _run_threads(coord_url: str, semaphore_class: type[Semaphore]) -> _Count:
     return count
 
 
+async def _meet_async(semaphores: list[AsyncSemaphore], count: _Count) -> None:
+    """`_meet` through the async client."""
+    granted, all_in, leave = [0], asyncio.Event(), asyncio.Event()
+
+    async def holder(semaphore: AsyncSemaphore) -> None:
+        lease = await _acquire_async(semaphore, count, wait_ms=MEET_S * 1000)
+        count.step(+1)
+        granted[0] += 1
+        if granted[0] == SLOTS:
+            all_in.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(leave.wait(), MEET_S)
+        count.step(-1)
+        await lease.release()
+
+    async def probe() -> int:
+        try:
+            try:
+                await asyncio.wait_for(all_in.wait(), MEET_S)
+            except TimeoutError:
+                return granted[0]
+            try:
+                lease = await _acquire_async(semaphores[SLOTS], count, wait_ms=0)
+            except stockade.LockTimeout:
+                return SLOTS
+            count.step(+1)
+            count.step(-1)
+            await lease.release()
+            return SLOTS
+        finally:
+            leave.set()
+
+    together, *_ = await asyncio.gather(probe(), *(holder(semaphore) for semaphore in semaphores[:SLOTS]))
+    assert together == SLOTS, f"the holders never held the slots together: {together} of {SLOTS} held at once " \
+        f"after {MEET_S} s"
+
+
 async def _contend_async(semaphore: AsyncSemaphore, count: _Count) -> None:
     for _ in range(CYCLES):
-        lease = await semaphore.acquire(ttl_ms=10_000, wait_ms=60_000)
+        lease = await _acquire_async(semaphore, count)
         try:
             count.step(+1)
             end = time.monotonic() + HOLD_S
@@ -118,8 +235,9 @@ def _run_tasks(coord_url: str) -> _Count:
     async def body() -> None:
         coords = [stockade.connect_async(coord_url) for _ in range(CONTENDERS)]
         try:
-            await asyncio.gather(*(_contend_async(AsyncSemaphore(coord, "exports", slots=SLOTS), count)
-                                   for coord in coords))
+            semaphores = [AsyncSemaphore(coord, "exports", slots=SLOTS) for coord in coords]
+            await _meet_async(semaphores, count)
+            await asyncio.gather(*(_contend_async(semaphore, count) for semaphore in semaphores))
         finally:
             for coord in coords:
                 await coord.aclose()
@@ -131,7 +249,8 @@ def _run_tasks(coord_url: str) -> _Count:
 @pytest.mark.parametrize("twin", ["sync", "async"])
 def test_never_more_holders_than_slots(coord_url, twin):
     count = _run_threads(coord_url, Semaphore) if twin == "sync" else _run_tasks(coord_url)
-    print(f"semaphore: more than {SLOTS} holders in {count.over} of {count.checks} checks; most {count.most}")
+    print(f"semaphore: more than {SLOTS} holders in {count.over} of {count.checks} checks; most {count.most}; "
+          f"acquires answered busy (nothing done) and asked again {count.busy}")
     assert count.over == 0 and count.most == SLOTS and count.checks >= CONTENDERS * CYCLES * 2
 
 

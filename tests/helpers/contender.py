@@ -12,11 +12,16 @@ import time
 
 from stockade.coordinators.sqlite import SQLiteCoordinator, new_lease_id
 from stockade.core import leases as core_leases
-from stockade.core.leases import Granted, Queued, TimedOut
+from stockade.core.leases import Granted, LeasePolicy, Queued, TimedOut
 
 path, seconds, seed = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 mutant = sys.argv[4] if len(sys.argv) > 4 else ""
 rng = random.Random(seed)
+# What is judged is order (tokens, overlaps, FIFO), not the speed of a loaded host: a process the host stalls for
+# seconds is not presumed dead (its waiter stays queued), its lease does not lapse, and its wait does not time
+# out. With a 2 s TTL and stale time and a 10 s wait, one wait of 4 processes timed out beside 4 busy loops (load 18).
+TTL_MS, WAIT_S = 30_000, 60
+POLICY = LeasePolicy(waiter_stale_ms=60_000)
 
 
 def barging_acquire(record, request, now_ns, policy):
@@ -34,7 +39,7 @@ def overlapping_acquire(record, request, now_ns, policy):
     return core_leases.acquire(record, request, now_ns, policy)
 
 
-engine = SQLiteCoordinator(path)
+engine = SQLiteCoordinator(path, policy=POLICY)
 if mutant == "barging":
     engine.acquire_rule = barging_acquire
 elif mutant == "overlapping":
@@ -42,14 +47,14 @@ elif mutant == "overlapping":
 end = time.monotonic() + seconds
 while time.monotonic() < end:
     lease_id = new_lease_id()
-    deadline_ns = time.monotonic_ns() + 10_000_000_000
+    deadline_ns = time.monotonic_ns() + WAIT_S * 1_000_000_000
     enq0 = time.monotonic_ns()
-    outcome = engine.try_acquire("contended", lease_id=lease_id, holder=f"p{seed}", ttl_ms=2000,
+    outcome = engine.try_acquire("contended", lease_id=lease_id, holder=f"p{seed}", ttl_ms=TTL_MS,
                                  wait_deadline_ns=deadline_ns)
     enq1 = time.monotonic_ns()
     while isinstance(outcome, Queued):
         time.sleep(0.001)
-        outcome = engine.try_acquire("contended", lease_id=lease_id, holder=f"p{seed}", ttl_ms=2000,
+        outcome = engine.try_acquire("contended", lease_id=lease_id, holder=f"p{seed}", ttl_ms=TTL_MS,
                                      wait_deadline_ns=deadline_ns)
     if isinstance(outcome, TimedOut):
         print(json.dumps({"enq0": enq0, "enq1": enq1, "timed_out": True}), flush=True)

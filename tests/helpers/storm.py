@@ -9,6 +9,7 @@ counter that is saved only every 8th grant (tokens not durable across a
 crash), which the S11 checks must catch.
 """
 
+import os
 import random
 import sys
 import threading
@@ -34,8 +35,10 @@ def say(line):
 def lazy_token():
     with lock:
         counter["value"] += 1
-        if counter["value"] % 8 == 0:
-            counter_file.write_text(str(counter["value"]))
+        if counter["value"] % 8 == 0:  # written whole or not at all: a kill -9 may land mid-write
+            spare = counter_file.with_name(f"{counter_file.name}.{os.getpid()}")
+            spare.write_text(str(counter["value"]))
+            os.replace(spare, counter_file)
         return counter["value"]
 
 

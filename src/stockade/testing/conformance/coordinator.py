@@ -189,14 +189,14 @@ def test_lock_block_and_context_token(client, coord_url, store_url):
     store = client.open_store(store_url, cluster_id=coord.cluster_id)
 
     async def body_async():
-        async with coord.lock("reports", ttl_ms=1000) as lease:
+        async with coord.lock("reports", ttl_ms=10_000) as lease:  # a loaded host's late renewal cannot lose it
             await store.put("reports", "k", b"v1")  # token from the context (K1)
             assert (await store.high_water("reports")) == lease.token.value
         with pytest.raises(InvalidArgument):
             await store.put("reports", "k", b"v2")  # no lease in context any more
 
     def body_sync():
-        with coord.lock("reports", ttl_ms=1000) as lease:
+        with coord.lock("reports", ttl_ms=10_000) as lease:
             store.put("reports", "k", b"v1")
             assert store.high_water("reports") == lease.token.value
         with pytest.raises(InvalidArgument):
@@ -223,7 +223,7 @@ def test_stale_token_rejected_after_newer_grant(client, coord_url, store_url):
 
 def test_wait_times_out_then_fifo_grant(client, coord_url):
     coord = client.connect(coord_url)
-    held = client.run(coord.acquire("q", ttl_ms=1000))
+    held = client.run(coord.acquire("q", ttl_ms=10_000))  # held until released, however late its renewals
     first = held.token.value
     t0 = time.monotonic()
     with pytest.raises(LockTimeout):
@@ -266,8 +266,8 @@ def test_lease_granted_after_a_long_wait_is_kept_alive(client, coord_url):
 
 def test_lease_lost_without_keepalive_by_local_deadline(client, coord_url):
     coord = client.connect(coord_url)
-    # 1 s: under a load average of 15, a ZooKeeper grant once came back after a 400 ms TTL had lapsed.
-    lease = client.run(coord.acquire("k", ttl_ms=1000, keepalive=False))
+    # 2 s: under a load average of 15, a ZooKeeper grant once came back after a 400 ms TTL had lapsed.
+    lease = client.run(coord.acquire("k", ttl_ms=2000, keepalive=False))
     assert not lease.lost
     assert client.run(lease.wait_lost(timeout_ms=5000)) is True
     with pytest.raises(LeaseLost):
@@ -278,7 +278,9 @@ def test_lease_lost_without_keepalive_by_local_deadline(client, coord_url):
 
 def test_lease_lost_when_coordinator_refuses_renewal(client, coord_url):
     coord = client.connect(coord_url)
-    lease = client.run(coord.acquire("k", ttl_ms=1000))  # renewed every 333 ms, refused at the first
+    # Renewed every 1 s, refused at the first: with 1 s (renewed every 333 ms) a renewal late at load could let
+    # the local deadline end it first.
+    lease = client.run(coord.acquire("k", ttl_ms=3000))
     # Somebody with the lease id (an operator) releases it: the next renewal is refused.
     other = stockade.connect(coord_url)
     other._port.release(lease.lease_id)
@@ -505,8 +507,9 @@ def test_closing_the_handle_stops_its_keepalives(client, coord_url):
     # A lease left held when its handle closed went on renewing against a closed
     # backend (a closed database, a closed session) until its deadline, logging each failure.
     coord = client.connect(coord_url)
-    lease = client.run(coord.acquire("closing", ttl_ms=1000))
-    released = client.run(coord.acquire("closing-released", ttl_ms=1000))
+    # 10 s: lost by the close, not by a renewal late at load.
+    lease = client.run(coord.acquire("closing", ttl_ms=10_000))
+    released = client.run(coord.acquire("closing-released", ttl_ms=10_000))
     client.run(released.release())
     client.run(coord.aclose() if client.mode == "async" else coord.close())
     assert lease.lost and "closed" in lease.lost_cause
