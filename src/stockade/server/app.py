@@ -616,8 +616,11 @@ class Server:
         return leases.leases <= IDLE_SCAN_LEASES_MAX and all(
             record.lease is None or record.lease.expires_ns <= now_ns for record in leases.records.values())
 
-    def _stop_idle(self, start_lock_fd: int) -> None:
-        _log.info("idle for %g s: stopping", self.config.idle_exit_s)
+    def _stop_idle(self, start_lock_fd: int | None) -> None:
+        if start_lock_fd is None:
+            _log.info("idle, and the file's directory was removed: stopping")
+        else:
+            _log.info("idle for %g s: stopping", self.config.idle_exit_s)
         self._start_lock = start_lock_fd  # let go once the file is closed (`close`)
         self.stop()
 

@@ -215,7 +215,7 @@ def claim_lock_file(path: Path, exclusive: bool) -> tuple[int, bool, bool]:
             ) from None
         raise BackendUnavailable(
             f"{path} is served by a running stockade server; connect to the server over http:// instead "
-            f"(or, if it is the host process of the file, with sqlite:///…?process=host)",
+            f"(or, if it is the host process of the file, with sqlite:///… without ?process=embedded)",
             certain_no_effect=True,
         ) from None
     return fd, created, alone

@@ -31,7 +31,7 @@ from pathlib import Path
 from stockade.core.errors import BackendUnavailable
 from stockade.transport.io import SyncIO
 
-__all__ = ["IDLE_EXIT_S", "START_TIMEOUT_S", "socket_path", "host_dir", "start_lock_path", "start_host_process",
+__all__ = ["IDLE_EXIT_S", "OPEN_ELSEWHERE", "START_TIMEOUT_S", "socket_path", "host_dir", "start_lock_path", "start_host_process",
            "try_start_lock"]
 
 #: How long the process stays up with no lease, no waiter and no connection (seconds).
@@ -127,6 +127,7 @@ def start_host_process(file: Path, *, idle_exit_s: float | None = None, timeout_
         sock = socket_path(file)
         if not _lock_within(fd, deadline, file) or _answers(sock):
             return
+        _refuse_if_open_elsewhere(file)
         log_path = host_dir(file) / "log"
         with open(log_path, "ab") as log:
             os.fchmod(log.fileno(), 0o600)
@@ -137,6 +138,7 @@ def start_host_process(file: Path, *, idle_exit_s: float | None = None, timeout_
                                     start_new_session=True, close_fds=True, cwd=str(file.parent))
         while not _answers(sock):
             if proc.poll() is not None:
+                _refuse_if_open_elsewhere(file)  # opened in between: say so as before the start
                 raise BackendUnavailable(f"the host process of {file} exited at start ({proc.returncode}): "
                                          f"{_last_line(log_path)}", certain_no_effect=True)
             if time.monotonic() >= deadline:
@@ -147,6 +149,27 @@ def start_host_process(file: Path, *, idle_exit_s: float | None = None, timeout_
         threading.Thread(target=proc.wait, name="stockade-host-reaper", daemon=True).start()
     finally:
         os.close(fd)
+
+
+#: What a client is told when the file is open in other processes and its host process cannot own it.
+OPEN_ELSEWHERE = ("{file} is open in other processes that write it themselves (sqlite:///…?process=embedded, "
+                  "the default of older versions) or served by a stockade serve, so its host process cannot own "
+                  "it: open it as they do (add ?process=embedded, or use the server's http:// url), or stop them")
+
+
+def _refuse_if_open_elsewhere(file: Path) -> None:
+    """Raise `BackendUnavailable` if another process holds ``coord.db.lock`` (an embedded user's shared claim, a
+    server's exclusive one): the host process would exit at start. Nothing waits; nothing is left held."""
+    try:
+        fd = os.open(f"{file}.lock", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return  # no claim file yet (a new file), or unreadable: the process says why if it cannot start
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise BackendUnavailable(OPEN_ELSEWHERE.format(file=file), certain_no_effect=True) from None
+    finally:
+        os.close(fd)  # closing releases the probe's claim at once
 
 
 def _last_line(log_path: Path) -> str:
