@@ -109,7 +109,7 @@ def test_postgres_control_protect_on_the_named_table_only_is_a_fail_line(pg_app)
 
 
 def _store_beside_coordinator(directory: Path) -> str:
-    url = f"sqlite:///{directory / 'coord.db'}"
+    url = f"sqlite:///{directory / 'coord.db'}?process=embedded"
     with stockade.connect(url) as coord:
         stockade.open_store(f"sqlite:///{directory / 'store.db'}", cluster_id=coord.cluster_id).close()
     return url

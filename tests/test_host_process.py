@@ -378,3 +378,17 @@ def test_serve_coordinator_owns_the_file_in_its_own_process(coord_file: Path, se
     assert not _host.socket_path(coord_file).exists() and not _host.host_dir(coord_file).exists()
     with stockade.connect(_url(coord_file, "embedded")) as beside:
         assert beside.inspect("via-server").token.value == token
+
+
+def test_the_default_is_host_and_a_server_pins_embedded_only_where_the_url_is_silent() -> None:
+    from stockade.coordinators.registry import COORDINATORS
+
+    sqlite = COORDINATORS["sqlite"]
+    assert sqlite.url_query("/coord.db")[1] == {"process": "host"}
+    assert sqlite.query_port({"process": "host"}) is not None and sqlite.query_port({"process": "embedded"}) is None
+    pinned = {url: sqlite.with_default(url, "process", "embedded") for url in (
+        "sqlite:///a.db", "sqlite:///a.db?", "sqlite:///a.db?process=host", "sqlite:///a.db?process=embedded")}
+    assert pinned == {"sqlite:///a.db": "sqlite:///a.db?process=embedded",
+                      "sqlite:///a.db?": "sqlite:///a.db?process=embedded",
+                      "sqlite:///a.db?process=host": "sqlite:///a.db?process=host",
+                      "sqlite:///a.db?process=embedded": "sqlite:///a.db?process=embedded"}

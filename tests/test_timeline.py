@@ -37,7 +37,7 @@ def _references(page: str) -> list[str]:
 
 
 def test_check_report_in_headless_chromium(tmp_path: Path) -> None:
-    coord_url = f"sqlite:///{tmp_path / 'coord.db'}"
+    coord_url = f"sqlite:///{tmp_path / 'coord.db'}?process=embedded"  # 300 ms leases: no second process
     with stockade.connect(coord_url) as coord:
         SQLiteFence(tmp_path / "app.db", keys=coord.verify_keys()).close()
     report = tmp_path / "report.html"

@@ -130,7 +130,7 @@ class ServerConfig:
     wait_ms_cap: int | None = None  # operators (and tests) may bound long polls below WAIT_MS_MAX
     dashboard_streams_max: int = STREAMS_MAX  # open event streams of the /ui/ pages (server/_dashboard.py)
     extra: dict[str, Any] = field(default_factory=dict)
-    # The host's coordinator process of this file (``sqlite:///FILE?process=host``, server/_host.py): serve
+    # The host's coordinator process of this file (what ``sqlite:///FILE`` reaches, server/_host.py): serve
     # FILE instead of data_dir/coord.db, on the Unix socket FILE.sock instead of host:port, and stop after
     # idle_exit_s with no lease, no waiter and no connection.
     host_file: Path | None = None

@@ -1,4 +1,4 @@
-"""The host's coordinator process of a coordinator file (``sqlite:///coord.db?process=host``): its paths and its start.
+"""The host's coordinator process of a coordinator file (``sqlite:///coord.db``, the default): its paths and start.
 
 One process per host owns the file (it claims ``coord.db.lock`` exclusively, as
 ``stockade serve`` does: the single-writer rule is unchanged) and serves the
@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -29,10 +32,10 @@ import time
 from pathlib import Path
 
 from stockade.core.errors import BackendUnavailable
-from stockade.transport.io import SyncIO
+from stockade.transport.io import SyncIO, unix_address
 
-__all__ = ["IDLE_EXIT_S", "OPEN_ELSEWHERE", "START_TIMEOUT_S", "socket_path", "host_dir", "start_lock_path", "start_host_process",
-           "try_start_lock"]
+__all__ = ["IDLE_EXIT_S", "OPEN_ELSEWHERE", "START_TIMEOUT_S", "socket_path", "host_dir", "start_lock_path",
+           "start_host_process", "stop_host_process", "host_process_pid", "try_start_lock"]
 
 #: How long the process stays up with no lease, no waiter and no connection (seconds).
 IDLE_EXIT_S = 30.0
@@ -170,6 +173,53 @@ def _refuse_if_open_elsewhere(file: Path) -> None:
         raise BackendUnavailable(OPEN_ELSEWHERE.format(file=file), certain_no_effect=True) from None
     finally:
         os.close(fd)  # closing releases the probe's claim at once
+
+
+def host_process_pid(file: Path) -> int | None:
+    """The pid of the process listening on ``file``'s socket (the socket's peer credentials, Linux), or None."""
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.settimeout(_PROBE_TIMEOUT_S)
+        with unix_address(str(socket_path(file.absolute()))) as address:
+            sock.connect(address)
+        pid: int = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    except (OSError, AttributeError, struct.error):  # none answers, or no SO_PEERCRED (not Linux)
+        return None
+    finally:
+        sock.close()
+    return pid
+
+
+def stop_host_process(file: Path, *, timeout_s: float = START_TIMEOUT_S) -> bool:
+    """SIGTERM the host process of ``file`` and wait until it has let the file go (its ``coord.db.lock`` claim
+    ends with it), so that the next client starts a new one: a restart of the coordinator. False if none answered.
+
+    Raises:
+        BackendUnavailable: it still holds the file after ``timeout_s``.
+    """
+    file = file.absolute()
+    pid = host_process_pid(file)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while _claimed(file):
+        if time.monotonic() >= deadline:
+            raise BackendUnavailable(f"the host process of {file} (pid {pid}) did not stop within {timeout_s:g} s")
+        time.sleep(_POLL_S)
+    return True
+
+
+def _claimed(file: Path) -> bool:
+    """Whether some process holds ``coord.db.lock`` (the probe's own claim is let go at once)."""
+    try:
+        _refuse_if_open_elsewhere(file)
+    except BackendUnavailable:
+        return True
+    return False
 
 
 def _last_line(log_path: Path) -> str:
