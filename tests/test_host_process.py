@@ -392,3 +392,26 @@ def test_the_default_is_host_and_a_server_pins_embedded_only_where_the_url_is_si
                       "sqlite:///a.db?": "sqlite:///a.db?process=embedded",
                       "sqlite:///a.db?process=host": "sqlite:///a.db?process=host",
                       "sqlite:///a.db?process=embedded": "sqlite:///a.db?process=embedded"}
+
+
+def test_an_idle_host_process_whose_directory_was_removed_exits_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A temporary directory removed under a running host process: it exits at its next idle check (within
+    1 s), long before its idle exit (20 s here), and the directory stays gone (an idle exit takes the start
+    lock in ``coord.db.host/``, which makes the directory anew: what the code before this check did)."""
+    import shutil
+
+    monkeypatch.setattr(_host, "IDLE_EXIT_S", 20.0)
+    directory = tmp_path / "temporary"
+    file = directory / "coord.db"
+    with stockade.connect(_url(file)) as coord:
+        coord.acquire("a", ttl_ms=1_000, keepalive=False).release()
+    pid = _host_pid(file)
+    assert pid is not None
+    shutil.rmtree(directory)
+    deadline = time.monotonic() + 10.0  # half its idle exit: gone for the removed directory, not for idleness
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"process {pid} still there"
+        time.sleep(0.01)
+    assert not directory.exists()
