@@ -415,3 +415,18 @@ def test_an_idle_host_process_whose_directory_was_removed_exits_and_creates_noth
         assert time.monotonic() < deadline, f"process {pid} still there"
         time.sleep(0.01)
     assert not directory.exists()
+
+
+def test_a_relative_pythonpath_of_the_client_is_made_absolute_for_the_host_process(coord_file: Path) -> None:
+    """The process runs in the file's directory: a client's ``PYTHONPATH=src`` (relative to the client's working
+    directory) reaches it as an absolute path, so it imports the client's stockade, not another one or none."""
+    src = Path(stockade.__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.path.relpath(src, src.parent))
+    ran = subprocess.run([sys.executable, "-c", "import sys, stockade; stockade.connect(sys.argv[1]).close()",
+                          _url(coord_file)], cwd=src.parent, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    pid = _host_pid(coord_file)
+    assert pid is not None
+    entries = Path(f"/proc/{pid}/environ").read_text().split("\0")
+    environ = dict(entry.split("=", 1) for entry in entries if "=" in entry)
+    assert environ["PYTHONPATH"] == str(src)

@@ -136,7 +136,7 @@ def start_host_process(file: Path, *, idle_exit_s: float | None = None, timeout_
             os.fchmod(log.fileno(), 0o600)
             command = [sys.executable, "-m", "stockade", "serve", "--host-file", str(file),
                        "--idle-exit-s", f"{idle_exit_s:g}", "--log-level", "warning"]
-            env = {k: v for k, v in os.environ.items() if k != "STOCKADE_COORDINATOR"}  # it serves the file
+            env = _child_env()
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                     start_new_session=True, close_fds=True, cwd=str(file.parent))
         while not _answers(sock):
@@ -152,6 +152,16 @@ def start_host_process(file: Path, *, idle_exit_s: float | None = None, timeout_
         threading.Thread(target=proc.wait, name="stockade-host-reaper", daemon=True).start()
     finally:
         os.close(fd)
+
+
+def _child_env() -> dict[str, str]:
+    """The host process's environment: this client's, without ``$STOCKADE_COORDINATOR`` (it serves the file),
+    and with ``$PYTHONPATH``'s relative entries made absolute (it runs in the file's directory: ``PYTHONPATH=src``
+    would otherwise import another stockade there, or none)."""
+    env = {k: v for k, v in os.environ.items() if k != "STOCKADE_COORDINATOR"}
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
+    return env
 
 
 #: What a client is told when the file is open in other processes and its host process cannot own it.
