@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The coordinator file embedded in each process against its host process (``?process=host``), side by side.
+"""The coordinator file embedded in each process (``?process=embedded``) against its host process (the default).
 
     PYTHONPATH=src python benchmarks/host_ab.py --runs 3 --seconds 6 --clients 8
 
-Variants, each on a coordinator file of its own: ``embedded`` (``sqlite:///F``),
-``host`` (``sqlite:///F?process=host``, the host process parsing with httptools
+Variants, each on a coordinator file of its own: ``embedded`` (``sqlite:///F?process=embedded``),
+``host`` (``sqlite:///F``, the default: the host process parsing with httptools
 when it is installed) and ``host-python`` (the same, its host process started
 with ``STOCKADE_HTTP_PARSER=python``: the base install's parser). Run after run,
 the order rotated, each is driven by ``stockade.bench.run_workload("lock", ...)``
@@ -30,7 +30,7 @@ from pathlib import Path
 from stockade.coordinators.sqlite._host import socket_path, start_host_process
 
 TICK = os.sysconf("SC_CLK_TCK")
-VARIANTS = {"embedded": "", "host": "?process=host", "host-python": "?process=host"}
+VARIANTS = {"embedded": "?process=embedded", "host": "", "host-python": ""}  # host: the default url
 
 
 def cpu_s(pid: int | None) -> float:

@@ -51,7 +51,7 @@ def _rate(step: Callable[[], int], seconds: float) -> tuple[float, float]:
 
 def measure(seconds: float, runs: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
-        coord = stockade.connect(f"sqlite:///{Path(tmp) / 'coord.db'}")
+        coord = stockade.connect(f"sqlite:///{Path(tmp) / 'coord.db'}?process=embedded")
         store = stockade.open_store(f"sqlite:///{Path(tmp) / 'store.db'}", cluster_id=coord.cluster_id)
         names = ["next_id", "next_block", "next_ids", "coordinated"]
         results: dict[str, list[float]] = {name: [] for name in names}

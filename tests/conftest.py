@@ -45,6 +45,58 @@ def python_env() -> dict[str, str]:
 
 PYTHON = sys.executable
 
+#: How long a test's teardown waits for a host coordinator process it left to end after SIGTERM.
+HOST_STOP_S = 10.0
+
+
+def stop_host_processes(directory: Path) -> int:
+    """SIGTERM every host coordinator process (``stockade serve --host-file``) listening on a ``*.db.sock`` under
+    ``directory`` (found by the socket's peer credentials) and wait until each is gone; returns how many."""
+    import signal
+    import struct
+
+    stopped = 0
+    for sock_path in directory.rglob("*.sock") if directory.is_dir() else ():
+        if not sock_path.with_name(sock_path.name[:-len(".sock")] + ".host").is_dir():
+            continue  # not a coordinator file's socket
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.connect(str(sock_path))
+            pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        except OSError:
+            continue  # nobody listens (it exited), or a path too long to reach this way (the test stops its own)
+        finally:
+            sock.close()
+        try:
+            if b"--host-file" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ProcessLookupError):
+            continue
+        stopped += 1
+        deadline = time.monotonic() + HOST_STOP_S
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return stopped
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie waiting for its reaper has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _no_host_process_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that reached a coordinator file through its host process (``sqlite:///F``, the default) does not
+    leave that process running for its 30 s idle exit: stopped at teardown, after the test's own fixtures."""
+    yield
+    tmp_path = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if isinstance(tmp_path, Path):
+        stop_host_processes(tmp_path)
+
 try:
     import httptools  # noqa: F401 - the server extra's parser
     #: The request parsers a `stockade serve` here can run (``--http-parser``); the tests of the HTTP layer run each.

@@ -92,7 +92,7 @@ def paused_holder_check(coordinator_url: str, tmp_path: Path, *extra: str, ttl_m
 
 @pytest.fixture
 def embedded(tmp_path: Path) -> Iterator[tuple[str, stockade.Coordinator]]:
-    url = f"sqlite:///{tmp_path / 'coord.db'}"
+    url = f"sqlite:///{tmp_path / 'coord.db'}?process=embedded"  # the file in each process (the default: below)
     with stockade.connect(url) as coord:
         yield url, coord
 
@@ -119,6 +119,24 @@ def test_embedded_coordinator_and_store(tmp_path: Path, embedded) -> None:
     with stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id) as store:
         assert [store.high_water(scope) > 0 for scope in scopes[1:]] == [True] * 2  # they were written...
         assert [store.list(scope) for scope in scopes] == [[], [], []]  # ...and their keys deleted
+
+
+def test_the_default_url_is_checked_through_its_host_process_and_restarted(tmp_path: Path) -> None:
+    """``--coordinator sqlite:///F`` (the default: F's host process): every case held, and the failover case
+    restarted that process once a round (SIGTERM, then the next connect started a new one: its log says
+    "listening on" once per start). 1 s leases: a renewal crosses two processes on a loaded host."""
+    from stockade.coordinators.sqlite import _host
+
+    url = f"sqlite:///{tmp_path / 'coord.db'}"
+    with stockade.connect(url) as coord:
+        stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id).close()
+    result = check("--coordinator", url, "--resource", f"sqlite:///{tmp_path / 'store.db'}", ttl_ms="1000")
+    assert_held(result, failover=True)
+    assert f"0 of {ROUNDS} restarts let a token go back" in result.stdout
+    starts = (_host.host_dir(tmp_path / "coord.db") / "log").read_text().count("listening on")
+    print(f"host process starts: {starts} (1 + {ROUNDS} failover rounds)")
+    assert starts == 1 + int(ROUNDS)
+    assert_no_workers_left(result)
 
 
 def test_embedded_store_control_fencing_off_fails(tmp_path: Path, embedded) -> None:

@@ -109,7 +109,7 @@ def test_postgres_control_protect_on_the_named_table_only_is_a_fail_line(pg_app)
 
 
 def _store_beside_coordinator(directory: Path) -> str:
-    url = f"sqlite:///{directory / 'coord.db'}"
+    url = f"sqlite:///{directory / 'coord.db'}?process=embedded"
     with stockade.connect(url) as coord:
         stockade.open_store(f"sqlite:///{directory / 'store.db'}", cluster_id=coord.cluster_id).close()
     return url
@@ -195,8 +195,9 @@ def test_runs_as_a_user_that_is_not_root(user_home: Path) -> None:
     (work / "files").mkdir()
     if os.geteuid() == 0:
         os.chown(work / "files", *[_user()[k] for k in ("user", "group")])  # type: ignore[misc]
+    # The default url: the file's host process runs as the user too; 1 s leases (a renewal crosses two processes).
     result = _as_user(user_home, "-m", "stockade", "check", "--coordinator", f"sqlite:///{work}/coord.db",
-                      "--resource", f"file://{work}/files", "--rounds", "1", "--ttl-ms", "300", "--quiet")
+                      "--resource", f"file://{work}/files", "--rounds", "1", "--ttl-ms", "1000", "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr
     assert cases(result) == {"pause": "held", "retries": "held", "failover": "held", "restore": "held"}
     assert_no_workers_left(result)

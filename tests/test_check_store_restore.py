@@ -53,7 +53,7 @@ def backup(store: Path, tmp_path: Path) -> str:
 def store_and_copy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     """(coordinator url, store url, restore command, more options): the store's copy taken before the check."""
     if request.param == "embedded":
-        coord_url, store = f"sqlite:///{tmp_path / 'coord.db'}", tmp_path / "store.db"
+        coord_url, store = f"sqlite:///{tmp_path / 'coord.db'}?process=embedded", tmp_path / "store.db"
         with stockade.connect(coord_url) as coord:
             stockade.open_store(f"sqlite:///{store}", cluster_id=coord.cluster_id).close()
         yield coord_url, f"sqlite:///{store}", backup(store, tmp_path), ()

@@ -26,7 +26,7 @@ TIMEOUT_MS = 1000
 
 
 def _urls(tmp_path, server):
-    return [server.url, f"sqlite:///{tmp_path / 'coord.db'}", f"memory://{tmp_path.name}"]
+    return [server.url, f"sqlite:///{tmp_path / 'coord.db'}?process=embedded", f"memory://{tmp_path.name}"]
 
 
 def test_await_and_async_with(tmp_path, serve):

@@ -37,7 +37,7 @@ def test_the_contenders_test_catches_a_line_out_of_serving_order(tmp_path, mode)
     caught = []
     for name in CONTROLS:
         runner = SyncRunner() if mode == "sync" else AsyncRunner()
-        url = f"sqlite:///{tmp_path / f'{name}.db'}"
+        url = f"sqlite:///{tmp_path / f'{name}.db'}?process=embedded"  # the engine's port, wrapped
 
         def broken(url: str = url, name: str = name, runner: object = runner) -> object:
             handle = runner.connect(url)  # type: ignore[attr-defined]
@@ -129,7 +129,7 @@ def test_status_shows_a_scopes_contenders_in_order(serve, tmp_path):
     """``stockade status --url U SCOPE``: the holder, then the waiter; read-only from a coordinator file (no
     file created), through the client from a served one; a bad scope is a one-line error."""
     server = serve()
-    for url in (f"sqlite:///{tmp_path / 'coord.db'}", server.url):
+    for url in (f"sqlite:///{tmp_path / 'coord.db'}?process=embedded", server.url):
         runner = SyncRunner()
         coord = runner.connect(url)
         held = coord.acquire("reports", ttl_ms=10_000, holder="alice")
@@ -163,7 +163,7 @@ def test_the_dashboard_of_a_backend_shows_a_waiting_scopes_queue(tmp_path):
     from stockade.cli.ui import UrlLeases, UrlMarks
     from stockade.server._dashboard_view import View, _rows
 
-    url = f"sqlite:///{tmp_path / 'coord.db'}"
+    url = f"sqlite:///{tmp_path / 'coord.db'}?process=embedded"
     runner = SyncRunner()
     coord = runner.connect(url)
     held = coord.acquire("reports", ttl_ms=10_000, holder="alice")

@@ -33,7 +33,7 @@ def _read_lines(proc):
 
 def _s11(tmp_path, restarts, mutant=""):
     path = tmp_path / "coord.db"
-    url = f"sqlite:///{path}"
+    url = f"sqlite:///{path}?process=embedded"
     rng = random.Random(11)
     acked: dict[str, list[int]] = {}
     regressions = 0
@@ -171,7 +171,7 @@ def test_contention_controls_are_caught(tmp_path, mutant, check):
 
 def test_holder_killed_is_expired_by_ttl(tmp_path):
     """A process that dies holding a lease is expired by its TTL, and the next holder gets a higher token."""
-    url = f"sqlite:///{tmp_path / 'coord.db'}"
+    url = f"sqlite:///{tmp_path / 'coord.db'}?process=embedded"
     script = ("import sys, time, stockade; lease = stockade.connect(sys.argv[1]).acquire('s', ttl_ms=400); "
               "print(lease.token.value, flush=True); time.sleep(60)")
     holder = subprocess.Popen([PYTHON, "-c", script, url], stdout=subprocess.PIPE, env=python_env())

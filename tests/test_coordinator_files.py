@@ -175,7 +175,7 @@ def test_connect_refuses_a_file_that_is_not_a_coordinator_touching_nothing(tmp_p
     before, listing = _snapshot(path), _listing(tmp_path)
     time.sleep(0.01)  # an mtime change would show
     with pytest.raises(WrongFileKind, match=found) as caught:
-        stockade.connect(f"sqlite:///{path}")
+        stockade.connect(f"sqlite:///{path}?process=embedded")
     assert isinstance(caught.value, stockade.BackendUnavailable) and caught.value.certain_no_effect
     assert _snapshot(path) == before, "byte- and mtime-identical"
     assert _listing(tmp_path) == listing, "no .lock, -wal or -shm left behind"
@@ -190,11 +190,11 @@ def test_connect_refuses_a_directory_and_dev_null_leaving_no_lock_files(tmp_path
     directory = tmp_path / "data"
     directory.mkdir()
     with pytest.raises(WrongFileKind, match="a directory"):
-        stockade.connect(f"sqlite:///{directory}")
+        stockade.connect(f"sqlite:///{directory}?process=embedded")
     assert _listing(tmp_path) == ["data"] and _listing(directory) == []
     dev_null_lock_before = os.path.exists("/dev/null.lock")
     with pytest.raises(WrongFileKind, match="not a regular file"):
-        stockade.connect("sqlite:////dev/null")
+        stockade.connect("sqlite:////dev/null?process=embedded")
     assert os.path.exists("/dev/null.lock") == dev_null_lock_before
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
@@ -420,7 +420,7 @@ def _can_unshare_time() -> bool:
 @pytest.mark.skipif(not _can_unshare_time(), reason="needs unshare --time (root, Linux 5.6+)")
 def test_a_lease_from_another_time_namespace_is_refused_not_shown_wrong(tmp_path):
     """Finding 8: a lease taken under ``unshare --time --monotonic 100000`` is not shown as held for 100,001 s."""
-    url = f"sqlite:///{tmp_path / 'coord.db'}"
+    url = f"sqlite:///{tmp_path / 'coord.db'}?process=embedded"  # beside the test's own engine
     SQLiteCoordinator(tmp_path / "coord.db").close()  # made by a process of the host's namespace
     script = ("import sys, stockade\n"
               "try:\n"
@@ -441,11 +441,11 @@ def test_a_lease_from_another_time_namespace_is_refused_not_shown_wrong(tmp_path
 
 def test_a_live_coordinator_file_is_opened_by_a_second_user_by_any_spelling_of_its_path(tmp_path):
     """Regression: the kind check read a live file (marker still in its -wal) through a url that named a host."""
-    first = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    first = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     try:
         lease = first.acquire("live", ttl_ms=10_000)
         for url in (f"sqlite:///{tmp_path}/coord.db", f"sqlite:///{tmp_path}/coord.db", f"sqlite:////{tmp_path}/coord.db"):
-            second = stockade.connect(url)
+            second = stockade.connect(f"{url}?process=embedded")
             try:
                 assert second.inspect("live").token == lease.token
             finally:

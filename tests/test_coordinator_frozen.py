@@ -215,7 +215,7 @@ def _run(tmp_path: Path, rounds: int, *, control: str, moments: tuple[str, ...] 
               "connected": 0, "honest_lost": 0}
     for n in range(rounds):
         aimed = moments[n % len(moments)]
-        result = _round(f"sqlite:///{tmp_path}/coord-{n}.db", aimed=aimed, control=control, rng=rng)
+        result = _round(f"sqlite:///{tmp_path}/coord-{n}.db?process=embedded", aimed=aimed, control=control, rng=rng)
         counts["rounds"] += 1
         counts["aimed"] += bool(aimed)
         counts["in_unit"] += aimed == "arm-unit"
@@ -308,7 +308,7 @@ def test_a_try_waits_for_another_process_brief_write(tmp_path: Path, monkeypatch
 
     if control:  # an acquire's file wait bounded by its own wait alone
         monkeypatch.setattr(_embedded, "STORE_WAIT_MS_MIN", 0)
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     other = sqlite3.connect(tmp_path / "coord.db", isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")  # another process's write, in progress
@@ -376,7 +376,7 @@ os._exit(0)
 def test_a_renewal_written_after_a_takeover_is_refused(tmp_path: Path, mutant: bool) -> None:
     import stockade
 
-    url = f"sqlite:///{tmp_path}/coord.db"
+    url = f"sqlite:///{tmp_path}/coord.db?process=embedded"
     env = dict(os.environ, RENEW_MUTANT="1" if mutant else "0")
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_LATE_RENEWER), url], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -12,7 +12,7 @@ from stockade import FencingToken, InvalidArgument, NotHolder, StockadeError, To
 
 @pytest.fixture
 def world(tmp_path):
-    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}?process=embedded")
     store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
     lease = coord.acquire("held", ttl_ms=60_000)
     store.put("held", "k", b"v", token=lease.token)

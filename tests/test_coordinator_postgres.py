@@ -197,7 +197,8 @@ def test_waiting_is_woken_not_polled(pg_coord_url, tmp_path):
     coord = stockade.connect(pg_coord_url)
     attempts = _count_attempts(coord, "w", 1_500)
     coord.close()
-    control = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")  # the polling port: 1..20 ms steps
+    # The embedded engine's polling port: 1..20 ms steps.
+    control = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}?process=embedded")
     polled = _count_attempts(control, "w", 1_500)
     control.close()
     print(f"attempts while waiting 1.5 s: {attempts} (postgresql, notified) vs {polled} (sqlite, polled)")

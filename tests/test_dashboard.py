@@ -608,7 +608,8 @@ def test_a_scope_page_over_a_backend_finds_a_scope_past_the_listings_bound(
         finally:
             await leases.coordinator.aclose()
 
-    with stockade.connect(url) as coord:
+    # Beside the server (which opens a sqlite:/// url in its own process), this process opens the file too.
+    with stockade.connect(f"{url}?process=embedded" if via == "serve-coordinator" else url) as coord:
         for name in names[:-1]:
             coord.acquire(name, ttl_ms=60_000, holder="h").release()
         last = coord.acquire(names[-1], ttl_ms=60_000, holder="late")

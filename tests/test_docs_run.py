@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ServeProcess
+from conftest import ServeProcess, stop_host_processes
 from helpers.docblocks import Runner, blocks, environment, run_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +21,9 @@ ENV_BIN = Path(sys.executable).parent
 
 
 def _serve(workdir: Path) -> tuple[dict[str, str], Callable[[], None]]:
+    # README's server keeps its data in its own directory; here it is the earlier blocks' stockade-data, whose
+    # file the default url's host process may still hold (until its 30 s idle exit): stopped first.
+    stop_host_processes(workdir / "stockade-data")
     server = ServeProcess(workdir / "stockade-data")
     return {"127.0.0.1:7390": f"127.0.0.1:{server.port}"}, server.stop
 

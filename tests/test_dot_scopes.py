@@ -54,7 +54,7 @@ def test_http_refuses_them_with_a_problem_and_grants_nothing(serve, segment: str
 
 
 def test_a_store_refuses_them(tmp_path) -> None:
-    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}?process=embedded")
     store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
     try:
         with coord.lock("a", ttl_ms=5000) as lease:

@@ -108,7 +108,7 @@ def test_bad_input_is_refused_before_any_io(coord_url):
 def test_the_leaders_token_fences_the_store_and_an_adapter(tmp_path):
     """The term's token goes into `open_store` (in the block, without ``token=``, K1) and into the
     user's own SQLite database through `stockade.resources.sqlite_db`; the former leader is refused by both."""
-    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}?process=embedded")
     store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id)
     conn = sqlite3.connect(tmp_path / "app.db", isolation_level=None)
     conn.execute("PRAGMA synchronous=FULL")
@@ -150,7 +150,7 @@ def test_async_leadership(coord_url):
 
 def test_a_leader_that_stops_renewing_learns_it_lost(tmp_path):
     """``lost`` is the lease's (K2): the local deadline passes without a renewal."""
-    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}")
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}?process=embedded")
     leadership = coord.elect("orders", ttl_ms=300)
     leadership.lease._stop.set()  # the keepalive stops, as in a process that cannot reach the coordinator
     assert leadership.wait_lost(timeout_ms=10_000)

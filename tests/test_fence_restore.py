@@ -1,6 +1,6 @@
 """Restoring a user's SQLite file or a fenced directory from an older backup, then the floor (R4).
 
-With a real coordinator (``stockade.connect("sqlite:///...")``) and its real
+With a real coordinator (``stockade.connect("sqlite:///...?process=embedded")``) and its real
 tokens: writes with token t, a backup, more writes with t+1..t+k, then the
 backup is restored. The restored resource holds the old mark t, so a zombie's
 old token looks current again: the control shows one accepted. After
@@ -103,7 +103,7 @@ def accepted(target: Any, tokens: list[Any]) -> int:
 
 @pytest.mark.parametrize("kind", sorted(TARGETS))
 def test_a_restored_backup_accepts_old_tokens_until_the_floor_then_none(tmp_path: Path, kind: str) -> None:
-    with stockade.connect(f"sqlite:///{tmp_path}/coord.db") as coord:
+    with stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded") as coord:
         target = TARGETS[kind](tmp_path, coord)
         first = issue(coord)
         target.write(first, b"t")

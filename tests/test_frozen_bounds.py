@@ -1,7 +1,8 @@
 """How long one frozen party delays an honest other, on every coordinator backend (L1).
 
-For each backend the suite runs (the embedded SQLite file, the same file through
-its host's coordinator process, ``stockade serve``, PostgreSQL, etcd, ZooKeeper),
+For each backend the suite runs (the SQLite file embedded in each process,
+``?process=embedded``; the same file through its host's coordinator process, the
+default ``sqlite:///F``; ``stockade serve``, PostgreSQL, etcd, ZooKeeper),
 a real holder process takes `LEASES` leases
 (keepalive on, TTL 1 s) and is frozen with SIGSTOP, at a random moment of its
 renewal cycle or, where the backend lets a test aim, at a chosen one: inside a
@@ -291,10 +292,10 @@ def _round(url: str, backend: str, *, n: int, moment: str, control: str, rng: ra
 
 
 def _url(backend: str, tmp_path: Path, request: pytest.FixtureRequest, n: int) -> str:
-    if backend == "embedded":
-        return f"sqlite:///{tmp_path / f'coord-{n}.db'}"  # a fresh file per round, as a fresh host would have
-    if backend == "host":  # one file and its one host process for every round, as on one host
-        return f"sqlite:///{tmp_path / 'coord.db'}?process=host"
+    if backend == "embedded":  # a fresh file per round, as a fresh host would have
+        return f"sqlite:///{tmp_path / f'coord-{n}.db'}?process=embedded"
+    if backend == "host":  # the default url: one file and its one host process for every round, as on one host
+        return f"sqlite:///{tmp_path / 'coord.db'}"
     if backend == "http":
         return request.getfixturevalue("http_server").url
     if backend == "postgres":

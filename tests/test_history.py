@@ -43,7 +43,7 @@ def _cycle(coord, scope: str, n: int) -> None:
 
 def test_the_journal_has_a_global_cap(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(_sqlite_journal, "HISTORY_TOTAL_MAX", 10)
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     for scope in "abcdef":
         _cycle(coord, scope, 2)
     with sqlite3.connect(tmp_path / "coord.db") as conn:
@@ -57,7 +57,7 @@ def test_the_journal_has_a_global_cap(tmp_path: Path, monkeypatch):
 
 
 def test_expiry_release_and_grant_are_told_apart_and_survive_a_restart(tmp_path: Path):
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     lease = coord.acquire("s", ttl_ms=100, keepalive=False)
     time.sleep(0.25)
     with coord.lock("s", ttl_ms=1_000) as second:
@@ -66,7 +66,7 @@ def test_expiry_release_and_grant_are_told_apart_and_survive_a_restart(tmp_path:
     assert kinds == [("grant", lease.token.value), ("expire", lease.token.value),
                      ("grant", second.token.value), ("release", second.token.value)]
     coord.close()
-    again = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    again = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     assert [(e.kind, e.token_value) for e in again.history("s")] == kinds
     again.close()
 
@@ -91,7 +91,7 @@ def test_a_failing_journal_write_undoes_the_change(tmp_path: Path, monkeypatch):
     after = coord.inspect("f")  # still held: the release did not land
     assert (after.state, after.holder, after.token, after.last_token) == (
         before.state, before.holder, before.token, before.last_token)
-    client = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    client = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     assert [e.kind for e in client.history("f")] == ["grant"]
     client.close()
     coord.close()
@@ -102,7 +102,7 @@ def _agree(path: Path, scope: str) -> list[str]:
     coord = SQLiteCoordinator(path)
     try:
         record = coord.records.records().get(scope)
-        client = stockade.connect(f"sqlite:///{path}")
+        client = stockade.connect(f"sqlite:///{path}?process=embedded")
         events = client.history(scope)
         client.close()
     finally:
@@ -165,7 +165,7 @@ def test_events_of_a_change():
 
 
 def test_the_store_journals_its_refusals_and_the_cli_shows_them(tmp_path: Path, capsys):
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     store = stockade.open_store(f"sqlite:///{tmp_path}/store.db", cluster_id=coord.cluster_id)
     old = coord.acquire("r", ttl_ms=1_000)
     old.release()

@@ -1,4 +1,4 @@
-"""``sqlite:///coord.db?process=host``: one coordinator process per host owns the file (docs/coordinator-files.md).
+"""``sqlite:///coord.db`` (``process=host``, the default): one coordinator process per host owns the file.
 
 Real processes throughout: the host process is the one the clients start
 (``stockade serve --host-file``), killed with a real SIGKILL; clients that start
@@ -11,7 +11,11 @@ it at once are real processes let go together. What is checked:
   and the next call of a client starts a new one; the control, a client that
   does not start the process, fails instead;
 - one writer kind at a time: an embedded open is refused while the host process
-  runs, and the host process does not start while an embedded process has the file;
+  runs, and the host process does not start while an embedded process has the file
+  (the default url then says, in one line, to add ``?process=embedded``; no wait, even
+  when that embedded process is frozen);
+- ``stockade serve --coordinator sqlite:///F`` opens F in its own process, never
+  through a host process;
 - clients that start it at once start one process; it exits when idle, not while a
   lease is held; its socket is mode 0600, and a socket path longer than
   ``sun_path`` works;
@@ -32,7 +36,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +51,8 @@ from stockade.core.errors import BackendUnavailable, InvalidArgument, LockTimeou
 GONE_TIMEOUT_S = 30.0
 
 
-def _url(file: Path, process: str = "host") -> str:
+def _url(file: Path, process: str = "") -> str:
+    """``sqlite:///FILE``, the default (the host process), or with ``?process=PROCESS`` written out."""
     return f"sqlite:///{file}?process={process}" if process else f"sqlite:///{file}"
 
 
@@ -116,9 +123,9 @@ def _wait_idle_exit(file: Path) -> None:
 def test_tokens_keep_rising_across_embedded_host_embedded_host(coord_file: Path, quick_idle: float) -> None:
     scopes = ["a", "b", "c"]
     phases = []
-    for process in ("", "host", "", "host"):
+    for process in ("embedded", "", "embedded", "host"):
         phases.append(_cycles(_url(coord_file, process), scopes))
-        if process == "host":
+        if process != "embedded":
             _wait_idle_exit(coord_file)  # the file is free again for embedded processes
     last: dict[str, int] = {}
     down = 0
@@ -134,14 +141,17 @@ def test_tokens_keep_rising_across_embedded_host_embedded_host(coord_file: Path,
 def test_the_file_has_one_writer_kind_at_a_time(coord_file: Path) -> None:
     with stockade.connect(_url(coord_file)) as coord:
         coord.acquire("x", ttl_ms=2_000, keepalive=False).release()
-        with pytest.raises(BackendUnavailable, match=r"process=host"):
-            stockade.connect(_url(coord_file, ""))
+        with pytest.raises(BackendUnavailable, match=r"without \?process=embedded"):
+            stockade.connect(_url(coord_file, "embedded"))
     _stop(coord_file)
-    with stockade.connect(_url(coord_file, "")):  # an embedded process has the file open
-        with pytest.raises(BackendUnavailable, match="exited at start") as caught:
-            stockade.connect(_url(coord_file))
-        assert "\n" not in str(caught.value) and caught.value.certain_no_effect
+    log = (_host.host_dir(coord_file) / "log").read_text()
+    with stockade.connect(_url(coord_file, "embedded")):  # an embedded process has the file open
+        for url in (_url(coord_file), _url(coord_file, "host")):
+            with pytest.raises(BackendUnavailable, match=r"add \?process=embedded") as caught:
+                stockade.connect(url)
+            assert "\n" not in str(caught.value) and caught.value.certain_no_effect
     assert _host_pid(coord_file) is None
+    assert (_host.host_dir(coord_file) / "log").read_text() == log  # refused before a process was started
 
 
 def _kill_9_round(file: Path) -> dict[str, object]:
@@ -282,10 +292,10 @@ def test_the_async_client_reaches_it_inside_a_loop(coord_file: Path) -> None:
 
 
 @pytest.mark.parametrize("query, says", [
-    ("?process=hots", "must be embedded or host"),
+    ("?process=hots", "must be host or embedded"),
     ("?procss=host", "takes no query parameter"),
     ("?process=host&process=host", "given twice"),
-    ("?process=", "must be embedded or host"),
+    ("?process=", "must be host or embedded"),
 ])
 def test_a_bad_query_is_refused_in_one_line_and_creates_nothing(tmp_path: Path, query: str, says: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
@@ -295,9 +305,12 @@ def test_a_bad_query_is_refused_in_one_line_and_creates_nothing(tmp_path: Path, 
 
 
 def test_lock_delay_is_the_host_processes_own(coord_file: Path) -> None:
-    with pytest.raises(InvalidArgument, match="lock_delay_ms"):
-        stockade.connect(_url(coord_file), lock_delay_ms=100)
+    for url in (_url(coord_file), _url(coord_file, "host")):
+        with pytest.raises(InvalidArgument, match=r"lock_delay_ms.*add \?process=embedded"):
+            stockade.connect(url, lock_delay_ms=100)
     assert list(coord_file.parent.iterdir()) == []
+    with stockade.connect(_url(coord_file, "embedded"), lock_delay_ms=100) as coord:  # taken there
+        assert coord.acquire("a", ttl_ms=1_000, keepalive=False).token.value > 0
 
 
 def test_process_embedded_is_the_plain_embedded_coordinator(coord_file: Path) -> None:
@@ -318,3 +331,102 @@ def test_the_command_line_takes_the_url(coord_file: Path) -> None:
     status = subprocess.run([sys.executable, "-m", "stockade", "status", "--url", url], capture_output=True, text=True,
                             env=env, timeout=120)
     assert status.returncode == 0 and "job" in status.stdout, status.stderr
+
+
+_FROZEN_EMBEDDED = """
+import os, signal, sys
+import stockade
+coord = stockade.connect(sys.argv[1])
+coord.acquire("held", ttl_ms=60_000, keepalive=False)
+print("holding", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_default_url_beside_a_frozen_embedded_process_is_refused_at_once(coord_file: Path) -> None:
+    """A process that opened the file embedded (``?process=embedded``, or an older version's default) and froze:
+    the default url names ``?process=embedded`` in one line while that process is still frozen (no wait on it)."""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_FROZEN_EMBEDDED), _url(coord_file, "embedded")],
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        while _state(holder.pid) != "T":
+            assert time.monotonic() < deadline, "the holder did not stop"
+            time.sleep(0.01)
+        with pytest.raises(BackendUnavailable, match=r"open in other processes.*add \?process=embedded") as caught:
+            stockade.connect(_url(coord_file))
+        assert _state(holder.pid) == "T"  # answered while the holder stayed frozen
+        assert "\n" not in str(caught.value) and caught.value.certain_no_effect
+        assert _host_pid(coord_file) is None
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_serve_coordinator_owns_the_file_in_its_own_process(coord_file: Path, serve: Callable[..., Any]) -> None:
+    """``stockade serve --coordinator sqlite:///F`` (no query) is F's one user itself: no host process is started,
+    and an embedded process may open F beside it (a host process would hold it exclusively)."""
+    stockade.connect(_url(coord_file, "embedded")).close()  # the file exists
+    server = serve("--coordinator", _url(coord_file))
+    with stockade.connect(server.url) as client:
+        token = client.acquire("via-server", ttl_ms=5_000, keepalive=False).token.value
+    assert not _host.socket_path(coord_file).exists() and not _host.host_dir(coord_file).exists()
+    with stockade.connect(_url(coord_file, "embedded")) as beside:
+        assert beside.inspect("via-server").token.value == token
+
+
+def test_the_default_is_host_and_a_server_pins_embedded_only_where_the_url_is_silent() -> None:
+    from stockade.coordinators.registry import COORDINATORS
+
+    sqlite = COORDINATORS["sqlite"]
+    assert sqlite.url_query("/coord.db")[1] == {"process": "host"}
+    assert sqlite.query_port({"process": "host"}) is not None and sqlite.query_port({"process": "embedded"}) is None
+    pinned = {url: sqlite.with_default(url, "process", "embedded") for url in (
+        "sqlite:///a.db", "sqlite:///a.db?", "sqlite:///a.db?process=host", "sqlite:///a.db?process=embedded")}
+    assert pinned == {"sqlite:///a.db": "sqlite:///a.db?process=embedded",
+                      "sqlite:///a.db?": "sqlite:///a.db?process=embedded",
+                      "sqlite:///a.db?process=host": "sqlite:///a.db?process=host",
+                      "sqlite:///a.db?process=embedded": "sqlite:///a.db?process=embedded"}
+
+
+def test_an_idle_host_process_whose_directory_was_removed_exits_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A temporary directory removed under a running host process: it exits at its next idle check (within
+    1 s), long before its idle exit (20 s here), and the directory stays gone (an idle exit takes the start
+    lock in ``coord.db.host/``, which makes the directory anew: what the code before this check did)."""
+    import shutil
+
+    monkeypatch.setattr(_host, "IDLE_EXIT_S", 20.0)
+    directory = tmp_path / "temporary"
+    file = directory / "coord.db"
+    with stockade.connect(_url(file)) as coord:
+        coord.acquire("a", ttl_ms=1_000, keepalive=False).release()
+    pid = _host_pid(file)
+    assert pid is not None
+    shutil.rmtree(directory)
+    deadline = time.monotonic() + 10.0  # half its idle exit: gone for the removed directory, not for idleness
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"process {pid} still there"
+        time.sleep(0.01)
+    assert not directory.exists()
+
+
+def test_a_relative_pythonpath_of_the_client_is_made_absolute_for_the_host_process(coord_file: Path) -> None:
+    """The process runs in the file's directory: a client's ``PYTHONPATH=src`` (relative to the client's working
+    directory) reaches it as an absolute path, so it imports the client's stockade, not another one or none."""
+    src = Path(stockade.__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.path.relpath(src, src.parent))
+    ran = subprocess.run([sys.executable, "-c", "import sys, stockade; stockade.connect(sys.argv[1]).close()",
+                          _url(coord_file)], cwd=src.parent, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    pid = _host_pid(coord_file)
+    assert pid is not None
+    entries = Path(f"/proc/{pid}/environ").read_text().split("\0")
+    environ = dict(entry.split("=", 1) for entry in entries if "=" in entry)
+    assert environ["PYTHONPATH"] == str(src)

@@ -35,7 +35,7 @@ class FakeWall:
 
 @pytest.fixture
 def coord(tmp_path):
-    with stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}") as handle:
+    with stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}?process=embedded") as handle:
         yield handle
 
 
@@ -206,7 +206,7 @@ def _needs_faketime():
 
 
 def _coordinator(tmp_path):
-    coord_url, store_url = f"sqlite:///{tmp_path / 'coord.db'}", f"sqlite:///{tmp_path / 'store.db'}"
+    coord_url, store_url = f"sqlite:///{tmp_path / 'coord.db'}?process=embedded", f"sqlite:///{tmp_path / 'store.db'}"
     with stockade.connect(coord_url) as coord:
         stockade.open_store(store_url, cluster_id=coord.cluster_id).close()
     return coord_url, store_url

@@ -96,7 +96,7 @@ def test_the_embedded_coordinator(tmp_path: Path, interrupting: Any, monkeypatch
         from contextlib import contextmanager
         monkeypatch.setattr(coord_sqlite.SQLiteRecords, "_write", contextmanager(_old_write))
     path = tmp_path / "coord.db"
-    coord = stockade.connect(f"sqlite:///{path}")
+    coord = stockade.connect(f"sqlite:///{path}?process=embedded")
     interrupting()  # the handle's own connection interrupts; the others are plain
     free = tried = 0
     try:
@@ -114,7 +114,7 @@ def test_the_embedded_coordinator(tmp_path: Path, interrupting: Any, monkeypatch
           f"BEGIN {free} of {tried}")
     assert (free, tried) == ((0, 1) if control else (ROUNDS, ROUNDS))
     if not control:
-        with stockade.connect(f"sqlite:///{path}") as other:
+        with stockade.connect(f"sqlite:///{path}?process=embedded") as other:
             other.acquire("c", ttl_ms=5_000, wait_ms=0).release()
 
 
@@ -122,7 +122,7 @@ def test_the_embedded_coordinator(tmp_path: Path, interrupting: Any, monkeypatch
 def test_the_store(tmp_path: Path, interrupting: Any, monkeypatch: pytest.MonkeyPatch, control: bool) -> None:
     if control:
         monkeypatch.setattr(_sqlite_files, "rollback", lambda conn: True)
-    with stockade.connect(f"sqlite:///{tmp_path}/coord.db") as coord:
+    with stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded") as coord:
         lease = coord.acquire("s", ttl_ms=30_000)
         store = stockade.open_store(f"sqlite:///{tmp_path}/store.db", cluster_id=coord.cluster_id)
         interrupting()
@@ -147,7 +147,7 @@ def test_the_fence_on_your_sqlite_file(tmp_path: Path, interrupting: Any, monkey
     if control:
         monkeypatch.setattr(sqlite_db, "rollback", lambda conn: True)
     path = tmp_path / "app.db"
-    with stockade.connect(f"sqlite:///{tmp_path}/coord.db") as coord:
+    with stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded") as coord:
         lease = coord.acquire("app", ttl_ms=30_000)
         conn = sqlite3.connect(str(path), isolation_level=None)  # the user's, made through the interrupting factory
         interrupting()

@@ -87,7 +87,7 @@ def _pause(client, seconds: float) -> None:
 
 
 def _lease_with_failing_renew(client, tmp_path, error: BaseException):
-    coord = client.connect(f"sqlite:///{tmp_path / 'coord.db'}")
+    coord = client.connect(f"sqlite:///{tmp_path / 'coord.db'}?process=embedded")
     calls = []
 
     def renew(lease_id):

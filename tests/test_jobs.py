@@ -23,7 +23,7 @@ LONG = os.environ.get("STOCKADE_LONG") == "1"
 
 @pytest.fixture
 def pair(tmp_path: Path):
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     store = stockade.open_store(f"sqlite:///{tmp_path}/store.db", cluster_id=coord.cluster_id)
     yield coord, store
     store.close()

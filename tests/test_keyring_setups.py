@@ -41,7 +41,7 @@ def _store_setup(tmp_path: Path, arrange: Callable[[Path, Path], Path]) -> bool:
     """An embedded coordinator and its store in ``data``; ``arrange(data, tmp_path)`` changes the files and
     names the store file then opened by url without keys (as README's examples do)."""
     data = tmp_path / "data"
-    with stockade.connect(f"sqlite:///{data}/coord.db") as coord:
+    with stockade.connect(f"sqlite:///{data}/coord.db?process=embedded") as coord:
         cluster = coord.cluster_id
         with stockade.open_store(f"sqlite:///{data}/store.db", cluster_id=cluster) as store, \
                 coord.lock("reports", ttl_ms=5_000) as lease:
@@ -172,7 +172,7 @@ def test_an_embedded_store_refuses_a_token_above_the_last_issued(tmp_path: Path,
     control is the store as it was before: the same keys, but no view of the coordinator (the keyring
     given in memory), which takes the forgery and raises its mark to the maximum."""
     data = tmp_path / "data"
-    with stockade.connect(f"sqlite:///{data}/coord.db") as coord:
+    with stockade.connect(f"sqlite:///{data}/coord.db?process=embedded") as coord:
         leaked = coord.verify_keys()
         keys = None if sees_the_coordinator else FixedKeys(leaked.keyring)  # type: ignore[attr-defined]
         with stockade.open_store(f"sqlite:///{data}/store.db", cluster_id=coord.cluster_id, keys=keys) as store:

@@ -197,7 +197,7 @@ class Servers:
 def start_servers(tmp_path: Path, *, control: str | None = None, both: bool = True) -> Servers:
     coord_dir = tmp_path / "coord"
     coord_dir.mkdir()
-    coord_url = f"sqlite:///{coord_dir / 'coord.db'}"
+    coord_url = f"sqlite:///{coord_dir / 'coord.db'}?process=embedded"  # the servers and the holders in process
     dirs = {"own": tmp_path / "serve-own"}
     if both and not control:
         dirs["coord"] = coord_dir

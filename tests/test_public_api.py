@@ -72,7 +72,7 @@ def test_every_registered_coordinator_runs_the_conformance_suite():
 def test_capabilities_are_declared_and_checked(tmp_path):
     from stockade.coordinators.registry import Capability
 
-    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}", lock_delay_ms=200)
+    coord = stockade.connect(f"sqlite:///{tmp_path / 'coord.db'}?process=embedded", lock_delay_ms=200)
     assert Capability.CLIENT_LOCK_DELAY in coord.capabilities and Capability.DURABLE_TOKENS in coord.capabilities
     coord.close()
     memory = stockade.connect(f"memory://{tmp_path.name}")

@@ -32,7 +32,7 @@ def test_readme_restore_snippet_lowers_no_mark(tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
     first, second = snippet()
-    coord = stockade.connect(f"sqlite:///{data}/coord.db")
+    coord = stockade.connect(f"sqlite:///{data}/coord.db")  # as the snippet opens it: the default url
     store = stockade.open_store(f"sqlite:///{data}/store.db", cluster_id=coord.cluster_id)
     try:
         with coord.lock("reports", ttl_ms=10_000) as lease:

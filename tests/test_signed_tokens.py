@@ -58,7 +58,7 @@ def _forgeries(real: FencingToken, read_back: list[FencingToken], real_kid: str)
 
 @pytest.fixture
 def embedded(tmp_path):
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     store = stockade.open_store(f"sqlite:///{tmp_path}/store.db", cluster_id=coord.cluster_id)
     yield tmp_path, coord, store
     store.close()
@@ -99,7 +99,7 @@ def test_forged_tokens_accepted_0_of_1000_embedded(embedded):
 
 def test_control_without_verification_accepts_forgeries(tmp_path):
     """The control: the same store opened without keys (legacy) is bricked by one forged token."""
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     store = stockade.open_store(f"sqlite:///{tmp_path}/store.db", cluster_id=coord.cluster_id, keys="unsigned")
     try:
         lease = coord.acquire("reports", ttl_ms=60_000)
@@ -241,7 +241,7 @@ def test_forged_tokens_accepted_0_of_1000_serve(tmp_path):
 def test_cli_keys_rotate_and_show(tmp_path):
     import subprocess
 
-    stockade.connect(f"sqlite:///{tmp_path}/coord.db").close()
+    stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded").close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     run = [sys.executable, "-m", "stockade", "keys", "--data-dir", str(tmp_path)]
     first = load_keyring(tmp_path / "coord.keys").current.kid

@@ -183,7 +183,7 @@ def test_the_lock_controls_wrap_a_real_read_write_lock(tmp_path):
     import stockade
     from stockade.core.errors import LockTimeout
 
-    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db")
+    coord = stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded")
     store = stockade.open_store(f"sqlite:///{tmp_path}/store.db", cluster_id=coord.cluster_id)
     try:
         real = stockade.ReadWriteLock(coord, store, "catalog", readers=2)

@@ -49,7 +49,7 @@ def _first_refusal(calls) -> BackendUnavailable:  # type: ignore[no-untyped-def]
 
 def test_the_embedded_coordinator_and_store_on_a_full_disk() -> None:
     with full_disk.small_tmpfs("2m") as mount:
-        coord = stockade.connect(f"sqlite:///{mount}/coord.db")
+        coord = stockade.connect(f"sqlite:///{mount}/coord.db?process=embedded")
         store = stockade.open_store(f"sqlite:///{mount}/store.db", cluster_id=coord.cluster_id)
         try:
             lease = coord.acquire("jobs", ttl_ms=1_000, keepalive=False)

@@ -39,7 +39,7 @@ def test_stockade_and_sqlalchemy_name_the_same_file_and_the_old_reading_did_not(
 
 def test_relative_and_absolute_files_are_created_where_the_url_says(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with stockade.connect("sqlite:///coord.db") as coord:
+    with stockade.connect("sqlite:///coord.db?process=embedded") as coord:
         cluster = coord.cluster_id
     assert (tmp_path / "coord.db").is_file() and not Path("/coord.db").exists()
     absolute = tmp_path / "abs" / "coord.db"
@@ -109,7 +109,7 @@ def test_the_working_directory_reading_wins_when_that_file_exists(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     relative = Path(str(tmp_path).lstrip("/")) / "coord.db"  # tmp/.../coord.db under the cwd: also /tmp/... exists
     relative.parent.mkdir(parents=True)
-    stockade.connect(f"sqlite:///{relative}").close()
+    stockade.connect(f"sqlite:///{relative}?process=embedded").close()
     assert (tmp_path / relative).is_file() and not (tmp_path / "coord.db").exists()
     assert os.path.isfile(sqlite_path(f"sqlite:///{relative}"))
 

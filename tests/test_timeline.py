@@ -37,7 +37,7 @@ def _references(page: str) -> list[str]:
 
 
 def test_check_report_in_headless_chromium(tmp_path: Path) -> None:
-    coord_url = f"sqlite:///{tmp_path / 'coord.db'}"
+    coord_url = f"sqlite:///{tmp_path / 'coord.db'}?process=embedded"  # 300 ms leases: no second process
     with stockade.connect(coord_url) as coord:
         SQLiteFence(tmp_path / "app.db", keys=coord.verify_keys()).close()
     report = tmp_path / "report.html"
@@ -71,7 +71,7 @@ def test_the_console_check_can_fail(tmp_path: Path) -> None:
 def test_history_html_draws_the_journal(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    with stockade.connect(f"sqlite:///{data / 'coord.db'}") as coord, \
+    with stockade.connect(f"sqlite:///{data / 'coord.db'}?process=embedded") as coord, \
             stockade.open_store(f"sqlite:///{data / 'store.db'}", cluster_id=coord.cluster_id) as store:
         first = coord.acquire("reports", ttl_ms=5000, wait_ms=1000, holder="worker-a")
         first.release()

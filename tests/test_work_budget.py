@@ -72,7 +72,7 @@ def _serve_fenced_write(data_dir: Path, control: Callable[[Served], None] | None
 
 
 def _embedded_lock_cycle(data_dir: Path, control: Callable[[Any], None] | None = None) -> dict[str, float]:
-    coord = stockade.connect(f"sqlite:///{data_dir}/coord.db")
+    coord = stockade.connect(f"sqlite:///{data_dir}/coord.db?process=embedded")
     try:
         records = coord._port.engine.records
         if control is not None:

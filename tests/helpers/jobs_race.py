@@ -72,7 +72,7 @@ def race(
         )
 
     # The files exist before the workers race to open them.
-    stockade.connect(f"sqlite:///{data}/coord.db").close()
+    stockade.connect(f"sqlite:///{data}/coord.db?process=embedded").close()
     verdict = Verdict(keys)
     started = time.monotonic()
     procs = {f"w{i}": spawn(f"w{i}") for i in range(workers)}
@@ -147,7 +147,7 @@ def _judge(data: Path, verdict: Verdict, killed_pids: set[int], mode: str) -> No
     verdict.rerun_after_done = len(rerun)
     verdict.killed_mid_run = len(killed_keys)
     verdict.stopped = len(stopped_keys)
-    coord = stockade.connect(f"sqlite:///{data}/coord.db")
+    coord = stockade.connect(f"sqlite:///{data}/coord.db?process=embedded")
     store = stockade.open_store(f"sqlite:///{data}/store.db", cluster_id=coord.cluster_id)
     try:
         listed = set()

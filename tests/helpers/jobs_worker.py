@@ -35,7 +35,7 @@ TTL_MS, WAIT_MS = 1_000, 6_000
 rng = random.Random(seed)
 pid = os.getpid()
 log_fd = os.open(os.path.join(data, f"log-{worker}-{pid}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-coord = stockade.connect(f"sqlite:///{data}/coord.db")
+coord = stockade.connect(f"sqlite:///{data}/coord.db?process=embedded")
 store = stockade.open_store(f"sqlite:///{data}/store.db", cluster_id=coord.cluster_id)
 
 

@@ -3,8 +3,10 @@
 - ``failover``: A takes the lease (token n) and writes; A is frozen with its
   next write in its pipe, so it holds the lease across the restart; the
   coordinator is restarted (the user's ``--coordinator-restart`` command, or,
-  for the embedded SQLite file, the check closes and reopens it in every
-  process); B is granted the lease (token m) and writes; A resumes and its
+  for a SQLite coordinator file, the check closes and reopens it in every
+  process, and first stops the file's host process when the url reaches the
+  file through it, the default, so that the next connect starts a new one);
+  B is granted the lease (token m) and writes; A resumes and its
   write with n reaches the resource. Held when the coordinator came back as
   the same cluster, m is above every token of the scope before the restart
   (C1), A's write is refused and the resource holds B's value.
@@ -38,8 +40,11 @@ from pathlib import Path
 from stockade.check.cases import Run
 from stockade.check.targets import Target, scratch_scope
 from stockade.check.worker import close_quietly, connect_again
+from stockade.coordinators.registry import coordinator_backend
+from stockade.coordinators.sqlite._host import stop_host_process
 from stockade.core.errors import InvalidArgument
 from stockade.timeline import Verdict
+from stockade.transport.sqlite_url import sqlite_path
 
 __all__ = ["run_command", "failover_case", "restore_case", "self_restart", "SelfRestore",
            "command_timeout_s"]
@@ -69,13 +74,27 @@ def run_command(option: str, command: str, *, timeout_s: float, scratch: str) ->
         raise InvalidArgument(option, f"{command!r} exited {status}" + (f": {lines[-1]}" if lines else ""))
 
 
-def self_restart(run: Run) -> None:
+def self_restart(run: Run, *, own: bool = False) -> None:
     """The orchestrator closes its coordinator and opens it again (the embedded file's restart, as every
     worker's ``reconnect`` is; after a command, a connection that may have died with the old coordinator), as a
     worker does: a close that fails with the old connection is let be, and the connect is retried (for
-    `stockade.check.worker.RECONNECT_S`) while the coordinator is still coming back."""
+    `stockade.check.worker.RECONNECT_S`) while the coordinator is still coming back. ``own``: the check
+    restarts the coordinator itself; a file reached through its host process has that process stopped first
+    (the next connect, this one or a worker's, starts a new one)."""
     close_quietly(run.coord)
+    host_file = _host_file(run.coordinator_url) if own else None
+    if host_file is not None:
+        stop_host_process(host_file)
     run.coord = connect_again(run.coordinator_url)
+
+
+def _host_file(url: str) -> Path | None:
+    """The file of a ``sqlite://`` url reached through its host process (``process=host``, the default)."""
+    if not url.startswith("sqlite:"):
+        return None
+    backend, location = coordinator_backend(url, "coordinator")
+    path, params = backend.url_query(location, "coordinator")
+    return sqlite_path(path) if params.get("process") == "host" else None
 
 
 def failover_case(run: Run, target: Target, *, restart: str | None, rounds: int, deadline: float) -> Verdict:
@@ -96,7 +115,7 @@ def failover_case(run: Run, target: Target, *, restart: str | None, rounds: int,
                              why="SIGSTOP (holds its lease across the restart)")
         if restart is not None:
             run_command("--coordinator-restart", restart, timeout_s=command_timeout_s(run), scratch=run.scratch)
-        self_restart(run)  # the orchestrator's own connection too
+        self_restart(run, own=restart is None)  # the orchestrator's own connection too
         found = {run.call(name, do="reconnect")["cluster"] for name in ("B", "C")} | {run.coord.cluster_id}
         run.note("", "fault", text="coordinator restarted" + (f": {restart}" if restart else " (file reopened)"))
         token_b = run.newer_holder_writes(scope, f"B{round_}", f"failover-{round_}-b1")

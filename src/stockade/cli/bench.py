@@ -1,13 +1,15 @@
 """``stockade bench``: lock cycles and fenced writes, 1 client and N client processes.
 
     stockade bench --url http://127.0.0.1:7390              # a running `stockade serve` (its default port)
-    stockade bench                                          # an embedded coordinator in a temporary directory
-    stockade bench --data-dir DIR                           # the embedded coordinator in DIR (bench-* scopes stay)
+    stockade bench                                          # a coordinator file in a temporary directory
+    stockade bench --data-dir DIR                           # the coordinator file in DIR (bench-* scopes stay)
     stockade bench --url http://127.0.0.1:7390 --json out.json --runs 3
 
-The coordinator is --url, else $STOCKADE_URL, else an embedded one: in a
-temporary directory that is removed afterwards, so the bench-* scopes it
-makes never land in your data directory, or in --data-dir when given. Each
+The coordinator is --url, else $STOCKADE_URL, else a coordinator file
+(sqlite:///DIR/coord.db: through its host process, the default; add
+?process=embedded in --url for the file in each process): in a temporary
+directory that is removed afterwards, so the bench-* scopes it makes never
+land in your data directory, or in --data-dir when given. Each
 phase is announced on stderr before it starts; the table goes to stdout.
 
 The workload matches the peer benchmark's (see `stockade.bench`), so the
@@ -36,10 +38,10 @@ __all__ = ["run"]
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="stockade bench", description=help_text(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_url(parser, default="an embedded one in a temporary directory")
+    add_url(parser, default="a coordinator file in a temporary directory")
     parser.add_argument("--store-url", help="store url for fenced writes (default: --url for http, else --data-dir)")
     parser.add_argument("--data-dir", default=None,
-                        help="an embedded coordinator and store here (default: a temporary directory)")
+                        help="a coordinator file and store here (default: a temporary directory)")
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
                         help=f"comma list of {', '.join(WORKLOADS)} (default {','.join(DEFAULT_WORKLOADS)})")
     parser.add_argument("--clients", type=int, default=8, help="clients in the concurrent run (default 8)")

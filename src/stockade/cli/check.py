@@ -11,8 +11,8 @@ http), and runs the failure cases of fencing against them:
             over TCP): the write must be refused
   retries   holders in turn, each retrying its writes with the same token: no
             write applied twice, no newer write lost
-  failover  the coordinator restarted (--coordinator-restart CMD; an embedded
-            SQLite file the check reopens itself) while a frozen holder holds a
+  failover  the coordinator restarted (--coordinator-restart CMD; a SQLite
+            coordinator file the check restarts itself) while a frozen holder holds a
             lease: tokens keep rising, the holder from before is refused
   restore   the resource restored from a backup (--resource-restore CMD; a
             directory the check backs up and restores itself): a holder from
@@ -177,7 +177,7 @@ def _run_cases(args: argparse.Namespace, run: Any, started: float) -> list[Any]:
     if proxy is None and "delay" in chosen:
         print("note: the delay case needs a resource reached over TCP (postgresql, redis, http): not run")
     if restart is False and "failover" in chosen:
-        print("note: the failover case needs --coordinator-restart CMD (or an embedded sqlite:// coordinator): not run")
+        print("note: the failover case needs --coordinator-restart CMD (or a sqlite:// coordinator): not run")
     if restore is False and "restore" in chosen:
         print("note: the restore case needs --resource-restore CMD (or a file:// directory): not run")
     return verdicts

@@ -10,10 +10,11 @@
 Exits 0 only if the story played out exactly so (the test suite also runs
 it against a store that ignores tokens, and there it must exit 1).
 
-The coordinator and store are embedded files in a temporary directory (or
-in --data-dir), or, with --url http://HOST:PORT (or $STOCKADE_URL), a running
-`stockade serve`: the workers then share it over HTTP, on a scope of their own
-(demo-<random>), so the story never touches the server's other scopes.
+The coordinator and store are files in a temporary directory (or in
+--data-dir; the coordinator file through its host process, the default), or,
+with --url http://HOST:PORT (or $STOCKADE_URL), a running `stockade serve`:
+the workers then share it over HTTP, on a scope of their own (demo-<random>),
+so the story never touches the server's other scopes.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def run(argv: list[str]) -> int:
     )
     parser.add_argument("--url", default=None,
                         help="a running 'stockade serve' (http://HOST:PORT, its port is 7390 by default) to play the "
-                             "story on (default: $STOCKADE_URL, else embedded files)")
+                             "story on (default: $STOCKADE_URL, else files in a directory)")
     parser.add_argument("--data-dir", default=None,
                         help="where to keep the demo's files (default: a temporary directory, removed at the end)")
     parser.add_argument("--keep", action="store_true",

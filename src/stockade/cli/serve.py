@@ -39,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     parser.add_argument("--coordinator", metavar="URL", default=os.environ.get("STOCKADE_COORDINATOR"),
                         help="serve the leases of this backend instead of DATA_DIR/coord.db: postgresql://, "
-                             "postgres:// or etcd:// (any coordinator scheme but http, https and memory); "
-                             "default $STOCKADE_COORDINATOR")
+                             "postgres:// or etcd:// (any coordinator scheme but http, https and memory; a sqlite:/// "
+                             "file is opened in this process, never through its host process, unless the url "
+                             "says ?process=host); default $STOCKADE_COORDINATOR")
     parser.add_argument("--lock-delay-ms", type=int, default=0,
                         help="after a lease expires (not released), keep its scope ungrantable this long "
                              "(with --coordinator: for the grants made through this server)")
@@ -76,11 +77,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="connections per bearer token, counted from their latest request (default 1024)")
     shares.add_argument("--token-waiters-max", type=int, default=256, metavar="ACQUIRES",
                         help="acquires waiting (wait_ms > 0) at once per bearer token (default 256)")
-    host = parser.add_argument_group("the host's coordinator process of one file (sqlite:///FILE?process=host)")
+    host = parser.add_argument_group("the host's coordinator process of one file (what sqlite:///FILE reaches)")
     host.add_argument("--host-file", metavar="FILE",
                       help="serve FILE's leases on the Unix socket FILE.sock (mode 0600) instead of --host/--port, "
                            "with the server's other files in FILE.host/; what the clients of "
-                           "sqlite:///FILE?process=host start on demand (docs/coordinator-files.md)")
+                           "sqlite:///FILE (process=host, the default) start on demand (docs/coordinator-files.md)")
     host.add_argument("--idle-exit-s", type=float, default=30.0, metavar="SECONDS",
                       help="with --host-file: exit after this long with no lease, no waiter and no connection "
                            "(default 30)")

@@ -210,6 +210,17 @@ class CoordinatorBackend:
             given[name] = value
         return path, {o.name: given.get(o.name, o.values[0]) for o in self.query}
 
+    def with_default(self, url: str, name: str, value: str) -> str:
+        """``url`` with ``name=value`` added unless the url gives ``name`` (``stockade serve --coordinator
+        sqlite:///F`` owns F in its own process: ``process=embedded``); the url is not otherwise checked here."""
+        if not any(o.name == name for o in self.query):
+            raise ValueError(f"backend {self.scheme!r} takes no query parameter {name!r}")
+        query = url.partition("?")[2]
+        if any(pair.partition("=")[0] == name for pair in query.split("&") if pair):
+            return url
+        joint = "" if url.endswith(("?", "&")) else "&" if "?" in url else "?"
+        return f"{url}{joint}{name}={value}"
+
     def query_port(self, params: dict[str, str]) -> str | None:
         """The ``"module:function"`` of the port that serves a url with ``params`` (`UrlOption.ports`), or None."""
         for option in self.query:
@@ -237,17 +248,19 @@ COORDINATORS: dict[str, CoordinatorBackend] = {
     backend.scheme: backend
     for backend in (
         CoordinatorBackend(
-            "sqlite", "embedded: one SQLite file shared by the processes of one host",
+            "sqlite", "one SQLite file per host, owned by its host coordinator process (or in each process)",
             frozenset({Capability.FIFO_WAIT, Capability.CLIENT_LOCK_DELAY, Capability.DURABLE_TOKENS}) | _DENSE,
             engine="stockade.coordinators.sqlite.signed:open_engine", remote=False,
             waits_in_one_call="the SQLite file: one waiter row, polled by its own process, no per-request cap",
             query=(UrlOption(
-                "process", ("embedded", "host"),
+                "process", ("host", "embedded"),
                 ports=(("host", "stockade.coordinators.http._async.host:open_host_port"),),
-                summary="embedded: this process writes the file; host: one coordinator process per host owns it, "
-                        "reached over the Unix socket FILE.sock, started on demand (docs/coordinator-files.md)",
+                summary="host (the default): one coordinator process per host owns the file, reached over the "
+                        "Unix socket FILE.sock, started on demand; embedded: this process writes the file itself "
+                        "(docs/coordinator-files.md)",
             ),),
-            test_url="sqlite:///{tmp_path}/coord.db",
+            test_url="sqlite:///{tmp_path}/coord.db?process=embedded",  # the in-process engine (the conformance
+            # suite's "embedded"); the host process is a `stockade serve`, which the "http" parameter runs
         ),
         CoordinatorBackend(
             "memory", "in this process only; tokens do not survive it (tests, examples)",

@@ -71,14 +71,20 @@ def peer_of(sock: socket.socket | None) -> str:
     return f"pid {pid}"
 
 
-async def watch_idle(file: Path, idle_exit_s: float, idle: Callable[[], bool], stop: Callable[[int], None]) -> None:
-    """Call ``stop(start_lock_fd)`` once ``idle()`` has held for ``idle_exit_s`` and the start lock is free."""
+async def watch_idle(file: Path, idle_exit_s: float, idle: Callable[[], bool],
+                     stop: Callable[[int | None], None]) -> None:
+    """Call ``stop(start_lock_fd)`` once ``idle()`` has held for ``idle_exit_s`` and the start lock is free;
+    ``stop(None)`` at the first idle check after the file's directory is removed (a temporary directory: no
+    client can reach this process again, and taking the start lock would create the directory anew)."""
     since = time.monotonic()
     while True:
         await asyncio.sleep(min(IDLE_CHECK_S_MAX, idle_exit_s / 4))
         if not idle():
             since = time.monotonic()
             continue
+        if not file.parent.is_dir():
+            stop(None)
+            return
         if time.monotonic() - since < idle_exit_s:
             continue
         fd = try_start_lock(file)

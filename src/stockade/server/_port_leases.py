@@ -291,8 +291,14 @@ async def open_port_leases(url: str, *, lock_delay_ms: int) -> PortLeaseService:
         BackendUnavailable: the backend cannot be reached.
     """
     from stockade.client._async.connect import connect_async
+    from stockade.coordinators.registry import coordinator_backend
 
     check_coordinator_url(url)
+    backend, _ = coordinator_backend(url, "coordinator")
+    if any(option.name == "process" for option in backend.query):
+        # sqlite:///F: the server is the file's one user, in its own process; it does not start F's host
+        # process (the host process is itself a server; ?process=host, written out, still goes through it).
+        url = backend.with_default(url, "process", "embedded")
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="stockade-port"))
     coordinator = await asyncio.to_thread(connect_async, url, lock_delay_ms=lock_delay_ms)

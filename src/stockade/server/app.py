@@ -130,7 +130,7 @@ class ServerConfig:
     wait_ms_cap: int | None = None  # operators (and tests) may bound long polls below WAIT_MS_MAX
     dashboard_streams_max: int = STREAMS_MAX  # open event streams of the /ui/ pages (server/_dashboard.py)
     extra: dict[str, Any] = field(default_factory=dict)
-    # The host's coordinator process of this file (``sqlite:///FILE?process=host``, server/_host.py): serve
+    # The host's coordinator process of this file (what ``sqlite:///FILE`` reaches, server/_host.py): serve
     # FILE instead of data_dir/coord.db, on the Unix socket FILE.sock instead of host:port, and stop after
     # idle_exit_s with no lease, no waiter and no connection.
     host_file: Path | None = None
@@ -616,8 +616,11 @@ class Server:
         return leases.leases <= IDLE_SCAN_LEASES_MAX and all(
             record.lease is None or record.lease.expires_ns <= now_ns for record in leases.records.values())
 
-    def _stop_idle(self, start_lock_fd: int) -> None:
-        _log.info("idle for %g s: stopping", self.config.idle_exit_s)
+    def _stop_idle(self, start_lock_fd: int | None) -> None:
+        if start_lock_fd is None:
+            _log.info("idle, and the file's directory was removed: stopping")
+        else:
+            _log.info("idle for %g s: stopping", self.config.idle_exit_s)
         self._start_lock = start_lock_fd  # let go once the file is closed (`close`)
         self.stop()
 

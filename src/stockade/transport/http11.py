@@ -88,7 +88,7 @@ class HTTPEndpoint:
         timeout_ms: deadline of one request (an acquire adds its ``wait_ms``).
         connect_timeout_ms: deadline of a TCP (and TLS) connect.
         unix_path: a Unix-domain socket to connect to instead of ``host:port`` (the host's coordinator
-            process of ``sqlite:///…?process=host``); None for TCP.
+            process of a ``sqlite:///…`` url); None for TCP.
     """
 
     host: str

@@ -43,13 +43,15 @@ def connect_async(
 
     Args:
         url: ``sqlite:///path/to/coord.db`` (created, with a new cluster id, if
-            missing; ``?process=host``: through the host's one coordinator process for
-            that file, started on demand), ``http://host:port`` / ``https://host:port`` for a
+            missing; reached through the host's one coordinator process for that file,
+            started on demand, or with ``?process=embedded`` written in this process
+            itself), ``http://host:port`` / ``https://host:port`` for a
             `stockade serve` (contacted once here, for its cluster id), or
             ``memory://NAME`` (this process only; for tests and examples).
         lock_delay_ms: after an *expiry*, keep the scope ungrantable this long
             (C5). Only where the backend declares `Capability.CLIENT_LOCK_DELAY`
-            (a server has its own setting).
+            (a server has its own setting; so has a file's host process: with
+            ``sqlite://``, only with ``?process=embedded``).
         timeout_ms: remote only; the deadline of each request, 1..600_000
             (default 10_000). An acquire waits up to ``wait_ms`` on top.
         connect_timeout_ms: remote only; the deadline of a connect (default 3_000).
@@ -70,7 +72,7 @@ def connect_async(
     options = PortOptions(url, location, backend.capabilities, lock_delay_ms=lock_delay_ms, timeout_ms=timeout_ms,
                           connect_timeout_ms=connect_timeout_ms, auth_token=auth_token, tls_ca=tls_ca)
     hooks = validate_hooks(hooks)
-    query_port = backend.query_port(params)  # sqlite:///coord.db?process=host: the host's coordinator process
+    query_port = backend.query_port(params)  # sqlite:///coord.db (process=host): the host's coordinator process
     if query_port is not None:
         return AsyncCoordinator(backend.open_query_port("_async", query_port, options), hooks=hooks)
     if backend.port is not None:

@@ -210,12 +210,16 @@ def claim_lock_file(path: Path, exclusive: bool) -> tuple[int, bool, bool]:
     except OSError:
         os.close(fd)
         if exclusive:
+            held_by_host = os.path.exists(f"{path}.sock")  # the default url's host process (coordinators/sqlite/_host)
             raise BackendUnavailable(
-                f"{path} is open in other processes; a server must be its only user", certain_no_effect=True
+                f"{path} is open in other processes; a server must be its only user"
+                + (" (its host process, which sqlite:///… urls start, has it: it exits after 30 s with no lease, "
+                   "waiter or connection)" if held_by_host else ""),
+                certain_no_effect=True,
             ) from None
         raise BackendUnavailable(
             f"{path} is served by a running stockade server; connect to the server over http:// instead "
-            f"(or, if it is the host process of the file, with sqlite:///…?process=host)",
+            f"(or, if it is the host process of the file, with sqlite:///… without ?process=embedded)",
             certain_no_effect=True,
         ) from None
     return fd, created, alone

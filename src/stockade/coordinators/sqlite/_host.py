@@ -1,4 +1,4 @@
-"""The host's coordinator process of a coordinator file (``sqlite:///coord.db?process=host``): its paths and its start.
+"""The host's coordinator process of a coordinator file (``sqlite:///coord.db``, the default): its paths and start.
 
 One process per host owns the file (it claims ``coord.db.lock`` exclusively, as
 ``stockade serve`` does: the single-writer rule is unchanged) and serves the
@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -29,10 +32,10 @@ import time
 from pathlib import Path
 
 from stockade.core.errors import BackendUnavailable
-from stockade.transport.io import SyncIO
+from stockade.transport.io import SyncIO, unix_address
 
-__all__ = ["IDLE_EXIT_S", "START_TIMEOUT_S", "socket_path", "host_dir", "start_lock_path", "start_host_process",
-           "try_start_lock"]
+__all__ = ["IDLE_EXIT_S", "OPEN_ELSEWHERE", "START_TIMEOUT_S", "socket_path", "host_dir", "start_lock_path",
+           "start_host_process", "stop_host_process", "host_process_pid", "try_start_lock"]
 
 #: How long the process stays up with no lease, no waiter and no connection (seconds).
 IDLE_EXIT_S = 30.0
@@ -127,16 +130,18 @@ def start_host_process(file: Path, *, idle_exit_s: float | None = None, timeout_
         sock = socket_path(file)
         if not _lock_within(fd, deadline, file) or _answers(sock):
             return
+        _refuse_if_open_elsewhere(file)
         log_path = host_dir(file) / "log"
         with open(log_path, "ab") as log:
             os.fchmod(log.fileno(), 0o600)
             command = [sys.executable, "-m", "stockade", "serve", "--host-file", str(file),
                        "--idle-exit-s", f"{idle_exit_s:g}", "--log-level", "warning"]
-            env = {k: v for k, v in os.environ.items() if k != "STOCKADE_COORDINATOR"}  # it serves the file
+            env = _child_env()
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                     start_new_session=True, close_fds=True, cwd=str(file.parent))
         while not _answers(sock):
             if proc.poll() is not None:
+                _refuse_if_open_elsewhere(file)  # opened in between: say so as before the start
                 raise BackendUnavailable(f"the host process of {file} exited at start ({proc.returncode}): "
                                          f"{_last_line(log_path)}", certain_no_effect=True)
             if time.monotonic() >= deadline:
@@ -147,6 +152,84 @@ def start_host_process(file: Path, *, idle_exit_s: float | None = None, timeout_
         threading.Thread(target=proc.wait, name="stockade-host-reaper", daemon=True).start()
     finally:
         os.close(fd)
+
+
+def _child_env() -> dict[str, str]:
+    """The host process's environment: this client's, without ``$STOCKADE_COORDINATOR`` (it serves the file),
+    and with ``$PYTHONPATH``'s relative entries made absolute (it runs in the file's directory: ``PYTHONPATH=src``
+    would otherwise import another stockade there, or none)."""
+    env = {k: v for k, v in os.environ.items() if k != "STOCKADE_COORDINATOR"}
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
+    return env
+
+
+#: What a client is told when the file is open in other processes and its host process cannot own it.
+OPEN_ELSEWHERE = ("{file} is open in other processes that write it themselves (sqlite:///…?process=embedded, "
+                  "the default of older versions) or served by a stockade serve, so its host process cannot own "
+                  "it: open it as they do (add ?process=embedded, or use the server's http:// url), or stop them")
+
+
+def _refuse_if_open_elsewhere(file: Path) -> None:
+    """Raise `BackendUnavailable` if another process holds ``coord.db.lock`` (an embedded user's shared claim, a
+    server's exclusive one): the host process would exit at start. Nothing waits; nothing is left held."""
+    try:
+        fd = os.open(f"{file}.lock", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return  # no claim file yet (a new file), or unreadable: the process says why if it cannot start
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise BackendUnavailable(OPEN_ELSEWHERE.format(file=file), certain_no_effect=True) from None
+    finally:
+        os.close(fd)  # closing releases the probe's claim at once
+
+
+def host_process_pid(file: Path) -> int | None:
+    """The pid of the process listening on ``file``'s socket (the socket's peer credentials, Linux), or None."""
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.settimeout(_PROBE_TIMEOUT_S)
+        with unix_address(str(socket_path(file.absolute()))) as address:
+            sock.connect(address)
+        pid: int = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    except (OSError, AttributeError, struct.error):  # none answers, or no SO_PEERCRED (not Linux)
+        return None
+    finally:
+        sock.close()
+    return pid
+
+
+def stop_host_process(file: Path, *, timeout_s: float = START_TIMEOUT_S) -> bool:
+    """SIGTERM the host process of ``file`` and wait until it has let the file go (its ``coord.db.lock`` claim
+    ends with it), so that the next client starts a new one: a restart of the coordinator. False if none answered.
+
+    Raises:
+        BackendUnavailable: it still holds the file after ``timeout_s``.
+    """
+    file = file.absolute()
+    pid = host_process_pid(file)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while _claimed(file):
+        if time.monotonic() >= deadline:
+            raise BackendUnavailable(f"the host process of {file} (pid {pid}) did not stop within {timeout_s:g} s")
+        time.sleep(_POLL_S)
+    return True
+
+
+def _claimed(file: Path) -> bool:
+    """Whether some process holds ``coord.db.lock`` (the probe's own claim is let go at once)."""
+    try:
+        _refuse_if_open_elsewhere(file)
+    except BackendUnavailable:
+        return True
+    return False
 
 
 def _last_line(log_path: Path) -> str:

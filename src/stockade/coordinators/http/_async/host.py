@@ -1,4 +1,4 @@
-"""``sqlite:///coord.db?process=host``: the file's leases through the host's one coordinator process.
+"""``sqlite:///coord.db`` (``process=host``, the default): the file's leases through the host's one coordinator process.
 
 The client is the HTTP client of a `stockade serve`, over the Unix socket
 ``coord.db.sock`` instead of TCP (`stockade.coordinators.sqlite._host` names the
@@ -18,11 +18,12 @@ from stockade.coordinators.sqlite._file import inspect_coordinator_path
 from stockade.coordinators.sqlite._host import socket_path, start_host_process
 from stockade.core.errors import BackendUnavailable, InvalidArgument
 from stockade.core.limits import validate_int
+from stockade.keys import KeyFile, keyring_path
 from stockade.transport._async.http_client import AsyncHTTPClient, AsyncHTTPConnection
 from stockade.transport.io import AsyncIO
 from stockade.transport.sqlite_url import sqlite_path
 
-__all__ = ["AsyncHostClient", "open_host_port"]
+__all__ = ["AsyncHostClient", "AsyncHostCoordinatorPort", "open_host_port"]
 
 #: What ``Host:`` says on the socket (one host, one file: no name to give).
 AUTHORITY = "localhost"
@@ -65,8 +66,30 @@ class AsyncHostClient(AsyncHTTPClient):
                                      certain_no_effect=True) from exc
 
 
-def open_host_port(options: PortOptions) -> AsyncHTTPCoordinatorPort:
-    """The ``process=host`` value of the ``sqlite`` entry of `stockade.coordinators.registry`.
+class AsyncHostCoordinatorPort(AsyncHTTPCoordinatorPort):
+    """The HTTP coordinator port of the host process of ``client.file``, whose verify keys are the file's own.
+
+    ``coord.verify_keys()`` is the keyring beside the file (``coord.keys``, which the host process signs with),
+    followed as an embedded process follows it: the client is on the file's host and its owner (the socket is
+    mode 0600), where the server's administrators' route would want a bearer token the host process has none of.
+    """
+
+    def __init__(self, client: AsyncHostClient, *, cluster_id: str | None) -> None:
+        super().__init__(client, cluster_id=cluster_id)
+        self.file = client.file
+
+    @property
+    def keys(self) -> KeyFile:  # type: ignore[override]  # the port protocol's is `object`; a server's: FixedKeys
+        """The file's keyring (`stockade.keys.KeyFile`), checked against the cluster id when it is known.
+
+        Raises:
+            BackendUnavailable: no keyring yet (the host process was never reached), or it cannot be read.
+        """
+        return KeyFile(keyring_path(self.file), self.cluster_id)
+
+
+def open_host_port(options: PortOptions) -> AsyncHostCoordinatorPort:
+    """The ``process=host`` value (the default) of the ``sqlite`` entry of `stockade.coordinators.registry`.
 
     The file is checked as the embedded coordinator checks it (`WrongFileKind` for
     anything but a coordinator file, nothing created); outside a running event loop
@@ -81,7 +104,8 @@ def open_host_port(options: PortOptions) -> AsyncHTTPCoordinatorPort:
         if getattr(options, name) is not None:
             raise InvalidArgument(name, "does not apply to sqlite:// urls (the socket is its owner's, mode 0600)")
     if options.lock_delay_ms:
-        raise InvalidArgument("lock_delay_ms", "not with process=host: the host process grants with its own (0)")
+        raise InvalidArgument("lock_delay_ms", "not with process=host, the default of sqlite:// urls: the host "
+                                               "process grants with its own (0); add ?process=embedded to set it")
     file = sqlite_path(options.location).absolute()
     inspect_coordinator_path(file)
     timeout_ms = TIMEOUT_MS_DEFAULT if options.timeout_ms is None else options.timeout_ms
@@ -91,7 +115,7 @@ def open_host_port(options: PortOptions) -> AsyncHTTPCoordinatorPort:
                             connect_timeout_ms=validate_int("connect_timeout_ms", connect_ms, 1, TIMEOUT_MS_MAX),
                             unix_path=str(socket_path(file)))
     cluster_id = None if AsyncIO.loop_running() else AsyncIO.run_now(lambda: _cluster_id(endpoint, file))
-    return AsyncHTTPCoordinatorPort(AsyncHostClient(endpoint, file), cluster_id=cluster_id)
+    return AsyncHostCoordinatorPort(AsyncHostClient(endpoint, file), cluster_id=cluster_id)
 
 
 async def _cluster_id(endpoint: HTTPEndpoint, file: Path) -> str:
