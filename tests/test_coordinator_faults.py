@@ -110,17 +110,20 @@ def _contend(tmp_path, seconds, mutant=""):
     SQLiteCoordinator(path).close()
     # Output goes to files: a full pipe would stall a contender and skew the figures.
     outputs = [tmp_path / f"contender-{i}.jsonl" for i in range(4)]
+    errors = [tmp_path / f"contender-{i}.err" for i in range(4)]
     procs = [
         subprocess.Popen([PYTHON, str(HELPERS / "contender.py"), str(path), str(seconds), str(i), mutant],
-                         stdout=outputs[i].open("w"), env=python_env())
+                         stdout=outputs[i].open("w"), stderr=errors[i].open("w"), env=python_env())
         for i in range(4)
     ]
     records = []
-    for proc, output in zip(procs, outputs, strict=True):
-        assert proc.wait(timeout=seconds + 120) == 0  # a wait may last 60 s (tests/helpers/contender.py)
+    for proc, output, error in zip(procs, outputs, errors, strict=True):
+        # a wait may last 60 s (tests/helpers/contender.py)
+        assert proc.wait(timeout=seconds + 120) == 0, error.read_text()[-3000:]
         records += [json.loads(line) for line in output.read_text().splitlines()]
     grants = sorted((r for r in records if "granted" in r), key=lambda r: r["granted"])
     timeouts = sum(1 for r in records if r.get("timed_out"))
+    busy = sum(r.get("busy", 0) for r in records)
     tokens = [g["token"] for g in grants]
     order_violations = sum(1 for a, b in zip(tokens, tokens[1:], strict=False) if b <= a)
     overlaps = sum(1 for a, b in zip(grants, grants[1:], strict=False) if b["granted"] < a["released"])
@@ -138,7 +141,7 @@ def _contend(tmp_path, seconds, mutant=""):
         if i >= 0 and latest_grant[i] > y["granted"]:
             fifo_violations += 1
     per_proc = {p: sum(1 for g in grants if g["pid"] == p) for p in range(4)}
-    return dict(grants=len(grants), per_proc=per_proc, timeouts=timeouts, order=order_violations,
+    return dict(grants=len(grants), per_proc=per_proc, timeouts=timeouts, busy=busy, order=order_violations,
                 overlaps=overlaps, fifo=fifo_violations, contiguous=_contiguous_but_epochs(tokens, processes=4))
 
 
@@ -149,13 +152,14 @@ def _contiguous_but_epochs(tokens: list[int], *, processes: int) -> bool:
 
 
 def test_four_processes_contending_fifo_no_overlap(tmp_path):
-    """4 processes, one scope, 10 s (60 s with STOCKADE_LONG=1).
+    """4 processes, one scope, 10 s (60 s with STOCKADE_LONG=1) and at least 30 grants each.
 
     Tokens increase, grants never overlap, waiters are served FIFO.
     """
     r = _contend(tmp_path, CONTENTION_SECONDS)
     n = r["grants"]
-    print(f"\ncontention {CONTENTION_SECONDS}s x4 procs: {n} grants {r['per_proc']}, timeouts {r['timeouts']}; "
+    print(f"\ncontention {CONTENTION_SECONDS}s x4 procs: {n} grants {r['per_proc']}, timeouts {r['timeouts']}, "
+          f"calls asked again after a busy file {r['busy']}; "
           f"token order violations {r['order']} of {n}, overlapping grants {r['overlaps']} of {n}, "
           f"FIFO violations {r['fifo']} of {n}")
     assert n > 100 and r["contiguous"], "every grant is the previous token + 1"

@@ -189,6 +189,6 @@ def test_racing_workers_with_kill_and_stop_apply_each_job_at_most_once(tmp_path:
 
 
 def test_control_check_then_run_without_the_lease_applies_effects_twice(tmp_path: Path):
-    verdict = race(tmp_path / "control", workers=8, keys=60, mode="naive")  # enough overlap on a busy host
+    verdict = race(tmp_path / "control", workers=8, keys=60, mode="naive")  # on k00000 two workers meet: a sure race
     print(figure(verdict))
     assert verdict.effects_twice > 0, figure(verdict)

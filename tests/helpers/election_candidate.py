@@ -17,12 +17,32 @@ leadership is lost, it prints ``lost`` and stands again).
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import stockade
+from stockade.client import Leadership
 
 TTL_MS = 1000
 WAIT_MS = 60_000
+TRIES = 20  # elections a loaded host spoiled, taken again
+
+
+def _elected(coord: stockade.Coordinator, name: str, identity: str) -> Leadership:
+    """Elected and still leading. A grant that came back lapsed (`LeaseLost`: the TTL is 1 s and a loaded host
+    can answer later than that), or no answer in time (`BackendUnavailable`: a grant it may have made lapses
+    by its TTL, nobody renews it), shows nothing: the candidate stands again (at most TRIES times)."""
+    for attempt in range(TRIES):
+        try:
+            leadership = coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=identity)
+            leadership.raise_if_lost()  # it leads: the check a careful leader makes before writing
+            return leadership
+        except (stockade.LeaseLost, stockade.BackendUnavailable) as exc:
+            if attempt == TRIES - 1:
+                raise
+            print(f"standing again after {exc!r}", file=sys.stderr, flush=True)
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 def zombie(coord_url: str, store_path: str, name: str) -> None:
@@ -35,8 +55,7 @@ def zombie(coord_url: str, store_path: str, name: str) -> None:
     while (command := sys.stdin.readline().split())[:1] == ["round"]:
         store = unfenced if command[1:] == ["fencing-off"] else fenced
         # Right after its session expired (the pause), the coordinator waits for the next one itself.
-        leadership = coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=f"zombie:{os.getpid()}")
-        leadership.raise_if_lost()  # it leads: the check a careful leader makes before writing
+        leadership = _elected(coord, name, f"zombie:{os.getpid()}")
         print(f"leader {leadership.term}", flush=True)
         sys.stdin.readline()  # paused here (SIGSTOP), past its lease
         try:
@@ -52,7 +71,7 @@ def stand(coord_url: str, name: str) -> None:
     coord = stockade.connect(coord_url)
     while True:
         try:
-            leadership = coord.elect(name, ttl_ms=TTL_MS, wait_ms=WAIT_MS, identity=f"candidate:{os.getpid()}")
+            leadership = _elected(coord, name, f"candidate:{os.getpid()}")
         except stockade.LockTimeout:
             continue
         print(f"leader {leadership.term} {os.getpid()}", flush=True)

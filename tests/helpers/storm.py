@@ -20,7 +20,20 @@ from stockade.transport.sqlite_url import sqlite_path
 
 url, seed = sys.argv[1], int(sys.argv[2])
 mutant = sys.argv[3] if len(sys.argv) > 3 else ""
-coord = stockade.connect(url)
+
+
+def connect():
+    """The coordinator, opened again while its file stayed locked past the busy timeout with nothing done (the
+    round's two workers open it at once; at a load of 60 one of them waited out the 5 s busy timeout)."""
+    for attempt in range(12):
+        try:
+            return stockade.connect(url)
+        except stockade.BackendUnavailable as exc:
+            if not exc.certain_no_effect or attempt == 11:
+                raise
+
+
+coord = connect()
 lock = threading.Lock()
 counter_file = Path(f"{sqlite_path(url)}.lazy-counter")
 counter = {"value": int(counter_file.read_text()) if counter_file.exists() else 0}
