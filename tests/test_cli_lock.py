@@ -172,18 +172,28 @@ def test_lease_is_released_only_after_cmd_is_gone(tmp_path):
         lock.stderr.close()
 
 
+def _signal_masks(pid: int) -> str:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return repr(exc)
+    return "; ".join(line for line in lines if line.startswith(("State", "PPid", "Sig", "ShdPnd")))
+
+
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT])
 def test_signals_are_forwarded_to_cmd(tmp_path, signum):
-    script = ("import signal, sys, time\n"
+    script = ("import os, signal, sys, time\n"
               f"signal.signal({int(signum)}, lambda *_: sys.exit(0))\n"
-              "print('ready', flush=True)\n"
+              "print('ready', os.getpid(), flush=True)\n"
               "time.sleep(300)\n")
     lock = start_lock(tmp_path, "fwd", [sys.executable, "-c", script])
     try:
-        assert lock.stdout.readline().strip() == "ready"
+        said, pid = lock.stdout.readline().split()
+        assert said == "ready"
+        masks = _signal_masks(int(pid))  # what CMD blocks, ignores and catches, should the forward not end it
         lock.send_signal(signum)
         code = lock.wait(timeout=BOUND_S)
-        assert code == 0, (code, lock.stderr.read())  # CMD handled it and exited 0
+        assert code == 0, (code, lock.stderr.read(), masks)  # CMD handled it and exited 0
     finally:
         kill_quietly(lock.pid)
         lock.wait()

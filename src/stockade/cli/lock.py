@@ -236,10 +236,11 @@ def _supervise(args: argparse.Namespace, child: subprocess.Popen[bytes], lease: 
     the lease is lost. Returns the exit status."""
     grace_ns = args.grace_ms * 1_000_000
     stop_by_ns: list[int] = []  # when CMD gets SIGKILL, once a stop began
+    sent: list[str] = []  # the signals CMD's group was sent, named in the message if it must be killed
     killed = False
 
     def forward(signum: int, _frame: object) -> None:
-        _signal_group(child, signum)
+        sent.append(_signal_group(child, signum))
         if not stop_by_ns:
             stop_by_ns.append(time.monotonic_ns() + grace_ns)
 
@@ -251,7 +252,7 @@ def _supervise(args: argparse.Namespace, child: subprocess.Popen[bytes], lease: 
     while child.poll() is None:
         if stop_by_ns:
             if time.monotonic_ns() >= stop_by_ns[0]:
-                print(f"stockade: command still running {args.grace_ms} ms after the signal; killing it",
+                print(f"stockade: command still running {args.grace_ms} ms after {', '.join(sent)}; killing it",
                       file=sys.stderr)
                 _signal_group(child, signal.SIGKILL)
                 killed = True
@@ -261,7 +262,7 @@ def _supervise(args: argparse.Namespace, child: subprocess.Popen[bytes], lease: 
             lost = True
             print(f"stockade: lease on {args.name!r} lost ({lease.lost_cause}); stopping command",  # type: ignore[attr-defined]
                   file=sys.stderr)
-            _signal_group(child, signal.SIGTERM)
+            sent.append(_signal_group(child, signal.SIGTERM))
             stop_by_ns.append(time.monotonic_ns() + grace_ns)
     returncode = child.wait()
     # Signals that arrive now have no CMD to go to; the lease is released next.
@@ -283,8 +284,11 @@ def _wait_child(child: subprocess.Popen[bytes], timeout_s: float) -> None:
         pass
 
 
-def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
+def _signal_group(child: subprocess.Popen[bytes], signum: int) -> str:
+    """Send ``signum`` to CMD's process group; says what was done (the signal's name, or why not)."""
+    name = signal.Signals(signum).name
     try:
         os.killpg(child.pid, signum)
     except ProcessLookupError:
-        pass
+        return f"{name} (its process group was gone)"
+    return name
