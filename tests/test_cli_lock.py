@@ -46,11 +46,22 @@ def poll(condition, bound_s: float = BOUND_S) -> bool:
     return condition()
 
 
-def kill_quietly(pid: int) -> None:
+def kill_quietly(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL a process this test started, unless it was reaped already: its pid may be another's by now (the
+    suite starts tens of thousands of processes and this host's pid_max is 32,768, so pids come round)."""
+    if proc.poll() is None:
+        proc.kill()
+
+
+def kill_child_quietly(pidfd: int) -> None:
+    """SIGKILL CMD (a child of `stockade lock`, not of this test) through the pidfd opened while it ran: never
+    another process that took its pid since."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    finally:
+        os.close(pidfd)
 
 
 def start_lock(tmp_path: Path, scope: str, cmd: list[str], *extra: str) -> subprocess.Popen[str]:
@@ -69,9 +80,11 @@ def test_cmd_dies_when_stockade_lock_is_sigkilled(tmp_path):
     runs = 20
     locks = [start_lock(tmp_path, f"kill{i}", ["sh", "-c", "echo $$; exec sleep 300"]) for i in range(runs)]
     children: list[int] = []
+    pidfds: list[int] = []
     try:
         for lock in locks:
-            children.append(int(lock.stdout.readline()))  # CMD runs (it is exec'd sleep under this pid)
+            children.append(int(lock.stdout.readline()))
+            pidfds.append(os.pidfd_open(children[-1]))  # CMD runs (it is exec'd sleep under this pid)
         assert all(alive(pid) for pid in children)
         for lock in locks:
             lock.send_signal(signal.SIGKILL)
@@ -82,10 +95,10 @@ def test_cmd_dies_when_stockade_lock_is_sigkilled(tmp_path):
         print(f"\nCMD survived {survived} of {runs} SIGKILLs of stockade lock")
         assert survived == 0
     finally:
-        for pid in children:
-            kill_quietly(pid)
+        for pidfd in pidfds:
+            kill_child_quietly(pidfd)
         for lock in locks:
-            kill_quietly(lock.pid)
+            kill_quietly(lock)
             lock.wait()
             lock.stdout.close()
             lock.stderr.close()
@@ -104,9 +117,11 @@ def test_sigterm_ignoring_cmd_is_killed_after_grace_and_lease_released(tmp_path)
     locks = [start_lock(tmp_path, f"term{i}", [sys.executable, "-c", IGNORES_SIGTERM], "--grace-ms", "300")
              for i in range(runs)]
     children: list[int] = []
+    pidfds: list[int] = []
     try:
         for lock in locks:
             children.append(int(lock.stdout.readline()))
+            pidfds.append(os.pidfd_open(children[-1]))
         for lock in locks:
             lock.send_signal(signal.SIGTERM)
         statuses = []
@@ -127,10 +142,10 @@ def test_sigterm_ignoring_cmd_is_killed_after_grace_and_lease_released(tmp_path)
         for i in range(runs):
             assert run_lock(tmp_path, f"term{i}", "--", "true").returncode == 0
     finally:
-        for pid in children:
-            kill_quietly(pid)
+        for pidfd in pidfds:
+            kill_child_quietly(pidfd)
         for lock in locks:
-            kill_quietly(lock.pid)
+            kill_quietly(lock)
             lock.wait()
             lock.stdout.close()
             lock.stderr.close()
@@ -166,7 +181,7 @@ def test_lease_is_released_only_after_cmd_is_gone(tmp_path):
         finally:
             coord.close()
     finally:
-        kill_quietly(lock.pid)
+        kill_quietly(lock)
         lock.wait()
         lock.stdout.close()
         lock.stderr.close()
@@ -195,7 +210,7 @@ def test_signals_are_forwarded_to_cmd(tmp_path, signum):
         code = lock.wait(timeout=BOUND_S)
         assert code == 0, (code, lock.stderr.read(), masks)  # CMD handled it and exited 0
     finally:
-        kill_quietly(lock.pid)
+        kill_quietly(lock)
         lock.wait()
         lock.stdout.close()
         lock.stderr.close()
@@ -285,7 +300,7 @@ def test_ctrl_c_while_waiting_exits_130_without_traceback(tmp_path):
             coord.close()
         for proc in (holder, waiter):
             if proc is not None:
-                kill_quietly(proc.pid)
+                kill_quietly(proc)
                 proc.wait()
                 proc.stdout.close()
                 proc.stderr.close()
@@ -316,7 +331,7 @@ def test_wait_forever_is_granted_and_ctrl_c_ends_it_leaving_no_waiter(tmp_path):
         if coord is not None:
             coord.close()
         for proc in (holder, *waiters):
-            kill_quietly(proc.pid)
+            kill_quietly(proc)
             proc.wait()
             proc.stdout.close()
             proc.stderr.close()
