@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from helpers.etcd_cluster import EtcdCluster  # noqa: E402
 from helpers.zk_ensemble import ZkEnsemble  # noqa: E402
 
+from stockade.testing.servers.reaper import start_time  # noqa: E402
+
 STOP_S = 20.0
 READY_S = 120.0
 
@@ -45,15 +47,18 @@ def _spawn(home: Path, argv: list[str], log: IO[bytes]) -> subprocess.Popen[byte
     """A member in a session of its own (it outlives this script), its pid added to HOME/pids.json."""
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True)
-    pids = _pids(home)
-    (home / "pids.json").write_text(json.dumps([*pids, process.pid]))
+    members = [[pid, start_time(pid)] for pid in _pids(home)]  # the ones still running
+    (home / "pids.json").write_text(json.dumps([*members, [process.pid, start_time(process.pid)]]))
     return process
 
 
 def _pids(home: Path) -> list[int]:
+    """The members recorded in HOME/pids.json that still run: a pid whose start time is not the one recorded
+    with it is another process's by now (pids come round), and is never signalled."""
     try:
-        return [int(pid) for pid in json.loads((home / "pids.json").read_text())]
-    except (OSError, ValueError):
+        entries = json.loads((home / "pids.json").read_text())
+        return [int(pid) for pid, began in entries if start_time(int(pid)) == began]
+    except (OSError, ValueError, TypeError):
         return []
 
 

@@ -12,7 +12,7 @@ again on the same port and data, and returns once ``/healthz`` answers.
 aside and the server comes back on an empty one (a new cluster: its tokens
 start again, and the resource's marks are gone with the old store). The server
 runs in its own session, its output in HOME/serve.log; nothing but the pid in
-HOME/pid is ever signalled.
+HOME/pid is ever signalled, and only while its start time is the one recorded beside it (pids come round).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from stockade.testing.servers.reaper import start_time
 
 READY_S = 30
 
@@ -38,10 +40,10 @@ def _alive(pid: int) -> bool:
 
 def stop(home: Path) -> None:
     try:
-        pid = int((home / "pid").read_text())
+        pid, began = (int(field) for field in (home / "pid").read_text().split())
     except (OSError, ValueError):
         return
-    if _alive(pid):
+    if _alive(pid) and start_time(pid) == began:  # the same process, not one that took its pid since
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < deadline:
@@ -57,7 +59,7 @@ def start(home: Path, port: int) -> None:
         process = subprocess.Popen([sys.executable, "-m", "stockade", "serve", "--data-dir", str(home / "data"),
                                     "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
-    (home / "pid").write_text(str(process.pid))
+    (home / "pid").write_text(f"{process.pid} {start_time(process.pid)}")
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
