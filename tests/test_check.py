@@ -74,12 +74,13 @@ def assert_no_workers_left(result: subprocess.CompletedProcess[str]) -> None:
     assert [line for line in listing.splitlines() if scratch in line] == []
 
 
-def paused_holder_check(coordinator_url: str, tmp_path: Path, *extra: str, ttl_ms: str = "300",
+def paused_holder_check(coordinator_url: str, tmp_path: Path, *extra: str, ttl_ms: str = "1000",
                         rounds: str = ROUNDS) -> tuple[str, int]:
     """The pause case of `stockade check` (docs/check.md), the one harness for it, on a coordinator a test
     started (etcd, ZooKeeper, PostgreSQL): a worker process holds a scope, is stopped (SIGSTOP) until the
     coordinator ends its lease and another worker has taken and written the scope, then writes with its old
-    token to an embedded store; once a round, ``rounds`` rounds. Its output and exit status."""
+    token to an embedded store; once a round, ``rounds`` rounds. Its output and exit status. The lease is 1 s by
+    default: a 300 ms one lapsed before its first renewal once at load (the case could not run, exit 2)."""
     with stockade.connect(coordinator_url) as coord:
         cluster_id = coord.cluster_id
     (tmp_path / "paused").mkdir(parents=True)
