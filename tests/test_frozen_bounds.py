@@ -170,7 +170,7 @@ coord = stockade.connect(sys.argv[1])
 lease = coord.acquire(sys.argv[3] + "honest", ttl_ms=int(sys.argv[2]), wait_ms=10000)
 print("ready", flush=True)
 sys.stdin.readline()
-print(json.dumps({"lost": lease.lost}), flush=True)
+print(json.dumps({"lost": lease.lost, "cause": lease.lost_cause}), flush=True)
 os._exit(0)
 """
 
@@ -281,7 +281,8 @@ def _round(url: str, backend: str, *, n: int, moment: str, control: str, rng: ra
         assert honest.stdin is not None
         honest.stdin.write("done\n")
         honest.stdin.flush()
-        return {"seen": seen, "honest_lost": _result(honest)["lost"], "blocked": blocked,
+        kept = _result(honest)
+        return {"seen": seen, "honest_lost": kept["lost"], "honest_lost_cause": kept["cause"], "blocked": blocked,
                 "waited_on": moment == "unit" and UNIT_SCOPE[backend] == "honest",
                 "takeovers": [scope for scope, _ in takeovers]}
     finally:
