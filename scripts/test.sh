@@ -8,6 +8,16 @@ bash scripts/install.sh
 # the CLI), and where PYTHONDONTWRITEBYTECODE is set (it is on some CI hosts) each of them would compile every
 # module it imports again, about 0.1 s of CPU a start. The .pyc files go to __pycache__/ (ignored by git).
 env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m compileall -q -j 0 src tests >/dev/null
+# pytest rewrites the asserts of each test module as it imports it, and keeps the result beside the .pyc
+# only where bytecode may be written: otherwise every worker rewrites all of them again. Two collections, half
+# the files each, keep them first (6-9 s here); five workers then start and collect on 15-17 s of CPU, not 33.
+modules=(tests/test_*.py)
+half=$(( ${#modules[@]} / 2 ))
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest --collect-only -q -p no:cacheprovider \
+    "${modules[@]:0:half}" >/dev/null &
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest --collect-only -q -p no:cacheprovider \
+    "${modules[@]:half}" >/dev/null || true  # a module that fails to import is reported by the run itself
+wait $! || true
 # Parallel workers (pytest-xdist): many tests wait on servers, disks and timers, not on the CPU.
 # Each worker starts the session servers it needs (PostgreSQL, Redis, etcd, ZooKeeper) on its own
 # free ports. STOCKADE_TEST_WORKERS=N sets their number (default 5); 0 runs everything in this one process.
