@@ -12,15 +12,12 @@ token is lower than the highest it has accepted.
 This module lists the whole public API once.
 """
 
+from __future__ import annotations
+
 import logging
+from typing import TYPE_CHECKING
 
 from stockade.client import (
-    AsyncCoordinator,
-    AsyncFencedStore,
-    AsyncLease,
-    AsyncReadLease,
-    AsyncReadWriteLock,
-    AsyncSemaphore,
     Coordinator,
     FencedStore,
     Lease,
@@ -28,9 +25,7 @@ from stockade.client import (
     ReadWriteLock,
     Semaphore,
     connect,
-    connect_async,
     open_store,
-    open_store_async,
 )
 from stockade.core.errors import (
     BackendUnavailable,
@@ -49,7 +44,19 @@ from stockade.core.errors import (
 )
 from stockade.core.leases import Contender, ScopeInfo, ScopeState
 from stockade.core.tokens import FencingToken
-from stockade.resources.store import Item, WriteResult
+from stockade.core.values import Item, WriteResult  # the store's values (`stockade.resources.store` re-exports them)
+
+if TYPE_CHECKING:
+    from stockade.client import (
+        AsyncCoordinator,
+        AsyncFencedStore,
+        AsyncLease,
+        AsyncReadLease,
+        AsyncReadWriteLock,
+        AsyncSemaphore,
+        connect_async,
+        open_store_async,
+    )
 
 __version__ = "0.1.0"
 
@@ -93,3 +100,19 @@ __all__ = [
     "BackendUnavailable",
     "InvariantViolation",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The async half of the API (``connect_async``, ``AsyncCoordinator``, ...), imported on first use:
+    a process with no event loop never loads it (`stockade.client.ASYNC_NAMES`)."""
+    import stockade.client
+
+    if name not in stockade.client.ASYNC_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(stockade.client, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
