@@ -17,16 +17,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from stockade.client import (
-    Coordinator,
-    FencedStore,
-    Lease,
-    ReadLease,
-    ReadWriteLock,
-    Semaphore,
-    connect,
-    open_store,
-)
 from stockade.core.errors import (
     BackendUnavailable,
     FenceRejected,
@@ -54,7 +44,15 @@ if TYPE_CHECKING:
         AsyncReadLease,
         AsyncReadWriteLock,
         AsyncSemaphore,
+        Coordinator,
+        FencedStore,
+        Lease,
+        ReadLease,
+        ReadWriteLock,
+        Semaphore,
+        connect,
         connect_async,
+        open_store,
         open_store_async,
     )
 
@@ -102,13 +100,20 @@ __all__ = [
 ]
 
 
+# The client's names, imported from `stockade.client` on first use (then bound here like the rest): a process
+# that only serves (``stockade serve``, a file's host process) or only runs a tool never loads the client.
+_CLIENT = frozenset({
+    "connect", "connect_async", "open_store", "open_store_async", "Coordinator", "AsyncCoordinator", "Lease",
+    "AsyncLease", "FencedStore", "AsyncFencedStore", "Semaphore", "AsyncSemaphore", "ReadWriteLock",
+    "AsyncReadWriteLock", "ReadLease", "AsyncReadLease",
+})
+
+
 def __getattr__(name: str) -> object:
-    """The async half of the API (``connect_async``, ``AsyncCoordinator``, ...), imported on first use:
-    a process with no event loop never loads it (`stockade.client.ASYNC_NAMES`)."""
+    if name not in _CLIENT:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import stockade.client
 
-    if name not in stockade.client.ASYNC_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(stockade.client, name)
     globals()[name] = value
     return value
