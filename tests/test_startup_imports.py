@@ -24,7 +24,9 @@ EVENT_LOOP = {"asyncio"}
 TLS = {"ssl"}
 EMBEDDED = {"sqlite3", "stockade.core.engine", "stockade.resources.store", "stockade.client._sync._embedded"}
 ASYNC_CLIENT = {"stockade.client._async.coordinator", "stockade.client._async.connect"}
+CLIENT = {"stockade.client", "stockade.client._sync.coordinator"} | ASYNC_CLIENT
 SERVER = {"stockade.server", "subprocess"}
+DASHBOARD_PAGES = {"importlib.resources", "stockade.timeline"}  # what a /ui/ page or file needs, not a server
 
 
 def loaded(code: str, watched: set[str], *args: str) -> set[str]:
@@ -36,9 +38,21 @@ def loaded(code: str, watched: set[str], *args: str) -> set[str]:
     return set(json.loads(result.stdout.splitlines()[-1]))
 
 
-def test_import_stockade_loads_no_event_loop_tls_engine_or_server() -> None:
-    watched = EVENT_LOOP | TLS | EMBEDDED | ASYNC_CLIENT | SERVER
+def test_import_stockade_loads_no_event_loop_tls_engine_client_or_server() -> None:
+    watched = EVENT_LOOP | TLS | EMBEDDED | CLIENT | SERVER
     assert loaded("import stockade", watched) == set()
+    # the client's names are still there, loaded on first use
+    assert loaded("import stockade\nassert stockade.connect and stockade.connect_async", CLIENT) == CLIENT
+
+
+def test_a_server_loads_no_client_and_no_dashboard_pages() -> None:
+    """``stockade serve`` (a file's host process among them) needs the event loop, not the client."""
+    assert loaded("import stockade.cli.serve, stockade.server", CLIENT | DASHBOARD_PAGES | EVENT_LOOP) == EVENT_LOOP
+
+
+def test_the_lock_command_loads_no_event_loop_tls_or_ctypes() -> None:
+    """ctypes is for the child's death signal, loaded as CMD is spawned."""
+    assert loaded("import stockade.cli.lock", EVENT_LOOP | TLS | ASYNC_CLIENT | {"ctypes"}) == set()
 
 
 def test_the_import_check_can_fail() -> None:
