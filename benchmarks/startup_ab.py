@@ -3,8 +3,8 @@
     python benchmarks/startup_ab.py --a CHECKOUT_A/src --b CHECKOUT_B/src --runs 9
 
 Each entry point a test run or a user starts over and over (``import stockade``,
-the CLI's help, ``stockade serve --host-file`` through its idle exit, an embedded
-``connect``) is run as a fresh child of this Python, ``--runs`` times per build,
+the CLI's help, ``stockade lock``, ``stockade serve --host-file`` through its idle
+exit, an embedded ``connect``) is run as a fresh child of this Python, ``--runs`` times per build,
 the builds and entry points interleaved so that the machine's load falls on both
 alike. The child's CPU (user + system, from ``wait4``) and wall time are
 recorded; the medians are printed per entry point and build, with the ratio b/a
@@ -32,6 +32,9 @@ ENTRIES: dict[str, list[str]] = {
     "stockade lock --help": ["-m", "stockade", "lock", "--help"],
     "connect embedded": ["-c", "import stockade, sys; stockade.connect("
                          "'sqlite:///' + sys.argv[1] + '/coord.db?process=embedded').close()", "{tmp}"],
+    # the default url: a client of the file's host process (started by the first run, stopped at the end)
+    "stockade lock (host process)": ["-m", "stockade", "lock", "--url", "sqlite:///{tmp}/lock.db", "bench", "--",
+                                     "true"],
     "stockade lock (embedded)": ["-m", "stockade", "lock", "--url", "sqlite:///{tmp}/coord.db?process=embedded",
                                  "bench", "--", "true"],
     "serve --host-file (0.1 s idle)": ["-m", "stockade", "serve", "--host-file", "{tmp}/host.db",
@@ -79,6 +82,10 @@ def main() -> int:
                     c, w = _once(args.python, builds[side], argv, str(dirs[side]))
                     cpu.setdefault((name, side), []).append(c)
                     wall.setdefault((name, side), []).append(w)
+        for side in builds:  # the host processes `stockade lock` started (they would linger until their idle exit)
+            _once(args.python, builds[side], ["-c", "import pathlib, sys; from stockade.coordinators.sqlite._host "
+                                              "import stop_host_process; stop_host_process(pathlib.Path(sys.argv[1]))",
+                                              "{tmp}/lock.db"], str(dirs[side]))
     print(f"medians of {args.runs} runs, load average {os.getloadavg()[0]:.1f}; a={builds['a']} b={builds['b']}")
     print(f"{'entry point':<32} {'CPU a ms':>9} {'CPU b ms':>9} {'b/a':>5}   {'wall a ms':>9} {'wall b ms':>9}")
     for name in entries:
