@@ -12,26 +12,11 @@ token is lower than the highest it has accepted.
 This module lists the whole public API once.
 """
 
-import logging
+from __future__ import annotations
 
-from stockade.client import (
-    AsyncCoordinator,
-    AsyncFencedStore,
-    AsyncLease,
-    AsyncReadLease,
-    AsyncReadWriteLock,
-    AsyncSemaphore,
-    Coordinator,
-    FencedStore,
-    Lease,
-    ReadLease,
-    ReadWriteLock,
-    Semaphore,
-    connect,
-    connect_async,
-    open_store,
-    open_store_async,
-)
+import logging
+from typing import TYPE_CHECKING
+
 from stockade.core.errors import (
     BackendUnavailable,
     FenceRejected,
@@ -49,7 +34,27 @@ from stockade.core.errors import (
 )
 from stockade.core.leases import Contender, ScopeInfo, ScopeState
 from stockade.core.tokens import FencingToken
-from stockade.resources.store import Item, WriteResult
+from stockade.core.values import Item, WriteResult  # the store's values (`stockade.resources.store` re-exports them)
+
+if TYPE_CHECKING:
+    from stockade.client import (
+        AsyncCoordinator,
+        AsyncFencedStore,
+        AsyncLease,
+        AsyncReadLease,
+        AsyncReadWriteLock,
+        AsyncSemaphore,
+        Coordinator,
+        FencedStore,
+        Lease,
+        ReadLease,
+        ReadWriteLock,
+        Semaphore,
+        connect,
+        connect_async,
+        open_store,
+        open_store_async,
+    )
 
 __version__ = "0.1.0"
 
@@ -93,3 +98,26 @@ __all__ = [
     "BackendUnavailable",
     "InvariantViolation",
 ]
+
+
+# The client's names, imported from `stockade.client` on first use (then bound here like the rest): a process
+# that only serves (``stockade serve``, a file's host process) or only runs a tool never loads the client.
+_CLIENT = frozenset({
+    "connect", "connect_async", "open_store", "open_store_async", "Coordinator", "AsyncCoordinator", "Lease",
+    "AsyncLease", "FencedStore", "AsyncFencedStore", "Semaphore", "AsyncSemaphore", "ReadWriteLock",
+    "AsyncReadWriteLock", "ReadLease", "AsyncReadLease",
+})
+
+
+def __getattr__(name: str) -> object:
+    if name not in _CLIENT:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import stockade.client
+
+    value = getattr(stockade.client, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

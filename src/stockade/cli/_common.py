@@ -23,12 +23,14 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from stockade.client import Coordinator, FencedStore, connect, open_store
 from stockade.coordinators.registry import coordinator_backend
 from stockade.core.errors import InvalidArgument, StockadeError
 from stockade.transport.sqlite_url import sqlite_path, sqlite_url
+
+if TYPE_CHECKING:
+    from stockade.client import Coordinator, FencedStore
 
 __all__ = [
     "add_data_dir", "add_url", "data_dir", "coordinator_url", "local_dir", "child_env", "store_url", "is_remote",
@@ -198,10 +200,14 @@ def store_url(args: argparse.Namespace, coord_url: str) -> str:
 
 
 def open_coordinator(args: argparse.Namespace) -> Coordinator:
+    from stockade.client import connect  # on use: a command that serves or only reads files never loads the client
+
     return connect(coordinator_url(args))
 
 
 def open_default_store(args: argparse.Namespace, coord: Coordinator) -> FencedStore:
+    from stockade.client import open_store
+
     return open_store(store_url(args, coordinator_url(args)), cluster_id=coord.cluster_id)
 
 

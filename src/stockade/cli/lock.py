@@ -29,8 +29,6 @@ and CMD still exited 0 (a lost lease never reads as success); 126 if CMD cannot 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import errno
 import os
 import signal
@@ -91,9 +89,12 @@ def _die_with_parent() -> Callable[[], None] | None:
     """
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes  # here, not with the module: `stockade lock --help` and a refused lock never need it
+
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        prctl = libc.prctl
+        # The symbols this process already has, libc's among them: no search for the library (which runs
+        # ``ldconfig -p``, a child process of its own, on every start).
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]

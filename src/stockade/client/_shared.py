@@ -6,7 +6,7 @@ import contextvars
 import ipaddress
 import os
 import socket
-import ssl
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from stockade.core.errors import InvalidArgument
@@ -14,6 +14,9 @@ from stockade.core.limits import validate_int
 from stockade.core.tokens import FencingToken
 from stockade.core.values import Grant  # defined with the other values a port answers; re-exported for the ports
 from stockade.transport.http11 import HTTPEndpoint  # what `http_endpoint` answers; re-exported
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = [
     "Grant",
@@ -176,21 +179,32 @@ def http_endpoint(
             # Name where the value came from: a CLI user set the variable, not a parameter.
             raise InvalidArgument(f"${AUTH_TOKEN_ENV}" if from_environment else "auth_token",
                                   "must be 1..4096 characters of printable ASCII without spaces")
-    tls: ssl.SSLContext | None = None
-    if tls_on:
-        try:
-            tls = ssl.create_default_context(cafile=None if tls_ca is None else os.fspath(tls_ca))
-        except (OSError, ssl.SSLError) as exc:
-            raise InvalidArgument("tls_ca", f"cannot load CA bundle: {exc}") from None
-    elif tls_ca is not None:
+    if tls_ca is not None and not tls_on:
         raise InvalidArgument("tls_ca", "only applies to https:// urls")
     return HTTPEndpoint(
         host=host,
         port=port,
         base_path=base_path,
-        tls=tls,
+        tls=_tls_context(tls_ca) if tls_on else None,
         authority=f"{bracketed}:{port}",
         auth_token=auth_token,
         timeout_ms=timeout_ms,
         connect_timeout_ms=connect_timeout_ms,
     )
+
+
+def _tls_context(tls_ca: str | os.PathLike[str] | None) -> ssl.SSLContext:
+    """An ``https://`` url's TLS context: the system's CAs, or ``tls_ca``'s.
+
+    ssl is imported here, not with the module: an ``http://`` or Unix-socket client (``sqlite:///``,
+    the default) never needs it, and it is about 5 ms of CPU of every process's start.
+
+    Raises:
+        InvalidArgument: ``tls_ca`` cannot be loaded.
+    """
+    import ssl
+
+    try:
+        return ssl.create_default_context(cafile=None if tls_ca is None else os.fspath(tls_ca))
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidArgument("tls_ca", f"cannot load CA bundle: {exc}") from None

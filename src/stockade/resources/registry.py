@@ -20,8 +20,8 @@ from typing import Any
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import AUDIT_RECORDS_MAX, IDEMPOTENCY_KEYS_MAX, VALUE_BYTES_MAX
+from stockade.resources._inputs import BUSY_TIMEOUT_MS_DEFAULT
 from stockade.resources.port import TransactionalStorePort
-from stockade.resources.store.sqlite_store import BUSY_TIMEOUT_MS_DEFAULT
 
 __all__ = [
     "StoreOptions", "StoreFactory", "SCHEMES", "FLOOR_TARGETS", "CHECK_TARGETS", "DEFAULT_PORTS", "scheme_of",

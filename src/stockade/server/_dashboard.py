@@ -47,7 +47,6 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +60,6 @@ from stockade.server._dashboard_view import Latency, View, snapshot, stable_part
 from stockade.server._http import Request, Response, Stream, StreamSink, json_response, problem
 from stockade.server._inputs import Problem, query, segment
 from stockade.server._leases import LeaseService
-from stockade.timeline import CSS as TIMELINE_CSS
-from stockade.timeline import journal_events, render_fragment
 
 __all__ = ["Dashboard", "PREFIX", "STREAMS_MAX", "TICK_S", "RESYNC_S", "STREAM_BUFFER_BYTES_MAX", "SESSION_S",
            "COOKIE", "Sessions", "session_key"]
@@ -391,6 +388,8 @@ class Dashboard:
             refused = await asyncio.to_thread(rejections, self.store.path, scope, REJECTIONS_PER_SCOPE)
             events += [(event, "store") for event in refused]
         events.sort(key=lambda pair: (pair[0].at_unix_ms, pair[1] == "store", pair[0].seq))  # as history sorts
+        from stockade.timeline import journal_events, render_fragment  # on use, as `_file`'s imports
+
         page = render_fragment(journal_events(events), until_ms=time.time_ns() // 1_000_000, wall_clock=True,
                                newest_first=True, empty=f"No events recorded for {scope}.")
         return Response(200, page.encode(), "text/html; charset=utf-8")
@@ -493,6 +492,12 @@ _files: dict[str, bytes] = {}
 
 def _file(name: str) -> bytes:
     if name not in _files:
+        # On use: a server (a host process) that never serves /ui/ loads neither (importlib.resources alone
+        # brings tempfile, shutil, bz2 and lzma).
+        from importlib import resources
+
+        from stockade.timeline import CSS as TIMELINE_CSS
+
         # The timeline's sheet is `stockade.timeline.CSS` itself, the one the report files inline: one source.
         _files[name] = (TIMELINE_CSS.encode() if name == "timeline.css" else
                         resources.files("stockade.server").joinpath("static", name).read_bytes())

@@ -9,7 +9,6 @@ protocol-level problem (wrong content type, wrong method) raises `Problem`.
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -65,6 +64,8 @@ def _number(text: str) -> int | float:
     The value is read exactly (as a decimal), so ``9007199254740993.0`` is not
     rounded through a float, and a huge exponent is never expanded.
     """
+    from decimal import Decimal  # here: clients send integers, and a server's start need not load decimal
+
     number = Decimal(text)
     if number.adjusted() <= _INTEGRAL_DIGITS_MAX and number == number.to_integral_value():
         return int(number)

@@ -15,9 +15,8 @@ server in a few µs (measured figures in benchmarks/README.md).
 from __future__ import annotations
 
 import re
-import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stockade.core.errors import InvariantViolation, StockadeError
 from stockade.core.tokens import FencingToken
@@ -25,6 +24,9 @@ from stockade.core.values import Item
 from stockade.wire import codecs, problems
 from stockade.wire.codecs import lease_from, scope_info_from, write_result_from
 from stockade.wire.problems import RemoteProblem
+
+if TYPE_CHECKING:
+    import ssl  # an https:// url's context comes from `stockade.client._shared`, which imports ssl for it
 
 __all__ = [
     "HTTPEndpoint",

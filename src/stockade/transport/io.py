@@ -9,18 +9,20 @@ files are current). The generator renames ``AsyncIO`` to
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import select
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stockade.transport.timer import TimerEntry, call_later
+
+if TYPE_CHECKING:  # the sync side never loads asyncio or ssl: each ``AsyncIO`` call imports asyncio as it runs
+    import asyncio
+    import ssl
 
 __all__ = [
     "AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream", "AsyncBodyGuard", "BodyGuard", "AsyncHandle", "Handle",
@@ -39,10 +41,12 @@ class AsyncIO:
 
     @staticmethod
     async def sleep(seconds: float) -> None:
+        import asyncio
         await asyncio.sleep(seconds)
 
     @staticmethod
     def event() -> asyncio.Event:
+        import asyncio
         return asyncio.Event()
 
     @staticmethod
@@ -52,6 +56,7 @@ class AsyncIO:
         Not ``asyncio.wait_for``: on 3.11 it returns when the event is set and drops a cancellation
         that arrives in the same step, so a cancelled keepalive could go on renewing.
         """
+        import asyncio
         if event.is_set():
             return True
         try:
@@ -63,20 +68,24 @@ class AsyncIO:
 
     @staticmethod
     def spawn(function: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[None]:
+        import asyncio
         return asyncio.get_running_loop().create_task(function(), name=name)  # type: ignore[arg-type]
 
     @staticmethod
     def call_later(delay_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
         """Run the short ``callback`` on this loop after ``delay_s``; the handle's ``cancel()`` stops it."""
+        import asyncio
         return asyncio.get_running_loop().call_later(delay_s, callback)
 
     @staticmethod
     async def join(handle: asyncio.Task[None]) -> None:
+        import asyncio
         if handle is not asyncio.current_task():
             await asyncio.gather(handle, return_exceptions=True)
 
     @staticmethod
     async def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        import asyncio
         return await asyncio.to_thread(function, *args, **kwargs)
 
     @staticmethod
@@ -91,6 +100,7 @@ class AsyncIO:
         outcome: list[Any] = []
 
         def run() -> None:
+            import asyncio
             try:
                 outcome.append((asyncio.run(_awaited(function)), None))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
@@ -107,6 +117,7 @@ class AsyncIO:
     @staticmethod
     def loop_running() -> bool:
         """True when called from inside a running event loop, where nothing may block."""
+        import asyncio
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -122,6 +133,7 @@ class AsyncIO:
         host: str, port: int, *, tls: ssl.SSLContext | None, timeout_s: float
     ) -> AsyncTCPStream:
         """Connect within ``timeout_s``; raises `OSError` (`TimeoutError` included)."""
+        import asyncio
         async with asyncio.timeout(timeout_s):
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=tls, server_hostname=host if tls is not None else None
@@ -132,6 +144,7 @@ class AsyncIO:
     @staticmethod
     async def open_unix(path: str, *, timeout_s: float) -> AsyncTCPStream:
         """Connect to the Unix-domain socket ``path`` within ``timeout_s``; raises `OSError` as `open_tcp`."""
+        import asyncio
         with unix_address(path) as address:
             async with asyncio.timeout(timeout_s):
                 reader, writer = await asyncio.open_unix_connection(address)
@@ -241,6 +254,7 @@ class AsyncBodyGuard:
     """
 
     def __init__(self) -> None:
+        import asyncio
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -265,6 +279,7 @@ class AsyncBodyGuard:
 
     def disarm(self, exc: BaseException | None) -> bool:
         """Stop interrupting; True if ``exc`` is the cancellation this guard requested, and the only one."""
+        import asyncio
         self._armed = False
         if not self._requested or self._task is None:
             return False
@@ -338,6 +353,7 @@ class AsyncTCPStream:
         self._writer = writer
 
     async def send(self, data: bytes, timeout_s: float) -> None:
+        import asyncio
         self._writer.write(data)
         # A small request leaves in write() itself; only a backlog needs the loop.
         if self._writer.transport.get_write_buffer_size():
@@ -346,6 +362,7 @@ class AsyncTCPStream:
 
     async def receive(self, bytes_max: int, timeout_s: float) -> bytes:
         """Up to ``bytes_max`` bytes; ``b""`` when the peer closed the connection."""
+        import asyncio
         async with asyncio.timeout(timeout_s):
             return await self._reader.read(bytes_max)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from stockade.client._async._embedded import AsyncEmbeddedCoordinatorPort, AsyncEmbeddedStorePort
 from stockade.client._async.coordinator import AsyncCoordinator
 from stockade.client._async.store import AsyncFencedStore
 from stockade.client._hooks import Hooks, validate_hooks
@@ -78,6 +77,9 @@ def connect_async(
     if backend.port is not None:
         return AsyncCoordinator(backend.open_port("_async", options), hooks=hooks)
     options.refuse(*REMOTE_OPTIONS)
+    # On use: only an engine in this process needs its port (and the engine's own modules, SQLite's among them).
+    from stockade.client._async._embedded import AsyncEmbeddedCoordinatorPort
+
     engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
     return AsyncCoordinator(AsyncEmbeddedCoordinatorPort(engine, capabilities=backend.capabilities), hooks=hooks)
 
@@ -135,6 +137,8 @@ def open_store_async(
     if scheme is not None and scheme not in STORE_SCHEMES:
         served = sorted({*STORE_SCHEMES, *(s for s, backend in COORDINATORS.items() if backend.store is not None)})
         raise InvalidArgument("url", f"unknown store scheme {scheme!r}; supported: {', '.join(served)}")
+    from stockade.client._async._embedded import AsyncEmbeddedStorePort
+
     store = open_resource(url, cluster_id=cluster_id, options=_store_options(url, keys))
     return AsyncFencedStore(AsyncEmbeddedStorePort(store), hooks=hooks)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-from stockade.client._sync._embedded import EmbeddedCoordinatorPort, EmbeddedStorePort
 from stockade.client._sync.coordinator import Coordinator
 from stockade.client._sync.store import FencedStore
 from stockade.client._hooks import Hooks, validate_hooks
@@ -79,6 +78,9 @@ def connect(
     if backend.port is not None:
         return Coordinator(backend.open_port("_sync", options), hooks=hooks)
     options.refuse(*REMOTE_OPTIONS)
+    # On use: only an engine in this process needs its port (and the engine's own modules, SQLite's among them).
+    from stockade.client._sync._embedded import EmbeddedCoordinatorPort
+
     engine = backend.open_engine(location, LeasePolicy(lock_delay_ms=lock_delay_ms))
     return Coordinator(EmbeddedCoordinatorPort(engine, capabilities=backend.capabilities), hooks=hooks)
 
@@ -136,6 +138,8 @@ def open_store(
     if scheme is not None and scheme not in STORE_SCHEMES:
         served = sorted({*STORE_SCHEMES, *(s for s, backend in COORDINATORS.items() if backend.store is not None)})
         raise InvalidArgument("url", f"unknown store scheme {scheme!r}; supported: {', '.join(served)}")
+    from stockade.client._sync._embedded import EmbeddedStorePort
+
     store = open_resource(url, cluster_id=cluster_id, options=_store_options(url, keys))
     return FencedStore(EmbeddedStorePort(store), hooks=hooks)
 

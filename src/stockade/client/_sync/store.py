@@ -17,7 +17,7 @@ from stockade.client._shared import CURRENT_LEASE, Leased, resolve_token
 from stockade.core.errors import FenceRejected, InvalidArgument
 from stockade.core.limits import LIST_PAGE_MAX, validate_int, validate_key, validate_scope
 from stockade.core.tokens import FencingToken
-from stockade.resources.store import Item, WriteResult
+from stockade.core.values import Item, WriteResult
 from stockade.transport.io import Handle
 
 __all__ = ["FencedStore", "lease_in_context"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import struct
 import threading
 from collections.abc import Iterable
@@ -151,6 +150,8 @@ class RenewalFiles:
             return
         for entry in entries:
             if entry.name != self.dir.name:
+                import shutil  # here: shutil loads bz2 and lzma, and a client of the host process never sweeps
+
                 shutil.rmtree(entry.path, ignore_errors=True)
         try:
             files = list(os.scandir(self.dir))

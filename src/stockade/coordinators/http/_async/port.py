@@ -35,9 +35,8 @@ from stockade.core.limits import (
     validate_value,
 )
 from stockade.core.tokens import FencingToken
-from stockade.core.values import FenceFloors, Write
+from stockade.core.values import FenceFloors, Item, Write, WriteResult
 from stockade.keys import FixedKeys, _parse
-from stockade.resources.store import Item, WriteResult
 from stockade.transport._async.http_client import AsyncHTTPClient
 from stockade.transport.http11 import (
     HTTPEndpoint,
