@@ -10,7 +10,8 @@ then, run after run with the order rotated, drives each with
 ``stockade.bench.run_workload("lock", ...)`` (one client code for both: ``--client``,
 default ``--a``), 1 client and N client processes. The server's CPU (utime +
 stime from ``/proc/PID/stat``, all its threads) and its committed operations
-(``stockade_commit_ops_total`` at ``/metrics``; a cycle is two) are sampled in
+(``stockade_commit_ops_total`` at ``/metrics``; a cycle is two) and its commits
+(``stockade_commit_batches_total``: one fsync each) are sampled in
 the middle half of each run, so start-up and connection set-up are left out.
 Prints each run and the medians, with the load average.
 """
@@ -36,10 +37,14 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def commit_ops(url: str) -> float:
+def commit_counts(url: str) -> tuple[float, float]:
+    """``(operations, batches)`` committed so far to the coordinator file (a batch is one COMMIT, one fsync)."""
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    found = re.search(r'stockade_commit_ops_total\{file="coordinator"\} ([0-9.e+]+)', text)
-    return float(found.group(1)) if found else 0.0
+    counts = []
+    for name in ("ops", "batches"):
+        found = re.search(rf'stockade_commit_{name}_total\{{file="coordinator"\}} ([0-9.e+]+)', text)
+        counts.append(float(found.group(1)) if found else 0.0)
+    return counts[0], counts[1]
 
 
 def start(src: str, python: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -56,19 +61,20 @@ def start(src: str, python: str, extra: list[str]) -> tuple[subprocess.Popen[byt
 
 
 def one_run(args: argparse.Namespace, proc: subprocess.Popen[bytes], url: str, clients: int, tag: str
-            ) -> tuple[float, float, float]:
+            ) -> tuple[float, float, float, float]:
     code = (f"import json; from stockade.bench import run_workload; r = run_workload('lock', {url!r}, "
             f"clients={clients}, seconds={args.seconds}, iters=10**9, tag={tag!r}); print(json.dumps(r.as_dict()))")
     bench = subprocess.Popen([args.python, "-c", code], env=dict(os.environ, PYTHONPATH=args.client or args.a),
                              stdout=subprocess.PIPE, text=True)
     time.sleep(args.seconds * 0.25 + 1.5)
-    cpu0, ops0, wall0 = cpu_s(proc.pid), commit_ops(url), time.monotonic()
+    cpu0, (ops0, batches0), wall0 = cpu_s(proc.pid), commit_counts(url), time.monotonic()
     load = os.getloadavg()[0]
     time.sleep(args.seconds * 0.5)
-    cpu1, ops1, wall1 = cpu_s(proc.pid), commit_ops(url), time.monotonic()
+    cpu1, (ops1, batches1), wall1 = cpu_s(proc.pid), commit_counts(url), time.monotonic()
     json.loads(bench.communicate()[0].strip().splitlines()[-1])  # the run itself succeeded
     cycles = (ops1 - ops0) / 2
-    return ((cpu1 - cpu0) / cycles * 1e6 if cycles else float("nan")), cycles / (wall1 - wall0), load
+    per_cycle = (cpu1 - cpu0) / cycles * 1e6 if cycles else float("nan")
+    return per_cycle, cycles / (wall1 - wall0), load, ((batches1 - batches0) / cycles if cycles else float("nan"))
 
 
 def main() -> int:
@@ -86,7 +92,7 @@ def main() -> int:
     sides = {"A": args.a, "B": args.b}
     extra = {"A": args.a_args.split(), "B": args.b_args.split()}
     servers = {side: start(src, args.python, extra[side]) for side, src in sides.items()}
-    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
     try:
         for run in range(args.runs):
             for clients in (1, args.clients):
@@ -95,7 +101,8 @@ def main() -> int:
                     row = one_run(args, proc, url, clients, f"r{run}c{clients}")
                     results.setdefault((side, clients), []).append(row)
                     print(f"run {run + 1} {side} {clients}c: {row[1]:7.0f} cycles/s, "
-                          f"server CPU {row[0]:5.0f} us/cycle, load {row[2]:.1f}", flush=True)
+                          f"server CPU {row[0]:5.0f} us/cycle, {row[3]:.2f} commits/cycle, load {row[2]:.1f}",
+                          flush=True)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
@@ -104,6 +111,7 @@ def main() -> int:
     for (side, clients), rows in sorted(results.items(), key=lambda item: (item[0][1], item[0][0])):
         print(f"  {side} {clients}c: {statistics.median(r[1] for r in rows):7.0f} cycles/s, "
               f"{statistics.median(r[0] for r in rows):5.0f} us server CPU/cycle, "
+              f"{statistics.median(r[3] for r in rows):.2f} commits/cycle, "
               f"load {statistics.median(r[2] for r in rows):.1f}")
     for clients in (1, args.clients):
         a_rows, b_rows = results[("A", clients)], results[("B", clients)]

@@ -85,12 +85,18 @@ LEASE_ID_CHARS_MAX = 64
 
 
 class ScopeState(enum.Enum):
+    # Members are singletons compared by identity: hashed by identity too, in C (Enum's own hash is a
+    # Python call, and `_transition` looks a pair up on every grant and release).
+    __hash__ = object.__hash__
+
     FREE = "free"
     HELD = "held"
     DELAYED = "delayed"
 
 
 class Event(enum.Enum):
+    __hash__ = object.__hash__  # as ScopeState's
+
     GRANT = "grant"
     RENEW = "renew"
     RELEASE = "release"

@@ -141,10 +141,12 @@ class GroupCommitter(Generic[Op]):
             self._in_thread += 1
             self._queue.put(batch[0])
             return
-        _resolve(batch, results, error, self._replies)  # only now, after COMMIT (and its fsync) returned
-        self._report(results, error)
+        failed = _resolve(batch, results, error, self._replies)  # only now, after COMMIT (and its fsync) returned
+        if failed:
+            self._report(results, error)
 
     def _report(self, results: Sequence[Any] | None, error: BaseException | None) -> None:
+        """Tell ``on_failure`` about a failed batch, or about its failed operations (`_resolve` counted them)."""
         if self.on_failure is None:
             return
         if error is not None:
@@ -160,7 +162,8 @@ class GroupCommitter(Generic[Op]):
     ) -> tuple[Sequence[Any] | None, BaseException | None]:
         started = time.monotonic()
         try:
-            results: Sequence[Any] | None = (run or self._run_batch)([op for op, _ in batch])
+            ops = [batch[0][0]] if len(batch) == 1 else [op for op, _ in batch]  # a lone one: no comprehension
+            results: Sequence[Any] | None = (run or self._run_batch)(ops)
             error: BaseException | None = None
             if results is None:
                 return None, None  # not run: nothing committed, nothing counted
@@ -211,13 +214,26 @@ class GroupCommitter(Generic[Op]):
     def _resolve_from_thread(self, batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any] | None,
                              error: BaseException | None) -> None:
         self._in_thread -= len(batch)
-        _resolve(batch, results, error, self._replies)
-        self._report(results, error)
+        if _resolve(batch, results, error, self._replies):
+            self._report(results, error)
 
 
 def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any] | None,
-             error: BaseException | None, replies: dict[asyncio.Future[Any], list[asyncio.Future[Any]]]) -> None:
+             error: BaseException | None, replies: dict[asyncio.Future[Any], list[asyncio.Future[Any]]]) -> bool:
+    """Resolve the batch's futures and their handlers' replies; True if the batch or one operation failed."""
+    failed = error is not None
     for index, (_, future) in enumerate(batch):
+        if error is None:
+            result = results[index]  # type: ignore[index]
+            if isinstance(result, BaseException):
+                failed = True
+            elif not future.done():
+                # The usual case, without `_settle`'s calls: the result, to the future and every waiting handler.
+                future.set_result(result)
+                for reply in replies.pop(future, ()):
+                    if not reply.done():
+                        reply.set_result(result)
+                continue
         if not future.done():
             if error is not None:
                 future.set_exception(error)
@@ -226,6 +242,7 @@ def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any
                 future.set_result(results[index])  # type: ignore[index]
         for reply in replies.pop(future, ()):
             _settle(reply, future)
+    return failed
 
 
 def _settle(reply: asyncio.Future[Any], future: asyncio.Future[Any]) -> None:

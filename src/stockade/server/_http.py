@@ -360,7 +360,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self._closing:
             return
-        if self._busy():
+        if self._current is not None or self._pending or self._write_paused:  # `_busy`, written out (per read)
             # A request is being answered: keep the next one unparsed (its body is not read
             # into memory), and stop reading once RAW_BYTES_MAX are kept.
             self._raw.append(data)
@@ -587,7 +587,8 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self._current is None and not self._pending and not self._request_started:
             self._limits.to_idle(self)
-        self._drain_raw()
+        if self._raw or self._reading_paused:  # else `_drain_raw` has nothing to do
+            self._drain_raw()
 
     async def _stream(self, response: Stream) -> None:
         try:

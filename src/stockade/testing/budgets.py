@@ -36,17 +36,19 @@ BUDGETS = MappingProxyType({
     # the journal's page splits) and runs 4 statements; 0.1 more is the journal's trims, run in batches (a
     # run of 20 cycles meets at most one of each). Before: 13 pages of 4 KiB (53,560 B), 13 statements,
     # 1,020.5 calls (the handler's reply future saves a loop turn per request, the commit's fast path the rest).
-    # 764 calls measured (the hot path's trims of issue 29; 916.5 before them; 970 with debug logging on).
+    # 764 calls measured (the hot path's trims of issue 29; 916.5 before them; 970 with debug logging on);
+    # 742.6 after the committer's results went to the handlers without a call each (774 just before).
     "serve.lock_cycle": MappingProxyType({
-        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 8.1, "calls": 780}),
+        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 8.1, "calls": 755}),
     # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls;
-    # 459 measured (487 before issue 29's trims; 523 with debug logging on).
+    # 459 measured (487 before issue 29's trims; 523 with debug logging on); 454.6 with the committer's trims.
     "serve.fenced_write": MappingProxyType({
-        "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 470}),
+        "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 465}),
     # acquire -> release on an embedded ``sqlite://`` coordinator.
-    # Before: 13 pages (53,560 B), 22 statements, 425 calls; 353 calls measured (385 before issue 29's trims).
+    # Before: 13 pages (53,560 B), 22 statements, 425 calls; 353 calls measured (385 before issue 29's trims);
+    # 343 with the clock read in C and the lease states hashed in C (357 just before).
     "embedded.lock_cycle": MappingProxyType({
-        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 15.1, "calls": 365}),
+        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 15.1, "calls": 352}),
     # acquire -> release on the PostgreSQL coordinator: the lease log's row and its three index entries, the
     # scope row's last token, the row ended in place, two commits (docs/coordinator-postgres.md, "Cost").
     # 8 a cycle, one of slack for an index page split. Before the lease log (schema 8): 14 records.
