@@ -21,10 +21,8 @@ wait $! || true
 # Parallel workers (pytest-xdist): many tests wait on servers, disks and timers, not on the CPU.
 # Each worker starts the session servers it needs (PostgreSQL, Redis, etcd, ZooKeeper) on its own
 # free ports. STOCKADE_TEST_WORKERS=N sets their number (default 6); 0 runs everything in this one process.
-# On 2 idle cores, one clean clone, 5 workers (the default): 11 min 03 s and 11 min 04 s, 2,374 tests passed.
-# Earlier, 2,360 tests: 3 workers 12 min 39 s, 4 11 min 16 s, 5 10 min 24 s and 10 min 31 s,
-# 6 9 min 57 s. From 5 on the suite's own load (9-13) failed a test in 2 of 3 of those runs (a 1 s lease
-# lapsed; readers that never met): such tests now hold by construction, not by timing.
+# On 2 idle cores, one clean clone, 2,382 tests: 6 workers 10 min 05 s, 5 10 min 33 s, 7 10 min 56 s (CPU-bound:
+# with 6 the CPU was idle about 6 % of the run). Tests whose premise depended on timing hold by construction.
 workers=${STOCKADE_TEST_WORKERS:-6}
 # --durations: the 25 slowest steps are printed at the end, to keep the default run within budget.
 if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest --durations=25 "$@"; fi
