@@ -20,7 +20,12 @@ def short_bounds(monkeypatch):
 
 
 def _wait_forever() -> None:
-    threading.Event().wait()  # interruptible by SIGINT, like the sync client's wait
+    # In slices, as the sync client waits: CPython can miss a signal that lands just before a blocking lock
+    # acquire starts (its handler has run, the acquire then blocks), so a wait with no timeout may not see the
+    # first SIGINT until a second one (twice in whole runs, even with 3 s of grace); a sliced wait sees it
+    # at the end of its slice.
+    while True:
+        threading.Event().wait(0.2)
 
 
 def test_a_queued_wait_gets_its_keyboard_interrupt(short_bounds):
