@@ -289,28 +289,82 @@ def pg_sql_ascii_coord_url():
         yield url
 
 
+def _shared_root(config) -> Path | None:
+    """The run's directory of shared servers (tests/helpers/shared_servers.py), in a worker of a run with workers."""
+    given = getattr(config, "workerinput", {}).get("stockade_shared")
+    return Path(given) if given else None
+
+
 @pytest.fixture(scope="session")
-def etcd_cluster(tmp_path_factory):
-    """Three real etcd members on loopback ports (tests/helpers/etcd_cluster.py), for the session."""
+def etcd_cluster(request, tmp_path_factory):
+    """Three real etcd members on loopback ports (tests/helpers/etcd_cluster.py): the run's, shared by its
+    workers (never pause or kill them: `own_cluster`), or this process's own in a run without workers."""
     from helpers.etcd_cluster import EtcdCluster, etcd_available
 
     if not etcd_available() and os.environ.get("CI") != "true":
         pytest.skip("etcd is not installed (scripts/test.sh installs it; CI never skips)")
+    shared = _shared_root(request.config)
+    if shared is not None:
+        from helpers.shared_servers import attach
+
+        yield attach("etcd", shared)
+        return
     cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
     yield cluster
     cluster.stop()
 
 
-@pytest.fixture(scope="session")
-def zk_ensemble(tmp_path_factory):
-    """Three real ZooKeeper 3.8 servers on loopback ports (tests/helpers/zk_ensemble.py), for the session."""
-    from helpers.zk_ensemble import ZkEnsemble, zookeeper_available
+def _require_zookeeper() -> None:
+    from helpers.zk_ensemble import zookeeper_available
 
     if not zookeeper_available() and os.environ.get("CI") != "true":
         pytest.skip("ZooKeeper is not installed (scripts/test.sh installs it; CI never skips)")
+
+
+@pytest.fixture(scope="session")
+def zk_ensemble(request, tmp_path_factory):
+    """Three real ZooKeeper 3.8 servers on loopback ports (tests/helpers/zk_ensemble.py): the run's, shared by
+    its workers (never pause or kill them: `private_zk_ensemble`), or this process's own in a run without
+    workers."""
+    from helpers.zk_ensemble import ZkEnsemble
+
+    _require_zookeeper()
+    shared = _shared_root(request.config)
+    if shared is not None:
+        from helpers.shared_servers import attach
+
+        yield attach("zookeeper", shared)
+        return
     ensemble = ZkEnsemble(tmp_path_factory.mktemp("zk"))
     yield ensemble
     ensemble.stop()
+
+
+@pytest.fixture(scope="module")
+def private_zk_ensemble(request, tmp_path_factory):
+    """An ensemble whose servers a test may pause, kill and restart (it leaves them all serving): the session's
+    in a run without workers (it is this process's alone), else one for this module's tests on this worker."""
+    from helpers.zk_ensemble import ZkEnsemble
+
+    _require_zookeeper()
+    if _shared_root(request.config) is None:
+        yield request.getfixturevalue("zk_ensemble")
+        return
+    ensemble = ZkEnsemble(tmp_path_factory.mktemp("zk-own"))
+    yield ensemble
+    ensemble.stop()
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's `tmp_path`, its name prefixed with the worker's id (``gw3-…``) in a run with workers: tests name
+    their namespace on the run's shared etcd and ZooKeeper after it, and pytest numbers names per worker."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return tmp_path
+    named = tmp_path.with_name(f"{worker}-{tmp_path.name}")
+    tmp_path.rename(named)
+    return named
 
 
 @pytest.fixture
@@ -509,3 +563,27 @@ def pytest_configure(config) -> None:
     # worker free (unless --maxschedchunk was given).
     if getattr(config.option, "maxschedchunk", 0) is None:
         config.option.maxschedchunk = 2
+
+
+#: The stash key of the run's shared-server directory, in the controller of a run with workers.
+_SHARED = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist's controller, for each worker it starts: the run's directory of shared servers
+    (tests/helpers/shared_servers.py), made with the first worker."""
+    from helpers.shared_servers import prepare
+
+    config = node.config
+    if _SHARED not in config.stash:
+        config.stash[_SHARED] = Path(tempfile.mkdtemp(prefix="stockade-shared-"))
+        prepare(config.stash[_SHARED])
+    node.workerinput["stockade_shared"] = str(config.stash[_SHARED])
+
+
+def pytest_unconfigure(config) -> None:
+    if _SHARED in config.stash:  # the controller, after every worker ended
+        from helpers.shared_servers import stop_shared
+
+        stop_shared(config.stash[_SHARED])

@@ -206,8 +206,9 @@ def test_an_expired_session_ends_every_lease_on_it(url, zk_ensemble):
         handle.close()
 
 
-def test_suspended_connection_marks_the_lease_lost_by_its_local_deadline(url, zk_ensemble):
-    coord = stockade.connect(url, timeout_ms=800)
+def test_suspended_connection_marks_the_lease_lost_by_its_local_deadline(private_zk_ensemble, tmp_path):
+    zk_ensemble = private_zk_ensemble  # every server of it is stopped
+    coord = stockade.connect(f"{zk_ensemble.url}/{tmp_path.name}", timeout_ms=800)
     lease = coord.acquire("k2", ttl_ms=1000)
     kept = coord.acquire("k2-control", ttl_ms=1000)
     time.sleep(1.2)
@@ -316,14 +317,14 @@ def test_async_client_opened_inside_a_running_loop_does_not_block_it(url):
 
 
 @pytest.fixture
-def own_ensemble(zk_ensemble):
-    """The session's ensemble: its leader is killed and paused, and it is whole again afterwards."""
-    yield zk_ensemble
-    for i in zk_ensemble.ids:
-        zk_ensemble.resume(i)
-        if zk_ensemble.processes[i].poll() is not None:
-            zk_ensemble.start(i)
-    zk_ensemble.wait_serving()  # every server answers again before the next test
+def own_ensemble(private_zk_ensemble):
+    """An ensemble no other worker uses: its leader is killed and paused, and it is whole again afterwards."""
+    yield private_zk_ensemble
+    for i in private_zk_ensemble.ids:
+        private_zk_ensemble.resume(i)
+        if private_zk_ensemble.processes[i].poll() is not None:
+            private_zk_ensemble.start(i)
+    private_zk_ensemble.wait_serving()  # every server answers again before the next test
 
 
 def _storm(ensemble: ZkEnsemble, tmp_path: Path, changes: int, mutant: str = "", grants_min: int = 8) -> dict:

@@ -132,11 +132,12 @@ def _trailing(zk_ensemble, tmp_path):
     return stockade.connect(f"zookeeper://127.0.0.1:{zk_ensemble.client_ports[serving]}/{tmp_path.name}"), trailing
 
 
-def test_a_reader_on_a_trailing_follower_sees_the_last_events_after_a_sync(zk_ensemble, tmp_path):
+def test_a_reader_on_a_trailing_follower_sees_the_last_events_after_a_sync(private_zk_ensemble, tmp_path):
     """The bound's test read from a follower the coordinator's quorum did not wait for: here that
     follower is stopped while the coordinator cycles a scope, and a read is sent to it meanwhile
     (answered once it runs again). Synced (``raw``'s reads): the last 100 events, every round. The
     control, the same read without the sync, must be caught on a past journal in some round."""
+    zk_ensemble = private_zk_ensemble  # a follower of it is stopped
     coord, trailing = _trailing(zk_ensemble, tmp_path)
     hosts = f"127.0.0.1:{zk_ensemble.client_ports[trailing]}"
     synced, plain = _started(SyncedReads(hosts=hosts, timeout=30)), _started(KazooClient(hosts=hosts, timeout=30))
@@ -162,11 +163,13 @@ def test_a_reader_on_a_trailing_follower_sees_the_last_events_after_a_sync(zk_en
 
 
 @pytest.mark.parametrize("synced", [True, False], ids=["synced", "control-unsynced"])
-def test_history_read_through_a_trailing_follower_shows_the_last_events(zk_ensemble, tmp_path, monkeypatch, synced):
+def test_history_read_through_a_trailing_follower_shows_the_last_events(private_zk_ensemble, tmp_path, monkeypatch,
+                                                                        synced):
     """`history` through a session on that trailing follower (`stockade history` opens a new session on
     any server) catches up with the leader first: the events the writer's own session reads, in every
     round. Control: that session's ``sync`` answered at once without reaching the server (history as it
     read before); it must be caught showing a past journal in some round."""
+    zk_ensemble = private_zk_ensemble  # a follower of it is stopped
     coord, trailing = _trailing(zk_ensemble, tmp_path)
     reader = stockade.connect(f"zookeeper://127.0.0.1:{zk_ensemble.client_ports[trailing]}/{tmp_path.name}")
     client = reader._port._session.client

@@ -101,3 +101,24 @@ def test_an_unwatched_pid_is_left_alone(bystander: subprocess.Popen[bytes]) -> N
     began = reaper.start_time(bystander.pid)
     assert _watcher_reads(f"+{bystander.pid} {began}\n-{bystander.pid}\n") == 0
     assert bystander.poll() is None
+
+
+def test_a_watched_file_lists_servers_other_processes_started(bystander: subprocess.Popen[bytes],
+                                                             tmp_path: Path) -> None:
+    """``@path``: the processes listed in the file when the test process ends are ended too (a run's shared
+    servers, started by its workers); a reused pid in it is left alone, as with ``+``."""
+    began = reaper.start_time(bystander.pid)
+    assert began is not None
+    listed = tmp_path / "pids.json"
+    listed.write_text(json.dumps([[bystander.pid, began + 1]]))
+    assert _watcher_reads(f"@{listed}\n@{tmp_path / 'missing.json'}\n") == 0
+    assert bystander.poll() is None  # the control: a start time that differs
+    listed.write_text(json.dumps([[bystander.pid, began]]))  # read at the end, not when registered
+    watcher = subprocess.Popen([sys.executable, reaper.__file__], stdin=subprocess.PIPE)
+    assert watcher.stdin is not None
+    watcher.stdin.write(f"@{listed}\n".encode())
+    watcher.stdin.flush()
+    assert bystander.poll() is None
+    watcher.stdin.close()
+    assert watcher.wait(30) == 0
+    assert bystander.wait(30) == -signal.SIGKILL

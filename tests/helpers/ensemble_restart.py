@@ -124,7 +124,7 @@ def stop(home: Path) -> None:
     (home / "pids.json").unlink(missing_ok=True)
 
 
-def _rebuilt(home: Path) -> DetachedEtcd | DetachedZk:
+def rebuilt(home: Path) -> DetachedEtcd | DetachedZk:
     """The cluster of HOME as the helper's class sees it, without starting anything."""
     state = json.loads((home / "cluster.json").read_text())
     DetachedEtcd.home = DetachedZk.home = home
@@ -146,7 +146,7 @@ def _rebuilt(home: Path) -> DetachedEtcd | DetachedZk:
 
 
 def restart(home: Path, *, fresh: bool) -> None:
-    cluster = _rebuilt(home)
+    cluster = rebuilt(home)
     stop(home)
     if isinstance(cluster, DetachedEtcd):
         for name in cluster.names:

@@ -12,6 +12,9 @@ closes that end, the watcher reads end-of-file, and it sends SIGKILL to every
 process still registered, then exits. A process is identified by its pid and
 its start time (`/proc/<pid>/stat`), so a pid reused by an unrelated process
 is never signalled. `unwatch(pid)` drops a server the fixture stopped itself.
+`watch_file(path)` registers servers that other processes start: when the
+test process ends, the watcher also ends every process listed in the JSON file
+at ``path`` (``[[pid, start time], ...]``, read then; a missing file lists none).
 
 The watcher runs in its own session: a Ctrl-C sent to the terminal's process
 group reaches the tests (which stop their servers themselves), not it.
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["watch", "unwatch", "start_time"]
+__all__ = ["watch", "unwatch", "watch_file", "start_time"]
 
 _lock = threading.Lock()
 _watcher: subprocess.Popen[bytes] | None = None
@@ -71,8 +74,26 @@ def unwatch(pid: int) -> None:
     _send(f"-{pid}")
 
 
+def watch_file(path: str) -> None:
+    """End (SIGKILL) every process listed in the JSON file ``path`` when this process ends: the servers of a run
+    that processes other than this one start and record there."""
+    _send(f"@{path}")
+
+
+def _listed(path: str) -> dict[int, int]:
+    """The ``[[pid, start time], ...]`` of the JSON file ``path``; none if it is missing or malformed."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            return {int(pid): int(began) for pid, began in json.load(f)}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
 def _main() -> int:
     watched: dict[int, int] = {}
+    files: list[str] = []
     for raw in sys.stdin.buffer:  # until the test process's end of the pipe closes
         line = raw.decode("ascii", "replace").strip()
         try:
@@ -81,8 +102,12 @@ def _main() -> int:
                 watched[int(pid)] = int(began)
             elif line.startswith("-"):
                 watched.pop(int(line[1:]), None)
+            elif line.startswith("@"):
+                files.append(line[1:])
         except ValueError:
             continue
+    for path in files:
+        watched.update(_listed(path))
     for pid, began in watched.items():
         if start_time(pid) == began:
             try:
