@@ -171,7 +171,10 @@ def test_history_read_through_a_trailing_follower_shows_the_last_events(private_
     read before); it must be caught showing a past journal in some round."""
     zk_ensemble = private_zk_ensemble  # a follower of it is stopped
     coord, trailing = _trailing(zk_ensemble, tmp_path)
-    reader = stockade.connect(f"zookeeper://127.0.0.1:{zk_ensemble.client_ports[trailing]}/{tmp_path.name}")
+    # 30 s: its only server is stopped for 52 cycles a round (over 10 s, the default, at a load of 13 on a new
+    # ensemble), and a session that expired would end the rounds, not tell one.
+    reader = stockade.connect(f"zookeeper://127.0.0.1:{zk_ensemble.client_ports[trailing]}/{tmp_path.name}"
+                              "?session_timeout_ms=30000")
     client = reader._port._session.client
     if not synced:
         def sync_async(path: str):  # type: ignore[no-untyped-def]

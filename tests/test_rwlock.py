@@ -52,6 +52,7 @@ LOOKS = 3  # the fewest looks at the counts in one hold, however slow the host
 MEET_S = 60  # the bounded wait for the readers' meeting (a grant of the lock, then all CAP readers in)
 ZOMBIE_ROUNDS = 20 if LONG else 1
 STREAM = 4  # readers in the starvation stream
+CONTROL_ATTEMPTS = 3  # the starvation control's: it must be caught in one
 ZK_SESSION_MS = 1000  # the frozen writer's ZooKeeper session: its lease lapses with it
 
 T = TypeVar("T")
@@ -647,12 +648,16 @@ def test_a_writer_is_not_starved_by_a_stream_of_readers(coord_url, store_url, ba
 
 @pytest.mark.parametrize("backend", ["memory"])
 def test_control_a_readers_preferring_writer_is_starved(coord_url, store_url):
-    got_in, jumped = _writer_amid_readers(coord_url, store_url, _ReaderPreferringLock, 3000)
-    print(f"\nrwlock control (writer waits for no reader before the gate): got in {got_in}, {jumped} reads "
-          f"granted while it waited 3 s")
-    # The property's negation: more reads jumped the waiting writer than the property allows. Whether it got in
-    # at all within 3 s is luck (a moment with every reader out lets it in: 45 reads jumped it in one run).
-    assert jumped > 2 * STREAM, (got_in, jumped)
+    # The property's negation: more reads jumped the waiting writer than the property allows, in one of at most
+    # CONTROL_ATTEMPTS attempts. Whether it got in at all within 3 s is luck: a moment with every reader out
+    # lets it in (45 reads jumped it in one run; at a load of 13, 7 in another, where readers are slower to
+    # come back).
+    attempts = []
+    while len(attempts) < CONTROL_ATTEMPTS and not any(jumped > 2 * STREAM for _, jumped in attempts):
+        attempts.append(_writer_amid_readers(coord_url, store_url, _ReaderPreferringLock, 3000))
+    print(f"\nrwlock control (writer waits for no reader before the gate): (got in, reads granted while it "
+          f"waited 3 s) {attempts}")
+    assert any(jumped > 2 * STREAM for _, jumped in attempts), attempts
 
 
 # -- the API -----------------------------------------------------------------------------------------

@@ -29,12 +29,13 @@ import shutil
 from pathlib import Path
 
 from helpers import ensemble_restart
+from helpers.ensemble_restart import DetachedEtcd, DetachedZk
 from helpers.etcd_cluster import EtcdCluster
 from helpers.zk_ensemble import ZkEnsemble
 
 from stockade.testing.servers import reaper
 
-KINDS = ("etcd", "zookeeper")
+KINDS = (DetachedEtcd.kind, DetachedZk.kind)
 
 
 def prepare(root: Path) -> None:
