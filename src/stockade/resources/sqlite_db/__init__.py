@@ -411,22 +411,33 @@ class _Fenced:
         self._admission, self._durable = admission, durable
 
     def __enter__(self) -> sqlite3.Connection:
-        admission, conn = self._admission, self._conn
-        checked, scope, forged = _arguments(admission, self._token, self._scope, self._op_id)
+        admission, conn, op_id = self._admission, self._conn, self._op_id
+        checked, scope, forged = _arguments(admission, self._token, self._scope, op_id)
         if not isinstance(conn, sqlite3.Connection):
             raise InvalidArgument("conn", f"must be a sqlite3.Connection, got {type(conn).__name__}")
-        _check_idle(conn)  # the caller's own transaction is never rolled back
+        if conn.in_transaction or getattr(conn, "autocommit", True) is False:
+            _check_idle(conn)  # refused: the caller's own transaction is never rolled back
         try:
             journal = conn.execute(_JOURNAL).fetchone()[0]  # no lock taken: it waits for nobody
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot read the journal mode: {exc}", certain_no_effect=True) from exc
-        _check_settings(journal, _SYNCHRONOUS_FULL, False)  # refused before a transaction begins
+        if journal not in _JOURNALS:
+            _check_settings(journal, _SYNCHRONOUS_FULL, False)  # refused before a transaction begins
+        execute = conn.execute
         try:  # in the try: an interrupt raised as a statement returns rolls the transaction back too
-            if journal == "wal" and quick_path and self._quick(conn, checked, scope, forged, journal):
-                return conn
+            if journal == "wal" and quick_path:  # the quick path (the class docstring)
+                try:
+                    execute("BEGIN")
+                    admission.admit(execute, checked, scope, op_id, forged=forged, journal=journal,
+                                    durable=self._durable, lock=True)
+                    return conn
+                except sqlite3.Error as exc:
+                    if not _busy(exc):
+                        raise BackendUnavailable(f"cannot read the fence: {exc}", certain_no_effect=True) from exc
+                    rollback(conn)  # refused the lock at once: wait for it the bounded way
             _begin(conn)
             try:
-                admission.admit(conn.execute, checked, scope, self._op_id, forged=forged, journal=journal,
+                admission.admit(execute, checked, scope, op_id, forged=forged, journal=journal,
                                 durable=self._durable)
             except sqlite3.Error as exc:
                 raise BackendUnavailable(f"cannot read the fence: {exc}", certain_no_effect=True) from exc
@@ -434,20 +445,6 @@ class _Fenced:
             rollback(conn)
             raise
         return conn
-
-    def _quick(self, conn: sqlite3.Connection, checked: FencingToken, scope: str, forged: str | None,
-               journal: str) -> bool:
-        """The quick path (see the class docstring): True with the check done under the lock, False rolled back."""
-        try:
-            conn.execute("BEGIN")
-            self._admission.admit(conn.execute, checked, scope, self._op_id, forged=forged, journal=journal,
-                                  durable=self._durable, lock=True)
-        except sqlite3.Error as exc:
-            if not _busy(exc):
-                raise BackendUnavailable(f"cannot read the fence: {exc}", certain_no_effect=True) from exc
-            rollback(conn)
-            return False
-        return True
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         if exc_type is not None:
