@@ -392,9 +392,9 @@ class _Fenced:
       raise or `_LOCK`, which take the write lock. Holding a read snapshot, SQLite never waits for the write
       lock: it is taken at once, or refused at once (another connection holds it, or committed since the
       snapshot). Taken, the snapshot is the file's newest, so the mark read is the mark under the lock.
-      Refused, the transaction is rolled back and the second way taken. A WAL reader waits for nobody (a
-      reader of a rollback journal waits for a committing writer, under SQLite's own busy handler: that mode
-      takes the second way).
+      Refused, the transaction is rolled back and the second way taken. A WAL reader waits for no writer (only for
+      another process rebuilding the WAL index after a crash); a reader of a rollback journal waits for a
+      committing writer, under SQLite's own busy handler: that mode takes the second way.
     - **Bounded:** ``BEGIN IMMEDIATE``, waiting for the lock until the connection's busy timeout on the
       monotonic clock (`begin_by`), then the check.
 
