@@ -325,7 +325,7 @@ class _Admission:
                 recorded = Recorded(_TRANSACTION, WriteResult(scope, op_id, applied, applied, 0, replayed=True))
         decision = admit(  # R2, then R3 (the id), then R1: the store's order, composed once in the core
             token, scope=scope, cluster=self.cluster_id, high_water=effective_mark(own, default_floor),
-            resource=self._name(execute), rule=self.rule, forged=forged,
+            resource=self.resource or (lambda: _resource_name(execute)), rule=self.rule, forged=forged,
             fingerprint=None if op_id is None else _TRANSACTION, recorded=recorded,
         )
         if isinstance(decision, Replay):
@@ -339,10 +339,6 @@ class _Admission:
             seq = execute(_RECORD, (scope, op_id, token.value)).fetchall()[0][0]
             execute(_FORGET, (seq - OPERATION_IDS_MAX,))
         return decision.new_high_water
-
-    def _name(self, execute: Any) -> str | Callable[[], str]:
-        """The resource's name for a refusal: the handle's, or read from the connection only when refusing."""
-        return self.resource or (lambda: _resource_name(execute))
 
 
 def _refuse_fence_row(cluster: object, trusted: str, version: object) -> None:
@@ -412,7 +408,11 @@ class _Fenced:
 
     def __enter__(self) -> sqlite3.Connection:
         admission, conn, op_id = self._admission, self._conn, self._op_id
-        checked, scope, forged = _arguments(admission, self._token, self._scope, op_id)
+        tokens = admission.tokens  # `_arguments`, written out
+        checked, forged = admission.check(self._token) if tokens is None else tokens.check(self._token)
+        if op_id is not None:
+            validate_op_id(op_id)
+        scope = checked.scope if self._scope is None else validate_scope(self._scope)  # a token's scope is valid
         if not isinstance(conn, sqlite3.Connection):
             raise InvalidArgument("conn", f"must be a sqlite3.Connection, got {type(conn).__name__}")
         if conn.in_transaction or getattr(conn, "autocommit", True) is False:
@@ -447,10 +447,17 @@ class _Fenced:
         return conn
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        conn = self._conn
         if exc_type is not None:
-            rollback(self._conn)  # the exception propagates
-            return
-        _commit(self._conn)
+            rollback(conn)  # the exception propagates
+        elif conn.in_transaction:
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:  # as _commit
+                rollback(conn)
+                raise BackendUnavailable(f"database commit failed: {exc}") from exc
+        else:
+            _commit(conn)  # the block ended the transaction itself: refused
 
 
 def fenced(
@@ -631,7 +638,10 @@ class SQLiteFence:
         durable: bool = True, op_id: str | None = None,
     ) -> Any:
         """`fenced` on ``conn`` (default: the fence's own connection), with this fence's keys and rule."""
-        return _Fenced(self._conn if conn is None else conn, token, scope, self._admission(), durable, op_id)
+        admission = self._last_admission
+        if admission is None or admission.rule is not self.fence_rule:
+            admission = self._admission()
+        return _Fenced(self._conn if conn is None else conn, token, scope, admission, durable, op_id)
 
     def fenced_sqlalchemy(
         self, session_or_connection: Any, token: FencingToken | str, *, scope: str | None = None,
