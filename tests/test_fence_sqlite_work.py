@@ -7,8 +7,10 @@
   ``BEGIN``; one ``SELECT`` of the fence row, the mark and ``synchronous``,
   whose pragma function traces one statement; `sqlite_db._LOCK`, which takes
   the write lock; ``COMMIT``), as many with a new token (the raise takes the
-  lock instead). Control: the mark read again in a statement of its own (what
-  a second look at the mark would add) exceeds the budget.
+  lock instead). Controls exceed the budget: the mark read again in a
+  statement of its own (what a second look at the mark would add); the quick
+  path off (every transaction waits for the lock the bounded way, its
+  ``busy_timeout`` read, set and put back around ``BEGIN IMMEDIATE``).
 - **A handle remembers tokens, never marks**: `SQLiteFence` remembers for one
   second the tokens whose MAC verified; the mark, the fence row and the
   settings are read in every transaction. A token remembered by the handle is
@@ -68,11 +70,13 @@ def _statements_per_write(fence: SQLiteFence, conn: sqlite3.Connection, *, new_t
     return (len(traced) - user) / WRITES
 
 
-@pytest.mark.parametrize("variant", ["fence", "control: the mark read twice"])
+@pytest.mark.parametrize("variant", ["fence", "control: the mark read twice", "control: no quick path"])
 def test_statements_per_fenced_transaction_within_the_budget(
     db: Path, monkeypatch: pytest.MonkeyPatch, variant: str
 ) -> None:
-    if variant != "fence":
+    if variant == "control: no quick path":  # every transaction the bounded way, as before the quick path
+        monkeypatch.setattr(sqlite_db, "quick_path", False)
+    elif variant != "fence":
         admit = sqlite_db._Admission.admit
 
         def read_twice(self: Any, execute: Any, token: FencingToken, scope: str, *args: Any, **kw: Any) -> int:
