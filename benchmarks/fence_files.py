@@ -10,7 +10,8 @@ Rows (each a fenced write beside the plain write it replaces):
   mark is replaced durably too, before the data: one more temp-fsync-rename-fsync).
 * SQLite: a single-row ``INSERT ... ON CONFLICT`` in a ``fenced`` transaction
   vs the same row in a plain ``BEGIN IMMEDIATE ... COMMIT``; WAL with
-  ``synchronous=FULL`` on both sides.
+  ``synchronous=FULL`` on both sides. ``--breakdown`` adds the plain row with
+  one ``SELECT`` of the mark under its lock, and the fence's statements alone.
 
 Rounds interleave the variants of one group (the files; the SQLite row; the changed SQLite row),
 write by write, in an order rotated every round, so that each variant follows
@@ -47,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from stockade.core.tokens import FencingToken  # noqa: E402
 from stockade.keys import FixedKeys, ephemeral_keyring  # noqa: E402
+from stockade.resources import sqlite_db  # noqa: E402
 from stockade.resources.files import FencedDirectory  # noqa: E402
 from stockade.resources.sqlite_db import SQLiteFence  # noqa: E402
 
@@ -70,7 +72,7 @@ def plain_atomic_write(dir_fd: int, name: str, data: bytes, serial: list[int]) -
     os.fsync(dir_fd)
 
 
-def variants(root: Path, data: bytes) -> dict[str, Callable[[], None]]:
+def variants(root: Path, data: bytes, with_breakdown: bool = False) -> dict[str, Callable[[], None]]:
     keys = FixedKeys(ephemeral_keyring(CLUSTER))
     (root / "plain").mkdir()
     plain_fd = os.open(root / "plain", os.O_RDONLY | os.O_DIRECTORY)
@@ -113,7 +115,23 @@ def variants(root: Path, data: bytes) -> dict[str, Callable[[], None]]:
         with fence.fenced(row_token, conn=conn):
             conn.execute(UPSERT, ("c", data + b"%d" % changed[0]))
 
+    def mark_alone() -> None:  # the least a check can add: one SELECT of the mark under the write lock
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("SELECT high_water FROM stockade_high_water WHERE scope = ?", ("a",)).fetchone()
+        conn.execute(UPSERT, ("k", data))
+        conn.execute("COMMIT")
+
+    def fence_statements() -> None:  # the fence's statements on a WAL file, without its Python
+        conn.execute(sqlite_db._JOURNAL).fetchone()
+        conn.execute("BEGIN")
+        conn.execute(sqlite_db._READ, ("a",)).fetchone()
+        conn.execute(sqlite_db._LOCK)
+        conn.execute(UPSERT, ("k", data))
+        conn.execute("COMMIT")
+
+    breakdown = {"sqlite: the mark alone": mark_alone, "sqlite: the fence's statements": fence_statements}
     return {
+        **(breakdown if with_breakdown else {}),
         "file plain": lambda: plain_atomic_write(plain_fd, "f", data, serial),
         "file fenced": lambda: directory.write("f", data, same),
         "file fenced, new token each write": new_token,
@@ -138,11 +156,15 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=300)
     parser.add_argument("--bytes", type=int, default=4096)
     parser.add_argument("--dir", default=None, help="where the files go (a local disk; not tmpfs)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="two more SQLite rows, timed with the others: the plain transaction with one SELECT of "
+                             "the mark under its lock (the least a check adds), and the fence's own statements "
+                             "without its Python")
     args = parser.parse_args()
     if args.rounds < 5:
         parser.error("--rounds must be at least 5 (the figures are medians)")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        ops = variants(Path(tmp), os.urandom(args.bytes))
+        ops = variants(Path(tmp), os.urandom(args.bytes), args.breakdown)
         for op in ops.values():  # warm up: create the files, the scope directories, the WAL
             for _ in range(20):
                 op()
@@ -164,7 +186,10 @@ def main() -> None:
           f"median of the rounds' median latency (µs)\n")
     print("| operation | plain µs | fenced µs | fenced / plain |")
     print("|---|---|---|---|")
-    for label, fenced_name, plain_name in ROWS:
+    rows = ROWS + ([("SQLite: the plain row and one SELECT of the mark", "sqlite: the mark alone", "sqlite plain"),
+                    ("SQLite: the fence's statements alone", "sqlite: the fence's statements", "sqlite plain")]
+                   if args.breakdown else [])
+    for label, fenced_name, plain_name in rows:
         plain, fenced = statistics.median(medians[plain_name]), statistics.median(medians[fenced_name])
         print(f"| {label} | {plain:.0f} | {fenced:.0f} | {fenced / plain:.2f}x |")
 

@@ -32,13 +32,22 @@ ROUNDS = 5
 
 
 class _InterruptedAtBegin(sqlite3.Connection):
-    """A connection whose next ``BEGIN`` opens its transaction and then raises KeyboardInterrupt."""
+    """A connection whose next ``BEGIN`` opens its transaction and then raises KeyboardInterrupt.
+
+    With ``at_lock``, the statement that takes the file's write lock instead: the fence on a WAL file begins
+    deferred and takes the lock with its raise or `sqlite_db._LOCK` (``BEGIN IMMEDIATE`` where it waits).
+    """
 
     armed = False
+    at_lock = False
 
     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
         cursor = super().execute(sql, *args)
-        if _InterruptedAtBegin.armed and sql.lstrip().upper().startswith("BEGIN"):
+        if _InterruptedAtBegin.at_lock:
+            hit = sql in (sqlite_db._LOCK, sqlite_db._RAISE) or sql.upper().startswith("BEGIN IMMEDIATE")
+        else:
+            hit = sql.lstrip().upper().startswith("BEGIN")
+        if _InterruptedAtBegin.armed and hit:
             _InterruptedAtBegin.armed = False
             raise KeyboardInterrupt
         return cursor
@@ -54,7 +63,7 @@ def interrupting(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     monkeypatch.setattr(sqlite3, "connect", connect)
     yield lambda: monkeypatch.setattr(sqlite3, "connect", real)
-    _InterruptedAtBegin.armed = False
+    _InterruptedAtBegin.armed = _InterruptedAtBegin.at_lock = False
 
 
 def _write_lock_free(path: Path) -> bool:
@@ -146,6 +155,7 @@ def test_the_fence_on_your_sqlite_file(tmp_path: Path, interrupting: Any, monkey
                                        control: bool) -> None:
     if control:
         monkeypatch.setattr(sqlite_db, "rollback", lambda conn: True)
+    monkeypatch.setattr(_InterruptedAtBegin, "at_lock", True)  # the fence's lock on a WAL file: its raise or _LOCK
     path = tmp_path / "app.db"
     with stockade.connect(f"sqlite:///{tmp_path}/coord.db?process=embedded") as coord:
         lease = coord.acquire("app", ttl_ms=30_000)

@@ -78,7 +78,7 @@ def admit(
     if isinstance(decision, Reject):
         refuse(decision, resource=resource if isinstance(resource, str) else resource(), cluster=cluster,
                token=token, scope=scope, key=key)
-    invariant(isinstance(decision, Accept | Replay), "fence decision is neither Accept, Replay nor Reject")
+    invariant(isinstance(decision, (Accept, Replay)), "fence decision is neither Accept, Replay nor Reject")
     return decision
 
 

@@ -30,7 +30,7 @@ POSTGRES = PausedBound(
     "install(supersede_after_ms=) (default 2000 ms): then the newer check ends the lower holder's session "
     "(the installing role needs pg_signal_backend), and the paused writer's commit raises Superseded")
 SQLITE_DB = NotBounded(
-    "the fenced transaction holds the database file's write lock from its check (BEGIN IMMEDIATE) to its "
+    "the fenced transaction holds the database file's write lock from its check to its "
     "commit, and nothing in SQLite can take it from a paused process: a newer writer waits for it "
     "(busy_timeout, then BackendUnavailable) as long as the writer is paused")
 _REDIS_WHY = "the batch is sent as one script when the block ends: a paused writer holds nothing"
