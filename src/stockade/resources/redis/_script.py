@@ -116,6 +116,10 @@ if (compare == 'ge' and less(token, mark)) or (compare == 'gt' and not less(mark
 end
 local verified = redis.call('EXISTS', KEYS[3]) == 1
 if memory == 'u' and verified then return {2, mark} end
+local i = 4
+-- The first pass. A batch of one SET or one DEL, the common case, skips it: neither can be refused,
+-- and what the pass notes of them only later commands of the batch would read.
+if not (#ARGV >= 6 and #ARGV == 6 + tonumber(ARGV[6]) and (ARGV[4] == 'SET' or ARGV[4] == 'DEL')) then
 -- each key as the batch leaves it: its type; a string's value (its bytes, or {hi, lo} once counted);
 -- a stream's room (how many more ids XADD can make: math.huge unless its last id's ms is 2**64-1)
 local kinds, values, room = {}, {}, {}
@@ -125,7 +129,6 @@ local function kind(key)
   return k
 end
 local function refuse(why) return redis.error_reply('FENCEBATCH ' .. why) end
-local i = 4
 while i <= #ARGV do
   local name, key, n = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
   if name == 'SET' then
@@ -170,6 +173,7 @@ while i <= #ARGV do
     return refuse('command not allowed in a fenced batch: ' .. name)
   end
   i = i + 3 + n
+end
 end
 local out = {1, mark}
 if less(own, token) then redis.call('SET', KEYS[1], token); out[2] = token end
