@@ -35,6 +35,7 @@ from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken
 from stockade.core.tokens import FencingToken
 from stockade.resources import postgres as pg
 from stockade.resources.postgres import _sql as q
+from stockade.resources.postgres._sync import fence as sync_fence
 from stockade.testing.conformance.fence import CLUSTER, KEYS, ROGUE_KEYS, tok
 from stockade.testing.servers.postgres import PostgresServer, available, drop_database, fresh_database, shared_server
 
@@ -553,3 +554,28 @@ def test_the_database_refuses_what_the_python_side_would(db: tuple[PostgresServe
         return
     assert verdicts == expected
     assert conn.execute("SELECT high_water FROM stockade.high_water WHERE scope = 'orders'").fetchone()[0] == 7
+
+
+def test_a_fenced_block_in_pipeline_mode_begins_its_transaction_apart(
+        db: tuple[PostgresServer, str, psycopg.Connection], monkeypatch: pytest.MonkeyPatch) -> None:
+    """psycopg's pipeline mode refuses a query of two statements, so there `fenced` begins the transaction
+    with ``conn.transaction()`` and checks in it: a current token writes, a stale one is refused and its
+    write rolled back. Control: the one-query path (``BEGIN; SELECT stockade.fence(...)``) in pipeline mode
+    fails and writes nothing (libpq refuses a simple query there; through a cursor, which the path used
+    before, PostgreSQL refused the two statements: every fenced block in pipeline mode failed)."""
+    _, _, conn = db
+    with conn.pipeline():
+        with pg.fenced(conn, tok(7, scope="orders")):
+            conn.execute("INSERT INTO orders VALUES (1, 'paid')")
+        with pytest.raises(StaleToken), pg.fenced(conn, tok(6, scope="orders")):
+            conn.execute("INSERT INTO orders VALUES (2, 'stale')")
+    assert conn.execute("SELECT id FROM orders ORDER BY id").fetchall() == [(1,)]
+    assert pg.high_waters(conn) == {"orders": 7}
+
+    idle = psycopg.pq.TransactionStatus.IDLE
+    monkeypatch.setattr(sync_fence, "_owns_transaction",
+                        lambda c: bool(c.autocommit) and c.info.transaction_status == idle)
+    with (conn.pipeline(), pytest.raises(BackendUnavailable, match="not allowed in pipeline mode"),
+          pg.fenced(conn, tok(7, scope="orders"))):
+        conn.execute("INSERT INTO orders VALUES (3, 'control')")
+    assert conn.execute("SELECT id FROM orders ORDER BY id").fetchall() == [(1,)]

@@ -25,7 +25,7 @@ from stockade.resources.postgres._probe import Probe
 
 try:
     import psycopg
-    from psycopg import sql
+    from psycopg import generators, sql
 except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ImportError("stockade.resources.postgres needs psycopg 3: pip install 'stockade[postgres]'") from exc
 
@@ -112,9 +112,25 @@ def _begin_and_fence(token: FencingToken, scope: str, op_id: str | None = None, 
 _INLINE_SAFE = re.compile(f"[{SCOPE_CHARS}]+")  # a token's characters are a scope's
 
 
+def _check_begun(results: list[Any], conn: Any) -> None:
+    """Raise what ``conn.execute`` raises for the answers of ``BEGIN`` and the check: the first error
+    as psycopg's typed exception (its SQLSTATE and diagnostics, which `_translate` reads)."""
+    for result in results:
+        if result.status == psycopg.pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+    if [result.status for result in results] != _BEGUN:
+        raise psycopg.InternalError(f"unexpected answers to BEGIN and the check: {[r.status for r in results]}")
+
+
+_BEGUN = [psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK]
+_EXECUTE = generators.execute  # one query's answers, awaited by the connection's own wait (interrupts, timeouts)
+
+
 def _owns_transaction(conn: Any) -> bool:
-    """Whether `fenced` begins and ends the transaction itself (an idle autocommit connection)."""
-    return bool(conn.autocommit) and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    """Whether `fenced` begins and ends the transaction itself: an idle autocommit connection, not in pipeline
+    mode (where a query of two statements is refused: there `conn.transaction()` begins it, one more round trip)."""
+    return (bool(conn.autocommit) and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            and not conn.pgconn.pipeline_status)
 
 
 def _sqlalchemy() -> Any:

@@ -18,8 +18,10 @@ from stockade.resources.postgres import _probe
 from stockade.resources.postgres._async.probe import probe_psycopg_async
 from stockade.resources.postgres._errors import _translate, ended
 from stockade.resources.postgres._fenced import (
+    _EXECUTE,
     AsyncConnection,
     _begin_and_fence,
+    _check_begun,
     _check_result,
     _fence_statement,
     _owns_transaction,
@@ -40,6 +42,19 @@ async def _verdict(probe: _probe.AsyncProbe | None, token: FencingToken, scope: 
         return None
     superseded = await probe(token, scope)
     return lambda _token, _scope: superseded
+
+
+async def _begin_and_check(conn: Any, query: str) -> None:
+    """Send ``BEGIN`` and the check (``query``) in one simple query and read both answers: one round trip.
+
+    Straight to ``conn.pgconn`` under the connection's lock, awaited by ``conn.wait``: what ``conn.execute``
+    does, without a cursor, whose set-up (its adapters, the query's conversion, the result's row maker) was
+    about 30 µs of the 50 µs more client CPU a fenced transaction cost than a plain one. `_check_begun` raises
+    what ``conn.execute`` would."""
+    async with conn.lock:
+        conn.pgconn.send_query(query.encode())
+        results = await conn.wait(_EXECUTE(conn.pgconn))
+    _check_begun(results, conn)
 
 
 async def _rollback_quietly(conn: Any) -> None:
@@ -99,9 +114,8 @@ async def fenced_async(conn: AsyncConnection, token: FencingToken | str, scope: 
             _check_result(error, fencing_token, scope, _resource(conn.info), op_id, probe)
         return
     try:
-        # Never prepared (two statements, the token in the text): prepare=False skips psycopg's count of the
-        # statements worth preparing, which added this text and dropped it again on every call.
-        await conn.execute(_begin_and_fence(fencing_token, scope, op_id, conn), prepare=False)
+        # Never prepared (two statements, the token in the text), nor sent through a cursor.
+        await _begin_and_check(conn, _begin_and_fence(fencing_token, scope, op_id, conn))
         yield conn
     except BaseException as error:
         # The probe is made before the rollback closes ``conn`` (it reads the connection's parameters).
