@@ -80,7 +80,8 @@ def four_letter(port: int, word: str, timeout_s: float = 1.0) -> str:
 class ZkEnsemble:
     """Three ZooKeeper servers; ``url`` is the ``zookeeper://`` url of all three."""
 
-    def __init__(self, root: Path, *, servers: int = SERVERS, force_sync: bool = False) -> None:
+    def __init__(self, root: Path, *, servers: int = SERVERS, force_sync: bool = False,
+                 sync_limit_ticks: int = 4) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         ports = _free_ports(3 * servers)
@@ -95,7 +96,7 @@ class ZkEnsemble:
             data.mkdir(exist_ok=True)
             (data / "myid").write_text(f"{i}\n")
             (root / f"zoo{i}.cfg").write_text(
-                f"tickTime={TICK_MS}\ninitLimit=20\nsyncLimit=4\ndataDir={data}\n"
+                f"tickTime={TICK_MS}\ninitLimit=20\nsyncLimit={sync_limit_ticks}\ndataDir={data}\n"
                 f"clientPort={self.client_ports[i]}\nclientPortAddress=127.0.0.1\n"
                 "minSessionTimeout=1000\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n"
                 "admin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,mntr\n"
