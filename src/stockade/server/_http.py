@@ -252,14 +252,18 @@ class Deferred:
     coroutine that awaits it gets the `Response`, or `asyncio.CancelledError`).
     """
 
-    __slots__ = ("future", "finish", "args", "route")
+    __slots__ = ("future", "finish", "args", "route", "listen")
 
     def __init__(self, future: asyncio.Future[Any] | None, finish: Callable[..., Response | None],
-                 *args: Any) -> None:
+                 *args: Any, listen: Callable[[asyncio.Future[Any], Callable[[Any], None]], None] | None = None
+                 ) -> None:
         self.future = future
         self.finish = finish
         self.args = args
         self.route: str | None = None  # the dispatcher's route template, given to the response
+        # How to be called back once ``future`` is done (`GroupCommitter.listen`: in the step that resolves
+        # it); None: ``future.add_done_callback``. The future is never cancelled here: it may be shared.
+        self.listen = listen
 
     def answer(self, gone: bool = False) -> Response | None:
         """The response, once the future is done; None when it was cancelled, or the peer is ``gone``."""
@@ -269,13 +273,15 @@ class Deferred:
         return response
 
     def __await__(self) -> Any:
+        gone = False
         if self.future is not None:
             try:
-                yield from self.future
+                yield from asyncio.shield(self.future)  # the future may be shared: never cancelled here
             except asyncio.CancelledError:
-                if not self.future.cancelled():  # the awaiting task was cancelled: so is the answer
-                    self.future.cancel()
-        response = self.answer()
+                gone = True  # the awaiting task was cancelled
+            except Exception:  # noqa: BLE001, S110 - the future's error: `finish` reads it from the future
+                pass
+        response = self.answer(gone)
         if response is None:
             raise asyncio.CancelledError
         return response
@@ -428,8 +434,9 @@ class HttpProtocol(asyncio.Protocol):
         self._limits.forget(self)
         self._pending.clear()
         self._release_all()
-        if self._current is not None and not self._current.done():
+        if self._current is not None and not self._current.done() and self._deferred is None:
             self._current.cancel()  # the peer is gone: a waiting acquire leaves the queue
+        # (A `Deferred`'s future is not cancelled: its answer, when it comes, sees the connection closing.)
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
@@ -639,12 +646,15 @@ class HttpProtocol(asyncio.Protocol):
                 return
             self._current = future
             self._deferred = (request, result, keep_alive)
-            future.add_done_callback(self._answer_deferred)
+            if result.listen is not None:
+                result.listen(future, self._answer_deferred)
+            else:
+                future.add_done_callback(self._answer_deferred)
             return
         self._current = self._loop.create_task(self._await(request, result, keep_alive))
 
     def _answer_deferred(self, future: asyncio.Future[Any]) -> None:
-        """The future of a `Deferred` is done (or cancelled by `connection_lost`): answer it."""
+        """The future of a `Deferred` is done: answer it (or undo it, when the connection is closing)."""
         request, deferred, keep_alive = self._deferred  # type: ignore[misc]
         self._deferred = None
         self._current = None

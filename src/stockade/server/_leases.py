@@ -192,23 +192,27 @@ class LeaseService:
         write, self._write = self._write, None
         return write
 
-    def durable(self, write: asyncio.Future[Any] | None) -> asyncio.Future[Any] | None:
-        """A future of the handler's own that resolves once ``write`` is durable (None: nothing to wait for).
+    @staticmethod
+    def durable(write: asyncio.Future[Any] | None) -> asyncio.Future[Any] | None:
+        """What an answer waits for before it goes out: ``write``, the committer's future of the change
+        (None: nothing to wait for). Its result is the change's error, or None; never cancel it (a handler
+        waits through `GroupCommitter.reply` or `GroupCommitter.listen`).
 
-        Its result is the change's error, or None; cancelling it (a disconnect) leaves the write alone.
         The seam the fault tests' ack-before-commit control replaces.
         """
-        return None if write is None else self.committer.reply(write)
+        return write
 
     @staticmethod
-    def check_durable(done: asyncio.Future[Any] | None) -> None:
-        """Raise what made ``done`` (from `durable`, done) fail: the commit's `StockadeError`, or the batch's."""
+    def check_durable(done: Any) -> None:
+        """Raise what made ``done`` (a future from `durable`, done) fail: the change's `StockadeError`, or the
+        batch's error."""
         if done is not None and isinstance(error := done.result(), StockadeError):
             raise error
 
     async def _wait_durable(self, write: asyncio.Future[Any] | None) -> None:
-        reply = self.durable(write)
-        if reply is not None:
+        durable = self.durable(write)
+        if durable is not None:
+            reply = self.committer.reply(durable)
             await reply  # cancelled by a disconnect: the write goes on
             self.check_durable(reply)
 
@@ -267,11 +271,11 @@ class LeaseService:
             raise LockTimeout(scope, wait_ms or 0)
         return outcome, write
 
-    def delivered(self, lease: Lease, done: asyncio.Future[Any] | None) -> Lease:
+    def delivered(self, lease: Lease, done: Any) -> Lease:
         """`_deliver`'s outcome once the grant's durability (``done``, from `durable`) is settled.
 
         Raises:
-            CancelledError: the client went away (``done`` cancelled): the grant is withdrawn.
+            CancelledError: the client went away (``done`` says cancelled): the grant is withdrawn.
             BackendUnavailable: the grant could not be made durable: it is withdrawn.
         """
         try:
@@ -406,9 +410,10 @@ class LeaseService:
 
     async def release(self, lease_id: str) -> bool:
         """Release a lease (durably). Idempotent: False when it was already gone."""
-        released, reply = self.release_now(lease_id)
-        if reply is not None:
-            await reply
+        released, durable = self.release_now(lease_id)
+        if durable is not None:
+            reply = self.committer.reply(durable)
+            await reply  # cancelled by a disconnect: the write goes on
             self.check_durable(reply)
         return released
 

@@ -310,10 +310,10 @@ class App:
         leases = self.leases
         if ticket is None and not wait_ms and isinstance(leases, LeaseService):
             lease, durable = leases.acquire_now(scope, holder=holder, ttl_ms=ttl_ms)
-            return Deferred(durable, self._granted, lease, scope, request)
+            return Deferred(durable, self._granted, lease, scope, request, listen=leases.committer.listen)
         return self._acquire(request, scope, holder, ttl_ms, ticket, wait_ms)
 
-    def _granted(self, done: asyncio.Future[Any] | None, lease: Lease, scope: str, request: Request) -> Response | None:
+    def _granted(self, done: Any, lease: Lease, scope: str, request: Request) -> Response | None:
         try:
             self.leases.delivered(lease, done)  # type: ignore[union-attr]  # a LeaseService's (`acquire`)
         except asyncio.CancelledError:
@@ -376,7 +376,7 @@ class App:
         leases = self.leases
         if isinstance(leases, LeaseService):
             released, durable = leases.release_now(lease_id)
-            return Deferred(durable, self._released, released, lease_id, request)
+            return Deferred(durable, self._released, released, lease_id, request, listen=leases.committer.listen)
         return self._release(lease_id)
 
     async def _release(self, lease_id: str) -> Response:
@@ -385,8 +385,7 @@ class App:
             _log.debug("lease %s… released", lease_hint(lease_id), extra={"lease": lease_hint(lease_id)})
         return Response(204)
 
-    def _released(self, done: asyncio.Future[Any] | None, released: bool, lease_id: str,
-                  request: Request) -> Response | None:
+    def _released(self, done: Any, released: bool, lease_id: str, request: Request) -> Response | None:
         if done is not None:
             if done.cancelled():
                 return None
