@@ -460,7 +460,8 @@ class HttpProtocol(asyncio.Protocol):
 
     @property
     def answering(self) -> asyncio.Future[Any] | None:
-        """The task that writes the answer of the request being handled (None: none is)."""
+        """What the answer of the request being handled waits on: its handler's task, or its `Deferred`'s
+        future (None: none is)."""
         return self._current
 
     def _busy(self) -> bool:
