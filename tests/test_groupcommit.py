@@ -200,3 +200,43 @@ def test_a_reply_carries_a_failed_batch():
             committer.stop()
 
     asyncio.run(main())
+
+
+def _listen_order(through_thread: bool, control: bool) -> list[str]:
+    """A write with a listener (`listen`), or with a done-callback (the control): what was seen, in order."""
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, inline=not through_thread)
+        committer.start()
+        try:
+            seen: list[str] = []
+            first, second = committer.submit("a"), committer.submit("b")
+
+            def listener(future: asyncio.Future) -> None:
+                # In the step that resolves the batch: its next write is not resolved yet.
+                seen.append(f"{future.result()} {'durable' if 'a' in rec.committed else 'EARLY'}, "
+                            f"next resolved: {second.done()}")
+                raise ZeroDivisionError("a listener's bug")  # logged; the batch's other futures still resolve
+
+            if control:
+                first.add_done_callback(listener)
+            else:
+                committer.listen(first, listener)
+            second.add_done_callback(lambda f: seen.append("second resolved"))
+            assert await second == "ok-b"
+            seen.append("after the batch's step")
+            committer.listen(first, lambda f: seen.append(f"late: {f.result()}"))  # done already: at once
+            return seen
+        finally:
+            committer.stop()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("through_thread", [False, True])
+def test_a_listener_runs_in_the_step_that_resolves_its_write(through_thread):
+    """Called after the COMMIT, before the loop's next turn (a done-callback, the control, runs a turn later)."""
+    assert _listen_order(through_thread, control=False) == [
+        "ok-a durable, next resolved: False", "second resolved", "after the batch's step", "late: ok-a"]
+    assert _listen_order(through_thread, control=True)[0] == "ok-a durable, next resolved: True"  # a turn later

@@ -82,6 +82,7 @@ from stockade.wire.codecs import JSON, PROBLEM_JSON, dumps
 from stockade.wire.problems import PROBLEM_TYPE_PREFIX, problem_document
 
 __all__ = [
+    "Deferred",
     "Request",
     "Response",
     "Stream",
@@ -158,6 +159,12 @@ class Response:
         self.route = "unmatched"
 
     def encode(self, keep_alive: bool) -> bytes:
+        if keep_alive and self.headers is None:  # the usual answer: its head's bytes made once (`_head`)
+            status = self.status
+            if status == 204:
+                return _NO_CONTENT
+            start = _HEADS.get((status, self.content_type)) or _head(status, self.content_type)
+            return b"%s%d\r\n\r\n%s" % (start, len(self.body), self.body)
         head = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Status')}"]
         if self.content_type is not None:
             head.append(f"Content-Type: {self.content_type}")
@@ -168,6 +175,22 @@ class Response:
         if not keep_alive:
             head.append("Connection: close")
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (b"" if self.status == 204 else self.body)
+
+
+_NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"  # what `Response.encode` writes for a 204 kept alive
+#: (status, content type) -> the bytes of a kept-alive answer's head up to its Content-Length's value.
+_HEADS: dict[tuple[int, str | None], bytes] = {}
+
+
+def _head(status: int, content_type: str | None) -> bytes:
+    """The start of the head `Response.encode` writes for ``status`` and ``content_type``, kept for the next."""
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+    if content_type is not None:
+        lines.append(f"Content-Type: {content_type}")
+    head = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
+    if len(_HEADS) < 256:  # statuses and types are the server's own few
+        _HEADS[(status, content_type)] = head
+    return head
 
 
 class StreamSink(Protocol):
@@ -201,6 +224,67 @@ class Stream(Response):
         head = ["HTTP/1.1 200 OK", f"Content-Type: {self.content_type}", "Connection: close"]
         head.extend(f"{k}: {v}" for k, v in self.headers or ())
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+
+
+class _Gone:
+    """What a `Deferred`'s finish is given for its future when the peer went away first: a cancelled one."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def cancelled() -> bool:
+        return True
+
+    @staticmethod
+    def result() -> Any:
+        raise asyncio.CancelledError
+
+
+GONE: Any = _Gone()
+
+
+class Deferred:
+    """A handler's answer that waits on one future (its change's durability), answered without a task.
+
+    ``finish(future, *args)`` runs once ``future`` is done, or cancelled (the peer went
+    away: it undoes what it must and returns None), and builds the `Response`; the
+    connection writes it. A ``future`` of None is done already. Awaitable too (a
+    coroutine that awaits it gets the `Response`, or `asyncio.CancelledError`).
+    """
+
+    __slots__ = ("future", "finish", "args", "route", "listen")
+
+    def __init__(self, future: asyncio.Future[Any] | None, finish: Callable[..., Response | None],
+                 *args: Any, listen: Callable[[asyncio.Future[Any], Callable[[Any], None]], None] | None = None
+                 ) -> None:
+        self.future = future
+        self.finish = finish
+        self.args = args
+        self.route: str | None = None  # the dispatcher's route template, given to the response
+        # How to be called back once ``future`` is done (`GroupCommitter.listen`: in the step that resolves
+        # it); None: ``future.add_done_callback``. The future is never cancelled here: it may be shared.
+        self.listen = listen
+
+    def answer(self, gone: bool = False) -> Response | None:
+        """The response, once the future is done; None when it was cancelled, or the peer is ``gone``."""
+        response = self.finish(GONE if gone else self.future, *self.args)
+        if response is not None and self.route is not None:
+            response.route = self.route
+        return response
+
+    def __await__(self) -> Any:
+        gone = False
+        if self.future is not None:
+            try:
+                yield from asyncio.shield(self.future)  # the future may be shared: never cancelled here
+            except asyncio.CancelledError:
+                gone = True  # the awaiting task was cancelled
+            except Exception:  # noqa: BLE001, S110 - the future's error: `finish` reads it from the future
+                pass
+        response = self.answer(gone)
+        if response is None:
+            raise asyncio.CancelledError
+        return response
 
 
 def json_response(status: int, document: Any, headers: list[tuple[str, str]] | None = None) -> Response:
@@ -271,7 +355,7 @@ class HttpProtocol(asyncio.Protocol):
         "_repeated", "_header_bytes", "_body", "_body_size", "_body_max", "_pending", "_current", "_closing",
         "_write_paused", "_discarding", "_discarded", "_request_started", "_header_name", "_held", "_raw",
         "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small", "peer", "credential",
-        "_path", "_query",
+        "_path", "_query", "_deferred",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
@@ -284,7 +368,8 @@ class HttpProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = (parser or _DEFAULT_PARSER)(self)
         self._pending: deque[tuple[Request, bool]] = deque()
-        self._current: asyncio.Task[None] | None = None
+        self._current: asyncio.Future[Any] | None = None  # a handler's task, or a `Deferred`'s future
+        self._deferred: tuple[Request, Deferred, bool] | None = None
         self._closing = False
         self._write_paused = False  # the peer is not reading its answers: stop taking requests
         self._discarding = False
@@ -349,8 +434,9 @@ class HttpProtocol(asyncio.Protocol):
         self._limits.forget(self)
         self._pending.clear()
         self._release_all()
-        if self._current is not None and not self._current.done():
+        if self._current is not None and not self._current.done() and self._deferred is None:
             self._current.cancel()  # the peer is gone: a waiting acquire leaves the queue
+        # (A `Deferred`'s future is not cancelled: its answer, when it comes, sees the connection closing.)
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
@@ -373,8 +459,9 @@ class HttpProtocol(asyncio.Protocol):
         self._feed(data)
 
     @property
-    def answering(self) -> asyncio.Task[None] | None:
-        """The task that writes the answer of the request being handled (None: none is)."""
+    def answering(self) -> asyncio.Future[Any] | None:
+        """What the answer of the request being handled waits on: its handler's task, or its `Deferred`'s
+        future (None: none is)."""
         return self._current
 
     def _busy(self) -> bool:
@@ -526,17 +613,11 @@ class HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        request = Request(
-            method=self._parser.get_method().decode("latin-1"),
-            raw_path=self._path,  # parsed once, when the headers were complete
-            query=self._query,
-            headers=self._headers,
-            repeated=self._repeated,
-            body=b"".join(self._body),
-            started=self._request_started,
-            refusal=self._refusal,
-            peer=self.peer,
-            credential=self.credential,
+        body = self._body
+        request = Request(  # positional: method, raw path (parsed once the headers were complete), query, ...
+            self._parser.get_method().decode("latin-1"), self._path, self._query, self._headers, self._repeated,
+            body[0] if len(body) == 1 else b"".join(body), self._request_started, self._refusal, self.peer,
+            self.credential,
         )
         self._body = []
         keep_alive = self._parser.should_keep_alive()
@@ -559,7 +640,33 @@ class HttpProtocol(asyncio.Protocol):
         if isinstance(result, Response):
             self._send(request, result, keep_alive)
             return
+        if type(result) is Deferred:
+            future = result.future
+            if future is None:
+                self._send_answer(request, result, keep_alive)
+                return
+            self._current = future
+            self._deferred = (request, result, keep_alive)
+            if result.listen is not None:
+                result.listen(future, self._answer_deferred)
+            else:
+                future.add_done_callback(self._answer_deferred)
+            return
         self._current = self._loop.create_task(self._await(request, result, keep_alive))
+
+    def _answer_deferred(self, future: asyncio.Future[Any]) -> None:
+        """The future of a `Deferred` is done: answer it (or undo it, when the connection is closing)."""
+        request, deferred, keep_alive = self._deferred  # type: ignore[misc]
+        self._deferred = None
+        self._current = None
+        self._send_answer(request, deferred, keep_alive)
+
+    def _send_answer(self, request: Request, deferred: Deferred, keep_alive: bool) -> None:
+        # Closing (the peer left, or the server stops): what the answer would have given is undone,
+        # as a handler's task is cancelled then.
+        response = deferred.answer(self._closing)
+        if response is not None:
+            self._send(request, response, keep_alive)
 
     async def _await(self, request: Request, pending: Awaitable[Response], keep_alive: bool) -> None:
         response = await pending

@@ -192,12 +192,29 @@ class LeaseService:
         write, self._write = self._write, None
         return write
 
-    async def _wait_durable(self, write: asyncio.Future[Any] | None) -> None:
-        if write is None:
-            return
-        error = await self.committer.reply(write)  # cancelled by a disconnect: the write goes on
-        if isinstance(error, StockadeError):
+    @staticmethod
+    def durable(write: asyncio.Future[Any] | None) -> asyncio.Future[Any] | None:
+        """What an answer waits for before it goes out: ``write``, the committer's future of the change
+        (None: nothing to wait for). Its result is the change's error, or None; never cancel it (a handler
+        waits through `GroupCommitter.reply` or `GroupCommitter.listen`).
+
+        The seam the fault tests' ack-before-commit control replaces.
+        """
+        return write
+
+    @staticmethod
+    def check_durable(done: Any) -> None:
+        """Raise what made ``done`` (a future from `durable`, done) fail: the change's `StockadeError`, or the
+        batch's error."""
+        if done is not None and isinstance(error := done.result(), StockadeError):
             raise error
+
+    async def _wait_durable(self, write: asyncio.Future[Any] | None) -> None:
+        durable = self.durable(write)
+        if durable is not None:
+            reply = self.committer.reply(durable)
+            await reply  # cancelled by a disconnect: the write goes on
+            self.check_durable(reply)
 
     # -- acquire -----------------------------------------------------------------------------
 
@@ -216,6 +233,32 @@ class LeaseService:
         # counts as alive until its deadline.
         attempt: dict[str, Any] = {"lease_id": self._new_lease_id(), "holder": holder, "ttl_ms": ttl_ms,
                                    "wait_deadline_ns": deadline_ns, "live_until_ns": deadline_ns}
+        outcome, write = self._try(scope, attempt, wait_ms)
+        if isinstance(outcome, Granted):
+            return await self._deliver(outcome.lease, write)
+        return await self._wait(scope, attempt, now_ns, wait_ms)
+
+    def acquire_now(self, scope: str, *, holder: str, ttl_ms: int) -> tuple[Lease, asyncio.Future[Any] | None]:
+        """`acquire` with no wait, without a coroutine: the grant and the future of its durability (`durable`).
+
+        The caller answers only once that future is done, through `delivered` (C1).
+
+        Raises:
+            InvalidArgument, LimitExceeded: nothing changed.
+            LockTimeout: held by another.
+        """
+        now_ns = self.clock.now_ns()
+        attempt: dict[str, Any] = {"lease_id": self._new_lease_id(), "holder": holder, "ttl_ms": ttl_ms,
+                                   "wait_deadline_ns": now_ns, "live_until_ns": now_ns}
+        outcome, write = self._try(scope, attempt, 0)
+        if not isinstance(outcome, Granted):  # not queued with no wait; if it were, leave the queue at once
+            self._leave_queue(scope, attempt["lease_id"])
+            _metrics.LOCK_TIMEOUTS.inc()
+            raise LockTimeout(scope, 0)
+        return outcome.lease, self.durable(write)
+
+    def _try(self, scope: str, attempt: dict[str, Any], wait_ms: int | None) -> tuple[Any, asyncio.Future[Any] | None]:
+        """One attempt: the engine's outcome (a grant counted) and the future of what it changed."""
         self._write = None
         try:
             outcome = self.engine.try_acquire(scope, **attempt)
@@ -223,11 +266,29 @@ class LeaseService:
             write = self._take_write()
         if isinstance(outcome, Granted):
             _metrics.GRANTS.inc()
-            return await self._deliver(outcome.lease, write)
-        if isinstance(outcome, TimedOut):
+        elif isinstance(outcome, TimedOut):
             _metrics.LOCK_TIMEOUTS.inc()
             raise LockTimeout(scope, wait_ms or 0)
-        return await self._wait(scope, attempt, now_ns, wait_ms)
+        return outcome, write
+
+    def delivered(self, lease: Lease, done: Any) -> Lease:
+        """`_deliver`'s outcome once the grant's durability (``done``, from `durable`) is settled.
+
+        Raises:
+            CancelledError: the client went away (``done`` says cancelled): the grant is withdrawn.
+            BackendUnavailable: the grant could not be made durable: it is withdrawn.
+        """
+        try:
+            if done is not None and done.cancelled():
+                raise asyncio.CancelledError
+            self.check_durable(done)
+        except asyncio.CancelledError:
+            self._release_quietly(lease.lease_id)
+            raise
+        except StockadeError:
+            self._release_quietly(lease.lease_id)
+            raise BackendUnavailable("the grant could not be made durable; it was withdrawn") from None
+        return lease
 
     async def _wait(self, scope: str, attempt: dict[str, Any], now_ns: int, wait_ms: int | None) -> Lease:
         lease_id = attempt["lease_id"]
@@ -349,14 +410,23 @@ class LeaseService:
 
     async def release(self, lease_id: str) -> bool:
         """Release a lease (durably). Idempotent: False when it was already gone."""
+        released, durable = self.release_now(lease_id)
+        if durable is not None:
+            reply = self.committer.reply(durable)
+            await reply  # cancelled by a disconnect: the write goes on
+            self.check_durable(reply)
+        return released
+
+    def release_now(self, lease_id: str) -> tuple[bool, asyncio.Future[Any] | None]:
+        """`release` without a coroutine: whether it was held, and the future of its durability (`durable`);
+        the caller answers once it is done and `check_durable` passes."""
         scope = self.table.scope_of_lease(lease_id)
         if scope is None:
-            return False
+            return False, None
         outcome = self.engine.release(lease_id)
         write = self._take_write()
         self._pump(scope)
-        await self._wait_durable(write)
-        return outcome.released
+        return outcome.released, self.durable(write)
 
     # -- reads -------------------------------------------------------------------------------
 

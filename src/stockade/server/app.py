@@ -28,7 +28,7 @@ from stockade.coordinators.sqlite._host import socket_path
 from stockade.coordinators.sqlite.signed import open_signed_sqlite
 from stockade.core.errors import InvalidArgument, InvariantViolation, LimitExceeded, StockadeError
 from stockade.core.fence import Reject
-from stockade.core.leases import LeasePolicy, lease_hint, redact_lease_path
+from stockade.core.leases import Lease, LeasePolicy, lease_hint, redact_lease_path
 from stockade.core.limits import (
     LIST_PAGE_MAX,
     LOCK_DELAY_MS_MAX,
@@ -58,6 +58,7 @@ from stockade.server._history_route import lock_history
 from stockade.server._host import bind_host_socket, watch_idle
 from stockade.server._http import (
     ConnectionLimits,
+    Deferred,
     HttpProtocol,
     Request,
     Response,
@@ -228,6 +229,9 @@ class App:
         if isinstance(result, Response):
             result.route = route
             return result
+        if type(result) is Deferred:
+            result.route = route
+            return result
         return self._finish(route, result, request)
 
     async def _finish(self, route: str, pending: Awaitable[Response], request: Request) -> Response:
@@ -299,7 +303,27 @@ class App:
         )
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
-    async def acquire(self, request: Request, raw_scope: str) -> Response:
+    def acquire(self, request: Request, raw_scope: str) -> Deferred | Awaitable[Response]:
+        """``POST /v1/locks/{scope}/acquire``. With no wait, on the server's own file, without a coroutine:
+        the grant is made here and answered (`Deferred`) once its commit is durable (C1)."""
+        scope, holder, ttl_ms, ticket, wait_ms = self._acquire_input(request, raw_scope)
+        leases = self.leases
+        if ticket is None and not wait_ms and isinstance(leases, LeaseService):
+            lease, durable = leases.acquire_now(scope, holder=holder, ttl_ms=ttl_ms)
+            return Deferred(durable, self._granted, lease, scope, request, listen=leases.committer.listen)
+        return self._acquire(request, scope, holder, ttl_ms, ticket, wait_ms)
+
+    def _granted(self, done: Any, lease: Lease, scope: str, request: Request) -> Response | None:
+        try:
+            self.leases.delivered(lease, done)  # type: ignore[union-attr]  # a LeaseService's (`acquire`)
+        except asyncio.CancelledError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - every error becomes a problem document
+            return self._error(exc, request)
+        return json_response(200, codecs.grant_doc(lease, scope))
+
+    def _acquire_input(self, request: Request, raw_scope: str) -> tuple[str, str, int, str | None, int]:
+        """An acquire's whole input, validated: scope, holder, ttl_ms, ticket, and the wait in ms (capped)."""
         scope = validate_scope(segment(raw_scope, "scope"))
         query(request, ())
         document = json_object(request, optional=False)
@@ -319,7 +343,10 @@ class App:
                 exc = InvalidArgument("ticket", "is required with \"wait_ms\": null (waiting until granted)")
             raise BodyField(exc) from None
         cap_ms = WAIT_MS_MAX if self.wait_ms_cap is None else self.wait_ms_cap
-        wait_ms = cap_ms if wait is None else min(wait, cap_ms)
+        return scope, holder, ttl_ms, ticket, cap_ms if wait is None else min(wait, cap_ms)
+
+    async def _acquire(self, request: Request, scope: str, holder: str, ttl_ms: int, ticket: str | None,
+                       wait_ms: int) -> Response:
         if ticket is None and not wait_ms:  # no wait: counted in no share (`within_share` awaits it as it is)
             lease = await self.leases.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
         elif ticket is not None:
@@ -340,12 +367,32 @@ class App:
         lease = await self.leases.renew(lease_id)
         return json_response(200, codecs.renewal_doc(lease))
 
-    async def release(self, request: Request, raw_lease_id: str) -> Response:
+    def release(self, request: Request, raw_lease_id: str) -> Deferred | Awaitable[Response]:
+        """``DELETE /v1/leases/{lease_id}``; on the server's own file without a coroutine (`Deferred`)."""
         lease_id = validate_lease_id(segment(raw_lease_id, "lease_id"))
         query(request, ())
         if request.body:
             raise InvalidArgument("body", "must be empty")
+        leases = self.leases
+        if isinstance(leases, LeaseService):
+            released, durable = leases.release_now(lease_id)
+            return Deferred(durable, self._released, released, lease_id, request, listen=leases.committer.listen)
+        return self._release(lease_id)
+
+    async def _release(self, lease_id: str) -> Response:
         released = await self.leases.release(lease_id)
+        if released:
+            _log.debug("lease %s… released", lease_hint(lease_id), extra={"lease": lease_hint(lease_id)})
+        return Response(204)
+
+    def _released(self, done: Any, released: bool, lease_id: str, request: Request) -> Response | None:
+        if done is not None:
+            if done.cancelled():
+                return None
+            try:
+                LeaseService.check_durable(done)
+            except Exception as exc:  # noqa: BLE001 - every error becomes a problem document
+                return self._error(exc, request)
         if released:
             _log.debug("lease %s… released", lease_hint(lease_id), extra={"lease": lease_hint(lease_id)})
         return Response(204)

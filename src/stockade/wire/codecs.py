@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from stockade.core import leases as core_leases
@@ -88,12 +89,17 @@ _TX_OPEN, _TX_CLOSE = b'{"steps":[', b"]}"
 _TX_PUT_FRAME = len('{"op":"put","key":,"value_b64":""}')
 _TX_DELETE_FRAME = len('{"op":"delete","key":}')
 
-_encode = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
+_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False, check_circular=False)
+# The C encoder `json.JSONEncoder.iterencode` builds on each call, built once (documents are never circular).
+_c_encode = None if c_make_encoder is None else c_make_encoder(
+    None, _ENCODER.default, encode_basestring_ascii, None, ":", ",", False, False, False)
 
 
 def dumps(document: Any) -> bytes:
     """Compact ASCII JSON; NaN and Infinity refused (they are not JSON)."""
-    return _encode(document).encode("ascii")
+    if _c_encode is None:  # no C accelerator: the encoder's own path
+        return _ENCODER.encode(document).encode("ascii")
+    return "".join(_c_encode(document, 0)).encode("ascii")
 
 
 # -- encoders (the server's answers) --------------------------------------------------------------
@@ -172,7 +178,7 @@ def tx_step_doc(op: str, key: str, value: bytes) -> dict[str, Any]:
 def tx_step_bytes(op: str, key: str, value_bytes: int) -> int:
     """The exact length of ``dumps(tx_step_doc(op, key, value))`` plus its separating comma, for a value
     of ``value_bytes`` bytes, without encoding the value: what a client counts against `TX_BODY_BYTES_MAX`."""
-    key_bytes = len(_encode(key))
+    key_bytes = len(_ENCODER.encode(key))
     if op == "put":
         return _TX_PUT_FRAME + key_bytes + 4 * ((value_bytes + 2) // 3) + 1
     return _TX_DELETE_FRAME + key_bytes + 1
