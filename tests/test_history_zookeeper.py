@@ -178,7 +178,8 @@ def test_a_reader_on_a_trailing_follower_sees_the_last_events_after_a_sync(patie
 
 
 @pytest.mark.parametrize("synced", [True, False], ids=["synced", "control-unsynced"])
-def test_history_read_through_a_trailing_follower_shows_the_last_events(patient_ensemble, tmp_path, monkeypatch, synced):
+def test_history_read_through_a_trailing_follower_shows_the_last_events(patient_ensemble, tmp_path, monkeypatch,
+                                                                        synced):
     """`history` through a session on that trailing follower (`stockade history` opens a new session on
     any server) catches up with the leader first: the events the writer's own session reads, in every
     round. Control: that session's ``sync`` answered at once without reaching the server (history as it
