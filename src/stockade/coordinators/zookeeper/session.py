@@ -28,9 +28,11 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
+    ConnectionClosedError,
     NoNodeError,
 )
 from kazoo.protocol.serialization import Connect, Create2
+from kazoo.protocol.states import KeeperState
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from stockade.coordinators import zookeeper as recipe
@@ -56,6 +58,32 @@ class _CreateContainer(Create2):
 
     __slots__ = ()
     type = 19
+
+
+class Client(KazooClient):
+    """kazoo's client, except that a request handed to its connection thread lets a ``KeyboardInterrupt`` through.
+
+    kazoo's hand-off (``KazooClient._call``: queue the request, write a byte to wake the connection thread)
+    turns whatever that write raises into ``ConnectionClosedError``. A Ctrl-C that lands there (the signal's
+    handler runs at the next bytecode of the thread that asked) came out as an unreachable server, which a
+    wait until granted retries: the user's first Ctrl-C was lost, and a test saw it (the first SIGINT of a sync
+    wait on ZooKeeper had not ended it 15 s later; the second did). Here only an `Exception` from the write is
+    turned into ``ConnectionClosedError``; the states kazoo refuses a request in are still refused by kazoo.
+    """
+
+    def _call(self, request: Any, async_object: Any) -> Any:
+        if self._state in _REFUSING:
+            return super()._call(request, async_object)  # answered with kazoo's errors, nothing queued
+        self._queue.append((request, async_object))
+        try:
+            self._connection._write_sock.send(b"\0")  # None once closed: an AttributeError, an Exception
+        except Exception:  # noqa: BLE001 - as kazoo answers it; a KeyboardInterrupt goes to the caller
+            async_object.set_exception(ConnectionClosedError("Connection has been closed"))
+        return None
+
+
+#: The states in which kazoo refuses a request without queueing it.
+_REFUSING = (KeeperState.AUTH_FAILED, KeeperState.CLOSED, KeeperState.EXPIRED_SESSION)
 
 
 @dataclass(slots=True)
@@ -89,7 +117,7 @@ class ZkSession:
         self.location = location
         self.layout = recipe.Layout(location.chroot + recipe.ROOT)
         self.connect_timeout_ms = connect_timeout_ms
-        self.client = KazooClient(
+        self.client = Client(
             hosts=",".join(f"{h}:{p}" for h, p in location.hosts), timeout=location.session_timeout_ms / 1000,
             logger=_LOGGER,
             connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5, "max_delay": 1.0},
