@@ -59,6 +59,10 @@ for attempt in range(5):
     except stockade.BackendUnavailable:
         if attempt == 4:
             raise
+# The same for a cycle: at a load of 9 the 1 s session lost its connection in a release before the sixth
+# cycle (the ensemble answers every worker of the run). What is written stays for the test's check; the cycle
+# is tried again, and 20 such failures end the cycler.
+unreachable = cycled = 0
 n = 0
 while True:
     n += 1
@@ -66,11 +70,23 @@ while True:
         lease = coord.acquire(scope, ttl_ms=1000, wait_ms=5000, holder=f"c{n}")
     except stockade.LeaseLost:  # a grant back after its 1 s (load 26, twice): nothing held, the next cycle
         continue
+    except stockade.BackendUnavailable:
+        unreachable += 1
+        if unreachable == 20:
+            raise
+        continue
     if n % 3 == 0:
         try:
             coord.acquire(scope, ttl_ms=1000, wait_ms=0, holder=f"w{n}")
-        except (stockade.LockTimeout, stockade.LeaseLost):
+        except (stockade.LockTimeout, stockade.LeaseLost, stockade.BackendUnavailable):
             pass
-    lease.release()
-    if n == 6:
+    try:
+        lease.release()
+    except stockade.BackendUnavailable:  # the lease ends by its TTL
+        unreachable += 1
+        if unreachable == 20:
+            raise
+        continue
+    cycled += 1
+    if cycled == 6:
         print("cycling", flush=True)  # the test kills it from now on
