@@ -19,27 +19,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+from serve_ab import start  # beside this file
 
 import stockade
 
 CHECKPOINTS = (0, 1_000, 10_000, 30_000, 60_000)
-
-
-def start_server() -> tuple[subprocess.Popen[bytes], str]:
-    data = tempfile.mkdtemp(prefix="held-leases-")
-    proc = subprocess.Popen([sys.executable, "-m", "stockade", "serve", "--data-dir", data, "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=open(f"{data}/server.log", "wb"))
-    line = b""
-    while b"listening on" not in line:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise SystemExit(open(f"{data}/server.log").read())
-    return proc, line.decode().strip().rsplit(" ", 1)[-1]
 
 
 def rss_mib(pid: int) -> float:
@@ -81,7 +69,7 @@ def probe(coord: stockade.Coordinator, probes: int) -> tuple[float, float]:
 
 
 def one_run(args: argparse.Namespace) -> list[tuple[int, float, float, float]]:
-    proc, url = start_server()
+    proc, url = start(os.environ.get("PYTHONPATH", "src"), sys.executable, [])
     rows = []
     try:
         held = 0

@@ -282,13 +282,17 @@ class LeaseService:
             if done is not None and done.cancelled():
                 raise asyncio.CancelledError
             self.check_durable(done)
-        except asyncio.CancelledError:
-            self._release_quietly(lease.lease_id)
-            raise
-        except StockadeError:
-            self._release_quietly(lease.lease_id)
-            raise BackendUnavailable("the grant could not be made durable; it was withdrawn") from None
+        except (asyncio.CancelledError, StockadeError) as exc:
+            raise self._withdrawn(lease, exc) from None
         return lease
+
+    def _withdrawn(self, lease: Lease, exc: BaseException) -> BaseException:
+        """What a grant that did not become durable raises once it is withdrawn: a cancellation as it came,
+        anything else as `BackendUnavailable`."""
+        self._release_quietly(lease.lease_id)
+        if isinstance(exc, asyncio.CancelledError):
+            return exc
+        return BackendUnavailable("the grant could not be made durable; it was withdrawn")
 
     async def _wait(self, scope: str, attempt: dict[str, Any], now_ns: int, wait_ms: int | None) -> Lease:
         lease_id = attempt["lease_id"]
@@ -317,12 +321,8 @@ class LeaseService:
         """Answer a grant only once it is durable; withdraw it if that fails or the client is gone."""
         try:
             await self._wait_durable(write)  # the seam the fault tests' ack-before-commit control replaces
-        except asyncio.CancelledError:
-            self._release_quietly(lease.lease_id)
-            raise
-        except StockadeError:
-            self._release_quietly(lease.lease_id)
-            raise BackendUnavailable("the grant could not be made durable; it was withdrawn") from None
+        except (asyncio.CancelledError, StockadeError) as exc:
+            raise self._withdrawn(lease, exc) from None
         return lease
 
     def _abandon(self, scope: str, lease_id: str, future: asyncio.Future[Any]) -> None:
