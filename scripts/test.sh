@@ -21,8 +21,9 @@ wait $! || true
 # Parallel workers (pytest-xdist): many tests wait on servers, disks and timers, not on the CPU.
 # Each worker starts its own PostgreSQL and Redis on free ports; the run shares one etcd cluster and one
 # ZooKeeper ensemble (tests/helpers/shared_servers.py). STOCKADE_TEST_WORKERS=N sets the number of workers
-# (default 6); 0 runs everything in this one process. On 2 idle cores, clean clones, 2,398 tests: 6 workers
-# 9 min 22 s to 9 min 46 s (CPU-bound). Tests whose premise depended on timing hold by construction.
+# (default 6); 0 runs everything in this one process. On 2 idle cores, five clean clones, 2,398 tests: 6 workers
+# 9 min 22 s to 10 min 22 s, median 9 min 46 s (CPU-bound). Tests whose premise depended on timing hold by
+# construction.
 workers=${STOCKADE_TEST_WORKERS:-6}
 # --durations: the 25 slowest steps are printed at the end, to keep the default run within budget.
 if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest --durations=25 "$@"; fi
