@@ -210,7 +210,10 @@ class LeaseService:
             raise error
 
     async def _wait_durable(self, write: asyncio.Future[Any] | None) -> None:
-        durable = self.durable(write)
+        await self._settled(self.durable(write))
+
+    async def _settled(self, durable: asyncio.Future[Any] | None) -> None:
+        """Wait until ``durable`` (from `durable`) is done; raise what made it fail."""
         if durable is not None:
             reply = self.committer.reply(durable)
             await reply  # cancelled by a disconnect: the write goes on
@@ -411,10 +414,7 @@ class LeaseService:
     async def release(self, lease_id: str) -> bool:
         """Release a lease (durably). Idempotent: False when it was already gone."""
         released, durable = self.release_now(lease_id)
-        if durable is not None:
-            reply = self.committer.reply(durable)
-            await reply  # cancelled by a disconnect: the write goes on
-            self.check_durable(reply)
+        await self._settled(durable)
         return released
 
     def release_now(self, lease_id: str) -> tuple[bool, asyncio.Future[Any] | None]:

@@ -380,10 +380,7 @@ class App:
         return self._release(lease_id)
 
     async def _release(self, lease_id: str) -> Response:
-        released = await self.leases.release(lease_id)
-        if released:
-            _log.debug("lease %s… released", lease_hint(lease_id), extra={"lease": lease_hint(lease_id)})
-        return Response(204)
+        return _no_content(await self.leases.release(lease_id), lease_id)
 
     def _released(self, done: Any, released: bool, lease_id: str, request: Request) -> Response | None:
         if done is not None:
@@ -393,9 +390,7 @@ class App:
                 LeaseService.check_durable(done)
             except Exception as exc:  # noqa: BLE001 - every error becomes a problem document
                 return self._error(exc, request)
-        if released:
-            _log.debug("lease %s… released", lease_hint(lease_id), extra={"lease": lease_hint(lease_id)})
-        return Response(204)
+        return _no_content(released, lease_id)
 
     async def inspect_lock(self, request: Request, raw_scope: str) -> Response:
         scope = validate_scope(segment(raw_scope, "scope"))
@@ -735,3 +730,9 @@ class Server:
         for file in self._files:
             file.close()
 
+
+def _no_content(released: bool, lease_id: str) -> Response:
+    """A release's answer (204 either way: releasing is idempotent), logged when it released the lease."""
+    if released:
+        _log.debug("lease %s… released", lease_hint(lease_id), extra={"lease": lease_hint(lease_id)})
+    return Response(204)
