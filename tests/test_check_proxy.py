@@ -61,9 +61,9 @@ class Upstream:
                     if len(rest) < length:
                         break
                     pending = rest[length:]
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                    with self.lock:
+                    with self.lock:  # counted before it is sent: a client that read it finds it counted
                         self.answered += 1
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
     def wait_for(self, count: int) -> bytes:
         deadline = time.monotonic() + WAIT_S
