@@ -3,8 +3,10 @@
 PostgreSQL and SQLite (docs/fence-postgres.md, docs/fence-sqlite.md, "Retries"). The writer
 (tests/helpers/retry_writer.py) is a real process: each operation inserts one row in a fenced
 transaction; it prints ``commit i`` just before the commit and ``committed i`` once it returned,
-and the test kills it at a random moment after one of them (before the commit was sent, during
-it, or after it landed and before the writer recorded that it had). Restarted, the writer
+and waits for the test's answer after each. The test answers every line in turn (so that a busy
+machine cannot put it behind a writer that has already finished) and kills it at a random moment
+after one answer (before the commit was sent, during it, or after it landed and before the writer
+recorded that it had). Restarted, the writer
 retries the operation whose outcome it does not know with the same token and the same id.
 Applications are counted from the data: rows per operation. With operation ids, 0 operations
 are applied twice; the control (the same writer without ids) applies some twice.
@@ -39,7 +41,7 @@ LONG = os.environ.get("STOCKADE_LONG") == "1"
 KILLS = 300 if LONG else 8
 CONTROL_KILLS_MAX = 300 if LONG else 40
 CLUSTER = "c0ffee00c0ffee00"
-KILL_DELAY_S_MAX = 0.004  # the kill lands within this after "commit i": around the commit and its record
+KILL_DELAY_S_MAX = 0.004  # the kill lands within this after an answer: around the commit and its record
 WAIT_S = 60.0
 
 
@@ -49,7 +51,7 @@ def _writer(kind: str, target: str, token: str, keyring: Path, journal: Path, op
     return subprocess.Popen(
         [sys.executable, str(WRITER), kind, target, token, str(keyring), str(journal), str(ops),
          "1" if op_ids else "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _run(kind: str, target: str, tmp_path: Path, op_ids: bool, kills: int, seed: int, *,
@@ -68,12 +70,19 @@ def _run(kind: str, target: str, tmp_path: Path, op_ids: bool, kills: int, seed:
     killed = 0
     while True:
         writer = _writer(kind, target, token, keyring, journal, ops, op_ids)
-        assert writer.stdout is not None
+        assert writer.stdout is not None and writer.stdin is not None
         victim = killed < kills
         for line in writer.stdout:
-            if victim and line.startswith("commit") and rng.random() < 0.25:  # "commit i" or "committed i"
-                if line.startswith("commit "):
-                    time.sleep(rng.uniform(0, KILL_DELAY_S_MAX))
+            if not line.startswith("commit"):  # "commit i" or "committed i": the writer waits for an answer
+                continue
+            kill = victim and rng.random() < 0.25
+            try:
+                writer.stdin.write("go\n")
+                writer.stdin.flush()
+            except BrokenPipeError:
+                break
+            if kill:
+                time.sleep(rng.uniform(0, KILL_DELAY_S_MAX))
                 writer.send_signal(signal.SIGKILL)
                 killed += 1
                 break

@@ -13,7 +13,8 @@ kill, it retries the operation it began and never saw end, with the same
 token and the same id (its outcome is unknown: the kill may have come before,
 during or after the commit), then goes on. It prints ``commit i`` just before
 each commit and ``committed i`` once the commit returned (before ``done i`` is
-recorded), so that the test can kill it around the commit.
+recorded), and after each waits for a line on stdin, so that the test, which reads every line
+before it answers, can kill it around the commit however far behind a busy machine puts it.
 """
 
 import os
@@ -60,6 +61,14 @@ else:
 
     insert = "INSERT INTO applied (op) VALUES (?)"
 
+
+
+def tell(line: str) -> None:
+    """Print ``line`` and wait for the test's go-ahead (it may kill this process instead)."""
+    print(line, flush=True)
+    sys.stdin.readline()
+
+
 first = done + 1 if begun <= done else begun  # the retry of the one begun and never seen to end, or the next
 for i in range(first, int(ops)):
     if i > begun:
@@ -67,8 +76,8 @@ for i in range(first, int(ops)):
     try:
         with fenced(f"op-{i}" if op_ids == "1" else None):
             conn.execute(insert, (i,))
-            print(f"commit {i}", flush=True)
-        print(f"committed {i}", flush=True)
+            tell(f"commit {i}")
+        tell(f"committed {i}")
     except AlreadyApplied:
         pass
     journal(f"done {i}")
