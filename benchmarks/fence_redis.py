@@ -22,10 +22,15 @@ script of another revision (FILE: that revision's
 ``src/stockade/resources/redis/_script.py``, e.g. from ``git show``), so a
 change of the script is measured before and after in one run, on one server.
 ``--appendfsync no`` takes the disk out, leaving the CPU the script costs.
+``--fencekit`` adds ``fencekit``: the same write through fencekit's
+``FenceGate.set_if_fresh`` (an unsigned integer token, one EVAL of its script),
+a peer that must be importable (``pip install fencekit``; not a stockade
+dependency), and the ratio of its rate to the fenced one's.
 
     PYTHONPATH=src python benchmarks/fence_redis.py --rounds 5 --ops 2000
     git show 75513f1:src/stockade/resources/redis/_script.py > /tmp/before.py
     PYTHONPATH=src python benchmarks/fence_redis.py --workload batch --before /tmp/before.py --appendfsync no
+    PYTHONPATH=src python benchmarks/fence_redis.py --fencekit --rounds 5
 """
 
 from __future__ import annotations
@@ -125,6 +130,10 @@ def writer(port: int, variant: str, worker: int, ops: int, barrier: Any, workloa
     elif variant == "plain":
         for key in keys:
             client.set(key, VALUE)
+    elif variant == "fencekit":
+        gate, peer_token, text = _fencekit(client)
+        for key in keys:
+            gate.set_if_fresh(peer_token, key, text)
     elif variant in ("fenced", "fenced-before"):
         for key in keys:
             fence.set(token, key, VALUE)
@@ -136,6 +145,13 @@ def writer(port: int, variant: str, worker: int, ops: int, barrier: Any, workloa
     elapsed = time.perf_counter() - start
     client.close()
     return elapsed
+
+
+def _fencekit(client: redis.Redis) -> tuple[Any, Any, str]:
+    """The peer's gate on the same client, its token for the same scope, and the same 100 bytes."""
+    import fencekit  # a peer, imported only when asked for
+
+    return fencekit.FenceGate(client), fencekit.FenceToken(value=1, resource="bench"), VALUE.decode()
 
 
 def _proc(args: tuple[int, str, int, int, Any, Any, str]) -> None:
@@ -172,11 +188,16 @@ def main() -> int:
     parser.add_argument("--workload", choices=("set", "batch"), default="set")
     parser.add_argument("--before", help="another revision's _redis_script.py: adds the fenced-before variant")
     parser.add_argument("--appendfsync", choices=("always", "everysec", "no"), default="always")
+    parser.add_argument("--fencekit", action="store_true", help="add the peer fencekit's fenced SET (installed)")
     options = parser.parse_args()
     variants: tuple[str, ...] = ("plain", "fenced") if options.workload == "batch" else VARIANTS
     if options.before:
         _load_before(options.before)
         variants += ("fenced-before",)
+    if options.fencekit:
+        if importlib.util.find_spec("fencekit") is None:
+            parser.error("--fencekit: the peer is not importable here (pip install fencekit)")
+        variants += ("fencekit",)
     with tempfile.TemporaryDirectory(prefix="fence-redis-bench-") as directory:
         process, port = start_server(Path(directory), options.appendfsync)
         try:
@@ -206,14 +227,17 @@ def main() -> int:
     print(f"redis-server, appendfsync {options.appendfsync}; workload {options.workload}; medians of "
           f"{options.rounds} interleaved rounds ({unit}/s)\n")
     print("| clients | " + " | ".join(variants) + " | fenced/plain |" + (" fenced/fenced-before |" if options.before
-                                                                          else ""))
-    print("| --- |" + " ---: |" * (len(variants) + 1 + bool(options.before)))
+                                                                          else "")
+          + (" fenced/fencekit |" if options.fencekit else ""))
+    print("| --- |" + " ---: |" * (len(variants) + 1 + bool(options.before) + bool(options.fencekit)))
     for clients in ("1 client", f"{options.procs} procs"):
         medians = [statistics.median(results[(v, clients)]) for v in variants]
         # Paired: each round's ratio of times per write, so a slow spell of the disk counts on both sides.
         row = [f"{m:,.0f}" for m in medians] + [f"{_paired(results, clients, 'plain', 'fenced'):.2f}x"]
         if options.before:
             row.append(f"{_paired(results, clients, 'fenced-before', 'fenced'):.2f}x")
+        if options.fencekit:
+            row.append(f"{_paired(results, clients, 'fencekit', 'fenced'):.2f}x")
         print(f"| {clients} | " + " | ".join(row) + " |")
     for variant, per_call in server_us.items():
         print(f"\n{variant}: Redis's time in the script, {statistics.median(per_call):.2f} us a call (median over "
