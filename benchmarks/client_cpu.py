@@ -4,7 +4,7 @@
     PYTHONPATH=src python benchmarks/client_cpu.py --runs 3 --seconds 4 --clients 8
 
 Only the client processes are measured, never the servers: each client process
-reads its own CPU (user + system, ``time.process_time``: all its threads) around
+reads its own CPU (user and system, ``getrusage(RUSAGE_SELF)``: all its threads) around
 its measured cycles, after a warm-up of 20 cycles, and the figure is the sum
 over the client processes divided by the cycles they made. The two sides:
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -48,7 +49,7 @@ TTL_MS = 10_000
 SIDES = ("stockade", "psycopg")
 
 
-def _stockade_cycles(url: str, scope: str, seconds: float, barrier) -> tuple[int, float, float]:
+def _stockade_cycles(url: str, scope: str, seconds: float, barrier) -> tuple[int, float, float, float]:
     import stockade
 
     coord = stockade.connect(url)
@@ -62,7 +63,7 @@ def _stockade_cycles(url: str, scope: str, seconds: float, barrier) -> tuple[int
         coord.close()
 
 
-def _psycopg_cycles(dsn: str, scope: str, seconds: float, barrier) -> tuple[int, float, float]:
+def _psycopg_cycles(dsn: str, scope: str, seconds: float, barrier) -> tuple[int, float, float, float]:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -80,16 +81,18 @@ def _psycopg_cycles(dsn: str, scope: str, seconds: float, barrier) -> tuple[int,
         return _measure(cycle, seconds, barrier)
 
 
-def _measure(cycle, seconds: float, barrier) -> tuple[int, float, float]:
-    """Cycles, wall seconds and this process's CPU seconds over the measured part (after the warm-up)."""
+def _measure(cycle, seconds: float, barrier) -> tuple[int, float, float, float]:
+    """Cycles, wall seconds and this process's user and system CPU seconds over the measured part (after the
+    warm-up)."""
     for _ in range(WARM_UP_CYCLES):
         cycle()
     barrier.wait()
-    cycles, start, cpu0 = 0, time.perf_counter(), time.process_time()
+    cycles, start, cpu0 = 0, time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     while time.perf_counter() - start < seconds:
         cycle()
         cycles += 1
-    return cycles, time.perf_counter() - start, time.process_time() - cpu0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    return cycles, time.perf_counter() - start, cpu1.ru_utime - cpu0.ru_utime, cpu1.ru_stime - cpu0.ru_stime
 
 
 def _client(side: str, target: str, scope: str, seconds: float, barrier, results) -> None:
@@ -119,18 +122,20 @@ def measure(side: str, target: str, clients: int, seconds: float, run: int) -> d
         raise RuntimeError(f"{side}, {clients} clients: {failed[0]}")
     cycles = sum(g[0] for g in got)
     return {"side": side, "clients": clients, "run": run, "cycles": cycles, "load": load,
-            "per_s": cycles / max(g[1] for g in got), "cpu_us": sum(g[2] for g in got) / cycles * 1e6}
+            "per_s": cycles / max(g[1] for g in got), "cpu_us": sum(g[2] + g[3] for g in got) / cycles * 1e6,
+            "sys_us": sum(g[3] for g in got) / cycles * 1e6}
 
 
 def report(rows: list[dict], clients: list[int]) -> str:
-    out = ["| clients | runs | stockade client CPU µs/cycle | psycopg client CPU µs/cycle | stockade / psycopg "
+    out = ["| clients | runs | stockade client CPU µs/cycle (system) | psycopg client CPU µs/cycle (system) | stockade / psycopg "
            "| stockade cycles/s | psycopg cycles/s | load |", "|---|---|---|---|---|---|---|---|"]
     for n in clients:
         med = {side: {key: statistics.median(r[key] for r in rows if r["side"] == side and r["clients"] == n)
-                      for key in ("cpu_us", "per_s", "load")} for side in SIDES}
+                      for key in ("cpu_us", "sys_us", "per_s", "load")} for side in SIDES}
         runs = sum(1 for r in rows if r["side"] == "stockade" and r["clients"] == n)
         loads = [r["load"] for r in rows if r["clients"] == n]
-        out.append(f"| {n} | {runs} | {med['stockade']['cpu_us']:.0f} | {med['psycopg']['cpu_us']:.0f} | "
+        out.append(f"| {n} | {runs} | {med['stockade']['cpu_us']:.0f} ({med['stockade']['sys_us']:.0f}) | "
+                   f"{med['psycopg']['cpu_us']:.0f} ({med['psycopg']['sys_us']:.0f}) | "
                    f"{med['stockade']['cpu_us'] / med['psycopg']['cpu_us']:.2f}x | {med['stockade']['per_s']:.0f} | "
                    f"{med['psycopg']['per_s']:.0f} | {min(loads):.1f}-{max(loads):.1f} |")
     return "\n".join(out)
@@ -186,7 +191,8 @@ def main() -> int:
                 for side in SIDES[run % 2:] + SIDES[:run % 2]:
                     rows.append(measure(side, targets[side], clients, args.seconds, run))
                     r = rows[-1]
-                    print(f"run {run + 1} {side:8s} {clients}c: client CPU {r['cpu_us']:5.0f} µs/cycle, "
+                    print(f"run {run + 1} {side:8s} {clients}c: client CPU {r['cpu_us']:5.0f} µs/cycle "
+                          f"({r['sys_us']:3.0f} system), "
                           f"{r['per_s']:6.0f} cycles/s, load {r['load']:.1f}", flush=True)
         print(report(rows, [1, args.clients]))
     finally:

@@ -379,23 +379,59 @@ class TCPStream:
 
     Raises `OSError` on failure: `TimeoutError` when the time ran out,
     `ConnectionError` when the peer went away.
+
+    A plain socket (TCP or Unix, not TLS) is kept non-blocking and waited on with
+    one ``poll`` object: a request leaves in one ``send`` call and an answer is one
+    ``poll`` and one ``recv``, with no mode switch around them. A TLS socket sets
+    its timeout before each call instead.
     """
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self._poll: Any = None
+        if type(sock) is socket.socket and hasattr(select, "poll"):
+            sock.setblocking(False)
+            self._poll = select.poll()
+            self._poll.register(sock, select.POLLIN)
 
     def send(self, data: bytes, timeout_s: float) -> None:
+        if self._poll is not None:
+            try:
+                sent = self._sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]  # the socket's buffer is full: wait for room, then back to non-blocking
+            self._sock.settimeout(timeout_s)
+            try:
+                self._sock.sendall(data)
+            finally:
+                self._sock.setblocking(False)
+            return
         self._sock.settimeout(timeout_s)
         self._sock.sendall(data)
 
     def receive(self, bytes_max: int, timeout_s: float) -> bytes:
         """Up to ``bytes_max`` bytes; ``b""`` when the peer closed the connection."""
-        self._sock.settimeout(timeout_s)
-        return self._sock.recv(bytes_max)
+        poll = self._poll
+        if poll is None:
+            self._sock.settimeout(timeout_s)
+            return self._sock.recv(bytes_max)
+        end_s = time.monotonic() + timeout_s
+        while True:
+            if not poll.poll(max(0.0, timeout_s) * 1000):
+                raise TimeoutError("timed out")
+            try:
+                return self._sock.recv(bytes_max)
+            except BlockingIOError:  # woken with nothing to read after all: wait for the rest of the time
+                timeout_s = end_s - time.monotonic()
 
     def is_stale(self) -> bool:
         """True if an idle connection was closed by the peer (or sent something unasked)."""
         try:
+            if self._poll is not None:
+                return bool(self._poll.poll(0))
             readable, _, _ = select.select([self._sock], [], [], 0)
         except (OSError, ValueError):
             return True

@@ -28,6 +28,7 @@ from stockade.transport.http11 import (
     build_request,
     chunk_size,
     error_for,
+    fixed_fields,
     json_body,
     parse_head,
 )
@@ -147,6 +148,7 @@ class HTTPClient:
 
     def __init__(self, endpoint: HTTPEndpoint) -> None:
         self.endpoint = endpoint
+        self._fixed = fixed_fields(endpoint.authority, endpoint.auth_token)  # made once: the same on every request
         self._idle: list[HTTPConnection] = []
         self._closed = False
 
@@ -211,11 +213,10 @@ class HTTPClient:
         endpoint = self.endpoint
         request = build_request(
             method, endpoint.base_path + path, authority=endpoint.authority, auth_token=endpoint.auth_token,
-            body=body, content_type=content_type, headers=headers,
+            body=body, content_type=content_type, headers=headers, fixed=self._fixed,
         )
         deadline = time.monotonic() + timeout_ms / 1000
         retry_safe = method == "GET" if idempotent is None else idempotent
-        shown = core_leases.redact_lease_path(path)
         connection = self._checkout()
         reused = connection is not None
         for attempt in (1, 2):
@@ -226,7 +227,7 @@ class HTTPClient:
             except TimeoutError as exc:
                 connection.close()
                 raise BackendUnavailable(
-                    f"{method} {shown}: no answer from {endpoint.authority} within {timeout_ms} ms"
+                    f"{method} {core_leases.redact_lease_path(path)}: no answer from {endpoint.authority} within {timeout_ms} ms"
                 ) from exc
             except (OSError, ProtocolError) as exc:
                 connection.close()
@@ -235,7 +236,7 @@ class HTTPClient:
                     connection = None
                     continue
                 raise BackendUnavailable(
-                    f"{method} {shown}: connection to {endpoint.authority} failed: {exc}"
+                    f"{method} {core_leases.redact_lease_path(path)}: connection to {endpoint.authority} failed: {exc}"
                 ) from exc
             except BaseException:
                 connection.close()  # cancelled mid-request: the stream's state is unknown
