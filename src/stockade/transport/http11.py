@@ -110,14 +110,14 @@ class HTTPEndpoint:
         return f"<HTTPEndpoint {scheme}://{self.authority}{self.base_path}>"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made twice a lock cycle, and a frozen one costs twice as much to make
 class HTTPResponse:
     status: int
     headers: dict[str, str]
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Head:
     """A parsed response head. ``body_length``: -1 chunked, -2 until close, else bytes."""
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the sync side never loads asyncio or ssl: each ``AsyncIO`` 
 
 __all__ = [
     "AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream", "AsyncBodyGuard", "BodyGuard", "AsyncHandle", "Handle",
-    "unix_address",
+    "unix_address", "Flag",
 ]
 
 T = TypeVar("T")
@@ -151,6 +151,68 @@ class AsyncIO:
         return AsyncTCPStream(reader, writer)
 
 
+_FLAG_CONDITIONS = threading.Lock()  # held while a `Flag` gets its condition, and by a `set` that finds none
+
+
+class Flag:
+    """A `threading.Event` (``is_set``, ``set``, ``clear``, ``wait``, the same behaviour) whose condition is
+    made by the first ``wait`` that has to block, not with the flag: the sync client makes two a lease,
+    and a lease released before its keepalive starts never waits on them."""
+
+    __slots__ = ("_flag", "_cond")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._cond: threading.Condition | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def _condition(self) -> threading.Condition | None:
+        """The condition, made now; None if the flag was set while none existed (nothing to wait for)."""
+        with _FLAG_CONDITIONS:
+            if self._cond is None:
+                if self._flag:
+                    return None
+                self._cond = threading.Condition(threading.Lock())
+            return self._cond
+
+    def set(self) -> None:
+        cond = self._cond
+        if cond is None:
+            with _FLAG_CONDITIONS:  # a waiter that makes the condition after this sees the flag under it
+                cond = self._cond
+                if cond is None:
+                    self._flag = True
+                    return
+        with cond:
+            self._flag = True
+            cond.notify_all()
+
+    def clear(self) -> None:
+        cond = self._cond
+        if cond is None:
+            with _FLAG_CONDITIONS:
+                cond = self._cond
+                if cond is None:
+                    self._flag = False
+                    return
+        with cond:
+            self._flag = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        cond = self._cond or self._condition()
+        if cond is None:
+            return True
+        with cond:
+            signaled = self._flag
+            if not signaled:
+                signaled = cond.wait(timeout)
+            return signaled
+
+
 class SyncIO:
     """Threads: a daemon thread for background work; blocking calls run in place."""
 
@@ -159,11 +221,11 @@ class SyncIO:
         time.sleep(seconds)
 
     @staticmethod
-    def event() -> threading.Event:
-        return threading.Event()
+    def event() -> Flag:
+        return Flag()
 
     @staticmethod
-    def wait_event(event: threading.Event, timeout_s: float | None) -> bool:
+    def wait_event(event: Flag, timeout_s: float | None) -> bool:
         return event.wait(timeout_s)
 
     @staticmethod

@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from stockade.client._sync.election import Leadership, watch_leader
 from stockade.client._sync.port import CoordinatorPort
-from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
+from stockade.client._hooks import NO_HOOKS, Hooks, call_hook, lease_telemetry, validate_hooks
 from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, Leased, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
@@ -109,7 +109,7 @@ class Lease(Leased):
         self._renew_at_s = 0.0
         self._keepalive_bug: InvariantViolation | None = None
         self._enclosing: Leased | None = None  # the lease of the enclosing lock() block, if any
-        self._telemetry = LeaseTelemetry(hooks)
+        self._telemetry = lease_telemetry(hooks)
         self._on_lost = on_lost
         self._guard: Any = None  # the lock() block's body guard, while its body runs
 

@@ -216,7 +216,7 @@ class AsyncHTTPClient:
         )
         deadline = time.monotonic() + timeout_ms / 1000
         retry_safe = method == "GET" if idempotent is None else idempotent
-        connection = self._checkout()
+        connection = self._checkout() if self._idle else None
         reused = connection is not None
         for attempt in (1, 2):
             if connection is None:
