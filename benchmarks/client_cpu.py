@@ -127,8 +127,8 @@ def measure(side: str, target: str, clients: int, seconds: float, run: int) -> d
 
 
 def report(rows: list[dict], clients: list[int]) -> str:
-    out = ["| clients | runs | stockade client CPU µs/cycle (system) | psycopg client CPU µs/cycle (system) | stockade / psycopg "
-           "| stockade cycles/s | psycopg cycles/s | load |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| clients | runs | stockade client CPU µs/cycle (system) | psycopg client CPU µs/cycle (system) "
+           "| stockade / psycopg | stockade cycles/s | psycopg cycles/s | load |", "|---|---|---|---|---|---|---|---|"]
     for n in clients:
         med = {side: {key: statistics.median(r[key] for r in rows if r["side"] == side and r["clients"] == n)
                       for key in ("cpu_us", "sys_us", "per_s", "load")} for side in SIDES}

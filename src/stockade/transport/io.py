@@ -159,11 +159,9 @@ class Flag:
     made by the first ``wait`` that has to block, not with the flag: the sync client makes two a lease,
     and a lease released before its keepalive starts never waits on them."""
 
-    __slots__ = ("_flag", "_cond")
-
-    def __init__(self) -> None:
-        self._flag = False
-        self._cond: threading.Condition | None = None
+    # Class defaults, no ``__init__``: a new flag costs no call.
+    _flag: bool = False
+    _cond: threading.Condition | None = None
 
     def is_set(self) -> bool:
         return self._flag
@@ -207,7 +205,7 @@ class Flag:
         if cond is None:
             return True
         with cond:
-            signaled = self._flag
+            signaled: bool = self._flag
             if not signaled:
                 signaled = cond.wait(timeout)
             return signaled
@@ -220,9 +218,7 @@ class SyncIO:
     def sleep(seconds: float) -> None:
         time.sleep(seconds)
 
-    @staticmethod
-    def event() -> Flag:
-        return Flag()
+    event = Flag  # ``SyncIO.event()`` makes a `Flag`, without a call in between
 
     @staticmethod
     def wait_event(event: Flag, timeout_s: float | None) -> bool:

@@ -38,6 +38,7 @@ __all__ = ["HTTPClient", "HTTPConnection", "IDLE_CONNECTIONS_MAX"]
 
 IDLE_CONNECTIONS_MAX = 8
 RECEIVE_BYTES = 65536
+_HEAD_END = b"\r\n\r\n"
 
 
 class _PeerClosed(ConnectionError):
@@ -100,10 +101,19 @@ class HTTPConnection:
             raise TimeoutError("deadline passed")
         self._stream.send(request, remaining_s)
         while True:
-            head = parse_head(self._receive_until(b"\r\n\r\n", deadline, RESPONSE_HEAD_BYTES_MAX), method=method)
+            end = self._buffer.find(_HEAD_END)  # `_receive_until`, written out: this is every request's path
+            while end < 0:
+                if len(self._buffer) > RESPONSE_HEAD_BYTES_MAX:
+                    raise ProtocolError(f"no {_HEAD_END!r} within {RESPONSE_HEAD_BYTES_MAX} bytes")
+                self._receive(deadline)
+                end = self._buffer.find(_HEAD_END)
+            raw, self._buffer = self._buffer[:end], self._buffer[end + 4:]
+            head = parse_head(raw, method=method)
             if head.status >= 200:
                 break  # 1xx: interim answers are skipped
-        if head.body_length >= 0:
+        if 0 <= head.body_length <= len(self._buffer):  # the usual: the body came with its head
+            body, self._buffer = self._buffer[:head.body_length], self._buffer[head.body_length:]
+        elif head.body_length >= 0:
             body = self._receive_exactly(head.body_length, deadline)
         elif head.body_length == -1:
             body = self._receive_chunked(deadline)
@@ -226,8 +236,9 @@ class HTTPClient:
                 response = connection.roundtrip(method, request, deadline)
             except TimeoutError as exc:
                 connection.close()
+                shown = core_leases.redact_lease_path(path)  # made only for the message
                 raise BackendUnavailable(
-                    f"{method} {core_leases.redact_lease_path(path)}: no answer from {endpoint.authority} within {timeout_ms} ms"
+                    f"{method} {shown}: no answer from {endpoint.authority} within {timeout_ms} ms"
                 ) from exc
             except (OSError, ProtocolError) as exc:
                 connection.close()
@@ -235,8 +246,9 @@ class HTTPClient:
                 if attempt == 1 and fresh_start and retry_safe:
                     connection = None
                     continue
+                shown = core_leases.redact_lease_path(path)
                 raise BackendUnavailable(
-                    f"{method} {core_leases.redact_lease_path(path)}: connection to {endpoint.authority} failed: {exc}"
+                    f"{method} {shown}: connection to {endpoint.authority} failed: {exc}"
                 ) from exc
             except BaseException:
                 connection.close()  # cancelled mid-request: the stream's state is unknown

@@ -191,7 +191,7 @@ class HTTPCoordinatorPort:
                 self.wait_rounds += 1
                 continue
             raise error from problem
-        grant = codecs.grant_from(json_body(response), holder=holder, sent_ns=sent_ns)
+        grant = codecs.grant_from(codecs.decode_json(response.body, response.status), holder=holder, sent_ns=sent_ns)
         if grant.token.scope != scope or grant.token.cluster != self.cluster_id:
             # Never hand out a token this client did not ask for.
             raise BackendUnavailable(f"server granted a token for another scope or cluster: {grant.token}")
