@@ -30,10 +30,12 @@ dependency) and PostgreSQL 15 (``scripts/install.sh``).
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +43,6 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pg_layouts import _LEASE_GRANT, _LEASE_RELEASE, SETUP  # noqa: E402  (the peers' lease row)
-from side_by_side import Servers  # noqa: E402  (the servers it starts, and how)
 
 WARM_UP_CYCLES = 20
 TTL_MS = 10_000
@@ -65,6 +65,7 @@ def _stockade_cycles(url: str, scope: str, seconds: float, barrier) -> tuple[int
 
 def _psycopg_cycles(dsn: str, scope: str, seconds: float, barrier) -> tuple[int, float, float, float]:
     import psycopg
+    from pg_layouts import _LEASE_GRANT, _LEASE_RELEASE  # the peers' lease row
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         holder = uuid.uuid4().hex
@@ -105,8 +106,17 @@ def _client(side: str, target: str, scope: str, seconds: float, barrier, results
         raise
 
 
-def measure(side: str, target: str, clients: int, seconds: float, run: int) -> dict:
-    """One run of ``side`` with ``clients`` processes: client CPU µs per cycle and cycles/s."""
+def measure(side: str, target: str, clients: int, seconds: float, run: int, before: Path | None = None) -> dict:
+    """One run of ``side`` with ``clients`` processes: client CPU µs per cycle and cycles/s.
+
+    ``stockade-before`` runs in a child interpreter importing stockade from ``before`` (another checkout's src).
+    """
+    if side == "stockade-before":
+        env = dict(os.environ, PYTHONPATH=str(before))
+        out = subprocess.run([sys.executable, __file__, "--child", json.dumps(["stockade", target, clients, seconds,
+                                                                                 run])],
+                             env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
+        return dict(json.loads(out.strip().splitlines()[-1]), side=side)
     ctx = multiprocessing.get_context("fork")
     barrier, results = ctx.Barrier(clients), ctx.Queue()
     procs = [ctx.Process(target=_client, args=(side, target, f"cpu-{side}-{run}-{clients}-{i}", seconds, barrier,
@@ -126,18 +136,19 @@ def measure(side: str, target: str, clients: int, seconds: float, run: int) -> d
             "sys_us": sum(g[3] for g in got) / cycles * 1e6}
 
 
-def report(rows: list[dict], clients: list[int]) -> str:
-    out = ["| clients | runs | stockade client CPU µs/cycle (system) | psycopg client CPU µs/cycle (system) "
-           "| stockade / psycopg | stockade cycles/s | psycopg cycles/s | load |", "|---|---|---|---|---|---|---|---|"]
+def report(rows: list[dict], clients: list[int], sides: list[str]) -> str:
+    out = ["| clients | side | runs | client CPU µs/cycle | of which system | / psycopg | cycles/s | load |",
+           "|---|---|---|---|---|---|---|---|"]
     for n in clients:
         med = {side: {key: statistics.median(r[key] for r in rows if r["side"] == side and r["clients"] == n)
-                      for key in ("cpu_us", "sys_us", "per_s", "load")} for side in SIDES}
-        runs = sum(1 for r in rows if r["side"] == "stockade" and r["clients"] == n)
+                      for key in ("cpu_us", "sys_us", "per_s", "load")} for side in sides}
+        runs = sum(1 for r in rows if r["side"] == sides[0] and r["clients"] == n)
         loads = [r["load"] for r in rows if r["clients"] == n]
-        out.append(f"| {n} | {runs} | {med['stockade']['cpu_us']:.0f} ({med['stockade']['sys_us']:.0f}) | "
-                   f"{med['psycopg']['cpu_us']:.0f} ({med['psycopg']['sys_us']:.0f}) | "
-                   f"{med['stockade']['cpu_us'] / med['psycopg']['cpu_us']:.2f}x | {med['stockade']['per_s']:.0f} | "
-                   f"{med['psycopg']['per_s']:.0f} | {min(loads):.1f}-{max(loads):.1f} |")
+        for side in sides:
+            m = med[side]
+            out.append(f"| {n} | {side} | {runs} | {m['cpu_us']:.0f} | {m['sys_us']:.0f} | "
+                       f"{m['cpu_us'] / med['psycopg']['cpu_us']:.2f}x | {m['per_s']:.0f} | "
+                       f"{min(loads):.1f}-{max(loads):.1f} |")
     return "\n".join(out)
 
 
@@ -169,10 +180,18 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--clients", type=int, default=8, help="client processes of the second phase (first: 1)")
     parser.add_argument("--profile", type=Path, help="profile the stockade side (1 client) into this file instead")
+    parser.add_argument("--before", type=Path, help="another checkout's src: its client as a third side")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one run of a side, in this interpreter, as JSON
     args = parser.parse_args()
+    if args.child:
+        side, target, clients, seconds, run = json.loads(args.child)
+        print(json.dumps(measure(side, target, clients, seconds, run)))
+        return 0
     if not 1 <= args.runs <= 50 or not 0.5 <= args.seconds <= 60 or not 2 <= args.clients <= 64:
         parser.error("--runs 1..50, --seconds 0.5..60, --clients 2..64")
     root = Path(tempfile.mkdtemp(prefix="stockade-client-cpu-"))
+    from side_by_side import Servers  # the servers it starts, and how
+
     servers = Servers(root)
     try:
         url = servers.start_stockade([])
@@ -182,19 +201,21 @@ def main() -> int:
         port = servers.start_postgres()
         dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
         import psycopg
+        from pg_layouts import SETUP
 
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SETUP)
-        targets, rows = {"stockade": url, "psycopg": dsn}, []
+        targets, rows = {"stockade": url, "psycopg": dsn, "stockade-before": url}, []
+        sides = list(SIDES) + (["stockade-before"] if args.before else [])
         for run in range(args.runs):
             for clients in (1, args.clients):
-                for side in SIDES[run % 2:] + SIDES[:run % 2]:
-                    rows.append(measure(side, targets[side], clients, args.seconds, run))
+                for side in sides[run % len(sides):] + sides[:run % len(sides)]:
+                    rows.append(measure(side, targets[side], clients, args.seconds, run, args.before))
                     r = rows[-1]
-                    print(f"run {run + 1} {side:8s} {clients}c: client CPU {r['cpu_us']:5.0f} µs/cycle "
+                    print(f"run {run + 1} {side:15s} {clients}c: client CPU {r['cpu_us']:5.0f} µs/cycle "
                           f"({r['sys_us']:3.0f} system), "
                           f"{r['per_s']:6.0f} cycles/s, load {r['load']:.1f}", flush=True)
-        print(report(rows, [1, args.clients]))
+        print(report(rows, [1, args.clients], sides))
     finally:
         servers.stop()
     return 0

@@ -36,7 +36,7 @@ from stockade.core.limits import (
     validate_int,
     validate_scope,
     validate_ttl_ms,
-    validate_wait,
+    validate_wait_ms,
 )
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -94,7 +94,8 @@ class AsyncLease(Leased):
         self._clock = clock
         # Past this the keepalive stops: the lease is lost here at the latest.
         self._hold_end_ns = None if max_hold_ms is None else grant.sent_ns + max_hold_ms * 1_000_000
-        self._deadline_ns = self._capped(grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000)
+        deadline_ns = grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000
+        self._deadline_ns = deadline_ns if max_hold_ms is None else self._capped(deadline_ns)
         self._lost = AsyncIO.event()
         self._stop = AsyncIO.event()  # set on release and on loss: the background work ends
         self._lost_cause = ""
@@ -424,13 +425,14 @@ class AsyncCoordinator(AsyncHandle):
         """
         validate_scope(scope)
         validate_ttl_ms(ttl_ms)
-        validate_wait(wait_ms)
+        if wait_ms is not None:  # `validate_wait`, without its call
+            validate_wait_ms(wait_ms)
         if max_hold_ms is not None:
             validate_int("max_hold_ms", max_hold_ms, 1, MAX_HOLD_MS_MAX)
         if on_lost is not None and not callable(on_lost):
             raise InvalidArgument("on_lost", f"must be callable or None, got {type(on_lost).__name__}")
         holder = validate_holder(holder) if holder is not None else default_holder()
-        await self._open()
+        await self._port.open()  # `_open`, without its call
         grant = await self._port.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
         lease = AsyncLease(
             self._port, grant, clock=self._clock, max_hold_ms=max_hold_ms, hooks=self._hooks, on_lost=on_lost

@@ -185,14 +185,8 @@ class AsyncHTTPClient:
                 connection = self._idle.pop()
             except IndexError:
                 return None
-            if not connection.is_stale():
+            if not (connection._buffer or connection._stream.is_stale()):  # `is_stale`, without its call
                 return connection
-            connection.close()
-
-    def _checkin(self, connection: AsyncHTTPConnection) -> None:
-        if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:
-            self._idle.append(connection)
-        else:
             connection.close()
 
     async def request(
@@ -252,7 +246,10 @@ class AsyncHTTPClient:
             except BaseException:
                 connection.close()  # cancelled mid-request: the stream's state is unknown
                 raise
-            self._checkin(connection)
+            if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:  # kept for the next
+                self._idle.append(connection)
+            else:
+                connection.close()
             return response
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -186,14 +186,8 @@ class HTTPClient:
                 connection = self._idle.pop()
             except IndexError:
                 return None
-            if not connection.is_stale():
+            if not (connection._buffer or connection._stream.is_stale()):  # `is_stale`, without its call
                 return connection
-            connection.close()
-
-    def _checkin(self, connection: HTTPConnection) -> None:
-        if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:
-            self._idle.append(connection)
-        else:
             connection.close()
 
     def request(
@@ -253,7 +247,10 @@ class HTTPClient:
             except BaseException:
                 connection.close()  # cancelled mid-request: the stream's state is unknown
                 raise
-            self._checkin(connection)
+            if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:  # kept for the next
+                self._idle.append(connection)
+            else:
+                connection.close()
             return response
         raise AssertionError("unreachable")  # pragma: no cover
 
