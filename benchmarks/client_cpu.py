@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The client's CPU per lock cycle: stockade's remote client beside psycopg, in one run.
 
-    PYTHONPATH=src python benchmarks/client_cpu.py --runs 3 --seconds 4 --clients 8
+    PYTHONPATH=src python benchmarks/client_cpu.py --runs 3 --seconds 4 --clients 8 [--before CHECKOUT/src]
 
 Only the client processes are measured, never the servers: each client process
 reads its own CPU (user and system, ``getrusage(RUSAGE_SELF)``: all its threads) around
@@ -18,10 +18,13 @@ over the client processes divided by the cycles they made. The two sides:
   release's delete of that row with that token; prepared statements, against a
   PostgreSQL 15 started on a free loopback port (fsync on, its defaults).
 
-Each client process has its own scope. Run after run, the order alternated,
+Each client process has its own scope. Run after run, the order rotated,
 each side with 1 client and N client processes started together at a barrier;
 prints every run, then the medians of the client CPU per cycle, the ratio
-stockade / psycopg, cycles/s and the load average. ``--profile FILE`` instead
+stockade / psycopg, cycles/s and the load average. ``--before CHECKOUT/src``
+adds a third side, ``stockade-before``: the same cycles by the client of another
+checkout, run in a child interpreter importing that ``src`` (against the same
+server), so that two versions are compared in the same runs. ``--profile FILE`` instead
 runs the stockade side in this process under ``cProfile`` (1 client) and writes
 its statistics to FILE. Needs ``psycopg`` importable (it is not a stockade
 dependency) and PostgreSQL 15 (``scripts/install.sh``).
