@@ -117,7 +117,7 @@ class HTTPResponse:
     body: bytes
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)  # frozen: the HTTP client reuses a head it has seen (its ``_HEADS``)
 class Head:
     """A parsed response head. ``body_length``: -1 chunked, -2 until close, else bytes."""
 

@@ -22,6 +22,7 @@ from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable
 from stockade.transport.http11 import (
     RESPONSE_HEAD_BYTES_MAX,
+    Head,
     HTTPEndpoint,
     HTTPResponse,
     ProtocolError,
@@ -39,6 +40,24 @@ __all__ = ["HTTPClient", "HTTPConnection", "IDLE_CONNECTIONS_MAX"]
 IDLE_CONNECTIONS_MAX = 8
 RECEIVE_BYTES = 65536
 _HEAD_END = b"\r\n\r\n"
+
+
+#: Response heads parsed lately, by their bytes and the request's method: a server sends the same few heads
+#: again and again (a release's ``204``, an acquire's ``200`` with a body of the same length), and
+#: `parse_head` depends on nothing else. Bounded: emptied when full.
+_HEADS: dict[tuple[bytes, str], Head] = {}
+HEADS_KEPT_MAX = 64
+HEAD_KEPT_BYTES_MAX = 512
+
+
+def _parsed(raw: bytes, method: str) -> Head:
+    """`parse_head`, its result kept in `_HEADS` for the next time the same head comes."""
+    head = parse_head(raw, method=method)
+    if len(raw) <= HEAD_KEPT_BYTES_MAX:
+        if len(_HEADS) >= HEADS_KEPT_MAX:
+            _HEADS.clear()
+        _HEADS[(raw, method)] = head
+    return head
 
 
 class _PeerClosed(ConnectionError):
@@ -108,7 +127,7 @@ class HTTPConnection:
                 self._receive(deadline)
                 end = self._buffer.find(_HEAD_END)
             raw, self._buffer = self._buffer[:end], self._buffer[end + 4:]
-            head = parse_head(raw, method=method)
+            head = _HEADS.get((raw, method)) or _parsed(raw, method)
             if head.status >= 200:
                 break  # 1xx: interim answers are skipped
         if 0 <= head.body_length <= len(self._buffer):  # the usual: the body came with its head
@@ -120,7 +139,7 @@ class HTTPConnection:
         else:
             body = self._receive_until_close(deadline)
         self.reusable = head.keep_alive and not self._buffer
-        return HTTPResponse(head.status, head.headers, body)
+        return HTTPResponse(head.status, head.headers.copy(), body)  # its own headers: the head may be reused
 
     def _receive_chunked(self, deadline: float) -> bytes:
         chunks: list[bytes] = []
