@@ -326,6 +326,24 @@ def _loss_note(lease: Lease) -> str:
     return (f"stockade: the lease on {lease.scope!r} (token {lease.token.value}) was lost while the block ran: "
             f"{lease.lost_cause}")
 
+def _renew_late_grant(lease: Lease) -> bool:
+    """Renew a long-polled grant once, at once: its local deadline counts from the request's send time,
+    so it may already be near or past; this makes it count from now. True if the renewal failed (the
+    keepalive then retries at once); a lease refused or interrupted here is released and the error raised.
+    """
+    try:
+        lease._renew_now()
+    except BackendUnavailable as exc:
+        # Granted, and not lost yet: like any failed renewal, the keepalive
+        # retries (at once) and the local deadline decides.
+        log.info("renewal of a late grant failed, retrying", extra={"scope": lease.scope, "error": repr(exc)})
+        return True
+    except BaseException:
+        lease.release()
+        raise
+    return False
+
+
 class Coordinator(Handle):
     """A handle on a coordinator: acquire leases, inspect scopes.
 
@@ -441,18 +459,7 @@ class Coordinator(Handle):
         lease._telemetry.granted(lease)
         retry_now = False
         if self._clock.now_ns() - grant.sent_ns > ttl_ms * 1_000_000 // 3:
-            # A long-polled grant: the local deadline counts from the request's send
-            # time, so it may already be near or past. Renew once now, to count from here.
-            try:
-                lease._renew_now()
-            except BackendUnavailable as exc:
-                # Granted, and not lost yet: like any failed renewal, the keepalive
-                # retries (at once) and the local deadline decides.
-                log.info("renewal of a late grant failed, retrying", extra={"scope": scope, "error": repr(exc)})
-                retry_now = True
-            except BaseException:
-                lease.release()
-                raise
+            retry_now = _renew_late_grant(lease)
         if keepalive and retry_now:
             lease._start_keepalive(first_wait_s=RENEW_RETRY_MS / 1000)
         elif keepalive:
