@@ -24,7 +24,7 @@ from typing import Any
 
 from stockade.core.errors import FenceRejected, InvalidArgument
 
-__all__ = ["Hooks", "LeaseTelemetry", "call_hook", "rejected"]
+__all__ = ["Hooks", "LeaseTelemetry", "call_hook", "lease_telemetry", "rejected"]
 
 log = logging.getLogger("stockade.client")
 
@@ -152,6 +152,25 @@ class LeaseTelemetry:
         if span is not None:
             _otel(span.end)
         call_hook("on_release", self._hooks.on_release, lease)
+
+
+class _Silent(LeaseTelemetry):
+    """No lease hooks and no OpenTelemetry: nothing to report. One instance serves every such lease."""
+
+    def granted(self, lease: Any) -> None:
+        pass
+
+    renewed = lost = released = granted
+
+
+_SILENT = _Silent(NO_HOOKS)
+
+
+def lease_telemetry(hooks: Hooks) -> LeaseTelemetry:
+    """A new lease's telemetry: its own when there is a hook or a tracer to report to, else the silent one."""
+    if hooks is NO_HOOKS and (_tracer if _tracer is not _UNSET else _otel_tracer()) is None:
+        return _SILENT
+    return LeaseTelemetry(hooks)
 
 
 def _lease_attributes(lease: Any) -> dict[str, object]:

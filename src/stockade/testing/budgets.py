@@ -63,6 +63,10 @@ BUDGETS = MappingProxyType({
     # straight to the connection's pgconn; through a cursor, as before issue 29's trims, 161.
     # tests/test_fence_postgres_work.py; measure the time with benchmarks/fence_postgres.py.
     "postgres.fenced_write": MappingProxyType({"round_trips": 3, "wal_records": 3, "calls": 116}),
+    # acquire -> release through `stockade serve`, the client's side: the calls on the caller's thread of the
+    # sync client (keepalive off), tests/test_client_work_budget.py; measure the time with
+    # benchmarks/client_cpu.py (beside psycopg's two statements). 244 before issue 29's client trims; 139 measured.
+    "client.lock_cycle": MappingProxyType({"calls": 143}),
 })
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "CHUNK_SIZE_LINE",
     "FIELD_LINE",
     "build_request",
+    "fixed_fields",
     "chunk_size",
     "parse_head",
     "error_for",
@@ -54,6 +55,7 @@ RESPONSE_BODY_BYTES_MAX = 4 * 1024 * 1024
 USER_AGENT = "stockade-client/1"
 
 _NO_BODY_STATUSES = frozenset({204, 304})
+_BODY_METHODS = frozenset({"POST", "PUT"})
 
 # The framing both ends of this HTTP/1.1 read (RFC 9112), shared with the server's pure-Python
 # request parser (`stockade.server._h1`):
@@ -108,14 +110,14 @@ class HTTPEndpoint:
         return f"<HTTPEndpoint {scheme}://{self.authority}{self.base_path}>"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made twice a lock cycle, and a frozen one costs twice as much to make
 class HTTPResponse:
     status: int
     headers: dict[str, str]
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)  # frozen: the HTTP client reuses a head it has seen (its ``_HEADS``)
 class Head:
     """A parsed response head. ``body_length``: -1 chunked, -2 until close, else bytes."""
 
@@ -123,6 +125,13 @@ class Head:
     headers: dict[str, str]
     keep_alive: bool
     body_length: int
+
+
+def fixed_fields(authority: str, auth_token: str | None) -> tuple[str, str]:
+    """The fields every request to one server carries, made once per client: ``Host`` and ``User-Agent``
+    (first), and ``Authorization`` (after the body's fields; empty without a token)."""
+    return (f"Host: {authority}\r\nUser-Agent: {USER_AGENT}\r\n",
+            "" if auth_token is None else f"Authorization: Bearer {auth_token}\r\n")
 
 
 def build_request(
@@ -134,18 +143,17 @@ def build_request(
     body: bytes = b"",
     content_type: str | None = None,
     headers: tuple[tuple[str, str], ...] = (),
+    fixed: tuple[str, str] | None = None,
 ) -> bytes:
-    """The request head and body as one buffer, so it leaves in one write."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}", f"User-Agent: {USER_AGENT}"]
-    if body or method in ("POST", "PUT"):
-        lines.append(f"Content-Length: {len(body)}")
-    if content_type is not None:
-        lines.append(f"Content-Type: {content_type}")
-    if auth_token is not None:
-        lines.append(f"Authorization: Bearer {auth_token}")
-    for name, value in headers:
-        lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    """The request head and body as one buffer, so it leaves in one write.
+
+    ``fixed``: `fixed_fields` of ``authority`` and ``auth_token``, if the caller made them already.
+    """
+    host, auth = fixed or fixed_fields(authority, auth_token)
+    length = f"Content-Length: {len(body)}\r\n" if body or method in _BODY_METHODS else ""
+    kind = "" if content_type is None else f"Content-Type: {content_type}\r\n"
+    extra = "".join([f"{name}: {value}\r\n" for name, value in headers]) if headers else ""
+    return f"{method} {target} HTTP/1.1\r\n{host}{length}{kind}{auth}{extra}\r\n".encode("latin-1") + body
 
 
 def parse_head(raw: bytes, *, method: str) -> Head:
@@ -169,20 +177,24 @@ def parse_head(raw: bytes, *, method: str) -> Head:
         if not sep or not name or name != name.strip():
             raise ProtocolError(f"bad header line {line[:80]!r}")
         name = name.lower()
-        value = value.strip()
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    connection = headers.get("connection", "").lower()
+        if name in headers:
+            headers[name] = f"{headers[name]}, {value.strip()}"
+        else:
+            headers[name] = value.strip()
+    connection = headers.get("connection")
     if version == "HTTP/1.1":
-        keep_alive = "close" not in connection
+        keep_alive = connection is None or "close" not in connection.lower()
     else:
-        keep_alive = "keep-alive" in connection
+        keep_alive = connection is not None and "keep-alive" in connection.lower()
+    transfer_encoding = headers.get("transfer-encoding")
+    length = headers.get("content-length")
     if status in _NO_BODY_STATUSES or status < 200 or method == "HEAD":
         body_length = 0
-    elif "chunked" in headers.get("transfer-encoding", "").lower():
+    elif transfer_encoding is not None and "chunked" in transfer_encoding.lower():
         body_length = -1
-    elif "content-length" in headers:
+    elif length is not None:
         try:
-            body_length = int(headers["content-length"])
+            body_length = int(length)
         except ValueError as exc:
             raise ProtocolError("bad Content-Length") from exc
         if body_length < 0:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the sync side never loads asyncio or ssl: each ``AsyncIO`` 
 
 __all__ = [
     "AsyncIO", "SyncIO", "AsyncTCPStream", "TCPStream", "AsyncBodyGuard", "BodyGuard", "AsyncHandle", "Handle",
-    "unix_address",
+    "unix_address", "Flag",
 ]
 
 T = TypeVar("T")
@@ -151,6 +151,66 @@ class AsyncIO:
         return AsyncTCPStream(reader, writer)
 
 
+_FLAG_CONDITIONS = threading.Lock()  # held while a `Flag` gets its condition, and by a `set` that finds none
+
+
+class Flag:
+    """A `threading.Event` (``is_set``, ``set``, ``clear``, ``wait``, the same behaviour) whose condition is
+    made by the first ``wait`` that has to block, not with the flag: the sync client makes two a lease,
+    and a lease released before its keepalive starts never waits on them."""
+
+    # Class defaults, no ``__init__``: a new flag costs no call.
+    _flag: bool = False
+    _cond: threading.Condition | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def _condition(self) -> threading.Condition | None:
+        """The condition, made now; None if the flag was set while none existed (nothing to wait for)."""
+        with _FLAG_CONDITIONS:
+            if self._cond is None:
+                if self._flag:
+                    return None
+                self._cond = threading.Condition(threading.Lock())
+            return self._cond
+
+    def set(self) -> None:
+        cond = self._cond
+        if cond is None:
+            with _FLAG_CONDITIONS:  # a waiter that makes the condition after this sees the flag under it
+                cond = self._cond
+                if cond is None:
+                    self._flag = True
+                    return
+        with cond:
+            self._flag = True
+            cond.notify_all()
+
+    def clear(self) -> None:
+        cond = self._cond
+        if cond is None:
+            with _FLAG_CONDITIONS:
+                cond = self._cond
+                if cond is None:
+                    self._flag = False
+                    return
+        with cond:
+            self._flag = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        cond = self._cond or self._condition()
+        if cond is None:
+            return True
+        with cond:
+            signaled: bool = self._flag
+            if not signaled:
+                signaled = cond.wait(timeout)
+            return signaled
+
+
 class SyncIO:
     """Threads: a daemon thread for background work; blocking calls run in place."""
 
@@ -158,12 +218,10 @@ class SyncIO:
     def sleep(seconds: float) -> None:
         time.sleep(seconds)
 
-    @staticmethod
-    def event() -> threading.Event:
-        return threading.Event()
+    event = Flag  # ``SyncIO.event()`` makes a `Flag`, without a call in between
 
     @staticmethod
-    def wait_event(event: threading.Event, timeout_s: float | None) -> bool:
+    def wait_event(event: Flag, timeout_s: float | None) -> bool:
         return event.wait(timeout_s)
 
     @staticmethod
@@ -379,23 +437,59 @@ class TCPStream:
 
     Raises `OSError` on failure: `TimeoutError` when the time ran out,
     `ConnectionError` when the peer went away.
+
+    A plain socket (TCP or Unix, not TLS) is kept non-blocking and waited on with
+    one ``poll`` object: a request leaves in one ``send`` call and an answer is one
+    ``poll`` and one ``recv``, with no mode switch around them. A TLS socket sets
+    its timeout before each call instead.
     """
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self._poll: Any = None
+        if type(sock) is socket.socket and hasattr(select, "poll"):
+            sock.setblocking(False)
+            self._poll = select.poll()
+            self._poll.register(sock, select.POLLIN)
 
     def send(self, data: bytes, timeout_s: float) -> None:
+        if self._poll is not None:
+            try:
+                sent = self._sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]  # the socket's buffer is full: wait for room, then back to non-blocking
+            self._sock.settimeout(timeout_s)
+            try:
+                self._sock.sendall(data)
+            finally:
+                self._sock.setblocking(False)
+            return
         self._sock.settimeout(timeout_s)
         self._sock.sendall(data)
 
     def receive(self, bytes_max: int, timeout_s: float) -> bytes:
         """Up to ``bytes_max`` bytes; ``b""`` when the peer closed the connection."""
-        self._sock.settimeout(timeout_s)
-        return self._sock.recv(bytes_max)
+        poll = self._poll
+        if poll is None:
+            self._sock.settimeout(timeout_s)
+            return self._sock.recv(bytes_max)
+        end_s = time.monotonic() + timeout_s
+        while True:
+            if not poll.poll(max(0.0, timeout_s) * 1000):
+                raise TimeoutError("timed out")
+            try:
+                return self._sock.recv(bytes_max)
+            except BlockingIOError:  # woken with nothing to read after all: wait for the rest of the time
+                timeout_s = end_s - time.monotonic()
 
     def is_stale(self) -> bool:
         """True if an idle connection was closed by the peer (or sent something unasked)."""
         try:
+            if self._poll is not None:
+                return bool(self._poll.poll(0))
             readable, _, _ = select.select([self._sock], [], [], 0)
         except (OSError, ValueError):
             return True

@@ -118,12 +118,27 @@ class Route:
     tail: bool = False
     path_params: tuple[str, ...] = field(init=False)
     _segments: tuple[str | None, ...] = field(init=False, repr=False)
+    _around: tuple[str, str] = field(init=False, repr=False)  # the path before and after its one parameter
 
     def __post_init__(self) -> None:
         segments = self.path.split("/")
         names = tuple(s[1:-1] for s in segments if s.startswith("{"))
         object.__setattr__(self, "path_params", names)
         object.__setattr__(self, "_segments", tuple(None if s.startswith("{") else s for s in segments))
+        head, _, tail = self.path.partition("{" + names[0] + "}") if len(names) == 1 else ("", "", "")
+        object.__setattr__(self, "_around", (head, tail))
+
+    def target_of(self, value: str) -> str:
+        """``target(name=value)`` of a route with one path parameter, made without a mapping (the client's
+        hot path: an acquire, a release).
+
+        Raises:
+            KeyError: the route does not take one path parameter.
+        """
+        if len(self.path_params) != 1:
+            raise KeyError(f"{self.operation_id} takes {self.path_params}, not one parameter")
+        head, tail = self._around
+        return head + _segment(value) + tail
 
     def target(self, query: str = "", **params: str) -> str:
         """The request target for ``params`` (each percent-encoded as one segment), plus ``?query``.

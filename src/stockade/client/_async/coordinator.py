@@ -13,7 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from stockade.client._async.election import AsyncLeadership, watch_leader
 from stockade.client._async.port import AsyncCoordinatorPort
-from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
+from stockade.client._hooks import NO_HOOKS, Hooks, call_hook, lease_telemetry, validate_hooks
 from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, Leased, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
@@ -36,7 +36,7 @@ from stockade.core.limits import (
     validate_int,
     validate_scope,
     validate_ttl_ms,
-    validate_wait,
+    validate_wait_ms,
 )
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -94,7 +94,8 @@ class AsyncLease(Leased):
         self._clock = clock
         # Past this the keepalive stops: the lease is lost here at the latest.
         self._hold_end_ns = None if max_hold_ms is None else grant.sent_ns + max_hold_ms * 1_000_000
-        self._deadline_ns = self._capped(grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000)
+        deadline_ns = grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000
+        self._deadline_ns = deadline_ns if max_hold_ms is None else self._capped(deadline_ns)
         self._lost = AsyncIO.event()
         self._stop = AsyncIO.event()  # set on release and on loss: the background work ends
         self._lost_cause = ""
@@ -108,7 +109,7 @@ class AsyncLease(Leased):
         self._renew_at_s = 0.0
         self._keepalive_bug: InvariantViolation | None = None
         self._enclosing: Leased | None = None  # the lease of the enclosing lock() block, if any
-        self._telemetry = LeaseTelemetry(hooks)
+        self._telemetry = lease_telemetry(hooks)
         self._on_lost = on_lost
         self._guard: Any = None  # the lock() block's body guard, while its body runs
 
@@ -324,6 +325,24 @@ def _loss_note(lease: AsyncLease) -> str:
     return (f"stockade: the lease on {lease.scope!r} (token {lease.token.value}) was lost while the block ran: "
             f"{lease.lost_cause}")
 
+async def _renew_late_grant(lease: AsyncLease) -> bool:
+    """Renew a long-polled grant once, at once: its local deadline counts from the request's send time,
+    so it may already be near or past; this makes it count from now. True if the renewal failed (the
+    keepalive then retries at once); a lease refused or interrupted here is released and the error raised.
+    """
+    try:
+        await lease._renew_now()
+    except BackendUnavailable as exc:
+        # Granted, and not lost yet: like any failed renewal, the keepalive
+        # retries (at once) and the local deadline decides.
+        log.info("renewal of a late grant failed, retrying", extra={"scope": lease.scope, "error": repr(exc)})
+        return True
+    except BaseException:
+        await lease.release()
+        raise
+    return False
+
+
 class AsyncCoordinator(AsyncHandle):
     """A handle on a coordinator: acquire leases, inspect scopes.
 
@@ -424,13 +443,14 @@ class AsyncCoordinator(AsyncHandle):
         """
         validate_scope(scope)
         validate_ttl_ms(ttl_ms)
-        validate_wait(wait_ms)
+        if wait_ms is not None:  # `validate_wait`, without its call
+            validate_wait_ms(wait_ms)
         if max_hold_ms is not None:
             validate_int("max_hold_ms", max_hold_ms, 1, MAX_HOLD_MS_MAX)
         if on_lost is not None and not callable(on_lost):
             raise InvalidArgument("on_lost", f"must be callable or None, got {type(on_lost).__name__}")
         holder = validate_holder(holder) if holder is not None else default_holder()
-        await self._open()
+        await self._port.open()  # `_open`, without its call
         grant = await self._port.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
         lease = AsyncLease(
             self._port, grant, clock=self._clock, max_hold_ms=max_hold_ms, hooks=self._hooks, on_lost=on_lost
@@ -438,18 +458,7 @@ class AsyncCoordinator(AsyncHandle):
         lease._telemetry.granted(lease)
         retry_now = False
         if self._clock.now_ns() - grant.sent_ns > ttl_ms * 1_000_000 // 3:
-            # A long-polled grant: the local deadline counts from the request's send
-            # time, so it may already be near or past. Renew once now, to count from here.
-            try:
-                await lease._renew_now()
-            except BackendUnavailable as exc:
-                # Granted, and not lost yet: like any failed renewal, the keepalive
-                # retries (at once) and the local deadline decides.
-                log.info("renewal of a late grant failed, retrying", extra={"scope": scope, "error": repr(exc)})
-                retry_now = True
-            except BaseException:
-                await lease.release()
-                raise
+            retry_now = await _renew_late_grant(lease)
         if keepalive and retry_now:
             lease._start_keepalive(first_wait_s=RENEW_RETRY_MS / 1000)
         elif keepalive:

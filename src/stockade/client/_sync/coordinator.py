@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from stockade.client._sync.election import Leadership, watch_leader
 from stockade.client._sync.port import CoordinatorPort
-from stockade.client._hooks import NO_HOOKS, Hooks, LeaseTelemetry, call_hook, validate_hooks
+from stockade.client._hooks import NO_HOOKS, Hooks, call_hook, lease_telemetry, validate_hooks
 from stockade.client._leader import POLL_MS_DEFAULT, LeaderInfo, leader_of
 from stockade.client._shared import CURRENT_LEASE, MAX_HOLD_MS_MAX, Grant, Leased, default_holder, lost_margin_ms
 from stockade.clock import SystemClock
@@ -37,7 +37,7 @@ from stockade.core.limits import (
     validate_int,
     validate_scope,
     validate_ttl_ms,
-    validate_wait,
+    validate_wait_ms,
 )
 from stockade.core.tokens import FencingToken
 from stockade.core.values import FenceFloors
@@ -95,7 +95,8 @@ class Lease(Leased):
         self._clock = clock
         # Past this the keepalive stops: the lease is lost here at the latest.
         self._hold_end_ns = None if max_hold_ms is None else grant.sent_ns + max_hold_ms * 1_000_000
-        self._deadline_ns = self._capped(grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000)
+        deadline_ns = grant.sent_ns + (grant.ttl_ms - lost_margin_ms(grant.ttl_ms)) * 1_000_000
+        self._deadline_ns = deadline_ns if max_hold_ms is None else self._capped(deadline_ns)
         self._lost = SyncIO.event()
         self._stop = SyncIO.event()  # set on release and on loss: the background work ends
         self._lost_cause = ""
@@ -109,7 +110,7 @@ class Lease(Leased):
         self._renew_at_s = 0.0
         self._keepalive_bug: InvariantViolation | None = None
         self._enclosing: Leased | None = None  # the lease of the enclosing lock() block, if any
-        self._telemetry = LeaseTelemetry(hooks)
+        self._telemetry = lease_telemetry(hooks)
         self._on_lost = on_lost
         self._guard: Any = None  # the lock() block's body guard, while its body runs
 
@@ -325,6 +326,24 @@ def _loss_note(lease: Lease) -> str:
     return (f"stockade: the lease on {lease.scope!r} (token {lease.token.value}) was lost while the block ran: "
             f"{lease.lost_cause}")
 
+def _renew_late_grant(lease: Lease) -> bool:
+    """Renew a long-polled grant once, at once: its local deadline counts from the request's send time,
+    so it may already be near or past; this makes it count from now. True if the renewal failed (the
+    keepalive then retries at once); a lease refused or interrupted here is released and the error raised.
+    """
+    try:
+        lease._renew_now()
+    except BackendUnavailable as exc:
+        # Granted, and not lost yet: like any failed renewal, the keepalive
+        # retries (at once) and the local deadline decides.
+        log.info("renewal of a late grant failed, retrying", extra={"scope": lease.scope, "error": repr(exc)})
+        return True
+    except BaseException:
+        lease.release()
+        raise
+    return False
+
+
 class Coordinator(Handle):
     """A handle on a coordinator: acquire leases, inspect scopes.
 
@@ -425,13 +444,14 @@ class Coordinator(Handle):
         """
         validate_scope(scope)
         validate_ttl_ms(ttl_ms)
-        validate_wait(wait_ms)
+        if wait_ms is not None:  # `validate_wait`, without its call
+            validate_wait_ms(wait_ms)
         if max_hold_ms is not None:
             validate_int("max_hold_ms", max_hold_ms, 1, MAX_HOLD_MS_MAX)
         if on_lost is not None and not callable(on_lost):
             raise InvalidArgument("on_lost", f"must be callable or None, got {type(on_lost).__name__}")
         holder = validate_holder(holder) if holder is not None else default_holder()
-        self._open()
+        self._port.open()  # `_open`, without its call
         grant = self._port.acquire(scope, holder=holder, ttl_ms=ttl_ms, wait_ms=wait_ms)
         lease = Lease(
             self._port, grant, clock=self._clock, max_hold_ms=max_hold_ms, hooks=self._hooks, on_lost=on_lost
@@ -439,18 +459,7 @@ class Coordinator(Handle):
         lease._telemetry.granted(lease)
         retry_now = False
         if self._clock.now_ns() - grant.sent_ns > ttl_ms * 1_000_000 // 3:
-            # A long-polled grant: the local deadline counts from the request's send
-            # time, so it may already be near or past. Renew once now, to count from here.
-            try:
-                lease._renew_now()
-            except BackendUnavailable as exc:
-                # Granted, and not lost yet: like any failed renewal, the keepalive
-                # retries (at once) and the local deadline decides.
-                log.info("renewal of a late grant failed, retrying", extra={"scope": scope, "error": repr(exc)})
-                retry_now = True
-            except BaseException:
-                lease.release()
-                raise
+            retry_now = _renew_late_grant(lease)
         if keepalive and retry_now:
             lease._start_keepalive(first_wait_s=RENEW_RETRY_MS / 1000)
         elif keepalive:

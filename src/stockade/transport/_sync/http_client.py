@@ -22,12 +22,14 @@ from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable
 from stockade.transport.http11 import (
     RESPONSE_HEAD_BYTES_MAX,
+    Head,
     HTTPEndpoint,
     HTTPResponse,
     ProtocolError,
     build_request,
     chunk_size,
     error_for,
+    fixed_fields,
     json_body,
     parse_head,
 )
@@ -37,6 +39,25 @@ __all__ = ["HTTPClient", "HTTPConnection", "IDLE_CONNECTIONS_MAX"]
 
 IDLE_CONNECTIONS_MAX = 8
 RECEIVE_BYTES = 65536
+_HEAD_END = b"\r\n\r\n"
+
+
+#: Response heads parsed lately, by their bytes and the request's method: a server sends the same few heads
+#: again and again (a release's ``204``, an acquire's ``200`` with a body of the same length), and
+#: `parse_head` depends on nothing else. Bounded: emptied when full.
+_HEADS: dict[tuple[bytes, str], Head] = {}
+HEADS_KEPT_MAX = 64
+HEAD_KEPT_BYTES_MAX = 512
+
+
+def _parsed(raw: bytes, method: str) -> Head:
+    """`parse_head`, its result kept in `_HEADS` for the next time the same head comes."""
+    head = parse_head(raw, method=method)
+    if len(raw) <= HEAD_KEPT_BYTES_MAX:
+        if len(_HEADS) >= HEADS_KEPT_MAX:
+            _HEADS.clear()
+        _HEADS[(raw, method)] = head
+    return head
 
 
 class _PeerClosed(ConnectionError):
@@ -99,17 +120,26 @@ class HTTPConnection:
             raise TimeoutError("deadline passed")
         self._stream.send(request, remaining_s)
         while True:
-            head = parse_head(self._receive_until(b"\r\n\r\n", deadline, RESPONSE_HEAD_BYTES_MAX), method=method)
+            end = self._buffer.find(_HEAD_END)  # `_receive_until`, written out: this is every request's path
+            while end < 0:
+                if len(self._buffer) > RESPONSE_HEAD_BYTES_MAX:
+                    raise ProtocolError(f"no {_HEAD_END!r} within {RESPONSE_HEAD_BYTES_MAX} bytes")
+                self._receive(deadline)
+                end = self._buffer.find(_HEAD_END)
+            raw, self._buffer = self._buffer[:end], self._buffer[end + 4:]
+            head = _HEADS.get((raw, method)) or _parsed(raw, method)
             if head.status >= 200:
                 break  # 1xx: interim answers are skipped
-        if head.body_length >= 0:
+        if 0 <= head.body_length <= len(self._buffer):  # the usual: the body came with its head
+            body, self._buffer = self._buffer[:head.body_length], self._buffer[head.body_length:]
+        elif head.body_length >= 0:
             body = self._receive_exactly(head.body_length, deadline)
         elif head.body_length == -1:
             body = self._receive_chunked(deadline)
         else:
             body = self._receive_until_close(deadline)
         self.reusable = head.keep_alive and not self._buffer
-        return HTTPResponse(head.status, head.headers, body)
+        return HTTPResponse(head.status, head.headers.copy(), body)  # its own headers: the head may be reused
 
     def _receive_chunked(self, deadline: float) -> bytes:
         chunks: list[bytes] = []
@@ -147,6 +177,7 @@ class HTTPClient:
 
     def __init__(self, endpoint: HTTPEndpoint) -> None:
         self.endpoint = endpoint
+        self._fixed = fixed_fields(endpoint.authority, endpoint.auth_token)  # made once: the same on every request
         self._idle: list[HTTPConnection] = []
         self._closed = False
 
@@ -174,14 +205,8 @@ class HTTPClient:
                 connection = self._idle.pop()
             except IndexError:
                 return None
-            if not connection.is_stale():
+            if not (connection._buffer or connection._stream.is_stale()):  # `is_stale`, without its call
                 return connection
-            connection.close()
-
-    def _checkin(self, connection: HTTPConnection) -> None:
-        if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:
-            self._idle.append(connection)
-        else:
             connection.close()
 
     def request(
@@ -211,12 +236,11 @@ class HTTPClient:
         endpoint = self.endpoint
         request = build_request(
             method, endpoint.base_path + path, authority=endpoint.authority, auth_token=endpoint.auth_token,
-            body=body, content_type=content_type, headers=headers,
+            body=body, content_type=content_type, headers=headers, fixed=self._fixed,
         )
         deadline = time.monotonic() + timeout_ms / 1000
         retry_safe = method == "GET" if idempotent is None else idempotent
-        shown = core_leases.redact_lease_path(path)
-        connection = self._checkout()
+        connection = self._checkout() if self._idle else None
         reused = connection is not None
         for attempt in (1, 2):
             if connection is None:
@@ -225,6 +249,7 @@ class HTTPClient:
                 response = connection.roundtrip(method, request, deadline)
             except TimeoutError as exc:
                 connection.close()
+                shown = core_leases.redact_lease_path(path)  # made only for the message
                 raise BackendUnavailable(
                     f"{method} {shown}: no answer from {endpoint.authority} within {timeout_ms} ms"
                 ) from exc
@@ -234,13 +259,17 @@ class HTTPClient:
                 if attempt == 1 and fresh_start and retry_safe:
                     connection = None
                     continue
+                shown = core_leases.redact_lease_path(path)
                 raise BackendUnavailable(
                     f"{method} {shown}: connection to {endpoint.authority} failed: {exc}"
                 ) from exc
             except BaseException:
                 connection.close()  # cancelled mid-request: the stream's state is unknown
                 raise
-            self._checkin(connection)
+            if connection.reusable and not self._closed and len(self._idle) < IDLE_CONNECTIONS_MAX:  # kept for the next
+                self._idle.append(connection)
+            else:
+                connection.close()
             return response
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -172,7 +172,7 @@ class HTTPCoordinatorPort:
             sent_ns = self.clock.now_ns()
             try:
                 response = self._client.request(
-                    _ACQUIRE.method, _ACQUIRE.target(scope=scope), body=codecs.dumps(fields),
+                    _ACQUIRE.method, _ACQUIRE.target_of(scope), body=codecs.dumps(fields),
                     content_type=codecs.JSON, timeout_ms=self._client.endpoint.timeout_ms + (wait_ms or WAIT_MS_MAX),
                 )
             except BackendUnavailable as exc:
@@ -191,7 +191,7 @@ class HTTPCoordinatorPort:
                 self.wait_rounds += 1
                 continue
             raise error from problem
-        grant = codecs.grant_from(json_body(response), holder=holder, sent_ns=sent_ns)
+        grant = codecs.grant_from(codecs.decode_json(response.body, response.status), holder=holder, sent_ns=sent_ns)
         if grant.token.scope != scope or grant.token.cluster != self.cluster_id:
             # Never hand out a token this client did not ask for.
             raise BackendUnavailable(f"server granted a token for another scope or cluster: {grant.token}")
@@ -220,7 +220,7 @@ class HTTPCoordinatorPort:
     def release(self, lease_id: str) -> bool:
         """Release; idempotent. ``released`` is True if this port held the lease until now."""
         response = self._client.request(
-            _RELEASE.method, _RELEASE.target(lease_id=lease_id), timeout_ms=self._client.endpoint.timeout_ms,
+            _RELEASE.method, _RELEASE.target_of(lease_id), timeout_ms=self._client.endpoint.timeout_ms,
             idempotent=True,
         )
         if response.status not in (200, 204):
