@@ -22,11 +22,11 @@ first would wake a thread that has just finished its batch (whose results the
 loop has not taken yet) and commit alone. A lone write saves the two thread
 wake-ups (about 60–70 µs of a lock cycle here, measured); a turn's several
 writes save them too, and the two threads' contention for the GIL (issue 29:
-server CPU per lock cycle at 8 client processes 0.81× of the thread's, cycles/s
-1.31×, measured side by side). More operations than that, or any while the
-thread is busy, go to the thread in submission order, so batches still commit
-in submission order and the loop is blocked by at most one batch of
-``inline_ops_max`` operations.
+server CPU per lock cycle at 8 client processes 0.78× of the thread's, medians
+of 4 runs side by side; cycles/s unchanged, 0.99×). More operations than that,
+or any while the thread is busy, go to the thread in submission order, so
+batches still commit in submission order and the loop is blocked by at most
+one batch of ``inline_ops_max`` operations.
 
 The loop never waits on a file lock: with ``try_batch`` (the store's
 `try_apply_batch`), a turn's operations are committed on the loop only if the
