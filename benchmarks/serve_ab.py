@@ -95,9 +95,11 @@ def main() -> int:
     args = parser.parse_args()
     sides = {"A": args.a, "B": args.b}
     extra = {"A": args.a_args.split(), "B": args.b_args.split()}
-    servers = {side: start(src, args.python, extra[side]) for side, src in sides.items()}
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
     try:
+        for side, src in sides.items():  # inside the try: a side that fails to start stops the one started
+            servers[side] = start(src, args.python, extra[side])
         for run in range(args.runs):
             for clients in (1, args.clients):
                 for side in (list(sides) if run % 2 == 0 else list(sides)[::-1]):
