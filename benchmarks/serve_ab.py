@@ -7,7 +7,8 @@
 Starts one server from each source tree (``PYTHONPATH``), each on its own data
 directory (``--a-args``/``--b-args``: more ``stockade serve`` arguments for one side),
 then, run after run with the order rotated, drives each with
-``stockade.bench.run_workload("lock", ...)`` (one client code for both: ``--client``,
+``stockade.bench.run_workload(WORKLOAD, ...)`` (``--workload``: ``lock``, the default, or ``write``, a
+fenced write through the server's store; one client code for both: ``--client``,
 default ``--a``), 1 client and N client processes. The server's CPU (utime +
 stime from ``/proc/PID/stat``, all its threads) and its committed operations
 (``stockade_commit_ops_total`` at ``/metrics``; a cycle is two) and its commits
@@ -37,12 +38,12 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def commit_counts(url: str) -> tuple[float, float]:
-    """``(operations, batches)`` committed so far to the coordinator file (a batch is one COMMIT, one fsync)."""
+def commit_counts(url: str, file: str = "coordinator") -> tuple[float, float]:
+    """``(operations, batches)`` committed so far to ``file`` (a batch is one COMMIT, one fsync)."""
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
     counts = []
     for name in ("ops", "batches"):
-        found = re.search(rf'stockade_commit_{name}_total\{{file="coordinator"\}} ([0-9.e+]+)', text)
+        found = re.search(rf'stockade_commit_{name}_total\{{file="{file}"\}} ([0-9.e+]+)', text)
         counts.append(float(found.group(1)) if found else 0.0)
     return counts[0], counts[1]
 
@@ -62,17 +63,18 @@ def start(src: str, python: str, extra: list[str]) -> tuple[subprocess.Popen[byt
 
 def one_run(args: argparse.Namespace, proc: subprocess.Popen[bytes], url: str, clients: int, tag: str
             ) -> tuple[float, float, float, float]:
-    code = (f"import json; from stockade.bench import run_workload; r = run_workload('lock', {url!r}, "
+    code = (f"import json; from stockade.bench import run_workload; r = run_workload({args.workload!r}, {url!r}, "
             f"clients={clients}, seconds={args.seconds}, iters=10**9, tag={tag!r}); print(json.dumps(r.as_dict()))")
     bench = subprocess.Popen([args.python, "-c", code], env=dict(os.environ, PYTHONPATH=args.client or args.a),
                              stdout=subprocess.PIPE, text=True)
     time.sleep(args.seconds * 0.25 + 1.5)
-    cpu0, (ops0, batches0), wall0 = cpu_s(proc.pid), commit_counts(url), time.monotonic()
+    file, ops_per_cycle = ("coordinator", 2) if args.workload == "lock" else ("store", 1)
+    cpu0, (ops0, batches0), wall0 = cpu_s(proc.pid), commit_counts(url, file), time.monotonic()
     load = os.getloadavg()[0]
     time.sleep(args.seconds * 0.5)
-    cpu1, (ops1, batches1), wall1 = cpu_s(proc.pid), commit_counts(url), time.monotonic()
+    cpu1, (ops1, batches1), wall1 = cpu_s(proc.pid), commit_counts(url, file), time.monotonic()
     json.loads(bench.communicate()[0].strip().splitlines()[-1])  # the run itself succeeded
-    cycles = (ops1 - ops0) / 2
+    cycles = (ops1 - ops0) / ops_per_cycle  # a lock cycle commits two operations, a fenced write one
     per_cycle = (cpu1 - cpu0) / cycles * 1e6 if cycles else float("nan")
     return per_cycle, cycles / (wall1 - wall0), load, ((batches1 - batches0) / cycles if cycles else float("nan"))
 
@@ -88,12 +90,16 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0, help="per run; the middle half is sampled")
     parser.add_argument("--clients", type=int, default=8, help="client processes of the concurrent run")
+    parser.add_argument("--workload", choices=("lock", "write"), default="lock",
+                        help="lock: acquire -> release (a cycle); write: one fenced put (a cycle)")
     args = parser.parse_args()
     sides = {"A": args.a, "B": args.b}
     extra = {"A": args.a_args.split(), "B": args.b_args.split()}
-    servers = {side: start(src, args.python, extra[side]) for side, src in sides.items()}
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
     try:
+        for side, src in sides.items():  # inside the try: a side that fails to start stops the one started
+            servers[side] = start(src, args.python, extra[side])
         for run in range(args.runs):
             for clients in (1, args.clients):
                 for side in (list(sides) if run % 2 == 0 else list(sides)[::-1]):

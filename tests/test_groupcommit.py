@@ -53,11 +53,33 @@ def test_lone_write_commits_inline_and_resolves_only_after_commit():
     asyncio.run(main())
 
 
-def test_several_writes_in_one_turn_go_to_the_thread_in_order():
+def test_several_writes_in_one_turn_commit_inline_in_one_batch_and_resolve_only_after_it():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, inline_ops_max=3)
+        committer.start()
+        try:
+            seen: list[str] = []
+            futures = [committer.submit(i) for i in range(3)]
+            for i, f in enumerate(futures):
+                _watch(f, rec, i, seen)
+            assert not any(f.done() for f in futures) and rec.committed == []
+            assert await asyncio.gather(*futures) == ["ok-0", "ok-1", "ok-2"]
+            assert rec.committed == [0, 1, 2]
+            assert rec.threads == [threading.current_thread().name]  # one batch, on the loop's own thread
+            assert seen == ["durable"] * 3 and committer.barrier() is None
+        finally:
+            committer.stop()
+
+    asyncio.run(main())
+
+
+def test_more_writes_in_one_turn_than_inline_ops_max_go_to_the_thread_in_order():
     async def main() -> None:
         loop = asyncio.get_running_loop()
         rec = _Recorder(delay_s=0.02)
-        committer = GroupCommitter("t", rec, loop)
+        committer = GroupCommitter("t", rec, loop, inline_ops_max=2)
         committer.start()
         try:
             seen: list[str] = []

@@ -13,23 +13,26 @@ While one batch commits, the next one gathers, so the batch size grows with
 the load by itself and a lone request never waits for company. SQLite releases
 the GIL while it steps and syncs, so the loop keeps parsing meanwhile.
 
-A lone operation skips the hand-off: what is submitted during one turn of the
-loop gathers, and at the end of the turn, if it is a single operation and the
-thread has nothing in hand, the loop commits it itself (same ``run_batch``,
-same COMMIT and fsync) and resolves its future only afterwards. What gathers
+What one turn of the loop submits skips the hand-off: it gathers, and at the
+end of the turn, if the thread has nothing in hand and the turn brought at most
+``inline_ops_max`` operations, the loop commits them itself (same ``run_batch``,
+one COMMIT and fsync) and resolves their futures only afterwards. What gathers
 goes to the thread together even while the thread is busy: put one by one, the
 first would wake a thread that has just finished its batch (whose results the
-loop has not taken yet) and commit alone. That saves the
-two thread wake-ups per write (about 60–70 µs of a lock cycle here, measured).
-Two or more operations, or any while the thread is busy, go to the thread in
-submission order, so batches still commit in submission order and the loop is
-blocked by at most one operation's commit.
+loop has not taken yet) and commit alone. A lone write saves the two thread
+wake-ups (about 60–70 µs of a lock cycle here, measured); a turn's several
+writes save them too, and the two threads' contention for the GIL (issue 29:
+server CPU per lock cycle at 8 client processes 0.78× of the thread's, medians
+of 4 runs side by side; cycles/s unchanged, 0.99×). More operations than that,
+or any while the thread is busy, go to the thread in submission order, so
+batches still commit in submission order and the loop is blocked by at most
+one batch of ``inline_ops_max`` operations.
 
 The loop never waits on a file lock: with ``try_batch`` (the store's
-`try_apply_batch`), a lone operation is committed on the loop only if the
+`try_apply_batch`), a turn's operations are committed on the loop only if the
 file's write lock is free at that moment; if another process holds it (a
-paused writer, a backup), the operation goes to the thread, which may wait,
-and the loop goes on serving every other request.
+paused writer, a backup), they go to the thread, which may wait, and the loop
+goes on serving every other request.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from stockade.server._metrics import COMMIT_SECONDS
 __all__ = ["GroupCommitter", "BATCH_OPS_MAX"]
 
 BATCH_OPS_MAX = 512  # operations per transaction; more wait for the next one
+INLINE_OPS_MAX = 64  # operations one turn of the loop may commit on the loop itself (the thread idle)
 
 Op = TypeVar("Op")
 
@@ -68,14 +72,20 @@ class GroupCommitter(Generic[Op]):
         run_batch: runs one batch in one transaction and returns one result per
             operation (an error is a result); raising fails the whole batch.
         loop: the event loop whose futures are resolved.
+        inline: a turn's operations may be committed on the loop (False: always on the thread).
+        inline_ops_max: at most this many operations of one turn are committed on the loop; a turn with more
+            hands them to the thread (1: only a lone operation).
+        try_batch: commits a batch on the loop only if that needs no waiting on a lock (else returns None).
     """
 
     def __init__(self, name: str, run_batch: Callable[[Sequence[Op]], Sequence[Any]],
                  loop: asyncio.AbstractEventLoop, *, inline: bool = True,
-                 try_batch: Callable[[Sequence[Op]], Sequence[Any] | None] | None = None) -> None:
+                 try_batch: Callable[[Sequence[Op]], Sequence[Any] | None] | None = None,
+                 inline_ops_max: int = INLINE_OPS_MAX) -> None:
         self.name = name
         self._series = (name,)  # its label set in the commit counters
         self.inline = inline
+        self.inline_ops_max = inline_ops_max
         # Commits a batch only if that needs no waiting on a lock, else returns None (nothing done).
         self.try_batch = try_batch
         self._gathering: list[tuple[Op, asyncio.Future[Any]]] | None = None
@@ -143,24 +153,27 @@ class GroupCommitter(Generic[Op]):
             self._listeners[future] = callback
 
     def _flush(self) -> None:
-        """End of a loop turn: commit a lone operation here, hand several to the thread."""
+        """End of a loop turn: commit its operations here (up to `inline_ops_max`), else hand them to the thread."""
         batch, self._gathering = self._gathering, None
         if not batch:
             return
-        if len(batch) > 1 or self._in_thread:
-            self._in_thread += len(batch)
-            for item in batch:
-                self._queue.put(item)
+        if len(batch) > self.inline_ops_max or self._in_thread:
+            self._hand_off(batch)
             return
         results, error = self._commit(batch, self.try_batch)
         if results is None and error is None:  # the file is locked by someone else: never wait on the loop
-            self._in_thread += 1
-            self._queue.put(batch[0])
+            self._hand_off(batch)
             return
         # Only now, after COMMIT (and its fsync) returned:
         failed = _resolve(batch, results, error, self._replies, self._listeners)
         if failed:
             self._report(results, error)
+
+    def _hand_off(self, batch: list[tuple[Op, asyncio.Future[Any]]]) -> None:
+        """Queue a turn's operations for the thread, in submission order."""
+        self._in_thread += len(batch)
+        for item in batch:
+            self._queue.put(item)
 
     def _report(self, results: Sequence[Any] | None, error: BaseException | None) -> None:
         """Tell ``on_failure`` about a failed batch, or about its failed operations (`_resolve` counted them)."""

@@ -733,6 +733,7 @@ class Server:
 
 def _no_content(released: bool, lease_id: str) -> Response:
     """A release's answer (204 either way: releasing is idempotent), logged when it released the lease."""
-    if released:
-        _log.debug("lease %s… released", lease_hint(lease_id), extra={"lease": lease_hint(lease_id)})
+    if released and _log.isEnabledFor(logging.DEBUG):  # its hint is worked out only for a line that is written
+        hint = lease_hint(lease_id)
+        _log.debug("lease %s… released", hint, extra={"lease": hint})
     return Response(204)

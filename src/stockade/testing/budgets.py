@@ -38,9 +38,11 @@ BUDGETS = MappingProxyType({
     # 1,020.5 calls (the handler's reply future saves a loop turn per request, the commit's fast path the rest).
     # 764 calls measured (the hot path's trims of issue 29; 916.5 before them; 970 with debug logging on);
     # 742.6 after the committer's results went to the handlers without a call each (774 just before); 640 with
-    # acquire and release answered without a task (`Deferred`, called back in the commit's step).
+    # acquire and release answered without a task (`Deferred`, called back in the commit's step); 633 (639.7
+    # just before) with the release's debug line built only when it is written and the journal's trim period
+    # inline.
     "serve.lock_cycle": MappingProxyType({
-        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 8.1, "calls": 650}),
+        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 8.1, "calls": 643}),
     # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls;
     # 459 measured (487 before issue 29's trims; 523 with debug logging on); 454.6 with the committer's trims;
     # 446.6 with the answers' heads made once and the C JSON encoder built once.
@@ -48,9 +50,10 @@ BUDGETS = MappingProxyType({
         "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 455}),
     # acquire -> release on an embedded ``sqlite://`` coordinator.
     # Before: 13 pages (53,560 B), 22 statements, 425 calls; 353 calls measured (385 before issue 29's trims);
-    # 343 with the clock read in C and the lease states hashed in C (357 just before).
+    # 343 with the clock read in C and the lease states hashed in C (357 just before); 339 with the journal's
+    # trim period inline.
     "embedded.lock_cycle": MappingProxyType({
-        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 15.1, "calls": 352}),
+        "commits": 2, "wal_frames": 8.3, "wal_bytes": 8_800, "statements": 15.1, "calls": 348}),
     # acquire -> release on the PostgreSQL coordinator: the lease log's row and its three index entries, the
     # scope row's last token, the row ended in place, two commits (docs/coordinator-postgres.md, "Cost").
     # 8 a cycle, one of slack for an index page split. Before the lease log (schema 8): 14 records.
