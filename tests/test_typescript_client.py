@@ -82,7 +82,10 @@ def _built(tmp_path_factory) -> tuple[str, Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = shared / "typescript-built"
         if not done.exists():
-            build = subprocess.run([str(tsc), "-p", str(PACKAGE)], capture_output=True, text=True, timeout=300)
+            # --skipLibCheck: the package's sources are checked as its tsconfig says (--strict and the rest); only
+            # the pinned declaration files of node_modules are not checked again (about 2.4 s of the 5.6 s of CPU).
+            build = subprocess.run([str(tsc), "-p", str(PACKAGE), "--skipLibCheck"], capture_output=True, text=True,
+                                   timeout=300)
             assert build.returncode == 0, build.stdout + build.stderr
             done.touch()
     return node, tsc
