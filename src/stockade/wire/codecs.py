@@ -30,7 +30,7 @@ from typing import Any
 
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument
-from stockade.core.tokens import FencingToken, validate_cluster_id
+from stockade.core.tokens import SIGNED_PREFIX, FencingToken, validate_cluster_id
 from stockade.core.values import FenceFloors, Grant, Item, WriteResult
 
 __all__ = [
@@ -207,7 +207,6 @@ def tx_doc(scope: str, token_value: int, high_water: int, results: Sequence[Writ
 # -- decoders (the client's reading) --------------------------------------------------------------
 
 
-_SIGNED_PREFIX = "stk2"  # an encoded token's prefix with its MAC (`stockade.core.tokens`)
 _DECODER = json.JSONDecoder()  # what ``json.loads`` uses without arguments
 
 
@@ -248,7 +247,7 @@ def _decode_token(text: str) -> FencingToken:
         InvalidArgument: not a well-formed token.
     """
     parts = text.split(".", 5)
-    if len(parts) == 6 and parts[0] == _SIGNED_PREFIX:
+    if len(parts) == 6 and parts[0] == SIGNED_PREFIX:
         _, cluster, value, kid, mac, scope = parts
         if len(value) <= 19 and value.isascii() and value.isdigit() and value[0] != "0":  # not "+1", " 1", "1_0"
             return FencingToken(cluster, scope, int(value), kid, mac)
