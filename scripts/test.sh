@@ -18,6 +18,19 @@ env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest --collect-only -q -p n
 env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest --collect-only -q -p no:cacheprovider \
     "${modules[@]:half}" >/dev/null || true  # a module that fails to import is reported by the run itself
 wait $! || true
+# Temporary files (each test's directory, the servers' data: up to about 4 GiB) go to a RAM disk when
+# /dev/shm is a tmpfs with 8 GiB free: a fsync there costs no disk and little CPU (on 2 idle cores, 2,412 tests:
+# 8 min 08 s against 9 min 58 s on the disk, kernel CPU 3 min 09 s against 5 min 02 s). What the tests prove does
+# not change: their crashes are kill -9 and SIGSTOP, which a RAM disk survives as a disk does, and the full-disk
+# tests mount a small tmpfs of their own anyway. STOCKADE_TEST_TMP=DIR chooses the place (e.g. /tmp: the disk).
+if [ -z "${STOCKADE_TEST_TMP:-}" ] && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] \
+    && [ "$(stat -f -c '%a' /dev/shm)" -ge $(( (8 << 30) / $(stat -f -c '%S' /dev/shm) )) ]; then
+    STOCKADE_TEST_TMP=/dev/shm/stk  # short: a unix socket's path under it must fit in 108 bytes
+fi
+if [ -n "${STOCKADE_TEST_TMP:-}" ]; then
+    mkdir -p "$STOCKADE_TEST_TMP"
+    export TMPDIR="$STOCKADE_TEST_TMP"
+fi
 # Parallel workers (pytest-xdist): many tests wait on servers, disks and timers, not on the CPU.
 # Each worker starts its own PostgreSQL and Redis on free ports; the run shares one etcd cluster and one
 # ZooKeeper ensemble (tests/helpers/shared_servers.py). STOCKADE_TEST_WORKERS=N sets the number of workers

@@ -23,6 +23,7 @@ import pytest
 import stockade
 from stockade.coordinators.registry import COORDINATORS
 from stockade.testing.servers import reaper
+from stockade.transport.io import unix_address
 
 HELPERS = Path(__file__).parent / "helpers"
 pytest_plugins = ["helpers.clean_checkout"]  # the run leaves the checkout as it found it
@@ -61,10 +62,11 @@ def stop_host_processes(directory: Path) -> int:
             continue  # not a coordinator file's socket
         sock = socket.socket(socket.AF_UNIX)
         try:
-            sock.connect(str(sock_path))
+            with unix_address(str(sock_path)) as address:  # a path past sun_path's 108 bytes too
+                sock.connect(address)
             pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         except OSError:
-            continue  # nobody listens (it exited), or a path too long to reach this way (the test stops its own)
+            continue  # nobody listens (it exited)
         finally:
             sock.close()
         try:
@@ -356,15 +358,19 @@ def private_zk_ensemble(request, tmp_path_factory):
 
 
 @pytest.fixture
-def tmp_path(tmp_path: Path) -> Path:
+def tmp_path(tmp_path: Path) -> Iterator[Path]:
     """pytest's `tmp_path`, its name prefixed with the worker's id (``gw3-…``) in a run with workers: tests name
-    their namespace on the run's shared etcd and ZooKeeper after it, and pytest numbers names per worker."""
+    their namespace on the run's shared etcd and ZooKeeper after it, and pytest numbers names per worker.
+    Named back afterwards, so that pytest's retention (pyproject.toml: a passed test's directory goes) finds it."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
-        return tmp_path
+        yield tmp_path
+        return
     named = tmp_path.with_name(f"{worker}-{tmp_path.name}")
     tmp_path.rename(named)
-    return named
+    yield named
+    with contextlib.suppress(OSError):
+        named.rename(tmp_path)
 
 
 @pytest.fixture
