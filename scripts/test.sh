@@ -20,7 +20,7 @@ env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest --collect-only -q -p n
 wait $! || true
 # Temporary files (each test's directory, the servers' data: up to about 4 GiB) go to a RAM disk when
 # /dev/shm is a tmpfs with 8 GiB free: a fsync there costs no disk and little CPU (on 2 idle cores, 2,412 tests:
-# 8 min 08 s against 9 min 58 s on the disk, kernel CPU 3 min 09 s against 5 min 02 s). What the tests prove does
+# 8 min 17 s against 9 min 58 s on the disk, kernel CPU 3 min 14 s against 5 min 02 s). What the tests prove does
 # not change: their crashes are kill -9 and SIGSTOP, which a RAM disk survives as a disk does, and the full-disk
 # tests mount a small tmpfs of their own anyway. STOCKADE_TEST_TMP=DIR chooses the place (e.g. /tmp: the disk).
 if [ -z "${STOCKADE_TEST_TMP:-}" ] && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] \
@@ -34,9 +34,9 @@ fi
 # Parallel workers (pytest-xdist): many tests wait on servers, disks and timers, not on the CPU.
 # Each worker starts its own PostgreSQL and Redis on free ports; the run shares one etcd cluster and one
 # ZooKeeper ensemble (tests/helpers/shared_servers.py). STOCKADE_TEST_WORKERS=N sets the number of workers
-# (default 6); 0 runs everything in this one process. On 2 idle cores, five clean clones, 2,398 tests: 6 workers
-# 9 min 22 s to 10 min 22 s, median 9 min 46 s (CPU-bound). Tests whose premise depended on timing hold by
-# construction.
+# (default 6); 0 runs everything in this one process. On 2 idle cores, clean clones, 2,412 tests, 6 workers:
+# 8 min 17 s on the RAM disk, 9 min 10 s to 10 min 22 s on the disk (CPU-bound). Tests whose
+# premise depended on timing hold by construction.
 workers=${STOCKADE_TEST_WORKERS:-6}
 # --durations: the 25 slowest steps are printed at the end, to keep the default run within budget.
 if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest --durations=25 "$@"; fi
