@@ -22,7 +22,8 @@ wait $! || true
 # /dev/shm is a tmpfs with 8 GiB free: a fsync there costs no disk and little CPU (on 2 idle cores, 2,412 tests:
 # 8 min 17 s against 9 min 58 s on the disk, kernel CPU 3 min 14 s against 5 min 02 s). What the tests prove does
 # not change: their crashes are kill -9 and SIGSTOP, which a RAM disk survives as a disk does, and the full-disk
-# tests mount a small tmpfs of their own anyway. STOCKADE_TEST_TMP=DIR chooses the place (e.g. /tmp: the disk).
+# tests mount a small tmpfs of their own anyway; a control that needs the disk's pace keeps its files in /var/tmp
+# (tests/test_coordinator_frozen.py). STOCKADE_TEST_TMP=DIR chooses the place (e.g. /tmp: the disk).
 if [ -z "${STOCKADE_TEST_TMP:-}" ] && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] \
     && [ "$(stat -f -c '%a' /dev/shm)" -ge $(( (8 << 30) / $(stat -f -c '%S' /dev/shm) )) ]; then
     STOCKADE_TEST_TMP=/dev/shm/stk  # short: a unix socket's path under it must fit in 108 bytes
