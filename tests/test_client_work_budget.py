@@ -9,13 +9,12 @@ redacted for a message nobody prints, a token decoded twice) and must exceed the
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.work_budget import CallCounter, served
+from helpers.work_budget import calls_of, served
 
 import stockade
 from stockade.core import leases as core_leases
@@ -34,16 +33,8 @@ def _client_lock_cycle(data_dir: Path) -> dict[str, float]:
         try:
             for _ in range(WARMUP):
                 coord.acquire("s", ttl_ms=10_000, keepalive=False).release()
-            counter = CallCounter()
-            sys.setprofile(counter.profile)
-            counter.on = True
-            try:
-                for _ in range(CYCLES):
-                    coord.acquire("s", ttl_ms=10_000, keepalive=False).release()
-            finally:
-                counter.on = False
-                sys.setprofile(None)
-            return {"calls": counter.calls / CYCLES}
+            calls = calls_of(lambda: coord.acquire("s", ttl_ms=10_000, keepalive=False).release(), CYCLES)
+            return {"calls": calls / CYCLES}
         finally:
             coord.close()
 

@@ -8,13 +8,12 @@ and that the same check must catch.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.work_budget import CallCounter, Meter, Served, Work, served
+from helpers.work_budget import Meter, Served, Work, calls_of, served
 
 import stockade
 from stockade.coordinators.sqlite._rows import set_meta
@@ -82,16 +81,8 @@ def _embedded_lock_cycle(data_dir: Path, control: Callable[[Any], None] | None =
         meter = Meter(records.path, records._conn)
         meter.hold_checkpoints()
         meter.start()
-        counter = CallCounter()
-        sys.setprofile(counter.profile)
-        counter.on = True
-        try:
-            for _ in range(CYCLES):
-                coord.acquire("s", ttl_ms=10_000, keepalive=False).release()
-        finally:
-            counter.on = False
-            sys.setprofile(None)
-        return _per_op(meter.stop(Work(CYCLES, calls=counter.calls)))
+        calls = calls_of(lambda: coord.acquire("s", ttl_ms=10_000, keepalive=False).release(), CYCLES)
+        return _per_op(meter.stop(Work(CYCLES, calls=calls)))
     finally:
         coord.close()
 

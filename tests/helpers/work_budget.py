@@ -114,6 +114,20 @@ class CallCounter:
             self.calls += 1
 
 
+def calls_of(step: Callable[[], Any], times: int) -> int:
+    """The function calls (Python and C) this thread makes running ``step`` ``times`` times."""
+    counter = CallCounter()
+    sys.setprofile(counter.profile)
+    counter.on = True
+    try:
+        for _ in range(times):
+            step()
+    finally:
+        counter.on = False
+        sys.setprofile(None)
+    return counter.calls
+
+
 @dataclass
 class Served:
     """A `stockade serve` server running in a thread of this process."""
