@@ -47,14 +47,14 @@ CLUSTER_ID_HEX_DIGITS = 16
 _CLUSTER_RE = re.compile(r"[0-9a-f]{16}")
 _VALUE_RE = re.compile(r"[1-9][0-9]{0,18}")
 _PREFIX = "stk1"
-SIGNED_PREFIX = "stk2"  # an encoded token's prefix when it carries its key id and MAC
+_SIGNED_PREFIX = "stk2"
 _KID_RE = re.compile(r"[0-9a-f]{8}")
 _MAC_RE = re.compile(r"[A-Za-z0-9_-]{22}")
 #: Characters of a key id and of a MAC in an encoded token.
 KID_CHARS = 8
 MAC_CHARS = 22
 # prefix + cluster + max value digits + kid + mac + max scope + 5 dots
-ENCODED_CHARS_MAX = len(SIGNED_PREFIX) + 16 + 19 + KID_CHARS + MAC_CHARS + 200 + 5
+ENCODED_CHARS_MAX = len(_SIGNED_PREFIX) + 16 + 19 + KID_CHARS + MAC_CHARS + 200 + 5
 
 
 def validate_cluster_id(cluster: object, field: str = "cluster") -> str:
@@ -101,7 +101,7 @@ class FencingToken:
     def encode(self) -> str:
         """The string form clients pass around; `decode` round-trips it (MAC included)."""
         if self.mac:
-            return f"{SIGNED_PREFIX}.{self.cluster}.{self.value}.{self.kid}.{self.mac}.{self.scope}"
+            return f"{_SIGNED_PREFIX}.{self.cluster}.{self.value}.{self.kid}.{self.mac}.{self.scope}"
         return f"{_PREFIX}.{self.cluster}.{self.value}.{self.scope}"
 
     @classmethod
@@ -116,7 +116,7 @@ class FencingToken:
         if len(text) > ENCODED_CHARS_MAX:
             raise InvalidArgument("token", f"must be at most {ENCODED_CHARS_MAX} characters")
         kid = mac = ""
-        if text.startswith(SIGNED_PREFIX + "."):
+        if text.startswith(_SIGNED_PREFIX + "."):
             parts = text.split(".", 5)
             if len(parts) != 6:
                 raise InvalidArgument("token", "must look like stk2.<cluster>.<value>.<kid>.<mac>.<scope>")
@@ -128,8 +128,10 @@ class FencingToken:
             _, cluster, value, scope = parts
         if not _VALUE_RE.fullmatch(value):
             raise InvalidArgument("token", "value must be a decimal integer in 1..2**63-1")
-        cluster, scope = validate_cluster_id(cluster, "token"), validate_scope(scope, "token")
-        return cls(cluster=cluster, scope=scope, value=int(value), kid=kid, mac=mac)
+        try:  # the fields checked once, by the token's own checks, and reported as the encoded token's
+            return cls(cluster=cluster, scope=scope, value=int(value), kid=kid, mac=mac)
+        except InvalidArgument as exc:
+            raise InvalidArgument("token", exc.reason) from None
 
     def __str__(self) -> str:
         # Printing, logging and error messages never show the MAC (the write capability).

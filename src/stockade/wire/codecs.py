@@ -30,7 +30,7 @@ from typing import Any
 
 from stockade.core import leases as core_leases
 from stockade.core.errors import BackendUnavailable, InvalidArgument
-from stockade.core.tokens import SIGNED_PREFIX, FencingToken, validate_cluster_id
+from stockade.core.tokens import FencingToken, validate_cluster_id
 from stockade.core.values import FenceFloors, Grant, Item, WriteResult
 
 __all__ = [
@@ -235,23 +235,9 @@ def _field(doc: Any, name: str, kind: type) -> Any:
 
 def _token(doc: Any, name: str = "token") -> FencingToken:
     try:
-        return _decode_token(_field(doc, name, str))
+        return FencingToken.decode(_field(doc, name, str))
     except InvalidArgument as exc:
         raise BackendUnavailable(f"server sent a malformed {name!r}") from exc
-
-
-def _decode_token(text: str) -> FencingToken:
-    """`FencingToken.decode`, a signed token's fields checked once (by the token's own checks), not twice.
-
-    Raises:
-        InvalidArgument: not a well-formed token.
-    """
-    parts = text.split(".", 5)
-    if len(parts) == 6 and parts[0] == SIGNED_PREFIX:
-        _, cluster, value, kid, mac, scope = parts
-        if len(value) <= 19 and value.isascii() and value.isdigit() and value[0] != "0":  # not "+1", " 1", "1_0"
-            return FencingToken(cluster, scope, int(value), kid, mac)
-    return FencingToken.decode(text)
 
 
 def lease_from(doc: Any, *, lease_id: str, holder: str, sent_ns: int) -> core_leases.Lease:
@@ -282,7 +268,7 @@ def grant_from(doc: Any, *, holder: str, sent_ns: int) -> Grant:
         lease_id, text, ttl_ms = doc.get("lease_id"), doc.get("token"), doc.get("ttl_ms")
         if type(lease_id) is str and lease_id and type(text) is str and type(ttl_ms) is int:
             try:
-                token = _decode_token(text)
+                token = FencingToken.decode(text)
             except InvalidArgument as exc:
                 raise BackendUnavailable("server sent a malformed 'token'") from exc
             return Grant(lease_id, holder, token, ttl_ms, sent_ns)
