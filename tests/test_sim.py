@@ -228,6 +228,27 @@ def test_the_coordinator_node_runs_the_lease_engine_and_a_restart_keeps_what_was
     assert isinstance(granted, Granted) and granted.lease.token.value == 2
 
 
+def test_a_repeated_acquire_is_answered_with_the_lease_renewed_from_its_receipt():
+    # Seed 4041078186 (found by CI's campaign, P11): a client whose grant's answer came late sent the acquire
+    # again, was answered "granted" with the lease's first expiry, and counted a whole TTL from the repeat's
+    # send time (K2), 499 ms past the coordinator's expiry; a writer got the gate meanwhile. The repeat now
+    # hands the lease over renewed, as the server does with a grant made while no request watched its wait.
+    world = _engine_world(lock_delay_ms=0)
+    node = world.coordinator
+    acquire = ("acquire", 1, "s0", "lease-a-0000000001", "p0", 200, 0)
+    node.receive("c0", acquire)
+    first = node.memory.peek("s0").lease
+    assert first is not None and first.token.value == 1
+    world.advance(150 * _MS)  # the first answer is late or lost: the client asks again, same lease id
+    node.receive("c0", (acquire[0], 2, *acquire[2:]))
+    again = node.memory.peek("s0").lease
+    assert again is not None and again.lease_id == first.lease_id and again.token == first.token
+    assert again.expires_ns == node.clock.now_ns() + 200 * _MS > first.expires_ns  # renewed at the repeat's receipt
+    logged = [r["f"] for r in world.history.records if r.get("process") == "coordinator"]
+    assert logged.count("grant") == 1 and logged.count("renew") == 1  # P9-P11 see the hold go on
+    assert run_seed(4041078186).ok
+
+
 def test_a_crash_drops_what_was_not_committed():
     world = _engine_world()
     node = world.coordinator

@@ -166,6 +166,12 @@ class Coordinator(Node):
                 self.world.issued.append((scope, lease.token.value))
                 self._log("grant", scope, lease=lease_id, token=lease.token.value, expires_ns=lease.expires_ns,
                           lock_delay_ms=self.policy.lock_delay_ms)
+            else:
+                # A repeat (the first answer was lost or late): the client counts its deadline from this
+                # request's send time (K2), so the lease is handed over renewed, as the server hands over
+                # a grant made while no request watched its wait (server/_tickets.py).
+                lease = self.engine.renew(lease_id)
+                self._log("renew", scope, lease=lease_id, expires_ns=lease.expires_ns)
             self.send(src, ("granted", req_id, lease.token, lease_id))
         elif isinstance(outcome, Queued):
             self.send(src, ("queued", req_id))
