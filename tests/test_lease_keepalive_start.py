@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 import stockade
 from stockade.client import Hooks
@@ -117,13 +118,29 @@ def test_async_a_lease_held_past_its_first_renewal_is_renewed(monkeypatch):
 # -- the sync client's timer --------------------------------------------------------------------
 
 
-def test_the_timer_runs_callbacks_in_time_order_and_skips_cancelled_ones():
+class _HeldClock:
+    """The timer module's clock, held at one reading while the test schedules (a busy host may pause the test
+    between two calls for longer than their delays differ), the real one otherwise."""
+
+    def __init__(self) -> None:
+        self.held: float | None = None
+
+    def monotonic(self) -> float:
+        return self.held if self.held is not None else time.monotonic()
+
+
+def test_the_timer_runs_callbacks_in_time_order_and_skips_cancelled_ones(monkeypatch):
+    clock = _HeldClock()
+    monkeypatch.setattr(_timer, "time", clock)
+    timer = _timer._Timer()
     done = threading.Event()
     ran: list[str] = []
-    _timer.call_later(0.06, lambda: (ran.append("c"), done.set()))
-    _timer.call_later(0.04, lambda: ran.append("b"))
-    _timer.call_later(0.02, lambda: ran.append("a"))
-    _timer.call_later(0.03, lambda: ran.append("x")).cancel()
+    clock.held = time.monotonic()  # every delay below counts from the same instant
+    timer.call_later(0.06, lambda: (ran.append("c"), done.set()))
+    timer.call_later(0.04, lambda: ran.append("b"))
+    timer.call_later(0.02, lambda: ran.append("a"))
+    timer.call_later(0.03, lambda: ran.append("x")).cancel()
+    clock.held = None
     assert done.wait(10)
     assert ran == ["a", "b", "c"]
 
