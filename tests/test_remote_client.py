@@ -157,7 +157,7 @@ def test_server_down_is_backend_unavailable_at_once(opener):
     t0 = time.monotonic()
     with pytest.raises(BackendUnavailable) as info:
         opener(f"http://127.0.0.1:{free_port()}")
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 2.5  # refused at once, not after the 3 s connect timeout (a busy host: slack)
     assert info.value.certain_no_effect is True
     assert "cannot connect" in str(info.value) and isinstance(info.value.__cause__, OSError)
 
@@ -171,7 +171,7 @@ def test_server_gone_after_connect(fake):
     t0 = time.monotonic()
     with pytest.raises(BackendUnavailable):
         coord.inspect("s")
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 2.5  # at once, not after a timeout
     coord.close()
 
 
@@ -185,7 +185,7 @@ def test_slow_server_times_out_sync(fake):
     with pytest.raises(BackendUnavailable) as info:
         coord.inspect("s")
     elapsed = time.monotonic() - t0
-    assert 0.29 <= elapsed < 1.5, elapsed
+    assert 0.29 <= elapsed < 5, elapsed  # its 300 ms, not the default 10 s (the slack is for a busy host)
     assert "within 300 ms" in str(info.value) and info.value.certain_no_effect is False
     coord.close()
 
@@ -198,7 +198,7 @@ def test_slow_server_times_out_async(fake):
         t0 = time.monotonic()
         with pytest.raises(BackendUnavailable):
             await coord.inspect("s")
-        assert 0.29 <= time.monotonic() - t0 < 1.5
+        assert 0.29 <= time.monotonic() - t0 < 5
         await coord.aclose()
 
     asyncio.run(body())
@@ -211,7 +211,7 @@ def test_acquire_deadline_is_timeout_plus_wait(fake):
     t0 = time.monotonic()
     with pytest.raises(BackendUnavailable):
         coord.acquire("s", ttl_ms=1000, wait_ms=300)
-    assert 0.49 <= time.monotonic() - t0 < 2.0
+    assert 0.49 <= time.monotonic() - t0 < 5
     coord.close()
 
 
@@ -220,7 +220,7 @@ def test_server_that_never_answers_the_opening_call(fake):
     t0 = time.monotonic()
     with pytest.raises(BackendUnavailable):
         stockade.connect(server.url, timeout_ms=200)
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 5
 
 
 # -- keep-alive and connection reuse -------------------------------------------------------
