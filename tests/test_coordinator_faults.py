@@ -189,7 +189,7 @@ def test_holder_killed_is_expired_by_ttl(tmp_path):
     lease = coord.acquire("s", ttl_ms=1000, wait_ms=5000)
     waited_s = time.monotonic() - t0
     assert lease.token.value > first  # this opener's epoch: above, not necessarily + 1
-    assert waited_s < 2.0, "served once the TTL lapsed, not by luck or a long timeout"
+    assert waited_s < 4.0, "served once the TTL lapsed (1 s), not at the end of the 5 s wait"
     lease.release()
 
 
