@@ -16,9 +16,10 @@ that bound the journal run in batches too, because each one rewrites old pages:
 - a scope's events in ``history`` are trimmed to its last `HISTORY_PER_SCOPE` at
   each of its grants whose token is a multiple of `SCOPE_TRIM_EVERY` (tokens of
   one scope rise by one per grant, and a grant brings at most one more event,
-  its end), so a scope holds at most ``HISTORY_PER_SCOPE + 2 * SCOPE_TRIM_EVERY``
-  events there, and its recent ones besides; a read returns at most
-  `HISTORY_PER_SCOPE` of them, the newest of both tables;
+  its end), so a scope holds at most ``HISTORY_PER_SCOPE + 2 * SCOPE_TRIM_EVERY +
+  total_trim_every() - 1`` events in both tables (the last term: those still
+  recent at its last trim); a read returns at most `HISTORY_PER_SCOPE` of them,
+  the newest of both tables;
 - the file's events are trimmed to the last `HISTORY_TOTAL_MAX` when the recent
   ones move, so the file holds at most ``total_trim_every() - 1`` more.
 
