@@ -91,7 +91,7 @@ def _embedded_lock_cycle(data_dir: Path, control: Callable[[Any], None] | None =
 
 def _extra_index_served(s: Served) -> None:
     """A secondary index re-added to the history journal (each event writes one more page)."""
-    s.server.leases.file._conn.execute("CREATE INDEX IF NOT EXISTS budget_control ON history (holder, token)")
+    s.server.leases.file._conn.execute("CREATE INDEX IF NOT EXISTS budget_control ON history_recent (scope, seq)")
 
 
 def _extra_index_store(s: Served) -> None:
@@ -139,7 +139,7 @@ def _remove_handlers() -> Any:
 
 
 def _extra_index_embedded(records: Any) -> None:
-    records._conn.execute("CREATE INDEX IF NOT EXISTS budget_control ON history (holder, token)")
+    records._conn.execute("CREATE INDEX IF NOT EXISTS budget_control ON history_recent (scope, seq)")
 
 
 def _extra_commit_embedded(records: Any) -> None:

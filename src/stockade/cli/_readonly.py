@@ -92,7 +92,7 @@ def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tup
 
 def _coordinator_meta(conn: sqlite3.Connection, path: Path) -> dict[str, str]:
     meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
-    if "cluster_id" not in meta or meta.get("schema_version") not in ("1", coordinator_files.SCHEMA_VERSION):
+    if "cluster_id" not in meta or meta.get("schema_version") not in ("1", "2", coordinator_files.SCHEMA_VERSION):
         raise BackendUnavailable(
             f"{path}: not a stockade coordinator file of schema version {coordinator_files.SCHEMA_VERSION}"
         )

@@ -84,7 +84,9 @@ __all__ = [
     "monotonic_offset_ns",
 ]
 
-SCHEMA_VERSION = "2"  # 2: each lease in its scope's row; version 1 is migrated on open (`migrate_v1`)
+# 2: each lease in its scope's row; version 1 is migrated on open (`migrate_v1`). 3: the journal's recent events
+# in a table without a per-scope index (`stockade.coordinators.sqlite._journal`); a version-2 file gets it on open.
+SCHEMA_VERSION = "3"
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 PAGE_BYTES = 1024  # the page size of a new file
 SQLITE_BUSY_WAIT_MS = 2  # SQLite's own busy handler, per statement
@@ -292,15 +294,19 @@ class SQLiteRecords(Journaled):
             return meta["cluster_id"]
 
     def _migrating(self, conn: sqlite3.Connection) -> bool:
-        """Migrate a version-1 file in the opening transaction; returns whether it was one.
+        """Migrate a file of version 1 or 2 in the opening transaction; returns whether it was one.
 
         The whole migration commits with the rest of the opening, or not at all.
-        A process of the old version that still has the file open fails its next
-        write (its ``leases`` table is gone) rather than writing beside it.
+        A process of version 1 that still has the file open fails its next
+        write (its ``leases`` table is gone) rather than writing beside it. A
+        version-2 file only lacks the journal's recent table, which the schema
+        creates; a process of version 2 still writing it adds its events to
+        ``history`` directly, numbered after them (`stockade.coordinators.sqlite._journal`).
         """
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'leases'").fetchone() is None:
-            return False
-        version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() if "meta" in tables else None
+        if "leases" not in tables:
+            return version is not None and version[0] == "2"
         if version is not None and version[0] != "1":
             raise BackendUnavailable(f"{self.path}: schema version {version[0]!r} is not supported")
         migrate_v1(conn)

@@ -34,7 +34,7 @@ _COORDINATOR_TABLES = frozenset({"meta", "scopes", "leases", "waiters"})
 # The tables of an unmarked coordinator file: schema version 1 (leases in their own table), or 2.
 _COORDINATOR_LAYOUTS = (_COORDINATOR_TABLES, _COORDINATOR_TABLES - {"leases"})
 _STORE_TABLES = frozenset({"hwm", "kv", "audit", "idempotency", "counters"})
-_JOURNAL_TABLES = frozenset({"history", "sqlite_sequence"})  # the history journal (docs/history.md)
+_JOURNAL_TABLES = frozenset({"history", "history_recent", "sqlite_sequence"})  # the journal (docs/history.md)
 CLAIM_RETRY_S = 0.05  # how long a refused shared claim is retried (another opener checking it is alone)
 
 

@@ -4,21 +4,29 @@
 on the same connection and in the same transaction (or SAVEPOINT) as the
 record change it describes: both commit, or neither does.
 
-Bounded, and kept cheap to write: an event is one INSERT (one row, one entry in
-the by-scope index); the trims that bound the journal run in batches, not at
-every event, because each one rewrites old pages:
+Bounded, and kept cheap to write: an event is one INSERT into ``history_recent``,
+a table with no index but its rowid, so the events of one commit share one page
+whatever their scopes. Each event whose sequence number is a multiple of
+`total_trim_every` (a thousandth of the bound) moves the recent events into
+``history``, which is indexed by scope, in one statement: their index entries
+are written a hundred at a time, a few pages for many events, not one page per
+scope per commit (the index was half the pages of a lock cycle). The trims
+that bound the journal run in batches too, because each one rewrites old pages:
 
-- a scope's events are trimmed to its last `HISTORY_PER_SCOPE` at each of its
-  grants whose token is a multiple of `SCOPE_TRIM_EVERY` (tokens of one scope
-  rise by one per grant, and a grant brings at most one more event, its end), so
-  a scope holds at most ``HISTORY_PER_SCOPE + 2 * SCOPE_TRIM_EVERY`` events on
-  disk; a read returns at most `HISTORY_PER_SCOPE` of them, the newest;
-- the file's events are trimmed to the last `HISTORY_TOTAL_MAX` at each event
-  whose sequence number is a multiple of `total_trim_every` (a thousandth of
-  the bound), so the file holds at most that many more.
+- a scope's events in ``history`` are trimmed to its last `HISTORY_PER_SCOPE` at
+  each of its grants whose token is a multiple of `SCOPE_TRIM_EVERY` (tokens of
+  one scope rise by one per grant, and a grant brings at most one more event,
+  its end), so a scope holds at most ``HISTORY_PER_SCOPE + 2 * SCOPE_TRIM_EVERY +
+  total_trim_every() - 1`` events in both tables (the last term: those still
+  recent at its last trim); a read returns at most `HISTORY_PER_SCOPE` of them,
+  the newest of both tables;
+- the file's events are trimmed to the last `HISTORY_TOTAL_MAX` when the recent
+  ones move, so the file holds at most ``total_trim_every() - 1`` more.
 
-Sequence numbers are the table's rowid: one above the highest (the trims only
-ever delete older events, so a number is never reused). See `stockade.coordinators.journal`.
+Sequence numbers: one above the highest of both tables (the recent table's, else
+the moved ones'), so they are consecutive and the move keeps them as they are
+(``history`` numbers its rows one above its highest, and the trims only ever
+delete older events, so a number is never reused). See `stockade.coordinators.journal`.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import time
 from stockade.coordinators.journal import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
-__all__ = ["JOURNAL_SCHEMA", "SCOPE_TRIM_EVERY", "journal_change", "migrate_journal", "read_history",
+__all__ = ["JOURNAL_SCHEMA", "SCOPE_TRIM_EVERY", "journal_change", "migrate_journal", "move_recent", "read_history",
            "total_trim_every", "HistoryEvent"]
 
 #: A scope's journal is trimmed at its grants whose token is a multiple of this.
@@ -45,9 +53,23 @@ CREATE TABLE IF NOT EXISTS history (
     at_unix_ms INTEGER NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS history_by_scope ON history (scope, seq);
+CREATE TABLE IF NOT EXISTS history_recent (
+    seq INTEGER PRIMARY KEY,
+    scope TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    at_unix_ms INTEGER NOT NULL
+) STRICT;
 """
 
-_INSERT = "INSERT INTO history (scope, kind, holder, token, at_unix_ms) VALUES (?, ?, ?, ?, ?)"
+_INSERT = ("INSERT INTO history_recent (seq, scope, kind, holder, token, at_unix_ms) VALUES "
+           "(COALESCE((SELECT MAX(seq) FROM history_recent), (SELECT MAX(seq) FROM history), 0) + 1, ?, ?, ?, ?, ?)")
+# Numbered on by ``history`` in seq order: the same numbers (`journal_change`), and still unique and in order
+# if a process of schema version 2 added rows to ``history`` meanwhile.
+_MOVE = ("INSERT INTO history (scope, kind, holder, token, at_unix_ms) "
+         "SELECT scope, kind, holder, token, at_unix_ms FROM history_recent ORDER BY seq")
+_COLUMNS = "seq, scope, kind, holder, token, at_unix_ms"
 
 
 def total_trim_every() -> int:
@@ -71,7 +93,14 @@ def journal_change(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord 
                 (scope, scope, HISTORY_PER_SCOPE),
             )
         if seq % (HISTORY_TOTAL_MAX // 1000 or 1) == 0:  # `total_trim_every`, without its two calls per event
+            move_recent(conn)
             conn.execute("DELETE FROM history WHERE seq <= ?", (seq - HISTORY_TOTAL_MAX,))
+
+
+def move_recent(conn: sqlite3.Connection) -> None:
+    """Move the recent events into ``history`` (indexed by scope), in the caller's open transaction."""
+    conn.execute(_MOVE)
+    conn.execute("DELETE FROM history_recent")
 
 
 def migrate_journal(conn: sqlite3.Connection) -> None:
@@ -89,9 +118,13 @@ def migrate_journal(conn: sqlite3.Connection) -> None:
 
 
 def read_history(conn: sqlite3.Connection, scope: str, limit: int) -> list[HistoryEvent]:
-    """The scope's last ``limit`` events, oldest first."""
+    """The scope's last ``limit`` events, oldest first (of both tables; a file of schema version 2 or older,
+    read as it is, has no recent table)."""
+    recent = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'history_recent'").fetchone()
     rows = conn.execute(
-        "SELECT seq, scope, kind, holder, token, at_unix_ms FROM history WHERE scope = ? ORDER BY seq DESC LIMIT ?",
-        (scope, min(limit, HISTORY_PER_SCOPE)),
+        f"SELECT {_COLUMNS} FROM history WHERE scope = ?"
+        + (f" UNION ALL SELECT {_COLUMNS} FROM history_recent WHERE scope = ?" if recent else "")
+        + " ORDER BY seq DESC LIMIT ?",
+        (scope, scope, min(limit, HISTORY_PER_SCOPE)) if recent else (scope, min(limit, HISTORY_PER_SCOPE)),
     ).fetchall()
     return [HistoryEvent(*row) for row in reversed(rows)]
