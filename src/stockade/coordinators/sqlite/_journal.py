@@ -43,24 +43,20 @@ __all__ = ["JOURNAL_SCHEMA", "SCOPE_TRIM_EVERY", "journal_change", "migrate_jour
 #: A scope's journal is trimmed at its grants whose token is a multiple of this.
 SCOPE_TRIM_EVERY = 32
 
-JOURNAL_SCHEMA = """
-CREATE TABLE IF NOT EXISTS history (
+# The columns of an event, in both tables (the moved events keep their numbers).
+_EVENT_TABLE = """(
     seq INTEGER PRIMARY KEY,
     scope TEXT NOT NULL,
     kind TEXT NOT NULL,
     holder TEXT NOT NULL,
     token INTEGER NOT NULL,
     at_unix_ms INTEGER NOT NULL
-) STRICT;
+) STRICT"""
+
+JOURNAL_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS history {_EVENT_TABLE};
 CREATE INDEX IF NOT EXISTS history_by_scope ON history (scope, seq);
-CREATE TABLE IF NOT EXISTS history_recent (
-    seq INTEGER PRIMARY KEY,
-    scope TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    holder TEXT NOT NULL,
-    token INTEGER NOT NULL,
-    at_unix_ms INTEGER NOT NULL
-) STRICT;
+CREATE TABLE IF NOT EXISTS history_recent {_EVENT_TABLE};
 """
 
 _INSERT = ("INSERT INTO history_recent (seq, scope, kind, holder, token, at_unix_ms) VALUES "
