@@ -185,7 +185,7 @@ class FenceCore:
         #: The script's comparison (`_redis_script.COMPARE_MODES`): private, for the controls only.
         self._compare = "ge"
         #: The last (token, scope, rule) `rule_passes` passed.
-        self._rule_passed: tuple[object, ...] = ()
+        self._rule_passed: tuple[FencingToken, str, Any] | None = None
         #: When the eviction policy was last read and found safe (`policy_due`), monotonic ns.
         self._policy_read_ns: int | None = None
         #: Whether the cluster-wide memory of verifying (`script.VERIFIED_KEY`) was written or checked: on
@@ -234,13 +234,13 @@ class FenceCore:
         same question of the same token (the one object `VerifiedTokens` keeps), and the rule is a function
         of them alone.
         """
-        asked = (token, scope, self.fence_rule)
-        if asked == self._rule_passed:
+        rule, passed = self.fence_rule, self._rule_passed
+        if passed is not None and passed[0] is token and passed[1] == scope and passed[2] is rule:
             return True
-        decision = self.fence_rule(token, cluster=self.cluster_id, scope=scope, high_water=0)
+        decision = rule(token, cluster=self.cluster_id, scope=scope, high_water=0)
         if isinstance(decision, Reject) and decision.reason != "stale":
             return False
-        self._rule_passed = asked
+        self._rule_passed = (token, scope, rule)
         return True
 
     def refuse(self, token: FencingToken, scope: str, decision: Reject, key: str | None = None) -> None:
