@@ -32,7 +32,7 @@ from stockade.core.errors import BackendUnavailable, InvalidArgument, StaleToken
 from stockade.core.values import FenceFloors
 from stockade.resources.redis import AsyncRedisFence, RedisFence
 from stockade.testing.conformance.fence import CLUSTER, KEYS, tok
-from stockade.testing.fences.redis import redis_state
+from stockade.testing.fences.redis import dress, redis_state
 from stockade.testing.servers.redis import RedisServer, free_port, require_redis
 
 LONG = os.environ.get("STOCKADE_LONG") == "1"
@@ -148,6 +148,36 @@ def test_marks_compare_exactly_past_two_to_the_53(fence: RedisFence) -> None:
         fence.set(tok(big - 1), "{a}:k", b"old")  # as doubles, big - 1 == big
     fence.set(tok(2**63 - 1), "{a}:k", b"top")
     assert fence.high_water("a") == 2**63 - 1
+
+
+#: R1's steps: (token, whether it must be accepted); the mark after them is 2**53 + 2.
+R1_STEPS = ((5, True), (5, True), (4, False), (9, True), (2**53 + 2, True), (2**53 + 1, False), (2**53 + 2, True))
+
+
+@pytest.mark.parametrize("mutant", [None, "fencing-off", "strict-greater"])
+def test_a_single_set_by_its_own_script_keeps_the_rule_of_a_batch_of_one(server: RedisServer, mutant: str) -> None:
+    """`RedisFence.set` runs its own script (`FENCED_SET`), a batch runs `FENCED_WRITE`: R1's steps through each,
+    on a scope of its own, give the same outcomes, marks and values; with no control they are R1's (equal
+    accepted, higher raises, lower refused with nothing written). The controls (``fencing-off``,
+    ``strict-greater``: the Python rule and the script's comparison swapped) must break them."""
+    seen = {}
+    with dress(RedisFence.from_url(server.url, keys=KEYS), mutant) as fence:
+        for how in ("set", "batch"):
+            key, outcomes = f"{{{how}}}:k", []
+            for value, _ in R1_STEPS:
+                try:
+                    if how == "set":
+                        fence.set(tok(value, scope=how), key, str(value))
+                    else:
+                        with fence.batch(tok(value, scope=how)) as batch:
+                            batch.set(key, str(value))
+                    outcomes.append(True)
+                except StaleToken:
+                    outcomes.append(False)
+            seen[how] = (outcomes, fence.high_water(how), fence.client.get(key))
+    assert seen["set"] == seen["batch"]
+    right = ([accept for _, accept in R1_STEPS], 2**53 + 2, str(2**53 + 2).encode())
+    assert (seen["set"] == right) is (mutant is None)
 
 
 def test_script_cache_flush_falls_back_to_eval(fence: RedisFence) -> None:

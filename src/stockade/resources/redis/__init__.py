@@ -8,8 +8,8 @@
         b.xadd("{orders}:log", {"event": "shipped"})
     b.results  # [True, 1, "1700000000000-0"]
 
-Every fenced write is one call of a Lua script (`_redis_script.FENCED_WRITE`,
-by EVALSHA; loaded again on NOSCRIPT) that reads the scope's mark,
+Every fenced write is one call of a Lua script (`_script.FENCED_WRITE`; a single
+SET: `_script.FENCED_SET`, by EVALSHA; loaded again on NOSCRIPT) that reads the scope's mark,
 refuses a stale token (R1) and otherwise raises the mark and runs the
 commands, atomically: Redis runs a script alone. The token's MAC and its
 cluster and scope (R2) are checked here, in Python, before the script runs:

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from stockade.core.errors import BackendUnavailable, InvalidArgument, InvariantViolation
-from stockade.core.limits import validate_scope
+from stockade.core.limits import validate_int, validate_scope, validate_value
 from stockade.core.tokens import FencingToken
 from stockade.resources._verify import check_keys_given
 from stockade.resources.redis import _script as script
-from stockade.resources.redis._batch import Commands, FenceCore
+from stockade.resources.redis._batch import PX_MS_MAX, Commands, FenceCore, scoped_key
 
 try:
     import redis as redis_py
@@ -18,6 +18,8 @@ try:
 except ImportError as error:  # pragma: no cover - the extra is missing
     raise ImportError("stockade.resources.redis needs redis-py: pip install 'stockade[redis]'") from error
 
+#: How many keys a handle remembers as checked (`_FenceBase._set_call`); past it, it starts again.
+CHECKED_KEYS_MAX = 1024
 #: The code of the errors the script's first pass reports before any write: Redis would refuse a command
 #: of the batch (its data's type, an integer it cannot read or that would overflow), so nothing is applied.
 _REFUSED_BY_SCRIPT = "FENCEBATCH"
@@ -99,8 +101,11 @@ class _FenceBase(FenceCore):
         self.client = client
         self._cluster = isinstance(client, RedisCluster)
         self._write = client.register_script(script.FENCED_WRITE)
+        self._set = client.register_script(script.FENCED_SET)
         self._raise = client.register_script(script.RAISE_MARKS)
         self._read = client.register_script(script.READ_CHECKED)
+        #: The keys `_set_call` found good: each one's scope and `FENCED_SET`'s KEYS for it (a key checked once).
+        self._checked_keys: dict[str, tuple[str, tuple[bytes, ...]]] = {}
 
     def _open(self, token: object, scope: str | None) -> tuple[FencingToken, str | None]:
         return self._tokens.check(token)[0], None if scope is None else validate_scope(scope)
@@ -109,6 +114,29 @@ class _FenceBase(FenceCore):
         # One command: a batch of one, without the context manager (the common, fast path).
         # The token validated as `coerce_token` does, from the memory of tokens that verified when it is there.
         return self._tokens.check(token)[0], Commands(None, value_bytes_max=self.value_bytes_max)
+
+    def _set_call(self, token: object, key: object, value: object, px_ms: int | None
+                  ) -> tuple[FencingToken, str | None, str, tuple[bytes, ...], list[bytes]]:
+        """One SET's checked token, why it is forged (None: it verified), its scope, and `FENCED_SET`'s KEYS
+        and ARGV: what a batch of that one SET checks, without building the batch (the hot path).
+
+        Raises:
+            InvalidArgument: a bad token, value, PX or key (nothing is sent).
+        """
+        checked, why = self._tokens.check(token)
+        data = validate_value(value, self.value_bytes_max)
+        # Bytes, each of them: redis-py then sends them as they are (its encoding of a str costs a write ~6 us).
+        args = [b"%d" % checked.value, (self._compare + self.memory).encode(), data]
+        if px_ms is not None:
+            args.append(b"%d" % validate_int("px_ms", px_ms, 1, PX_MS_MAX))
+        known = self._checked_keys.get(key) if type(key) is str else None
+        if known is None:
+            key, scope = scoped_key(key, None)
+            known = scope, (*script.set_keys(scope, self._cluster), key.encode())
+            if len(self._checked_keys) >= CHECKED_KEYS_MAX:
+                self._checked_keys.clear()
+            self._checked_keys[key] = known
+        return checked, why, known[0], known[1], args
 
     def _info_call(self) -> Any:
         """``INFO memory`` of the server, or of every primary of a cluster (a dict per node)."""

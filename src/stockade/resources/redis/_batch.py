@@ -60,6 +60,25 @@ def _text(value: object) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def scoped_key(key: object, scope: str | None) -> tuple[str, str]:
+    """``key`` and its scope, if it carries ``scope`` as its hash tag (None: the key's tag names the scope).
+
+    Raises:
+        InvalidArgument: a bad key, a fence mark's, or one outside the scope's hash slot.
+    """
+    key = validate_key(key)
+    if key.startswith((script.HWM_PREFIX, script.FLOOR_PREFIX, script.VERIFIED_KEY)):
+        raise InvalidArgument("key", f"{key!r} is a fence mark: only the fence writes it")
+    tag = script.key_tag(key)
+    if scope is None:
+        if tag is None:
+            raise InvalidArgument("key", f"{key!r} has no hash tag: a fenced key carries {{scope}}")
+        scope = validate_scope(tag)
+    if tag != scope:
+        raise InvalidArgument("key", f"{key!r} is not in scope {scope!r}: its hash tag must be {{{scope}}}")
+    return key, scope
+
+
 class Commands:
     """The commands of one batch, checked as they are added; nothing is sent until `script_call`.
 
@@ -87,18 +106,7 @@ class Commands:
         Raises:
             InvalidArgument: a bad key, or one outside the scope's hash slot.
         """
-        key = validate_key(key)
-        if key.startswith((script.HWM_PREFIX, script.FLOOR_PREFIX, script.VERIFIED_KEY)):
-            raise InvalidArgument("key", f"{key!r} is a fence mark: only the fence writes it")
-        tag = script.key_tag(key)
-        if self.scope is None:
-            if tag is None:
-                raise InvalidArgument("key", f"{key!r} has no hash tag: a fenced key carries {{scope}}")
-            self.scope = validate_scope(tag)
-        if tag != self.scope:
-            raise InvalidArgument(
-                "key", f"{key!r} is not in scope {self.scope!r}: its hash tag must be {{{self.scope}}}"
-            )
+        key, self.scope = scoped_key(key, self.scope)
         return key
 
     def _add(self, kind: str, key: object, args: list[str | bytes]) -> str:
@@ -176,6 +184,8 @@ class FenceCore:
         self.resource = resource
         #: The script's comparison (`_redis_script.COMPARE_MODES`): private, for the controls only.
         self._compare = "ge"
+        #: The last (token, scope, rule) `rule_passes` passed.
+        self._rule_passed: tuple[FencingToken, str, Any] | None = None
         #: When the eviction policy was last read and found safe (`policy_due`), monotonic ns.
         self._policy_read_ns: int | None = None
         #: Whether the cluster-wide memory of verifying (`script.VERIFIED_KEY`) was written or checked: on
@@ -215,10 +225,23 @@ class FenceCore:
 
     def premise(self, token: FencingToken, scope: str) -> bool:
         """Whether `admit` would pass without needing the mark (the common path: no extra read)."""
-        if self._tokens.check(token)[1] is not None:
+        return self._tokens.check(token)[1] is None and self.rule_passes(token, scope)
+
+    def rule_passes(self, token: FencingToken, scope: str) -> bool:
+        """Whether the rule's cluster and scope checks (R2) pass ``token`` (its MAC is `premise`'s).
+
+        The last pass is remembered with its token, scope and rule: under one lease the next write asks the
+        same question of the same token (the one object `VerifiedTokens` keeps), and the rule is a function
+        of them alone.
+        """
+        rule, passed = self.fence_rule, self._rule_passed
+        if passed is not None and passed[0] is token and passed[1] == scope and passed[2] is rule:
+            return True
+        decision = rule(token, cluster=self.cluster_id, scope=scope, high_water=0)
+        if isinstance(decision, Reject) and decision.reason != "stale":
             return False
-        decision = self.fence_rule(token, cluster=self.cluster_id, scope=scope, high_water=0)
-        return not (isinstance(decision, Reject) and decision.reason != "stale")
+        self._rule_passed = (token, scope, rule)
+        return True
 
     def refuse(self, token: FencingToken, scope: str, decision: Reject, key: str | None = None) -> None:
         reject(decision, resource=self.resource, cluster=self.cluster_id, token=token, scope=scope, key=key)
@@ -237,11 +260,7 @@ class FenceCore:
             InvalidArgument: this handle is unsigned and Redis remembers verifying (L2; nothing written).
         """
         assert commands.scope is not None
-        status, mark = int(reply[0]), int(_text(reply[1]))
-        if status == 2:
-            refuse_unsigned_after_signed(self.resource, True, UNSIGNED)
-        if status == 0:
-            self.refuse(token, commands.scope, Reject("stale", mark))
+        self.judge_status(token, commands.scope, reply)
         results: list[Any] = []
         for kind, value in zip(commands.kinds, reply[2:], strict=True):
             if kind == "SET":
@@ -253,6 +272,14 @@ class FenceCore:
             else:
                 results.append(int(value))
         return results
+
+    def judge_status(self, token: FencingToken, scope: str, reply: Any) -> None:
+        """Raise the rejection a script's reply reports ({0, mark} stale, {2, mark} L2), if it reports one."""
+        status = int(reply[0])
+        if status == 2:
+            refuse_unsigned_after_signed(self.resource, True, UNSIGNED)
+        if status == 0:
+            self.refuse(token, scope, Reject("stale", int(_text(reply[1]))))
 
     def judge_read(self, token: FencingToken, scope: str, key: str, reply: Any) -> bytes | None:
         """A batch's checked read: the value, or the rejection if the mark already passed the token."""

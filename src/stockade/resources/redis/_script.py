@@ -28,8 +28,8 @@ import binascii
 import functools
 
 __all__ = [
-    "FENCED_WRITE", "RAISE_MARKS", "READ_CHECKED", "SLOTS", "hwm_key", "floor_key", "slot_of", "slot_tag",
-    "key_tag", "COMPARE_MODES", "mark_keys", "verified_key", "VERIFIED_KEY", "MEMORY_MODES",
+    "FENCED_WRITE", "FENCED_SET", "RAISE_MARKS", "READ_CHECKED", "SLOTS", "hwm_key", "floor_key", "slot_of",
+    "slot_tag", "key_tag", "COMPARE_MODES", "mark_keys", "set_keys", "verified_key", "VERIFIED_KEY", "MEMORY_MODES",
 ]
 
 SLOTS = 16384  # Redis Cluster's hash slots
@@ -200,6 +200,34 @@ end
 return out
 """
 
+#: One fenced SET, the common write: `FENCED_WRITE`'s rule for a batch of that one SET, without the
+#: parsing of a batch or its first pass (a SET with a checked PX cannot be refused). KEYS[1..3] as
+#: `FENCED_WRITE`'s, KEYS[4] the user's key; ARGV[1] the token value, ARGV[2] the comparison and the
+#: handle's mode in one (``"gev"``: "ge" then "v"), ARGV[3] the value, ARGV[4] the PX in ms (absent: none).
+#: Returns 1 once written,
+#: or {0, mark} / {2, mark} as `FENCED_WRITE` (nothing written). The mark, the floor and the memory are
+#: read by one MGET (the memory by EXISTS too when MGET finds no string: EXISTS is what it means); the
+#: user's SET goes first, so Redis's refusal for OOM, which comes at a script's first write, leaves
+#: nothing written; the comparisons are `_LESS`'s, inline (no function made on every call).
+FENCED_SET = """
+local token = ARGV[1]
+local got = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
+local own, mark = got[1] or '0', got[2] or '0'
+if #mark < #own or (#mark == #own and mark < own) then mark = own end
+local compare, memory = string.sub(ARGV[2], 1, 2), string.sub(ARGV[2], -1)
+if compare == 'ge' then
+  if #token < #mark or (#token == #mark and token < mark) then return {0, mark} end
+elseif compare == 'gt' then
+  if #token < #mark or (#token == #mark and token <= mark) then return {0, mark} end
+end
+local verified = got[3] or redis.call('EXISTS', KEYS[3]) == 1
+if memory == 'u' and verified then return {2, mark} end
+if ARGV[4] then redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[4]) else redis.call('SET', KEYS[4], ARGV[3]) end
+if #own < #token or (#own == #token and own < token) then redis.call('SET', KEYS[1], token) end
+if memory == 'v' and not verified then redis.call('SET', KEYS[3], '1') end
+return 1
+"""
+
 #: KEYS[i] a mark (a scope's own or a slot's floor), ARGV[i] its floor: each is
 #: raised to at least its floor, never lowered; returns every mark after.
 RAISE_MARKS = _LESS + """
@@ -247,6 +275,13 @@ def slot_tag(slot: int) -> str:
 def mark_keys(scope: str) -> tuple[str, str]:
     """``(hwm_key(scope), floor_key(scope))``, kept for the scopes in use (a CRC per write saved)."""
     return hwm_key(scope), floor_key(scope)
+
+
+@functools.lru_cache(maxsize=4096)
+def set_keys(scope: str, cluster: bool) -> tuple[bytes, bytes, bytes]:
+    """`FENCED_SET`'s first three keys for ``scope`` as bytes (mark, floor, memory), kept for the scopes in use."""
+    hwm, floor = mark_keys(scope)
+    return hwm.encode(), floor.encode(), verified_key(scope, cluster).encode()
 
 
 def verified_key(scope: str, cluster: bool) -> str:

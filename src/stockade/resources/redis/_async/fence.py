@@ -8,7 +8,7 @@ What both share without I/O (the batch's commands, the checks before and after a
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -111,9 +111,16 @@ class AsyncRedisFence(_FenceBase):
 
     async def set(self, token: FencingToken | str, key: str, value: bytes | str, *, px_ms: int | None = None) -> bool:
         """Fenced ``SET key value [PX px_ms]``; True. Raises as `batch`."""
-        checked, commands = self._single(token)
-        commands.set(key, value, px_ms=px_ms)
-        return bool((await self._apply(checked, commands))[0])
+        # A batch of one SET, by its own script (`script.FENCED_SET`): the hot path.
+        checked, why, scope, keys, args = self._set_call(token, key, value, px_ms)
+        await self._clear_to_write(checked, scope, why is None)
+        try:
+            reply = await self._evalsha(self._set, keys, args)
+        except RedisError as error:
+            raise _translate(error, self.resource) from error
+        if reply != 1:
+            self.judge_status(checked, scope, reply)
+        return True
 
     async def delete(self, token: FencingToken | str, *keys: str) -> int:
         """Fenced ``DEL``; how many of ``keys`` existed. Raises as `batch`."""
@@ -216,9 +223,20 @@ class AsyncRedisFence(_FenceBase):
     async def _apply(self, token: FencingToken, commands: Commands) -> list[Any]:
         if commands.scope is None:
             return []  # no key, no scope: nothing to fence
+        await self._clear_to_write(token, commands.scope, self._tokens.check(token)[1] is None)
+        keys, args = commands.script_call(token, self._compare, self.memory, self._cluster)
+        try:
+            reply = await self._evalsha(self._write, keys, args)
+        except RedisError as error:
+            raise _translate(error, self.resource) from error
+        return self.judge(token, commands, reply)
+
+    async def _clear_to_write(self, token: FencingToken, scope: str, verified: bool) -> None:
+        """What a write checks before its script: the eviction policy, the token (``verified``: its MAC passed)
+        against this handle's cluster and ``scope`` (R2), and on a cluster the memory of verifying."""
         await self._check_policy()
-        if not self.premise(token, commands.scope):
-            self.admit(token, commands.scope, await self.high_water(commands.scope))
+        if not (verified and self.rule_passes(token, scope)):
+            self.admit(token, scope, await self.high_water(scope))
         if self._cluster and not self._memory_seen:
             try:
                 if self.memory == "v":
@@ -228,14 +246,8 @@ class AsyncRedisFence(_FenceBase):
             except RedisError as error:
                 raise _translate(error, self.resource) from error
             self._memory_seen = True
-        keys, args = commands.script_call(token, self._compare, self.memory, self._cluster)
-        try:
-            reply = await self._evalsha(self._write, keys, args)
-        except RedisError as error:
-            raise _translate(error, self.resource) from error
-        return self.judge(token, commands, reply)
 
-    async def _evalsha(self, lua: Any, keys: list[str], args: list[str | bytes]) -> Any:
+    async def _evalsha(self, lua: Any, keys: Sequence[str | bytes], args: Sequence[str | bytes]) -> Any:
         """The registered script ``lua`` by EVALSHA, loaded again on NOSCRIPT (after a restart, a failover or
         SCRIPT FLUSH): what redis-py's ``Script`` call does, without its checks for pipelines on every write."""
         try:
