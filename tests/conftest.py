@@ -23,6 +23,7 @@ import pytest
 import stockade
 from stockade.coordinators.registry import COORDINATORS
 from stockade.testing.servers import reaper
+from stockade.testing.servers.ports import free_port
 from stockade.transport.io import unix_address
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -110,12 +111,6 @@ except ImportError:
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServeProcess:

@@ -122,3 +122,21 @@ def test_a_watched_file_lists_servers_other_processes_started(bystander: subproc
     watcher.stdin.close()
     assert watcher.wait(30) == 0
     assert bystander.wait(30) == -signal.SIGKILL
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range(monkeypatch):
+    import socket
+
+    from stockade.testing.servers import ports
+
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    drawn = ports.free_ports(8)
+    assert len(set(drawn)) == 8
+    if low - ports.POOL_MIN >= 1_000:  # where the host leaves room below its range (this one: 32768)
+        assert all(ports.POOL_MIN <= port < low for port in drawn), drawn
+    for port in drawn:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free: nothing holds it
+    # Control: where the range cannot be read, the kernel's ports (from its ephemeral range) as before.
+    monkeypatch.setattr(ports, "_EPHEMERAL_RANGE", "/nonexistent")
+    assert all(port >= low for port in ports.free_ports(4))

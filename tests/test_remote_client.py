@@ -21,6 +21,7 @@ import stockade
 from stockade import BackendUnavailable, InvalidArgument, LockTimeout, NotHolder, StaleToken
 from stockade.client._shared import http_endpoint
 from stockade.core.tokens import FencingToken
+from stockade.testing.servers.ports import free_port
 from stockade.transport.http11 import RemoteProblem, parse_head
 
 CLUSTER = "0123456789abcdef"
@@ -141,12 +142,6 @@ def fake():
     yield start
     for server in servers:
         server.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- a server that is down -----------------------------------------------------------------

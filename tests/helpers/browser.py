@@ -16,7 +16,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from stockade.testing.servers import reaper
+from stockade.testing.servers.ports import free_port as _free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -40,12 +40,6 @@ def require_browser() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class BrowserError(Exception):

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from stockade.testing.servers import reaper
+from stockade.testing.servers.ports import free_ports as _free_ports
 
 __all__ = ["EtcdCluster", "etcd_available", "MEMBERS"]
 
@@ -31,19 +31,6 @@ STARTUP_S = 30
 
 def etcd_available() -> bool:
     return shutil.which("etcd") is not None
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class EtcdCluster:

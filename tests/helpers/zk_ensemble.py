@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from stockade.testing.servers import reaper
+from stockade.testing.servers.ports import free_ports as _free_ports
 
 __all__ = ["ZkEnsemble", "zookeeper_available", "SERVERS", "CONTAINER_CHECK_MS"]
 
@@ -46,19 +47,6 @@ def _classpath() -> str:
              "snappy-java.jar", "commons-cli.jar", "commons-io.jar"]
     netty = sorted(glob.glob(f"{JARS}/netty-*[0-9].Final.jar"))
     return ":".join([f"{JARS}/{name}" for name in names] + netty)
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def four_letter(port: int, word: str, timeout_s: float = 1.0) -> str:

@@ -6,6 +6,8 @@ temporary directory, durable settings on, and stop it by its own pid:
 - `stockade.testing.servers.postgres`: PostgreSQL 15 (``PostgresServer``; ``shared_server`` and
   ``fresh_database`` for one server per test process and a database per test).
 - `stockade.testing.servers.redis`: ``redis-server`` 7 with AOF on (``RedisServer``).
+- `stockade.testing.servers.ports`: free loopback ports, drawn below the kernel's ephemeral range (no
+  outgoing connection can take one before the server binds it).
 - `stockade.testing.servers.reaper`: a watcher process that ends every server a killed test process
   leaves behind.
 

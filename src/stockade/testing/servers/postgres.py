@@ -12,7 +12,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.testing.servers import reaper
+from stockade.testing.servers.ports import free_port as _free_port
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 PSQL = str(BIN / "psql") if (BIN / "psql").exists() else "/usr/bin/psql"
@@ -30,12 +30,6 @@ START_TIMEOUT_S = 60
 def available() -> bool:
     """Whether the binaries are installed (tests skip otherwise, and fail under CI=true)."""
     return (BIN / "initdb").exists() and (BIN / "pg_ctl").exists()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _alive(pid: int) -> bool:

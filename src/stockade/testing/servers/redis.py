@@ -19,16 +19,11 @@ from pathlib import Path
 import pytest
 
 from stockade.testing.servers import reaper
+from stockade.testing.servers.ports import free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 START_TIMEOUT_S = 30.0
 STOP_TRIES = 40  # SIGTERMs, 0.5 s apart, before SIGKILL
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def require_redis() -> None:
