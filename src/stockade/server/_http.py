@@ -579,7 +579,7 @@ class HttpProtocol(asyncio.Protocol):
         self._path = path
         self._body_max = self._body_limit(path)
         length = self._headers.get("content-length")
-        size = int(length) if length is not None and length.isdigit() else None  # else the parser refuses it
+        size = int(length) if length is not None and length.isdigit() else None  # None: no length to bound
         if size is not None and size > self._body_max:
             # Answer before reading the body (the bound is enforced, not merely checked afterwards).
             raise HttpError(413, "limit-exceeded",
