@@ -330,23 +330,34 @@ class ConnectionLimits:
         self.evicted += 1
         return True
 
+    # The three moves below run on every request: written with ``in`` and ``del`` (what ``pop(conn, None)``
+    # does, without a call), and a key deleted before it is set goes last (what ``move_to_end`` does).
+
     def to_idle(self, conn: HttpProtocol) -> None:
-        self.reading.pop(conn, None)
-        self.bodies.pop(conn, None)
+        if conn in self.reading:
+            del self.reading[conn]
+        if conn in self.bodies:
+            del self.bodies[conn]
         if conn in self.open:
+            if conn in self.idle:
+                del self.idle[conn]
             self.idle[conn] = time.monotonic()
-            self.idle.move_to_end(conn)
 
     def to_reading(self, conn: HttpProtocol, started: float) -> None:
-        self.idle.pop(conn, None)
+        if conn in self.idle:
+            del self.idle[conn]
         if conn in self.open:
+            if conn in self.reading:
+                del self.reading[conn]
             self.reading[conn] = started
-            self.reading.move_to_end(conn)
 
     def to_serving(self, conn: HttpProtocol) -> None:
-        self.idle.pop(conn, None)
-        self.reading.pop(conn, None)
-        self.bodies.pop(conn, None)
+        if conn in self.idle:
+            del self.idle[conn]
+        if conn in self.reading:
+            del self.reading[conn]
+        if conn in self.bodies:
+            del self.bodies[conn]
 
     def stall(self, conn: HttpProtocol) -> None:
         """``conn``'s peer has stopped reading its answers (or it is closing with bytes unsent)."""

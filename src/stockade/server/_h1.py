@@ -108,6 +108,8 @@ def split_target(url: bytes) -> tuple[str, str]:
             raise ParseError("malformed request target")
         slash = rest.find(b"/")
         url = rest[slash:] if slash >= 0 else b"/"
+    if b"?" not in url and b"#" not in url:  # the usual target: a path alone (what the line below makes of it)
+        return (url or b"/").decode("latin-1"), ""
     path, _, query = url.partition(b"#")[0].partition(b"?")
     return (path or b"/").decode("latin-1"), query.decode("latin-1")
 

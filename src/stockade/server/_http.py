@@ -579,12 +579,13 @@ class HttpProtocol(asyncio.Protocol):
         self._path = path
         self._body_max = self._body_limit(path)
         length = self._headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self._body_max:
+        size = int(length) if length is not None and length.isdigit() else None  # None: no length to bound
+        if size is not None and size > self._body_max:
             # Answer before reading the body (the bound is enforced, not merely checked afterwards).
             raise HttpError(413, "limit-exceeded",
                             f"request body larger than {self._body_max} bytes")
         has_body = (length is not None and length != "0") or "transfer-encoding" in self._headers
-        self._small = length is not None and length.isdigit() and int(length) <= SMALL_BODY_BYTES
+        self._small = size is not None and size <= SMALL_BODY_BYTES
         authorize = self._limits.authorize
         if authorize is not None:
             refusal = authorize(self._parser.get_method().decode("latin-1"), path, self._headers, has_body)
@@ -603,21 +604,22 @@ class HttpProtocol(asyncio.Protocol):
         self._body_started = time.monotonic()
 
     def on_body(self, body: bytes) -> None:
-        self._body_size += len(body)
+        size = len(body)
+        self._body_size += size
         if self._body_size > self._body_max:
             raise HttpError(413, "limit-exceeded", f"request body larger than {self._body_max} bytes")
-        if not self._limits.reserve(self, len(body), self._small):
+        if not self._limits.reserve(self, size, self._small):
             raise HttpError(503, "backend-unavailable", "request bodies in memory are at their bound; retry",
                             headers=[("Retry-After", str(RETRY_AFTER_S))])
-        self._held += len(body)
+        self._held += size
         self._body.append(body)
 
     def on_message_complete(self) -> None:
         body = self._body
         request = Request(  # positional: method, raw path (parsed once the headers were complete), query, ...
             self._parser.get_method().decode("latin-1"), self._path, self._query, self._headers, self._repeated,
-            body[0] if len(body) == 1 else b"".join(body), self._request_started, self._refusal, self.peer,
-            self.credential,
+            (body[0] if len(body) == 1 else b"".join(body)) if body else b"", self._request_started, self._refusal,
+            self.peer, self.credential,
         )
         self._body = []
         keep_alive = self._parser.should_keep_alive()
@@ -683,7 +685,8 @@ class HttpProtocol(asyncio.Protocol):
             self._current = self._loop.create_task(self._stream(response))
             return
         self._transport.write(response.encode(keep_alive))
-        self._release(len(request.body))
+        if request.body:  # a bodiless request held no bytes
+            self._release(len(request.body))
         self._observe(request, response)
         if not keep_alive:
             self._close()

@@ -74,6 +74,21 @@ def _number(text: str) -> int | float:
 
 # One strict decoder for every body: ``json.loads`` with these hooks builds a decoder (and its scanner) per call.
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_number)
+# What `_DECODER.decode` runs between skipping whitespace before and after the document.
+_scan = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
+def _decode(text: str) -> Any:
+    """``_DECODER.decode(text)``: a body that is an object alone, with no space around it (what clients send),
+    scanned at once; any other body, and any error, through the decoder's own path (its errors)."""
+    if text[:1] == "{" and text[-1:] == "}":
+        try:
+            document, end = _scan(text, 0)
+        except StopIteration:
+            return _DECODER.decode(text)
+        if end == len(text):
+            return document
+    return _DECODER.decode(text)
 
 
 def json_object(request: Request, *, optional: bool) -> dict[str, Any]:
@@ -91,11 +106,11 @@ def json_object(request: Request, *, optional: bool) -> dict[str, Any]:
         # An empty body carries nothing, whatever its label: curl's -d '' says
         # application/x-www-form-urlencoded, and a renew must not fail on that.
         return {}
-    if content_type is None or media_type(content_type) != JSON:
+    if content_type != JSON and (content_type is None or media_type(content_type) != JSON):
         raise Problem("unsupported-media-type",
                       "the body must be JSON with Content-Type: application/json (curl --json, or -H)")
     try:
-        document = _DECODER.decode(body.decode("utf-8"))
+        document = _decode(body.decode("utf-8"))
     except InvalidArgument:
         raise
     except (ValueError, RecursionError) as exc:

@@ -100,6 +100,9 @@ PROBLEMS: Mapping[str, tuple[int, str]] = {code: (p.status, p.title) for code, p
 # Paths answered without a bearer token even when auth is on (checked before routing, so that
 # an unknown path does not tell an unauthenticated caller whether it exists).
 _OPEN_PATHS = frozenset(route.path for route in ROUTES if not route.auth)
+# The first three characters of every path the dashboard may own (`Dashboard.owns`: ``/``, ``/ui``, ``/ui/...``):
+# any other path is not asked.
+_UI_HEADS = frozenset(("/", "/ui"))
 
 
 def _loggable(raw_path: object) -> str:
@@ -156,6 +159,8 @@ class App:
     def __init__(self, leases: Leases, store_writer: GroupCommitter[StoreOp], store_reader: SQLiteStore,
                  *, auth: BearerAuth | None, wait_ms_cap: int | None, value_bytes_max: int) -> None:
         self.leases = leases
+        # The server's own file (None with --coordinator): acquire and release answer without a coroutine there.
+        self.own_file: LeaseService | None = leases if isinstance(leases, LeaseService) else None
         self.tickets = WaitTickets(leases)  # the waits until granted (wait_ms null), by queue ticket
         self.store_writer = store_writer
         self.store_reader = store_reader
@@ -204,7 +209,7 @@ class App:
 
     def dispatch(self, request: Request) -> Response | Awaitable[Response]:
         route = "unmatched"
-        if self.ui is not None and self.ui.owns(request):
+        if self.ui is not None and request.raw_path[:3] in _UI_HEADS and self.ui.owns(request):
             return self.ui.dispatch(request)  # its own auth: a session cookie, or a bearer token
         try:
             if self.auth is not None and request.raw_path not in _OPEN_PATHS and not self.auth.allows(
@@ -307,8 +312,8 @@ class App:
         """``POST /v1/locks/{scope}/acquire``. With no wait, on the server's own file, without a coroutine:
         the grant is made here and answered (`Deferred`) once its commit is durable (C1)."""
         scope, holder, ttl_ms, ticket, wait_ms = self._acquire_input(request, raw_scope)
-        leases = self.leases
-        if ticket is None and not wait_ms and isinstance(leases, LeaseService):
+        leases = self.own_file
+        if ticket is None and not wait_ms and leases is not None:
             lease, durable = leases.acquire_now(scope, holder=holder, ttl_ms=ttl_ms)
             return Deferred(durable, self._granted, lease, scope, request, listen=leases.committer.listen)
         return self._acquire(request, scope, holder, ttl_ms, ticket, wait_ms)
@@ -373,8 +378,8 @@ class App:
         query(request, ())
         if request.body:
             raise InvalidArgument("body", "must be empty")
-        leases = self.leases
-        if isinstance(leases, LeaseService):
+        leases = self.own_file
+        if leases is not None:
             released, durable = leases.release_now(lease_id)
             return Deferred(durable, self._released, released, lease_id, request, listen=leases.committer.listen)
         return self._release(lease_id)

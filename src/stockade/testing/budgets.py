@@ -40,16 +40,20 @@ BUDGETS = MappingProxyType({
     # 742.6 after the committer's results went to the handlers without a call each (774 just before); 640 with
     # acquire and release answered without a task (`Deferred`, called back in the commit's step); 633 (639.7
     # just before) with the release's debug line built only when it is written and the journal's trim period
-    # inline. Schema version 3 writes each event to the journal's recent table (no per-scope index; moved to the
-    # indexed table a hundred events at a time): 6.15 pages measured in 20 cycles, 6.585 (6,901 B) over 200
-    # cycles with the moves (8.515, 8,924 B before).
+    # inline; 588 (634 just before) with the request path's trims: the connection's idle / reading / serving moves
+    # without a call, the usual request target, content type and JSON body taken without the general path, no
+    # bytes given back for a bodiless request, the dashboard asked only about its own paths. Schema version 3
+    # writes each event to the journal's recent table (no per-scope index; moved to the indexed table a hundred
+    # events at a time): 6.15 pages measured in 20 cycles, 6.585 (6,901 B) over 200 cycles with the moves (8.515,
+    # 8,924 B before).
     "serve.lock_cycle": MappingProxyType({
-        "commits": 2, "wal_frames": 6.7, "wal_bytes": 7_050, "statements": 8.1, "calls": 643}),
+        "commits": 2, "wal_frames": 6.7, "wal_bytes": 7_050, "statements": 8.1, "calls": 598}),
     # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls;
     # 459 measured (487 before issue 29's trims; 523 with debug logging on); 454.6 with the committer's trims;
-    # 446.6 with the answers' heads made once and the C JSON encoder built once.
+    # 446.6 with the answers' heads made once and the C JSON encoder built once; 424.7 (442 just before) with the
+    # request path's trims of ``serve.lock_cycle``.
     "serve.fenced_write": MappingProxyType({
-        "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 455}),
+        "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 435}),
     # acquire -> release on an embedded ``sqlite://`` coordinator.
     # Before: 13 pages (53,560 B), 22 statements, 425 calls; 353 calls measured (385 before issue 29's trims);
     # 343 with the clock read in C and the lease states hashed in C (357 just before); 339 with the journal's
