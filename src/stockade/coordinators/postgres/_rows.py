@@ -30,7 +30,8 @@ __all__ = [
     "MIGRATIONS", "SCHEMA_VERSION", "MIGRATION_LOCK", "SCOPE_LOCK_CLASS", "get_meta", "set_meta",
     "forgotten_floor", "load_record", "forget_record", "record_writes", "record_of_row", "RECORD_SELECT",
     "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES", "LEASE_ROWS_MAX", "leases_at_least", "HELD", "HELD_SCOPE",
-    "server_rules", "SERVER_RULES_9", "ADVISORY_LOCK", "LOCK_SCHEMA", "SCOPE_LOCKS", "LOCK_SCOPE", "LOCK_VIEW",
+    "server_rules", "SERVER_RULES_9", "SERVER_RULES_10", "KEEP_BY_SEQ", "KEEP_BY_SCOPE",
+    "ADVISORY_LOCK", "LOCK_SCHEMA", "SCOPE_LOCKS", "LOCK_SCOPE", "LOCK_VIEW",
     "TIMELINE_KEY", "timeline_key", "RULE_NAMES", "RULE_NAMES_9", "LOCK_VIEWS",
 ]
 
@@ -127,16 +128,18 @@ HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lea
 #: The lease's row in the log is its history (`stockade.coordinators.postgres._journal`): the
 #: grant inserts it, the release marks it ended in place, each in its own transaction.
 def server_rules(*, lock: str = LOCK_SCOPE, names: tuple[str, str] = RULE_NAMES, timeline_key: str = TIMELINE_KEY,
-                 **bounds: int) -> str:
+                 by_seq: bool = True, **bounds: int) -> str:
     """The SQL of the two functions; ``bounds`` as `stockade.coordinators.postgres._journal.sweep` takes them.
 
     Args:
         lock: the scope's lock, an SQL expression on ``{scope}`` (`ADVISORY_LOCK` in schema 9, `LOCK_SCOPE` since 10).
         names: the names of the grant's and the keep's functions.
         timeline_key: the key of ``stockade_coord_meta`` that holds the recorded timeline (`TIMELINE_KEY`).
+        by_seq: the keep's write finds the lease's row by its ``seq`` (the primary key), as read before the
+            lock (since 11); False: by its lease id and scope (schemas 9 and 10, `KEEP_BY_SCOPE`).
     """
     meta = _meta(timeline_key)
-    return (_grant_rule(lock, names[0], meta, **bounds) + _keep_rule(lock, names[1], meta, **bounds))
+    return (_grant_rule(lock, names[0], meta, **bounds) + _keep_rule(lock, names[1], meta, by_seq, **bounds))
 
 
 def _grant_rule(lock: str, name: str, meta: str, **bounds: int) -> str:
@@ -197,7 +200,27 @@ $$;
 """
 
 
-def _keep_rule(lock: str, name: str, meta: str, **bounds: int) -> str:
+#: The keep's write of schemas 9 and 10: its row found by lease id and scope. The planner may read
+#: that as both indexes' bitmaps ANDed, and the scope's bitmap is every row of the scope in the log
+#: (up to `stockade.coordinators.postgres._journal.LOG_ROWS_MAX`, on a scope used over and over):
+#: a release then cost a scan of its scope's history (benchmarks/README.md, `side_by_side.py`).
+KEEP_BY_SCOPE = "l.lease_id = p_lease_id AND l.scope = v_scope"
+#: Since schema 11: the row read before the lock, by its primary key (one index entry); the rest of
+#: the guard is the same, re-checked on the row's latest version after the lock, so a row that ended
+#: meanwhile is not written (the engine's path decides).
+KEEP_BY_SEQ = "l.seq = v_held AND l.lease_id = p_lease_id AND l.scope = v_scope"
+
+
+def _keep_rule(lock: str, name: str, meta: str, by_seq: bool, **bounds: int) -> str:
+    if by_seq:
+        read = (f"SELECT h.scope, h.seq, {_NEW_TIMELINE} INTO v_scope, v_held, v_refused FROM {meta} LEFT JOIN LATERAL "
+                "(SELECT o.scope, o.seq FROM stockade_coord_log o WHERE o.lease_id = p_lease_id AND o.end_kind IS NULL "
+                "ORDER BY o.seq DESC LIMIT 1) AS h ON true;")
+        row, held = KEEP_BY_SEQ, "\n    v_held bigint;"
+    else:
+        held_scope = HELD_SCOPE.format(lease_id="p_lease_id")
+        read = f"SELECT {held_scope}, {_NEW_TIMELINE} INTO v_scope, v_refused FROM {meta};"
+        row, held = KEEP_BY_SCOPE, ""
     return f"""
 CREATE OR REPLACE FUNCTION {name}(p_lease_id text, p_release boolean)
 RETURNS TABLE (scope text, holder text, token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint,
@@ -207,10 +230,10 @@ DECLARE
     v_now bigint;
     v_scope text;
     v_refused boolean;
-    v_seq bigint;
+    v_seq bigint;{held}
 BEGIN
     v_now := {_NOW};
-    SELECT {HELD_SCOPE.format(lease_id='p_lease_id')}, {_NEW_TIMELINE} INTO v_scope, v_refused FROM {meta};
+    {read}
     IF v_refused THEN
         RETURN;
     END IF;
@@ -226,13 +249,13 @@ BEGIN
     -- changes (the engine's path).
     IF p_release THEN
         UPDATE stockade_coord_log l SET end_kind = 'release', end_ms = v_now / 1000000
-         WHERE l.lease_id = p_lease_id AND l.scope = v_scope AND l.end_kind IS NULL AND v_now < l.expires_ns
+         WHERE {row} AND l.end_kind IS NULL AND v_now < l.expires_ns
            AND NOT EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = v_scope)
         RETURNING l.seq, l.scope, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns
              INTO v_seq, scope, holder, token, ttl_ms, granted_ns, expires_ns;
     ELSE
         UPDATE stockade_coord_log l SET expires_ns = v_now + l.ttl_ms * 1000000
-         WHERE l.lease_id = p_lease_id AND l.scope = v_scope AND l.end_kind IS NULL AND v_now < l.expires_ns
+         WHERE {row} AND l.end_kind IS NULL AND v_now < l.expires_ns
            AND NOT EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = v_scope)
         RETURNING l.seq, l.scope, l.holder, l.token, l.ttl_ms, l.granted_ns, l.expires_ns
              INTO v_seq, scope, holder, token, ttl_ms, granted_ns, expires_ns;
@@ -251,8 +274,10 @@ $$
 
 
 #: The two functions as schema 9 created them (advisory locks), kept as they were for migration 9.
-SERVER_RULES_9 = server_rules(lock=ADVISORY_LOCK, names=RULE_NAMES_9, timeline_key="timeline")
-#: The two functions since schema 10: the scope's lock is its view's (`LOCK_SCOPE`).
+SERVER_RULES_9 = server_rules(lock=ADVISORY_LOCK, names=RULE_NAMES_9, timeline_key="timeline", by_seq=False)
+#: The two functions of schema 10: the scope's lock is its view's (`LOCK_SCOPE`); kept as they were for migration 10.
+SERVER_RULES_10 = server_rules(by_seq=False)
+#: The two functions since schema 11: the keep writes the lease's row by its primary key (`KEEP_BY_SEQ`).
 SERVER_RULES = server_rules()
 
 #: Migration 10's locks: views in a schema no other role may use, so that no other role can name
@@ -307,7 +332,11 @@ MIGRATIONS: tuple[str, ...] = (
     # 10: the scopes' locks on views no other role can lock (`LOCK_VIEWS`), instead of advisory
     # locks any role can take. The functions are new names and the timeline's key is renamed, so a
     # process of version 9 still running fails on its next call instead of locking differently.
-    LOCK_VIEWS + SERVER_RULES,
+    LOCK_VIEWS + SERVER_RULES_10,
+    # 11: the keep's write finds the lease's row by its primary key, not by the AND of the lease id's
+    # and the scope's indexes, which read every row of a scope's history in the log (`KEEP_BY_SEQ`).
+    # Same names, same answers: a process of version 10 still running calls the new body unchanged.
+    SERVER_RULES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
