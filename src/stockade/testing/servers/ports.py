@@ -48,6 +48,8 @@ def free_ports(count: int) -> list[int]:
                     continue
                 held.append(sock)
                 break
+            else:
+                raise OSError(f"no free loopback port after {_TRIES_PER_PORT + 1} tries")
         return [int(sock.getsockname()[1]) for sock in held]
     finally:
         for sock in held:
