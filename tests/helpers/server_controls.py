@@ -48,7 +48,9 @@ elif CONTROL == "ack-before-commit":
         def slow(ops):  # type: ignore[no-untyped-def]
             time.sleep(0.05)
             return run_batch(ops)
-        original_run(self, name, slow, loop, **{**options, "try_batch": None})
+        # Every batch to the committer's thread (none committed on the loop, inline, before the loop's next
+        # answer): the answers go out at once and the commits follow 50 ms later.
+        original_run(self, name, slow, loop, **{**options, "try_batch": None, "inline_ops_max": 0})
 
     def no_wait(write):  # type: ignore[no-untyped-def]
         return None  # nothing to wait for: the answer goes out before the commit
