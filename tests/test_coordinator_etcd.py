@@ -174,8 +174,8 @@ def _grants(texts: list[str]) -> list[tuple[str, int, int, int]]:
 def _wait_grants(logs: list[Path], count: int, workers: list[subprocess.Popen]) -> None:
     deadline = time.monotonic() + 60
     while len(_grants([log.read_text() for log in logs if log.exists()])) < count:
-        for worker in workers:
-            assert worker.poll() is None, "a storm worker died"
+        for worker, log in zip(workers, logs, strict=False):
+            assert worker.poll() is None, f"a storm worker died: {log.read_text()[-800:] if log.exists() else ''}"
         assert time.monotonic() < deadline, "the storm made no progress"
         time.sleep(0.05)
 

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import HELPERS, PYTHON, python_env
@@ -151,26 +152,46 @@ def test_sequence_suffix_is_a_32_bit_counter_that_restarts_with_its_container(zk
         session.close()
 
 
+def _acquire_into(coord: Any, out: list[Any]) -> None:
+    out.append(coord.acquire("seq", ttl_ms=5000, wait_ms=30_000))
+
+
 def test_control_the_sequence_suffix_as_token_goes_back_after_the_container_is_deleted(url, zk_ensemble, tmp_path):
-    coord = stockade.connect(url)
+    coord, second = stockade.connect(url), stockade.connect(url)
     # keys="unsigned": the control's tokens are made from the suffix, without a MAC; it shows their order only.
     store = stockade.open_store(f"sqlite:///{tmp_path / 'store.db'}", cluster_id=coord.cluster_id, keys="unsigned")
     client = _kazoo(zk_ensemble)
     queue = f"/{tmp_path.name}/stockade/q/seq"
-    outcomes = {"czxid": [], "sequence": []}
+    outcomes: dict[str, list[str]] = {"czxid": [], "sequence": []}
+
+    def write(lease: Any) -> None:
+        sequence = int(lease.lease_id.split(".")[1]) + 1
+        for source, value in (("czxid", lease.token.value), ("sequence", sequence)):
+            token = stockade.FencingToken(coord.cluster_id, f"seq-{source}", value)
+            try:
+                store.put(f"seq-{source}", "k", str(value).encode(), token=token)
+                outcomes[source].append("ok")
+            except stockade.StaleToken:
+                outcomes[source].append("stale")
+
     try:
         for _ in range(2):
-            for _ in range(2):
-                lease = coord.acquire("seq", ttl_ms=2000)
-                sequence = int(lease.lease_id.split(".")[1]) + 1
-                for source, value in (("czxid", lease.token.value), ("sequence", sequence)):
-                    token = stockade.FencingToken(coord.cluster_id, f"seq-{source}", value)
-                    try:
-                        store.put(f"seq-{source}", "k", str(value).encode(), token=token)
-                        outcomes[source].append("ok")
-                    except stockade.StaleToken:
-                        outcomes[source].append("stale")
-                lease.release()
+            # Two holders a round, the second queued behind the first: the container is never empty inside
+            # a round, so the server cannot delete it between them however slow the host (suffixes 1, 2).
+            first = coord.acquire("seq", ttl_ms=5000)
+            queued: list[Any] = []
+            waiter = threading.Thread(target=_acquire_into, args=(second, queued))
+            waiter.start()
+            deadline = time.monotonic() + 30
+            while len(client.get_children(queue)) < 2:  # the second's node is in the queue
+                assert time.monotonic() < deadline, "the second acquire did not queue"
+                time.sleep(0.01)
+            write(first)
+            first.release()
+            waiter.join(30)
+            assert queued, "the queued acquire was not granted"
+            write(queued[0])
+            queued[0].release()
             deadline = time.monotonic() + 30
             while client.exists(queue) is not None:  # emptied: the server deletes the container
                 assert time.monotonic() < deadline
@@ -181,6 +202,7 @@ def test_control_the_sequence_suffix_as_token_goes_back_after_the_container_is_d
     assert outcomes["czxid"] == ["ok"] * 4
     assert outcomes["sequence"] == ["ok", "ok", "stale", "ok"], outcomes  # a new holder refused: caught
     coord.close()
+    second.close()
 
 
 def test_an_expired_session_ends_every_lease_on_it(url, zk_ensemble):

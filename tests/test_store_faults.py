@@ -232,8 +232,11 @@ class _ProcessH:
             self.process.kill()
 
 
-def run_s20(store_class, tmp_path: Path, *, iterations: int, h_mode: str, hold_s: float = 0.01) -> S20Figures:
-    """L: transaction(t) { put a; signal; wait up to hold_s for H; put b }.  H: put a, put b with t+1."""
+def run_s20(store_class, tmp_path: Path, *, iterations: int, h_mode: str, hold_s: float = 0.5) -> S20Figures:
+    """L: transaction(t) { put a; signal; wait up to hold_s for H; put b }.  H: put a, put b with t+1.
+
+    ``hold_s`` only bounds the wait: H is not held up by L's open transaction, so L goes on as soon as H is
+    done; a busy host (load 24) needed more than 10 ms to run H in 12 % of the iterations."""
     cluster = "0123456789abcdef"
     path = tmp_path / f"s20-{store_class.__name__}-{h_mode}.db"
     scope = "s20"
@@ -314,7 +317,7 @@ def test_s20_higher_token_waits_for_open_transaction(tmp_path, capsys, h_mode):
 
 def test_s20_higher_token_in_another_process(tmp_path, capsys):
     n = 50 * SCALE
-    figures = run_s20(SQLiteStore, tmp_path, iterations=n, h_mode="process", hold_s=0.03)
+    figures = run_s20(SQLiteStore, tmp_path, iterations=n, h_mode="process")
     figure(capsys, f"S20 (H in another process) interleavings {figures.interleavings} of {figures.iterations} "
                    f"(contended {figures.contended}); P2 violations {figures.p2_violations}")
     assert figures.contended >= n * 9 // 10, "the harness must really overlap H with L's open transaction"
