@@ -33,6 +33,14 @@ The loop never waits on a file lock: with ``try_batch`` (the store's
 file's write lock is free at that moment; if another process holds it (a
 paused writer, a backup), they go to the thread, which may wait, and the loop
 goes on serving every other request.
+
+An operation nobody waits for (`defer`: a release, answered before its commit,
+docs/rules.md, C3) does not start a commit of its own: it waits among the
+gathered operations and rides with the next one that does (`submit`), in
+submission order, or is committed ``lag_ms`` after it was deferred, whichever
+comes first. A read (`barrier`) and a stop (`commit_gathered`) commit it at
+once. So with one client a lock cycle is one commit, not two: the release
+commits with the next grant.
 """
 
 from __future__ import annotations
@@ -76,12 +84,14 @@ class GroupCommitter(Generic[Op]):
         inline_ops_max: at most this many operations of one turn are committed on the loop; a turn with more
             hands them to the thread (1: only a lone operation).
         try_batch: commits a batch on the loop only if that needs no waiting on a lock (else returns None).
+        lag_ms: a deferred operation (`defer`) is committed at most this long after it was deferred, if no
+            other operation took it along before; 0 (the default): `defer` is `submit`.
     """
 
     def __init__(self, name: str, run_batch: Callable[[Sequence[Op]], Sequence[Any]],
                  loop: asyncio.AbstractEventLoop, *, inline: bool = True,
                  try_batch: Callable[[Sequence[Op]], Sequence[Any] | None] | None = None,
-                 inline_ops_max: int = INLINE_OPS_MAX) -> None:
+                 inline_ops_max: int = INLINE_OPS_MAX, lag_ms: int = 0) -> None:
         self.name = name
         self._series = (name,)  # its label set in the commit counters
         self.inline = inline
@@ -89,6 +99,10 @@ class GroupCommitter(Generic[Op]):
         # Commits a batch only if that needs no waiting on a lock, else returns None (nothing done).
         self.try_batch = try_batch
         self._gathering: list[tuple[Op, asyncio.Future[Any]]] | None = None
+        # While the gathered operations are all deferred: the timer that commits them (else None: a `_flush` is
+        # due at the end of this loop turn, or nothing is gathered).
+        self._lag: asyncio.TimerHandle | None = None
+        self.lag_s = lag_ms / 1000
         self._in_thread = 0  # operations handed to the thread and not yet resolved on the loop
         self._run_batch = run_batch
         self._loop = loop
@@ -121,11 +135,39 @@ class GroupCommitter(Generic[Op]):
             if gathering is None:
                 gathering = self._gathering = []
                 self._loop.call_soon(self._flush)
+            elif self._lag is not None:  # deferred operations only, so far: they go with this one, this turn
+                self._lag.cancel()
+                self._lag = None
+                self._loop.call_soon(self._flush)
             gathering.append((op, future))
             return future
         self._in_thread += 1
         self._queue.put((op, future))
         return future
+
+    def defer(self, op: Op) -> asyncio.Future[Any]:
+        """Queue ``op`` without starting a commit for it: it commits with the next `submit`'s batch, in
+        submission order, or ``lag_ms`` from now, whichever comes first. For a change whose answer does not wait
+        for it (a release); the future resolves, as `submit`'s, once it is durable."""
+        if not self.inline or not self.lag_s:
+            return self.submit(op)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._last = future
+        gathering = self._gathering
+        if gathering is None:
+            gathering = self._gathering = []
+            self._lag = self._loop.call_later(self.lag_s, self._flush)
+        gathering.append((op, future))
+        return future
+
+    def commit_gathered(self) -> None:
+        """Hand what is gathered (deferred operations too) to the thread now: before `stop`, on the loop."""
+        if self._lag is not None:
+            self._lag.cancel()
+            self._lag = None
+        batch, self._gathering = self._gathering, None
+        if batch:
+            self._hand_off(batch)
 
     def reply(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
         """A future for one handler waiting on ``future`` (from `submit`): it resolves as ``future`` does.
@@ -155,6 +197,7 @@ class GroupCommitter(Generic[Op]):
     def _flush(self) -> None:
         """End of a loop turn: commit its operations here (up to `inline_ops_max`), else hand them to the thread."""
         batch, self._gathering = self._gathering, None
+        self._lag = None  # this was its timer, or it was cancelled when a `submit` scheduled this call
         if not batch:
             return
         if len(batch) > self.inline_ops_max or self._in_thread:
@@ -212,10 +255,18 @@ class GroupCommitter(Generic[Op]):
         """The future of the last operation submitted, if it is not durable yet.
 
         Batches commit in submission order, so once it resolves, everything
-        submitted before it is durable too (a read waits on this, C1).
+        submitted before it is durable too (a read waits on this, C1). Deferred
+        operations still gathered are committed at the end of this loop turn, not
+        after their lag: a read does not wait for it.
         """
         last = self._last
-        return None if last is None or last.done() else last
+        if last is None or last.done():
+            return None
+        if self._lag is not None:
+            self._lag.cancel()
+            self._lag = None
+            self._loop.call_soon(self._flush)
+        return last
 
     def _main(self) -> None:
         stopping = False
