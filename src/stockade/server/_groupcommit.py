@@ -60,6 +60,7 @@ __all__ = ["GroupCommitter", "BATCH_OPS_MAX"]
 
 BATCH_OPS_MAX = 512  # operations per transaction; more wait for the next one
 INLINE_OPS_MAX = 64  # operations one turn of the loop may commit on the loop itself (the thread idle)
+_LAG_EARLY_S = 0.001  # the loop may run a timer up to its clock's resolution early: due within 1 ms is due
 
 Op = TypeVar("Op")
 
@@ -99,8 +100,12 @@ class GroupCommitter(Generic[Op]):
         # Commits a batch only if that needs no waiting on a lock, else returns None (nothing done).
         self.try_batch = try_batch
         self._gathering: list[tuple[Op, asyncio.Future[Any]]] | None = None
-        # While the gathered operations are all deferred: the timer that commits them (else None: a `_flush` is
-        # due at the end of this loop turn, or nothing is gathered).
+        # While the gathered operations are all deferred: when the first of them was (loop time, s); else None
+        # (a `_flush` is due at the end of this loop turn, or nothing is gathered).
+        self._deferred_since: float | None = None
+        # The lag timer (`_on_lag`), if armed. It is not cancelled when a `submit` takes the deferred operations
+        # along: it finds nothing due and rests, or waits on for the ones deferred since (a timer a lag, not a
+        # timer a release).
         self._lag: asyncio.TimerHandle | None = None
         self.lag_s = lag_ms / 1000
         self._in_thread = 0  # operations handed to the thread and not yet resolved on the loop
@@ -135,9 +140,8 @@ class GroupCommitter(Generic[Op]):
             if gathering is None:
                 gathering = self._gathering = []
                 self._loop.call_soon(self._flush)
-            elif self._lag is not None:  # deferred operations only, so far: they go with this one, this turn
-                self._lag.cancel()
-                self._lag = None
+            elif self._deferred_since is not None:  # deferred operations only, so far: they go with this one
+                self._deferred_since = None
                 self._loop.call_soon(self._flush)
             gathering.append((op, future))
             return future
@@ -156,15 +160,31 @@ class GroupCommitter(Generic[Op]):
         gathering = self._gathering
         if gathering is None:
             gathering = self._gathering = []
-            self._lag = self._loop.call_later(self.lag_s, self._flush)
+            since = self._deferred_since = self._loop.time()
+            if self._lag is None:
+                self._lag = self._loop.call_at(since + self.lag_s, self._on_lag)
         gathering.append((op, future))
         return future
+
+    def _on_lag(self) -> None:
+        """The lag timer: commit the deferred operations whose lag has run out; else wait for those deferred
+        since the timer was armed, or rest (nothing deferred waits)."""
+        self._lag = None
+        since = self._deferred_since
+        if since is None:
+            return
+        due = since + self.lag_s
+        if self._loop.time() + _LAG_EARLY_S >= due:
+            self._flush()
+        else:
+            self._lag = self._loop.call_at(due, self._on_lag)
 
     def commit_gathered(self) -> None:
         """Hand what is gathered (deferred operations too) to the thread now: before `stop`, on the loop."""
         if self._lag is not None:
             self._lag.cancel()
             self._lag = None
+        self._deferred_since = None
         batch, self._gathering = self._gathering, None
         if batch:
             self._hand_off(batch)
@@ -197,7 +217,7 @@ class GroupCommitter(Generic[Op]):
     def _flush(self) -> None:
         """End of a loop turn: commit its operations here (up to `inline_ops_max`), else hand them to the thread."""
         batch, self._gathering = self._gathering, None
-        self._lag = None  # this was its timer, or it was cancelled when a `submit` scheduled this call
+        self._deferred_since = None
         if not batch:
             return
         if len(batch) > self.inline_ops_max or self._in_thread:
@@ -262,9 +282,8 @@ class GroupCommitter(Generic[Op]):
         last = self._last
         if last is None or last.done():
             return None
-        if self._lag is not None:
-            self._lag.cancel()
-            self._lag = None
+        if self._deferred_since is not None:
+            self._deferred_since = None
             self._loop.call_soon(self._flush)
         return last
 
@@ -316,8 +335,11 @@ def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any
                 for reply in replies.pop(future, ()):
                     if not reply.done():
                         reply.set_result(result)
-                if listeners:
-                    _notify(listeners, future)
+                if listeners and (listener := listeners.pop(future, None)) is not None:
+                    try:  # `_notify`, without its call: a release's future has none, the grant after it one
+                        listener(future)
+                    except Exception:  # noqa: BLE001 - one answer's bug must not keep the batch's others unresolved
+                        _log.exception("a commit's listener failed")
                 continue
         if not future.done():
             if error is not None:
