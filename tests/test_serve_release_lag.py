@@ -123,8 +123,11 @@ def test_a_grant_after_a_release_commits_both_before_its_answer(tmp_path: Path) 
         status, held = _acquire(second, "c", "holder")
         assert status == 200
         waited: dict[str, Any] = {}
-        waiter = threading.Thread(target=lambda: waited.update(zip(("status", "doc"), _acquire(
-            second, "c", "waiter", wait_ms=60_000))))
+
+        def wait() -> None:
+            waited["status"], waited["doc"] = _acquire(second, "c", "waiter", wait_ms=60_000)
+
+        waiter = threading.Thread(target=wait)
         waiter.start()
         while _lock(second, "c")["waiters"] != 1:  # queued (a read: nothing deferred is pending here)
             time.sleep(0.01)
