@@ -455,7 +455,9 @@ class LeaseService:
             finally:
                 self._queue_change = self.committer.submit
             self._write = None
-            self._pump(scope)  # the next waiter's grant is submitted: the release commits with it, first
+            record = self.table.peek(scope)
+            if record is not None and record.waiters:  # else `_pump` has nobody to offer the scope to
+                self._pump(scope)  # the next waiter's grant is submitted: the release commits with it, first
             return outcome.released, None
         outcome = self.engine.release(lease_id)
         write = self._take_write()
