@@ -25,6 +25,11 @@ from stockade.core.limits import RELEASE_LAG_MS
 from stockade.transport.sqlite_url import sqlite_url
 from stockade.wire import DEFAULT_PORT
 
+_RELEASE_LAG_HELP = (f"answer a release at once and commit it with the next grant or renewal, or at most this long "
+                     f"after it (default {RELEASE_LAG_MS}; 0..60000); a crash in between leaves that lease held a "
+                     "full TTL from the restart. 0: answer a release once it is committed (no effect with "
+                     "--coordinator)")
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stockade serve", description=help_text(__doc__))
@@ -46,11 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lock-delay-ms", type=int, default=0,
                         help="after a lease expires (not released), keep its scope ungrantable this long "
                              "(with --coordinator: for the grants made through this server)")
-    parser.add_argument("--release-lag-ms", type=int, default=RELEASE_LAG_MS, metavar="MS",
-                        help="answer a release at once and commit it with the next grant or renewal, or at "
-                             f"most this long after it (default {RELEASE_LAG_MS}; 0..60000); a crash in between "
-                             "leaves that lease held a full TTL from the restart. 0: answer a release once it "
-                             "is committed (no effect with --coordinator)")
+    parser.add_argument("--release-lag-ms", type=int, default=RELEASE_LAG_MS, metavar="MS", help=_RELEASE_LAG_HELP)
     parser.add_argument("--wait-ms-cap", type=int, default=None,
                         help="answer long polls by this many ms at most (default: the client's wait_ms)")
     parser.add_argument("--dashboard-streams-max", type=int, default=100, metavar="STREAMS",
