@@ -1,4 +1,5 @@
-"""The group committer's inline path: a lone write committed on the loop, never resolved before its COMMIT."""
+"""The group committer's inline path: a lone write committed on the loop, never resolved before its COMMIT;
+deferred writes (a release's) riding with the next write, or committed after their lag."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class _Recorder:
         self.delay_s = delay_s
         self.fail = fail
         self.committed: list[object] = []  # ops, in commit order
+        self.batches: list[list[object]] = []  # the ops of each transaction
         self.threads: list[str] = []
 
     def __call__(self, ops):  # type: ignore[no-untyped-def]
@@ -25,6 +27,7 @@ class _Recorder:
         if self.fail:
             raise RuntimeError("disk gone")
         self.committed.extend(ops)
+        self.batches.append(list(ops))
         return [f"ok-{op}" for op in ops]
 
 
@@ -262,3 +265,94 @@ def test_a_listener_runs_in_the_step_that_resolves_its_write(through_thread):
     assert _listen_order(through_thread, control=False) == [
         "ok-a durable, next resolved: False", "second resolved", "after the batch's step", "late: ok-a"]
     assert _listen_order(through_thread, control=True)[0] == "ok-a durable, next resolved: True"  # a turn later
+
+
+# -- deferred writes (a release answered before its commit, docs/rules.md C3) ---------------------------------
+
+LAG_MINUTE_MS = 60_000  # no deferred write commits by its lag within a test
+
+
+def test_a_deferred_write_rides_with_the_next_write_in_order():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, lag_ms=LAG_MINUTE_MS)
+        committer.start()
+        try:
+            released = committer.defer("release")
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert rec.batches == [] and not released.done()  # turns went by: it started no commit
+            granted = committer.submit("grant")
+            assert await granted == "ok-grant" and released.result() == "ok-release"
+            assert rec.batches == [["release", "grant"]]  # one commit, the release first
+            # The same in one turn, and a deferred write after a submitted one in that turn goes with it.
+            futures = [committer.defer("r1"), committer.submit("g1"), committer.defer("r2")]
+            assert await asyncio.gather(*futures) == ["ok-r1", "ok-g1", "ok-r2"]
+            assert rec.batches[1:] == [["r1", "g1", "r2"]]
+        finally:
+            committer.stop()
+
+    asyncio.run(main())
+
+
+def test_a_lone_deferred_write_commits_after_its_lag_and_not_sooner():
+    """Its lag counts from its own deferral, also when the timer was armed for one taken along before it."""
+    lag_ms = 100
+
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, lag_ms=lag_ms)
+        committer.start()
+        waited_ms = []
+        try:
+            committer.defer("r0")
+            await committer.submit("g0")  # took r0 along: the timer armed for r0 stays, and finds nothing due
+            for op in ("r1", "r2"):
+                deferred_at = loop.time()
+                assert await committer.defer(op) == f"ok-{op}"
+                waited_ms.append((loop.time() - deferred_at) * 1000)
+            assert rec.batches == [["r0", "g0"], ["r1"], ["r2"]]
+            return waited_ms
+        finally:
+            committer.stop()
+
+    waited_ms = asyncio.run(main())
+    print(f"\nlone deferred writes committed after {[round(w, 1) for w in waited_ms]} ms (lag {lag_ms} ms)")
+    assert all(w >= lag_ms - 1 for w in waited_ms), waited_ms  # the timer may fire up to 1 ms early
+
+
+def test_a_barrier_and_a_stop_commit_deferred_writes_at_once():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, lag_ms=LAG_MINUTE_MS)
+        committer.start()
+        released = committer.defer("read")
+        barrier = committer.barrier()
+        assert barrier is released
+        assert await asyncio.wait_for(barrier, 10) == "ok-read"  # a read does not wait for the lag
+        stopped = committer.defer("stop")
+        committer.commit_gathered()  # what a graceful stop does on the loop first
+        await loop.run_in_executor(None, committer.stop)
+        assert rec.batches == [["read"], ["stop"]] and rec.threads[-1] == "stockade-commit-t"
+        assert await asyncio.wait_for(stopped, 10) == "ok-stop"  # the thread's results are resolved on the loop
+
+    asyncio.run(main())
+
+
+def test_control_without_a_lag_a_deferred_write_commits_at_the_end_of_its_turn():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, lag_ms=0)
+        committer.start()
+        try:
+            released = committer.defer("release")
+            await asyncio.sleep(0)
+            assert rec.batches == [["release"]] and released.result() == "ok-release"
+        finally:
+            committer.stop()
+
+    asyncio.run(main())

@@ -532,7 +532,8 @@ def test_the_documents_links_name_real_operations_and_parameters(shared):
 def test_serve_refuses_bad_configuration(tmp_path):
     (tmp_path / "short").write_text("tooshort\n")
     for args in (["--auth-tokens", str(tmp_path / "short")], ["--auth-tokens", str(tmp_path / "missing")],
-                 ["--tls-cert", str(tmp_path / "short")], ["--lock-delay-ms", "-1"]):
+                 ["--tls-cert", str(tmp_path / "short")], ["--lock-delay-ms", "-1"], ["--release-lag-ms", "-1"],
+                 ["--release-lag-ms", "60001"]):
         result = subprocess.run([sys.executable, "-m", "stockade", "serve", "--data-dir",
                                  str(tmp_path / "d"), "--port", "0", *args], capture_output=True, timeout=20)
         assert result.returncode != 0 and b"Traceback" not in result.stderr, (args, result.stderr[-500:])

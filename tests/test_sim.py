@@ -266,6 +266,33 @@ def test_a_crash_drops_what_was_not_committed():
     assert world.coordinator.memory.peek("s0") is None
 
 
+def _lost_release(release_lag_ms: int, then: str) -> tuple[str | None, int]:
+    """Acquire s0, release it (answered), then ``then``, crash and restart: who holds s0, and its last token."""
+    options = SimOptions(clients=2, scopes=2, ttl_ms=200, release_lag_ms=release_lag_ms)
+    world = World(0, options, manual_network=True, autopilot=False)
+    node = world.coordinator
+    node.receive("c0", ("acquire", 1, "s0", "lease-a-0000000001", "p0", 200, 0))
+    node.receive("c0", ("release", 2, "lease-a-0000000001"))
+    assert node.memory.peek("s0").lease is None  # released in the lease table: answered
+    if then == "grant":  # of another scope: its unit is written after the release's, so both reach the disk
+        node.receive("c1", ("acquire", 3, "s1", "lease-b-0000000001", "p1", 200, 0))
+    elif then == "lag":
+        world.advance((release_lag_ms + 1) * _MS)  # the server's lag timer would have committed it
+    world._do_crash_coordinator()
+    world._restart_coordinator()
+    record = world.coordinator.memory.peek("s0")
+    return (record.lease.lease_id if record.lease else None), record.last_token
+
+
+def test_a_crash_within_the_release_lag_loses_the_release_and_the_lease_is_held_again():
+    """As `stockade serve` (tests/test_serve_release_lag.py): a release answered before its commit is lost by a
+    crash within its lag, and the restart holds the lease a full TTL (C3); a later unit, or the lag, keeps it."""
+    assert _lost_release(10, "crash") == ("lease-a-0000000001", 1)  # held again, from the restart
+    assert _lost_release(10, "grant") == (None, 1)
+    assert _lost_release(10, "lag") == (None, 1)
+    assert _lost_release(0, "crash") == (None, 1)  # the control: a release written at once, as before
+
+
 def test_the_known_lock_delay_seed_is_clean_and_its_clock_jump_is_judged_on_the_coordinator_clock():
     # An earlier P9 checker measured on the history's true time; this seed's coordinator clock jumps
     # 1588 ms forward between two grants, which the coordinator's clock rightly counts (C3).

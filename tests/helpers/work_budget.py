@@ -153,8 +153,9 @@ class Served:
 
 
 @contextmanager
-def served(data_dir: Path) -> Iterator[Served]:
-    """Start a server on a free port in a thread; its loop thread counts calls while ``counter.on``."""
+def served(data_dir: Path, **config: Any) -> Iterator[Served]:
+    """Start a server on a free port in a thread; its loop thread counts calls while ``counter.on``. ``config``:
+    more `ServerConfig` fields."""
     from stockade.server import Server, ServerConfig
 
     counter = CallCounter()
@@ -164,7 +165,7 @@ def served(data_dir: Path) -> Iterator[Served]:
     def main() -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        server = Server(ServerConfig(data_dir=data_dir, port=0))
+        server = Server(ServerConfig(data_dir=data_dir, port=0, **config))
         try:
             loop.run_until_complete(server.start())
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting test

@@ -21,8 +21,14 @@ from typing import Any
 from stockade.cli._common import add_data_dir, announce_created, data_dir, fail, help_text, refuse
 from stockade.coordinators.sqlite._host import host_dir
 from stockade.core.errors import InvalidArgument, StockadeError
+from stockade.core.limits import RELEASE_LAG_MS
 from stockade.transport.sqlite_url import sqlite_url
 from stockade.wire import DEFAULT_PORT
+
+_RELEASE_LAG_HELP = (f"answer a release at once and commit it with the next grant or renewal, or at most this long "
+                     f"after it (default {RELEASE_LAG_MS}; 0..60000); a crash in between leaves that lease held a "
+                     "full TTL from the restart. 0: answer a release once it is committed (no effect with "
+                     "--coordinator)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lock-delay-ms", type=int, default=0,
                         help="after a lease expires (not released), keep its scope ungrantable this long "
                              "(with --coordinator: for the grants made through this server)")
+    parser.add_argument("--release-lag-ms", type=int, default=RELEASE_LAG_MS, metavar="MS", help=_RELEASE_LAG_HELP)
     parser.add_argument("--wait-ms-cap", type=int, default=None,
                         help="answer long polls by this many ms at most (default: the client's wait_ms)")
     parser.add_argument("--dashboard-streams-max", type=int, default=100, metavar="STREAMS",
@@ -133,7 +140,7 @@ def run(argv: list[str]) -> int:
             auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else None,
             tls_cert=Path(args.tls_cert) if args.tls_cert else None,
             tls_key=Path(args.tls_key) if args.tls_key else None,
-            lock_delay_ms=args.lock_delay_ms, wait_ms_cap=args.wait_ms_cap,
+            lock_delay_ms=args.lock_delay_ms, release_lag_ms=args.release_lag_ms, wait_ms_cap=args.wait_ms_cap,
             dashboard_streams_max=args.dashboard_streams_max, coordinator=args.coordinator or None,
             idle_timeout_s=args.idle_timeout_s, header_timeout_s=args.header_timeout_s,
             body_timeout_s=args.body_timeout_s, body_rate_min=args.body_rate_min,

@@ -21,6 +21,8 @@ __all__ = [
     "WAIT_MS_MAX",
     "WAIT_FOREVER_DEADLINE_NS",
     "LOCK_DELAY_MS_MAX",
+    "RELEASE_LAG_MS",
+    "RELEASE_LAG_MS_MAX",
     "SCOPE_BYTES_MAX",
     "SCOPE_CHARS",
     "KEY_BYTES_MAX",
@@ -65,6 +67,12 @@ WAIT_MS_MAX = 300_000
 #: signed 64-bit integer (the SQL copies of the rules keep deadlines in ``bigint``).
 WAIT_FOREVER_DEADLINE_NS = 2**62
 LOCK_DELAY_MS_MAX = 60_000
+#: `stockade serve` answers a release before its commit and commits it at most this long after (with the next
+#: grant or renewal, if one comes sooner): long enough for a client's next request after a release (a few hundred
+#: µs on an idle host, a few ms on a busy one), short enough that an idle server makes a release durable soon.
+#: What a crash in between does: docs/rules.md, C3. 0 (``--release-lag-ms 0``): a release waits for its commit.
+RELEASE_LAG_MS = 10
+RELEASE_LAG_MS_MAX = 60_000
 
 SCOPE_BYTES_MAX = 200
 #: The characters of a scope, as the body of a regex character class. The one spelling: the core's check

@@ -33,6 +33,14 @@ The loop never waits on a file lock: with ``try_batch`` (the store's
 file's write lock is free at that moment; if another process holds it (a
 paused writer, a backup), they go to the thread, which may wait, and the loop
 goes on serving every other request.
+
+An operation nobody waits for (`defer`: a release, answered before its commit,
+docs/rules.md, C3) does not start a commit of its own: it waits among the
+gathered operations and rides with the next one that does (`submit`), in
+submission order, or is committed ``lag_ms`` after it was deferred, whichever
+comes first. A read (`barrier`) and a stop (`commit_gathered`) commit it at
+once. So with one client a lock cycle is one commit, not two: the release
+commits with the next grant.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ __all__ = ["GroupCommitter", "BATCH_OPS_MAX"]
 
 BATCH_OPS_MAX = 512  # operations per transaction; more wait for the next one
 INLINE_OPS_MAX = 64  # operations one turn of the loop may commit on the loop itself (the thread idle)
+_LAG_EARLY_S = 0.001  # the loop may run a timer up to its clock's resolution early: due within 1 ms is due
 
 Op = TypeVar("Op")
 
@@ -76,12 +85,14 @@ class GroupCommitter(Generic[Op]):
         inline_ops_max: at most this many operations of one turn are committed on the loop; a turn with more
             hands them to the thread (1: only a lone operation).
         try_batch: commits a batch on the loop only if that needs no waiting on a lock (else returns None).
+        lag_ms: a deferred operation (`defer`) is committed at most this long after it was deferred, if no
+            other operation took it along before; 0 (the default): `defer` is `submit`.
     """
 
     def __init__(self, name: str, run_batch: Callable[[Sequence[Op]], Sequence[Any]],
                  loop: asyncio.AbstractEventLoop, *, inline: bool = True,
                  try_batch: Callable[[Sequence[Op]], Sequence[Any] | None] | None = None,
-                 inline_ops_max: int = INLINE_OPS_MAX) -> None:
+                 inline_ops_max: int = INLINE_OPS_MAX, lag_ms: int = 0) -> None:
         self.name = name
         self._series = (name,)  # its label set in the commit counters
         self.inline = inline
@@ -89,6 +100,14 @@ class GroupCommitter(Generic[Op]):
         # Commits a batch only if that needs no waiting on a lock, else returns None (nothing done).
         self.try_batch = try_batch
         self._gathering: list[tuple[Op, asyncio.Future[Any]]] | None = None
+        # While the gathered operations are all deferred: when the first of them was (loop time, s); else None
+        # (a `_flush` is due at the end of this loop turn, or nothing is gathered).
+        self._deferred_since: float | None = None
+        # The lag timer (`_on_lag`), if armed. It is not cancelled when a `submit` takes the deferred operations
+        # along: it finds nothing due and rests, or waits on for the ones deferred since (a timer a lag, not a
+        # timer a release).
+        self._lag: asyncio.TimerHandle | None = None
+        self.lag_s = lag_ms / 1000
         self._in_thread = 0  # operations handed to the thread and not yet resolved on the loop
         self._run_batch = run_batch
         self._loop = loop
@@ -121,11 +140,54 @@ class GroupCommitter(Generic[Op]):
             if gathering is None:
                 gathering = self._gathering = []
                 self._loop.call_soon(self._flush)
+            elif self._deferred_since is not None:  # deferred operations only, so far: they go with this one
+                self._deferred_since = None
+                self._loop.call_soon(self._flush)
             gathering.append((op, future))
             return future
         self._in_thread += 1
         self._queue.put((op, future))
         return future
+
+    def defer(self, op: Op) -> asyncio.Future[Any]:
+        """Queue ``op`` without starting a commit for it: it commits with the next `submit`'s batch, in
+        submission order, or ``lag_ms`` from now, whichever comes first. For a change whose answer does not wait
+        for it (a release); the future resolves, as `submit`'s, once it is durable."""
+        if not self.inline or not self.lag_s:
+            return self.submit(op)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._last = future
+        gathering = self._gathering
+        if gathering is None:
+            gathering = self._gathering = []
+            since = self._deferred_since = self._loop.time()
+            if self._lag is None:
+                self._lag = self._loop.call_at(since + self.lag_s, self._on_lag)
+        gathering.append((op, future))
+        return future
+
+    def _on_lag(self) -> None:
+        """The lag timer: commit the deferred operations whose lag has run out; else wait for those deferred
+        since the timer was armed, or rest (nothing deferred waits)."""
+        self._lag = None
+        since = self._deferred_since
+        if since is None:
+            return
+        due = since + self.lag_s
+        if self._loop.time() + _LAG_EARLY_S >= due:
+            self._flush()
+        else:
+            self._lag = self._loop.call_at(due, self._on_lag)
+
+    def commit_gathered(self) -> None:
+        """Hand what is gathered (deferred operations too) to the thread now: before `stop`, on the loop."""
+        if self._lag is not None:
+            self._lag.cancel()
+            self._lag = None
+        self._deferred_since = None
+        batch, self._gathering = self._gathering, None
+        if batch:
+            self._hand_off(batch)
 
     def reply(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
         """A future for one handler waiting on ``future`` (from `submit`): it resolves as ``future`` does.
@@ -155,6 +217,7 @@ class GroupCommitter(Generic[Op]):
     def _flush(self) -> None:
         """End of a loop turn: commit its operations here (up to `inline_ops_max`), else hand them to the thread."""
         batch, self._gathering = self._gathering, None
+        self._deferred_since = None
         if not batch:
             return
         if len(batch) > self.inline_ops_max or self._in_thread:
@@ -212,10 +275,17 @@ class GroupCommitter(Generic[Op]):
         """The future of the last operation submitted, if it is not durable yet.
 
         Batches commit in submission order, so once it resolves, everything
-        submitted before it is durable too (a read waits on this, C1).
+        submitted before it is durable too (a read waits on this, C1). Deferred
+        operations still gathered are committed at the end of this loop turn, not
+        after their lag: a read does not wait for it.
         """
         last = self._last
-        return None if last is None or last.done() else last
+        if last is None or last.done():
+            return None
+        if self._deferred_since is not None:
+            self._deferred_since = None
+            self._loop.call_soon(self._flush)
+        return last
 
     def _main(self) -> None:
         stopping = False
@@ -265,8 +335,11 @@ def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any
                 for reply in replies.pop(future, ()):
                     if not reply.done():
                         reply.set_result(result)
-                if listeners:
-                    _notify(listeners, future)
+                if listeners and (listener := listeners.pop(future, None)) is not None:
+                    try:  # `_notify`, without its call: a release's future has none, the grant after it one
+                        listener(future)
+                    except Exception:  # noqa: BLE001 - one answer's bug must not keep the batch's others unresolved
+                        _log.exception("a commit's listener failed")
                 continue
         if not future.done():
             if error is not None:

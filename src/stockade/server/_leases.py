@@ -5,8 +5,16 @@ record once into `MemoryRecords` and runs the one lease engine
 (`stockade.core.engine.LeaseEngine`) on them. Every committed change of a
 record is handed to the coordinator file's writer thread as an ``(old, new)``
 pair (waiters stripped: they live only as long as their HTTP requests) and
-committed in order, in batches; a grant, renewal or release is answered only
-once its change is durable (C1).
+committed in order, in batches; a grant or renewal is answered only once its
+change is durable (C1).
+
+A release is answered as soon as the engine has applied it (and offered the
+scope to the head of its queue): its change is deferred (`GroupCommitter.defer`)
+and commits with the next change that is waited for, or ``release_lag_ms``
+later. A crash in between loses the release, and the restart holds that lease
+a full TTL (C3), as any lease held at a crash; no token goes back, since a
+grant's commit takes every release before it along (docs/rules.md, C3).
+``release_lag_ms`` 0 answers a release only once it is durable, as a grant.
 
 Waiting is a long poll: a queued acquire holds its HTTP request until the
 scope's head-of-queue turn comes (release, expiry, end of lock-delay wake the
@@ -48,7 +56,7 @@ from stockade.core.leases import (
     lease_hint,
     validate_lease_id,
 )
-from stockade.core.limits import LIST_PAGE_MAX, wait_deadline_ns
+from stockade.core.limits import LIST_PAGE_MAX, RELEASE_LAG_MS, wait_deadline_ns
 from stockade.core.values import FenceFloors
 from stockade.server import _metrics
 from stockade.server._groupcommit import GroupCommitter
@@ -85,17 +93,23 @@ class LeaseService:
         clock: the coordinator's monotonic clock.
         loop: the event loop everything here runs on.
         scopes_max: bound on the scopes kept in memory.
+        release_lag_ms: a release is answered before its commit, which comes at most this long after it (with
+            the next commit that is waited for, if one comes sooner); 0: a release is answered once durable.
     """
 
     def __init__(self, coordinator: SQLiteCoordinator, clock: Clock, loop: asyncio.AbstractEventLoop,
-                 *, scopes_max: int = SCOPES_MAX) -> None:
+                 *, scopes_max: int = SCOPES_MAX, release_lag_ms: int = RELEASE_LAG_MS) -> None:
         self.file = coordinator.records
         self.cluster_id = coordinator.cluster_id
         self.policy: LeasePolicy = coordinator.policy
         self.clock = clock
         self.loop = loop
         self.scopes_max = scopes_max
-        self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self.file.commit_records, loop)
+        self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self.file.commit_records, loop,
+                                                                lag_ms=release_lag_ms)
+        self.release_lag_ms = release_lag_ms
+        # `committer.submit`, or `committer.defer` while a release applies: how `_on_commit` queues a change.
+        self._queue_change = self.committer.submit
         self.table = MemoryRecords(scopes_max=scopes_max, on_commit=self._on_commit, journal=False)
         self.signer = coordinator.signer
         self.engine = LeaseEngine(self.table, cluster_id=self.cluster_id, clock=clock, policy=self.policy,
@@ -150,12 +164,19 @@ class LeaseService:
         self.committer.start()
 
     def close(self) -> None:
-        for timer in self.timers.values():
-            timer.cancel()
+        """Commit what is queued (deferred releases too) and stop the committer; on the loop's thread."""
+        self._end_timers()
+        self.committer.commit_gathered()
         self.committer.stop()
 
     async def aclose(self) -> None:
-        await self.loop.run_in_executor(None, self.close)
+        self._end_timers()
+        self.committer.commit_gathered()  # on the loop; the thread commits it before it stops
+        await self.loop.run_in_executor(None, self.committer.stop)
+
+    def _end_timers(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
 
     async def prepare_store(self, store: object) -> None:
         """Nothing: the store beside this coordinator's file is raised by ``stockade floor`` after a restore."""
@@ -168,9 +189,10 @@ class LeaseService:
             self._loading.extend(changes)  # stored waiters are removed on disk too
             return
         now_ns = self.clock.now_ns()
+        submit = self._queue_change
         for old, new in changes:
             if new is None:  # an idle scope forgotten at the scope cap: the file forgets it too
-                self._write = self.committer.submit((_durable(old), None))
+                self._write = submit((_durable(old), None))
                 continue
             old_lease = old.lease
             if old_lease is not None and (new.lease is None or new.lease.lease_id != old_lease.lease_id) \
@@ -181,11 +203,11 @@ class LeaseService:
                                   "token_value": old_lease.token.value})
             if not old.waiters and not new.waiters:
                 # The usual change: durable as it is, and a change (the table hands over only what changed).
-                self._write = self.committer.submit((old, new))
+                self._write = submit((old, new))
                 continue
             durable_old, durable_new = _durable(old), _durable(new)
             if durable_old != durable_new:
-                self._write = self.committer.submit((durable_old, durable_new))
+                self._write = submit((durable_old, durable_new))
 
     def _take_write(self) -> asyncio.Future[Any] | None:
         """The durability of what the last engine call changed (None: nothing durable changed)."""
@@ -412,17 +434,31 @@ class LeaseService:
         return lease
 
     async def release(self, lease_id: str) -> bool:
-        """Release a lease (durably). Idempotent: False when it was already gone."""
+        """Release a lease (durably only with ``release_lag_ms`` 0; see `release_now`). Idempotent: False when
+        it was already gone."""
         released, durable = self.release_now(lease_id)
         await self._settled(durable)
         return released
 
     def release_now(self, lease_id: str) -> tuple[bool, asyncio.Future[Any] | None]:
-        """`release` without a coroutine: whether it was held, and the future of its durability (`durable`);
-        the caller answers once it is done and `check_durable` passes."""
+        """`release` without a coroutine: whether it was held, and what its answer waits for: None (its change
+        is deferred: it commits with the next grant or renewal, or ``release_lag_ms`` from now; a crash before
+        then leaves the lease held a full TTL from the restart, C3), or with ``release_lag_ms`` 0 the future of
+        its durability (`durable`): the caller answers once it is done and `check_durable` passes."""
         scope = self.table.scope_of_lease(lease_id)
         if scope is None:
             return False, None
+        if self.release_lag_ms:
+            self._queue_change = self.committer.defer
+            try:
+                outcome = self.engine.release(lease_id)
+            finally:
+                self._queue_change = self.committer.submit
+            self._write = None
+            record = self.table.peek(scope)
+            if record is not None and record.waiters:  # else `_pump` has nobody to offer the scope to
+                self._pump(scope)  # the next waiter's grant is submitted: the release commits with it, first
+            return outcome.released, None
         outcome = self.engine.release(lease_id)
         write = self._take_write()
         self._pump(scope)

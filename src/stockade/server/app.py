@@ -32,6 +32,8 @@ from stockade.core.leases import Lease, LeasePolicy, lease_hint, redact_lease_pa
 from stockade.core.limits import (
     LIST_PAGE_MAX,
     LOCK_DELAY_MS_MAX,
+    RELEASE_LAG_MS,
+    RELEASE_LAG_MS_MAX,
     VALUE_BYTES_MAX,
     WAIT_MS_MAX,
     validate_holder,
@@ -131,6 +133,8 @@ class ServerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     lock_delay_ms: int = 0
+    # A release is answered before its commit, durable at most this long later (LeaseService); 0: once durable.
+    release_lag_ms: int = RELEASE_LAG_MS  # at most RELEASE_LAG_MS_MAX
     wait_ms_cap: int | None = None  # operators (and tests) may bound long polls below WAIT_MS_MAX
     dashboard_streams_max: int = STREAMS_MAX  # open event streams of the /ui/ pages (server/_dashboard.py)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -372,8 +376,9 @@ class App:
         lease = await self.leases.renew(lease_id)
         return json_response(200, codecs.renewal_doc(lease))
 
-    def release(self, request: Request, raw_lease_id: str) -> Deferred | Awaitable[Response]:
-        """``DELETE /v1/leases/{lease_id}``; on the server's own file without a coroutine (`Deferred`)."""
+    def release(self, request: Request, raw_lease_id: str) -> Response | Deferred | Awaitable[Response]:
+        """``DELETE /v1/leases/{lease_id}``; on the server's own file without a coroutine: answered at once (its
+        commit follows, `LeaseService.release_now`), or with ``--release-lag-ms 0`` once durable (`Deferred`)."""
         lease_id = validate_lease_id(segment(raw_lease_id, "lease_id"))
         query(request, ())
         if request.body:
@@ -381,6 +386,8 @@ class App:
         leases = self.own_file
         if leases is not None:
             released, durable = leases.release_now(lease_id)
+            if durable is None:
+                return _no_content(released, lease_id)
             return Deferred(durable, self._released, released, lease_id, request, listen=leases.committer.listen)
         return self._release(lease_id)
 
@@ -556,6 +563,7 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         validate_int("port", config.port, 0, 65535)
         validate_int("lock_delay_ms", config.lock_delay_ms, 0, LOCK_DELAY_MS_MAX)
+        validate_int("release_lag_ms", config.release_lag_ms, 0, RELEASE_LAG_MS_MAX)
         validate_int("dashboard_streams_max", config.dashboard_streams_max, 0, 100_000)
         if config.wait_ms_cap is not None:
             validate_wait_ms(config.wait_ms_cap)
@@ -647,7 +655,7 @@ class Server:
             LeasePolicy(lock_delay_ms=self.config.lock_delay_ms), exclusive=True,
         )
         self._files = (engine,)
-        leases = LeaseService(engine, SystemClock(), loop)
+        leases = LeaseService(engine, SystemClock(), loop, release_lag_ms=self.config.release_lag_ms)
         leases.committer.on_failure = self._coordinator_failed
         leases.load()
         return leases, engine.signer

@@ -6,10 +6,15 @@ has no lease logic of its own. What it adds is the process around the engine:
 
 - **a disk**: every unit the record store commits is copied, before the
   engine returns (``on_commit``), into ``durable``, the node's disk. So a
-  token is durable before any answer leaves (C1).
+  token is durable before any answer leaves (C1). A release's unit is the
+  exception, as in `stockade serve`: it is answered at once and waits in
+  ``deferred`` until the next unit is written (it goes first, in order) or
+  until ``release_lag_ms`` has passed since the first one waiting.
 - **crash**: the engine and its records (the process's memory) are gone; the
-  disk stays. Nothing the engine returned is lost, and nothing uncommitted
-  survives (a refused unit is undone by the store and never reaches the disk).
+  disk stays. Nothing the engine returned is lost but a deferred release
+  whose lag had not run out (its lease is then held a full TTL from the
+  restart, C3), and nothing uncommitted survives (a refused unit is undone by
+  the store and never reaches the disk).
 - **restart**: a new record store is loaded from the disk, a new engine is
   opened on the node's clock (a failover brings another host's clock), and
   the one restart rule is applied: `LeaseEngine.recover` (C3, C5).
@@ -57,6 +62,11 @@ class Coordinator(Node):
         self.mutant = find_mutant(world.mutant)
         self.volatile = self.mutant is not None and self.mutant.seam is Seam.COMMIT
         self.durable: dict[str, ScopeRecord] = {}  # the disk
+        # Released units not on the disk yet, each with the clock reading of its release (`stockade serve`'s
+        # deferred releases), and whether the unit being committed is a release's.
+        self.deferred: list[tuple[int, Sequence[Change]]] = []
+        self.releasing = False
+        self.release_lag_ns = world.options.release_lag_ms * _MS
         self.clock_epoch = 0  # which host's clock the engine reads (a failover brings another)
         self.wait_deadlines: dict[str, int] = {}
         self.memory, self.engine = self._open()
@@ -77,15 +87,39 @@ class Coordinator(Node):
         return memory, engine
 
     def _on_commit(self, changes: Sequence[Change]) -> None:
-        # C1: the committed unit is on disk before the engine returns (the control forgets to).
-        if not self.volatile:
-            durable = self.durable
-            for old, new in changes:
-                if new is None:  # a forgotten scope
-                    if old is not None:
-                        durable.pop(old.scope, None)
-                else:
-                    durable[new.scope] = new
+        # C1: the committed unit is on disk before the engine returns (the control forgets to); a release's
+        # waits for the next one, or its lag.
+        if self.volatile:
+            return
+        if self.releasing and self.release_lag_ns:
+            self.deferred.append((self.clock.now_ns(), changes))
+            return
+        for _, waiting in self.deferred:
+            self._write(waiting)
+        self.deferred = []
+        self._write(changes)
+
+    def _write(self, changes: Sequence[Change]) -> None:
+        durable = self.durable
+        for old, new in changes:
+            if new is None:  # a forgotten scope
+                if old is not None:
+                    durable.pop(old.scope, None)
+            else:
+                durable[new.scope] = new
+
+    def _lose_deferred(self) -> None:
+        """At a crash: the deferred releases that `stockade serve` would have committed by now (the lag of the
+        first of a batch ran out: its timer committed the whole batch) reach the disk; the others are lost."""
+        now, lag = self.clock.now_ns(), self.release_lag_ns
+        started: int | None = None
+        for at_ns, changes in self.deferred:
+            if started is None or at_ns >= started + lag:
+                started = at_ns  # the server's timer had fired before this one: a batch (and a timer) of its own
+            if started + lag > now:
+                break  # its batch's timer had not fired: it, and every release after it, are lost
+            self._write(changes)
+        self.deferred = []
 
     def _checkpoint(self) -> None:
         self.durable = self.memory.snapshot()
@@ -101,7 +135,8 @@ class Coordinator(Node):
         self.world.history.records.append(record)
 
     def crash(self) -> None:
-        """``kill -9``: the engine and its memory are gone; the disk stays."""
+        """``kill -9``: the engine and its memory are gone; the disk stays (releases within their lag lost)."""
+        self._lose_deferred()
         self._log("crash")
         self.up = False
         self.incarnation += 1
@@ -143,7 +178,11 @@ class Coordinator(Node):
         elif kind == "release":
             lease_id = payload[2]
             scope = self.memory.scope_of_lease(lease_id)
-            outcome = self.engine.release(lease_id)
+            self.releasing = True
+            try:
+                outcome = self.engine.release(lease_id)
+            finally:
+                self.releasing = False
             if outcome.released and scope is not None:
                 self._log("release", scope, lease=lease_id)
             self.send(src, ("released", req_id, outcome.released))

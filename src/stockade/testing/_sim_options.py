@@ -6,6 +6,7 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from stockade.core.limits import RELEASE_LAG_MS
 from stockade.testing.network import NetworkOptions
 
 __all__ = ["SimOptions"]
@@ -44,6 +45,10 @@ class SimOptions:
     processing_max_us: int = 0
     commit_max_us: int = 0
     checkpoint_ms: int = 200
+    #: How long a release answered before its commit waits at most for a commit to ride with, as `stockade serve`
+    #: does (``--release-lag-ms``): a crash within it loses the release (C3). Not drawn: every world has the
+    #: server's default (a draw would move every later draw of a seed).
+    release_lag_ms: int = RELEASE_LAG_MS
     #: Above 0: the world is one read/write lock of this many read slots, its clients readers and writers
     #: (`stockade.testing._sim_rwlock`, P11); 0: the plain world, clients of plain leases.
     rwlock_readers: int = 0
