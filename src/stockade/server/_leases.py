@@ -37,6 +37,7 @@ from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import BackendUnavailable, LockTimeout, NotHolder, StockadeError
 from stockade.core.leases import (
+    AcquireRequest,
     Contender,
     Granted,
     Lease,
@@ -246,19 +247,29 @@ class LeaseService:
 
         The caller answers only once that future is done, through `delivered` (C1).
 
+        ``scope``, ``holder`` and ``ttl_ms`` come validated by the app's input parsing, with the core's
+        validators: the engine takes them through its trusted entry (`AcquireRequest.prevalidated`), with a
+        lease id minted here and deadlines read from the clock.
+
         Raises:
-            InvalidArgument, LimitExceeded: nothing changed.
+            LimitExceeded: nothing changed.
             LockTimeout: held by another.
         """
         now_ns = self.clock.now_ns()
-        attempt: dict[str, Any] = {"lease_id": self._new_lease_id(), "holder": holder, "ttl_ms": ttl_ms,
-                                   "wait_deadline_ns": now_ns, "live_until_ns": now_ns}
-        outcome, write = self._try(scope, attempt, 0)
-        if not isinstance(outcome, Granted):  # not queued with no wait; if it were, leave the queue at once
-            self._leave_queue(scope, attempt["lease_id"])
-            _metrics.LOCK_TIMEOUTS.inc()
-            raise LockTimeout(scope, 0)
-        return outcome.lease, self.durable(write)
+        lease_id = self._new_lease_id()
+        self._write = None
+        try:
+            outcome = self.engine.try_acquire_request(
+                AcquireRequest.prevalidated(self.cluster_id, scope, lease_id, holder, ttl_ms, now_ns, now_ns))
+        finally:
+            write = self._take_write()
+        if type(outcome) is Granted:
+            _metrics.GRANTS.inc()
+            return outcome.lease, self.durable(write)
+        if type(outcome) is not TimedOut:  # not queued with no wait; if it were, leave the queue at once
+            self._leave_queue(scope, lease_id)
+        _metrics.LOCK_TIMEOUTS.inc()
+        raise LockTimeout(scope, 0)
 
     def _try(self, scope: str, attempt: dict[str, Any], wait_ms: int | None) -> tuple[Any, asyncio.Future[Any] | None]:
         """One attempt: the engine's outcome (a grant counted) and the future of what it changed."""

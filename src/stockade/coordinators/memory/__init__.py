@@ -168,11 +168,14 @@ class MemoryRecords(Journaled):
         """Make ``new`` the stored record of ``scope`` (None: forget it), keeping the indexes."""
         old_lease = old.lease if old is not None else None
         new_lease = new.lease if new is not None else None
-        if old_lease is not None and (new_lease is None or new_lease.lease_id != old_lease.lease_id):
-            self._scope_of_lease.pop(old_lease.lease_id, None)
+        # (Membership, then ``del``: no call, where ``dict.pop`` is one, on every change.)
+        if old_lease is not None and (new_lease is None or new_lease.lease_id != old_lease.lease_id) \
+                and old_lease.lease_id in self._scope_of_lease:
+            del self._scope_of_lease[old_lease.lease_id]
         if new_lease is not None and (old_lease is None or old_lease.lease_id != new_lease.lease_id):
             self._scope_of_lease[new_lease.lease_id] = scope
-        self._recency.pop(scope, None)
+        if scope in self._recency:
+            del self._recency[scope]
         if new is None:
             del self._records[scope]
             del self._names[bisect.bisect_left(self._names, scope)]
@@ -239,8 +242,13 @@ class _MemoryTx:
         return names[start:start + limit]
 
     def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
-        invariant(self._writing, "save in a read unit")
-        if new is old or new == old:
+        if not self._writing:
+            invariant(False, "save in a read unit")
+        if new is old:
+            return
+        # A grant moves ``last_token`` and a release or an expiry drops the lease: a change for sure, not
+        # compared field by field (a dataclass's ``==``, and its lease's, on every grant and release).
+        if new.last_token == old.last_token and (new.lease is None) == (old.lease is None) and new == old:
             return
         store = self._store
         scope = new.scope
