@@ -326,10 +326,9 @@ def lock_delay_end_ns(*, lapsed: bool, ended_ns: int, lock_delay_ms: int) -> int
 
 
 def _transition(state: ScopeState, event: Event) -> ScopeState:
-    next_state = TRANSITIONS.get((state, event))
-    if next_state is None:  # the message is built only then: this runs on every grant and release
+    if (state, event) not in TRANSITIONS:  # the message is built only then: this runs on every grant and release
         invariant(False, f"illegal transition {state.name} --{event.name}-->")
-    return next_state  # type: ignore[return-value]
+    return TRANSITIONS[(state, event)]
 
 
 def settle(record: ScopeRecord, now_ns: int, policy: LeasePolicy) -> ScopeRecord:

@@ -121,6 +121,8 @@ def validate_int(field: str, value: object, low: int, high: int) -> int:
 
 
 def validate_ttl_ms(ttl_ms: object) -> int:
+    if type(ttl_ms) is int and TTL_MS_MIN <= ttl_ms <= TTL_MS_MAX:
+        return ttl_ms  # the usual case, as `validate_int` takes it, without the call
     return validate_int("ttl_ms", ttl_ms, TTL_MS_MIN, TTL_MS_MAX)
 
 
@@ -133,6 +135,8 @@ def validate_wait(wait_ms: object) -> int | None:
 
     No string stands for "forever" (``"forever"`` is the CLI's spelling, turned into ``None`` there).
     """
+    if type(wait_ms) is int and WAIT_MS_MIN <= wait_ms <= WAIT_MS_MAX:
+        return wait_ms  # the usual case, as `validate_int` takes it, without the calls
     return None if wait_ms is None else validate_wait_ms(wait_ms)
 
 

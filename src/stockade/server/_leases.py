@@ -168,14 +168,14 @@ class LeaseService:
         if self._loading is not None:
             self._loading.extend(changes)  # stored waiters are removed on disk too
             return
-        now_ns = self.clock.now_ns()
         for old, new in changes:
             if new is None:  # an idle scope forgotten at the scope cap: the file forgets it too
                 self._write = self.committer.submit((_durable(old), None))
                 continue
             old_lease = old.lease
+            # (The clock is read only for a lease that ended: not for a grant.)
             if old_lease is not None and (new.lease is None or new.lease.lease_id != old_lease.lease_id) \
-                    and now_ns >= old_lease.expires_ns:
+                    and self.clock.now_ns() >= old_lease.expires_ns:
                 _metrics.EXPIRIES.inc()
                 _log.debug("lease %s… on %r expired", lease_hint(old_lease.lease_id), new.scope,
                            extra={"scope": new.scope, "lease": lease_hint(old_lease.lease_id),
@@ -262,7 +262,7 @@ class LeaseService:
             outcome = self.engine.try_acquire_request(
                 AcquireRequest.prevalidated(self.cluster_id, scope, lease_id, holder, ttl_ms, now_ns, now_ns))
         finally:
-            write = self._take_write()
+            write, self._write = self._write, None  # `_take_write`, written out
         if type(outcome) is Granted:
             _metrics.GRANTS.inc()
             return outcome.lease, self.durable(write)
