@@ -293,9 +293,11 @@ class LeaseService:
             BackendUnavailable: the grant could not be made durable: it is withdrawn.
         """
         try:
-            if done is not None and done.cancelled():
-                raise asyncio.CancelledError
-            self.check_durable(done)
+            if done is not None:
+                if done.cancelled():
+                    raise asyncio.CancelledError
+                if done.result() is not None:  # `check_durable` past its usual None (no error)
+                    self.check_durable(done)
         except (asyncio.CancelledError, StockadeError) as exc:
             raise self._withdrawn(lease, exc) from None
         return lease
