@@ -355,7 +355,7 @@ class HttpProtocol(asyncio.Protocol):
         "_repeated", "_header_bytes", "_header_count", "_body", "_body_size", "_body_max", "_pending", "_current",
         "_closing",
         "_write_paused", "_discarding", "_discarded", "_request_started", "_header_name", "_held", "_raw",
-        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small", "peer", "credential",
+        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_fed_s", "_refusal", "_small", "peer", "credential",
         "_path", "_query", "_deferred",
     )
 
@@ -376,6 +376,7 @@ class HttpProtocol(asyncio.Protocol):
         self._discarding = False
         self._discarded = 0
         self._request_started = 0.0
+        self._fed_s = 0.0  # when the bytes being parsed came (or were taken from `_raw`): the callbacks' time
         self._held = 0  # request bytes of this connection counted in the server's budget
         self._raw: list[bytes] = []  # received while a handler runs; parsed once it ends
         self._raw_size = 0
@@ -525,6 +526,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _feed(self, data: bytes) -> None:
         self._feeding = True
+        self._fed_s = time.monotonic()  # read once for the request begun and the headers completed by these bytes
         try:
             self._parser.feed_data(data)
         except HttpError as exc:
@@ -550,7 +552,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._reset()
-        self._request_started = time.monotonic()
+        self._request_started = self._fed_s
         self._limits.to_reading(self, self._request_started)
 
     def on_url(self, url: bytes) -> None:
@@ -605,7 +607,7 @@ class HttpProtocol(asyncio.Protocol):
         if has_body and not self._limits.room(self, 0):
             raise HttpError(503, "backend-unavailable", "request bodies in memory are at their bound; retry",
                             headers=[("Retry-After", str(RETRY_AFTER_S))])
-        self._body_started = time.monotonic()
+        self._body_started = self._fed_s
 
     def on_body(self, body: bytes) -> None:
         size = len(body)
