@@ -56,7 +56,8 @@ _FORGET_SCAN = 4  # candidates looked at per scope to forget
 
 
 def _lease_id_arg(lease_id: object) -> str:
-    # Any string may be asked about: an unknown or malformed id is simply not held.
+    # Any string may be asked about: an unknown or malformed id is simply not held. (Called for what is not
+    # exactly a str: the usual lease id is taken as it is, without the call.)
     if not isinstance(lease_id, str):
         raise InvalidArgument("lease_id", f"must be a string, got {type(lease_id).__name__}")
     return lease_id
@@ -358,7 +359,7 @@ class LeaseEngine:
         """
         expired = False
         with self.records.write() as tx:
-            scope = tx.scope_of_lease(_lease_id_arg(lease_id))
+            scope = tx.scope_of_lease(lease_id if type(lease_id) is str else _lease_id_arg(lease_id))
             if scope is None:
                 raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
             now_ns = self.clock.now_ns()  # before the load: see `RecordTx.load`
@@ -377,7 +378,7 @@ class LeaseEngine:
     def release(self, lease_id: str) -> Released:
         """Release a lease. Idempotent: an unknown or expired lease id is not an error."""
         with self.records.write() as tx:
-            scope = tx.scope_of_lease(_lease_id_arg(lease_id))
+            scope = tx.scope_of_lease(lease_id if type(lease_id) is str else _lease_id_arg(lease_id))
             now_ns = self.clock.now_ns()
             if scope is None:
                 return Released(False, now_ns)

@@ -132,13 +132,15 @@ class MemoryRecords(Journaled):
 
     # -- direct reads (no unit needed: one dictionary lookup) ----------------------------------
 
+    # (Here and in `_MemoryTx`, a lookup is ``in`` then ``[]``: ``dict.get`` is a call, on every request.)
+
     def peek(self, scope: str) -> ScopeRecord | None:
         """The stored record of ``scope``, or None."""
-        return self._records.get(scope)
+        return self._records[scope] if scope in self._records else None
 
     def scope_of_lease(self, lease_id: str) -> str | None:
         """The scope whose lease has this id, or None."""
-        return self._scope_of_lease.get(lease_id)
+        return self._scope_of_lease[lease_id] if lease_id in self._scope_of_lease else None
 
     @property
     def records(self) -> Mapping[str, ScopeRecord]:
@@ -223,10 +225,12 @@ class _MemoryTx:
             store._lock.release()
 
     def load(self, scope: str) -> ScopeRecord:
-        return self._store._records.get(scope) or ScopeRecord(scope)
+        records = self._store._records
+        return records[scope] if scope in records else ScopeRecord(scope)
 
     def scope_of_lease(self, lease_id: str) -> str | None:
-        return self._store._scope_of_lease.get(lease_id)
+        scopes = self._store._scope_of_lease
+        return scopes[lease_id] if lease_id in scopes else None
 
     def leases_at_least(self, n: int) -> bool:
         return len(self._store._scope_of_lease) >= n
@@ -252,7 +256,7 @@ class _MemoryTx:
             return
         store = self._store
         scope = new.scope
-        current = store._records.get(scope)
+        current = store._records[scope] if scope in store._records else None
         if current is not old:
             invariant((current or ScopeRecord(scope)) == old, f"record of {scope!r} changed underneath this unit")
         if new.last_token < old.last_token:  # the message is built only then (every change runs this)
