@@ -355,8 +355,8 @@ class HttpProtocol(asyncio.Protocol):
         "_repeated", "_header_bytes", "_header_count", "_body", "_body_size", "_body_max", "_pending", "_current",
         "_closing",
         "_write_paused", "_discarding", "_discarded", "_request_started", "_header_name", "_held", "_raw",
-        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_fed_s", "_refusal", "_small", "peer", "credential",
-        "_path", "_query", "_deferred",
+        "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small", "peer", "credential",
+        "_path", "_query", "_deferred", "_fed_s",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],

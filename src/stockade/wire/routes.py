@@ -298,8 +298,8 @@ def match(path: str) -> Match | None:
             if parts[i] != literal:
                 break
         else:  # one parameter (the usual routes'), taken without calls; more, by a comprehension
-            values = (parts[params[0]],) if not params[1:] else tuple([parts[i] for i in params])
-            return Match(template, methods, values)
+            found = (parts[params[0]],) if not params[1:] else tuple([parts[i] for i in params])
+            return Match(template, methods, found)
     for literals, params, template, methods, size in _TAILS.get(head, ()):
         if count < size:
             continue
