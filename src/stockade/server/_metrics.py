@@ -23,10 +23,11 @@ BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 class Histogram:
     """A Prometheus histogram with fixed buckets (seconds).
 
-    ``one_thread``: only one thread observes it (the request latencies: the event loop's), so an
-    observation takes no lock. A reader copies the series in one step under the GIL (`render`),
-    and may miss an observation being made. Otherwise (the commits', observed by the committer's
-    thread and by the loop's) every observation takes the lock.
+    ``one_thread``: only one thread observes it (the request latencies: the server's event loop), so
+    an observation takes no lock. A reader copies the series in one step under the GIL (`render`),
+    and may miss an observation being made. (A process that ran several servers' loops at once
+    could lose an observation between them: a count, never a series.) Otherwise (the commits',
+    observed by the committer's thread and by the loop's) every observation takes the lock.
     """
 
     def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = (),
