@@ -237,3 +237,65 @@ def test_the_records_built_field_by_field_name_every_field():
 
     built = ("scope", "last_token", "lease", "delay_until_ns", "waiters")
     assert tuple(f.name for f in dataclasses.fields(ScopeRecord)) == built
+
+
+def test_the_prevalidated_builds_are_the_checked_ones():
+    """`AcquireRequest.prevalidated` and `FencingToken.prevalidated` set their fields by name, unchecked: each must
+    build what its checking constructor builds, every field set (a field added to either fails here until it is)."""
+    import dataclasses
+
+    from stockade.core.tokens import FencingToken
+
+    args = (CLUSTER, "s", "a" * 16, "h", 100, 5, 7)
+    checked, trusted = L.AcquireRequest(*args), L.AcquireRequest.prevalidated(*args)
+    assert dataclasses.astuple(trusted) == dataclasses.astuple(checked) == args and trusted == checked
+    for token_args in ((CLUSTER, "s", 3), (CLUSTER, "s:1", 2**63 - 1, "0123abcd", "A" * 22)):
+        token, built = FencingToken(*token_args), FencingToken.prevalidated(*token_args)
+        assert dataclasses.astuple(built) == dataclasses.astuple(token) and built == token
+        assert hash(built) == hash(token) and built.encode() == token.encode()
+
+
+def test_the_engine_refuses_a_request_of_another_cluster():
+    """The trusted entry takes a request's values as checked, except its cluster: it must be the engine's own."""
+    from stockade.coordinators.memory import MemoryCoordinator
+
+    engine = MemoryCoordinator(cluster_id=CLUSTER)
+    other = L.AcquireRequest.prevalidated("f" * 16, "s", "a" * 16, "h", 100, 0)
+    with pytest.raises(InvalidArgument):
+        engine.try_acquire_request(other)
+    assert engine.inspect("s").last_token == 0
+    granted = engine.try_acquire_request(L.AcquireRequest.prevalidated(CLUSTER, "s", "a" * 16, "h", 100, 0))
+    assert isinstance(granted, L.Granted) and granted.lease.token.value == 1
+    with pytest.raises(InvalidArgument):
+        MemoryCoordinator(cluster_id="not a cluster id")  # checked once, where the engine is made
+
+
+class _Text(str):
+    """A str subclass: the validators' usual case (an exact str) does not take it; their general path does."""
+
+
+@pytest.mark.parametrize(("validator", "value", "ok"), [
+    ("validate_holder", "h", True), ("validate_holder", "x" * 200, True), ("validate_holder", "x" * 201, False),
+    ("validate_holder", "", False), ("validate_holder", "a b", False), ("validate_holder", "é", False),
+    ("validate_holder", "a\n", False), ("validate_holder", 1, False), ("validate_holder", _Text("h"), True),
+    ("validate_scope", "s", True), ("validate_scope", "x" * 200, True), ("validate_scope", "x" * 201, False),
+    ("validate_scope", ".", False), ("validate_scope", "..", False), ("validate_scope", "...", True),
+    ("validate_scope", "a/b", False), ("validate_scope", "", False), ("validate_scope", _Text("s"), True),
+    ("validate_ttl_ms", 100, True), ("validate_ttl_ms", 99, False), ("validate_ttl_ms", 3_600_000, True),
+    ("validate_ttl_ms", 3_600_001, False), ("validate_ttl_ms", True, False), ("validate_ttl_ms", 100.0, False),
+    ("validate_wait", 0, True), ("validate_wait", None, True), ("validate_wait", 300_000, True),
+    ("validate_wait", 300_001, False), ("validate_wait", -1, False), ("validate_wait", False, False),
+    ("validate_cluster_id", CLUSTER, True), ("validate_cluster_id", CLUSTER.upper(), False),
+    ("validate_cluster_id", CLUSTER + "0", False), ("validate_cluster_id", _Text(CLUSTER), True),
+])
+def test_the_validators_usual_case_agrees_with_their_rules(validator, value, ok):
+    """Each validator takes its usual value (an exact str or int) in one test or match, and anything else through
+    its general path: the bounds are the same either way, and a refusal is an `InvalidArgument`."""
+    from stockade.core import limits, tokens
+
+    check = getattr(limits, validator, None) or getattr(tokens, validator)
+    if ok:
+        assert check(value) == value
+    else:
+        with pytest.raises(InvalidArgument):
+            check(value)

@@ -17,6 +17,7 @@ from helpers.work_budget import Meter, Served, Work, calls_of, served
 
 import stockade
 from stockade.coordinators.sqlite._rows import set_meta
+from stockade.core.leases import AcquireRequest
 from stockade.core.limits import RELEASE_LAG_MS_MAX
 from stockade.testing.budgets import BUDGETS, over_budget
 
@@ -120,6 +121,19 @@ def _extra_commit_served(s: Served) -> None:
     s.server.leases.committer._run_batch = twice
 
 
+def _checked_again_served(s: Served) -> None:
+    """The server's validated acquire checked again by the engine (its checking `AcquireRequest`), as before the
+    engine's trusted entry (`AcquireRequest.prevalidated`)."""
+    engine = s.server.leases.engine
+    attempt = engine.try_acquire_request
+
+    def checked(request: AcquireRequest) -> Any:
+        return attempt(AcquireRequest(request.cluster, request.scope, request.lease_id, request.holder,
+                                      request.ttl_ms, request.wait_deadline_ns, request.live_until_ns))
+
+    engine.try_acquire_request = checked
+
+
 def _debug_logging(_: object) -> None:
     """The request path's debug lines formatted (a handler at DEBUG on the server's logger)."""
     logger = logging.getLogger("stockade.server")
@@ -187,6 +201,7 @@ def test_embedded_lock_cycle_within_budget(tmp_path: Path) -> None:
     (_extra_index_served, {"wal_frames", "wal_bytes"}),
     (_extra_commit_served, {"commits", "wal_frames", "statements"}),
     (_debug_logging, {"calls"}),
+    (_checked_again_served, {"calls"}),
 ])
 def test_serve_lock_cycle_controls_exceed(tmp_path: Path, control: Callable[[Served], None], exceeds: set[str]) -> None:
     found = over_budget("serve.lock_cycle", _serve_lock_cycle(tmp_path, control))

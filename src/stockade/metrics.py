@@ -25,14 +25,20 @@ class Counter:
         # On every request: a counter without labels (most of them) builds no key.
         key = tuple([str(labels.get(name, "")) for name in self.labels]) if self.labels else ()
         with self._lock:
-            if key not in self._values and len(self._values) >= LABEL_SETS_MAX:
+            if key in self._values:  # the usual case, without a call
+                self._values[key] += amount
+                return
+            if len(self._values) >= LABEL_SETS_MAX:
                 key = tuple("_overflow" for _ in self.labels)
             self._values[key] = self._values.get(key, 0.0) + amount
 
     def inc_series(self, key: tuple[str, ...], amount: float = 1.0) -> None:
         """`inc` of the label set whose values, in label order, are ``key`` (a hot path keeps its key)."""
         with self._lock:
-            if key not in self._values and len(self._values) >= LABEL_SETS_MAX:
+            if key in self._values:  # the usual case, without a call
+                self._values[key] += amount
+                return
+            if len(self._values) >= LABEL_SETS_MAX:
                 key = tuple("_overflow" for _ in self.labels)
             self._values[key] = self._values.get(key, 0.0) + amount
 

@@ -42,7 +42,7 @@ from stockade.core.leases import (
 )
 from stockade.core.limits import CONTENDERS_MAX, LEASES_MAX, LIST_PAGE_MAX, validate_int, validate_scope
 from stockade.core.signing import TokenSigner
-from stockade.core.tokens import counter_exhausted, epoch_floor, epoch_of, grant_base
+from stockade.core.tokens import counter_exhausted, epoch_floor, epoch_of, grant_base, validate_cluster_id
 from stockade.core.values import FenceFloors
 
 __all__ = ["RecordTx", "RecordStore", "LeaseEngine", "Outcome", "recover_records", "is_idle"]
@@ -56,7 +56,8 @@ _FORGET_SCAN = 4  # candidates looked at per scope to forget
 
 
 def _lease_id_arg(lease_id: object) -> str:
-    # Any string may be asked about: an unknown or malformed id is simply not held.
+    # Any string may be asked about: an unknown or malformed id is simply not held. (Called for what is not
+    # exactly a str: the usual lease id is taken as it is, without the call.)
     if not isinstance(lease_id, str):
         raise InvalidArgument("lease_id", f"must be a string, got {type(lease_id).__name__}")
     return lease_id
@@ -221,6 +222,7 @@ class LeaseEngine:
         forget_batch: int = FORGET_BATCH,
         signer: TokenSigner | None = None,
     ) -> None:
+        validate_cluster_id(cluster_id, "cluster_id")  # once: every request of this engine names it
         validate_int("leases_max", leases_max, 1, LEASES_MAX)
         validate_int("forget_batch", forget_batch, 1, LIST_PAGE_MAX)
         self.forget_batch = forget_batch
@@ -287,10 +289,23 @@ class LeaseEngine:
             InvalidArgument: bad scope, holder, ttl or lease id. Nothing changed.
             LimitExceeded: the queue or the lease table is full. Nothing changed.
         """
-        request = AcquireRequest(
+        return self.try_acquire_request(AcquireRequest(  # checks every value (`AcquireRequest`)
             cluster=self.cluster_id, scope=scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms,
             wait_deadline_ns=wait_deadline_ns, live_until_ns=live_until_ns,
-        )
+        ))
+
+    def try_acquire_request(self, request: AcquireRequest) -> Outcome:
+        """`try_acquire` of a request already built: checked by its constructor, or built by
+        `AcquireRequest.prevalidated` for a caller that validated its values at its own boundary
+        (``stockade serve``'s acquire), which is the one way to skip the checks.
+
+        Raises:
+            InvalidArgument: the request names another cluster than this engine's. Nothing changed.
+            LimitExceeded: as `try_acquire`.
+        """
+        if request.cluster != self.cluster_id:
+            raise InvalidArgument("cluster", "is not this coordinator's")
+        scope = request.scope
         with self.records.write() as tx:
             now_ns = self.clock.now_ns()
             record = tx.load(scope)
@@ -298,7 +313,7 @@ class LeaseEngine:
                 self._forget_idle(tx, now_ns, self.forget_batch)
                 record = tx.load(scope)
             new, outcome = self._acquire(tx, record, request, now_ns)
-            if isinstance(outcome, Granted) and record.lease is None and tx.leases_at_least(self.leases_max):
+            if type(outcome) is Granted and record.lease is None and tx.leases_at_least(self.leases_max):
                 for lapsed in tx.lapsed_scopes(now_ns):  # settle lapsed leases so they stop counting
                     old = tx.load(lapsed)
                     tx.save(old, rules.settle(old, now_ns, self.policy))
@@ -307,7 +322,7 @@ class LeaseEngine:
                 record = tx.load(scope)
                 new, outcome = self._acquire(tx, record, request, now_ns)
             tx.save(record, new)
-        if isinstance(outcome, Granted):
+        if type(outcome) is Granted:
             outcome = Granted(self._signed(outcome.lease))
         return outcome
 
@@ -324,7 +339,7 @@ class LeaseEngine:
         base = grant_base(record.last_token, tx.token_floor())
         lifted = record if base == record.last_token else replace(record, last_token=base)
         new, outcome = self.acquire_rule(lifted, request, now_ns, self.policy)
-        if not (isinstance(outcome, Granted) and new.last_token > lifted.last_token):
+        if not (type(outcome) is Granted and new.last_token > lifted.last_token):
             if new.last_token != record.last_token:
                 new = replace(new, last_token=record.last_token)
             return new, outcome
@@ -344,7 +359,7 @@ class LeaseEngine:
         """
         expired = False
         with self.records.write() as tx:
-            scope = tx.scope_of_lease(_lease_id_arg(lease_id))
+            scope = tx.scope_of_lease(lease_id if type(lease_id) is str else _lease_id_arg(lease_id))
             if scope is None:
                 raise NotHolder(lease_hint(lease_id), "lease expired, was released, or never existed")
             now_ns = self.clock.now_ns()  # before the load: see `RecordTx.load`
@@ -363,7 +378,7 @@ class LeaseEngine:
     def release(self, lease_id: str) -> Released:
         """Release a lease. Idempotent: an unknown or expired lease id is not an error."""
         with self.records.write() as tx:
-            scope = tx.scope_of_lease(_lease_id_arg(lease_id))
+            scope = tx.scope_of_lease(lease_id if type(lease_id) is str else _lease_id_arg(lease_id))
             now_ns = self.clock.now_ns()
             if scope is None:
                 return Released(False, now_ns)

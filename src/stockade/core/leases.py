@@ -41,6 +41,7 @@ from stockade.core.limits import (
     CONTENDERS_MAX,
     LOCK_DELAY_MS_MAX,
     TOKEN_VALUE_MAX,
+    TOKEN_VALUE_MIN,
     WAITERS_PER_SCOPE_MAX,
     validate_holder,
     validate_int,
@@ -80,6 +81,9 @@ __all__ = [
 ]
 
 _NS_PER_MS = 1_000_000
+# How a `prevalidated` request is built: as the frozen dataclass's own ``__init__`` sets its fields.
+_new = object.__new__
+_set = object.__setattr__
 LEASE_ID_CHARS_MIN = 16
 LEASE_ID_CHARS_MAX = 64
 
@@ -224,7 +228,7 @@ class AcquireRequest:
     wait_deadline_ns: int
     live_until_ns: int | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # the boundary every request passes, unless `prevalidated`
         validate_cluster_id(self.cluster)
         validate_scope(self.scope)
         validate_lease_id(self.lease_id)
@@ -233,6 +237,27 @@ class AcquireRequest:
         validate_int("wait_deadline_ns", self.wait_deadline_ns, 0, 2**63 - 1)
         if self.live_until_ns is not None:
             validate_int("live_until_ns", self.live_until_ns, 0, 2**63 - 1)
+
+    @classmethod
+    def prevalidated(cls, cluster: str, scope: str, lease_id: str, holder: str, ttl_ms: int, wait_deadline_ns: int,
+                     live_until_ns: int | None = None) -> AcquireRequest:
+        """A request of values checked already, built without checking them again: the trusted entry.
+
+        Only for a caller that checked ``scope``, ``holder`` and ``ttl_ms`` at its own boundary
+        with the validators of `stockade.core.limits` (the same rules as the constructor),
+        minted ``lease_id`` itself and read the deadlines from its clock: ``stockade serve``'s
+        acquire (its input parsed by the app). ``cluster`` is the engine's own (checked when
+        the engine was made). Every other caller builds a request with the constructor.
+        """
+        request = _new(cls)
+        _set(request, "cluster", cluster)
+        _set(request, "scope", scope)
+        _set(request, "lease_id", lease_id)
+        _set(request, "holder", holder)
+        _set(request, "ttl_ms", ttl_ms)
+        _set(request, "wait_deadline_ns", wait_deadline_ns)
+        _set(request, "live_until_ns", live_until_ns)
+        return request
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,10 +326,9 @@ def lock_delay_end_ns(*, lapsed: bool, ended_ns: int, lock_delay_ms: int) -> int
 
 
 def _transition(state: ScopeState, event: Event) -> ScopeState:
-    next_state = TRANSITIONS.get((state, event))
-    if next_state is None:  # the message is built only then: this runs on every grant and release
+    if (state, event) not in TRANSITIONS:  # the message is built only then: this runs on every grant and release
         invariant(False, f"illegal transition {state.name} --{event.name}-->")
-    return next_state  # type: ignore[return-value]
+    return TRANSITIONS[(state, event)]
 
 
 def settle(record: ScopeRecord, now_ns: int, policy: LeasePolicy) -> ScopeRecord:
@@ -336,12 +360,14 @@ def acquire(
     Raises:
         LimitExceeded: the scope's queue is full, or the token space is used up.
     """
-    invariant(record.scope == request.scope, "record and request name different scopes")
+    if record.scope != request.scope:  # the message is built only then: every grant runs this
+        invariant(False, "record and request name different scopes")
     record = settle(record, now_ns, policy)
     lease = record.lease
     if lease is not None and lease.lease_id == request.lease_id:
         return record, Granted(lease)  # a repeated request: same lease, same token
-    position = next((i for i, w in enumerate(record.waiters) if w.lease_id == request.lease_id), None)
+    position = next((i for i, w in enumerate(record.waiters) if w.lease_id == request.lease_id), None) \
+        if record.waiters else None
     free = lease is None and now_ns >= record.delay_until_ns
     my_turn = position == 0 or (position is None and not record.waiters)
     if free and my_turn:
@@ -372,7 +398,11 @@ def _grant(record: ScopeRecord, request: AcquireRequest, now_ns: int) -> tuple[S
     value = record.last_token + 1
     if value > TOKEN_VALUE_MAX:
         raise LimitExceeded("TOKEN_VALUE_MAX", TOKEN_VALUE_MAX, f"scope {record.scope!r} has no tokens left")
-    token = FencingToken(cluster=request.cluster, scope=request.scope, value=value)
+    if value < TOKEN_VALUE_MIN:
+        invariant(False, f"last_token of {record.scope!r} is below 0")
+    # Not checked again: the request's cluster and scope were (`AcquireRequest`), and ``value`` is bounded here
+    # (above the record's ``last_token``, never negative, and at most TOKEN_VALUE_MAX).
+    token = FencingToken.prevalidated(request.cluster, request.scope, value)
     lease = Lease(
         lease_id=request.lease_id,
         holder=request.holder,
@@ -381,10 +411,11 @@ def _grant(record: ScopeRecord, request: AcquireRequest, now_ns: int) -> tuple[S
         granted_ns=now_ns,
         expires_ns=now_ns + request.ttl_ms * _NS_PER_MS,
     )
-    waiters = tuple(w for w in record.waiters if w.lease_id != request.lease_id)
+    waiters = tuple(w for w in record.waiters if w.lease_id != request.lease_id) if record.waiters else ()
     # Built directly, as in `release`: `dataclasses.replace` costs several times the constructor on every grant.
     new = ScopeRecord(record.scope, value, lease, record.delay_until_ns, waiters)
-    invariant(new.last_token > record.last_token, "token did not increase")
+    if not new.last_token > record.last_token:
+        invariant(False, "token did not increase")
     return new, Granted(lease)
 
 

@@ -114,10 +114,13 @@ SUPERSEDE_AFTER_MS_MAX = 600_000
 _SCOPE_RE = re.compile(f"[{SCOPE_CHARS}]{{1,{SCOPE_BYTES_MAX}}}")
 # Printable ASCII without space: safe in headers, logs and file names of reports.
 _PRINTABLE_RE = re.compile(r"[\x21-\x7e]+")
+_HOLDER_RE = re.compile(f"[\\x21-\\x7e]{{1,{HOLDER_BYTES_MAX}}}")  # `validate_holder`'s whole rule, for a str
 
 
 def validate_int(field: str, value: object, low: int, high: int) -> int:
     """Return ``value`` if it is an int (not bool) in ``low..high``, else raise."""
+    if type(value) is int and low <= value <= high:  # the usual case, without a call (bool's type is bool)
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(field, f"must be an integer, got {type(value).__name__}")
     if not low <= value <= high:
@@ -126,6 +129,8 @@ def validate_int(field: str, value: object, low: int, high: int) -> int:
 
 
 def validate_ttl_ms(ttl_ms: object) -> int:
+    if type(ttl_ms) is int and TTL_MS_MIN <= ttl_ms <= TTL_MS_MAX:
+        return ttl_ms  # the usual case, as `validate_int` takes it, without the call
     return validate_int("ttl_ms", ttl_ms, TTL_MS_MIN, TTL_MS_MAX)
 
 
@@ -138,6 +143,8 @@ def validate_wait(wait_ms: object) -> int | None:
 
     No string stands for "forever" (``"forever"`` is the CLI's spelling, turned into ``None`` there).
     """
+    if type(wait_ms) is int and WAIT_MS_MIN <= wait_ms <= WAIT_MS_MAX:
+        return wait_ms  # the usual case, as `validate_int` takes it, without the calls
     return None if wait_ms is None else validate_wait_ms(wait_ms)
 
 
@@ -152,6 +159,8 @@ def validate_scope(scope: object, field: str = "scope") -> str:
     ``.`` and ``..`` are refused because a proxy normalises them out of a URL
     path (``/v1/locks/../acquire``) and a file adapter must never resolve them.
     """
+    if type(scope) is str and _SCOPE_RE.fullmatch(scope) and scope != "." and scope != "..":
+        return scope  # the usual case: one match
     if not isinstance(scope, str):
         raise InvalidArgument(field, f"must be a string, got {type(scope).__name__}")
     if scope in (".", ".."):
@@ -202,6 +211,8 @@ def validate_value(value: object, value_bytes_max: int = VALUE_BYTES_MAX) -> byt
 
 def validate_holder(holder: object) -> str:
     """A holder name: printable ASCII without spaces, 1..200 bytes (shown in status)."""
+    if type(holder) is str and _HOLDER_RE.fullmatch(holder):
+        return holder  # the usual case: one match (ASCII: a character is a byte)
     holder = _validate_text("holder", holder, HOLDER_BYTES_MAX)
     if not _PRINTABLE_RE.fullmatch(holder):
         raise InvalidArgument("holder", "must be printable ASCII without spaces")

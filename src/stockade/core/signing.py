@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from binascii import b2a_base64
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -89,6 +90,7 @@ def mac_of(secret: bytes, kid: str, cluster: str, value: int, scope: str) -> str
 
 
 _BLOCK_BYTES = 64  # SHA-256's block
+_URLSAFE = bytes.maketrans(b"+/", b"-_")  # base64 -> base64url
 _INNER_PAD = bytes(x ^ 0x36 for x in range(256))
 _OUTER_PAD = bytes(x ^ 0x5C for x in range(256))
 
@@ -111,7 +113,8 @@ def _mac_with(pads: tuple[Any, Any], kid: str, cluster: str, value: int, scope: 
     inner, outer = pads[0].copy(), pads[1].copy()
     inner.update(f"stk2\0{kid}\0{cluster}\0{value}\0{scope}".encode("ascii"))
     outer.update(inner.digest())
-    return base64.urlsafe_b64encode(outer.digest()[:MAC_BYTES]).rstrip(b"=").decode("ascii")
+    # `base64.urlsafe_b64encode` written out (its two Python calls are a fifth of a MAC's).
+    return b2a_base64(outer.digest()[:MAC_BYTES], newline=False).translate(_URLSAFE).rstrip(b"=").decode("ascii")
 
 
 class Keyring:
@@ -155,7 +158,8 @@ class Keyring:
             raise InvalidArgument("token", "belongs to another cluster than this keyring")
         kid = self.current.kid
         mac = _mac_with(self._pads[kid], kid, token.cluster, token.value, token.scope)
-        return FencingToken(token.cluster, token.scope, token.value, kid, mac)
+        # Not checked again: a token's fields are valid, its key's id was checked, and the MAC is made here.
+        return FencingToken.prevalidated(token.cluster, token.scope, token.value, kid, mac)
 
     def verify(self, token: FencingToken, now_s: float) -> str | None:
         """None when ``token`` carries a right MAC by a key still valid at ``now_s``; else why not.

@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 CLUSTER_ID_HEX_DIGITS = 16
+# How a `prevalidated` value is built: as the frozen dataclass's own ``__init__`` sets its fields.
+_new = object.__new__
+_set = object.__setattr__
 _CLUSTER_RE = re.compile(r"[0-9a-f]{16}")
 _VALUE_RE = re.compile(r"[1-9][0-9]{0,18}")
 _PREFIX = "stk1"
@@ -58,6 +61,8 @@ ENCODED_CHARS_MAX = len(_SIGNED_PREFIX) + 16 + 19 + KID_CHARS + MAC_CHARS + 200 
 
 
 def validate_cluster_id(cluster: object, field: str = "cluster") -> str:
+    if type(cluster) is str and _CLUSTER_RE.fullmatch(cluster):
+        return cluster  # the usual case: one match
     if not isinstance(cluster, str) or not _CLUSTER_RE.fullmatch(cluster):
         raise InvalidArgument(field, "must be 16 lowercase hex digits")
     return cluster
@@ -88,6 +93,23 @@ class FencingToken:
                 raise InvalidArgument("token", "key id must be 8 lowercase hex digits")
             if not isinstance(self.mac, str) or not _MAC_RE.fullmatch(self.mac):
                 raise InvalidArgument("token", "mac must be 22 base64url characters")
+
+    @classmethod
+    def prevalidated(cls, cluster: str, scope: str, value: int, kid: str = "", mac: str = "") -> FencingToken:
+        """The token of values checked already, built without checking them again: the trusted entry.
+
+        Only for a caller whose values cannot be invalid: the grant rule (the cluster and
+        scope of a checked `stockade.core.leases.AcquireRequest`, a value it bounded) and
+        a keyring signing a token (the token's own fields, its key's checked id, the MAC
+        it computed). Every other token is built by the constructor, which checks.
+        """
+        token = _new(cls)
+        _set(token, "cluster", cluster)
+        _set(token, "scope", scope)
+        _set(token, "value", value)
+        _set(token, "kid", kid)
+        _set(token, "mac", mac)
+        return token
 
     @property
     def signed(self) -> bool:

@@ -352,10 +352,11 @@ class HttpProtocol(asyncio.Protocol):
 
     __slots__ = (
         "_dispatch", "_observe", "_body_limit", "_limits", "_loop", "_transport", "_parser", "_url", "_headers",
-        "_repeated", "_header_bytes", "_body", "_body_size", "_body_max", "_pending", "_current", "_closing",
+        "_repeated", "_header_bytes", "_header_count", "_body", "_body_size", "_body_max", "_pending", "_current",
+        "_closing",
         "_write_paused", "_discarding", "_discarded", "_request_started", "_header_name", "_held", "_raw",
         "_raw_size", "_feeding", "_reading_paused", "_body_started", "_refusal", "_small", "peer", "credential",
-        "_path", "_query", "_deferred",
+        "_path", "_query", "_deferred", "_fed_s",
     )
 
     def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
@@ -375,6 +376,7 @@ class HttpProtocol(asyncio.Protocol):
         self._discarding = False
         self._discarded = 0
         self._request_started = 0.0
+        self._fed_s = 0.0  # when the bytes being parsed came (or were taken from `_raw`): the callbacks' time
         self._held = 0  # request bytes of this connection counted in the server's budget
         self._raw: list[bytes] = []  # received while a handler runs; parsed once it ends
         self._raw_size = 0
@@ -391,6 +393,7 @@ class HttpProtocol(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._repeated: set[str] = set()
         self._header_bytes = 0
+        self._header_count = 0  # ``len(self._headers)``, kept (``len`` is a call, on every header)
         self._header_name = b""
         self._body: list[bytes] = []
         self._body_size = 0
@@ -523,6 +526,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _feed(self, data: bytes) -> None:
         self._feeding = True
+        self._fed_s = time.monotonic()  # read once for the request begun and the headers completed by these bytes
         try:
             self._parser.feed_data(data)
         except HttpError as exc:
@@ -548,7 +552,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._reset()
-        self._request_started = time.monotonic()
+        self._request_started = self._fed_s
         self._limits.to_reading(self, self._request_started)
 
     def on_url(self, url: bytes) -> None:
@@ -558,13 +562,15 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
-        if self._header_bytes > HEADER_BYTES_MAX or len(self._headers) >= HEADERS_MAX:
+        if self._header_bytes > HEADER_BYTES_MAX or self._header_count >= HEADERS_MAX:
             raise HttpError(431, "limit-exceeded", HEADERS_DETAIL)
         if value[-1:] in _OWS:
             value = value.rstrip(b" \t")  # httptools keeps the spaces after a value; _h1 drops them
-        key = _HEADER_NAMES.get(name) or name.decode("latin-1").lower()
+        key = _HEADER_NAMES[name] if name in _HEADER_NAMES else name.decode("latin-1").lower()
         if key in self._headers:
             self._repeated.add(key)
+        else:
+            self._header_count += 1
         self._headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
@@ -601,7 +607,7 @@ class HttpProtocol(asyncio.Protocol):
         if has_body and not self._limits.room(self, 0):
             raise HttpError(503, "backend-unavailable", "request bodies in memory are at their bound; retry",
                             headers=[("Retry-After", str(RETRY_AFTER_S))])
-        self._body_started = time.monotonic()
+        self._body_started = self._fed_s
 
     def on_body(self, body: bytes) -> None:
         size = len(body)
@@ -639,7 +645,7 @@ class HttpProtocol(asyncio.Protocol):
             self._send(request, request.refusal, keep_alive)
             return
         result = self._dispatch(request)
-        if isinstance(result, Response):
+        if type(result) is not Deferred and isinstance(result, Response):  # (a grant's and a release's: Deferred)
             self._send(request, result, keep_alive)
             return
         if type(result) is Deferred:
@@ -678,7 +684,7 @@ class HttpProtocol(asyncio.Protocol):
     def _send(self, request: Request, response: Response, keep_alive: bool) -> None:
         if self._closing or self._transport is None:
             return
-        if isinstance(response, Stream):
+        if type(response) is not Response and isinstance(response, Stream):
             self._transport.write(response.encode(False))
             self._release(len(request.body))
             self._observe(request, response)

@@ -115,7 +115,7 @@ def json_object(request: Request, *, optional: bool) -> dict[str, Any]:
         raise
     except (ValueError, RecursionError) as exc:
         raise InvalidArgument("body", f"not well-formed JSON: {type(exc).__name__}") from None
-    if not isinstance(document, dict):
+    if type(document) is not dict and not isinstance(document, dict):  # (the usual case: a dict, without a call)
         raise InvalidArgument("body", "must be a JSON object")
     return document
 

@@ -45,6 +45,7 @@ from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import BackendUnavailable, LockTimeout, NotHolder, StockadeError
 from stockade.core.leases import (
+    AcquireRequest,
     Contender,
     Granted,
     Lease,
@@ -188,15 +189,15 @@ class LeaseService:
         if self._loading is not None:
             self._loading.extend(changes)  # stored waiters are removed on disk too
             return
-        now_ns = self.clock.now_ns()
         submit = self._queue_change
         for old, new in changes:
             if new is None:  # an idle scope forgotten at the scope cap: the file forgets it too
                 self._write = submit((_durable(old), None))
                 continue
             old_lease = old.lease
+            # (The clock is read only for a lease that ended: not for a grant.)
             if old_lease is not None and (new.lease is None or new.lease.lease_id != old_lease.lease_id) \
-                    and now_ns >= old_lease.expires_ns:
+                    and self.clock.now_ns() >= old_lease.expires_ns:
                 _metrics.EXPIRIES.inc()
                 _log.debug("lease %s… on %r expired", lease_hint(old_lease.lease_id), new.scope,
                            extra={"scope": new.scope, "lease": lease_hint(old_lease.lease_id),
@@ -268,19 +269,29 @@ class LeaseService:
 
         The caller answers only once that future is done, through `delivered` (C1).
 
+        ``scope``, ``holder`` and ``ttl_ms`` come validated by the app's input parsing, with the core's
+        validators: the engine takes them through its trusted entry (`AcquireRequest.prevalidated`), with a
+        lease id minted here and deadlines read from the clock.
+
         Raises:
-            InvalidArgument, LimitExceeded: nothing changed.
+            LimitExceeded: nothing changed.
             LockTimeout: held by another.
         """
         now_ns = self.clock.now_ns()
-        attempt: dict[str, Any] = {"lease_id": self._new_lease_id(), "holder": holder, "ttl_ms": ttl_ms,
-                                   "wait_deadline_ns": now_ns, "live_until_ns": now_ns}
-        outcome, write = self._try(scope, attempt, 0)
-        if not isinstance(outcome, Granted):  # not queued with no wait; if it were, leave the queue at once
-            self._leave_queue(scope, attempt["lease_id"])
-            _metrics.LOCK_TIMEOUTS.inc()
-            raise LockTimeout(scope, 0)
-        return outcome.lease, self.durable(write)
+        lease_id = self._new_lease_id()
+        self._write = None
+        try:
+            outcome = self.engine.try_acquire_request(
+                AcquireRequest.prevalidated(self.cluster_id, scope, lease_id, holder, ttl_ms, now_ns, now_ns))
+        finally:
+            write, self._write = self._write, None  # `_take_write`, written out
+        if type(outcome) is Granted:
+            _metrics.GRANTS.inc()
+            return outcome.lease, self.durable(write)
+        if type(outcome) is not TimedOut:  # not queued with no wait; if it were, leave the queue at once
+            self._leave_queue(scope, lease_id)
+        _metrics.LOCK_TIMEOUTS.inc()
+        raise LockTimeout(scope, 0)
 
     def _try(self, scope: str, attempt: dict[str, Any], wait_ms: int | None) -> tuple[Any, asyncio.Future[Any] | None]:
         """One attempt: the engine's outcome (a grant counted) and the future of what it changed."""
@@ -304,9 +315,11 @@ class LeaseService:
             BackendUnavailable: the grant could not be made durable: it is withdrawn.
         """
         try:
-            if done is not None and done.cancelled():
-                raise asyncio.CancelledError
-            self.check_durable(done)
+            if done is not None:
+                if done.cancelled():
+                    raise asyncio.CancelledError
+                if done.result() is not None:  # `check_durable` past its usual None (no error)
+                    self.check_durable(done)
         except (asyncio.CancelledError, StockadeError) as exc:
             raise self._withdrawn(lease, exc) from None
         return lease

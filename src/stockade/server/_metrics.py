@@ -21,27 +21,41 @@ BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 
 
 class Histogram:
-    """A Prometheus histogram with fixed buckets (seconds)."""
+    """A Prometheus histogram with fixed buckets (seconds).
+
+    ``one_thread``: only one thread observes it (the request latencies: the server's event loop), so
+    an observation takes no lock. A reader copies the series in one step under the GIL (`render`),
+    and may miss an observation being made. (A process that ran several servers' loops at once
+    could lose an observation between them: a count, never a series.) Otherwise (the commits',
+    observed by the committer's thread and by the loop's) every observation takes the lock.
+    """
 
     def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = (),
-                 buckets: tuple[float, ...] = BUCKETS_S) -> None:
+                 buckets: tuple[float, ...] = BUCKETS_S, *, one_thread: bool = False) -> None:
         self.name = name
         self.help_text = help_text
         self.labels = labels
         self.buckets = buckets
         self._series: dict[tuple[str, ...], list[float]] = {}  # counts per bucket + [+Inf count, sum]
         self._lock = threading.Lock()
+        self._one_thread = one_thread
 
     def observe(self, value: float, *label_values: str) -> None:
         index = bisect.bisect_left(self.buckets, value)
-        with self._lock:
-            series = self._series.get(label_values)
-            if series is None:
-                if len(self._series) >= metrics.LABEL_SETS_MAX:
-                    label_values = tuple("_overflow" for _ in self.labels)
-                series = self._series.setdefault(label_values, [0.0] * (len(self.buckets) + 2))
+        if self._one_thread:
+            series = self._series[label_values] if label_values in self._series else self._new_series(label_values)
             series[index] += 1
             series[-1] += value
+            return
+        with self._lock:
+            series = self._series[label_values] if label_values in self._series else self._new_series(label_values)
+            series[index] += 1
+            series[-1] += value
+
+    def _new_series(self, label_values: tuple[str, ...]) -> list[float]:
+        if len(self._series) >= metrics.LABEL_SETS_MAX:
+            label_values = tuple("_overflow" for _ in self.labels)
+        return self._series.setdefault(label_values, [0.0] * (len(self.buckets) + 2))
 
     def series(self, *label_values: str) -> tuple[list[float], float]:
         """``(count per bucket, +Inf last; sum)`` of one label set (zeros if never observed)."""
@@ -59,7 +73,8 @@ class Histogram:
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
         with self._lock:
-            items = sorted((k, list(v)) for k, v in self._series.items())
+            # (The items copied in one step: a `one_thread` histogram may gain a series meanwhile.)
+            items = sorted((k, list(v)) for k, v in list(self._series.items()))
         for key, series in items:
             base = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(self.labels, key, strict=False))
             sep = "," if base else ""
@@ -97,7 +112,7 @@ SCOPES = metrics.REGISTRY.gauge("stockade_scopes", "Scopes the coordinator keeps
 WAIT_SECONDS = Histogram("stockade_wait_seconds", "Time queued acquires waited, until granted or timed out.")
 REQUEST_SECONDS = Histogram(
     "stockade_request_seconds", "HTTP request latency, from the last byte read to the response written.",
-    ("route", "method", "status"),
+    ("route", "method", "status"), one_thread=True,  # observed by the loop's thread alone (the app's `observe`)
 )
 
 COMMIT_SECONDS = Histogram(

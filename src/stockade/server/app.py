@@ -105,6 +105,8 @@ _OPEN_PATHS = frozenset(route.path for route in ROUTES if not route.auth)
 # The first three characters of every path the dashboard may own (`Dashboard.owns`: ``/``, ``/ui``, ``/ui/...``):
 # any other path is not asked.
 _UI_HEADS = frozenset(("/", "/ui"))
+_STORE_PREFIX_CHARS = len(STORE_PREFIX)
+_TX_PREFIX_CHARS = len(TX_PREFIX)
 
 
 def _loggable(raw_path: object) -> str:
@@ -196,9 +198,10 @@ class App:
 
     @staticmethod
     def body_limit(path: str) -> int:
-        if path.startswith(STORE_PREFIX):
+        # Prefixes compared as slices: ``startswith`` is a call, twice for every request.
+        if path[:_STORE_PREFIX_CHARS] == STORE_PREFIX:
             return KV_BODY_BYTES_MAX
-        return codecs.TX_BODY_BYTES_MAX if path.startswith(TX_PREFIX) else JSON_BODY_BYTES_MAX
+        return codecs.TX_BODY_BYTES_MAX if path[:_TX_PREFIX_CHARS] == TX_PREFIX else JSON_BODY_BYTES_MAX
 
     @staticmethod
     def observe(request: Request, response: Response) -> None:
@@ -235,10 +238,7 @@ class App:
             response = self._error(exc, request)
             response.route = route
             return response
-        if isinstance(result, Response):
-            result.route = route
-            return result
-        if type(result) is Deferred:
+        if type(result) is Deferred or isinstance(result, Response):  # (a grant's and a release's: Deferred)
             result.route = route
             return result
         return self._finish(route, result, request)
@@ -334,14 +334,15 @@ class App:
     def _acquire_input(self, request: Request, raw_scope: str) -> tuple[str, str, int, str | None, int]:
         """An acquire's whole input, validated: scope, holder, ttl_ms, ticket, and the wait in ms (capped)."""
         scope = validate_scope(segment(raw_scope, "scope"))
-        query(request, ())
+        if request.query:  # (`query` of none: only a query refuses)
+            query(request, ())
         document = json_object(request, optional=False)
         fields(document, ("ttl_ms", "wait_ms", "holder", "ticket"))
         try:
             if "ttl_ms" not in document:
                 raise InvalidArgument("ttl_ms", "is required")
             ttl_ms = validate_ttl_ms(document["ttl_ms"])
-            wait: int | None = validate_wait(document.get("wait_ms", 0))
+            wait: int | None = validate_wait(document["wait_ms"]) if "wait_ms" in document else 0
             holder = validate_holder(document["holder"]) if "holder" in document else "anonymous"
             # Waiting until granted (wait_ms null) goes with a queue ticket, and a ticket with nothing else.
             ticket = validate_ticket(document.get("ticket")) if (wait is None or "ticket" in document) else None
@@ -352,7 +353,7 @@ class App:
                 exc = InvalidArgument("ticket", "is required with \"wait_ms\": null (waiting until granted)")
             raise BodyField(exc) from None
         cap_ms = WAIT_MS_MAX if self.wait_ms_cap is None else self.wait_ms_cap
-        return scope, holder, ttl_ms, ticket, cap_ms if wait is None else min(wait, cap_ms)
+        return scope, holder, ttl_ms, ticket, cap_ms if wait is None or wait > cap_ms else wait
 
     async def _acquire(self, request: Request, scope: str, holder: str, ttl_ms: int, ticket: str | None,
                        wait_ms: int) -> Response:

@@ -292,12 +292,14 @@ def match(path: str) -> Match | None:
     if count < 4:
         return None
     head = parts[2]
-    for literals, params, template, methods in _PARAMETRIC.get((count, head), ()):
+    key = (count, head)
+    for literals, params, template, methods in _PARAMETRIC[key] if key in _PARAMETRIC else ():
         for i, literal in literals:
             if parts[i] != literal:
                 break
-        else:
-            return Match(template, methods, tuple([parts[i] for i in params]))
+        else:  # one parameter (the usual routes'), taken without calls; more, by a comprehension
+            found = (parts[params[0]],) if not params[1:] else tuple([parts[i] for i in params])
+            return Match(template, methods, found)
     for literals, params, template, methods, size in _TAILS.get(head, ()):
         if count < size:
             continue

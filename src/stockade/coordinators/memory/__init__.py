@@ -132,13 +132,15 @@ class MemoryRecords(Journaled):
 
     # -- direct reads (no unit needed: one dictionary lookup) ----------------------------------
 
+    # (Here and in `_MemoryTx`, a lookup is ``in`` then ``[]``: ``dict.get`` is a call, on every request.)
+
     def peek(self, scope: str) -> ScopeRecord | None:
         """The stored record of ``scope``, or None."""
-        return self._records.get(scope)
+        return self._records[scope] if scope in self._records else None
 
     def scope_of_lease(self, lease_id: str) -> str | None:
         """The scope whose lease has this id, or None."""
-        return self._scope_of_lease.get(lease_id)
+        return self._scope_of_lease[lease_id] if lease_id in self._scope_of_lease else None
 
     @property
     def records(self) -> Mapping[str, ScopeRecord]:
@@ -168,11 +170,14 @@ class MemoryRecords(Journaled):
         """Make ``new`` the stored record of ``scope`` (None: forget it), keeping the indexes."""
         old_lease = old.lease if old is not None else None
         new_lease = new.lease if new is not None else None
-        if old_lease is not None and (new_lease is None or new_lease.lease_id != old_lease.lease_id):
-            self._scope_of_lease.pop(old_lease.lease_id, None)
+        # (Membership, then ``del``: no call, where ``dict.pop`` is one, on every change.)
+        if old_lease is not None and (new_lease is None or new_lease.lease_id != old_lease.lease_id) \
+                and old_lease.lease_id in self._scope_of_lease:
+            del self._scope_of_lease[old_lease.lease_id]
         if new_lease is not None and (old_lease is None or old_lease.lease_id != new_lease.lease_id):
             self._scope_of_lease[new_lease.lease_id] = scope
-        self._recency.pop(scope, None)
+        if scope in self._recency:
+            del self._recency[scope]
         if new is None:
             del self._records[scope]
             del self._names[bisect.bisect_left(self._names, scope)]
@@ -220,10 +225,12 @@ class _MemoryTx:
             store._lock.release()
 
     def load(self, scope: str) -> ScopeRecord:
-        return self._store._records.get(scope) or ScopeRecord(scope)
+        records = self._store._records
+        return records[scope] if scope in records else ScopeRecord(scope)
 
     def scope_of_lease(self, lease_id: str) -> str | None:
-        return self._store._scope_of_lease.get(lease_id)
+        scopes = self._store._scope_of_lease
+        return scopes[lease_id] if lease_id in scopes else None
 
     def leases_at_least(self, n: int) -> bool:
         return len(self._store._scope_of_lease) >= n
@@ -239,12 +246,17 @@ class _MemoryTx:
         return names[start:start + limit]
 
     def save(self, old: ScopeRecord, new: ScopeRecord) -> None:
-        invariant(self._writing, "save in a read unit")
-        if new is old or new == old:
+        if not self._writing:
+            invariant(False, "save in a read unit")
+        if new is old:
+            return
+        # A grant moves ``last_token`` and a release or an expiry drops the lease: a change for sure, not
+        # compared field by field (a dataclass's ``==``, and its lease's, on every grant and release).
+        if new.last_token == old.last_token and (new.lease is None) == (old.lease is None) and new == old:
             return
         store = self._store
         scope = new.scope
-        current = store._records.get(scope)
+        current = store._records[scope] if scope in store._records else None
         if current is not old:
             invariant((current or ScopeRecord(scope)) == old, f"record of {scope!r} changed underneath this unit")
         if new.last_token < old.last_token:  # the message is built only then (every change runs this)

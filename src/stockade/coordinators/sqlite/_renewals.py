@@ -38,7 +38,7 @@ from pathlib import Path
 
 from stockade.core.engine import LeaseEngine, Outcome
 from stockade.core.errors import BackendUnavailable, NotHolder
-from stockade.core.leases import Granted, Lease, Released, lease_hint
+from stockade.core.leases import AcquireRequest, Granted, Lease, Released, lease_hint
 
 __all__ = ["RenewalFiles", "RenewingEngine"]
 
@@ -181,20 +181,9 @@ class RenewingEngine(LeaseEngine):
         self._filed: set[str] = set()  # those of them that have a renewal file
         self._held_lock = threading.Lock()
 
-    def try_acquire(
-        self,
-        scope: str,
-        *,
-        lease_id: str,
-        holder: str,
-        ttl_ms: int,
-        wait_deadline_ns: int,
-        live_until_ns: int | None = None,
-    ) -> Outcome:
-        outcome = super().try_acquire(
-            scope, lease_id=lease_id, holder=holder, ttl_ms=ttl_ms, wait_deadline_ns=wait_deadline_ns,
-            live_until_ns=live_until_ns,
-        )
+    def try_acquire_request(self, request: AcquireRequest) -> Outcome:
+        # Here, not in `try_acquire`: every acquire goes through it (`try_acquire` checks, then calls it).
+        outcome = super().try_acquire_request(request)
         if isinstance(outcome, Granted) and self._renewals is not None:
             with self._held_lock:
                 if len(self._held) >= _HELD_PRUNE_AT:  # leases never released nor renewed to the end

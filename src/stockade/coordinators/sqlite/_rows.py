@@ -137,11 +137,14 @@ def store_record(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | 
     if new is None:
         forget_record(conn, old)
         return
-    if new == old:
+    # A grant moves ``last_token``, a release or an expiry drops the lease: a change for sure, not compared
+    # field by field (a dataclass's ``==`` is a Python call, and its lease's another, on every change).
+    if new is old or (new.last_token == old.last_token and (new.lease is None) == (old.lease is None)
+                      and new == old):
         return
     check_change(old, new)
     scope = new.scope
-    if scope_row_changed(old, new) or new.lease != old.lease:
+    if scope_row_changed(old, new) or (new.lease is None) != (old.lease is None) or new.lease != old.lease:
         # One statement for the scope's row, lease included. Compare-and-set on
         # last_token: if the stored value is not the one this change was computed
         # from, someone else wrote the file and a token could repeat. Refuse
