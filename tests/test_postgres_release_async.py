@@ -18,7 +18,8 @@ PostgreSQL of its own (docs/coordinator-postgres.md, "A release does not wait fo
   waited for the disk again.
 
 The setting is the release transaction's own: the grant's and the renewal's transactions wait (a
-renewal's holder times its lease from it, K2), and the session's setting is untouched after it.
+renewal's holder times its lease from it, K2), and the session's setting is untouched after it. With
+synchronous standbys the release waits too (an unflushed commit is not sent to a standby).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import psycopg
 import pytest
 
 import stockade
-from stockade.coordinators.postgres._rows import MIGRATIONS, RULE_NAMES, SERVER_RULES, SERVER_RULES_11
+from stockade.coordinators.postgres._rows import MIGRATIONS, RELEASE_ASYNC, RULE_NAMES, SERVER_RULES, SERVER_RULES_11
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.testing.servers import postgres as pg_helper
 
@@ -42,6 +43,8 @@ if not pg_helper.available():
     if os.environ.get("CI") == "true":
         raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
     pytest.skip("PostgreSQL 15 is not installed", allow_module_level=True)
+
+from helpers.pg_cluster import Pair  # noqa: E402 - the binaries are there
 
 #: The sha256 of migration 11's text as version 11 shipped it (a database that ran it must not see it change).
 MIGRATION_11_SHA256 = "3612e9f1bbd308c256c71aaa8d65dadd6f7b03bb9ef9320e4c39d2ee3cf21a43"
@@ -54,7 +57,7 @@ QUIET = {"autovacuum": "off", "bgwriter_lru_maxpages": "0", "checkpoint_timeout"
 def test_migration_11_is_the_text_version_11_shipped():
     assert hashlib.sha256(MIGRATIONS[10].encode()).hexdigest() == MIGRATION_11_SHA256
     assert MIGRATIONS[10] == SERVER_RULES_11 and "synchronous_commit" not in SERVER_RULES_11
-    assert MIGRATIONS[11].endswith(SERVER_RULES) and "set_config('synchronous_commit', 'off', true)" in SERVER_RULES
+    assert MIGRATIONS[11].endswith(SERVER_RULES) and RELEASE_ASYNC in SERVER_RULES
 
 
 @pytest.fixture
@@ -181,3 +184,18 @@ def test_only_the_release_commits_without_waiting_and_only_its_transaction(pg_co
         assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"  # its transaction's only
         # A release that did not happen (no such lease) writes nothing and changes nothing.
         assert _setting_in(conn, keep, (new_lease_id(), True)) == "on"
+
+
+def test_with_a_synchronous_standby_the_release_waits_as_every_commit():
+    """An unflushed commit is not sent to a standby: with synchronous standbys the release waits, or a failover
+    would bring its lease back for a full TTL (test_coordinator_postgres.py's synchronous failover catches it)."""
+    pair = Pair(synchronous=True)
+    try:
+        stockade.connect(pair.url).close()  # the tables
+        with psycopg.connect(pair.primary.dsn, autocommit=True) as conn:
+            lease_id = new_lease_id()
+            assert conn.execute(f"SELECT token FROM {RULE_NAMES[0]}(%s, %s, 'h', 60000, 100000)",
+                                ("s", lease_id)).fetchone() is not None
+            assert _setting_in(conn, f"SELECT scope FROM {RULE_NAMES[1]}(%s, %s)", (lease_id, True)) == "on"
+    finally:
+        pair.close()

@@ -215,17 +215,20 @@ KEEP_BY_SCOPE = "l.lease_id = p_lease_id AND l.scope = v_scope"
 KEEP_BY_SEQ = "l.seq = v_held AND l.lease_id = p_lease_id AND l.scope = v_scope"
 
 
-#: Since schema 12, what the one-statement release runs once it has ended the lease: its transaction commits
-#: without waiting for its WAL to reach the disk (``synchronous_commit`` off for this transaction only; the
-#: session's and the server's setting are untouched, and `check_settings` still refuses a server that runs
-#: so). PostgreSQL writes the WAL in order, so the next commit that waits for its flush (any grant, any
-#: renewal) makes every release before it durable too, and the WAL writer flushes it within three
-#: ``wal_writer_delay`` at the latest anyway. A crash before that forgets the release: the lease is then
-#: held until its deadline, as if its holder had vanished (C3); no token is lost, since grants still wait
-#: (C1). A renewal still waits: its holder times its lease from it (K2), so a renewal lost in a crash would
-#: let the server grant the scope again while the holder still counts it as its own
-#: (docs/coordinator-postgres.md, "A release does not wait for the disk").
-RELEASE_ASYNC = "PERFORM set_config('synchronous_commit', 'off', true);"
+#: Since schema 12, what the one-statement release runs once it has ended the lease: unless the server has
+#: synchronous standbys, its transaction commits without waiting for its WAL to reach the disk
+#: (``synchronous_commit`` off for this transaction only; the session's and the server's setting are
+#: untouched, and `check_settings` still refuses a server that runs so). PostgreSQL writes the WAL in order,
+#: so the next commit that waits for its flush (any grant, any renewal) makes every release before it
+#: durable too, and the WAL writer flushes it within three ``wal_writer_delay`` at the latest anyway. A crash
+#: before that forgets the release: the lease is then held until its deadline, as if its holder had gone
+#: silent (C3); no token is lost, since grants still wait (C1). A renewal still waits: its holder times its
+#: lease from it (K2), so a renewal lost in a crash would let the server grant the scope again while the
+#: holder still counts it as its own. With synchronous standbys (``synchronous_standby_names``) the release
+#: waits as every commit does: an unflushed release is not sent to a standby, and a failover would bring
+#: the lease back for a full TTL (docs/coordinator-postgres.md, "A release does not wait for the disk").
+RELEASE_ASYNC = ("PERFORM set_config('synchronous_commit', 'off', true) "
+                 "WHERE current_setting('synchronous_standby_names') = '';")
 
 
 def _keep_rule(lock: str, name: str, meta: str, by_seq: bool, release_async: bool, **bounds: int) -> str:
