@@ -309,7 +309,8 @@ def measure(layout: str, dsn: str, clients: int, seconds: float, run: int) -> di
             "per_s": cycles / max(g[1] for g in got),
             "client_cpu_us": sum(g[2] for g in got) / cycles * 1e6,
             "server_cpu_us": sum(g[3] for g in got) / cycles * 1e6,
-            "aux_cpu_us": sum(aux_end[pid] - aux_start[pid] for pid in aux_end.keys() & aux_start.keys()) / cycles * 1e6}
+            "aux_cpu_us": sum(aux_end[pid] - aux_start[pid] for pid in aux_end.keys() & aux_start.keys())
+            / cycles * 1e6}
 
 
 def table(rows: list[dict], clients: list[int]) -> str:

@@ -8,9 +8,9 @@ PostgreSQL of its own (docs/coordinator-postgres.md, "A release does not wait fo
   and the background writer's page writes off), a lease is released, and its WAL is not flushed
   (the flush position is behind the insert position). Then the server crashes: the WAL writer is
   killed (SIGKILL), the postmaster ends every other server process and drops its shared memory
-  (the WAL buffers with it), and the server starts again from its disk. The release is gone: the lease's row is held again, a new
-  acquire waits, and is granted only once the old lease's deadline has passed on the server's clock
-  (C3), with a higher token (C1).
+  (the WAL buffers with it), and the server starts again from its disk. The release is gone: the
+  lease's row is held again, a new acquire waits, and is granted only once the old lease's deadline
+  has passed on the server's clock (C3), with a higher token (C1).
 - The same, but a grant of another scope commits after the release: it waits for its own flush,
   and WAL is flushed in order, so the release survives the crash.
 - Control: schema 11's release (synchronous) survives the same crash, and its WAL is flushed when it
@@ -72,7 +72,7 @@ def server() -> Iterator[pg_helper.PostgresServer]:
 
 @dataclass(frozen=True)
 class AfterCrash:
-    """What a crash right after a release left: whether the release's WAL was flushed when it answered, and the lease."""
+    """What a crash right after a release left: whether its WAL was flushed when it answered, and the lease."""
 
     flushed_at_release: bool
     end_kind: str | None  # the released lease's row after the crash: 'release', or None (held again)
