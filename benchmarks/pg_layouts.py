@@ -185,7 +185,7 @@ def _stockade_without(part: str) -> str:
     """The coordinator's two functions with one part of their work taken out, renamed (for measuring only)."""
     lines = SERVER_RULES.splitlines()
     if part == "lock":  # the scope's lock, on its view (each client uses its own scope here)
-        rules = "\n".join(line for line in lines if f"PERFORM {LOCK_SCHEMA}." not in line)
+        rules = "\n".join(line for line in lines if f"LOCK TABLE {LOCK_SCHEMA}." not in line)
     elif part == "bound":  # the bound on held leases
         rules = SERVER_RULES.replace("OR " + leases_at_least("p_leases_max"), "")
     elif part == "timeline":  # the check of the timeline against the recorded one
