@@ -134,8 +134,9 @@ HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lea
 #: read, its lock, one write (the write checks the lease is still live and nobody queued).
 #: The lease's row in the log is its history (`stockade.coordinators.postgres._journal`): the
 #: grant inserts it, the release marks it ended in place, each in its own transaction.
-def server_rules(*, lock: str = LOCK_SCOPE_INLINE, names: tuple[str, str] = RULE_NAMES, timeline_key: str = TIMELINE_KEY,
-                 by_seq: bool = True, release_async: bool = True, lock_rows: bool = False, **bounds: int) -> str:
+def server_rules(*, lock: str = LOCK_SCOPE_INLINE, names: tuple[str, str] = RULE_NAMES,
+                 timeline_key: str = TIMELINE_KEY, by_seq: bool = True, release_async: bool = True,
+                 lock_rows: bool = False, **bounds: int) -> str:
     """The SQL of the two functions; ``bounds`` and ``lock_rows`` as `stockade.coordinators.postgres._journal.sweep`.
 
     Args:
@@ -301,8 +302,8 @@ $$
 
 
 #: The two functions as schema 9 created them (advisory locks), kept as they were for migration 9.
-SERVER_RULES_9 = server_rules(lock=f"PERFORM {ADVISORY_LOCK}", names=RULE_NAMES_9, timeline_key="timeline", by_seq=False,
-                              release_async=False, lock_rows=True)
+SERVER_RULES_9 = server_rules(lock=f"PERFORM {ADVISORY_LOCK}", names=RULE_NAMES_9, timeline_key="timeline",
+                              by_seq=False, release_async=False, lock_rows=True)
 #: The two functions of schema 10: the scope's lock is its view's (`LOCK_SCOPE`); kept as they were for migration 10.
 SERVER_RULES_10 = server_rules(lock=f"PERFORM {LOCK_SCOPE}", by_seq=False, release_async=False, lock_rows=True)
 #: The two functions of schema 11: the keep writes the lease's row by its primary key (`KEEP_BY_SEQ`); kept as they
