@@ -30,17 +30,19 @@ client process, on one scope per process. The layouts:
   schema 9), called directly. Run this script from a checkout of an older
   version for its layout (schema 8: ``stockade_coord_grant``, ``stockade_coord_keep``).
 
-With ``--breakdown``, three more: ``stockade-no-lock``, ``-no-bound`` and
-``-no-timeline``, the same functions each without one part of their work (the
+With ``--breakdown``, four more: ``stockade-no-lock``, ``-no-bound``,
+``-no-timeline`` and ``-no-async``, the same functions each without one part of their work (the
 scope's lock on its view, the bound on held leases, the timeline check; the history
 is the lease's own row since schema 9, nothing to take out): what each part costs a cycle. They are
-unsafe as rules and exist only here.
+unsafe as rules and exist only here, except ``-no-async``: the release that waits for its WAL flush,
+as up to schema 11 (what not waiting gains).
 
 Each run measures every layout once, in an order rotated run after run, with 1
 client and with N client processes; the table gives the medians of cycles per
 second, their ratio to ``lease-row``, and the CPU per cycle of the client
 processes and of their PostgreSQL backends (read from ``/proc``: the server runs
-on this host), and the WAL written per cycle, in bytes and in records (read with
+on this host) and of the server's other processes (the WAL writer flushes what a
+commit that does not wait leaves), and the WAL written per cycle, in bytes and in records (read with
 ``pg_walinspect``; unlike a time, these do not depend on how busy the host is).
 It starts its own PostgreSQL 15 with durable settings on a free loopback port
 in a temporary directory, and stops it.
@@ -68,6 +70,7 @@ from stockade.coordinators.postgres._rows import (  # noqa: E402
     _NEW_TIMELINE,
     LEASE_ROWS_MAX,
     LOCK_SCHEMA,
+    RELEASE_ASYNC,
     RULE_NAMES,
     SERVER_RULES,
     leases_at_least,
@@ -182,11 +185,13 @@ def _stockade_without(part: str) -> str:
     """The coordinator's two functions with one part of their work taken out, renamed (for measuring only)."""
     lines = SERVER_RULES.splitlines()
     if part == "lock":  # the scope's lock, on its view (each client uses its own scope here)
-        rules = "\n".join(line for line in lines if f"PERFORM {LOCK_SCHEMA}." not in line)
+        rules = "\n".join(line for line in lines if f"LOCK TABLE {LOCK_SCHEMA}." not in line)
     elif part == "bound":  # the bound on held leases
         rules = SERVER_RULES.replace("OR " + leases_at_least("p_leases_max"), "")
     elif part == "timeline":  # the check of the timeline against the recorded one
         rules = SERVER_RULES.replace(_NEW_TIMELINE, "false")
+    elif part == "async":  # the release's commit without waiting for its flush: it waits, as up to schema 11
+        rules = SERVER_RULES.replace(RELEASE_ASYNC, "")
     else:
         raise ValueError(part)
     if rules == SERVER_RULES:
@@ -199,13 +204,29 @@ def _stockade_without(part: str) -> str:
 BREAKDOWN: dict[str, tuple[str, str]] = {
     f"stockade-no-{part}": (_STOCKADE_GRANT.replace(f"{RULE_NAMES[0]}(", f"bench_grant_no_{part}("),
                             _STOCKADE_RELEASE.replace(f"{RULE_NAMES[1]}(", f"bench_keep_no_{part}("))
-    for part in ("lock", "bound", "timeline")
+    for part in ("lock", "bound", "timeline", "async")
 }
 
 
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime + stime
+
+
+def _aux_cpu_s(dsn: str) -> dict[int, float]:
+    """CPU so far of the server's processes other than client backends (the WAL writer, which writes and
+    flushes the WAL of the commits that do not wait for it, the checkpointer, ...), by pid."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type <> 'client backend'")]
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = _cpu_s(pid)
+        except OSError:  # gone meanwhile
+            pass
+    return out
 
 
 def _cycle(conn, grant: str, release: str, scope: str, holder: str) -> None:
@@ -272,7 +293,9 @@ def measure(layout: str, dsn: str, clients: int, seconds: float, run: int) -> di
     for p in procs:
         p.start()
     wal_start = _wal_lsn(dsn)  # the clients warm up before the barrier: some of theirs is counted (20 of thousands)
+    aux_start = _aux_cpu_s(dsn)
     got = [results.get(timeout=seconds + 120) for _ in procs]
+    aux_end = _aux_cpu_s(dsn)
     wal_end = _wal_lsn(dsn)
     for p in procs:
         p.join(30)
@@ -285,12 +308,15 @@ def measure(layout: str, dsn: str, clients: int, seconds: float, run: int) -> di
             "wal_bytes": wal_bytes, "wal_records": wal_records,
             "per_s": cycles / max(g[1] for g in got),
             "client_cpu_us": sum(g[2] for g in got) / cycles * 1e6,
-            "server_cpu_us": sum(g[3] for g in got) / cycles * 1e6}
+            "server_cpu_us": sum(g[3] for g in got) / cycles * 1e6,
+            "aux_cpu_us": sum(aux_end[pid] - aux_start[pid] for pid in aux_end.keys() & aux_start.keys())
+            / cycles * 1e6}
 
 
 def table(rows: list[dict], clients: list[int]) -> str:
     out = ["| layout | clients | runs | cycles/s (median) | ratio to lease-row | client CPU µs/cycle "
-           "| server CPU µs/cycle | WAL bytes/cycle | WAL records/cycle |", "|---|---|---|---|---|---|---|---|---|"]
+           "| server CPU µs/cycle | other server processes µs/cycle | WAL bytes/cycle | WAL records/cycle |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for n in clients:
         base = statistics.median(r["per_s"] for r in rows if r["layout"] == "lease-row" and r["clients"] == n)
         for layout in LAYOUTS:
@@ -299,6 +325,7 @@ def table(rows: list[dict], clients: list[int]) -> str:
             out.append(f"| {layout} | {n} | {len(mine)} | {per_s:.0f} | {per_s / base:.2f}x | "
                        f"{statistics.median(r['client_cpu_us'] for r in mine):.0f} | "
                        f"{statistics.median(r['server_cpu_us'] for r in mine):.0f} | "
+                       f"{statistics.median(r['aux_cpu_us'] for r in mine):.0f} | "
                        f"{statistics.median(r['wal_bytes'] for r in mine):.0f} | "
                        f"{statistics.median(r['wal_records'] for r in mine):.1f} |")
     return "\n".join(out)
@@ -340,7 +367,8 @@ def main() -> int:
                     rows.append(measure(layout, dsn, clients, args.seconds, run))
                     r = rows[-1]
                     print(f"run {run} clients {clients} {layout:16s} {r['per_s']:7.0f}/s  client "
-                          f"{r['client_cpu_us']:5.0f} µs  server {r['server_cpu_us']:5.0f} µs  WAL "
+                          f"{r['client_cpu_us']:5.0f} µs  server {r['server_cpu_us']:5.0f} µs  other "
+                          f"{r['aux_cpu_us']:4.0f} µs  WAL "
                           f"{r['wal_bytes']:5.0f} B {r['wal_records']:4.1f} records", flush=True)
         print(table(rows, [1, args.clients]))
         if args.json:

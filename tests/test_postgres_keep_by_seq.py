@@ -23,7 +23,7 @@ import psycopg
 
 from stockade.coordinators import postgres as pg_module
 from stockade.coordinators.postgres import PostgresCoordinator
-from stockade.coordinators.postgres._rows import MIGRATIONS, RULE_NAMES, SERVER_RULES, SERVER_RULES_10
+from stockade.coordinators.postgres._rows import MIGRATIONS, RULE_NAMES, SERVER_RULES, SERVER_RULES_10, SERVER_RULES_11
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.leases import Granted
 
@@ -38,7 +38,8 @@ MIGRATION_10_SHA256 = "c0043d65fb919d76fb5774267b97e0d8dee7518cc1b88f4c21c411c70
 
 def test_migration_10_is_the_text_version_10_shipped():
     assert hashlib.sha256(MIGRATIONS[9].encode()).hexdigest() == MIGRATION_10_SHA256
-    assert MIGRATIONS[10] == SERVER_RULES and "l.seq = v_held" in SERVER_RULES and "v_held" not in MIGRATIONS[9]
+    assert MIGRATIONS[10] == SERVER_RULES_11 and "l.seq = v_held" in SERVER_RULES_11 and "v_held" not in MIGRATIONS[9]
+    assert "l.seq = v_held" in SERVER_RULES  # and in every later version
 
 
 def _cycle(conn: psycopg.Connection, scope: str) -> None:
@@ -104,4 +105,4 @@ def test_migration_10_to_11_keeps_a_held_lease(pg_coord_url, monkeypatch):
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
         meta = dict(conn.execute("SELECT k, v FROM stockade_coord_meta").fetchall())
         body = conn.execute("SELECT pg_get_functiondef(%s::regproc)", (RULE_NAMES[1],)).fetchone()[0]
-    assert meta["schema_version"] == str(len(MIGRATIONS)) == "11" and "v_held" in body
+    assert meta["schema_version"] == str(len(MIGRATIONS)) and "v_held" in body

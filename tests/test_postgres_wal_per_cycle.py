@@ -16,6 +16,12 @@ budget, and a database of schema 8 migrates to the lease log's 8; one index
 more on the log is counted; an index on a column the release writes (a partial
 index on the held leases, the obvious way to count them) makes the release's
 in-place update a full one, over the budget.
+
+A full log: once the log holds its bound, every grant's sweep deletes about one old row a cycle
+(a sweep every `SWEEP_EVERY` rows deletes that many). Counted with small bounds (a sweep every 20 rows,
+each deleting 20): one delete record a row, so a cycle is 9 records there. Control: schema 9 to 11's
+sweep, which locked each row first (``FOR UPDATE SKIP LOCKED``), wrote a lock record a row more: 10,
+over the budget.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import pytest
 from helpers.pg_schema8 import cycle_8, install_schema_8
 
 import stockade
+from stockade.coordinators.postgres._journal import log_functions
+from stockade.coordinators.postgres._rows import server_rules
 from stockade.testing.budgets import BUDGETS, over_budget
 
 CYCLES = 100
@@ -110,8 +118,15 @@ def _measure(url: str, cycle) -> dict[str, float]:
             cycle()
             if n == CYCLES // 2:
                 conn.execute("ANALYZE")  # as the server's automatic analyze may: its writes are not the cycles'
-        end = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+        end = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        flush_wal(conn)  # the last release did not wait for its flush (docs/coordinator-postgres.md)
         return _per_cycle(conn, str(start), str(end))
+
+
+def flush_wal(conn: psycopg.Connection) -> None:
+    """Commit a write that waits for its WAL flush: the WAL before it is on disk when this returns (WAL is in order)."""
+    conn.execute("CREATE TABLE IF NOT EXISTS wal_flush (n int)")
+    conn.execute("INSERT INTO wal_flush VALUES (1)")
 
 
 def within_budget(counts: dict[str, float]) -> None:
@@ -186,3 +201,27 @@ def _one_grant(url: str, scope: str) -> int:
         return lease.token.value
     finally:
         coord.close()
+
+
+#: Small bounds for the sweep: 5 rows kept, a sweep every 20 rows, each over the 20 rows below the bound.
+SWEPT = {"rows_max": 5, "sweep_every": 20, "sweep_windows": 1}
+
+
+def _swept_cycles(url: str, *, lock_rows: bool) -> dict[str, float]:
+    stockade.connect(url).close()  # the tables
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(log_functions(lock_rows=lock_rows, **SWEPT) + server_rules(lock_rows=lock_rows, **SWEPT))
+    return _stockade_cycles(url)
+
+
+def test_a_full_logs_sweep_deletes_each_row_with_one_record(pg_coord_url):
+    got = _swept_cycles(pg_coord_url, lock_rows=False)
+    assert got == {**STOCKADE_CYCLE, "Heap/DELETE": 1}  # 100 cycles, 5 sweeps of 20 ended rows
+    within_budget(got)
+
+
+def test_control_a_sweep_that_locks_each_row_first_writes_a_record_more_a_row(pg_coord_url):
+    got = _swept_cycles(pg_coord_url, lock_rows=True)
+    assert got == {**STOCKADE_CYCLE, "Heap/DELETE": 1, "Heap/LOCK": 1}
+    with pytest.raises(AssertionError, match="writes 10 WAL records .* over its budget of 9"):
+        within_budget(got)

@@ -69,9 +69,13 @@ def make_synchronous(primary: PostgresServer) -> None:
 
 
 def replayed(primary: PostgresServer, standby: PostgresServer) -> bool:
-    """Whether the standby has replayed everything the primary wrote so far."""
+    """Whether the standby has replayed everything the primary wrote so far.
+
+    So far: to the WAL's insert position, not its write position, which is behind it while a commit
+    that did not wait for its flush (a release, docs/coordinator-postgres.md) is in the WAL buffers.
+    """
     with psycopg.connect(primary.dsn, autocommit=True) as conn:
-        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        lsn = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
     with psycopg.connect(standby.dsn, autocommit=True) as conn:
         return bool(conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(lsn),)).fetchone()[0])
 

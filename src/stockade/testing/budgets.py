@@ -13,6 +13,8 @@ a run of them (tests/helpers/work_budget.py says how each is counted):
 - ``wal_records``: PostgreSQL WAL records of the coordinator's own tables, commits included
   (tests/test_postgres_wal_per_cycle.py reads them with ``pg_walinspect``); for a fenced
   transaction, every record of the transaction.
+- ``statements`` of ``postgres.lock_cycle_server``: the statements PostgreSQL runs, nested ones (inside
+  the coordinator's functions) included.
 - ``round_trips``: queries sent and answered (a commit is one), each a wait of psycopg's connection.
 
 A budget may go down in the change that earns it; raising one is a decision,
@@ -79,6 +81,11 @@ BUDGETS = MappingProxyType({
     # scope row's last token, the row ended in place, two commits (docs/coordinator-postgres.md, "Cost").
     # 8 a cycle, one of slack for an index page split. Before the lease log (schema 8): 14 records.
     "postgres.lock_cycle": MappingProxyType({"wal_records": 9}),
+    # the same cycle, the statements the server runs (``pg_stat_statements``, nested ones included): the two
+    # calls, the grant's lock, read and write, the release's read, lock, write, commit setting and bound check.
+    # 11 in schema 11, whose functions locked through a nested call each and whose release set nothing
+    # (tests/test_postgres_statements_per_cycle.py).
+    "postgres.lock_cycle_server": MappingProxyType({"statements": 10}),
     # one fenced transaction on the user's PostgreSQL (`fenced` on an idle autocommit connection, a one-row
     # upsert of a row that exists, the commit): what the same transaction unfenced makes and writes. BEGIN and
     # the check go in one query (3 round trips: it, the upsert, COMMIT); the check's locks write nothing and an

@@ -30,7 +30,10 @@ PostgreSQL gives where the records live and three things the rules need:
 
 The server must be durable: `check_settings` refuses ``fsync=off``,
 ``full_page_writes=off`` and ``synchronous_commit=off`` (a crash would lose
-acknowledged grants on the same timeline, and a token would repeat). See
+acknowledged grants on the same timeline, and a token would repeat). One kind
+of transaction does not wait for the disk, deliberately: the one-statement
+release (`stockade.coordinators.postgres._rows.RELEASE_ASYNC`); a crash can
+forget it, and the lease is then held until its deadline (C3). See
 docs/coordinator-postgres.md for failover, restore and the keyring; docs/history.md for the journal.
 """
 

@@ -54,8 +54,8 @@ from stockade.coordinators.postgres._call import Prepared
 from stockade.core.journal import HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
-__all__ = ["LEASE_LOG", "LOG_FUNCTIONS", "HISTORY_READ", "SWEEP_EVERY", "SWEEP_WINDOWS", "LOG_ROWS_MAX",
-           "sweep", "end_of_old", "log_functions", "log_statements", "events_of_row"]
+__all__ = ["LEASE_LOG", "LOG_FUNCTIONS", "LOG_FUNCTIONS_9", "HISTORY_READ", "SWEEP_EVERY", "SWEEP_WINDOWS",
+           "LOG_ROWS_MAX", "sweep", "end_of_old", "log_functions", "log_statements", "events_of_row"]
 
 #: Rows (leases) kept: two events each, `HISTORY_TOTAL_MAX` events in all.
 LOG_ROWS_MAX = HISTORY_TOTAL_MAX // 2
@@ -116,12 +116,22 @@ DROP TABLE stockade_coord_leases, stockade_coord_history;
 
 
 def sweep(seq: str, *, rows_max: int = LOG_ROWS_MAX, sweep_every: int = SWEEP_EVERY,
-          sweep_windows: int = SWEEP_WINDOWS) -> str:
+          sweep_windows: int = SWEEP_WINDOWS, lock_rows: bool = False) -> str:
     """PL/pgSQL: after inserting row ``seq`` (an expression), delete a range of ended rows below the bound now and then.
 
-    A row another transaction has locked is skipped (that one is ending or deleting it), so
-    units on different scopes never wait for each other here.
+    Args:
+        lock_rows: lock each row first, skipping the rows another transaction has locked (schemas 9 to 11,
+            `LOG_FUNCTIONS_9`): each lock is a WAL record of its own, one a row deleted, so one a lock cycle
+            once the log is full. Since schema 12 the rows are deleted without it. Only another sweep writes
+            an ended row (nothing updates a row once it has ended), so a sweep can wait only for an
+            overlapping sweep's commit: two sweeps are `sweep_every` grants apart, and each is one
+            statement's transaction.
     """
+    if not lock_rows:
+        return f"""IF {seq} % {sweep_every} = 0 THEN
+        DELETE FROM stockade_coord_log h WHERE h.seq > {seq} - {rows_max + sweep_windows * sweep_every}
+           AND h.seq <= {seq} - {rows_max} AND h.end_kind IS NOT NULL;
+    END IF;"""
     return f"""IF {seq} % {sweep_every} = 0 THEN
         DELETE FROM stockade_coord_log h WHERE h.ctid = ANY(ARRAY(SELECT o.ctid FROM stockade_coord_log o
             WHERE o.seq > {seq} - {rows_max + sweep_windows * sweep_every} AND o.seq <= {seq} - {rows_max}
@@ -138,8 +148,8 @@ def end_of_old(seq: str, *, rows_max: int = LOG_ROWS_MAX, sweep_every: int = SWE
     END IF;"""
 
 
-def log_functions(**bounds: int) -> str:
-    """The SQL of the engine path's two functions (their bounds as `sweep` takes them).
+def log_functions(*, lock_rows: bool = False, **bounds: int) -> str:
+    """The SQL of the engine path's two functions (their bounds and ``lock_rows`` as `sweep` takes them).
 
     ``stockade_coord_log_grant`` inserts a lease's row; ``stockade_coord_log_end`` marks the
     scope's held lease ended, and refuses (`EXPECT_SQLSTATE`) when it is not the one held.
@@ -155,7 +165,7 @@ BEGIN
         VALUES (p_scope, p_lease_id, p_holder, p_token, p_ttl_ms, p_granted_ns, p_expires_ns,
                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
         RETURNING l.seq INTO v_seq;
-    {sweep("v_seq", **bounds)}
+    {sweep("v_seq", lock_rows=lock_rows, **bounds)}
 END
 $$;
 
@@ -178,11 +188,13 @@ $$;
 """
 
 
-#: The engine path's functions (created by migration 9, with the server rules).
+#: The engine path's functions as migration 9 created them (the sweep locks each row first), kept as they were.
+LOG_FUNCTIONS_9 = log_functions(lock_rows=True)
+#: The engine path's functions since schema 12 (created by migration 9, replaced by 12): the sweep takes no row locks.
 LOG_FUNCTIONS = log_functions()
 
 #: Migration 9: the lease log, built from the tables of schema 8, and its functions.
-LEASE_LOG = _TABLE + _FROM_SCHEMA_8 + LOG_FUNCTIONS
+LEASE_LOG = _TABLE + _FROM_SCHEMA_8 + LOG_FUNCTIONS_9
 
 #: A scope's last events, oldest first, in one row (what has committed), the server's time last.
 HISTORY_READ = Prepared(
