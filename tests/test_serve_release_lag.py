@@ -129,7 +129,9 @@ def test_a_grant_after_a_release_commits_both_before_its_answer(tmp_path: Path) 
 
         waiter = threading.Thread(target=wait)
         waiter.start()
+        deadline = time.monotonic() + 30
         while _lock(second, "c")["waiters"] != 1:  # queued (a read: nothing deferred is pending here)
+            assert time.monotonic() < deadline, "the waiter never queued"
             time.sleep(0.01)
         assert _release(second, held["lease_id"]) == 204
         waiter.join(60)
