@@ -397,6 +397,33 @@ def test_install_twice_at_once_and_again_is_harmless() -> None:
         drop_database(server, name)
 
 
+
+def test_install_replaces_an_earlier_check_in_place(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    """The check's SQL is upgraded where it is installed, by `install` itself: ``CREATE OR REPLACE`` of the
+    functions in the install's transaction (the tables alone have migrations). A database whose
+    ``stockade.fence`` is an earlier one (schema 1's, the one earlier text this project keeps) gets the
+    current one, and its marks stay. Control: before the install, the earlier function is the one that runs."""
+    _, _, conn = db
+
+    def source() -> str:
+        return str(conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'stockade.fence(text, text)'::regprocedure")
+                   .fetchone()[0])
+
+    pg._install(conn, KEYS.keyring, CLUSTER, q.STALE_WHEN["decide"], body="advisory")
+    with pg.fenced(conn, tok(5)):
+        pass
+    assert "pg_advisory_xact_lock" in source() and "h.ctid" not in source()  # the control: the earlier check
+    pg.install(conn, keys=KEYS)
+    assert "pg_advisory_xact_lock" not in source() and "h.ctid" in source()
+    assert pg.high_waters(conn) == {"a": 5}
+    with pytest.raises(StaleToken):
+        with pg.fenced(conn, tok(4)):
+            pass
+    for value in (5, 6):
+        with pg.fenced(conn, tok(value)):
+            pass
+    assert pg.high_waters(conn) == {"a": 6}
+
 def test_sqlalchemy_async_session(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
     pytest.importorskip("greenlet", reason="SQLAlchemy's asyncio needs greenlet (sqlalchemy[asyncio])")
     from sqlalchemy import text

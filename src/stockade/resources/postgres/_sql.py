@@ -228,7 +228,7 @@ BEGIN
     -- gate (an advisory lock any role can take, and pg_locks shows every key to every role).
     -- The isolation level is read here too (it cannot change once the transaction has a snapshot).
     -- concat_ws skips a NULL, but then the MAC is NULL too (no key, no scope): never true.
-    SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax::text, h.high_water, h.ctid,
+    SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax::text, coalesce(h.high_water, 0), h.ctid,
            current_setting('transaction_isolation') = 'read committed',
            s.verify_macs
            AND token = concat_ws('.', 'stk2', s.cluster_id, split_part(token, '.', 3), k.kid,
@@ -344,7 +344,7 @@ BEGIN
     --    Before it, the holder's identity (`SUPERSEDE`): the scope and the token, in two shared
     --    advisory locks taken without waiting, so that a newer token can tell a lower holder.
     @IDENTITY@
-    IF v_value > coalesce(v_own, 0) THEN
+    IF v_value > v_own THEN
         v_void := stockade_private.raise_lock(v_hash & @STRIPE_MASK@, fence.scope, v_value)::text;
     ELSE
         EXECUTE 'LOCK TABLE stockade_private.scope_lock_' || (v_hash & @STRIPE_MASK@) || ' IN ROW SHARE MODE';
@@ -359,13 +359,12 @@ BEGIN
     IF v_rc THEN
         SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.ctid = v_row AND h.scope = fence.scope;
         IF NOT FOUND THEN
-            SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
+            SELECT coalesce(max(h.high_water), 0) INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
         END IF;
     ELSE
         INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
         SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
     END IF;
-    v_own := coalesce(v_own, 0);
     v_mark := greatest(v_own, v_floor);
 
     -- 4. R1
