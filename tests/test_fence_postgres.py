@@ -552,8 +552,8 @@ def test_the_database_refuses_what_the_python_side_would(db: tuple[PostgresServe
                                                          function: str) -> None:
     """Each token SQL can send, through ``stockade.fence`` alone: a signed token of this cluster and scope
     is admitted on the common path; a bad MAC, a token with more after its scope, a value with a leading
-    zero, another scope's, an unsigned and a malformed one are refused as the full check says. Control: a
-    common path that does not compare the MAC admits the bad MAC."""
+    zero, another scope's, an unsigned one, a malformed one and one of neither kind (stk2, stk1) are refused
+    as the full check says. Control: a common path that does not compare the MAC admits the bad MAC."""
     _, _, conn = db
     if function != "installed":
         _fast_path_without_mac(conn)
@@ -567,6 +567,7 @@ def test_the_database_refuses_what_the_python_side_would(db: tuple[PostgresServe
         "another scope": (good, "other"),
         "unsigned": (tok(8, scope="orders", keys=None).encode(), "orders"),
         "malformed": ("stk2.nonsense", "orders"),
+        "neither stk2 nor stk1": ("stk3." + good[5:], "orders"),
     }
     verdicts = {name: _verdict(conn, token, scope) for name, (token, scope) in cases.items()}
     expected = {
@@ -578,6 +579,7 @@ def test_the_database_refuses_what_the_python_side_would(db: tuple[PostgresServe
         "another scope": "SKF01 wrong-scope",
         "unsigned": "SKF01 forged unsigned",
         "malformed": "22023",
+        "neither stk2 nor stk1": "22023",
     }
     if function != "installed":
         assert verdicts["bad-mac"] == "admitted 8", "the control: a common path without the MAC admits a bad one"

@@ -8,7 +8,9 @@ the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
 
     0. parse the token (stk2 signed, stk1 unsigned)        -> SQLSTATE 22023 if malformed
        read the settings, the key and the mark, holding the
-       floor's gate until the transaction ends
+       floor's gate until the transaction ends, and remember
+       the token in the transaction-local setting
+       stockade.tokens (a refusal takes it back)
     1. verify its MAC with the keys in stockade.keys       -> reject "forged" (nothing else looked at)
     2. cluster, then scope                                 -> reject "wrong-cluster" / "wrong-scope"
     3. the default floor as committed                      -> SQLSTATE 40001 under REPEATABLE READ or
@@ -17,8 +19,7 @@ the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
        when the token does not raise the mark, exclusive
        when it does), then read the mark as committed      -> 40001 likewise if it moved since
     4. token < max(mark, default floor)                    -> reject "stale"
-    5. raise the mark, remember the token in the
-       transaction-local setting stockade.tokens           -> return the mark
+    5. raise the mark                                      -> return the mark
 
 A rejection is ``RAISE`` with SQLSTATE `REJECT_SQLSTATE` and a detail
 ``reason=<r> high_water=<n> cluster=<c> detail=<d>`` that the Python side
