@@ -9,19 +9,18 @@ and one of ``--hi`` transactions ``BEGIN; <query>; ROLLBACK``, with a token equa
 to the scope's mark: the difference of the two sessions' counts, divided by
 ``hi - lo``, is the variant's work per transaction (the session's set-up and its
 first plans cancel out). Prints ``BEGIN; SELECT 1`` and the installed check;
-``--before FILE`` (another revision's ``postgres/_sql.py``) adds that revision's
-check, as ``stockade.fence_before``. Slow (valgrind runs the server about 50
-times slower): a minute or two. Needs valgrind.
+``--before SRC`` (another checkout's ``src``) adds that revision's check, as
+``stockade.fence_before`` (fence_postgres.py's ``install_before``). Slow (valgrind
+runs the server about 50 times slower): a minute or two. Needs valgrind.
 
     PYTHONPATH=src python benchmarks/fence_postgres_ir.py
-    git show main:src/stockade/resources/postgres/_sql.py > /tmp/before_sql.py
-    PYTHONPATH=src python benchmarks/fence_postgres_ir.py --before /tmp/before_sql.py
+    mkdir /tmp/before && git archive main src | tar -x -C /tmp/before
+    PYTHONPATH=src python benchmarks/fence_postgres_ir.py --before /tmp/before/src
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import subprocess
 import tempfile
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 import psycopg
-from fence_postgres import CLUSTER, PG_BIN, as_postgres, free_port
+from fence_postgres import CLUSTER, PG_BIN, as_postgres, free_port, install_before
 
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring
@@ -84,24 +83,11 @@ def per_transaction(root: Path, dsn: str, query: str, lo: int, hi: int) -> float
     return (counts[1] - counts[0]) / (hi - lo)
 
 
-def install_before(conn: psycopg.Connection, path: str) -> None:
-    """Another revision's check beside the installed one, as ``stockade.fence_before``."""
-    spec = importlib.util.spec_from_file_location("fence_sql_before", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    text = module.fence_function(pgcrypto_schema="stockade", stale_when=module.STALE_WHEN["decide"])
-    start_at = text.index("CREATE OR REPLACE FUNCTION stockade.fence(")
-    end_at = text.index("$fence$;", start_at) + len("$fence$;")
-    conn.execute(text[start_at:end_at].replace("stockade.fence(", "stockade.fence_before(")
-                 .replace("fence.scope", "fence_before.scope"))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lo", type=int, default=30, help="transactions of the shorter session")
     parser.add_argument("--hi", type=int, default=130, help="transactions of the longer session")
-    parser.add_argument("--before", help="another revision's postgres/_sql.py: adds its check")
+    parser.add_argument("--before", help="another checkout's src: adds its check")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="stockade-bench-pg-ir-"))
     root.chmod(0o777)
