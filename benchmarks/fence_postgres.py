@@ -18,9 +18,12 @@ load of a shared machine hits every variant alike:
   the private seam `_postgres_sql.FENCE_BODIES`): the side by side of the
   row-lock function with the one it replaced
 
-* ``fenced-before`` (with ``--before FILE``): ``fenced`` in a third database whose
-  ``stockade.fence`` is the one of another revision's ``_sql.py`` (FILE, e.g. from
-  ``git show``), so a change of the function is measured before and after in one run
+* ``fenced-now`` and ``fenced-before`` (with ``--before SRC``, another checkout's ``src``,
+  e.g. from ``git archive``): ``fenced``'s own steps (`stockade.resources.postgres._fenced`)
+  on the same connection, calling ``stockade.fence`` and ``stockade.fence_before``, that
+  revision's check defined beside it, so a change of the function is measured before and
+  after in one run on one backend. (Another backend runs colder: measured, a check on a
+  connection of its own cost 30-80 us more server CPU than on the shared one.)
 
 each transaction of one variant followed by one of each other variant, and
 prints the median over rounds of each variant's throughput and p50/p99
@@ -31,8 +34,8 @@ less with the host's load than the time does, which a busy disk's fsyncs
 decide.
 
     PYTHONPATH=src python benchmarks/fence_postgres.py --rounds 7 --ops 2000
-    git show main:src/stockade/resources/postgres/_sql.py > /tmp/before_sql.py
-    PYTHONPATH=src python benchmarks/fence_postgres.py --rounds 5 --ops 1000 --before /tmp/before_sql.py
+    mkdir /tmp/before && git archive main src | tar -x -C /tmp/before
+    PYTHONPATH=src python benchmarks/fence_postgres.py --rounds 7 --ops 2000 --before /tmp/before/src
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -56,6 +61,8 @@ from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring
 from stockade.resources import postgres as pg
 from stockade.resources.postgres import _sql as q
+from stockade.resources.postgres._fenced import _begin_and_fence, _prepare
+from stockade.resources.postgres._sync import fence as sync_fence
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 CLUSTER = "be4c4be4c4be4c4b"
@@ -94,8 +101,23 @@ def start_postgres(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("PostgreSQL did not start")
 
 
+@contextmanager
+def fenced_by(conn: psycopg.Connection, token: str, function: str) -> Iterator[None]:
+    """What `fenced` does on an idle autocommit connection, with the check's function named: the same
+    client steps for ``stockade.fence`` and ``stockade.fence_before``."""
+    fencing_token, scope = _prepare(token, None, None)
+    query = _begin_and_fence(fencing_token, scope).replace("stockade.fence(", f"{function}(", 1)
+    sync_fence._begin_and_check(conn, query)
+    try:
+        yield
+    except BaseException:
+        conn.rollback()
+        raise
+    conn.commit()
+
+
 def variants(conn: psycopg.Connection, keys: FixedKeys, advisory: psycopg.Connection,
-             before: psycopg.Connection | None = None) -> dict[str, Callable[[int], None]]:
+             before: bool = False) -> dict[str, Callable[[int], None]]:
     token = keys.sign(FencingToken(CLUSTER, "orders", 7)).encode()
     upsert = ("INSERT INTO {t} (id, state) VALUES (%s, 'paid') "
               "ON CONFLICT (id) DO UPDATE SET state = excluded.state")
@@ -120,33 +142,50 @@ def variants(conn: psycopg.Connection, keys: FixedKeys, advisory: psycopg.Connec
         with pg.fenced(advisory, token):
             advisory.execute(upsert.format(t="fenced_orders"), (i % ROWS,))
 
-    def fenced_before(i: int) -> None:
-        assert before is not None
-        with pg.fenced(before, token):
-            before.execute(upsert.format(t="fenced_orders"), (i % ROWS,))
+    def by(function: str) -> Callable[[int], None]:
+        def op(i: int) -> None:
+            with fenced_by(conn, token, function):
+                conn.execute(upsert.format(t="fenced_orders"), (i % ROWS,))
+        return op
 
     ops = {"plain": plain, "fenced": fenced, "fenced+keys": fenced_keys, "protected": protected,
            "fenced-advisory": fenced_advisory}
-    if before is not None:
-        ops["fenced-before"] = fenced_before
+    if before:
+        ops["fenced-now"] = by("stockade.fence")
+        ops["fenced-before"] = by("stockade.fence_before")
     return ops
 
 
-def install_before(dsn: str, keys: FixedKeys, path: str) -> psycopg.Connection:
-    """A third database, installed, whose ``stockade.fence`` is the one in another revision's ``_sql.py``."""
-    spec = importlib.util.spec_from_file_location("fence_sql_before", path)
+def _load(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE DATABASE bench_before")
-    before = psycopg.connect(dsn.replace("dbname=postgres", "dbname=bench_before"), autocommit=True)
-    pg.install(before, keys=keys)
-    schema = before.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
-                            "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
-    before.execute(module.fence_function(pgcrypto_schema=schema, stale_when=module.STALE_WHEN["decide"]))
-    before.execute("CREATE TABLE fenced_orders (id int PRIMARY KEY, state text NOT NULL)")
-    return before
+    return module
+
+
+def install_before(conn: psycopg.Connection, src: str) -> None:
+    """Another checkout's check, defined beside the installed one as ``stockade.fence_before``.
+
+    Its ``_sql.py`` is loaded with that checkout's ``_supersede.py`` in place of this one's (the
+    check's text takes pieces from it); the helpers it calls (``stockade_private.*``) are this
+    install's, which keep their names and arguments."""
+    folder = Path(src) / "stockade" / "resources" / "postgres"
+    name = "stockade.resources.postgres._supersede"
+    saved = sys.modules[name]
+    try:
+        _load(folder / "_supersede.py", name)
+        module = _load(folder / "_sql.py", "fence_sql_before")
+    finally:
+        sys.modules[name] = saved
+    schema = conn.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
+                          "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
+    text = module.fence_function(pgcrypto_schema=schema, stale_when=module.STALE_WHEN["decide"])
+    start = text.index("CREATE OR REPLACE FUNCTION stockade.fence(")
+    end = text.index("$fence$;", start) + len("$fence$;")
+    conn.execute(text[start:end].replace("stockade.fence(", "stockade.fence_before(")
+                 .replace("fence.scope", "fence_before.scope"))
 
 
 def backend_cpu_ns(pid: int) -> int:
@@ -189,7 +228,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians over them); >= 5")
     parser.add_argument("--ops", type=int, default=2000, help="transactions per variant per round")
-    parser.add_argument("--before", help="another revision's postgres/_sql.py: adds the fenced-before variant")
+    parser.add_argument("--before", help="another checkout's src: adds fenced-now and fenced-before")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="stockade-bench-pg-"))
     os.chmod(root, 0o755)
@@ -201,19 +240,19 @@ def main() -> int:
         advisory = psycopg.connect(dsn.replace("dbname=postgres", "dbname=bench_advisory"), autocommit=True)
         pg._install(advisory, keys.keyring, CLUSTER, q.STALE_WHEN["decide"], body="advisory")
         advisory.execute("CREATE TABLE fenced_orders (id int PRIMARY KEY, state text NOT NULL)")
-        before = install_before(dsn, keys, args.before) if args.before else None
         with psycopg.connect(dsn, autocommit=True) as conn:
             pg.install(conn, keys=keys)
             pg.install_ddl_guard(conn)  # the benchmark's server runs as its superuser
             for table in ("plain_orders", "fenced_orders", "protected_orders"):
                 conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, state text NOT NULL)")
             pg.protect(conn, "protected_orders", scope="orders")
+            if args.before:
+                install_before(conn, args.before)
             settings = conn.execute("SELECT name, setting FROM pg_settings WHERE name IN "
                                     "('fsync', 'synchronous_commit', 'wal_sync_method')").fetchall()
-            ops = variants(conn, keys, advisory, before)
-            pid = {"fenced-advisory": advisory.info.backend_pid,
-                   "fenced-before": before.info.backend_pid if before is not None else 0}
-            backends = {name: pid.get(name, conn.info.backend_pid) for name in ops}
+            ops = variants(conn, keys, advisory, bool(args.before))
+            backends = {name: advisory.info.backend_pid if name == "fenced-advisory" else conn.info.backend_pid
+                        for name in ops}
             run_round(ops, 200, backends)  # warm up (prepared statements, caches)
             results: dict[str, list[tuple[float, ...]]] = {name: [] for name in ops}
             for _ in range(args.rounds):

@@ -397,6 +397,33 @@ def test_install_twice_at_once_and_again_is_harmless() -> None:
         drop_database(server, name)
 
 
+
+def test_install_replaces_an_earlier_check_in_place(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    """The check's SQL is upgraded where it is installed, by `install` itself: ``CREATE OR REPLACE`` of the
+    functions in the install's transaction (the tables alone have migrations). A database whose
+    ``stockade.fence`` is an earlier one (schema 1's, the one earlier text this project keeps) gets the
+    current one, and its marks stay. Control: before the install, the earlier function is the one that runs."""
+    _, _, conn = db
+
+    def source() -> str:
+        return str(conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'stockade.fence(text, text)'::regprocedure")
+                   .fetchone()[0])
+
+    pg._install(conn, KEYS.keyring, CLUSTER, q.STALE_WHEN["decide"], body="advisory")
+    with pg.fenced(conn, tok(5)):
+        pass
+    assert "pg_advisory_xact_lock" in source() and "h.ctid" not in source()  # the control: the earlier check
+    pg.install(conn, keys=KEYS)
+    assert "pg_advisory_xact_lock" not in source() and "h.ctid" in source()
+    assert pg.high_waters(conn) == {"a": 5}
+    with pytest.raises(StaleToken):
+        with pg.fenced(conn, tok(4)):
+            pass
+    for value in (5, 6):
+        with pg.fenced(conn, tok(value)):
+            pass
+    assert pg.high_waters(conn) == {"a": 6}
+
 def test_sqlalchemy_async_session(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
     pytest.importorskip("greenlet", reason="SQLAlchemy's asyncio needs greenlet (sqlalchemy[asyncio])")
     from sqlalchemy import text
@@ -515,9 +542,9 @@ def _fast_path_without_mac(conn: psycopg.Connection) -> None:
     schema = conn.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
                           "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
     text = q.fence_function(pgcrypto_schema=schema, stale_when=q.STALE_WHEN["decide"])
-    check = "'+/', '-_'), '=') = v_parts[4] THEN"
+    check = "'/', '_')\n               = split_part(token, '.', 5) || '==',"
     assert text.count(check) == 1
-    conn.execute(text.replace(check, "'+/', '-_'), '=') IS NOT NULL THEN"))
+    conn.execute(text.replace(check, "'/', '_') IS NOT NULL,"))
 
 
 @pytest.mark.parametrize("function", ["installed", "control-fast-path-without-mac"])
@@ -525,8 +552,8 @@ def test_the_database_refuses_what_the_python_side_would(db: tuple[PostgresServe
                                                          function: str) -> None:
     """Each token SQL can send, through ``stockade.fence`` alone: a signed token of this cluster and scope
     is admitted on the common path; a bad MAC, a token with more after its scope, a value with a leading
-    zero, another scope's, an unsigned and a malformed one are refused as the full check says. Control: a
-    common path that does not compare the MAC admits the bad MAC."""
+    zero, another scope's, an unsigned one, a malformed one and one of neither kind (stk2, stk1) are refused
+    as the full check says. Control: a common path that does not compare the MAC admits the bad MAC."""
     _, _, conn = db
     if function != "installed":
         _fast_path_without_mac(conn)
@@ -540,6 +567,7 @@ def test_the_database_refuses_what_the_python_side_would(db: tuple[PostgresServe
         "another scope": (good, "other"),
         "unsigned": (tok(8, scope="orders", keys=None).encode(), "orders"),
         "malformed": ("stk2.nonsense", "orders"),
+        "neither stk2 nor stk1": ("stk3." + good[5:], "orders"),
     }
     verdicts = {name: _verdict(conn, token, scope) for name, (token, scope) in cases.items()}
     expected = {
@@ -551,6 +579,7 @@ def test_the_database_refuses_what_the_python_side_would(db: tuple[PostgresServe
         "another scope": "SKF01 wrong-scope",
         "unsigned": "SKF01 forged unsigned",
         "malformed": "22023",
+        "neither stk2 nor stk1": "22023",
     }
     if function != "installed":
         assert verdicts["bad-mac"] == "admitted 8", "the control: a common path without the MAC admits a bad one"

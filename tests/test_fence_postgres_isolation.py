@@ -214,7 +214,7 @@ def test_the_wal_a_fenced_transaction_writes(harness: PgHarness, kind: str) -> N
 
 #: The row-lock design this replaced, as a mutant of the function: FOR SHARE lockers do not queue
 #: behind a waiting FOR NO KEY UPDATE (the control of the fairness test).
-_ROW_LOCK = ("IF v_value > coalesce(v_own, 0) THEN PERFORM 1 FROM stockade.high_water h WHERE h.scope = fence.scope "
+_ROW_LOCK = ("IF v_value > v_own THEN PERFORM 1 FROM stockade.high_water h WHERE h.scope = fence.scope "
              "FOR NO KEY UPDATE; ELSE PERFORM 1 FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE; "
              "END IF;")
 WRITERS = 8
@@ -224,7 +224,7 @@ def _install_row_locks(harness: PgHarness) -> None:
     schema = harness.admin.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n "
                                    "ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto'").fetchone()[0]
     text = q.fence_function(pgcrypto_schema=schema, stale_when=q.STALE_WHEN["decide"])
-    start = text.index("    IF v_value > coalesce(v_own, 0) THEN\n        v_void := stockade_private.raise_lock")
+    start = text.index("    IF v_value > v_own THEN\n        v_void := stockade_private.raise_lock")
     end = text.index("END IF;", start) + len("END IF;")
     harness.admin.execute(text[:start] + "    " + _ROW_LOCK + text[end:])
 

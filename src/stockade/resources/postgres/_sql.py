@@ -8,7 +8,9 @@ the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
 
     0. parse the token (stk2 signed, stk1 unsigned)        -> SQLSTATE 22023 if malformed
        read the settings, the key and the mark, holding the
-       floor's gate until the transaction ends
+       floor's gate until the transaction ends, and remember
+       the token in the transaction-local setting
+       stockade.tokens (a refusal takes it back)
     1. verify its MAC with the keys in stockade.keys       -> reject "forged" (nothing else looked at)
     2. cluster, then scope                                 -> reject "wrong-cluster" / "wrong-scope"
     3. the default floor as committed                      -> SQLSTATE 40001 under REPEATABLE READ or
@@ -17,8 +19,7 @@ the tables (schema ``stockade``, versioned by `MIGRATIONS`), the check
        when the token does not raise the mark, exclusive
        when it does), then read the mark as committed      -> 40001 likewise if it moved since
     4. token < max(mark, default floor)                    -> reject "stale"
-    5. raise the mark, remember the token in the
-       transaction-local setting stockade.tokens           -> return the mark
+    5. raise the mark                                      -> return the mark
 
 A rejection is ``RAISE`` with SQLSTATE `REJECT_SQLSTATE` and a detail
 ``reason=<r> high_water=<n> cluster=<c> detail=<d>`` that the Python side
@@ -189,8 +190,8 @@ DECLARE
     v_parts text[];
     v_cluster text;
     v_value bigint;
-    v_kid text := '';
-    v_mac text := '';
+    v_kid text;
+    v_mac text;
     v_scope text;
     v_cluster_id text;
     v_verify boolean;
@@ -204,6 +205,11 @@ DECLARE
     v_own bigint;
     v_mark bigint;
     v_rc boolean;
+    v_fast boolean;
+    v_hash int;
+    v_hash_lo int;
+    v_row tid;
+    v_held boolean;
 BEGIN
     -- The common case first: a signed token whose MAC verifies, of this cluster and scope. Its fields
     -- are cut out with split_part alone, and the whole token must read back as
@@ -212,34 +218,44 @@ BEGIN
     -- passes is well formed (its value a decimal below 2^63) without a regular expression. Any other
     -- token (unsigned, forged, malformed, another cluster's or scope's, a retired key's) takes the
     -- full path below, which finds why, in the order P3 and R2 say.
-    v_parts := ARRAY[split_part(token, '.', 2), split_part(token, '.', 3), split_part(token, '.', 4),
-                     split_part(token, '.', 5)];
-    -- One statement reads the settings, the token's key and the scope's mark, and takes the floor's
-    -- gate: ACCESS SHARE on the view stockade_private.floor_gate, held until the transaction ends, so
-    -- that raise_high_waters (ACCESS EXCLUSIVE on it) waits for this transaction. Only the installing
-    -- role can name that schema, so no other role can hold the gate (an advisory lock any role can
-    -- take, and pg_locks shows every key to every role).
+    -- The common case is one statement, with as few function calls as it can have: PL/pgSQL keeps its
+    -- plans, but builds every expression it runs again in each transaction (about 1 to 2 us a call),
+    -- and each statement of its own costs its set-up on top. That statement reads the settings, the
+    -- token's key and the scope's mark (and where that row is), verifies the common case, records the
+    -- token for a protected table's trigger (a failed check takes that back with its transaction or
+    -- savepoint), and takes the floor's gate: ACCESS SHARE on the view stockade_private.floor_gate,
+    -- held until the transaction ends, so that raise_high_waters (ACCESS EXCLUSIVE on it) waits for
+    -- this transaction. Only the installing role can name that schema, so no other role can hold the
+    -- gate (an advisory lock any role can take, and pg_locks shows every key to every role).
     -- The isolation level is read here too (it cannot change once the transaction has a snapshot).
-    SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax::text, k.kid IS NOT NULL, k.secret,
-           k.verify_until_s, h.high_water, current_setting('transaction_isolation') = 'read committed'
-      INTO STRICT v_cluster_id, v_verify, v_floor, v_replaced, v_key_found, v_secret, v_until, v_own, v_rc
+    -- concat_ws skips a NULL, but then the MAC is NULL too (no key, no scope): never true.
+    SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax::text, coalesce(h.high_water, 0), h.ctid,
+           current_setting('transaction_isolation') = 'read committed',
+           s.verify_macs
+           AND token = concat_ws('.', 'stk2', s.cluster_id, split_part(token, '.', 3), k.kid,
+                                 split_part(token, '.', 5), fence.scope)
+           AND (k.verify_until_s IS NULL OR extract(epoch FROM clock_timestamp()) < k.verify_until_s)
+           AND replace(replace(encode(substring(@PGCRYPTO@.hmac(
+                   '\x73746b3200'::bytea || convert_to(k.kid, 'UTF8') || '\x00'::bytea
+                   || convert_to(s.cluster_id, 'UTF8') || '\x00'::bytea
+                   || convert_to(split_part(token, '.', 3), 'UTF8') || '\x00'::bytea || convert_to(fence.scope, 'UTF8'),
+                   k.secret, 'sha256') FROM 1 FOR 16), 'base64'), '+', '-'), '/', '_')
+               = split_part(token, '.', 5) || '==',
+           hashtext(fence.scope), hashtext(fence.scope || '/lo'), @SET_TOKENS@
+      INTO STRICT v_cluster_id, v_verify, v_floor, v_replaced, v_own, v_row, v_rc, v_fast, v_hash, v_hash_lo,
+           v_void
       FROM stockade.settings s
       CROSS JOIN stockade_private.floor_gate g
-      LEFT JOIN stockade.keys k ON k.kid = v_parts[3]
+      LEFT JOIN stockade.keys k ON k.kid = split_part(token, '.', 4)
       LEFT JOIN stockade.high_water h ON h.scope = fence.scope
      WHERE s.id = 1;
 
-    IF v_verify AND v_key_found AND v_parts[1] = v_cluster_id
-       AND token = 'stk2.' || v_cluster_id || '.' || v_parts[2] || '.' || v_parts[3] || '.' || v_parts[4]
-                   || '.' || scope
-       AND (v_until IS NULL OR extract(epoch FROM clock_timestamp()) < v_until)
-       AND rtrim(translate(encode(substring(@PGCRYPTO@.hmac(
-               convert_to('stk2', 'UTF8') || '\x00'::bytea || convert_to(v_parts[3], 'UTF8')
-               || '\x00'::bytea || convert_to(v_cluster_id, 'UTF8') || '\x00'::bytea
-               || convert_to(v_parts[2], 'UTF8') || '\x00'::bytea || convert_to(scope, 'UTF8'),
-               v_secret, 'sha256') FROM 1 FOR 16), 'base64'), '+/', '-_'), '=') = v_parts[4] THEN
-        v_value := v_parts[2]::bigint;
+    IF v_fast THEN
+        v_value := split_part(token, '.', 3)::bigint;
     ELSE
+        v_parts := NULL;
+        v_kid := '';
+        v_mac := '';
         -- Parsed with split_part and plain character classes: bounded repeats ({16}) make
         -- PostgreSQL's regex engine cost ~150 us a call, more than the rest of the check.
         IF token IS NULL OR scope IS NULL OR length(scope) > 200 OR scope !~ '^[@SCOPE_CHARS@]+$'
@@ -329,23 +345,27 @@ BEGIN
     --    Before it, the holder's identity (`SUPERSEDE`): the scope and the token, in two shared
     --    advisory locks taken without waiting, so that a newer token can tell a lower holder.
     @IDENTITY@
-    IF v_value > coalesce(v_own, 0) THEN
-        v_void := stockade_private.raise_lock(hashtext(fence.scope) & @STRIPE_MASK@, fence.scope, v_value)::text;
+    IF v_value > v_own THEN
+        v_void := stockade_private.raise_lock(v_hash & @STRIPE_MASK@, fence.scope, v_value)::text;
     ELSE
-        EXECUTE format('LOCK TABLE stockade_private.scope_lock_%s IN ROW SHARE MODE',
-                       hashtext(fence.scope) & @STRIPE_MASK@);
+        EXECUTE 'LOCK TABLE stockade_private.scope_lock_' || (v_hash & @STRIPE_MASK@) || ' IN ROW SHARE MODE';
     END IF;
     -- The mark as committed, read again now that the lock is held: under READ COMMITTED with a
     -- fresh snapshot; under the other levels the row is locked too (FOR SHARE, one WAL record),
     -- so that a mark committed after the transaction's snapshot is a serialization failure
-    -- (40001), never a stale admission.
+    -- (40001), never a stale admission. READ COMMITTED reads first the row version the first
+    -- statement found, by its place (ctid): a fresh snapshot sees at most one version of a row, so if
+    -- that one is still visible, and still the scope's (a place can be reused after pruning), it is
+    -- the mark as committed now; if a raise replaced it, the mark is read again by the scope.
     IF v_rc THEN
-        SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
+        SELECT h.high_water INTO v_own FROM stockade.high_water h WHERE h.ctid = v_row AND h.scope = fence.scope;
+        IF NOT FOUND THEN
+            SELECT coalesce(max(h.high_water), 0) INTO v_own FROM stockade.high_water h WHERE h.scope = fence.scope;
+        END IF;
     ELSE
         INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
         SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
     END IF;
-    v_own := coalesce(v_own, 0);
     v_mark := greatest(v_own, v_floor);
 
     -- 4. R1
@@ -360,11 +380,6 @@ BEGIN
             ON CONFLICT ON CONSTRAINT high_water_pkey
             DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
     END IF;
-    -- The token, for a protected table's trigger: the transaction's first fence sets it without parsing
-    -- anything; a later one merges it in. One expression: each costs its set-up in every transaction.
-    v_void := set_config('stockade.tokens', CASE coalesce(current_setting('stockade.tokens', true), '')
-        WHEN '' THEN jsonb_build_object(scope, token)::text
-        ELSE (current_setting('stockade.tokens', true)::jsonb || jsonb_build_object(scope, token))::text END, true);
     RETURN greatest(v_value, v_mark);
 END
 $fence$;
@@ -402,6 +417,14 @@ def _pgcrypto_ident(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '"'
 
 
+#: The token, for a protected table's trigger: the transaction's first fence writes the setting as text
+#: (a checked token and scope hold no character JSON escapes); a later one merges it in.
+_SET_TOKENS = """set_config('stockade.tokens', CASE coalesce(current_setting('stockade.tokens', true), '')
+            WHEN '' THEN '{"' || fence.scope || '": "' || token || '"}'
+            ELSE (current_setting('stockade.tokens', true)::jsonb || jsonb_build_object(fence.scope, token))::text END,
+            true)"""
+
+
 def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "private",
                    supersede_after_ms: int = SUPERSEDE_AFTER_MS) -> str:
     """The ``CREATE OR REPLACE`` of ``stockade.fence`` with its comparison (`STALE_WHEN`) and `FENCE_BODIES` entry.
@@ -412,7 +435,7 @@ def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "privat
             .replace("@SCOPE_CLASS@", str(SCOPE_LOCK_CLASS))
             .replace("@STRIPE_MASK@", str(SCOPE_LOCKS - 1)).replace("@STALE_WHEN@", stale_when)
             .replace("@SUPERSEDE@", SUPERSEDE_SQL if supersede_after_ms else NO_SUPERSEDE)
-            .replace("@IDENTITY@", IDENTITY_SQL if supersede_after_ms else "")
+            .replace("@IDENTITY@", IDENTITY_SQL if supersede_after_ms else "").replace("@SET_TOKENS@", _SET_TOKENS)
             .replace("@BOUND_MS@", str(supersede_after_ms)).replace("@SCOPE_CHARS@", SCOPE_CHARS))
 
 

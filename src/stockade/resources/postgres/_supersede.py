@@ -45,12 +45,11 @@ REVOKE ALL ON FUNCTION stockade_private.raise_lock(int, text, bigint) FROM PUBLI
 """
 
 #: The holder's identity, a statement of ``stockade.fence`` (inline: a call of an SQL function costs more
-#: than the two locks): shared advisory locks on its scope and token, taken without waiting.
-IDENTITY_SQL = """v_void := (pg_try_advisory_xact_lock_shared(hashtext(fence.scope), (v_value >> 32)::int)
-        AND pg_try_advisory_xact_lock_shared(
-            hashtext(fence.scope || '/lo'),
-            (CASE WHEN v_value & 4294967295 >= 2147483648 THEN (v_value & 4294967295) - 4294967296
-                  ELSE v_value & 4294967295 END)::int))::text;"""
+#: than the two locks): shared advisory locks on its scope and token, taken without waiting. ``v_hash`` and
+#: ``v_hash_lo`` are ``hashtext(scope)`` and ``hashtext(scope || '/lo')``, read in the check's first statement;
+#: ``v_value << 32 >> 32`` is the low 32 bits of the token as a signed int (the shift wraps, then extends the sign).
+IDENTITY_SQL = """v_held := pg_try_advisory_xact_lock_shared(v_hash, (v_value >> 32)::int)
+        AND pg_try_advisory_xact_lock_shared(v_hash_lo, (v_value << 32 >> 32)::int);"""
 
 #: ``stockade_private.raise_lock``: bounded waits for the EXCLUSIVE lock, ``@BOUND_MS@`` the bound.
 SUPERSEDE_SQL = r"""
