@@ -62,8 +62,8 @@ BUDGETS = MappingProxyType({
     # and type tests without calls. 453 with that acquire checked again by the engine (the control
     # `_checked_again_served` of tests/test_work_budget.py), so the margin here is 8, not 10.
     # Both together: 395.1 calls (438 with ``--release-lag-ms 0``; 410 with the acquire checked again).
-    # 391.2 with an answer's clock read once (its metric and its connection's idle start) and the method's name
-    # found, not decoded.
+    # 391.2-392.0 (434 with ``--release-lag-ms 0``; 406 with the acquire checked again) with an answer's clock
+    # read once (its metric and its connection's idle start) and the method's name found, not decoded.
     "serve.lock_cycle": MappingProxyType({
         "commits": 1, "wal_frames": 3.8, "wal_bytes": 4_000, "statements": 6.1, "calls": 399}),
     # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls;
