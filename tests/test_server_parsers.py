@@ -86,7 +86,7 @@ def _seen(parser: Any, pieces: list[bytes]) -> tuple[bytes, bool]:
     (called inside a running event loop: the handler answers at once, nothing is awaited)."""
     transport = _Transport()
     limits = ConnectionLimits()
-    protocol = HttpProtocol(_echo, lambda request, response: None, lambda path: 4096, limits, parser)
+    protocol = HttpProtocol(_echo, lambda request, response, now: None, lambda path: 4096, limits, parser)
     protocol.connection_made(transport)  # type: ignore[arg-type]
     for piece in pieces:
         if transport.closed:

@@ -198,7 +198,7 @@ async def _serve(leases: UrlLeases, marks: UrlMarks, host: str, port: int, ready
 
     loop = asyncio.get_running_loop()
     limits = ConnectionLimits()
-    server = await loop.create_server(lambda: HttpProtocol(dispatch, lambda request, response: None,
+    server = await loop.create_server(lambda: HttpProtocol(dispatch, lambda request, response, now: None,
                                                            lambda path: 0, limits), host=host, port=port)
     refresher = loop.create_task(refresh_marks())
     stop = asyncio.Event()

@@ -333,7 +333,8 @@ class ConnectionLimits:
     # The three moves below run on every request: written with ``in`` and ``del`` (what ``pop(conn, None)``
     # does, without a call), and a key deleted before it is set goes last (what ``move_to_end`` does).
 
-    def to_idle(self, conn: HttpProtocol) -> None:
+    def to_idle(self, conn: HttpProtocol, now: float) -> None:
+        """``conn`` answered its request at ``now`` (`time.monotonic`, read once for the answer) and waits."""
         if conn in self.reading:
             del self.reading[conn]
         if conn in self.bodies:
@@ -341,7 +342,7 @@ class ConnectionLimits:
         if conn in self.open:
             if conn in self.idle:
                 del self.idle[conn]
-            self.idle[conn] = time.monotonic()
+            self.idle[conn] = now
 
     def to_reading(self, conn: HttpProtocol, started: float) -> None:
         if conn in self.idle:

@@ -114,6 +114,8 @@ _HEADER_NAMES = {spelling.encode("latin-1"): spelling.lower() for name in (
     "Host", "User-Agent", "Accept", "Accept-Encoding", "Connection", "Content-Type", "Content-Length",
     "Authorization", "Transfer-Encoding", "Cookie", "Origin", "Idempotency-Key",
 ) for spelling in (name, name.lower())}
+# The methods' names by their bytes as parsed: found, not decoded, per request (another one is decoded).
+_METHOD_NAMES = {name.encode("latin-1"): name for name in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")}
 
 _REASONS = {
     200: "OK", 204: "No Content", 303: "See Other", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
@@ -359,7 +361,7 @@ class HttpProtocol(asyncio.Protocol):
         "_path", "_query", "_deferred", "_fed_s",
     )
 
-    def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response], None],
+    def __init__(self, dispatch: Dispatch, observe: Callable[[Request, Response, float], None],
                  body_limit: Callable[[str], int], limits: ConnectionLimits, parser: Any = None) -> None:
         self._dispatch = dispatch
         self._observe = observe
@@ -622,8 +624,10 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         body = self._body
+        method = self._parser.get_method()
         request = Request(  # positional: method, raw path (parsed once the headers were complete), query, ...
-            self._parser.get_method().decode("latin-1"), self._path, self._query, self._headers, self._repeated,
+            _METHOD_NAMES[method] if method in _METHOD_NAMES else method.decode("latin-1"), self._path, self._query,
+            self._headers, self._repeated,
             (body[0] if len(body) == 1 else b"".join(body)) if body else b"", self._request_started, self._refusal,
             self.peer, self.credential,
         )
@@ -687,13 +691,14 @@ class HttpProtocol(asyncio.Protocol):
         if type(response) is not Response and isinstance(response, Stream):
             self._transport.write(response.encode(False))
             self._release(len(request.body))
-            self._observe(request, response)
+            self._observe(request, response, time.monotonic())
             self._current = self._loop.create_task(self._stream(response))
             return
         self._transport.write(response.encode(keep_alive))
         if request.body:  # a bodiless request held no bytes
             self._release(len(request.body))
-        self._observe(request, response)
+        now = time.monotonic()  # read once: the request's time observed and the connection's idle start
+        self._observe(request, response, now)
         if not keep_alive:
             self._close()
             return
@@ -702,7 +707,7 @@ class HttpProtocol(asyncio.Protocol):
             self._start(next_request, next_keep_alive)
             return
         if self._current is None and not self._pending and not self._request_started:
-            self._limits.to_idle(self)
+            self._limits.to_idle(self, now)
         if self._raw or self._reading_paused:  # else `_drain_raw` has nothing to do
             self._drain_raw()
 

@@ -62,14 +62,17 @@ BUDGETS = MappingProxyType({
     # and type tests without calls. 453 with that acquire checked again by the engine (the control
     # `_checked_again_served` of tests/test_work_budget.py), so the margin here is 8, not 10.
     # Both together: 395.1 calls (438 with ``--release-lag-ms 0``; 410 with the acquire checked again).
+    # 391.2-392.0 (434 with ``--release-lag-ms 0``; 406 with the acquire checked again) with an answer's clock
+    # read once (its metric and its connection's idle start) and the method's name found, not decoded.
     "serve.lock_cycle": MappingProxyType({
-        "commits": 1, "wal_frames": 3.8, "wal_bytes": 4_000, "statements": 6.1, "calls": 403}),
+        "commits": 1, "wal_frames": 3.8, "wal_bytes": 4_000, "statements": 6.1, "calls": 399}),
     # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls;
     # 459 measured (487 before issue 29's trims; 523 with debug logging on); 454.6 with the committer's trims;
     # 446.6 with the answers' heads made once and the C JSON encoder built once; 424.7 (442 just before) with the
-    # request path's trims of ``serve.lock_cycle``; 391.8 with its acquire's values checked once.
+    # request path's trims of ``serve.lock_cycle``; 391.8 with its acquire's values checked once; 389.9 with an
+    # answer's clock read once and the method's name found, not decoded (393.0 just before).
     "serve.fenced_write": MappingProxyType({
-        "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 402}),
+        "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 400}),
     # acquire -> release on an embedded ``sqlite://`` coordinator.
     # Before: 13 pages (53,560 B), 22 statements, 425 calls; 353 calls measured (385 before issue 29's trims);
     # 343 with the clock read in C and the lease states hashed in C (357 just before); 339 with the journal's
