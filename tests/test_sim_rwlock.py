@@ -47,6 +47,14 @@ class Log:
                              "value": value})
         return self
 
+    def answered(self, process: int, scope: str, token: int, at_ms: int) -> Log:
+        """An acquire of ``process`` answered with ``token`` of ``scope`` (its invocation 1 ms before)."""
+        self.records.append({"t_ns": (at_ms - 1) * _MS, "process": process, "type": "invoke", "f": "acquire",
+                             "scope": scope})
+        self.records.append({"t_ns": at_ms * _MS, "process": process, "type": "ok", "f": "acquire", "scope": scope,
+                             "token": token})
+        return self
+
     def check_in(self, process: int, key: str, token: int, at_ms: int, done_ms: int) -> Log:
         value = f"{process}-{at_ms}-t{token}"
         self.records.append({"t_ns": at_ms * _MS, "process": process, "type": "invoke", "f": "write", "scope": GATE,
@@ -98,6 +106,17 @@ def test_p11_writer_tokens_rise_and_a_late_regrant_of_a_lease_id_is_not_the_hold
     again.grant("G2", 2, 1050).grant("D2", 2, 1100, scope="sem.rw.l.0").release("D2", 1101, scope="sem.rw.l.0")
     again.hold("write", 2, "G2", ["G2", "D2"], 1105).grant("S1", 3, 1500, scope="sem.rw.l.0")
     assert check_rwlock(again.records, GATE) == []
+    # Seed 9205257: the orphan grant (token 3 at 1200) is logged before the reader's hold record (1300: it was
+    # paused between its answers and its hold). Its hold is still the grant it was answered with (token 1).
+    paused = Log().grant("G1", 1, 0).answered(1, GATE, 1, 2).grant("S1", 1, 10, scope="sem.rw.l.0")
+    paused.answered(1, "sem.rw.l.0", 1, 12).release("G1", 20).grant("G2", 2, 1050)
+    paused.answered(2, GATE, 2, 1052).grant("D2", 2, 1100, scope="sem.rw.l.0").release("D2", 1101, scope="sem.rw.l.0")
+    paused.answered(2, "sem.rw.l.0", 2, 1102).hold("write", 2, "G2", ["G2", "D2"], 1105)
+    paused.grant("S1", 3, 1200, scope="sem.rw.l.0").hold("read", 1, "S1", ["G1", "S1"], 1300)
+    assert check_rwlock(paused.records, GATE) == []
+    # The control, a checker that takes the last grant logged before the hold: the orphan, beside the writer.
+    unanswered = [r for r in paused.records if r.get("f") != "acquire"]
+    assert [v.property for v in check_rwlock(unanswered, GATE)] == ["P11"]
 
 
 def test_p11_a_reader_validated_after_a_newer_writer_checked_in_is_flagged():

@@ -62,6 +62,8 @@ class _LeaseSpan:
     epoch: int
     end: int
     index: int
+    scope: Any = None
+    token: Any = None
     closed: bool = False
 
 
@@ -82,7 +84,8 @@ def _spans(records: list[dict[str, Any]]) -> dict[Any, list[_LeaseSpan]]:
         lease, value = entry.value.get("lease"), entry.value
         deadline = entry.offset + int(value.get("expires_ns", value.get("at_ns", 0)))
         if entry.f == "grant":
-            spans.setdefault(lease, []).append(_LeaseSpan(entry.axis, epoch, deadline, entry.index))
+            spans.setdefault(lease, []).append(_LeaseSpan(entry.axis, epoch, deadline, entry.index, entry.scope,
+                                                          value.get("token")))
             continue
         latest = spans[lease][-1] if lease in spans else None
         if latest is not None and not latest.closed and entry.f == "renew":
@@ -92,23 +95,39 @@ def _spans(records: list[dict[str, Any]]) -> dict[Any, list[_LeaseSpan]]:
     return spans
 
 
-def _granted_before(spans: dict[Any, list[_LeaseSpan]], lease: Any, index: int) -> _LeaseSpan | None:
-    """The grant of ``lease`` its holder was answered with: the last one logged before history index ``index``."""
+def _granted_before(spans: dict[Any, list[_LeaseSpan]], lease: Any, index: int,
+                    answered: set[tuple[Any, Any]] | None) -> _LeaseSpan | None:
+    """The grant of ``lease`` its holder was answered with: the last one logged before history index ``index``
+    whose scope and token the holder's acquires were answered with (``answered``). A late copy of an acquire
+    can grant the same lease id again after the lease ended (a new token, an answer nobody waits for): that
+    grant is not the holder's, though it may be logged before the holder's hold record (seed 9205257). None: the
+    history has no acquires of the holder (a log written by hand), the last grant logged before ``index``."""
     found: _LeaseSpan | None = None
     for span in spans.get(lease, ()):
-        if span.index < index:
+        if span.index < index and (answered is None or (span.scope, span.token) in answered):
             found = span
     return found
 
 
-def _holds(records: list[dict[str, Any]], spans: dict[Any, list[_LeaseSpan]]) -> list[_Hold]:
+def _answered(ops: list[Op]) -> dict[Any, set[tuple[Any, Any]]]:
+    """Each client's answered acquires: the (scope, token value) pairs its ``ok`` acquires returned."""
+    found: dict[Any, set[tuple[Any, Any]]] = {}
+    for op in ops:
+        if op.f == "acquire" and op.type == "ok":
+            found.setdefault(op.process, set()).add((op.scope, op.token))
+    return found
+
+
+def _holds(records: list[dict[str, Any]], spans: dict[Any, list[_LeaseSpan]], ops: list[Op]) -> list[_Hold]:
     holds: list[_Hold] = []
+    answers = _answered(ops)
     for index, record in enumerate(records):
         if record.get("process") != "rwlock" or record.get("f") != "hold":
             continue
         value = record.get("value") or {}
-        held = _granted_before(spans, value.get("lease"), index)
-        granted = [_granted_before(spans, lease, index) for lease in value.get("leases") or ()]
+        answered = answers.get(value.get("client"))
+        held = _granted_before(spans, value.get("lease"), index, answered)
+        granted = [_granted_before(spans, lease, index, answered) for lease in value.get("leases") or ()]
         if held is None or any(g is None or g.epoch != held.epoch for g in granted):
             continue  # a grant the log does not show (or on another clock): nothing to judge it by
         start = max([held.grant] + [g.grant for g in granted if g is not None])
@@ -213,6 +232,6 @@ def check_rwlock(records: list[dict[str, Any]], scope: str, *, audit: Iterable[A
         per reader's validation that returned ok after a newer writer's check-in, and per reader's check-in
         accepted after a newer writer's.
     """
-    holds = _holds(records, _spans(records))
     paired = ops if ops is not None else pair(records)
+    holds = _holds(records, _spans(records), paired)
     return _exclusion(holds) + _readers_told(records, paired, scope, audit)
