@@ -35,7 +35,15 @@ import psycopg
 import pytest
 
 import stockade
-from stockade.coordinators.postgres._rows import MIGRATIONS, RELEASE_ASYNC, RULE_NAMES, SERVER_RULES, SERVER_RULES_11
+from stockade.coordinators.postgres._rows import (
+    MIGRATIONS,
+    RELEASE_ASYNC,
+    RELEASE_ASYNC_LEAN,
+    RULE_NAMES,
+    SERVER_RULES,
+    SERVER_RULES_11,
+    SERVER_RULES_12,
+)
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.testing.servers import postgres as pg_helper
 
@@ -48,6 +56,8 @@ from helpers.pg_cluster import Pair  # noqa: E402 - the binaries are there
 
 #: The sha256 of migration 11's text as version 11 shipped it (a database that ran it must not see it change).
 MIGRATION_11_SHA256 = "3612e9f1bbd308c256c71aaa8d65dadd6f7b03bb9ef9320e4c39d2ee3cf21a43"
+#: The same for migration 12 (schema 13 replaced its functions' bodies with a migration of its own).
+MIGRATION_12_SHA256 = "4e7ef09e7ca13dbb7237bfaef520873143f37fc0cc2a27d43a4d7b9e8c0738eb"
 #: Long enough to outlast the crash and the restart on a busy host; the test waits for it once.
 TTL_MS = 3_000
 #: Nothing but the test's own statements writes WAL or pages: no autovacuum, no background page writes.
@@ -57,7 +67,9 @@ QUIET = {"autovacuum": "off", "bgwriter_lru_maxpages": "0", "checkpoint_timeout"
 def test_migration_11_is_the_text_version_11_shipped():
     assert hashlib.sha256(MIGRATIONS[10].encode()).hexdigest() == MIGRATION_11_SHA256
     assert MIGRATIONS[10] == SERVER_RULES_11 and "synchronous_commit" not in SERVER_RULES_11
-    assert MIGRATIONS[11].endswith(SERVER_RULES) and RELEASE_ASYNC in SERVER_RULES
+    assert hashlib.sha256(MIGRATIONS[11].encode()).hexdigest() == MIGRATION_12_SHA256
+    assert MIGRATIONS[11].endswith(SERVER_RULES_12) and RELEASE_ASYNC in SERVER_RULES_12
+    assert MIGRATIONS[12] == SERVER_RULES and RELEASE_ASYNC_LEAN in SERVER_RULES  # the same setting since 13
 
 
 @pytest.fixture
