@@ -194,7 +194,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SK001',
             MESSAGE = format('the lease of %L changed underneath this coordinator', p_scope);
     END IF;
-    {end_of_old("v_seq", **bounds)}
+    {end_of_old("v_seq", lean=False, **bounds)}
 END
 $$;
 """

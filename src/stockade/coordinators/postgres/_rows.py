@@ -165,18 +165,19 @@ def server_rules(*, lock: str = LOCK_SCOPE_INLINE, names: tuple[str, str] = RULE
 
 #: The grant's write up to schema 12: one statement whatever the scope, an update of a used scope's row
 #: or an insert of a new scope's (each a table the executor sets up, even when its branch writes nothing).
-_WRITE_12 = f"""WITH u AS (
+_WRITE_12 = """WITH u AS (
         UPDATE stockade_coord_scopes AS s SET last_token = v_base + 1 WHERE s.scope = p_scope AND s.last_token = v_last
             RETURNING 1),
     i AS (
         INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) SELECT p_scope, v_base + 1, v_delay
             WHERE NOT v_exists ON CONFLICT (scope) DO NOTHING RETURNING 1),
     s AS (SELECT 1 FROM u UNION ALL SELECT 1 FROM i)
-    {{log}}"""
-_LOG_INSERT = """INSERT INTO stockade_coord_log AS l (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns, grant_ms)
+    {log}"""
+_LOG_INSERT = ("INSERT INTO stockade_coord_log AS l (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns, "
+               """grant_ms)
         SELECT p_scope, p_lease_id, p_holder, v_base + 1, p_ttl_ms, v_now, v_now + p_ttl_ms * 1000000, v_now / 1000000
           FROM s
-        RETURNING l.seq INTO v_seq;"""
+        RETURNING l.seq INTO v_seq;""")
 #: Since schema 13 the grant's write is still one statement, the one its scope needs: a used scope's (the
 #: common case) only updates the scope's row, a new scope's only inserts it. The same rows, the same
 #: compare-and-set: no lease's row without its scope's token written in the same statement.
