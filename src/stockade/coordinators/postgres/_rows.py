@@ -9,7 +9,8 @@ can share a database with the application (and with the fenced store of
 Migrations are a list: version N is the first N entries applied in order
 (versions 1 to 8 frozen in `stockade.coordinators.postgres._schema8`; 9 is the
 lease log, `stockade.coordinators.postgres._journal`; 10 the scopes' lock views, `LOCK_VIEWS`; 11 the keep by
-primary key; 12 the release that does not wait for the disk, `RELEASE_ASYNC`), in the transaction of
+primary key; 12 the release that does not wait for the disk, `RELEASE_ASYNC`; 13 the same rules in fewer
+instructions, `SERVER_RULES`), in the transaction of
 the first connect of a newer version, under one transaction-scoped advisory lock so that
 processes opening a new database at the same moment do not race
 (``CREATE TABLE IF NOT EXISTS`` alone is not safe against a concurrent twin).
