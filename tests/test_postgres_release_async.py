@@ -98,25 +98,34 @@ def _walwriter(conn: psycopg.Connection) -> int:
     return int(conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()[0])
 
 
-def _after_recovery(server: pg_helper.PostgresServer) -> psycopg.Connection:
-    """A connection once the server has recovered from its crash.
+def _after_recovery(server: pg_helper.PostgresServer, crashed_pid: int) -> psycopg.Connection:
+    """A connection once the server has recovered from its crash (the WAL writer ``crashed_pid`` killed).
 
     The postmaster outlives a child killed by a signal: it ends every other server process, drops
     its shared memory (the WAL buffers with it) and starts again from the disk's WAL, as after a
-    power cut, then accepts connections again.
+    power cut, then accepts connections again. A connection made before the postmaster has seen
+    the death would still read the old shared memory: the server has recovered once a WAL writer
+    other than the killed one runs and recovery is over.
     """
     deadline = time.monotonic() + pg_helper.START_TIMEOUT_S
     while True:
+        conn = None
         try:
             conn = psycopg.connect(server.dsn, autocommit=True)
+            recovering, walwriter = conn.execute(
+                "SELECT pg_is_in_recovery(), (SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter')"
+            ).fetchone()
         except psycopg.OperationalError:
+            if conn is not None:
+                conn.close()
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
             continue
-        if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is False:
+        if recovering is False and walwriter not in (None, crashed_pid):
             return conn
         conn.close()
+        time.sleep(0.05)
 
 
 def _crash_after_release(server: pg_helper.PostgresServer, *, rules: str | None, grant_after: bool) -> AfterCrash:
@@ -139,7 +148,7 @@ def _crash_after_release(server: pg_helper.PostgresServer, *, rules: str | None,
         finally:
             os.kill(walwriter, signal.SIGKILL)  # a crash: the WAL buffers in shared memory are lost
     coord.close()
-    with _after_recovery(server) as conn:
+    with _after_recovery(server, walwriter) as conn:
         end_kind, expires_ns = conn.execute("SELECT end_kind, expires_ns FROM stockade_coord_log WHERE token = %s",
                                             (lease.token.value,)).fetchone()
     coord = stockade.connect(url)
