@@ -35,7 +35,15 @@ import psycopg
 import pytest
 
 import stockade
-from stockade.coordinators.postgres._rows import MIGRATIONS, RELEASE_ASYNC, RULE_NAMES, SERVER_RULES, SERVER_RULES_11
+from stockade.coordinators.postgres._rows import (
+    MIGRATIONS,
+    RELEASE_ASYNC,
+    RELEASE_ASYNC_LEAN,
+    RULE_NAMES,
+    SERVER_RULES,
+    SERVER_RULES_11,
+    SERVER_RULES_12,
+)
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.testing.servers import postgres as pg_helper
 
@@ -48,6 +56,8 @@ from helpers.pg_cluster import Pair  # noqa: E402 - the binaries are there
 
 #: The sha256 of migration 11's text as version 11 shipped it (a database that ran it must not see it change).
 MIGRATION_11_SHA256 = "3612e9f1bbd308c256c71aaa8d65dadd6f7b03bb9ef9320e4c39d2ee3cf21a43"
+#: The same for migration 12 (schema 13 replaced its functions' bodies with a migration of its own).
+MIGRATION_12_SHA256 = "4e7ef09e7ca13dbb7237bfaef520873143f37fc0cc2a27d43a4d7b9e8c0738eb"
 #: Long enough to outlast the crash and the restart on a busy host; the test waits for it once.
 TTL_MS = 3_000
 #: Nothing but the test's own statements writes WAL or pages: no autovacuum, no background page writes.
@@ -57,7 +67,9 @@ QUIET = {"autovacuum": "off", "bgwriter_lru_maxpages": "0", "checkpoint_timeout"
 def test_migration_11_is_the_text_version_11_shipped():
     assert hashlib.sha256(MIGRATIONS[10].encode()).hexdigest() == MIGRATION_11_SHA256
     assert MIGRATIONS[10] == SERVER_RULES_11 and "synchronous_commit" not in SERVER_RULES_11
-    assert MIGRATIONS[11].endswith(SERVER_RULES) and RELEASE_ASYNC in SERVER_RULES
+    assert hashlib.sha256(MIGRATIONS[11].encode()).hexdigest() == MIGRATION_12_SHA256
+    assert MIGRATIONS[11].endswith(SERVER_RULES_12) and RELEASE_ASYNC in SERVER_RULES_12
+    assert MIGRATIONS[12] == SERVER_RULES and RELEASE_ASYNC_LEAN in SERVER_RULES  # the same setting since 13
 
 
 @pytest.fixture
@@ -86,25 +98,34 @@ def _walwriter(conn: psycopg.Connection) -> int:
     return int(conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()[0])
 
 
-def _after_recovery(server: pg_helper.PostgresServer) -> psycopg.Connection:
-    """A connection once the server has recovered from its crash.
+def _after_recovery(server: pg_helper.PostgresServer, crashed_pid: int) -> psycopg.Connection:
+    """A connection once the server has recovered from its crash (the WAL writer ``crashed_pid`` killed).
 
     The postmaster outlives a child killed by a signal: it ends every other server process, drops
     its shared memory (the WAL buffers with it) and starts again from the disk's WAL, as after a
-    power cut, then accepts connections again.
+    power cut, then accepts connections again. A connection made before the postmaster has seen
+    the death would still read the old shared memory: the server has recovered once a WAL writer
+    other than the killed one runs and recovery is over.
     """
     deadline = time.monotonic() + pg_helper.START_TIMEOUT_S
     while True:
+        conn = None
         try:
             conn = psycopg.connect(server.dsn, autocommit=True)
+            recovering, walwriter = conn.execute(
+                "SELECT pg_is_in_recovery(), (SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter')"
+            ).fetchone()
         except psycopg.OperationalError:
+            if conn is not None:
+                conn.close()
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
             continue
-        if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is False:
+        if recovering is False and walwriter not in (None, crashed_pid):
             return conn
         conn.close()
+        time.sleep(0.05)
 
 
 def _crash_after_release(server: pg_helper.PostgresServer, *, rules: str | None, grant_after: bool) -> AfterCrash:
@@ -127,7 +148,7 @@ def _crash_after_release(server: pg_helper.PostgresServer, *, rules: str | None,
         finally:
             os.kill(walwriter, signal.SIGKILL)  # a crash: the WAL buffers in shared memory are lost
     coord.close()
-    with _after_recovery(server) as conn:
+    with _after_recovery(server, walwriter) as conn:
         end_kind, expires_ns = conn.execute("SELECT end_kind, expires_ns FROM stockade_coord_log WHERE token = %s",
                                             (lease.token.value,)).fetchone()
     coord = stockade.connect(url)

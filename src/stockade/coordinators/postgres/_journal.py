@@ -140,9 +140,21 @@ def sweep(seq: str, *, rows_max: int = LOG_ROWS_MAX, sweep_every: int = SWEEP_EV
 
 
 def end_of_old(seq: str, *, rows_max: int = LOG_ROWS_MAX, sweep_every: int = SWEEP_EVERY,
-               sweep_windows: int = SWEEP_WINDOWS) -> str:
-    """PL/pgSQL: after ending row ``seq``, delete it if no later sweep's range reaches it (held past the bound)."""
+               sweep_windows: int = SWEEP_WINDOWS, lean: bool = False) -> str:
+    """PL/pgSQL: after ending row ``seq``, delete it if no later sweep's range reaches it (held past the bound).
+
+    Args:
+        lean: read the sequence's last value with ``pg_sequence_last_value`` (since schema 13), an
+            expression PL/pgSQL evaluates without starting the executor, instead of a query of the
+            sequence's relation (a statement of its own a release: schemas 9 to 12). The same value:
+            the row ``seq`` exists, so the sequence has been drawn from (never NULL here; NULL would
+            delete nothing).
+    """
     reach = rows_max + sweep_windows * sweep_every
+    if lean:
+        return f"""IF {seq} <= pg_sequence_last_value('stockade_coord_log_seq_seq') - {reach} THEN
+        DELETE FROM stockade_coord_log h WHERE h.seq = {seq};
+    END IF;"""
     return f"""IF {seq} <= (SELECT last_value FROM stockade_coord_log_seq_seq) - {reach} THEN
         DELETE FROM stockade_coord_log h WHERE h.seq = {seq};
     END IF;"""
@@ -182,7 +194,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SK001',
             MESSAGE = format('the lease of %L changed underneath this coordinator', p_scope);
     END IF;
-    {end_of_old("v_seq", **bounds)}
+    {end_of_old("v_seq", lean=False, **bounds)}
 END
 $$;
 """

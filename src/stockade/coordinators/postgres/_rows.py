@@ -9,7 +9,8 @@ can share a database with the application (and with the fenced store of
 Migrations are a list: version N is the first N entries applied in order
 (versions 1 to 8 frozen in `stockade.coordinators.postgres._schema8`; 9 is the
 lease log, `stockade.coordinators.postgres._journal`; 10 the scopes' lock views, `LOCK_VIEWS`; 11 the keep by
-primary key; 12 the release that does not wait for the disk, `RELEASE_ASYNC`), in the transaction of
+primary key; 12 the release that does not wait for the disk, `RELEASE_ASYNC`; 13 the same rules in fewer
+instructions, `SERVER_RULES`), in the transaction of
 the first connect of a newer version, under one transaction-scoped advisory lock so that
 processes opening a new database at the same moment do not race
 (``CREATE TABLE IF NOT EXISTS`` alone is not safe against a concurrent twin).
@@ -32,7 +33,7 @@ __all__ = [
     "forgotten_floor", "load_record", "forget_record", "record_writes", "record_of_row", "RECORD_SELECT",
     "RECORD_COLUMNS", "EXPECT_SQLSTATE", "SERVER_RULES", "LEASE_ROWS_MAX", "leases_at_least", "HELD", "HELD_SCOPE",
     "server_rules", "SERVER_RULES_9", "SERVER_RULES_10", "SERVER_RULES_11", "KEEP_BY_SEQ", "KEEP_BY_SCOPE",
-    "RELEASE_ASYNC",
+    "RELEASE_ASYNC", "RELEASE_ASYNC_LEAN", "SERVER_RULES_12", "LEAN_WRITE", "LEASE_ROWS_MAX_EXPR",
     "ADVISORY_LOCK", "LOCK_SCHEMA", "SCOPE_LOCKS", "LOCK_SCOPE", "LOCK_VIEW",
     "TIMELINE_KEY", "timeline_key", "RULE_NAMES", "RULE_NAMES_9", "LOCK_VIEWS", "LOCK_SCOPE_INLINE",
 ]
@@ -109,6 +110,14 @@ LEASE_ROWS_MAX = ("(SELECT LEAST(pg_relation_size('stockade_coord_scopes') / b *
                   "FROM (SELECT current_setting('block_size')::bigint AS b) AS bs)")
 
 
+#: `LEASE_ROWS_MAX` as an expression without a query (since schema 13): PL/pgSQL evaluates it without starting
+#: the executor (the block size read where it is used instead of once in a subquery; the same value).
+LEASE_ROWS_MAX_EXPR = ("LEAST(pg_relation_size('stockade_coord_scopes') / current_setting('block_size')::bigint "
+                       "* ((current_setting('block_size')::bigint - 24) / 28), "
+                       "pg_relation_size('stockade_coord_scopes_pkey') / current_setting('block_size')::bigint "
+                       "* ((current_setting('block_size')::bigint - 40) / 20))")
+
+
 def leases_at_least(n: str) -> str:
     """SQL: whether at least ``n`` (an SQL expression) leases are held; counts only when the scopes could hold them."""
     return (f"CASE WHEN {LEASE_ROWS_MAX} < {n} THEN false ELSE (SELECT count(*) FROM (SELECT 1 FROM "
@@ -136,7 +145,7 @@ HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lea
 #: grant inserts it, the release marks it ended in place, each in its own transaction.
 def server_rules(*, lock: str = LOCK_SCOPE_INLINE, names: tuple[str, str] = RULE_NAMES,
                  timeline_key: str = TIMELINE_KEY, by_seq: bool = True, release_async: bool = True,
-                 lock_rows: bool = False, **bounds: int) -> str:
+                 lock_rows: bool = False, lean: bool = True, **bounds: int) -> str:
     """The SQL of the two functions; ``bounds`` and ``lock_rows`` as `stockade.coordinators.postgres._journal.sweep`.
 
     Args:
@@ -147,13 +156,53 @@ def server_rules(*, lock: str = LOCK_SCOPE_INLINE, names: tuple[str, str] = RULE
         by_seq: the keep's write finds the lease's row by its ``seq`` (the primary key), as read before the
             lock (since 11); False: by its lease id and scope (schemas 9 and 10, `KEEP_BY_SCOPE`).
         release_async: a release's transaction does not wait for its WAL flush (`RELEASE_ASYNC`, since 12).
+        lean: the same rules in fewer of the server's instructions (since 13, `LEAN_WRITE` and
+            `RELEASE_ASYNC_LEAN`): no statement the executor starts for what an expression can say.
     """
     meta = _meta(timeline_key)
-    return (_grant_rule(lock, names[0], meta, lock_rows=lock_rows, **bounds)
-            + _keep_rule(lock, names[1], meta, by_seq, release_async, **bounds))
+    return (_grant_rule(lock, names[0], meta, lock_rows=lock_rows, lean=lean, **bounds)
+            + _keep_rule(lock, names[1], meta, by_seq, release_async, lean, **bounds))
 
 
-def _grant_rule(lock: str, name: str, meta: str, *, lock_rows: bool, **bounds: int) -> str:
+#: The grant's write up to schema 12: one statement whatever the scope, an update of a used scope's row
+#: or an insert of a new scope's (each a table the executor sets up, even when its branch writes nothing).
+_WRITE_12 = """WITH u AS (
+        UPDATE stockade_coord_scopes AS s SET last_token = v_base + 1 WHERE s.scope = p_scope AND s.last_token = v_last
+            RETURNING 1),
+    i AS (
+        INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) SELECT p_scope, v_base + 1, v_delay
+            WHERE NOT v_exists ON CONFLICT (scope) DO NOTHING RETURNING 1),
+    s AS (SELECT 1 FROM u UNION ALL SELECT 1 FROM i)
+    {log}"""
+_LOG_INSERT = ("INSERT INTO stockade_coord_log AS l (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns, "
+               """grant_ms)
+        SELECT p_scope, p_lease_id, p_holder, v_base + 1, p_ttl_ms, v_now, v_now + p_ttl_ms * 1000000, v_now / 1000000
+          FROM s
+        RETURNING l.seq INTO v_seq;""")
+#: Since schema 13 the grant's write is still one statement, the one its scope needs: a used scope's (the
+#: common case) only updates the scope's row, a new scope's only inserts it. The same rows, the same
+#: compare-and-set: no lease's row without its scope's token written in the same statement.
+LEAN_WRITE = f"""IF v_exists THEN
+        WITH s AS (UPDATE stockade_coord_scopes AS s SET last_token = v_base + 1
+                    WHERE s.scope = p_scope AND s.last_token = v_last RETURNING 1)
+        {_LOG_INSERT}
+    ELSE
+        WITH s AS (INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns)
+                   VALUES (p_scope, v_base + 1, v_delay) ON CONFLICT (scope) DO NOTHING RETURNING 1)
+        {_LOG_INSERT}
+    END IF;"""
+
+
+def _grant_rule(lock: str, name: str, meta: str, *, lock_rows: bool, lean: bool, **bounds: int) -> str:
+    # Since schema 13 the bound on held leases is an expression after the read (the count, a query, only
+    # when the scopes' sizes do not rule it out), not subqueries of the read that the executor sets up each time.
+    bound = "" if lean else f"\n           OR {leases_at_least('p_leases_max')}"
+    after_read = (f"""
+    IF NOT v_refused AND {LEASE_ROWS_MAX_EXPR} >= p_leases_max THEN
+        v_refused := (SELECT count(*) FROM (SELECT 1 FROM stockade_coord_log WHERE end_kind IS NULL
+                      LIMIT p_leases_max) AS n) >= p_leases_max;
+    END IF;""" if lean else "")
+    write = LEAN_WRITE if lean else _WRITE_12.format(log=_LOG_INSERT)
     return f"""
 CREATE OR REPLACE FUNCTION {name}(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
                                                     p_leases_max bigint)
@@ -175,29 +224,18 @@ BEGIN
            {_NEW_TIMELINE}
            OR v_now < COALESCE(s.delay_until_ns, 0)
            OR EXISTS {HELD.format(scope='p_scope')}
-           OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope)
-           OR {leases_at_least('p_leases_max')},
+           OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope){bound},
            GREATEST(COALESCE(s.last_token, 0), m.epoch << {COUNTER_BITS}, COALESCE(m.forgotten_floor, 0)),
            s.scope IS NOT NULL
       INTO v_last, v_delay, v_refused, v_base, v_exists
-      FROM {meta} LEFT JOIN stockade_coord_scopes s ON s.scope = p_scope;
+      FROM {meta} LEFT JOIN stockade_coord_scopes s ON s.scope = p_scope;{after_read}
     IF v_refused OR v_base & {COUNTER_MAX} = {COUNTER_MAX} THEN
         RETURN;  -- busy, a new timeline, a full table, or a counter at the end of its epoch: the engine decides
     END IF;
     -- The scope row's compare-and-set and the lease's row in one statement: no lease without its token
     -- recorded. A used scope's row is updated in place, a new scope's inserted (an upsert would lock the
     -- row first: one WAL record more a grant). The lease's row is its grant event.
-    WITH u AS (
-        UPDATE stockade_coord_scopes AS s SET last_token = v_base + 1 WHERE s.scope = p_scope AND s.last_token = v_last
-            RETURNING 1),
-    i AS (
-        INSERT INTO stockade_coord_scopes (scope, last_token, delay_until_ns) SELECT p_scope, v_base + 1, v_delay
-            WHERE NOT v_exists ON CONFLICT (scope) DO NOTHING RETURNING 1),
-    s AS (SELECT 1 FROM u UNION ALL SELECT 1 FROM i)
-    INSERT INTO stockade_coord_log AS l (scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns, grant_ms)
-        SELECT p_scope, p_lease_id, p_holder, v_base + 1, p_ttl_ms, v_now, v_now + p_ttl_ms * 1000000, v_now / 1000000
-          FROM s
-        RETURNING l.seq INTO v_seq;
+    {write}
     IF v_seq IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '{EXPECT_SQLSTATE}',
             MESSAGE = format('last_token of %L changed underneath this coordinator', p_scope);
@@ -236,9 +274,14 @@ KEEP_BY_SEQ = "l.seq = v_held AND l.lease_id = p_lease_id AND l.scope = v_scope"
 #: the lease back for a full TTL (docs/coordinator-postgres.md, "A release does not wait for the disk").
 RELEASE_ASYNC = ("PERFORM set_config('synchronous_commit', 'off', true) "
                  "WHERE current_setting('synchronous_standby_names') = '';")
+#: `RELEASE_ASYNC` since schema 13: the same setting, as an ``IF`` and an assignment, which PL/pgSQL evaluates
+#: as expressions (a ``PERFORM`` with a ``WHERE`` is a query the executor starts).
+RELEASE_ASYNC_LEAN = ("IF current_setting('synchronous_standby_names') = '' THEN\n"
+                      "            v_setting := set_config('synchronous_commit', 'off', true);\n        END IF;")
 
 
-def _keep_rule(lock: str, name: str, meta: str, by_seq: bool, release_async: bool, **bounds: int) -> str:
+def _keep_rule(lock: str, name: str, meta: str, by_seq: bool, release_async: bool, lean: bool,
+               **bounds: int) -> str:
     if by_seq:
         read = (f"SELECT h.scope, h.seq, {_NEW_TIMELINE} INTO v_scope, v_held, v_refused FROM {meta} LEFT JOIN LATERAL "
                 "(SELECT o.scope, o.seq FROM stockade_coord_log o WHERE o.lease_id = p_lease_id AND o.end_kind IS NULL "
@@ -248,7 +291,9 @@ def _keep_rule(lock: str, name: str, meta: str, by_seq: bool, release_async: boo
         held_scope = HELD_SCOPE.format(lease_id="p_lease_id")
         read = f"SELECT {held_scope}, {_NEW_TIMELINE} INTO v_scope, v_refused FROM {meta};"
         row, held = KEEP_BY_SCOPE, ""
-    async_commit = f"\n        {RELEASE_ASYNC}" if release_async else ""
+    async_commit = f"\n        {RELEASE_ASYNC_LEAN if lean else RELEASE_ASYNC}" if release_async else ""
+    if lean:
+        held += "\n    v_setting text;"
     return f"""
 CREATE OR REPLACE FUNCTION {name}(p_lease_id text, p_release boolean)
 RETURNS TABLE (scope text, holder text, token bigint, ttl_ms bigint, granted_ns bigint, expires_ns bigint,
@@ -292,7 +337,7 @@ BEGIN
         RETURN;
     END IF;
     IF p_release THEN{async_commit}
-        {end_of_old("v_seq", **bounds)}
+        {end_of_old("v_seq", lean=lean, **bounds)}
     END IF;
     now_ns := v_now;
     RETURN NEXT;
@@ -303,15 +348,18 @@ $$
 
 #: The two functions as schema 9 created them (advisory locks), kept as they were for migration 9.
 SERVER_RULES_9 = server_rules(lock=f"PERFORM {ADVISORY_LOCK}", names=RULE_NAMES_9, timeline_key="timeline",
-                              by_seq=False, release_async=False, lock_rows=True)
+                              by_seq=False, release_async=False, lock_rows=True, lean=False)
 #: The two functions of schema 10: the scope's lock is its view's (`LOCK_SCOPE`); kept as they were for migration 10.
-SERVER_RULES_10 = server_rules(lock=f"PERFORM {LOCK_SCOPE}", by_seq=False, release_async=False, lock_rows=True)
+SERVER_RULES_10 = server_rules(lock=f"PERFORM {LOCK_SCOPE}", by_seq=False, release_async=False, lock_rows=True,
+                               lean=False)
 #: The two functions of schema 11: the keep writes the lease's row by its primary key (`KEEP_BY_SEQ`); kept as they
 #: were for migration 11.
-SERVER_RULES_11 = server_rules(lock=f"PERFORM {LOCK_SCOPE}", release_async=False, lock_rows=True)
-#: The two functions since schema 12: the release does not wait for its WAL flush (`RELEASE_ASYNC`), the
+SERVER_RULES_11 = server_rules(lock=f"PERFORM {LOCK_SCOPE}", release_async=False, lock_rows=True, lean=False)
+#: The two functions of schema 12: the release does not wait for its WAL flush (`RELEASE_ASYNC`), the
 #: grant's sweep deletes old rows without locking each first (`stockade.coordinators.postgres._journal.sweep`),
-#: and each takes the scope's lock itself (`LOCK_SCOPE_INLINE`).
+#: and each takes the scope's lock itself (`LOCK_SCOPE_INLINE`); kept as they were for migration 12.
+SERVER_RULES_12 = server_rules(lean=False)
+#: The two functions since schema 13: schema 12's rules in fewer of the server's instructions (``lean``).
 SERVER_RULES = server_rules()
 
 #: Migration 10's locks: views in a schema no other role may use, so that no other role can name
@@ -375,7 +423,12 @@ MIGRATIONS: tuple[str, ...] = (
     # of the log deletes its rows without locking each first (one WAL record a row instead of two); the
     # functions take the scope's lock without a nested call (`LOCK_SCOPE_INLINE`, the same lock). Same
     # names, same answers: a process of version 11 still running calls the new bodies unchanged.
-    LOG_FUNCTIONS + SERVER_RULES,
+    LOG_FUNCTIONS + SERVER_RULES_12,
+    # 13: the same rules in fewer of the server's instructions: the grant's write sets up only the table
+    # write its scope needs (`LEAN_WRITE`), the bound on held leases and the release's commit setting and
+    # check of the log's bound are expressions, not queries (`LEASE_ROWS_MAX_EXPR`, `RELEASE_ASYNC_LEAN`).
+    # Same names, same answers: a process of version 12 still running calls the new bodies unchanged.
+    SERVER_RULES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
