@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -71,16 +72,30 @@ def instructions(root: Path, pid: int) -> int:
     raise RuntimeError(f"no count from backend {pid}")
 
 
-def per_transaction(root: Path, dsn: str, query: str, lo: int, hi: int) -> float:
+def per_step(root: Path, dsn: str, step: Callable[[psycopg.Connection], object], lo: int, hi: int) -> float:
+    """The instructions of one ``step``: a session of ``lo`` steps and one of ``hi``, each on a backend of its own;
+    the difference of their counts over ``hi - lo`` (the sessions' set-up and first plans cancel out)."""
     counts = []
     for count in (lo, hi):
         conn = psycopg.connect(dsn, autocommit=True)
         pid = conn.info.backend_pid
         for _ in range(count):
-            conn.execute(f"BEGIN; {query}; ROLLBACK", prepare=False)
+            step(conn)
         conn.close()
         counts.append(instructions(root, pid))
     return (counts[1] - counts[0]) / (hi - lo)
+
+
+def per_transaction(root: Path, dsn: str, query: str, lo: int, hi: int) -> float:
+    return per_step(root, dsn, lambda conn: conn.execute(f"BEGIN; {query}; ROLLBACK", prepare=False), lo, hi)
+
+
+def stop(server: subprocess.Popen[bytes], root: Path) -> None:
+    """Stop the server under valgrind (slow to exit) and remove its directory."""
+    subprocess.run([*as_postgres(), str(PG_BIN / "pg_ctl"), "stop", "-D", str(root / "data"), "-m", "fast"],
+                   capture_output=True, cwd="/")
+    server.wait(120)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> int:
@@ -107,10 +122,7 @@ def main() -> int:
             count = per_transaction(root, dsn, f"SELECT stockade.{name}('{token}', 'orders')", args.lo, args.hi)
             print(f"| stockade.{name} | {count:,.0f} | {count - base:,.0f} |")
     finally:
-        subprocess.run([*as_postgres(), str(PG_BIN / "pg_ctl"), "stop", "-D", str(root / "data"), "-m", "fast"],
-                       capture_output=True, cwd="/")
-        server.wait(120)
-        shutil.rmtree(root, ignore_errors=True)
+        stop(server, root)
     return 0
 
 

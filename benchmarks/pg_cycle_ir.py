@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,8 +34,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from fence_postgres import PG_BIN, as_postgres
-from fence_postgres_ir import instructions, start
+from fence_postgres_ir import per_step, start, stop
 
 #: The two statements of a cycle, as the coordinator prepares them (its `_GRANT` and `_KEEP`).
 GRANT = "SELECT token, now_ns FROM stockade_coord_grant_10(%s, %s, %s, %s, %s)"
@@ -64,15 +62,7 @@ def cycle(conn: psycopg.Connection, holder: str) -> None:
 
 
 def per_cycle(root: Path, dsn: str, lo: int, hi: int) -> float:
-    counts = []
-    for count in (lo, hi):
-        conn = psycopg.connect(dsn, autocommit=True)
-        pid = conn.info.backend_pid
-        for _ in range(count):
-            cycle(conn, "bench")
-        conn.close()
-        counts.append(instructions(root, pid))
-    return (counts[1] - counts[0]) / (hi - lo)
+    return per_step(root, dsn, lambda conn: cycle(conn, "bench"), lo, hi)
 
 
 def main() -> int:
@@ -102,10 +92,7 @@ def main() -> int:
             total = per_cycle(root, target, args.lo, args.hi)
             print(f"| {name} | {total:,.0f} |")
     finally:
-        subprocess.run([*as_postgres(), str(PG_BIN / "pg_ctl"), "stop", "-D", str(root / "data"), "-m", "fast"],
-                       capture_output=True, cwd="/")
-        server.wait(120)
-        shutil.rmtree(root, ignore_errors=True)
+        stop(server, root)
     return 0
 
 
