@@ -84,7 +84,7 @@ class Passed:
     received_ns: int = 0  # the whole request is in the proxy
     prefix_sent_ns: int = 0  # a held request's prefix reached the server
     released_ns: int = 0  # a held request was let go
-    forwarded_ns: int = 0  # its last byte went to the server
+    forwarded_ns: int = 0  # its last bytes were handed to the socket (stamped before: the answer may beat the stamp)
     answered_ns: int = 0  # the first byte of the server's answer came back
 
     def as_dict(self) -> dict[str, object]:
@@ -205,8 +205,8 @@ class HoldProxy:
                 if hold is not None:
                     self._forward(hold, passed, data, sink)
                 else:
+                    passed.forwarded_ns = time.monotonic_ns()
                     self._send_or_hold(sink, data)
-                passed.forwarded_ns = time.monotonic_ns()
         except (OSError, ValueError):  # a connection that ended, or a request the proxy cannot frame
             pass
         finally:
@@ -223,7 +223,7 @@ class HoldProxy:
         hold.request = passed
         hold.caught.set()
         hold._released.wait()
-        passed.released_ns = time.monotonic_ns()
+        passed.released_ns = passed.forwarded_ns = time.monotonic_ns()
         sink.sendall(data[cut:])
 
     def hold(self) -> None:

@@ -131,6 +131,7 @@ class ZkSession:
         self._reaper: threading.Thread | None = None
         self._closed = False
         self._trimming = False
+        self._trim_again = False
         self._session_id: int | None = None
         self.client.add_listener(self._on_state)
         self._hook_negotiation()
@@ -269,10 +270,23 @@ class ZkSession:
         """Keep the events of all scopes' journals under `journal.HISTORY_TOTAL_MAX`, in the background
         (one pass at a time): over it, the journals least recently written are emptied first."""
         with self._lock:
-            if self._trimming or self._closed:
+            if self._closed:
+                return
+            if self._trimming:  # a pass is running: it runs once more when it ends (it may have
+                self._trim_again = True  # counted this scope's journal before its last write)
                 return
             self._trimming = True
-        threading.Thread(target=self._trim_run, name="stockade-zk-trim", daemon=True).start()
+        threading.Thread(target=self._trim_passes, name="stockade-zk-trim", daemon=True).start()
+
+    def _trim_passes(self) -> None:
+        while True:
+            self._trim_run()
+            with self._lock:
+                if not self._trim_again or self._closed:
+                    self._trimming = self._trim_again = False
+                    self._lock.notify_all()
+                    return
+                self._trim_again = False
 
     def _trim_run(self) -> None:
         try:
@@ -298,9 +312,6 @@ class ZkSession:
                         break
         except Exception:  # noqa: BLE001 - unreachable, or closed: the next window's pass tries again
             pass
-        finally:
-            with self._lock:
-                self._trimming = False
 
     def discard(self, path: str) -> None:
         """Delete a waiter's node in the background, retried while this session lives."""
