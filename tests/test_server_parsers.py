@@ -330,6 +330,8 @@ def _hostile(token: str, lease: str) -> list[bytes]:
         put.replace(b"Fencing-Token", b"Fencing Token") + b"Content-Length: 7\r\n\r\nchanged",
         release.replace(b"DELETE", b"DELET") + b"\r\n", release.replace(b"HTTP/1.1", b"HTTP/9.9") + b"\r\n",
         release + b"Connection: upgrade\r\nUpgrade: h2c\r\n\r\n",
+        release + b"Authorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n",  # which counts? (a proxy's)
+        release + b"Cookie: a=1\r\ncookie: b=2\r\n\r\n",
         b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + bytes(range(256)),  # a TLS hello
     ]
 

@@ -114,6 +114,8 @@ _HEADER_NAMES = {spelling.encode("latin-1"): spelling.lower() for name in (
     "Host", "User-Agent", "Accept", "Accept-Encoding", "Connection", "Content-Type", "Content-Length",
     "Authorization", "Transfer-Encoding", "Cookie", "Origin", "Idempotency-Key",
 ) for spelling in (name, name.lower())}
+# Headers that decide who is asking: a request that repeats one is refused before anything reads it.
+_ONCE = {"authorization": "Authorization", "cookie": "Cookie"}
 # The methods' names by their bytes as parsed: found, not decoded, per request (another one is decoded).
 _METHOD_NAMES = {name.encode("latin-1"): name for name in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")}
 
@@ -570,6 +572,8 @@ class HttpProtocol(asyncio.Protocol):
             value = value.rstrip(b" \t")  # httptools keeps the spaces after a value; _h1 drops them
         key = _HEADER_NAMES[name] if name in _HEADER_NAMES else name.decode("latin-1").lower()
         if key in self._headers:
+            if key in _ONCE:  # which one counts is ambiguous (a proxy may have read the other): refused
+                raise HttpError(400, "invalid-argument", f"{_ONCE[key]} must be given once")
             self._repeated.add(key)
         else:
             self._header_count += 1
