@@ -23,6 +23,8 @@ import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,13 +69,18 @@ def one_run(args: argparse.Namespace, proc: subprocess.Popen[bytes], url: str, c
             f"clients={clients}, seconds={args.seconds}, iters=10**9, tag={tag!r}); print(json.dumps(r.as_dict()))")
     bench = subprocess.Popen([args.python, "-c", code], env=dict(os.environ, PYTHONPATH=args.client or args.a),
                              stdout=subprocess.PIPE, text=True)
-    time.sleep(args.seconds * 0.25 + 1.5)
-    file, ops_per_cycle = ("coordinator", 2) if args.workload == "lock" else ("store", 1)
-    cpu0, (ops0, batches0), wall0 = cpu_s(proc.pid), commit_counts(url, file), time.monotonic()
-    load = os.getloadavg()[0]
-    time.sleep(args.seconds * 0.5)
-    cpu1, (ops1, batches1), wall1 = cpu_s(proc.pid), commit_counts(url, file), time.monotonic()
-    json.loads(bench.communicate()[0].strip().splitlines()[-1])  # the run itself succeeded
+    try:  # a stop (Ctrl-C, SIGTERM) in the middle ends the clients too
+        time.sleep(args.seconds * 0.25 + 1.5)
+        file, ops_per_cycle = ("coordinator", 2) if args.workload == "lock" else ("store", 1)
+        cpu0, (ops0, batches0), wall0 = cpu_s(proc.pid), commit_counts(url, file), time.monotonic()
+        load = os.getloadavg()[0]
+        time.sleep(args.seconds * 0.5)
+        cpu1, (ops1, batches1), wall1 = cpu_s(proc.pid), commit_counts(url, file), time.monotonic()
+        json.loads(bench.communicate()[0].strip().splitlines()[-1])  # the run itself succeeded
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
     cycles = (ops1 - ops0) / ops_per_cycle  # a lock cycle commits two operations, a fenced write one
     per_cycle = (cpu1 - cpu0) / cycles * 1e6 if cycles else float("nan")
     return per_cycle, cycles / (wall1 - wall0), load, ((batches1 - batches0) / cycles if cycles else float("nan"))
@@ -93,6 +100,8 @@ def main() -> int:
     parser.add_argument("--workload", choices=("lock", "write"), default="lock",
                         help="lock: acquire -> release (a cycle); write: one fenced put (a cycle)")
     args = parser.parse_args()
+    # SIGTERM as Ctrl-C: the servers and clients started here are stopped, their directories removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     sides = {"A": args.a, "B": args.b}
     extra = {"A": args.a_args.split(), "B": args.b_args.split()}
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
@@ -112,7 +121,12 @@ def main() -> int:
     finally:
         for proc, _ in servers.values():
             proc.terminate()
-            proc.wait(10)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(proc.args[proc.args.index("--data-dir") + 1], ignore_errors=True)
     print(f"medians of {args.runs} runs:")
     for (side, clients), rows in sorted(results.items(), key=lambda item: (item[0][1], item[0][0])):
         print(f"  {side} {clients}c: {statistics.median(r[1] for r in rows):7.0f} cycles/s, "
