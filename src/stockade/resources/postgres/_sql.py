@@ -157,10 +157,11 @@ MIGRATIONS = (
 )
 
 #: The private seam of the controls: the SQL condition under which a token is stale, on
-#: ``v_value`` (the token's) and ``v_mark`` (the effective mark). `decide`'s rule is "<".
+#: ``v_value`` (the token's), ``v_own`` (the scope's mark) and ``v_floor`` (the default floor): the
+#: effective mark is the greater of the two. `decide`'s rule is "<".
 STALE_WHEN = {
-    "decide": "v_value < v_mark",
-    "strict-greater": "v_value <= v_mark",
+    "decide": "v_value < greatest(v_own, v_floor)",
+    "strict-greater": "v_value <= greatest(v_own, v_floor)",
     "fencing-off": "false",
 }
 
@@ -203,7 +204,7 @@ DECLARE
     v_forged text;
     v_void text;
     v_own bigint;
-    v_mark bigint;
+    v_lock text;
     v_rc boolean;
     v_fast boolean;
     v_hash int;
@@ -219,31 +220,36 @@ BEGIN
     -- token (unsigned, forged, malformed, another cluster's or scope's, a retired key's) takes the
     -- full path below, which finds why, in the order P3 and R2 say.
     -- The common case is one statement, with as few function calls as it can have: PL/pgSQL keeps its
-    -- plans, but builds every expression it runs again in each transaction (about 1 to 2 us a call),
-    -- and each statement of its own costs its set-up on top. That statement reads the settings, the
-    -- token's key and the scope's mark (and where that row is), verifies the common case, records the
-    -- token for a protected table's trigger (a failed check takes that back with its transaction or
-    -- savepoint), and takes the floor's gate: ACCESS SHARE on the view stockade_private.floor_gate,
-    -- held until the transaction ends, so that raise_high_waters (ACCESS EXCLUSIVE on it) waits for
-    -- this transaction. Only the installing role can name that schema, so no other role can hold the
-    -- gate (an advisory lock any role can take, and pg_locks shows every key to every role).
+    -- plans, but builds every expression it runs again in each transaction (each function call with its
+    -- look-ups and permission check), and each statement of its own costs its set-up on top. That
+    -- statement reads the settings, the token's key and the scope's mark (and where that row is),
+    -- verifies the common case, records the token for a protected table's trigger (a failed check takes
+    -- that back with its transaction or savepoint), builds the text of the scope's lock, and takes the
+    -- floor's gate: ACCESS SHARE on the view stockade_private.floor_gate, held until the transaction
+    -- ends, so that raise_high_waters (ACCESS EXCLUSIVE on it) waits for this transaction. Only the
+    -- installing role can name that schema, so no other role can hold the gate (an advisory lock any
+    -- role can take, and pg_locks shows every key to every role).
     -- The isolation level is read here too (it cannot change once the transaction has a snapshot).
-    -- concat_ws skips a NULL, but then the MAC is NULL too (no key, no scope): never true.
+    -- The test reads the token back whole, with the MAC it computes in the place of the token's own:
+    -- one comparison checks the token's shape, its cluster, key, scope and MAC. The MAC's message
+    -- stk2\0<kid>\0<cluster>\0<value>\0<scope> is decoded from text in which \000 stands for the zero
+    -- byte, so a token holding a backslash (which no coordinator issues) never gets there, and only
+    -- the separators decode to zero bytes. concat_ws skips a NULL: hence the key and scope tested first.
     SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax::text, coalesce(h.high_water, 0), h.ctid,
            current_setting('transaction_isolation') = 'read committed',
-           s.verify_macs
-           AND token = concat_ws('.', 'stk2', s.cluster_id, split_part(token, '.', 3), k.kid,
-                                 split_part(token, '.', 5), fence.scope)
+           s.verify_macs AND k.kid IS NOT NULL AND fence.scope IS NOT NULL AND strpos(token, E'\\') = 0
            AND (k.verify_until_s IS NULL OR extract(epoch FROM clock_timestamp()) < k.verify_until_s)
-           AND replace(replace(encode(substring(@PGCRYPTO@.hmac(
-                   '\x73746b3200'::bytea || convert_to(k.kid, 'UTF8') || '\x00'::bytea
-                   || convert_to(s.cluster_id, 'UTF8') || '\x00'::bytea
-                   || convert_to(split_part(token, '.', 3), 'UTF8') || '\x00'::bytea || convert_to(fence.scope, 'UTF8'),
-                   k.secret, 'sha256') FROM 1 FOR 16), 'base64'), '+', '-'), '/', '_')
-               = split_part(token, '.', 5) || '==',
-           hashtext(fence.scope), hashtext(fence.scope || '/lo'), @SET_TOKENS@
+           AND token = concat_ws('.', 'stk2', s.cluster_id, split_part(token, '.', 3), k.kid,
+                   left(replace(replace(encode(substring(@PGCRYPTO@.hmac(
+                       decode(concat_ws(E'\\000', 'stk2', k.kid, s.cluster_id, split_part(token, '.', 3), fence.scope),
+                              'escape'),
+                       k.secret, 'sha256') FROM 1 FOR 16), 'base64'), '+', '-'), '/', '_'), 22),
+                   fence.scope),
+           hashtext(fence.scope), hashtext(fence.scope || '/lo'),
+           'LOCK TABLE stockade_private.scope_lock_' || (hashtext(fence.scope) & @STRIPE_MASK@) || ' IN ROW SHARE MODE',
+           @SET_TOKENS@
       INTO STRICT v_cluster_id, v_verify, v_floor, v_replaced, v_own, v_row, v_rc, v_fast, v_hash, v_hash_lo,
-           v_void
+           v_lock, v_void
       FROM stockade.settings s
       CROSS JOIN stockade_private.floor_gate g
       LEFT JOIN stockade.keys k ON k.kid = split_part(token, '.', 4)
@@ -348,7 +354,7 @@ BEGIN
     IF v_value > v_own THEN
         v_void := stockade_private.raise_lock(v_hash & @STRIPE_MASK@, fence.scope, v_value)::text;
     ELSE
-        EXECUTE 'LOCK TABLE stockade_private.scope_lock_' || (v_hash & @STRIPE_MASK@) || ' IN ROW SHARE MODE';
+        EXECUTE v_lock;
     END IF;
     -- The mark as committed, read again now that the lock is held: under READ COMMITTED with a
     -- fresh snapshot; under the other levels the row is locked too (FOR SHARE, one WAL record),
@@ -366,12 +372,10 @@ BEGIN
         INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
         SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
     END IF;
-    v_mark := greatest(v_own, v_floor);
-
     -- 4. R1
     IF @STALE_WHEN@ THEN
         RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (stale)',
-            DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_cluster_id);
+            DETAIL = format('reason=stale high_water=%s cluster=%s detail=', greatest(v_own, v_floor), v_cluster_id);
     END IF;
 
     -- 5. raise the mark (only when it moves: an equal token writes nothing)
@@ -380,7 +384,7 @@ BEGIN
             ON CONFLICT ON CONSTRAINT high_water_pkey
             DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
     END IF;
-    RETURN greatest(v_value, v_mark);
+    RETURN greatest(v_value, v_own, v_floor);
 END
 $fence$;
 REVOKE ALL ON FUNCTION stockade.fence(text, text) FROM PUBLIC;
@@ -392,21 +396,43 @@ CREATE OR REPLACE FUNCTION stockade.guard() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $guard$
 DECLARE
     v_scope text := TG_ARGV[0];
+    v_setting text := current_setting('stockade.tokens', true);
+    v_each text[] := string_to_array(coalesce(v_setting, ''), ' ');
     v_token text;
 BEGIN
     -- The setting is only where to find the token: anyone can SET LOCAL it, so the
     -- token is checked again in full (MAC, scope, mark), under the same scope lock.
-    BEGIN
-        v_token := nullif(current_setting('stockade.tokens', true), '')::jsonb ->> v_scope;
-    EXCEPTION WHEN others THEN
-        v_token := NULL;
-    END;
+    -- Each check of the transaction appended its token (a token holds no space); the newest
+    -- of this scope counts. A JSON map of scope to token (what checks before issue 29 wrote)
+    -- is read too.
+    FOR i IN REVERSE coalesce(array_upper(v_each, 1), 0)..1 LOOP
+        IF (CASE left(v_each[i], 5)
+               WHEN 'stk2.' THEN substr(v_each[i], 10 + length(split_part(v_each[i], '.', 2))
+                    + length(split_part(v_each[i], '.', 3)) + length(split_part(v_each[i], '.', 4))
+                    + length(split_part(v_each[i], '.', 5)))
+               WHEN 'stk1.' THEN substr(v_each[i], 8 + length(split_part(v_each[i], '.', 2))
+                    + length(split_part(v_each[i], '.', 3)))
+            END) = v_scope THEN
+            v_token := v_each[i];
+            EXIT;
+        END IF;
+    END LOOP;
+    IF v_token IS NULL AND left(v_setting, 1) = '{' THEN
+        BEGIN
+            v_token := v_setting::jsonb ->> v_scope;
+        EXCEPTION WHEN others THEN
+            v_token := NULL;
+        END;
+    END IF;
     IF v_token IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '@NO_TOKEN@',
             MESSAGE = format('stockade: %s on %s refused: the table is fenced (scope %s) and this transaction '
                              'passed no stockade.fence(token, scope) for it', TG_OP, TG_TABLE_NAME, v_scope);
     END IF;
     v_token := stockade.fence(v_token, v_scope)::text;  -- an assignment: no statement of its own
+    -- The check appended the token again: put the setting back, so that it grows with the
+    -- transaction's checks, not with its writes to protected tables.
+    v_token := set_config('stockade.tokens', v_setting, true);
     RETURN NULL;
 END
 $guard$;
@@ -417,12 +443,9 @@ def _pgcrypto_ident(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '"'
 
 
-#: The token, for a protected table's trigger: the transaction's first fence writes the setting as text
-#: (a checked token and scope hold no character JSON escapes); a later one merges it in.
-_SET_TOKENS = """set_config('stockade.tokens', CASE coalesce(current_setting('stockade.tokens', true), '')
-            WHEN '' THEN '{"' || fence.scope || '": "' || token || '"}'
-            ELSE (current_setting('stockade.tokens', true)::jsonb || jsonb_build_object(fence.scope, token))::text END,
-            true)"""
+#: The token, for a protected table's trigger (`stockade.guard`): appended to the transaction's list,
+#: separated by a space (a token that passes holds none).
+_SET_TOKENS = "set_config('stockade.tokens', concat_ws(' ', current_setting('stockade.tokens', true), token), true)"
 
 
 def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "private",
