@@ -377,19 +377,23 @@ BEGIN
         INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
         SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
     END IF;
-    -- 4. R1
-    IF @STALE_WHEN@ THEN
-        RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (stale)',
-            DETAIL = format('reason=stale high_water=%s cluster=%s detail=', greatest(v_own, v_floor), v_cluster_id);
+    -- 4. R1, and 5. the raise: one test in the common case, a token equal to the mark, whose value
+    --    is the mark (a RETURN of a variable builds no expression).
+    IF @STALE_WHEN@ OR v_value > v_own THEN
+        IF @STALE_WHEN@ THEN
+            RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (stale)',
+                DETAIL = format('reason=stale high_water=%s cluster=%s detail=', greatest(v_own, v_floor),
+                                v_cluster_id);
+        END IF;
+        -- raise the mark (only when it moves: an equal token writes nothing)
+        IF v_value > v_own THEN
+            INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, v_value)
+                ON CONFLICT ON CONSTRAINT high_water_pkey
+                DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
+        END IF;
+        RETURN greatest(v_value, v_own, v_floor);
     END IF;
-
-    -- 5. raise the mark (only when it moves: an equal token writes nothing)
-    IF v_value > v_own THEN
-        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, v_value)
-            ON CONFLICT ON CONSTRAINT high_water_pkey
-            DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
-    END IF;
-    RETURN greatest(v_value, v_own, v_floor);
+    RETURN v_value;
 END
 $fence$;
 REVOKE ALL ON FUNCTION stockade.fence(text, text) FROM PUBLIC;
