@@ -460,16 +460,44 @@ def test_install_in_place_keeps_the_tokens_an_open_transaction_recorded(
     assert _orders(conn) == [(1, "shipped")]
 
     writer = open_transaction()  # the control: the new trigger without its reading of the JSON map
-    json_read = "    IF v_token IS NULL AND left(v_setting, 1) = '{' THEN"
+    json_read = "        IF v_token IS NULL AND left(v_setting, 1) = '{' THEN"
     guard = q.guard_function()
     assert guard.count(json_read) == 1
     pg.install(conn, keys=KEYS)
-    conn.execute(guard.replace(json_read, "    IF false THEN"))
+    conn.execute(guard.replace(json_read, "        IF false THEN"))
     with pytest.raises(psycopg.Error) as refused:
         writer.execute("UPDATE orders SET state = 'lost' WHERE id = 1")
     assert refused.value.sqlstate == q.NO_TOKEN_SQLSTATE
     writer.close()
     assert _orders(conn) == [(1, "shipped")]
+
+
+def test_the_trigger_finds_its_scope_s_token_behind_a_newer_one_whose_scope_ends_like_it(
+        db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    """``stockade.tokens`` lists the transaction's tokens; the trigger of a table protected with scope
+    ``orders`` takes the newest token whose scope is ``orders``, read at its place in the token, not a
+    newer one of ``x.orders`` that ends the same way: the write is admitted, in either order of the two
+    checks. Control: a trigger that takes the newest token ending in ``.orders`` tries the ``x.orders``
+    one and refuses the write."""
+    _, _, conn = db
+    pg.protect(conn, "orders", scope="orders")
+
+    def write(row: int) -> None:
+        with pg.fenced(conn, tok(5, scope="orders")), pg.fenced(conn, tok(3, scope="x.orders")):
+            conn.execute("INSERT INTO orders VALUES (%s, 'new')", (row,))
+        with pg.fenced(conn, tok(3, scope="x.orders")), pg.fenced(conn, tok(5, scope="orders")):
+            conn.execute("INSERT INTO orders VALUES (%s, 'new')", (row + 1,))
+
+    write(1)
+    assert _orders(conn) == [(1, "new"), (2, "new")]
+    exact = ("    IF substr(v_token, CASE left(v_token, 5) WHEN 'stk2.' THEN 56 ELSE 24 END\n"
+             "              + length(split_part(v_token, '.', 3))) IS DISTINCT FROM v_scope THEN")
+    guard = q.guard_function()
+    assert guard.count(exact) == 1
+    conn.execute(guard.replace(exact, "    IF right(v_token, length(v_scope) + 1) IS DISTINCT FROM '.' || v_scope THEN"))
+    with pytest.raises(TokenMismatch):
+        write(3)
+    assert _orders(conn) == [(1, "new"), (2, "new")]
 
 
 def test_sqlalchemy_async_session(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:

@@ -406,32 +406,33 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_scope text := TG_ARGV[0];
     v_setting text := current_setting('stockade.tokens', true);
-    v_each text[] := string_to_array(coalesce(v_setting, ''), ' ');
-    v_token text;
+    v_token text := split_part(v_setting, ' ', -1);
+    v_each text[];
 BEGIN
     -- The setting is only where to find the token: anyone can SET LOCAL it, so the
     -- token is checked again in full (MAC, scope, mark), under the same scope lock.
     -- Each check of the transaction appended its token (a token holds no space); the newest
-    -- of this scope counts. A JSON map of scope to token (what checks before issue 29 wrote)
-    -- is read too.
-    FOR i IN REVERSE coalesce(array_upper(v_each, 1), 0)..1 LOOP
-        IF (CASE left(v_each[i], 5)
-               WHEN 'stk2.' THEN substr(v_each[i], 10 + length(split_part(v_each[i], '.', 2))
-                    + length(split_part(v_each[i], '.', 3)) + length(split_part(v_each[i], '.', 4))
-                    + length(split_part(v_each[i], '.', 5)))
-               WHEN 'stk1.' THEN substr(v_each[i], 8 + length(split_part(v_each[i], '.', 2))
-                    + length(split_part(v_each[i], '.', 3)))
-            END) = v_scope THEN
-            v_token := v_each[i];
-            EXIT;
+    -- of this scope counts, most often the last one. A token that passed a check has its scope
+    -- at a place its value alone moves: its cluster has 16 characters, and a signed one's kid 8
+    -- and MAC 22. A JSON map of scope to token (what checks before issue 29 wrote) is read too.
+    IF substr(v_token, CASE left(v_token, 5) WHEN 'stk2.' THEN 56 ELSE 24 END
+              + length(split_part(v_token, '.', 3))) IS DISTINCT FROM v_scope THEN
+        v_token := NULL;
+        v_each := string_to_array(v_setting, ' ');
+        FOR i IN REVERSE coalesce(array_upper(v_each, 1), 0)..1 LOOP
+            IF substr(v_each[i], CASE left(v_each[i], 5) WHEN 'stk2.' THEN 56 ELSE 24 END
+                      + length(split_part(v_each[i], '.', 3))) = v_scope THEN
+                v_token := v_each[i];
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_token IS NULL AND left(v_setting, 1) = '{' THEN
+            BEGIN
+                v_token := v_setting::jsonb ->> v_scope;
+            EXCEPTION WHEN others THEN
+                v_token := NULL;
+            END;
         END IF;
-    END LOOP;
-    IF v_token IS NULL AND left(v_setting, 1) = '{' THEN
-        BEGIN
-            v_token := v_setting::jsonb ->> v_scope;
-        EXCEPTION WHEN others THEN
-            v_token := NULL;
-        END;
     END IF;
     IF v_token IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '@NO_TOKEN@',
