@@ -494,7 +494,8 @@ def test_the_trigger_finds_its_scope_s_token_behind_a_newer_one_whose_scope_ends
              "              + length(split_part(v_token, '.', 3))) IS DISTINCT FROM v_scope THEN")
     guard = q.guard_function()
     assert guard.count(exact) == 1
-    conn.execute(guard.replace(exact, "    IF right(v_token, length(v_scope) + 1) IS DISTINCT FROM '.' || v_scope THEN"))
+    suffix = "    IF right(v_token, length(v_scope) + 1) IS DISTINCT FROM '.' || v_scope THEN"
+    conn.execute(guard.replace(exact, suffix))
     with pytest.raises(TokenMismatch):
         write(3)
     assert _orders(conn) == [(1, "new"), (2, "new")]
