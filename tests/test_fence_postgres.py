@@ -424,6 +424,83 @@ def test_install_replaces_an_earlier_check_in_place(db: tuple[PostgresServer, st
             pass
     assert pg.high_waters(conn) == {"a": 6}
 
+def test_install_in_place_keeps_the_tokens_an_open_transaction_recorded(
+        db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    """Issue 29's check records its tokens as a list, where the check before it wrote a JSON map: a
+    transaction that passed the earlier check and writes to a protected table after `install` replaced
+    the functions in place is admitted by the new trigger, which reads either; and the new check, the
+    mark kept, admits the next transaction and refuses a stale token. Control: a trigger that reads only
+    the list refuses that transaction's write."""
+    server, dbname, conn = db
+    pg.protect(conn, "orders", scope="orders")
+    with pg.fenced(conn, tok(5, scope="orders")):
+        conn.execute("INSERT INTO orders VALUES (1, 'new')")
+
+    def open_transaction() -> psycopg.Connection:
+        """A transaction that passed the earlier check (schema 1's, which writes the JSON map), still open."""
+        pg._install(conn, KEYS.keyring, CLUSTER, q.STALE_WHEN["decide"], body="advisory")
+        writer = psycopg.connect(server.dsn_of(dbname))
+        writer.execute("SELECT stockade.fence(%s, 'orders')", (tok(5, scope="orders").encode(),))
+        assert str(writer.execute("SELECT current_setting('stockade.tokens')").fetchone()[0]).startswith("{")
+        return writer
+
+    writer = open_transaction()
+    pg.install(conn, keys=KEYS)  # in place, while the writer's transaction is open
+    assert "'escape'" in str(conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'stockade.fence(text, text)'"
+                                          "::regprocedure").fetchone()[0])
+    writer.execute("UPDATE orders SET state = 'paid' WHERE id = 1")
+    writer.commit()
+    writer.close()
+    assert _orders(conn) == [(1, "paid")]
+    assert pg.high_waters(conn) == {"orders": 5}
+    with pg.fenced(conn, tok(5, scope="orders")):
+        conn.execute("UPDATE orders SET state = 'shipped' WHERE id = 1")
+    with pytest.raises(StaleToken), pg.fenced(conn, tok(4, scope="orders")):
+        conn.execute("UPDATE orders SET state = 'stale' WHERE id = 1")
+    assert _orders(conn) == [(1, "shipped")]
+
+    writer = open_transaction()  # the control: the new trigger without its reading of the JSON map
+    json_read = "        IF v_token IS NULL AND left(v_setting, 1) = '{' THEN"
+    guard = q.guard_function()
+    assert guard.count(json_read) == 1
+    pg.install(conn, keys=KEYS)
+    conn.execute(guard.replace(json_read, "        IF false THEN"))
+    with pytest.raises(psycopg.Error) as refused:
+        writer.execute("UPDATE orders SET state = 'lost' WHERE id = 1")
+    assert refused.value.sqlstate == q.NO_TOKEN_SQLSTATE
+    writer.close()
+    assert _orders(conn) == [(1, "shipped")]
+
+
+def test_the_trigger_finds_its_scope_s_token_behind_a_newer_one_whose_scope_ends_like_it(
+        db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
+    """``stockade.tokens`` lists the transaction's tokens; the trigger of a table protected with scope
+    ``orders`` takes the newest token whose scope is ``orders``, read at its place in the token, not a
+    newer one of ``x.orders`` that ends the same way: the write is admitted, in either order of the two
+    checks. Control: a trigger that takes the newest token ending in ``.orders`` tries the ``x.orders``
+    one and refuses the write."""
+    _, _, conn = db
+    pg.protect(conn, "orders", scope="orders")
+
+    def write(row: int) -> None:
+        with pg.fenced(conn, tok(5, scope="orders")), pg.fenced(conn, tok(3, scope="x.orders")):
+            conn.execute("INSERT INTO orders VALUES (%s, 'new')", (row,))
+        with pg.fenced(conn, tok(3, scope="x.orders")), pg.fenced(conn, tok(5, scope="orders")):
+            conn.execute("INSERT INTO orders VALUES (%s, 'new')", (row + 1,))
+
+    write(1)
+    assert _orders(conn) == [(1, "new"), (2, "new")]
+    exact = ("    IF substr(v_token, CASE left(v_token, 5) WHEN 'stk2.' THEN 56 ELSE 24 END\n"
+             "              + length(split_part(v_token, '.', 3))) IS DISTINCT FROM v_scope THEN")
+    guard = q.guard_function()
+    assert guard.count(exact) == 1
+    suffix = "    IF right(v_token, length(v_scope) + 1) IS DISTINCT FROM '.' || v_scope THEN"
+    conn.execute(guard.replace(exact, suffix))
+    with pytest.raises(TokenMismatch):
+        write(3)
+    assert _orders(conn) == [(1, "new"), (2, "new")]
+
+
 def test_sqlalchemy_async_session(db: tuple[PostgresServer, str, psycopg.Connection]) -> None:
     pytest.importorskip("greenlet", reason="SQLAlchemy's asyncio needs greenlet (sqlalchemy[asyncio])")
     from sqlalchemy import text

@@ -157,10 +157,11 @@ MIGRATIONS = (
 )
 
 #: The private seam of the controls: the SQL condition under which a token is stale, on
-#: ``v_value`` (the token's) and ``v_mark`` (the effective mark). `decide`'s rule is "<".
+#: ``v_value`` (the token's), ``v_own`` (the scope's mark) and ``v_floor`` (the default floor): the
+#: effective mark is the greater of the two. `decide`'s rule is "<".
 STALE_WHEN = {
-    "decide": "v_value < v_mark",
-    "strict-greater": "v_value <= v_mark",
+    "decide": "v_value < greatest(v_own, v_floor)",
+    "strict-greater": "v_value <= greatest(v_own, v_floor)",
     "fencing-off": "false",
 }
 
@@ -196,14 +197,15 @@ DECLARE
     v_cluster_id text;
     v_verify boolean;
     v_floor bigint;
-    v_replaced text;
+    v_current boolean;
+    v_xmax xid;
     v_key_found boolean;
     v_secret bytea;
     v_until bigint;
     v_forged text;
     v_void text;
     v_own bigint;
-    v_mark bigint;
+    v_lock text;
     v_rc boolean;
     v_fast boolean;
     v_hash int;
@@ -219,31 +221,37 @@ BEGIN
     -- token (unsigned, forged, malformed, another cluster's or scope's, a retired key's) takes the
     -- full path below, which finds why, in the order P3 and R2 say.
     -- The common case is one statement, with as few function calls as it can have: PL/pgSQL keeps its
-    -- plans, but builds every expression it runs again in each transaction (about 1 to 2 us a call),
-    -- and each statement of its own costs its set-up on top. That statement reads the settings, the
-    -- token's key and the scope's mark (and where that row is), verifies the common case, records the
-    -- token for a protected table's trigger (a failed check takes that back with its transaction or
-    -- savepoint), and takes the floor's gate: ACCESS SHARE on the view stockade_private.floor_gate,
-    -- held until the transaction ends, so that raise_high_waters (ACCESS EXCLUSIVE on it) waits for
-    -- this transaction. Only the installing role can name that schema, so no other role can hold the
-    -- gate (an advisory lock any role can take, and pg_locks shows every key to every role).
+    -- plans, but builds every expression it runs again in each transaction (each function call with its
+    -- look-ups and permission check), and each statement of its own costs its set-up on top. That
+    -- statement reads the settings, the token's key and the scope's mark (and where that row is),
+    -- verifies the common case, records the token for a protected table's trigger (a failed check takes
+    -- that back with its transaction or savepoint), builds the text of the scope's lock, and takes the
+    -- floor's gate: ACCESS SHARE on the view stockade_private.floor_gate, held until the transaction
+    -- ends, so that raise_high_waters (ACCESS EXCLUSIVE on it) waits for this transaction. Only the
+    -- installing role can name that schema, so no other role can hold the gate (an advisory lock any
+    -- role can take, and pg_locks shows every key to every role).
     -- The isolation level is read here too (it cannot change once the transaction has a snapshot).
-    -- concat_ws skips a NULL, but then the MAC is NULL too (no key, no scope): never true.
-    SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax::text, coalesce(h.high_water, 0), h.ctid,
-           current_setting('transaction_isolation') = 'read committed',
-           s.verify_macs
+    -- The test reads the token back and compares its MAC. The MAC's message
+    -- stk2\0<kid>\0<cluster>\0<value>\0<scope> is decoded from text in which \000 stands for the zero
+    -- byte (one call, where a bytea built piece by piece takes eleven), so a token holding a backslash
+    -- (which no coordinator issues) is tested first: only the separators decode to zero bytes.
+    -- concat_ws skips a NULL, but then the MAC is NULL too (no key), or the scope is tested first.
+    -- A key with a deadline (one being retired) takes the full path, which reads the clock.
+    SELECT s.cluster_id, s.verify_macs, s.default_floor, s.xmax = '0'::xid, s.xmax, coalesce(h.high_water, 0),
+           h.ctid, current_setting('transaction_isolation') = 'read committed',
+           s.verify_macs AND k.verify_until_s IS NULL AND fence.scope IS NOT NULL AND strpos(token, E'\\') = 0
            AND token = concat_ws('.', 'stk2', s.cluster_id, split_part(token, '.', 3), k.kid,
                                  split_part(token, '.', 5), fence.scope)
-           AND (k.verify_until_s IS NULL OR extract(epoch FROM clock_timestamp()) < k.verify_until_s)
            AND replace(replace(encode(substring(@PGCRYPTO@.hmac(
-                   '\x73746b3200'::bytea || convert_to(k.kid, 'UTF8') || '\x00'::bytea
-                   || convert_to(s.cluster_id, 'UTF8') || '\x00'::bytea
-                   || convert_to(split_part(token, '.', 3), 'UTF8') || '\x00'::bytea || convert_to(fence.scope, 'UTF8'),
+                   decode(concat_ws(E'\\000', 'stk2', k.kid, s.cluster_id, split_part(token, '.', 3), fence.scope),
+                          'escape'),
                    k.secret, 'sha256') FROM 1 FOR 16), 'base64'), '+', '-'), '/', '_')
                = split_part(token, '.', 5) || '==',
-           hashtext(fence.scope), hashtext(fence.scope || '/lo'), @SET_TOKENS@
-      INTO STRICT v_cluster_id, v_verify, v_floor, v_replaced, v_own, v_row, v_rc, v_fast, v_hash, v_hash_lo,
-           v_void
+           hashtext(fence.scope), hashtext(fence.scope || '/lo'),
+           'LOCK TABLE stockade_private.scope_lock_' || (hashtext(fence.scope) & @STRIPE_MASK@) || ' IN ROW SHARE MODE',
+           @SET_TOKENS@
+      INTO STRICT v_cluster_id, v_verify, v_floor, v_current, v_xmax, v_own, v_row, v_rc, v_fast, v_hash, v_hash_lo,
+           v_lock, v_void
       FROM stockade.settings s
       CROSS JOIN stockade_private.floor_gate g
       LEFT JOIN stockade.keys k ON k.kid = split_part(token, '.', 4)
@@ -324,13 +332,16 @@ BEGIN
     --    gate was held when it was read, so no raise was under way). Then READ COMMITTED reads it
     --    again (a new snapshot, taken after the gate was granted), and the other levels fail with
     --    a serialization failure (SQLSTATE 40001): never a stale floor.
-    IF v_replaced <> '0' AND stockade_private.replaced(v_replaced) THEN
-        IF NOT v_rc THEN
-            RAISE EXCEPTION USING ERRCODE = '40001',
-                MESSAGE = 'stockade.fence: could not serialize access: the fence floor was raised '
-                          'after this transaction took its snapshot';
+    --    (The test of the xmax is nested: PL/pgSQL builds an expression only when it first runs it.)
+    IF NOT v_current THEN
+        IF stockade_private.replaced(v_xmax::text) THEN
+            IF NOT v_rc THEN
+                RAISE EXCEPTION USING ERRCODE = '40001',
+                    MESSAGE = 'stockade.fence: could not serialize access: the fence floor was raised '
+                              'after this transaction took its snapshot';
+            END IF;
+            SELECT s.default_floor INTO STRICT v_floor FROM stockade.settings s WHERE s.id = 1;
         END IF;
-        SELECT s.default_floor INTO STRICT v_floor FROM stockade.settings s WHERE s.id = 1;
     END IF;
 
     -- 3b. the scope's lock, held until the transaction ends: a lock on one of the views
@@ -348,7 +359,7 @@ BEGIN
     IF v_value > v_own THEN
         v_void := stockade_private.raise_lock(v_hash & @STRIPE_MASK@, fence.scope, v_value)::text;
     ELSE
-        EXECUTE 'LOCK TABLE stockade_private.scope_lock_' || (v_hash & @STRIPE_MASK@) || ' IN ROW SHARE MODE';
+        EXECUTE v_lock;
     END IF;
     -- The mark as committed, read again now that the lock is held: under READ COMMITTED with a
     -- fresh snapshot; under the other levels the row is locked too (FOR SHARE, one WAL record),
@@ -366,21 +377,23 @@ BEGIN
         INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, 0) ON CONFLICT DO NOTHING;
         SELECT h.high_water INTO STRICT v_own FROM stockade.high_water h WHERE h.scope = fence.scope FOR SHARE;
     END IF;
-    v_mark := greatest(v_own, v_floor);
-
-    -- 4. R1
-    IF @STALE_WHEN@ THEN
-        RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (stale)',
-            DETAIL = format('reason=stale high_water=%s cluster=%s detail=', v_mark, v_cluster_id);
+    -- 4. R1, and 5. the raise: one test in the common case, a token equal to the mark, whose value
+    --    is the mark (a RETURN of a variable builds no expression).
+    IF @STALE_WHEN@ OR v_value > v_own THEN
+        IF @STALE_WHEN@ THEN
+            RAISE EXCEPTION USING ERRCODE = '@REJECT@', MESSAGE = 'stockade.fence: token refused (stale)',
+                DETAIL = format('reason=stale high_water=%s cluster=%s detail=', greatest(v_own, v_floor),
+                                v_cluster_id);
+        END IF;
+        -- raise the mark (only when it moves: an equal token writes nothing)
+        IF v_value > v_own THEN
+            INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, v_value)
+                ON CONFLICT ON CONSTRAINT high_water_pkey
+                DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
+        END IF;
+        RETURN greatest(v_value, v_own, v_floor);
     END IF;
-
-    -- 5. raise the mark (only when it moves: an equal token writes nothing)
-    IF v_value > v_own THEN
-        INSERT INTO stockade.high_water AS h (scope, high_water) VALUES (fence.scope, v_value)
-            ON CONFLICT ON CONSTRAINT high_water_pkey
-            DO UPDATE SET high_water = greatest(h.high_water, excluded.high_water);
-    END IF;
-    RETURN greatest(v_value, v_mark);
+    RETURN v_value;
 END
 $fence$;
 REVOKE ALL ON FUNCTION stockade.fence(text, text) FROM PUBLIC;
@@ -392,21 +405,44 @@ CREATE OR REPLACE FUNCTION stockade.guard() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $guard$
 DECLARE
     v_scope text := TG_ARGV[0];
-    v_token text;
+    v_setting text := current_setting('stockade.tokens', true);
+    v_token text := split_part(v_setting, ' ', -1);
+    v_each text[];
 BEGIN
     -- The setting is only where to find the token: anyone can SET LOCAL it, so the
     -- token is checked again in full (MAC, scope, mark), under the same scope lock.
-    BEGIN
-        v_token := nullif(current_setting('stockade.tokens', true), '')::jsonb ->> v_scope;
-    EXCEPTION WHEN others THEN
+    -- Each check of the transaction appended its token (a token holds no space); the newest
+    -- of this scope counts, most often the last one. A token that passed a check has its scope
+    -- at a place its value alone moves: its cluster has 16 characters, and a signed one's kid 8
+    -- and MAC 22. A JSON map of scope to token (what checks before issue 29 wrote) is read too.
+    IF substr(v_token, CASE left(v_token, 5) WHEN 'stk2.' THEN 56 ELSE 24 END
+              + length(split_part(v_token, '.', 3))) IS DISTINCT FROM v_scope THEN
         v_token := NULL;
-    END;
+        v_each := string_to_array(v_setting, ' ');
+        FOR i IN REVERSE coalesce(array_upper(v_each, 1), 0)..1 LOOP
+            IF substr(v_each[i], CASE left(v_each[i], 5) WHEN 'stk2.' THEN 56 ELSE 24 END
+                      + length(split_part(v_each[i], '.', 3))) = v_scope THEN
+                v_token := v_each[i];
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_token IS NULL AND left(v_setting, 1) = '{' THEN
+            BEGIN
+                v_token := v_setting::jsonb ->> v_scope;
+            EXCEPTION WHEN others THEN
+                v_token := NULL;
+            END;
+        END IF;
+    END IF;
     IF v_token IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '@NO_TOKEN@',
             MESSAGE = format('stockade: %s on %s refused: the table is fenced (scope %s) and this transaction '
                              'passed no stockade.fence(token, scope) for it', TG_OP, TG_TABLE_NAME, v_scope);
     END IF;
     v_token := stockade.fence(v_token, v_scope)::text;  -- an assignment: no statement of its own
+    -- The check appended the token again: put the setting back, so that it grows with the
+    -- transaction's checks, not with its writes to protected tables.
+    v_token := set_config('stockade.tokens', v_setting, true);
     RETURN NULL;
 END
 $guard$;
@@ -417,12 +453,9 @@ def _pgcrypto_ident(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '"'
 
 
-#: The token, for a protected table's trigger: the transaction's first fence writes the setting as text
-#: (a checked token and scope hold no character JSON escapes); a later one merges it in.
-_SET_TOKENS = """set_config('stockade.tokens', CASE coalesce(current_setting('stockade.tokens', true), '')
-            WHEN '' THEN '{"' || fence.scope || '": "' || token || '"}'
-            ELSE (current_setting('stockade.tokens', true)::jsonb || jsonb_build_object(fence.scope, token))::text END,
-            true)"""
+#: The token, for a protected table's trigger (`stockade.guard`): appended to the transaction's list,
+#: separated by a space (a token that passes holds none).
+_SET_TOKENS = "set_config('stockade.tokens', concat_ws(' ', current_setting('stockade.tokens', true), token), true)"
 
 
 def fence_function(*, pgcrypto_schema: str, stale_when: str, body: str = "private",
