@@ -71,7 +71,7 @@ def test_migration_11_is_the_text_version_11_shipped():
     assert hashlib.sha256(MIGRATIONS[11].encode()).hexdigest() == MIGRATION_12_SHA256
     assert MIGRATIONS[11].endswith(SERVER_RULES_12) and RELEASE_ASYNC in SERVER_RULES_12
     assert MIGRATIONS[12] == SERVER_RULES_13 and RELEASE_ASYNC_LEAN in SERVER_RULES_13  # the same setting since 13
-    assert MIGRATIONS[13].endswith(SERVER_RULES) and RELEASE_ASYNC_LEAN in SERVER_RULES  # pinned in test_postgres_schema14
+    assert MIGRATIONS[13].endswith(SERVER_RULES) and RELEASE_ASYNC_LEAN in SERVER_RULES  # test_postgres_schema14
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import pytest
 from stockade.coordinators import postgres as pg_module
 from stockade.coordinators.postgres import PostgresCoordinator
 from stockade.coordinators.postgres._journal import LOG_CHECKS_14
-from stockade.coordinators.postgres._rows import MIGRATIONS, META_STATE, SERVER_RULES, SERVER_RULES_13, TIMELINE_KEY
+from stockade.coordinators.postgres._rows import META_STATE, MIGRATIONS, SERVER_RULES, SERVER_RULES_13, TIMELINE_KEY
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.leases import Granted
 
@@ -37,14 +37,17 @@ _COLUMNS = "(scope, lease_id, holder, token, ttl_ms, granted_ns, expires_ns, end
 #: Direct writes of the log, each on its own (the coordinator's role may write the table; nothing else may).
 WRITES = {
     "held, complete": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l1', 'h', 1, 1000, 1, 2, NULL)",
-    "released, complete": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l2', 'h', 2, 1000, 1, 2, 'release')",
+    "released, complete": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l2', 'h', 2, 1000, 1, 2, "
+                          "'release')",
     "expired, complete": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l3', 'h', 3, 1000, 1, 2, 'expire')",
     "ended unrecorded": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l4', 'h', 4, 1000, 1, 2, '')",
     "unknown kind": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l5', 'h', 5, 1000, 1, 2, 'grant')",
     "held without id": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', NULL, 'h', 6, 1000, 1, 2, NULL)",
     "held without ttl": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l7', 'h', 7, NULL, 1, 2, NULL)",
-    "held without times": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l8', 'h', 8, 1000, NULL, NULL, NULL)",
-    "ended without id": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', NULL, 'h', 9, NULL, NULL, NULL, 'release')",
+    "held without times": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', 'l8', 'h', 8, 1000, NULL, NULL, "
+                          "NULL)",
+    "ended without id": f"INSERT INTO stockade_coord_log {_COLUMNS} VALUES ('w', NULL, 'h', 9, NULL, NULL, NULL, "
+                        "'release')",
     "a held row's deadline cleared": "UPDATE stockade_coord_log SET expires_ns = NULL WHERE end_kind IS NULL",
     "a held row ended": "UPDATE stockade_coord_log SET end_kind = 'release' WHERE end_kind IS NULL",
     "an ended row of an unknown kind": "UPDATE stockade_coord_log SET end_kind = 'lost' WHERE end_kind IS NOT NULL",

@@ -54,7 +54,8 @@ from stockade.coordinators.postgres._call import Prepared
 from stockade.core.journal import HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
-__all__ = ["LEASE_LOG", "LOG_CHECKS_14", "LOG_FUNCTIONS", "LOG_FUNCTIONS_9", "HISTORY_READ", "SWEEP_EVERY", "SWEEP_WINDOWS",
+__all__ = ["LEASE_LOG", "LOG_CHECKS_14", "LOG_FUNCTIONS", "LOG_FUNCTIONS_9", "HISTORY_READ", "SWEEP_EVERY",
+           "SWEEP_WINDOWS",
            "LOG_ROWS_MAX", "sweep", "end_of_old", "log_functions", "log_statements", "events_of_row"]
 
 #: Rows (leases) kept: two events each, `HISTORY_TOTAL_MAX` events in all.

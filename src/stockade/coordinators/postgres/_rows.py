@@ -129,7 +129,8 @@ BEGIN
          WHERE OLD.k IN ('{TIMELINE_KEY}', 'timeline_offset', 'epoch', 'forgotten_floor');
     END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        UPDATE stockade_coord_state SET timeline = CASE WHEN NEW.k = '{TIMELINE_KEY}' THEN NEW.v::bigint ELSE timeline END,
+        UPDATE stockade_coord_state
+           SET timeline = CASE WHEN NEW.k = '{TIMELINE_KEY}' THEN NEW.v::bigint ELSE timeline END,
                timeline_offset = CASE WHEN NEW.k = 'timeline_offset' THEN NEW.v::bigint ELSE timeline_offset END,
                epoch = CASE WHEN NEW.k = 'epoch' THEN NEW.v::bigint ELSE epoch END,
                forgotten_floor = CASE WHEN NEW.k = 'forgotten_floor' THEN NEW.v::bigint ELSE forgotten_floor END
@@ -269,7 +270,7 @@ def _grant_rule(lock: str, name: str, meta: str, *, lock_rows: bool, lean: bool,
     # Since schema 13 the bound on held leases is an expression after the read (the count, a query, only
     # when the scopes' sizes do not rule it out), not subqueries of the read that the executor sets up each time.
     bound = "" if lean else f"\n           OR {leases_at_least('p_leases_max')}"
-    sizes = f"{LEASE_ROWS_MAX_EXPR} >= p_leases_max" if not fewer_nodes else LEASE_ROWS_AT_LEAST.format(n="p_leases_max")
+    sizes = LEASE_ROWS_AT_LEAST.format(n="p_leases_max") if fewer_nodes else f"{LEASE_ROWS_MAX_EXPR} >= p_leases_max"
     held = HELD_NEWEST if fewer_nodes else f"EXISTS {HELD}"
     after_read = (f"""
     IF NOT v_refused AND {sizes} THEN
