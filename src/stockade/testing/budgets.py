@@ -88,6 +88,8 @@ BUDGETS = MappingProxyType({
     # calls, the grant's lock, read and write, the release's read, lock and write (schema 13: its commit
     # setting and bound check are expressions). 10 in schema 12, whose release ran both as queries; 11 in
     # schema 11, whose functions locked through a nested call each (tests/test_postgres_statements_per_cycle.py).
+    # Schema 14 runs the same 8, in fewer of the server's instructions (benchmarks/pg_cycle_ir.py: 761,500 a cycle,
+    # 992,000 with schema 13's: docs/coordinator-postgres.md, "Where the time goes").
     "postgres.lock_cycle_server": MappingProxyType({"statements": 8}),
     # one fenced transaction on the user's PostgreSQL (`fenced` on an idle autocommit connection, a one-row
     # upsert of a row that exists, the commit): what the same transaction unfenced makes and writes. BEGIN and
