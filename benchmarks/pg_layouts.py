@@ -68,8 +68,8 @@ from side_by_side import Servers  # noqa: E402  (the servers it starts, and how)
 
 from stockade.coordinators.postgres._rows import (  # noqa: E402
     _NEW_TIMELINE,
+    LEASE_ROWS_AT_LEAST,
     LEASE_ROWS_MAX,
-    LEASE_ROWS_MAX_EXPR,
     LOCK_SCHEMA,
     RELEASE_ASYNC_LEAN,
     RULE_NAMES,
@@ -187,7 +187,7 @@ def _stockade_without(part: str) -> str:
     if part == "lock":  # the scope's lock, on its view (each client uses its own scope here)
         rules = "\n".join(line for line in lines if f"LOCK TABLE {LOCK_SCHEMA}." not in line)
     elif part == "bound":  # the bound on held leases
-        rules = SERVER_RULES.replace(f"{LEASE_ROWS_MAX_EXPR} >= p_leases_max", "false")
+        rules = SERVER_RULES.replace(LEASE_ROWS_AT_LEAST.format(n="p_leases_max"), "false")
     elif part == "timeline":  # the check of the timeline against the recorded one
         rules = SERVER_RULES.replace(_NEW_TIMELINE, "false")
     elif part == "async":  # the release's commit without waiting for its flush: it waits, as up to schema 11

@@ -220,7 +220,7 @@ def test_migration_9_to_10_with_leases_held(pg_coord_url, monkeypatch):
         new.close()
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
         meta = dict(conn.execute("SELECT k, v FROM stockade_coord_meta").fetchall())
-    assert meta["schema_version"] == str(len(MIGRATIONS)) == "13" and "timeline" not in meta and TIMELINE_KEY in meta
+    assert meta["schema_version"] == str(len(MIGRATIONS)) == "14" and "timeline" not in meta and TIMELINE_KEY in meta
 
 
 def test_a_role_that_may_not_create_a_schema_is_told_what_to_grant(pg_coord_url, role):

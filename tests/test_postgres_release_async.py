@@ -43,6 +43,7 @@ from stockade.coordinators.postgres._rows import (
     SERVER_RULES,
     SERVER_RULES_11,
     SERVER_RULES_12,
+    SERVER_RULES_13,
 )
 from stockade.coordinators.sqlite import new_lease_id
 from stockade.testing.servers import postgres as pg_helper
@@ -69,7 +70,8 @@ def test_migration_11_is_the_text_version_11_shipped():
     assert MIGRATIONS[10] == SERVER_RULES_11 and "synchronous_commit" not in SERVER_RULES_11
     assert hashlib.sha256(MIGRATIONS[11].encode()).hexdigest() == MIGRATION_12_SHA256
     assert MIGRATIONS[11].endswith(SERVER_RULES_12) and RELEASE_ASYNC in SERVER_RULES_12
-    assert MIGRATIONS[12] == SERVER_RULES and RELEASE_ASYNC_LEAN in SERVER_RULES  # the same setting since 13
+    assert MIGRATIONS[12] == SERVER_RULES_13 and RELEASE_ASYNC_LEAN in SERVER_RULES_13  # the same setting since 13
+    assert MIGRATIONS[13].endswith(SERVER_RULES) and RELEASE_ASYNC_LEAN in SERVER_RULES  # test_postgres_schema14
 
 
 @pytest.fixture

@@ -84,10 +84,15 @@ BUDGETS = MappingProxyType({
     # scope row's last token, the row ended in place, two commits (docs/coordinator-postgres.md, "Cost").
     # 8 a cycle, one of slack for an index page split. Before the lease log (schema 8): 14 records.
     "postgres.lock_cycle": MappingProxyType({"wal_records": 9}),
+    # the same cycle, the client's function calls on the caller's thread (two prepared calls, the lease signed):
+    # 179 measured; the lease engine's path instead, 1,294 (tests/test_postgres_client_calls.py).
+    "postgres.lock_cycle_client": MappingProxyType({"calls": 190}),
     # the same cycle, the statements the server runs (``pg_stat_statements``, nested ones included): the two
     # calls, the grant's lock, read and write, the release's read, lock and write (schema 13: its commit
     # setting and bound check are expressions). 10 in schema 12, whose release ran both as queries; 11 in
     # schema 11, whose functions locked through a nested call each (tests/test_postgres_statements_per_cycle.py).
+    # Schema 14 runs the same 8, in fewer of the server's instructions (benchmarks/pg_cycle_ir.py: 761,500 a cycle,
+    # 992,000 with schema 13's: docs/coordinator-postgres.md, "Where the time goes").
     "postgres.lock_cycle_server": MappingProxyType({"statements": 8}),
     # one fenced transaction on the user's PostgreSQL (`fenced` on an idle autocommit connection, a one-row
     # upsert of a row that exists, the commit): what the same transaction unfenced makes and writes. BEGIN and

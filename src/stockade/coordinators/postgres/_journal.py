@@ -54,7 +54,8 @@ from stockade.coordinators.postgres._call import Prepared
 from stockade.core.journal import HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
-__all__ = ["LEASE_LOG", "LOG_FUNCTIONS", "LOG_FUNCTIONS_9", "HISTORY_READ", "SWEEP_EVERY", "SWEEP_WINDOWS",
+__all__ = ["LEASE_LOG", "LOG_CHECKS_14", "LOG_FUNCTIONS", "LOG_FUNCTIONS_9", "HISTORY_READ", "SWEEP_EVERY",
+           "SWEEP_WINDOWS",
            "LOG_ROWS_MAX", "sweep", "end_of_old", "log_functions", "log_statements", "events_of_row"]
 
 #: Rows (leases) kept: two events each, `HISTORY_TOTAL_MAX` events in all.
@@ -207,6 +208,33 @@ LOG_FUNCTIONS = log_functions()
 
 #: Migration 9: the lease log, built from the tables of schema 8, and its functions.
 LEASE_LOG = _TABLE + _FROM_SCHEMA_8 + LOG_FUNCTIONS_9
+
+#: Migration 14: the log's two ``CHECK`` constraints (`_TABLE`) as rules of the same meaning that cost a write
+#: almost nothing. PostgreSQL reads a table's ``CHECK`` constraints back from the catalog's text and prepares
+#: them again for every statement that writes a row (the grant's insert, the release's update): about 130,000
+#: of the server's instructions a lock cycle, an eighth of it (`benchmarks/pg_cycle_ir.py`). A domain's check is
+#: prepared once per session, and a ``NOT NULL`` is a flag of the column:
+#:
+#: - ``end_kind IN ('release', 'expire', '')`` is the domain ``stockade_coord_end_kind`` of the column: the same
+#:   values pass (NULL too: a held lease), any other is refused, on an insert and on an update.
+#: - "a row not ended has its lease's id, TTL and times" becomes ``NOT NULL`` on those four columns, for every
+#:   row: a held lease's row has them (the old constraint), and an ended row is given them here where it had
+#:   none, ``''`` and ``0`` (only rows that migration 9 made from schema 8's history, whose end or lease was not
+#:   recorded: nothing reads those columns of an ended row, which is history; its events are its kind, holder,
+#:   token and times). Every writer of the log already writes all four (the functions from their arguments, the
+#:   engine's statements from a `stockade.core.leases.Lease`), so no write that passed before fails now, and
+#:   no row that the old constraint refused passes.
+LOG_CHECKS_14 = """
+CREATE DOMAIN stockade_coord_end_kind AS text CHECK (VALUE IN ('release', 'expire', ''));
+UPDATE stockade_coord_log SET lease_id = COALESCE(lease_id, ''), ttl_ms = COALESCE(ttl_ms, 0),
+       granted_ns = COALESCE(granted_ns, 0), expires_ns = COALESCE(expires_ns, 0)
+ WHERE lease_id IS NULL OR ttl_ms IS NULL OR granted_ns IS NULL OR expires_ns IS NULL;
+ALTER TABLE stockade_coord_log DROP CONSTRAINT stockade_coord_log_end_kind_check,
+    DROP CONSTRAINT stockade_coord_log_check,
+    ALTER COLUMN end_kind TYPE stockade_coord_end_kind,
+    ALTER COLUMN lease_id SET NOT NULL, ALTER COLUMN ttl_ms SET NOT NULL,
+    ALTER COLUMN granted_ns SET NOT NULL, ALTER COLUMN expires_ns SET NOT NULL;
+"""
 
 #: A scope's last events, oldest first, in one row (what has committed), the server's time last.
 HISTORY_READ = Prepared(

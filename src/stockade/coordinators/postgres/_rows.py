@@ -22,7 +22,14 @@ from dataclasses import replace
 from typing import Any
 
 from stockade.coordinators._record_diff import POSTGRES, Statement, check_change, lease_and_queue, scope_row_changed
-from stockade.coordinators.postgres._journal import LEASE_LOG, LOG_FUNCTIONS, end_of_old, log_statements, sweep
+from stockade.coordinators.postgres._journal import (
+    LEASE_LOG,
+    LOG_CHECKS_14,
+    LOG_FUNCTIONS,
+    end_of_old,
+    log_statements,
+    sweep,
+)
 from stockade.coordinators.postgres._schema8 import MIGRATIONS_8
 from stockade.core.errors import invariant
 from stockade.core.leases import Lease, ScopeRecord, Waiter
@@ -36,6 +43,7 @@ __all__ = [
     "RELEASE_ASYNC", "RELEASE_ASYNC_LEAN", "SERVER_RULES_12", "LEAN_WRITE", "LEASE_ROWS_MAX_EXPR",
     "ADVISORY_LOCK", "LOCK_SCHEMA", "SCOPE_LOCKS", "LOCK_SCOPE", "LOCK_VIEW",
     "TIMELINE_KEY", "timeline_key", "RULE_NAMES", "RULE_NAMES_9", "LOCK_VIEWS", "LOCK_SCOPE_INLINE",
+    "SERVER_RULES_13", "HELD_NEWEST", "LEASE_ROWS_AT_LEAST", "STATE_ROW", "META_STATE",
 ]
 
 #: Advisory lock keys: one for the migration, one class for the per-scope locks of schema 9 and
@@ -56,6 +64,7 @@ LOCK_SCOPE = f"{LOCK_SCHEMA}.lock_scope({{scope}})"
 #: call and its frame, about 12 µs of the server's time each, two a lock cycle).
 LOCK_SCOPE_INLINE = (f"EXECUTE 'LOCK TABLE {LOCK_SCHEMA}.scope_lock_' || (hashtext({{scope}}) & {SCOPE_LOCKS - 1}) "
                      "|| ' IN EXCLUSIVE MODE'")
+
 #: The view that ``{scope}`` locks (an SQL expression), for the tests and the docs.
 LOCK_VIEW = f"format('{LOCK_SCHEMA}.scope_lock_%s', hashtext({{scope}}) & {SCOPE_LOCKS - 1})"
 #: The key of ``stockade_coord_meta`` that holds the recorded timeline. Schema 10 renamed it from
@@ -91,6 +100,54 @@ def _meta(timeline_key: str) -> str:
             f"WHERE k IN ('{timeline_key}', 'timeline_offset', 'epoch', 'forgotten_floor')) AS m")
 
 
+#: Since schema 14 the functions read the four meta values from one row kept equal to them (`META_STATE`), a
+#: scan of one tuple instead of an aggregate over the meta table (about 40,000 of the server's instructions each).
+STATE_ROW = "stockade_coord_state AS m"
+#: Migration 14's one-row copy of the meta values the functions read: a trigger on ``stockade_coord_meta`` writes
+#: each change of one of the four keys into it, in the transaction of the change, so that the row equals what the
+#: meta table holds in every snapshot (every writer of those keys, the coordinator's units and an administrator
+#: raising ``timeline_offset`` alike, goes through the trigger; ``ENABLE ALWAYS``: also with
+#: ``session_replication_role = replica``). A row trigger sets only its own key's column, so two transactions
+#: that change different keys at once both land (the second updates the row's latest version). A restored dump
+#: brings both tables from the same snapshot. Only the coordinator's role may write either table.
+META_STATE = f"""
+CREATE TABLE stockade_coord_state (id int PRIMARY KEY CHECK (id = 1), timeline bigint, timeline_offset bigint,
+                                   epoch bigint, forgotten_floor bigint);
+REVOKE ALL ON stockade_coord_state FROM PUBLIC;
+INSERT INTO stockade_coord_state SELECT 1, m.* FROM {_meta(TIMELINE_KEY).removesuffix(" AS m")} AS m;
+CREATE FUNCTION stockade_coord_state_of_meta() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        UPDATE stockade_coord_state SET timeline = NULL, timeline_offset = NULL, epoch = NULL, forgotten_floor = NULL;
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN  -- the old key's value goes (a key deleted or renamed)
+        UPDATE stockade_coord_state SET timeline = CASE WHEN OLD.k = '{TIMELINE_KEY}' THEN NULL ELSE timeline END,
+               timeline_offset = CASE WHEN OLD.k = 'timeline_offset' THEN NULL ELSE timeline_offset END,
+               epoch = CASE WHEN OLD.k = 'epoch' THEN NULL ELSE epoch END,
+               forgotten_floor = CASE WHEN OLD.k = 'forgotten_floor' THEN NULL ELSE forgotten_floor END
+         WHERE OLD.k IN ('{TIMELINE_KEY}', 'timeline_offset', 'epoch', 'forgotten_floor');
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        UPDATE stockade_coord_state
+           SET timeline = CASE WHEN NEW.k = '{TIMELINE_KEY}' THEN NEW.v::bigint ELSE timeline END,
+               timeline_offset = CASE WHEN NEW.k = 'timeline_offset' THEN NEW.v::bigint ELSE timeline_offset END,
+               epoch = CASE WHEN NEW.k = 'epoch' THEN NEW.v::bigint ELSE epoch END,
+               forgotten_floor = CASE WHEN NEW.k = 'forgotten_floor' THEN NEW.v::bigint ELSE forgotten_floor END
+         WHERE NEW.k IN ('{TIMELINE_KEY}', 'timeline_offset', 'epoch', 'forgotten_floor');
+    END IF;
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION stockade_coord_state_of_meta() FROM PUBLIC;
+CREATE TRIGGER stockade_coord_state_of_meta AFTER INSERT OR UPDATE OR DELETE ON stockade_coord_meta
+    FOR EACH ROW EXECUTE FUNCTION stockade_coord_state_of_meta();
+CREATE TRIGGER stockade_coord_state_of_meta_truncate AFTER TRUNCATE ON stockade_coord_meta
+    FOR EACH STATEMENT EXECUTE FUNCTION stockade_coord_state_of_meta();
+ALTER TABLE stockade_coord_meta ENABLE ALWAYS TRIGGER stockade_coord_state_of_meta,
+    ENABLE ALWAYS TRIGGER stockade_coord_state_of_meta_truncate;
+"""
+
 _NEW_TIMELINE = ("m.timeline IS DISTINCT FROM ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
                  "::bit(32)::bigint + COALESCE(m.timeline_offset, 0)")
 
@@ -116,6 +173,13 @@ LEASE_ROWS_MAX_EXPR = ("LEAST(pg_relation_size('stockade_coord_scopes') / curren
                        "* ((current_setting('block_size')::bigint - 24) / 28), "
                        "pg_relation_size('stockade_coord_scopes_pkey') / current_setting('block_size')::bigint "
                        "* ((current_setting('block_size')::bigint - 40) / 20))")
+#: Since schema 14: whether `LEASE_ROWS_MAX_EXPR` is at least ``{n}``, each size read only when the one before does
+#: not already rule it out (``LEAST(a, b) >= n`` is ``a >= n AND b >= n``, and ``AND`` stops at its first false):
+#: while the scopes' table is small, one `pg_relation_size` a grant instead of two.
+LEASE_ROWS_AT_LEAST = ("pg_relation_size('stockade_coord_scopes') / current_setting('block_size')::bigint "
+                       "* ((current_setting('block_size')::bigint - 24) / 28) >= {n} "
+                       "AND pg_relation_size('stockade_coord_scopes_pkey') / current_setting('block_size')::bigint "
+                       "* ((current_setting('block_size')::bigint - 40) / 20) >= {n}")
 
 
 def leases_at_least(n: str) -> str:
@@ -127,6 +191,10 @@ def leases_at_least(n: str) -> str:
 #: The held lease of scope ``{scope}`` (an SQL expression): the scope's newest row of the lease log, unless it ended.
 HELD = ("(SELECT h.* FROM (SELECT o.* FROM stockade_coord_log o WHERE o.scope = {scope} ORDER BY o.seq DESC LIMIT 1) "
         "AS h WHERE h.end_kind IS NULL)")
+#: Since schema 14, in the grant's read: whether scope ``{scope}`` holds a lease, the same as ``EXISTS`` `HELD`
+#: (its newest row has not ended; false when it has no row), one scan without `HELD`'s subquery around it.
+HELD_NEWEST = ("COALESCE((SELECT o.end_kind IS NULL FROM stockade_coord_log o WHERE o.scope = {scope} "
+               "ORDER BY o.seq DESC LIMIT 1), false)")
 #: The scope of lease ``{lease_id}`` while it is held (None: no lease has this id).
 HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lease_id} AND o.end_kind IS NULL "
               "ORDER BY o.seq DESC LIMIT 1)")
@@ -145,7 +213,7 @@ HELD_SCOPE = ("(SELECT o.scope FROM stockade_coord_log o WHERE o.lease_id = {lea
 #: grant inserts it, the release marks it ended in place, each in its own transaction.
 def server_rules(*, lock: str = LOCK_SCOPE_INLINE, names: tuple[str, str] = RULE_NAMES,
                  timeline_key: str = TIMELINE_KEY, by_seq: bool = True, release_async: bool = True,
-                 lock_rows: bool = False, lean: bool = True, **bounds: int) -> str:
+                 lock_rows: bool = False, lean: bool = True, fewer_nodes: bool = False, **bounds: int) -> str:
     """The SQL of the two functions; ``bounds`` and ``lock_rows`` as `stockade.coordinators.postgres._journal.sweep`.
 
     Args:
@@ -158,10 +226,14 @@ def server_rules(*, lock: str = LOCK_SCOPE_INLINE, names: tuple[str, str] = RULE
         release_async: a release's transaction does not wait for its WAL flush (`RELEASE_ASYNC`, since 12).
         lean: the same rules in fewer of the server's instructions (since 13, `LEAN_WRITE` and
             `RELEASE_ASYNC_LEAN`): no statement the executor starts for what an expression can say.
+        fewer_nodes: the grant's read asks whether the scope is held with `HELD_NEWEST` instead of ``EXISTS``
+            `HELD`, and reads the second size of the bound on held leases only when the first does not rule
+            the count out (since 14; the same answers: ``LEAST(a, b) >= n`` is ``a >= n AND b >= n``); both
+            read the meta values from `STATE_ROW` (no row there: the engine decides, as on a new timeline).
     """
-    meta = _meta(timeline_key)
-    return (_grant_rule(lock, names[0], meta, lock_rows=lock_rows, lean=lean, **bounds)
-            + _keep_rule(lock, names[1], meta, by_seq, release_async, lean, **bounds))
+    meta = STATE_ROW if fewer_nodes else _meta(timeline_key)
+    return (_grant_rule(lock, names[0], meta, lock_rows=lock_rows, lean=lean, fewer_nodes=fewer_nodes, **bounds)
+            + _keep_rule(lock, names[1], meta, by_seq, release_async, lean, fewer_nodes, **bounds))
 
 
 #: The grant's write up to schema 12: one statement whatever the scope, an update of a used scope's row
@@ -193,16 +265,20 @@ LEAN_WRITE = f"""IF v_exists THEN
     END IF;"""
 
 
-def _grant_rule(lock: str, name: str, meta: str, *, lock_rows: bool, lean: bool, **bounds: int) -> str:
+def _grant_rule(lock: str, name: str, meta: str, *, lock_rows: bool, lean: bool, fewer_nodes: bool,
+                **bounds: int) -> str:
     # Since schema 13 the bound on held leases is an expression after the read (the count, a query, only
     # when the scopes' sizes do not rule it out), not subqueries of the read that the executor sets up each time.
     bound = "" if lean else f"\n           OR {leases_at_least('p_leases_max')}"
+    sizes = LEASE_ROWS_AT_LEAST.format(n="p_leases_max") if fewer_nodes else f"{LEASE_ROWS_MAX_EXPR} >= p_leases_max"
+    held = HELD_NEWEST if fewer_nodes else f"EXISTS {HELD}"
     after_read = (f"""
-    IF NOT v_refused AND {LEASE_ROWS_MAX_EXPR} >= p_leases_max THEN
+    IF NOT v_refused AND {sizes} THEN
         v_refused := (SELECT count(*) FROM (SELECT 1 FROM stockade_coord_log WHERE end_kind IS NULL
                       LIMIT p_leases_max) AS n) >= p_leases_max;
     END IF;""" if lean else "")
     write = LEAN_WRITE if lean else _WRITE_12.format(log=_LOG_INSERT)
+    found = _NO_STATE_ROW if fewer_nodes else ""
     return f"""
 CREATE OR REPLACE FUNCTION {name}(p_scope text, p_lease_id text, p_holder text, p_ttl_ms bigint,
                                                     p_leases_max bigint)
@@ -223,12 +299,12 @@ BEGIN
     SELECT COALESCE(s.last_token, 0), COALESCE(s.delay_until_ns, 0),
            {_NEW_TIMELINE}
            OR v_now < COALESCE(s.delay_until_ns, 0)
-           OR EXISTS {HELD.format(scope='p_scope')}
+           OR {held.format(scope='p_scope')}
            OR EXISTS (SELECT 1 FROM stockade_coord_waiters w WHERE w.scope = p_scope){bound},
            GREATEST(COALESCE(s.last_token, 0), m.epoch << {COUNTER_BITS}, COALESCE(m.forgotten_floor, 0)),
            s.scope IS NOT NULL
       INTO v_last, v_delay, v_refused, v_base, v_exists
-      FROM {meta} LEFT JOIN stockade_coord_scopes s ON s.scope = p_scope;{after_read}
+      FROM {meta} LEFT JOIN stockade_coord_scopes s ON s.scope = p_scope;{found}{after_read}
     IF v_refused OR v_base & {COUNTER_MAX} = {COUNTER_MAX} THEN
         RETURN;  -- busy, a new timeline, a full table, or a counter at the end of its epoch: the engine decides
     END IF;
@@ -280,8 +356,15 @@ RELEASE_ASYNC_LEAN = ("IF current_setting('synchronous_standby_names') = '' THEN
                       "            v_setting := set_config('synchronous_commit', 'off', true);\n        END IF;")
 
 
+#: Since schema 14, after the read of `STATE_ROW`: a table may hold no row where an aggregate always answers one.
+_NO_STATE_ROW = """
+    IF NOT FOUND THEN
+        RETURN;  -- the meta values' row is missing: the engine decides (its units read the meta table itself)
+    END IF;"""
+
+
 def _keep_rule(lock: str, name: str, meta: str, by_seq: bool, release_async: bool, lean: bool,
-               **bounds: int) -> str:
+               fewer_nodes: bool = False, **bounds: int) -> str:
     if by_seq:
         read = (f"SELECT h.scope, h.seq, {_NEW_TIMELINE} INTO v_scope, v_held, v_refused FROM {meta} LEFT JOIN LATERAL "
                 "(SELECT o.scope, o.seq FROM stockade_coord_log o WHERE o.lease_id = p_lease_id AND o.end_kind IS NULL "
@@ -306,7 +389,7 @@ DECLARE
     v_seq bigint;{held}
 BEGIN
     v_now := {_NOW};
-    {read}
+    {read}{_NO_STATE_ROW if fewer_nodes else ""}
     IF v_refused THEN
         RETURN;
     END IF;
@@ -359,8 +442,11 @@ SERVER_RULES_11 = server_rules(lock=f"PERFORM {LOCK_SCOPE}", release_async=False
 #: grant's sweep deletes old rows without locking each first (`stockade.coordinators.postgres._journal.sweep`),
 #: and each takes the scope's lock itself (`LOCK_SCOPE_INLINE`); kept as they were for migration 12.
 SERVER_RULES_12 = server_rules(lean=False)
-#: The two functions since schema 13: schema 12's rules in fewer of the server's instructions (``lean``).
-SERVER_RULES = server_rules()
+#: The two functions of schema 13: schema 12's rules in fewer of the server's instructions (``lean``); kept as they
+#: were for migration 13.
+SERVER_RULES_13 = server_rules()
+#: The two functions since schema 14: schema 13's with ``fewer_nodes``.
+SERVER_RULES = server_rules(fewer_nodes=True)
 
 #: Migration 10's locks: views in a schema no other role may use, so that no other role can name
 #: them, nor lock them (an advisory lock any role can take; a view in a schema it may use it can
@@ -428,7 +514,13 @@ MIGRATIONS: tuple[str, ...] = (
     # write its scope needs (`LEAN_WRITE`), the bound on held leases and the release's commit setting and
     # check of the log's bound are expressions, not queries (`LEASE_ROWS_MAX_EXPR`, `RELEASE_ASYNC_LEAN`).
     # Same names, same answers: a process of version 12 still running calls the new bodies unchanged.
-    SERVER_RULES,
+    SERVER_RULES_13,
+    # 14: the same rules in fewer of the server's instructions again: the lease log's two CHECK constraints,
+    # which PostgreSQL read back from the catalog and prepared again for every statement writing a row, become
+    # a domain and NOT NULLs of the same meaning (`LOG_CHECKS_14`); the functions read the meta values from one
+    # row a trigger keeps equal to them (`META_STATE`), and the grant's read sets up fewer nodes (``fewer_nodes``).
+    # Same names, same answers: a process of version 13 still running calls the new bodies unchanged.
+    LOG_CHECKS_14 + META_STATE + SERVER_RULES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
