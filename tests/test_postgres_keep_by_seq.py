@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 
 import psycopg
+from helpers.pg_upgrade import lease_carried_over
 
 from stockade.coordinators import postgres as pg_module
 from stockade.coordinators.postgres import PostgresCoordinator
@@ -94,14 +95,7 @@ def test_migration_10_to_11_keeps_a_held_lease(pg_coord_url, monkeypatch):
         body = conn.execute("SELECT pg_get_functiondef(%s::regproc)", (RULE_NAMES[1],)).fetchone()[0]
     assert "v_held" not in body
     monkeypatch.undo()
-    new = PostgresCoordinator(pg_coord_url)
-    try:
-        assert new.renew(held.lease.lease_id).token.value == held.lease.token.value
-        assert new.release(held.lease.lease_id).released
-        again = new.attempt("held", lease_id=new_lease_id(), holder="new", ttl_ms=60_000, wait_ms=0).outcome
-        assert isinstance(again, Granted) and again.lease.token.value > held.lease.token.value
-    finally:
-        new.close()
+    lease_carried_over(pg_coord_url, held)
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
         meta = dict(conn.execute("SELECT k, v FROM stockade_coord_meta").fetchall())
         body = conn.execute("SELECT pg_get_functiondef(%s::regproc)", (RULE_NAMES[1],)).fetchone()[0]

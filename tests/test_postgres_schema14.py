@@ -23,6 +23,7 @@ import threading
 
 import psycopg
 import pytest
+from helpers.pg_upgrade import lease_carried_over
 
 from stockade.coordinators import postgres as pg_module
 from stockade.coordinators.postgres import PostgresCoordinator
@@ -230,14 +231,7 @@ def test_migration_13_to_14_in_use(pg_coord_url, monkeypatch):
         history = conn.execute("SELECT seq, scope, holder, token, grant_ms, end_kind, end_ms FROM stockade_coord_log "
                                "ORDER BY seq").fetchall()
     monkeypatch.undo()
-    new = PostgresCoordinator(pg_coord_url)
-    try:
-        assert new.renew(held.lease.lease_id).token.value == held.lease.token.value
-        assert new.release(held.lease.lease_id).released
-        again = new.attempt("held", lease_id=new_lease_id(), holder="new", ttl_ms=60_000, wait_ms=0).outcome
-        assert isinstance(again, Granted) and again.lease.token.value > held.lease.token.value
-    finally:
-        new.close()
+    lease_carried_over(pg_coord_url, held)
     with psycopg.connect(pg_coord_url, autocommit=True) as conn:
         after = conn.execute("SELECT seq, scope, holder, token, grant_ms, end_kind, end_ms FROM stockade_coord_log "
                              "ORDER BY seq").fetchall()
