@@ -406,7 +406,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     v_scope text := TG_ARGV[0];
     v_setting text := current_setting('stockade.tokens', true);
-    v_token text := split_part(v_setting, ' ', -1);
+    v_token text := reverse(split_part(reverse(v_setting), ' ', 1));  -- the last (no negative position before 14)
     v_each text[];
 BEGIN
     -- The setting is only where to find the token: anyone can SET LOCAL it, so the
