@@ -79,26 +79,30 @@ def as_postgres() -> list[str]:
     return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
-def start_postgres(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_postgres(root: Path, *, wrapper: tuple[str, ...] = (),
+                   settings: tuple[str, ...] = ("fsync=on", "synchronous_commit=on"),
+                   start_s: float = 60, poll_s: float = 0.1) -> tuple[subprocess.Popen[bytes], str]:
+    """A fresh PostgreSQL 15 in ``root/data`` on a free loopback port, its server run by ``wrapper`` (e.g.
+    valgrind) with ``settings`` (``-c`` each); returns the process and a dsn once it answers."""
     shutil.chown(root, "postgres", "postgres") if os.geteuid() == 0 else None
     data = root / "data"
     subprocess.run([*as_postgres(), str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
                     "-E", "UTF8", "--locale", "C"], check=True, capture_output=True, cwd="/")
     port = free_port()
+    options = [arg for setting in ("listen_addresses=127.0.0.1", f"port={port}", "unix_socket_directories=",
+                                   *settings) for arg in ("-c", setting)]
     with open(root / "server.log", "ab") as log:
-        server = subprocess.Popen(
-            [*as_postgres(), str(PG_BIN / "postgres"), "-D", str(data), "-c", "listen_addresses=127.0.0.1",
-             "-c", f"port={port}", "-c", "unix_socket_directories=", "-c", "fsync=on",
-             "-c", "synchronous_commit=on"], stdout=log, stderr=subprocess.STDOUT, cwd="/")
+        server = subprocess.Popen([*as_postgres(), *wrapper, str(PG_BIN / "postgres"), "-D", str(data), *options],
+                                  stdout=log, stderr=subprocess.STDOUT, cwd="/")
     dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + start_s
     while time.monotonic() < deadline:
         try:
             psycopg.connect(dsn).close()
             return server, dsn
         except psycopg.OperationalError:
-            time.sleep(0.1)
-    raise RuntimeError("PostgreSQL did not start")
+            time.sleep(poll_s)
+    raise RuntimeError(f"PostgreSQL did not start{' under ' + wrapper[0] if wrapper else ''}")
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-from fence_postgres import CLUSTER, PG_BIN, as_postgres, free_port, install_before
+from fence_postgres import CLUSTER, PG_BIN, as_postgres, install_before, start_postgres
 
 from stockade.core.tokens import FencingToken
 from stockade.keys import FixedKeys, ephemeral_keyring
@@ -38,25 +38,8 @@ from stockade.resources import postgres as pg
 
 def start(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     """PostgreSQL under callgrind, each process writing ``root/cg.<pid>`` when it exits."""
-    shutil.chown(root, "postgres", "postgres") if as_postgres() else None
-    subprocess.run([*as_postgres(), str(PG_BIN / "initdb"), "-D", str(root / "data"), "-U", "postgres", "-A",
-                    "trust", "-E", "UTF8", "--locale", "C"], check=True, capture_output=True, cwd="/")
-    port = free_port()
-    with open(root / "server.log", "ab") as log:
-        server = subprocess.Popen(
-            [*as_postgres(), "valgrind", "--tool=callgrind", f"--callgrind-out-file={root}/cg.%p",
-             str(PG_BIN / "postgres"), "-D", str(root / "data"), "-c", "listen_addresses=127.0.0.1",
-             "-c", f"port={port}", "-c", "unix_socket_directories=", "-c", "autovacuum=off"],
-            stdout=log, stderr=subprocess.STDOUT, cwd="/")
-    dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            psycopg.connect(dsn).close()
-            return server, dsn
-        except psycopg.OperationalError:
-            time.sleep(0.5)
-    raise RuntimeError("PostgreSQL under valgrind did not start")
+    return start_postgres(root, wrapper=("valgrind", "--tool=callgrind", f"--callgrind-out-file={root}/cg.%p"),
+                          settings=("autovacuum=off",), start_s=300, poll_s=0.5)
 
 
 def instructions(root: Path, pid: int) -> int:

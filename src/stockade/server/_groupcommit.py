@@ -335,11 +335,8 @@ def _resolve(batch: list[tuple[Any, asyncio.Future[Any]]], results: Sequence[Any
                 for reply in replies.pop(future, ()):
                     if not reply.done():
                         reply.set_result(result)
-                if listeners and (listener := listeners.pop(future, None)) is not None:
-                    try:  # `_notify`, without its call: a release's future has none, the grant after it one
-                        listener(future)
-                    except Exception:  # noqa: BLE001 - one answer's bug must not keep the batch's others unresolved
-                        _log.exception("a commit's listener failed")
+                if listeners and future in listeners:  # a release's future has none, the grant after it one
+                    _notify(listeners, future)
                 continue
         if not future.done():
             if error is not None:

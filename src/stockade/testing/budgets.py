@@ -63,14 +63,16 @@ BUDGETS = MappingProxyType({
     # `_checked_again_served` of tests/test_work_budget.py), so the margin here is 8, not 10.
     # Both together: 395.1 calls (438 with ``--release-lag-ms 0``; 410 with the acquire checked again).
     # 391.2-392.0 (434 with ``--release-lag-ms 0``; 406 with the acquire checked again) with an answer's clock
-    # read once (its metric and its connection's idle start) and the method's name found, not decoded.
+    # read once (its metric and its connection's idle start) and the method's name found, not decoded; 392.0 with
+    # a grant's listener called through the committer's one `_notify` (a copy of it inline saved that call).
     "serve.lock_cycle": MappingProxyType({
         "commits": 1, "wal_frames": 3.8, "wal_bytes": 4_000, "statements": 6.1, "calls": 399}),
     # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls;
     # 459 measured (487 before issue 29's trims; 523 with debug logging on); 454.6 with the committer's trims;
     # 446.6 with the answers' heads made once and the C JSON encoder built once; 424.7 (442 just before) with the
     # request path's trims of ``serve.lock_cycle``; 391.8 with its acquire's values checked once; 389.9 with an
-    # answer's clock read once and the method's name found, not decoded (393.0 just before).
+    # answer's clock read once and the method's name found, not decoded (393.0 just before); 391.0 with the
+    # commit's listeners called through `_notify`.
     "serve.fenced_write": MappingProxyType({
         "commits": 1, "wal_frames": 4, "wal_bytes": 16_480, "statements": 11, "calls": 400}),
     # acquire -> release on an embedded ``sqlite://`` coordinator.
