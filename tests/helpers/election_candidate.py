@@ -63,7 +63,10 @@ def zombie(coord_url: str, store_path: str, name: str) -> None:
             print("accepted", flush=True)
         except stockade.StaleToken:
             print("rejected", flush=True)
-        leadership.resign()
+        try:
+            leadership.resign()
+        except stockade.BackendUnavailable as exc:  # a session that expired in the pause may still be reconnecting
+            print(f"resign failed, the lease lapses instead: {exc!r}", file=sys.stderr, flush=True)
     coord.close()
 
 
