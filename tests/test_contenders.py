@@ -38,10 +38,13 @@ def test_the_contenders_test_catches_a_line_out_of_serving_order(tmp_path, mode)
     for name in CONTROLS:
         runner = SyncRunner() if mode == "sync" else AsyncRunner()
         url = f"sqlite:///{tmp_path / f'{name}.db'}?process=embedded"  # the engine's port, wrapped
+        handles: list[object] = []  # closed after the failure: the failed check left its leases, and keepalives
 
-        def broken(url: str = url, name: str = name, runner: object = runner) -> object:
+        def broken(url: str = url, name: str = name, runner: object = runner,
+                   handles: list[object] = handles) -> object:
             handle = runner.connect(url)  # type: ignore[attr-defined]
             MUTANTS[name].wrap(handle._port)
+            handles.append(handle)
             return handle
 
         try:
@@ -49,6 +52,8 @@ def test_the_contenders_test_catches_a_line_out_of_serving_order(tmp_path, mode)
                 suite.check_contenders(runner, broken)
             caught.append(name)
         finally:
+            for handle in handles:
+                runner.run(handle.aclose() if runner.mode == "async" else handle.close())  # type: ignore[attr-defined]
             if isinstance(runner, AsyncRunner):
                 runner.close()
     print(f"contenders controls caught: {len(caught)} of {len(CONTROLS)} ({mode}): {', '.join(caught)}")

@@ -135,17 +135,25 @@ def test_the_c5_tests_catch_an_etcd_port_without_lock_delay(etcd_cluster, tmp_pa
 
     broken = MUTANTS["etcd-lock-delay-off"]
 
+    handles = []  # closed after each failure: the failed test left its lease, and its keepalive, running
+
     class WithoutLockDelay(ClientDelayed):
         def connect(self, client):
             handle = super().connect(client)
             broken.wrap(handle._port)
+            handles.append(handle)
             return handle
 
     caught = []
     for test in (suite.test_c5_lock_delay_after_a_lapse_not_after_a_release,
                  suite.test_c5_a_pending_lock_delay_outlives_a_restart):
         url = f"{etcd_cluster.url}/{tmp_path.name}-{len(caught)}"
-        with pytest.raises(AssertionError, match="before the lock-delay had passed") as failed:
-            test(SyncRunner(), lambda lock_delay_ms, restart=False, url=url: WithoutLockDelay(url, lock_delay_ms, None))
+        try:
+            with pytest.raises(AssertionError, match="before the lock-delay had passed") as failed:
+                test(SyncRunner(), lambda lock_delay_ms, restart=False, url=url: WithoutLockDelay(url, lock_delay_ms,
+                                                                                                  None))
+        finally:
+            while handles:
+                handles.pop().close()
         caught.append(f"{test.__name__}: {str(failed.value).splitlines()[0]}")
     print(f"etcd-lock-delay-off caught by {len(caught)} of 2 C5 tests:", *caught, sep="\n  ")

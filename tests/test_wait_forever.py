@@ -13,6 +13,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 from conftest import HELPERS, WAIT_CAP_MS, AsyncRunner, CappedWait, ServeProcess, SyncRunner
@@ -30,12 +31,24 @@ CONTROL_RUNS = 3
 
 def _broken(runner_class: type, name: str) -> object:
     class Broken(runner_class):  # type: ignore[misc, valid-type]
+        handles: list[Any]  # what it opened, closed by `_close_handles` after a failed (control) run
+
         def connect(self, url, **options):
             handle = super().connect(url, **options)
             MUTANTS[name].wrap(handle._port)
+            self.handles.append(handle)
             return handle
 
-    return Broken()
+    broken = Broken()
+    broken.handles = []
+    return broken
+
+
+def _close_handles(runner) -> None:
+    """Close the handles a failed (control) run left open: their leases, and the keepalives renewing them."""
+    while runner.handles:
+        handle = runner.handles.pop()
+        runner.run(handle.aclose() if runner.mode == "async" else handle.close())
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -54,6 +67,8 @@ def test_the_fifo_test_catches_a_wait_that_queues_again_at_each_cap(capped_serve
         finally:
             if mode == "async":
                 _close_loop(runner)
+            else:
+                _close_handles(runner)
     print(f"wait-requeued-at-cap caught in {caught} of {CONTROL_RUNS} runs ({mode})")
     assert caught >= 1
 
@@ -73,6 +88,8 @@ def test_the_cancel_test_catches_a_wait_that_outlives_its_caller(capped_server, 
     finally:
         if mode == "async":
             _close_loop(runner)
+        else:
+            _close_handles(runner)
 
 
 def _close_loop(runner) -> None:
