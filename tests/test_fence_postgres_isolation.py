@@ -14,6 +14,8 @@
   transaction writes, counted (the locks write nothing).
 - A higher token is not starved by writers of the current one that keep
   overlapping transactions open (control: the row lock, FOR SHARE).
+- Installs at once on a database whose default isolation is REPEATABLE READ or
+  SERIALIZABLE: none fails (control: the install's transaction at that default).
 
 Control, unless a test says otherwise: schema 1's function (``advisory``,
 `_postgres_sql.FENCE_BODIES`), which read the floor through the snapshot and
@@ -22,12 +24,15 @@ locked with advisory keys.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+from conftest import PG_VARIANTS, fresh_pg_url
+from helpers.at_once import errors_at_once
 
 from stockade.core.errors import StaleToken
 from stockade.resources import postgres as pg
@@ -311,3 +316,43 @@ def _starvation_round(harness: PgHarness, scope: str) -> tuple[int, list[object]
         raising.join(60)
         raiser.close()
     return jumped, outcome
+
+
+#: The isolation variants of the PostgreSQL suites (tests/conftest.py `PG_VARIANTS`), whose databases default to a
+#: stricter level than READ COMMITTED.
+STRICTER = ["postgres-repeatable_read", "postgres-serializable"]
+INSTALLERS = 4
+CONTROL_ROUNDS_MAX = 5
+
+
+def _installs_at_once(url: str) -> collections.Counter[str]:
+    """`INSTALLERS` installs at once on a fresh database, then as many on the installed one: the failures."""
+    def install(index: int) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            pg.install(conn, keys=KEYS)
+
+    return errors_at_once(INSTALLERS, install) + errors_at_once(INSTALLERS, install)
+
+
+@pytest.mark.parametrize("variant", STRICTER)
+def test_installs_at_once_on_a_stricter_default_isolation(variant: str) -> None:
+    """Installs are serialised by a lock, then read the version the one before wrote; at a default of
+    REPEATABLE READ or SERIALIZABLE their snapshot was of before the lock (installs at once failed: the
+    version row unseen, a TypeError, on a fresh database; 40001 on an installed one). The install's own
+    transaction is READ COMMITTED now: 0 failures in 8 installs."""
+    with fresh_pg_url(*PG_VARIANTS[variant]) as url:
+        errors = _installs_at_once(url)
+    assert not errors, dict(errors)
+
+
+@pytest.mark.parametrize("variant", STRICTER)
+def test_control_installs_at_the_default_isolation_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: the install's transaction at the database's default level, as before."""
+    monkeypatch.setattr(pg, "_read_committed_transaction", lambda conn: conn.transaction())
+    for _ in range(CONTROL_ROUNDS_MAX):
+        with fresh_pg_url(*PG_VARIANTS[variant]) as url:
+            errors = _installs_at_once(url)
+        if errors:
+            break
+    print(f"\ncontrol, {variant}: {dict(errors)}")
+    assert any("40001" in error or "NoneType" in error for error in errors), dict(errors)
