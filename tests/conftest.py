@@ -199,6 +199,11 @@ PG_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "postgres-serializable": ("UTF8", {"default_transaction_isolation": "serializable"}),
 }
 
+#: The variants whose database defaults to a stricter isolation level than READ COMMITTED (the other
+#: PostgreSQL-backed suites run their concurrent cases on these too).
+PG_ISOLATION_VARIANTS = [name for name, (_, settings) in PG_VARIANTS.items()
+                         if "default_transaction_isolation" in settings]
+
 
 def registered_backend(backend: str) -> str:
     """The `BACKENDS` parameter that ``backend`` runs: itself, or ``postgres`` for a `PG_VARIANTS` one."""

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from conftest import PG_VARIANTS, fresh_pg_url
+from conftest import PG_ISOLATION_VARIANTS, PG_VARIANTS, fresh_pg_url
 from helpers.at_once import errors_at_once
 
 from stockade.core.errors import StaleToken
@@ -318,9 +318,8 @@ def _starvation_round(harness: PgHarness, scope: str) -> tuple[int, list[object]
     return jumped, outcome
 
 
-#: The isolation variants of the PostgreSQL suites (tests/conftest.py `PG_VARIANTS`), whose databases default to a
-#: stricter level than READ COMMITTED.
-STRICTER = ["postgres-repeatable_read", "postgres-serializable"]
+#: The installs at once on a database whose default isolation is stricter (conftest's `PG_ISOLATION_VARIANTS`),
+#: and the control's rounds at most.
 INSTALLERS = 4
 CONTROL_ROUNDS_MAX = 5
 
@@ -334,7 +333,7 @@ def _installs_at_once(url: str) -> collections.Counter[str]:
     return errors_at_once(INSTALLERS, install) + errors_at_once(INSTALLERS, install)
 
 
-@pytest.mark.parametrize("variant", STRICTER)
+@pytest.mark.parametrize("variant", PG_ISOLATION_VARIANTS)
 def test_installs_at_once_on_a_stricter_default_isolation(variant: str) -> None:
     """Installs are serialised by a lock, then read the version the one before wrote; at a default of
     REPEATABLE READ or SERIALIZABLE their snapshot was of before the lock (installs at once failed: the
@@ -345,7 +344,7 @@ def test_installs_at_once_on_a_stricter_default_isolation(variant: str) -> None:
     assert not errors, dict(errors)
 
 
-@pytest.mark.parametrize("variant", STRICTER)
+@pytest.mark.parametrize("variant", PG_ISOLATION_VARIANTS)
 def test_control_installs_at_the_default_isolation_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The control: the install's transaction at the database's default level, as before."""
     monkeypatch.setattr(pg, "_read_committed_transaction", lambda conn: conn.transaction())

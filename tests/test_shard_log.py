@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import PG_VARIANTS, fresh_pg_url
+from conftest import PG_ISOLATION_VARIANTS, PG_VARIANTS, fresh_pg_url
 from helpers.at_once import errors_at_once
 
 import stockade
@@ -519,10 +519,9 @@ def _concurrent_appends(log: PostgresShardLog, shard: str, threads: int = 8, eac
     return [e.offset for e in _all_entries(log, shard)]
 
 
-#: The isolation variants of the PostgreSQL suites (tests/conftest.py `PG_VARIANTS`), whose databases default to a
-#: stricter level than READ COMMITTED; the appenders at once, and the appends each makes (every other one on a
-#: shard they share).
-STRICTER = ["postgres-repeatable_read", "postgres-serializable"]
+#: The appenders at once on a database whose default isolation is stricter (conftest's
+#: `PG_ISOLATION_VARIANTS`), the appends each makes (every other one on a shard they share), and the control's
+#: rounds at most.
 APPENDERS = 4
 APPENDS_EACH = 40
 CONTROL_ROUNDS_MAX = 5
@@ -547,7 +546,7 @@ def _opens_and_appends_at_once(url: str) -> tuple[Counter[str], list[int]]:
     return errors, offsets
 
 
-@pytest.mark.parametrize("variant", STRICTER)
+@pytest.mark.parametrize("variant", PG_ISOLATION_VARIANTS)
 def test_opens_and_appends_at_once_on_a_stricter_default_isolation(variant: str) -> None:
     """An append locks its shard's head row, then reads what is committed; at a default of REPEATABLE READ or
     SERIALIZABLE its snapshot was of before the lock (about one append in four failed with 40001, and opens
@@ -559,7 +558,7 @@ def test_opens_and_appends_at_once_on_a_stricter_default_isolation(variant: str)
     assert offsets == list(range(APPENDERS * APPENDS_EACH // 2))
 
 
-@pytest.mark.parametrize("variant", STRICTER)
+@pytest.mark.parametrize("variant", PG_ISOLATION_VARIANTS)
 def test_control_appends_at_the_default_isolation_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The control: the log's sessions keep the database's default level (the install's own transaction,
     READ COMMITTED, kept: the appends' failures, not the opens')."""
