@@ -15,7 +15,9 @@
 - A higher token is not starved by writers of the current one that keep
   overlapping transactions open (control: the row lock, FOR SHARE).
 - Installs at once on a database whose default isolation is REPEATABLE READ or
-  SERIALIZABLE: none fails (control: the install's transaction at that default).
+  SERIALIZABLE: none fails (control: the install's transaction at that default);
+  key syncs at once, at any default: none fails (control: without the install's
+  lock, at the session's level).
 
 Control, unless a test says otherwise: schema 1's function (``advisory``,
 `_postgres_sql.FENCE_BODIES`), which read the floor through the snapshot and
@@ -27,7 +29,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -355,3 +357,49 @@ def test_control_installs_at_the_default_isolation_fail(variant: str, monkeypatc
             break
     print(f"\ncontrol, {variant}: {dict(errors)}")
     assert any("40001" in error or "NoneType" in error for error in errors), dict(errors)
+
+
+#: The key syncs at once (each of `KEY_SYNCS` rounds) per thread, after a rotation on every host.
+KEY_SYNCS = 10
+
+
+def _syncs_at_once(url: str, sync: Callable[[psycopg.Connection, object], None]) -> collections.Counter[str]:
+    """`INSTALLERS` threads, each `KEY_SYNCS` times ``sync(conn, KEYS)``, at once on an installed database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        pg.install(conn, keys=KEYS)
+
+    def syncs(index: int) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(KEY_SYNCS):
+                sync(conn, KEYS)
+
+    return errors_at_once(INSTALLERS, syncs)
+
+
+def _sync_keys_before(conn: psycopg.Connection, keys: object) -> None:
+    """The control: `pg.sync_keys` as it was, without the install's lock, at the session's level."""
+    with conn.transaction():
+        installed = conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0]
+        keyring, _ = pg._keyring_of(keys, installed)
+        pg._write_keys(conn, keyring)
+
+
+@pytest.mark.parametrize("variant", ["postgres", *PG_ISOLATION_VARIANTS])
+def test_key_syncs_at_once_all_succeed(variant: str) -> None:
+    """After a rotation every host may sync the keys at once: each deleted the keys and inserted them again,
+    and two at once failed (a unique violation under READ COMMITTED, 40001 under the stricter defaults). The
+    install's lock first, then READ COMMITTED: 0 failures in 40 syncs."""
+    with fresh_pg_url(*PG_VARIANTS.get(variant, ("UTF8", {}))) as url:
+        errors = _syncs_at_once(url, pg.sync_keys)
+    assert not errors, dict(errors)
+
+
+@pytest.mark.parametrize("variant", ["postgres", *PG_ISOLATION_VARIANTS])
+def test_control_key_syncs_without_the_lock_fail(variant: str) -> None:
+    for _ in range(CONTROL_ROUNDS_MAX):
+        with fresh_pg_url(*PG_VARIANTS.get(variant, ("UTF8", {}))) as url:
+            errors = _syncs_at_once(url, _sync_keys_before)
+        if errors:
+            break
+    print(f"\ncontrol, {variant}: {dict(errors)}")
+    assert any("duplicate key" in error or "serialize" in error for error in errors), dict(errors)

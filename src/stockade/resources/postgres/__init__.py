@@ -198,10 +198,14 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
 def sync_keys(conn: Connection, keys: object) -> None:
     """Replace the keys in the database with ``keys`` (after `stockade keys rotate`).
 
+    Safe from several processes at once: it takes the install's lock first, then reads as committed (at any
+    level, two at once deleted the keys and both inserted them again: a unique violation).
+
     Raises:
         InvalidArgument: keys of another cluster than the installed one.
     """
-    with _edge(), conn.transaction():
+    with _edge(), _read_committed_transaction(conn):
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.INSTALL_LOCK_KEY,))
         installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         keyring, _ = _keyring_of(keys, installed)
         _write_keys(conn, keyring)
