@@ -185,11 +185,29 @@ for _scheme, _entry in COORDINATORS.items():
     BACKENDS[_name] = (*BACKENDS.get(_name, ()), _scheme)
 if os.environ.get("STOCKADE_LONG") == "1":  # a serve --coordinator per test: ~3 min (the default runs the core)
     BACKENDS["serve-postgres"] = ("http",)
-#: The PostgreSQL backend on each database encoding (stockade.testing.servers.postgres ``ENCODINGS``).
-PG_ENCODINGS = {"postgres": "UTF8", "postgres-sql_ascii": "SQL_ASCII"}
-#: The coordinator conformance suite runs every backend, and PostgreSQL once more on a SQL_ASCII database
-#: (``postgres-sql_ascii``, its cases that read text back: tests/test_coordinator_conformance.py); the other
-#: files that take ``backend`` run UTF8 only.
+#: The PostgreSQL backend on databases set otherwise than the fixtures' own (UTF8, the server's defaults), each
+#: as a user's database may be: variant -> (encoding, the database's settings, ``ALTER DATABASE ... SET``). A
+#: fresh database per test, in the session's server: a database setting reaches every session on that database
+#: only (a role's would reach every database the role opens, the other tests' too), and the coordinator's
+#: sessions must win over it as over a role's (a session's own SET outranks both). The coordinator
+#: conformance suite runs every backend, and each variant once more (the cases of each:
+#: tests/test_coordinator_conformance.py ``VARIANT_CASES``); the other files that take ``backend`` run the
+#: registered backends only.
+PG_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "postgres-sql_ascii": ("SQL_ASCII", {}),
+    "postgres-repeatable_read": ("UTF8", {"default_transaction_isolation": "repeatable read"}),
+    "postgres-serializable": ("UTF8", {"default_transaction_isolation": "serializable"}),
+}
+
+#: The variants whose database defaults to a stricter isolation level than READ COMMITTED (the other
+#: PostgreSQL-backed suites run their concurrent cases on these too).
+PG_ISOLATION_VARIANTS = [name for name, (_, settings) in PG_VARIANTS.items()
+                         if "default_transaction_isolation" in settings]
+
+
+def registered_backend(backend: str) -> str:
+    """The `BACKENDS` parameter that ``backend`` runs: itself, or ``postgres`` for a `PG_VARIANTS` one."""
+    return "postgres" if backend in PG_VARIANTS else backend
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -203,7 +221,7 @@ def backend(request) -> str:
 
 
 #: The parameters that are not a registry folder, each a url template as `CoordinatorBackend.test_url`.
-_TEST_URLS = {"serve-postgres": "{serve_pg.url}", "postgres-sql_ascii": "{pg_sql_ascii_coord_url}"}
+_TEST_URLS = {"serve-postgres": "{serve_pg.url}", **dict.fromkeys(PG_VARIANTS, "{pg_variant_coord_url}")}
 
 
 @pytest.fixture
@@ -244,9 +262,9 @@ def keyring_here(tmp_path: Path, backend: str, request) -> Path:
 
 
 @contextlib.contextmanager
-def fresh_pg_url(encoding: str = "UTF8") -> Iterator[str]:
-    """A fresh database in ``encoding`` on the session's PostgreSQL 15 (stockade.testing.servers.postgres) as a url,
-    dropped after."""
+def fresh_pg_url(encoding: str = "UTF8", settings: dict[str, str] | None = None) -> Iterator[str]:
+    """A fresh database in ``encoding`` with ``settings`` as its defaults on the session's PostgreSQL 15
+    (stockade.testing.servers.postgres ``fresh_database``) as a url, dropped after."""
     from stockade.testing.servers import postgres as pg_helper
 
     if not pg_helper.available():
@@ -254,7 +272,7 @@ def fresh_pg_url(encoding: str = "UTF8") -> Iterator[str]:
             raise RuntimeError("PostgreSQL 15 is not installed (scripts/test.sh installs it)")
         pytest.skip("PostgreSQL 15 is not installed")
     server = pg_helper.shared_server()
-    name = pg_helper.fresh_database(server, encoding)
+    name = pg_helper.fresh_database(server, encoding, settings)
     yield server.url(name)
     pg_helper.drop_database(server, name)
 
@@ -280,9 +298,9 @@ def pg_coord_url():
 
 
 @pytest.fixture
-def pg_sql_ascii_coord_url():
-    """A fresh SQL_ASCII database as a coordinator url (`fresh_pg_url`)."""
-    with fresh_pg_url("SQL_ASCII") as url:
+def pg_variant_coord_url(backend: str):
+    """A fresh database of the `PG_VARIANTS` variant ``backend`` as a coordinator url (`fresh_pg_url`)."""
+    with fresh_pg_url(*PG_VARIANTS[backend]) as url:
         yield url
 
 
@@ -462,7 +480,7 @@ def capped_wait(backend: str, request) -> CappedWait:
                                                   "--wait-ms-cap", str(WAIT_CAP_MS))
         return CappedWait(server.url, WAIT_CAP_MS, None)
     # Why this backend has no per-request wait cap, in its registry entry's words.
-    why = COORDINATORS[BACKENDS[backend.removesuffix("-sql_ascii")][0]].waits_in_one_call
+    why = COORDINATORS[BACKENDS[registered_backend(backend)][0]].waits_in_one_call
     return CappedWait(request.getfixturevalue("coord_url"), None, why)
 
 

@@ -14,6 +14,10 @@
   transaction writes, counted (the locks write nothing).
 - A higher token is not starved by writers of the current one that keep
   overlapping transactions open (control: the row lock, FOR SHARE).
+- Installs at once on a database whose default isolation is REPEATABLE READ or
+  SERIALIZABLE: none fails (control: the install's transaction at that default);
+  key syncs at once, at any default: none fails (control: without the install's
+  lock, at the session's level).
 
 Control, unless a test says otherwise: schema 1's function (``advisory``,
 `_postgres_sql.FENCE_BODIES`), which read the floor through the snapshot and
@@ -22,12 +26,15 @@ locked with advisory keys.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
+from conftest import PG_ISOLATION_VARIANTS, PG_VARIANTS, fresh_pg_url
+from helpers.at_once import errors_at_once
 
 from stockade.core.errors import StaleToken
 from stockade.resources import postgres as pg
@@ -311,3 +318,88 @@ def _starvation_round(harness: PgHarness, scope: str) -> tuple[int, list[object]
         raising.join(60)
         raiser.close()
     return jumped, outcome
+
+
+#: The installs at once on a database whose default isolation is stricter (conftest's `PG_ISOLATION_VARIANTS`),
+#: and the control's rounds at most.
+INSTALLERS = 4
+CONTROL_ROUNDS_MAX = 5
+
+
+def _installs_at_once(url: str) -> collections.Counter[str]:
+    """`INSTALLERS` installs at once on a fresh database, then as many on the installed one: the failures."""
+    def install(index: int) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            pg.install(conn, keys=KEYS)
+
+    return errors_at_once(INSTALLERS, install) + errors_at_once(INSTALLERS, install)
+
+
+@pytest.mark.parametrize("variant", PG_ISOLATION_VARIANTS)
+def test_installs_at_once_on_a_stricter_default_isolation(variant: str) -> None:
+    """Installs are serialised by a lock, then read the version the one before wrote; at a default of
+    REPEATABLE READ or SERIALIZABLE their snapshot was of before the lock (installs at once failed: the
+    version row unseen, a TypeError, on a fresh database; 40001 on an installed one). The install's own
+    transaction is READ COMMITTED now: 0 failures in 8 installs."""
+    with fresh_pg_url(*PG_VARIANTS[variant]) as url:
+        errors = _installs_at_once(url)
+    assert not errors, dict(errors)
+
+
+@pytest.mark.parametrize("variant", PG_ISOLATION_VARIANTS)
+def test_control_installs_at_the_default_isolation_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: the install's transaction at the database's default level, as before."""
+    monkeypatch.setattr(pg, "_read_committed_transaction", lambda conn: conn.transaction())
+    for _ in range(CONTROL_ROUNDS_MAX):
+        with fresh_pg_url(*PG_VARIANTS[variant]) as url:
+            errors = _installs_at_once(url)
+        if errors:
+            break
+    print(f"\ncontrol, {variant}: {dict(errors)}")
+    assert any("40001" in error or "NoneType" in error for error in errors), dict(errors)
+
+
+#: The key syncs at once (each of `KEY_SYNCS` rounds) per thread, after a rotation on every host.
+KEY_SYNCS = 10
+
+
+def _syncs_at_once(url: str, sync: Callable[[psycopg.Connection, object], None]) -> collections.Counter[str]:
+    """`INSTALLERS` threads, each `KEY_SYNCS` times ``sync(conn, KEYS)``, at once on an installed database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        pg.install(conn, keys=KEYS)
+
+    def syncs(index: int) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(KEY_SYNCS):
+                sync(conn, KEYS)
+
+    return errors_at_once(INSTALLERS, syncs)
+
+
+def _sync_keys_before(conn: psycopg.Connection, keys: object) -> None:
+    """The control: `pg.sync_keys` as it was, without the install's lock, at the session's level."""
+    with conn.transaction():
+        installed = conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0]
+        keyring, _ = pg._keyring_of(keys, installed)
+        pg._write_keys(conn, keyring)
+
+
+@pytest.mark.parametrize("variant", ["postgres", *PG_ISOLATION_VARIANTS])
+def test_key_syncs_at_once_all_succeed(variant: str) -> None:
+    """After a rotation every host may sync the keys at once: each deleted the keys and inserted them again,
+    and two at once failed (a unique violation under READ COMMITTED, 40001 under the stricter defaults). The
+    install's lock first, then READ COMMITTED: 0 failures in 40 syncs."""
+    with fresh_pg_url(*PG_VARIANTS.get(variant, ("UTF8", {}))) as url:
+        errors = _syncs_at_once(url, pg.sync_keys)
+    assert not errors, dict(errors)
+
+
+@pytest.mark.parametrize("variant", ["postgres", *PG_ISOLATION_VARIANTS])
+def test_control_key_syncs_without_the_lock_fail(variant: str) -> None:
+    for _ in range(CONTROL_ROUNDS_MAX):
+        with fresh_pg_url(*PG_VARIANTS.get(variant, ("UTF8", {}))) as url:
+            errors = _syncs_at_once(url, _sync_keys_before)
+        if errors:
+            break
+    print(f"\ncontrol, {variant}: {dict(errors)}")
+    assert any("duplicate key" in error or "serialize" in error for error in errors), dict(errors)

@@ -7,7 +7,9 @@ answers keep their types and NULLs; a statement the server refuses is a
 refusal (nothing granted, the connection kept); and a statement is prepared
 again on the connection that replaces one the server ended. The control shares
 the prepared names between connections, the bug put back: the call after a
-lost session then fails.
+lost session then fails. A unit rolled back keeps the connection's prepared
+statements (control: psycopg preparing statements of its own, which it answers
+a ROLLBACK for by deallocating them all, the coordinator's too).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import os
 import psycopg
 import pytest
 
+from stockade.coordinators import postgres as coordinator_module
 from stockade.coordinators.postgres import PostgresCoordinator
 from stockade.coordinators.postgres import _call as call
 from stockade.coordinators.postgres._rows import LOCK_SCOPE
+from stockade.coordinators.sqlite import new_lease_id
 from stockade.core.errors import BackendUnavailable
 from stockade.core.leases import Granted
 from stockade.testing.servers import postgres as pg_helper
@@ -105,3 +109,51 @@ def test_control_names_shared_between_connections_fail_after_a_lost_session(pg_c
     monkeypatch.setattr(call, "_sessions", _SharedSession())
     with pytest.raises(BackendUnavailable, match="does not exist"):
         _cycles_across_a_lost_session(pg_coord_url)
+
+
+#: Units rolled back (an error inside each), each followed by a grant on the same pooled connection.
+ROLLED_BACK_UNITS = 3
+#: Lock cycles and looks before them: more than psycopg's threshold (5 runs of one statement) for preparing
+#: statements of its own, were it on.
+WARM_CYCLES = 8
+
+
+def _grants_after_rolled_back_units(url: str) -> list[str]:
+    """The grants that fail after a unit rolled back, one per unit (`ROLLED_BACK_UNITS`)."""
+    coord = PostgresCoordinator(url)
+
+    def cycle(scope: str) -> None:
+        outcome = coord.attempt(scope, lease_id=new_lease_id(), holder="h", ttl_ms=60_000, wait_ms=0).outcome
+        assert isinstance(outcome, Granted)
+        coord.release(outcome.lease.lease_id)
+
+    failed = []
+    try:
+        for _ in range(WARM_CYCLES):
+            cycle("warm")
+            coord.inspect("warm")
+        for n in range(ROLLED_BACK_UNITS):
+            with pytest.raises(RuntimeError), coord.records.write("warm"):
+                raise RuntimeError("an error inside the unit: the unit rolls back, its connection goes on")
+            try:
+                cycle(f"after-{n}")
+            except BackendUnavailable as exc:
+                failed.append(str(exc))
+    finally:
+        coord.close()
+    return failed
+
+
+def test_a_unit_rolled_back_keeps_the_connections_prepared_statements(pg_coord_url):
+    """A rollback under READ COMMITTED too (any error inside a unit, a cancel, a timeout) left the pooled
+    connection without its prepared statements (psycopg's DEALLOCATE ALL after a ROLLBACK, once it had
+    prepared statements of its own): every later grant on it failed. 0 of 3 now."""
+    assert _grants_after_rolled_back_units(pg_coord_url) == []
+
+
+def test_control_psycopg_preparing_statements_of_its_own_loses_them_at_a_rollback(pg_coord_url, monkeypatch):
+    """The control: psycopg's default threshold, the old behaviour: each grant after a rollback fails."""
+    monkeypatch.setattr(coordinator_module, "PSYCOPG_PREPARE_THRESHOLD", 5)
+    failed = _grants_after_rolled_back_units(pg_coord_url)
+    print(f"\ncontrol: {len(failed)} of {ROLLED_BACK_UNITS} grants failed: {failed[:1]}")
+    assert len(failed) == ROLLED_BACK_UNITS and all("26000" in text for text in failed), failed

@@ -8,7 +8,8 @@
   around (offsets 0..N-1, every acknowledged append once); a zombie writer
   (SIGSTOP past its lease, SIGCONT) refused; kill -9 of a writer in the middle
   of its batches (no gap, no half batch); kill -9 of PostgreSQL during appends
-  (no acknowledged append lost).
+  (no acknowledged append lost); 4 logs opened at once on a database whose default
+  isolation is REPEATABLE READ or SERIALIZABLE, appending (none fails).
 - Controls, which must fail: fencing off (the zombie's append accepted), a
   check-then-append without the head's lock (duplicate offsets), the store's
   fence rule swapped for one that accepts everything.
@@ -31,6 +32,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import PG_ISOLATION_VARIANTS, PG_VARIANTS, fresh_pg_url
+from helpers.at_once import errors_at_once
 
 import stockade
 from stockade.core.errors import BackendUnavailable, InvalidArgument, LimitExceeded, StaleToken, TokenMismatch
@@ -90,7 +93,7 @@ def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         opened.close()
         return
     server = shared_server()
-    name = fresh_database(server, "SQL_ASCII" if request.param == "postgres-sql_ascii" else "UTF8")
+    name = fresh_database(server, *PG_VARIANTS.get(request.param, ("UTF8", {})))
     opened = open_postgres_log(server.dsn_of(name), keys=KEYS)
     opened.floor_url = server.url(name)
     try:
@@ -514,6 +517,66 @@ def _concurrent_appends(log: PostgresShardLog, shard: str, threads: int = 8, eac
     for each_log in logs:
         each_log.close()
     return [e.offset for e in _all_entries(log, shard)]
+
+
+#: The appenders at once on a database whose default isolation is stricter (conftest's
+#: `PG_ISOLATION_VARIANTS`), the appends each makes (every other one on a shard they share), and the control's
+#: rounds at most.
+APPENDERS = 4
+APPENDS_EACH = 40
+CONTROL_ROUNDS_MAX = 5
+
+
+def _opens_and_appends_at_once(url: str) -> tuple[Counter[str], list[int]]:
+    """`APPENDERS` logs opened at once on a fresh database (each installs), each making `APPENDS_EACH` appends:
+    the failures (each ends its appender), and the shared shard's offsets."""
+    def appender(index: int) -> None:
+        log = open_postgres_log(url, keys=KEYS)
+        try:
+            for n in range(APPENDS_EACH):
+                shard = "shared" if n % 2 == 0 else f"own-{index}"
+                log.append(shard, b"x", token=tok(5, shard))
+        finally:
+            log.close()
+
+    errors = errors_at_once(APPENDERS, appender)
+    log = open_postgres_log(url, keys=KEYS)
+    offsets = [entry.offset for entry in log.read("shared", 0, READ_LIMIT_MAX)]
+    log.close()
+    return errors, offsets
+
+
+@pytest.mark.parametrize("variant", PG_ISOLATION_VARIANTS)
+def test_opens_and_appends_at_once_on_a_stricter_default_isolation(variant: str) -> None:
+    """An append locks its shard's head row, then reads what is committed; at a default of REPEATABLE READ or
+    SERIALIZABLE its snapshot was of before the lock (about one append in four failed with 40001, and opens
+    at once failed in the fence's install). The log's sessions are READ COMMITTED now: every append lands,
+    the shared shard's offsets consecutive."""
+    with fresh_pg_url(*PG_VARIANTS[variant]) as url:
+        errors, offsets = _opens_and_appends_at_once(url)
+    assert not errors, dict(errors)
+    assert offsets == list(range(APPENDERS * APPENDS_EACH // 2))
+
+
+@pytest.mark.parametrize("variant", PG_ISOLATION_VARIANTS)
+def test_control_appends_at_the_default_isolation_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: the log's sessions keep the database's default level (the install's own transaction,
+    READ COMMITTED, kept: the appends' failures, not the opens')."""
+    connect = PostgresShardLog._connect
+
+    def keeps_the_default(self: PostgresShardLog) -> Any:
+        conn = connect(self)
+        conn.execute("RESET default_transaction_isolation")
+        return conn
+
+    monkeypatch.setattr(PostgresShardLog, "_connect", keeps_the_default)
+    for _ in range(CONTROL_ROUNDS_MAX):
+        with fresh_pg_url(*PG_VARIANTS[variant]) as url:
+            errors, _ = _opens_and_appends_at_once(url)
+        if errors:
+            break
+    print(f"\ncontrol, {variant}: {dict(errors)}")
+    assert any("40001" in error or "serialize" in error for error in errors), dict(errors)
 
 
 def test_control_check_then_append_without_the_lock_duplicates_offsets(pg_db: tuple[PostgresServer, str]) -> None:

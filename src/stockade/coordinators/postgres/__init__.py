@@ -84,6 +84,12 @@ __all__ = [
 ]
 
 POOL_SIZE_MAX = 16
+#: psycopg's own preparation of a statement run this often (None: never). Off: the coordinator prepares its
+#: one-statement calls itself (`_call`), and psycopg, once it holds prepared statements of its own, answers a
+#: ROLLBACK by deallocating every prepared statement of the session, those too: each later call of them on
+#: that pooled connection then failed ("prepared statement ... does not exist", SQLSTATE 26000). psycopg's
+#: default, 5, only in the control of tests/test_postgres_prepared.py.
+PSYCOPG_PREPARE_THRESHOLD: int | None = None
 CONNECT_TIMEOUT_S = 10
 STATEMENT_TIMEOUT_MS_DEFAULT = 5_000
 _KEYRING_NAME = Path("postgresql table stockade_coord_keyring")
@@ -213,6 +219,7 @@ class PostgresRecords(Journaled):
         except psycopg.Error as exc:
             raise BackendUnavailable(f"cannot connect to the coordinator database: {error_text(exc)}",
                                      certain_no_effect=True) from exc
+        conn.prepare_threshold = PSYCOPG_PREPARE_THRESHOLD
         if not autocommit_only:
             try:
                 check_settings(conn)

@@ -63,6 +63,10 @@ RESTART_LOCK_DELAY_MS = 2_000
 LAPSE_TTL_MS = 1_000
 #: The C4 test's waiters, queued one after another.
 FIFO_WAITERS = 4
+#: The contention case's handles, opened at once, and the lock cycles each runs (every other one on the scope
+#: they share): a stale read under contention failed about one call in ten, so ~50 shared tries find one.
+CONTENDING_HANDLES = 4
+CONTENDED_CYCLES = 24
 _MS = 1_000_000
 _WAIT_S = 30
 
@@ -355,6 +359,62 @@ def test_c4_waiters_are_served_in_arrival_order(client, coord_url):
     assert order == list(range(FIFO_WAITERS)), order
     assert [held.token.value, *tokens] == sorted({held.token.value, *tokens})  # the tokens in the same order
     _close(client, coord)
+
+
+def test_handles_opened_at_once_contending_for_a_scope_all_answer(client, coord_url):
+    """`CONTENDING_HANDLES` handles opened at once on a fresh backend, each running `CONTENDED_CYCLES` lock
+    cycles: a try (``wait_ms=0``) on a scope they share, then on one of its own, each grant released at once.
+    Every call answers: a grant, or `LockTimeout` on the shared scope only. The shared scope's tokens, in the
+    order held, increase (C1). A backend that read a snapshot of before its own locks (PostgreSQL at a default
+    isolation of REPEATABLE READ) fails here: its opens set its tables up twice, its units fail with 40001."""
+    shared_tokens: list[int] = []  # appended while held: the holds do not overlap, so in grant order
+
+    def cycles(index: int) -> Callable[[], Any]:
+        scopes = ["contended" if n % 2 == 0 else f"own-{index}" for n in range(CONTENDED_CYCLES)]
+
+        async def cycles_async() -> int:
+            coord = client.connect(coord_url)
+            try:
+                for scope in scopes:
+                    try:
+                        lease = await coord.acquire(scope, ttl_ms=5_000, wait_ms=0)
+                    except LockTimeout:
+                        assert scope == "contended", f"handle {index}'s own scope was not free"
+                        continue
+                    shared_tokens.extend([lease.token.value] if scope == "contended" else [])
+                    await lease.release()
+            finally:
+                await coord.aclose()
+            return index
+
+        def cycles_sync() -> int:
+            coord = client.connect(coord_url)
+            try:
+                for scope in scopes:
+                    try:
+                        lease = coord.acquire(scope, ttl_ms=5_000, wait_ms=0)
+                    except LockTimeout:
+                        assert scope == "contended", f"handle {index}'s own scope was not free"
+                        continue
+                    shared_tokens.extend([lease.token.value] if scope == "contended" else [])
+                    lease.release()
+            finally:
+                coord.close()
+            return index
+
+        return cycles_async if client.mode == "async" else cycles_sync
+
+    joins = [_in_background(client, cycles(index)) for index in range(CONTENDING_HANDLES)]
+    answers: list[Any] = []
+    for join in joins:  # every handle ends before a failure is raised: none is left running on the backend
+        try:
+            answers.append(join())
+        except Exception as exc:  # noqa: BLE001 - raised below, the first
+            answers.append(exc)
+    for failed in (answer for answer in answers if isinstance(answer, Exception)):
+        raise failed
+    assert answers == list(range(CONTENDING_HANDLES))
+    assert shared_tokens and shared_tokens == sorted(set(shared_tokens)), shared_tokens
 
 
 def test_c5_lock_delay_after_a_lapse_not_after_a_release(client, delayed_backend):

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -175,14 +176,18 @@ _databases = 0
 ENCODINGS = ("UTF8", "SQL_ASCII")
 
 
-def fresh_database(server: PostgresServer, encoding: str = "UTF8") -> str:
+def fresh_database(server: PostgresServer, encoding: str = "UTF8", settings: Mapping[str, str] | None = None) -> str:
     """A new empty database on ``server`` in ``encoding`` (one of `ENCODINGS`); its name.
 
     UTF8 copies ``template1`` (the server's encoding); any other encoding
-    copies ``template0`` with the C locale, as PostgreSQL requires.
+    copies ``template0`` with the C locale, as PostgreSQL requires. ``settings``
+    become the database's defaults (``ALTER DATABASE ... SET name = value``), what
+    every later session on it starts with unless it sets its own: a user's database
+    may be set so, e.g. ``default_transaction_isolation``.
     """
     global _databases
     import psycopg
+    from psycopg import sql
 
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {ENCODINGS}")
@@ -191,6 +196,9 @@ def fresh_database(server: PostgresServer, encoding: str = "UTF8") -> str:
     options = "" if encoding == "UTF8" else f" ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"{options}')
+        for setting, value in (settings or {}).items():
+            conn.execute(sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)))
     return name
 
 
