@@ -39,8 +39,7 @@ is trusted like the coordinator.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 from stockade.core import limits
@@ -57,6 +56,7 @@ from stockade.resources.postgres import _sql as q
 from stockade.resources.postgres._async.fence import fenced_async, fenced_sqlalchemy_async
 from stockade.resources.postgres._errors import _edge, _lost, _rejection, _translate, ended  # noqa: F401
 from stockade.resources.postgres._fenced import FENCE_OP_SQL, FENCE_SQL, Connection, _resource
+from stockade.resources.postgres._protect import read_committed_transaction as _read_committed_transaction
 from stockade.resources.postgres._supersede import SupersedeWarning, warn_without_signal_right
 from stockade.resources.postgres._sync.fence import fenced, fenced_sqlalchemy
 from stockade.transport.postgres import open_connection, text_of
@@ -65,7 +65,6 @@ try:
     import psycopg
 except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ImportError("stockade.resources.postgres needs psycopg 3: pip install 'stockade[postgres]'") from exc
-from psycopg.pq import TransactionStatus
 
 __all__ = [
     "install", "sync_keys", "fenced", "fenced_async", "fenced_sqlalchemy", "fenced_sqlalchemy_async",
@@ -115,22 +114,6 @@ def _write_keys(conn: Connection, keyring: Keyring | None) -> None:
 # -- install ---------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _read_committed_transaction(conn: Connection) -> Iterator[None]:
-    """A transaction of ``conn`` at READ COMMITTED whatever the session's, the database's or the role's default.
-
-    An install takes its lock, then reads and writes what the installs before it committed; at a default of
-    REPEATABLE READ or SERIALIZABLE its snapshot was of before the lock, and installs at once failed (the
-    version row not seen: a TypeError; or 40001 on it). Only a transaction begun here is set so: inside the
-    caller's own, already begun, the caller's level stands (and its snapshot, if it has read, is taken).
-    """
-    begun_here = conn.info.transaction_status == TransactionStatus.IDLE
-    with conn.transaction():
-        if begun_here:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        yield
-
-
 def install(conn: Connection, *, keys: object, cluster_id: str | None = None,
             supersede_after_ms: int = limits.SUPERSEDE_AFTER_MS) -> None:
     """Create or migrate the schema ``stockade`` and (re)define its functions; copy the keys in.
@@ -165,7 +148,7 @@ def _install(conn: Connection, keyring: Keyring | None, cluster: str, stale_when
     """`install` with its comparison and its function body chosen: the private seams the controls
     use (`q.STALE_WHEN`, `q.FENCE_BODIES`)."""
     with _edge(), _read_committed_transaction(conn):
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.INSTALL_LOCK_KEY,))
+        protected.one_at_a_time(conn)
         conn.execute("CREATE SCHEMA IF NOT EXISTS stockade")
         conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA stockade")
         row = conn.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
@@ -205,7 +188,7 @@ def sync_keys(conn: Connection, keys: object) -> None:
         InvalidArgument: keys of another cluster than the installed one.
     """
     with _edge(), _read_committed_transaction(conn):
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.INSTALL_LOCK_KEY,))
+        protected.one_at_a_time(conn)
         installed = text_of(conn.execute("SELECT cluster_id FROM stockade.settings").fetchone()[0])
         keyring, _ = _keyring_of(keys, installed)
         _write_keys(conn, keyring)

@@ -11,17 +11,21 @@ DDL guard there?), the errors as `InvalidArgument`, and the bookkeeping.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 
 from stockade.core.errors import InvalidArgument
 from stockade.core.limits import validate_scope
 from stockade.resources.postgres import _sql as q
 from stockade.transport.postgres import text_of
 
-__all__ = ["protect", "unprotect", "install_ddl_guard", "ddl_guard_installed", "ADDED_LATER"]
+__all__ = ["protect", "unprotect", "install_ddl_guard", "ddl_guard_installed", "read_committed_transaction",
+           "one_at_a_time", "ADDED_LATER"]
 
 #: What `protect` does about partitions and children added to the tree later: ``"guarded"``
 #: needs the DDL guard (they are covered by it), ``"unprotected"`` accepts, in words, that they
@@ -29,6 +33,34 @@ __all__ = ["protect", "unprotect", "install_ddl_guard", "ddl_guard_installed", "
 ADDED_LATER = ("guarded", "unprotected")
 _INSUFFICIENT_PRIVILEGE = "42501"
 _NOT_OWNER_HINT = "the role that runs protect must own every table of the tree"
+
+
+@contextmanager
+def read_committed_transaction(conn: Any) -> Iterator[None]:
+    """A transaction of ``conn`` at READ COMMITTED whatever the session's, the database's or the role's default.
+
+    The fence's administration (`install`, `sync_keys`, `protect`, `unprotect`, `install_ddl_guard`) takes
+    the install's lock, then reads and writes what the ones before it committed; at a default of REPEATABLE
+    READ or SERIALIZABLE its snapshot was of before the lock, and installs at once failed (the version row
+    not seen: a TypeError; or 40001 on it). Only a transaction begun here is set so: inside the caller's
+    own, already begun, the caller's level stands (and its snapshot, if it has read, is taken).
+    """
+    begun_here = conn.info.transaction_status == TransactionStatus.IDLE
+    with conn.transaction():
+        if begun_here:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        yield
+
+
+
+def one_at_a_time(conn: Any) -> None:
+    """Take the install's lock for this transaction: the fence's administration runs one at a time per database.
+
+    Two `protect`s of one tree at once each dropped and created its triggers (one failed: the trigger already
+    existed, or a deadlock); two `install_ddl_guard`s at once both created the event trigger (a unique
+    violation); a `protect` beside an `unprotect` dropped a trigger the other had dropped.
+    """
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (q.INSTALL_LOCK_KEY,))
 
 
 def _relation(conn: Any, table: object) -> str:
@@ -72,7 +104,8 @@ def install_ddl_guard(conn: Any) -> None:
     Raises:
         InvalidArgument: not a superuser, or `install` never ran in this database.
     """
-    with conn.transaction():
+    with read_committed_transaction(conn):
+        one_at_a_time(conn)
         if conn.execute("SELECT to_regprocedure('stockade.ddl_guard()')").fetchone()[0] is None:
             raise InvalidArgument("conn", "the database has no stockade fence: run install() first")
         if not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
@@ -115,7 +148,8 @@ def protect(conn: Any, table: str, *, scope: str,
     scope = validate_scope(scope)
     if added_later not in ADDED_LATER:
         raise InvalidArgument("added_later", f"must be one of {', '.join(ADDED_LATER)}")
-    with conn.transaction():
+    with read_committed_transaction(conn):
+        one_at_a_time(conn)
         relation = _relation(conn, table)
         if added_later == "guarded" and not ddl_guard_installed(conn):
             raise InvalidArgument(
@@ -143,7 +177,8 @@ def unprotect(conn: Any, table: str) -> None:
     Raises:
         InvalidArgument: no such table, or a table that is a partition or child (name the root).
     """
-    with conn.transaction():
+    with read_committed_transaction(conn):
+        one_at_a_time(conn)
         relation = _relation(conn, table)
         roots = [(text_of(row[0]),) for row in conn.execute(
             "SELECT member::text FROM stockade.tree(%s::regclass) WHERE NOT has_parent", (relation,)).fetchall()]
