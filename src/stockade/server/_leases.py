@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -41,6 +42,7 @@ from stockade.coordinators._mint import LeaseIds
 from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.memory import Change, MemoryRecords
 from stockade.coordinators.sqlite import SQLiteCoordinator
+from stockade.coordinators.sqlite._log import RecordLog
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import BackendUnavailable, LockTimeout, NotHolder, StockadeError
@@ -106,7 +108,8 @@ class LeaseService:
         self.clock = clock
         self.loop = loop
         self.scopes_max = scopes_max
-        self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self.file.commit_records, loop,
+        self.log: RecordLog | None = None
+        self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self._commit_records, loop,
                                                                 lag_ms=release_lag_ms)
         self.release_lag_ms = release_lag_ms
         # `committer.submit`, or `committer.defer` while a release applies: how `_on_commit` queues a change.
@@ -145,6 +148,8 @@ class LeaseService:
         changes (held leases get a full TTL from now, C3; stored waiters go) is
         committed in one transaction before anything is answered.
         """
+        if os.environ.get("STOCKADE_RECLOG", "1") == "1":
+            self.log = RecordLog(self.file, fold_frames=int(os.environ.get("STOCKADE_RECLOG_FOLD", "4096")))
         epoch_floor, forgotten_floor = self.file.token_floor_now()
         self.table = MemoryRecords(self.file.records(), scopes_max=self.scopes_max, on_commit=self._on_commit,
                                    epoch_floor=epoch_floor, forgotten_floor=forgotten_floor,
@@ -164,16 +169,25 @@ class LeaseService:
                     raise error
         self.committer.start()
 
+    def _commit_records(self, changes: Sequence[Change]) -> Sequence[Any]:
+        if self.log is not None:
+            return self.log.commit_records(changes)
+        return self.file.commit_records(changes)
+
     def close(self) -> None:
         """Commit what is queued (deferred releases too) and stop the committer; on the loop's thread."""
         self._end_timers()
         self.committer.commit_gathered()
         self.committer.stop()
+        if self.log is not None:
+            self.log.close()
 
     async def aclose(self) -> None:
         self._end_timers()
         self.committer.commit_gathered()  # on the loop; the thread commits it before it stops
         await self.loop.run_in_executor(None, self.committer.stop)
+        if self.log is not None:
+            self.log.close()
 
     def _end_timers(self) -> None:
         for timer in self.timers.values():

@@ -73,13 +73,16 @@ def total_trim_every() -> int:
     return max(1, HISTORY_TOTAL_MAX // 1000)
 
 
-def journal_change(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None) -> None:
-    """Record the events of ``old -> new`` in the caller's open transaction, and trim the journal when due."""
+def journal_change(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None,
+                   at_ms: int | None = None) -> None:
+    """Record the events of ``old -> new`` in the caller's open transaction, and trim the journal when due
+    (``at_ms``: when they happened, Unix ms; None: now)."""
     events = events_of(old, new)
     if not events:
         return
     scope = old.scope
-    at_ms = time.time_ns() // 1_000_000
+    if at_ms is None:
+        at_ms = time.time_ns() // 1_000_000
     for kind, holder, token in events:
         seq = conn.execute(_INSERT, (scope, kind, holder, token, at_ms)).lastrowid or 0
         if kind == "grant" and token % SCOPE_TRIM_EVERY == 0:
