@@ -3,9 +3,11 @@
 The server is the only user of its coordinator file, so it loads every scope's
 record once into `MemoryRecords` and runs the one lease engine
 (`stockade.core.engine.LeaseEngine`) on them. Every committed change of a
-record is handed to the coordinator file's writer thread as an ``(old, new)``
-pair (waiters stripped: they live only as long as their HTTP requests) and
-committed in order, in batches; a grant or renewal is answered only once its
+record is handed to the group committer as an ``(old, new)`` pair (waiters
+stripped: they live only as long as their HTTP requests) and committed in
+order, in batches, each appended to the file's record log with one write and
+one ``fdatasync`` (`stockade.coordinators.sqlite._log`; folded into the file
+every few thousand changes); a grant or renewal is answered only once its
 change is durable (C1).
 
 A release is answered as soon as the engine has applied it (and offered the
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -42,7 +43,6 @@ from stockade.coordinators._mint import LeaseIds
 from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.memory import Change, MemoryRecords
 from stockade.coordinators.sqlite import SQLiteCoordinator
-from stockade.coordinators.sqlite._log import RecordLog
 from stockade.core.clock import Clock
 from stockade.core.engine import LeaseEngine
 from stockade.core.errors import BackendUnavailable, LockTimeout, NotHolder, StockadeError
@@ -108,8 +108,10 @@ class LeaseService:
         self.clock = clock
         self.loop = loop
         self.scopes_max = scopes_max
-        self.log: RecordLog | None = None
-        self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self._commit_records, loop,
+        # The file's record log: a batch of changes is durable once appended there (one write, one fdatasync),
+        # and folded into the file later (`stockade.coordinators.sqlite._log`).
+        self.log = self.file.open_log()
+        self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self.log.commit_records, loop,
                                                                 lag_ms=release_lag_ms)
         self.release_lag_ms = release_lag_ms
         # `committer.submit`, or `committer.defer` while a release applies: how `_on_commit` queues a change.
@@ -148,8 +150,6 @@ class LeaseService:
         changes (held leases get a full TTL from now, C3; stored waiters go) is
         committed in one transaction before anything is answered.
         """
-        if os.environ.get("STOCKADE_RECLOG", "1") == "1":
-            self.log = RecordLog(self.file, fold_frames=int(os.environ.get("STOCKADE_RECLOG_FOLD", "4096")))
         epoch_floor, forgotten_floor = self.file.token_floor_now()
         self.table = MemoryRecords(self.file.records(), scopes_max=self.scopes_max, on_commit=self._on_commit,
                                    epoch_floor=epoch_floor, forgotten_floor=forgotten_floor,
@@ -169,25 +169,19 @@ class LeaseService:
                     raise error
         self.committer.start()
 
-    def _commit_records(self, changes: Sequence[Change]) -> Sequence[Any]:
-        if self.log is not None:
-            return self.log.commit_records(changes)
-        return self.file.commit_records(changes)
-
     def close(self) -> None:
-        """Commit what is queued (deferred releases too) and stop the committer; on the loop's thread."""
+        """Commit what is queued (deferred releases too), stop the committer and fold the record log into the
+        file; on the loop's thread."""
         self._end_timers()
         self.committer.commit_gathered()
         self.committer.stop()
-        if self.log is not None:
-            self.log.close()
+        self.log.close()
 
     async def aclose(self) -> None:
         self._end_timers()
         self.committer.commit_gathered()  # on the loop; the thread commits it before it stops
         await self.loop.run_in_executor(None, self.committer.stop)
-        if self.log is not None:
-            self.log.close()
+        await self.loop.run_in_executor(None, self.log.close)
 
     def _end_timers(self) -> None:
         for timer in self.timers.values():
@@ -532,9 +526,14 @@ class LeaseService:
         return line
 
     async def history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
-        """The scope's last events as the coordinator file holds them: what has committed (docs/history.md)."""
+        """The scope's last events as the coordinator file holds them: what has committed (docs/history.md), the
+        record log folded into the file first."""
         await self._barrier()
-        return await self.loop.run_in_executor(None, self.file.history, scope, limit)
+        return await self.loop.run_in_executor(None, self._folded_history, scope, limit)
+
+    def _folded_history(self, scope: str, limit: int) -> Sequence[HistoryEvent]:
+        self.log.fold_now()
+        return self.file.history(scope, limit)
 
     async def _barrier(self) -> None:
         last = self.committer.barrier()
