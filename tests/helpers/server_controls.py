@@ -9,6 +9,8 @@ patches one rule of the real server, as small as possible:
   (it reaches the coordinator file only at the next fold), so a kill -9 loses acknowledged tokens (C1).
 - ``epochs-off``: the coordinator file starts no new token epoch on open, so a restored
   older copy of the file hands out tokens again from its own last ones.
+- ``folds-every-20`` (not broken: a setting): the record log is folded into the file
+  every 20 changes, not every 4,096, so that a test meets a fold within a few requests.
 - ``apply-before-validate``: an acquire grants (and releases) a lease before it
   validates its input, so rejected requests change state.
 - ``auth-after-apply``: runs the handler first and checks the bearer token
@@ -74,6 +76,13 @@ elif CONTROL == "skip-frame":
         return [None] * len(changes)
 
     _log.RecordLog.commit_records = commit_records  # type: ignore[method-assign]
+
+elif CONTROL == "folds-every-20":  # not a broken variant: a setting, so that a test reaches a fold in a few requests
+    from stockade.coordinators.sqlite import SQLiteRecords
+
+    original_open_log = SQLiteRecords.open_log
+    SQLiteRecords.open_log = lambda self, **options: original_open_log(  # type: ignore[method-assign]
+        self, **{**options, "fold_changes": 20})
 
 elif CONTROL == "epochs-off":
     from stockade.coordinators.sqlite import SQLiteRecords

@@ -331,21 +331,23 @@ class RecordLog:
                        ) -> list[StockadeError | None]:
         """Append ``changes`` as one frame and ``fdatasync`` it: once this returns, they are durable.
 
+        A fold due (`FOLD_CHANGES` pending, or less than `FOLD_MARGIN_BYTES` left: a frame is smaller) is made
+        first, so the frame always fits.
+
         Raises:
-            BackendUnavailable: the write or the sync failed, or the log is full and a fold failed: nothing of
-                the batch is acknowledged (its frame, if it reached the disk, is overwritten by the next one).
+            BackendUnavailable: the fold, the write or the sync failed: nothing of the batch is acknowledged (its
+                frame, if it reached the disk, is overwritten by the next one, numbered the same).
         """
         at_ms = time.time_ns() // 1_000_000
         with self.lock:
+            if len(self.pending) >= self.fold_changes or self.offset > self.log_bytes - FOLD_MARGIN_BYTES:
+                self._fold_locked()  # due since the last batch; failing, it fails this batch (nothing written)
             number = self.number + 1
             frame = encode_frame(self._seed, self.generation, number,
                                  b"".join([encode_record(new, old.scope, at_ms) for old, new in changes]))
             if len(frame) > _FRAME_BYTES_MAX:  # a batch is at most BATCH_OPS_MAX small records: never
                 raise BackendUnavailable(f"record log {self.path}: a batch of {len(frame)} bytes",
                                          certain_no_effect=True)
-            if self.offset + len(frame) > self.log_bytes:
-                self._fold_locked()  # a fold failing here raises: the batch is not written
-                number, frame = 1, encode_frame(self._seed, self.generation, 1, frame[_HEAD.size:])
             try:
                 os.pwrite(self.fd, frame, self.offset)
                 os.fdatasync(self.fd)
@@ -358,17 +360,7 @@ class RecordLog:
             pending = self.pending
             for old, new in changes:
                 pending.append((old, new, at_ms))
-            if len(pending) >= self.fold_changes or self.offset > self.log_bytes - FOLD_MARGIN_BYTES:
-                self._fold_after_append()
         return [None] * len(changes)
-
-    def _fold_after_append(self) -> None:
-        """A fold due after an append: the batch is durable already, so a failed fold is logged, not raised (the
-        next append tries again; one that no longer fits in the log raises)."""
-        try:
-            self._fold_locked()
-        except StockadeError as exc:
-            _log.error("record log %s: fold failed, retried at the next append: %s", self.path, exc)
 
     def fold_now(self) -> None:
         """Fold what is pending (before a read of the file that must see every acknowledged change)."""
@@ -386,9 +378,13 @@ class RecordLog:
         self.folds += 1
 
     def close(self) -> None:
-        """Fold what is pending and close the log (a clean stop leaves no change only in the log)."""
+        """Fold what is pending and close the log (a clean stop leaves no change only in the log). A fold that
+        fails (a full disk) is logged: the changes stay in the log, and the next opener applies them."""
         try:
             self.fold_now()
+        except StockadeError as exc:
+            _log.error("record log %s: the fold at close failed; its changes stay in the log and are applied when "
+                       "the file is next opened: %s", self.path, exc)
         finally:
             os.close(self.fd)
 
