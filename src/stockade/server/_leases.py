@@ -111,7 +111,9 @@ class LeaseService:
         # The file's record log: a batch of changes is durable once appended there (one write, one fdatasync),
         # and folded into the file later (`stockade.coordinators.sqlite._log`).
         self.log = self.file.open_log()
+        # A batch that would fold the log (tens of ms) is committed on the committer's thread, never on the loop.
         self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self.log.commit_records, loop,
+                                                                try_batch=self.log.try_commit_records,
                                                                 lag_ms=release_lag_ms)
         self.release_lag_ms = release_lag_ms
         # `committer.submit`, or `committer.defer` while a release applies: how `_on_commit` queues a change.

@@ -340,7 +340,7 @@ class RecordLog:
         """
         at_ms = time.time_ns() // 1_000_000
         with self.lock:
-            if len(self.pending) >= self.fold_changes or self.offset > self.log_bytes - FOLD_MARGIN_BYTES:
+            if self.fold_due():
                 self._fold_locked()  # due since the last batch; failing, it fails this batch (nothing written)
             number = self.number + 1
             frame = encode_frame(self._seed, self.generation, number,
@@ -361,6 +361,18 @@ class RecordLog:
             for old, new in changes:
                 pending.append((old, new, at_ms))
         return [None] * len(changes)
+
+    def fold_due(self) -> bool:
+        """Whether the next batch folds the log first (`FOLD_CHANGES` pending, or the log nearly full)."""
+        return len(self.pending) >= self.fold_changes or self.offset > self.log_bytes - FOLD_MARGIN_BYTES
+
+    def try_commit_records(self, changes: Sequence[tuple[ScopeRecord, ScopeRecord | None]]
+                           ) -> list[StockadeError | None] | None:
+        """`commit_records` unless a fold is due: then None, nothing done (the group committer's ``try_batch``:
+        a batch that would fold goes to its thread, and the event loop serves on meanwhile)."""
+        if self.fold_due():
+            return None
+        return self.commit_records(changes)
 
     def fold_now(self) -> None:
         """Fold what is pending (before a read of the file that must see every acknowledged change)."""
