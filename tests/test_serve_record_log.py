@@ -10,7 +10,9 @@ Real servers (subprocesses, kill -9), real files. Each test has a control that m
 - ``stockade status`` and ``stockade history``, the store's last-issued check and an embedded opener see a
   change that is still only in the log (control: the same reads without the log do not);
 - a fold at the threshold keeps the log at its preallocated size (control: with the fold off it grows);
-- a failed write fails the batch with `BackendUnavailable` and acknowledges nothing.
+- a failed write fails the batch with `BackendUnavailable` and acknowledges nothing;
+- a change that lowers a last token is refused before it reaches the log (control: its frame written anyway is
+  folded into a row whose token went back).
 
 The kill -9 storm that checks no acknowledged grant is lost is tests/test_server_faults.py's (its controls:
 acknowledging before the commit, and acknowledging without writing the frame).
@@ -32,7 +34,7 @@ from conftest import HELPERS
 from stockade.cli import _readonly
 from stockade.coordinators.sqlite import SQLiteCoordinator
 from stockade.coordinators.sqlite import _log as record_log
-from stockade.core.errors import BackendUnavailable
+from stockade.core.errors import BackendUnavailable, InvariantViolation
 from stockade.core.leases import Lease, ScopeRecord
 from stockade.core.tokens import FencingToken
 from stockade.resources._issued import CoordinatorIssued
@@ -258,3 +260,31 @@ def test_a_failed_write_fails_the_batch_and_acknowledges_nothing(tmp_path):
             log.fd = writable
         log.close()
         assert coordinator.records.records()["s"].last_token == 3
+
+
+@pytest.mark.parametrize("check", ["on", "control-unchecked"])
+def test_a_change_that_lowers_a_token_is_refused_not_logged(tmp_path, check):
+    """A change that breaks C1 never reaches the log: a fold writes each scope's row once, from its first old to its
+    last new record, so it would not see the token go back in between."""
+    path = tmp_path / "coord.db"
+    going_back = [(ScopeRecord("s", 3), ScopeRecord("s", 2))]
+    with SQLiteCoordinator(path, exclusive=True) as coordinator:
+        log = coordinator.records.open_log()
+        _appends(log, coordinator.cluster_id, 3)
+        if check == "on":
+            with pytest.raises(InvariantViolation):
+                log.commit_records(going_back)
+            assert log.appends == 3
+            log.close()
+        else:  # the frame an append without the check would write, then a crash (no fold)
+            payload = record_log.encode_record(going_back[0][1], "s", 0)
+            frame = record_log.encode_frame(record_log.cluster_seed(coordinator.cluster_id), log.generation, 4,
+                                            payload)
+            _write_at(log.path, log.offset, frame)
+            os.close(log.fd)
+    with SQLiteCoordinator(path) as coordinator:
+        last = coordinator.records.records()["s"].last_token
+    if check == "on":
+        assert last == 3
+    else:  # the fold writes the scope's row once (first old -> last new), where the token went back
+        assert last == 2

@@ -80,7 +80,8 @@ def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tup
             return _read_once(path, what, body)
         except RaceWithFold:
             continue
-    return _read_once(path, what, body)
+    raise BackendUnavailable(f"{path}: its record log {record_log.log_path(path).name} is of a later generation than "
+                             "the file (an older copy of the file restored? the next server start moves the log aside)")
 
 
 def _read_once(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tuple[T, str | None]:
