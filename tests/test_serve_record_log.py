@@ -191,6 +191,9 @@ def test_status_history_and_the_store_see_a_change_only_in_the_log(tmp_path):
         events, _ = _readonly.read_history(db, "live", 10)
         assert [(e.kind, e.token_value) for e in events] == [("grant", lease["token_value"])]
         assert CoordinatorIssued(db)("live", int(lease["token_value"])) == lease["token_value"]  # type: ignore[arg-type]
+        # The server's own history route folds the log first.
+        served = json.loads(request(proc.url, "GET", "/v1/locks/live/history")[2])["events"]
+        assert [(e["kind"], e["token_value"]) for e in served] == [("grant", lease["token_value"])]
     finally:
         proc.stop()
 

@@ -106,7 +106,8 @@ def _frame_per_change_served(s: Served) -> None:
     def one_by_one(changes: Any) -> Any:
         return [result for change in changes for result in append([change])]
 
-    s.server.leases.committer._run_batch = one_by_one
+    committer = s.server.leases.committer
+    committer._run_batch = committer.try_batch = one_by_one  # on the loop, as the log's batches
 
 
 def _fold_every_batch_served(s: Served) -> None:
@@ -130,7 +131,8 @@ def _extra_commit_served(s: Served) -> None:
             set_meta(conn, "budget_control", str(len(_extra_commits)))  # a new value: an unchanged row writes no page
         return results
 
-    s.server.leases.committer._run_batch = twice
+    committer = s.server.leases.committer
+    committer._run_batch = committer.try_batch = twice  # on the loop, as the log's batches
 
 
 def _checked_again_served(s: Served) -> None:

@@ -379,9 +379,9 @@ class RecordLog:
 
     def try_commit_records(self, changes: Sequence[tuple[ScopeRecord, ScopeRecord | None]]
                            ) -> list[StockadeError | None] | None:
-        """`commit_records` unless a fold is due: then None, nothing done (the group committer's ``try_batch``:
-        a batch that would fold goes to its thread, and the event loop serves on meanwhile)."""
-        if self.fold_due():
+        """`commit_records` unless a fold is due or under way (a reader's `fold_now`): then None, nothing done (the
+        group committer's ``try_batch``: such a batch goes to its thread, and the event loop serves on meanwhile)."""
+        if self.fold_due() or self.lock.locked():
             return None
         return self.commit_records(changes)
 
