@@ -106,8 +106,7 @@ def _frame_per_change_served(s: Served) -> None:
     def one_by_one(changes: Any) -> Any:
         return [result for change in changes for result in append([change])]
 
-    committer = s.server.leases.committer
-    committer._run_batch = committer.try_batch = one_by_one  # on the loop, as the log's batches
+    s.server.leases.committer._run_batch = one_by_one
 
 
 def _fold_every_batch_served(s: Served) -> None:
@@ -131,8 +130,7 @@ def _extra_commit_served(s: Served) -> None:
             set_meta(conn, "budget_control", str(len(_extra_commits)))  # a new value: an unchanged row writes no page
         return results
 
-    committer = s.server.leases.committer
-    committer._run_batch = committer.try_batch = twice  # on the loop, as the log's batches
+    s.server.leases.committer._run_batch = twice
 
 
 def _checked_again_served(s: Served) -> None:
