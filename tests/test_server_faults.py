@@ -205,3 +205,10 @@ def test_kill9_control_acknowledging_before_commit_is_caught(tmp_path):
     print(f"\nserver kill -9 control (ack before commit): token regressions {regressions} of {CONTROL_RESTARTS} "
           f"restarts; duplicates {duplicates} of {total}")
     assert regressions + duplicates > 0
+
+
+def test_kill9_control_acknowledging_without_the_log_frame_is_caught(tmp_path):
+    regressions, duplicates, total, _ = _kill_storm(tmp_path, CONTROL_RESTARTS, "skip-frame", stop_at_first_catch=True)
+    print(f"\nserver kill -9 control (no record log frame): token regressions {regressions} of {CONTROL_RESTARTS} "
+          f"restarts; duplicates {duplicates} of {total}")
+    assert regressions + duplicates > 0

@@ -7,7 +7,10 @@ Each test puts the files on a small tmpfs and fills it to the last byte:
   files pass SQLite's integrity check; with room again, the lease whose
   release failed has ended with its TTL and the scope goes on above its token;
 - `stockade serve`: a grant it cannot make durable is refused, and the server
-  stops with exit status 74 (a restart reloads coord.db). Started again with
+  stops with exit status 74 (a restart reloads coord.db). Its grants are
+  appended to its record log, which is preallocated: the first to fail is the
+  one whose batch comes when a fold of the log into coord.db is due, and the
+  fold finds no room. Started again with
   room, the lease it held is held a full TTL from the restart (C3) and its
   scope goes on above its token (C1).
 """
@@ -78,8 +81,10 @@ def test_the_embedded_coordinator_and_store_on_a_full_disk() -> None:
 
 
 def test_serve_on_a_full_disk_refuses_the_grant_stops_and_restarts_with_its_leases() -> None:
-    with full_disk.small_tmpfs("3m") as mount:
-        server = start_server(mount / "data")
+    with full_disk.small_tmpfs("8m") as mount:  # the record log takes 4 MiB at the start
+        # Folded every 20 changes (not 4,096): the grants on the full disk go to the preallocated log until the
+        # next fold, which needs room in coord.db.
+        server = start_server(mount / "data", control="folds-every-20")
         try:
             coord = stockade.connect(server.url)
             held = coord.acquire("held", ttl_ms=3_000, keepalive=False)

@@ -23,7 +23,7 @@ from stockade.testing.budgets import BUDGETS, over_budget
 
 CYCLES = 20  # per measure; the figures are exact counts, the same on every run
 WARMUP = 5
-MEASURES = ("commits", "wal_frames", "wal_bytes", "statements", "calls")
+MEASURES = ("commits", "wal_frames", "wal_bytes", "statements", "calls", "log_appends", "log_bytes", "folds")
 
 
 def _per_op(work: Work) -> dict[str, float]:
@@ -46,12 +46,14 @@ def _measure_served(served_: Served, meter: Meter, step: Callable[[], None]) -> 
 
 
 def _serve_lock_cycle(data_dir: Path, control: Callable[[Served], None] | None = None,
-                      release_lag_ms: int = RELEASE_LAG_MS_MAX) -> dict[str, float]:
+                      release_lag_ms: int = RELEASE_LAG_MS_MAX, fold_changes: int | None = None) -> dict[str, float]:
     """A cycle's work. Each release is answered before its commit and commits with the next cycle's grant (the
     one of the warm-up's last cycle with the first measured grant; the last measured one after the count): with a
     lag of a minute, whatever the pace of the client, so the counts are exact. ``release_lag_ms`` 0: the control,
     a release that waits for its own commit, as before issue 29."""
     with served(data_dir, release_lag_ms=release_lag_ms) as s:
+        if fold_changes is not None:  # so few that a fold comes in the run: its work is counted
+            s.server.leases.log.fold_changes = fold_changes
         if control is not None:
             s.on_loop(lambda: control(s))
         coord = stockade.connect(s.url)
@@ -96,9 +98,20 @@ def _embedded_lock_cycle(data_dir: Path, control: Callable[[Any], None] | None =
 
 # -- controls: the regressions each budget is there to catch --------------------------------------
 
-def _extra_index_served(s: Served) -> None:
-    """A secondary index re-added to the history journal (each event writes one more page)."""
-    s.server.leases.file._conn.execute("CREATE INDEX IF NOT EXISTS budget_control ON history_recent (scope, seq)")
+def _frame_per_change_served(s: Served) -> None:
+    """Each change appended as a frame of its own, with its own fdatasync (not one frame a batch)."""
+    log = s.server.leases.log
+    append = log.commit_records
+
+    def one_by_one(changes: Any) -> Any:
+        return [result for change in changes for result in append([change])]
+
+    s.server.leases.committer._run_batch = one_by_one
+
+
+def _fold_every_batch_served(s: Served) -> None:
+    """The log folded into the file after every batch (a threshold of one change): a commit of the file each."""
+    s.server.leases.log.fold_changes = 1
 
 
 def _extra_index_store(s: Served) -> None:
@@ -108,7 +121,7 @@ def _extra_index_store(s: Served) -> None:
 def _extra_commit_served(s: Served) -> None:
     """Every change committed, then a second transaction written after it (one more fsync each)."""
     file = s.server.leases.file
-    commit_records = file.commit_records
+    commit_records = s.server.leases.log.commit_records
 
     def twice(changes: Any) -> Any:
         results = commit_records(changes)
@@ -117,7 +130,6 @@ def _extra_commit_served(s: Served) -> None:
             set_meta(conn, "budget_control", str(len(_extra_commits)))  # a new value: an unchanged row writes no page
         return results
 
-    file.commit_records = twice
     s.server.leases.committer._run_batch = twice
 
 
@@ -187,6 +199,11 @@ def test_serve_lock_cycle_within_budget(tmp_path: Path) -> None:
     assert over_budget("serve.lock_cycle", measured) == [], measured
 
 
+def test_serve_lock_cycle_folded_within_budget(tmp_path: Path) -> None:
+    measured = _serve_lock_cycle(tmp_path, fold_changes=2 * CYCLES)
+    assert measured["folds"] > 0 and over_budget("serve.lock_cycle_folded", measured) == [], measured
+
+
 def test_serve_fenced_write_within_budget(tmp_path: Path) -> None:
     measured = _serve_fenced_write(tmp_path)
     assert over_budget("serve.fenced_write", measured) == [], measured
@@ -198,7 +215,8 @@ def test_embedded_lock_cycle_within_budget(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("control", "exceeds"), [
-    (_extra_index_served, {"wal_frames", "wal_bytes"}),
+    (_frame_per_change_served, {"log_appends", "log_bytes"}),
+    (_fold_every_batch_served, {"folds", "commits", "wal_frames", "statements"}),
     (_extra_commit_served, {"commits", "wal_frames", "statements"}),
     (_debug_logging, {"calls"}),
     (_checked_again_served, {"calls"}),
@@ -208,10 +226,20 @@ def test_serve_lock_cycle_controls_exceed(tmp_path: Path, control: Callable[[Ser
     assert {line.split()[1] for line in found} >= exceeds, found
 
 
+@pytest.mark.parametrize(("control", "exceeds"), [
+    (_extra_commit_served, {"commits", "wal_frames", "statements"}),
+    (_fold_every_batch_served, {"folds", "commits", "wal_frames", "statements"}),
+])
+def test_serve_lock_cycle_folded_controls_exceed(tmp_path: Path, control: Callable[[Served], None],
+                                                 exceeds: set[str]) -> None:
+    found = over_budget("serve.lock_cycle_folded", _serve_lock_cycle(tmp_path, control, fold_changes=2 * CYCLES))
+    assert {line.split()[1] for line in found} >= exceeds, found
+
+
 def test_serve_lock_cycle_control_releases_waiting_for_their_commit_exceed(tmp_path: Path) -> None:
     """``--release-lag-ms 0``: every release answered only after a commit of its own, as before issue 29."""
     found = over_budget("serve.lock_cycle", _serve_lock_cycle(tmp_path, release_lag_ms=0))
-    assert {line.split()[1] for line in found} >= {"commits", "wal_frames", "wal_bytes", "statements", "calls"}, found
+    assert {line.split()[1] for line in found} >= {"log_appends", "log_bytes", "calls"}, found
 
 
 @pytest.mark.parametrize(("control", "exceeds"), [
@@ -235,6 +263,6 @@ def test_embedded_lock_cycle_controls_exceed(tmp_path: Path, control: Callable[[
 
 
 def test_over_budget_says_the_figure_and_the_benchmark() -> None:
-    measured = dict(BUDGETS["serve.lock_cycle"], commits=2)
+    measured = dict(BUDGETS["serve.lock_cycle"], log_appends=2)
     (line,) = over_budget("serve.lock_cycle", measured)
-    assert "commits 2 per operation, over its budget of 1" in line and "stockade bench" in line
+    assert "log_appends 2 per operation, over its budget of 1" in line and "stockade bench" in line

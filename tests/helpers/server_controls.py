@@ -5,6 +5,12 @@ patches one rule of the real server, as small as possible:
 
 - ``ack-before-commit``: answers grants before their transaction is committed
   (and commits only every 50 ms), so a kill -9 loses acknowledged tokens (C1).
+- ``skip-frame``: acknowledges a batch without writing its frame to the record log
+  (it reaches the coordinator file only at the next fold), so a kill -9 loses acknowledged tokens (C1).
+- ``epochs-off``: the coordinator file starts no new token epoch on open, so a restored
+  older copy of the file hands out tokens again from its own last ones.
+- ``folds-every-20`` (not broken: a setting): the record log is folded into the file
+  every 20 changes, not every 4,096, so that a test meets a fold within a few requests.
 - ``apply-before-validate``: an acquire grants (and releases) a lease before it
   validates its input, so rejected requests change state.
 - ``auth-after-apply``: runs the handler first and checks the bearer token
@@ -57,6 +63,31 @@ elif CONTROL == "ack-before-commit":
 
     _groupcommit.GroupCommitter.__init__ = init  # type: ignore[method-assign]
     _leases.LeaseService.durable = staticmethod(no_wait)  # type: ignore[method-assign]  # every answer's wait
+
+elif CONTROL == "skip-frame":
+    from stockade.coordinators.sqlite import _log
+
+    def commit_records(self, changes):  # type: ignore[no-untyped-def]
+        # Acknowledged and kept for the next fold, but never written to the log: a kill -9 before the fold loses it.
+        with self.lock:
+            self.pending.extend((old, new, 0) for old, new in changes)
+            if len(self.pending) >= self.fold_changes:
+                self._fold_locked()
+        return [None] * len(changes)
+
+    _log.RecordLog.commit_records = commit_records  # type: ignore[method-assign]
+
+elif CONTROL == "folds-every-20":  # not a broken variant: a setting, so that a test reaches a fold in a few requests
+    from stockade.coordinators.sqlite import SQLiteRecords
+
+    original_open_log = SQLiteRecords.open_log
+    SQLiteRecords.open_log = lambda self, **options: original_open_log(  # type: ignore[method-assign]
+        self, **{**options, "fold_changes": 20})
+
+elif CONTROL == "epochs-off":
+    from stockade.coordinators.sqlite import SQLiteRecords
+
+    SQLiteRecords.epochs = False  # an opener after a restore goes on from the restored file's last tokens
 
 elif CONTROL == "apply-before-validate":
     original_acquire = app.App.acquire

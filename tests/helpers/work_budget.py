@@ -8,6 +8,8 @@ Counts, not times (a shared host's noise is not in them):
   and with ``synchronous=FULL`` each commit is one fdatasync of the WAL.
 - ``wal_bytes``: the frames' bytes (page and header).
 - ``statements``: SQL statements run on the file's connection (``set_trace_callback``).
+- ``log_appends``, ``log_bytes``, ``folds``: a server's record log (``coord.log``): frames appended (one
+  fdatasync each), their bytes, and folds into the file (its counters, `RecordLog`).
 - ``calls``: Python and C function calls on the thread that serves (``sys.setprofile``),
   the server's event loop thread: a lone request is committed there too.
 - ``blocks``: memory blocks allocated and still held, over the run (tracemalloc).
@@ -66,6 +68,9 @@ class Work:
     wal_bytes: int = 0
     statements: int = 0
     calls: int = 0
+    log_appends: int = 0
+    log_bytes: int = 0
+    folds: int = 0
     blocks: int = 0
     sql: list[str] = field(default_factory=list)
 
@@ -76,16 +81,19 @@ class Work:
 class Meter:
     """Counts statements on ``conn`` and frames in ``path``'s WAL between `start` and `stop`."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, log: Any = None) -> None:
         self.path = path
         self.conn = conn
+        self.log = log  # the file's record log (`RecordLog`), if it has one: its appends, bytes and folds count too
         self.sql: list[str] = []
+        self._log_before = (0, 0, 0)
 
     def hold_checkpoints(self) -> None:
         self.conn.execute("PRAGMA wal_autocheckpoint=0")
 
     def start(self) -> None:
         self._before = wal_frames(self.path)
+        self._log_before = self._log_counts()
         self.sql = []
         self.conn.set_trace_callback(self.sql.append)
 
@@ -99,7 +107,16 @@ class Meter:
         work.wal_bytes += after[2] - self._before[2]
         work.statements += len(self.sql)
         work.sql += self.sql
+        appends, written, folds = (now - before for now, before in zip(self._log_counts(), self._log_before,
+                                                                        strict=True))
+        work.log_appends += appends
+        work.log_bytes += written
+        work.folds += folds
         return work
+
+    def _log_counts(self) -> tuple[int, int, int]:
+        log = self.log
+        return (0, 0, 0) if log is None else (log.appends, log.bytes_written, log.folds)
 
 
 class CallCounter:
@@ -145,7 +162,7 @@ class Served:
 
     def coordinator_meter(self) -> Meter:
         records = self.server.leases.file
-        return Meter(records.path, records._conn)
+        return Meter(records.path, records._conn, self.server.leases.log)
 
     def store_meter(self) -> Meter:
         store = self.server.store_writer._run_batch.__self__.store

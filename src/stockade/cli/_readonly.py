@@ -17,7 +17,13 @@ and the restart rule), so `status` reads them here instead:
 
 The rows are read in one read transaction per file, and the coordinator's
 leases are judged by the same rules the coordinator applies (including the
-restart rule when the host rebooted since the file was last opened).
+restart rule when the host rebooted since the file was last opened). A
+server's acknowledged changes not yet folded into its file are in the record
+log beside it (``coord.log``, `stockade.coordinators.sqlite._log`): its valid
+frames of the file's generation are read too and laid over the rows (and over
+the history, numbered as their fold will number them). A fold that commits
+between the two reads is seen (the log is of a later generation) and the read
+is made again.
 """
 
 from __future__ import annotations
@@ -33,8 +39,11 @@ from urllib.parse import quote
 from stockade.coordinators import sqlite as coordinator_files
 from stockade.coordinators.journal import HistoryEvent
 from stockade.coordinators.sqlite import _journal as journal
+from stockade.coordinators.sqlite import _log as record_log
+from stockade.coordinators.sqlite._rows import load_record
 from stockade.core import leases as rules
 from stockade.core.errors import BackendUnavailable
+from stockade.core.journal import HISTORY_PER_SCOPE, events_of
 from stockade.core.tokens import FencingToken
 from stockade.resources.store import _sqlite_files as store_files
 
@@ -42,6 +51,7 @@ __all__ = ["CoordinatorSnapshot", "read_coordinator", "read_contenders", "read_s
            "read_history", "check_store_file"]
 
 T = TypeVar("T")
+_FOLD_RACE_RETRIES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +68,23 @@ def _boot_id() -> str:
         return "unknown"
 
 
+class RaceWithFold(Exception):
+    """A fold of the server's record log into the file raced a read: read again."""
+
+
 def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tuple[T, str | None]:
-    """``body(conn)`` on a read-only connection to ``path``, in one read transaction."""
+    """``body(conn)`` on a read-only connection to ``path``, in one read transaction; again if a fold of the
+    server's record log raced it (`RaceWithFold`: a fold is a few ms, and comes every few thousand changes)."""
+    for _ in range(_FOLD_RACE_RETRIES):
+        try:
+            return _read_once(path, what, body)
+        except RaceWithFold:
+            continue
+    raise BackendUnavailable(f"{path}: its record log {record_log.log_path(path).name} is of a later generation than "
+                             "the file (an older copy of the file restored? the next server start moves the log aside)")
+
+
+def _read_once(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tuple[T, str | None]:
     if not path.is_file():
         raise BackendUnavailable(f"{path} is not a file")
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
@@ -113,8 +138,20 @@ def read_history(path: Path, scope: str, limit: int) -> tuple[list[HistoryEvent]
     """
 
     def body(conn: sqlite3.Connection) -> list[HistoryEvent]:
-        _coordinator_meta(conn, path)
-        return journal.read_history(conn, scope, limit)
+        cluster = _coordinator_meta(conn, path)["cluster_id"]
+        events = journal.read_history(conn, scope, limit)
+        logged = _logged(conn, path, cluster, None)
+        if not logged:
+            return events
+        # The log's changes, numbered on from the file's last event as their fold will number them.
+        seq = journal.last_seq(conn)
+        stored = {name: load_record(conn, cluster, name) for name in {name for name, _, _ in logged}}
+        for old, new, at_ms in record_log.overlay_records(stored, logged):
+            for kind, holder, token in events_of(old, new):
+                seq += 1
+                if old.scope == scope:
+                    events.append(HistoryEvent(seq, scope, kind, holder, token, at_ms))
+        return events[-min(limit, HISTORY_PER_SCOPE):]
 
     return _read(path, "coordinator", body)
 
@@ -145,18 +182,33 @@ def _records(conn: sqlite3.Connection, path: Path, now_ns: int, limit: int,
         f"SELECT scope, lease_id, holder, deadline_ns, stale_ns FROM waiters {where} ORDER BY scope, seq", args
     ):
         waiters.setdefault(name, []).append(rules.Waiter(*waiter))
-    records = []
+    logged = _logged(conn, path, cluster, scope)
+    stored = {}
     for name, last_token, delay_until_ns in conn.execute(
-        f"SELECT scope, last_token, delay_until_ns FROM scopes {where} ORDER BY scope LIMIT ?", (*args, limit)
+        f"SELECT scope, last_token, delay_until_ns FROM scopes {where} ORDER BY scope LIMIT ?",
+        (*args, limit + len(logged)),  # room for the scopes the log forgets
     ):
-        record = rules.ScopeRecord(
+        stored[name] = rules.ScopeRecord(
             name, last_token=last_token, lease=leases.get(name), delay_until_ns=delay_until_ns,
             waiters=tuple(waiters.get(name, ())),
         )
-        if rebooted:  # what the next opener will do (C3): the stored times are on a clock that is gone
-            record = rules.recover(record, now_ns, rules.LeasePolicy(), same_clock=False)
-        records.append(record)
+    if logged:  # the server's acknowledged changes still only in its record log (`_log`), on the file's clock
+        stored.update({name: load_record(conn, cluster, name) for name, _, _ in logged if name not in stored})
+        record_log.overlay_records(stored, logged)
+    records = [stored[name] for name in sorted(stored)[:limit]]
+    if rebooted:  # what the next opener will do (C3): the stored times are on a clock that is gone
+        records = [rules.recover(record, now_ns, rules.LeasePolicy(), same_clock=False) for record in records]
     return cluster, records
+
+
+def _logged(conn: sqlite3.Connection, path: Path, cluster: str,
+            scope: str | None) -> list[tuple[str, rules.ScopeRecord | None, int]]:
+    """The record log's changes beyond the file as read (only ``scope``'s, when given); `RaceWithFold` if a fold
+    of the log into the file raced the read."""
+    changes, raced = record_log.logged_changes(conn, path, cluster)
+    if raced:
+        raise RaceWithFold(str(path))
+    return [change for change in changes if scope is None or change[0] == scope]
 
 
 def read_coordinator(path: Path, now_ns: int, limit: int) -> CoordinatorSnapshot:

@@ -13,7 +13,9 @@ to close: a store's lifetime is not tied to its coordinator's), and only when
 a token is above the greatest value it has already read for the scope: issued
 values only grow, so a remembered one is a valid bound, and a lease's writes
 after its first cost no read. It remembers at most `ISSUED_CACHED_MAX` scopes
-(then starts over).
+(then starts over). A server writes its grants first to the record log beside
+the file (``coord.log``, `stockade.coordinators.sqlite._log`) and folds them
+into the file later: the log's frames of the file's generation are read too.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from stockade.core.errors import BackendUnavailable
 __all__ = ["CoordinatorIssued", "coordinator_beside", "ISSUED_CACHED_MAX"]
 
 ISSUED_CACHED_MAX = 10_000
+_FOLD_RACE_RETRIES = 5  # reads made again while a server's record log is folded under them (a fold: a few ms)
 
 _LAST_ISSUED = (
     "SELECT COALESCE((SELECT last_token FROM scopes WHERE scope = ?),"
@@ -67,9 +70,10 @@ class CoordinatorIssued:
             if at_least and known >= at_least:
                 return known
             try:
-                conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True, timeout=5)
+                conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True, timeout=5,
+                                       isolation_level=None)
                 try:
-                    value = int(conn.execute(_LAST_ISSUED, (scope,)).fetchone()[0])
+                    value = _last_issued(conn, self.path, scope)
                 finally:
                     conn.close()
             except sqlite3.Error as exc:
@@ -79,3 +83,21 @@ class CoordinatorIssued:
                 self._known.clear()
             self._known[scope] = max(known, value)
             return self._known[scope]
+
+
+def _last_issued(conn: sqlite3.Connection, path: Path, scope: str) -> int:
+    """The file's last issued token of ``scope``, with what a server's record log beside it holds beyond the file
+    (its acknowledged grants not folded in yet), read in one read transaction (again if a fold raced it)."""
+    from stockade.coordinators.sqlite._log import logged_last_token  # noqa: PLC0415 - the record log's one reader
+
+    for _ in range(_FOLD_RACE_RETRIES):
+        conn.execute("BEGIN")
+        try:
+            value = int(conn.execute(_LAST_ISSUED, (scope,)).fetchone()[0])
+            logged = logged_last_token(conn, path, scope)
+        finally:
+            conn.execute("ROLLBACK")
+        if logged is not None:
+            return max(value, logged)
+    raise BackendUnavailable(f"the record log beside {path} kept being folded while it was read",
+                             certain_no_effect=True)

@@ -2,12 +2,13 @@
 
 One writer thread per database file owns that file's write connection. The
 event loop hands it operations (`GroupCommitter.submit`); the thread takes
-every operation queued so far, runs them as one batch (one ``BEGIN IMMEDIATE``
-… ``COMMIT``, in the engines' ``commit_records`` / ``apply_batch``; a failed
-operation takes only its own slot), and only after the COMMIT has returned (the file is in WAL
-mode with ``synchronous=FULL``, so the commit is on disk) resolves the
-operations' futures on the loop. A handler answers only after its future
-resolved: nothing is acknowledged before its fsync.
+every operation queued so far, runs them as one batch (the store's: one
+``BEGIN IMMEDIATE`` … ``COMMIT``, in ``apply_batch``, a failed operation taking
+only its own slot; the coordinator's: one frame appended to its record log and
+one ``fdatasync``, `stockade.coordinators.sqlite._log`), and only after the
+batch is on disk (the store's file is in WAL mode with ``synchronous=FULL``)
+resolves the operations' futures on the loop. A handler answers only after its
+future resolved: nothing is acknowledged before its fsync.
 
 While one batch commits, the next one gathers, so the batch size grows with
 the load by itself and a lone request never waits for company. SQLite releases

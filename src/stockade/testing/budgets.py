@@ -6,6 +6,8 @@ journal's extra pages would have). Each figure is per operation, the mean over
 a run of them (tests/helpers/work_budget.py says how each is counted):
 
 - ``commits``: COMMITs that reached the WAL; each is one fdatasync (``synchronous=FULL``).
+- ``log_appends`` / ``log_bytes`` / ``folds``: a server's record log (``coord.log``): frames appended (one
+  fdatasync each), their bytes, and folds of the log into the coordinator file.
 - ``wal_frames`` / ``wal_bytes``: pages written to the WAL, and their bytes.
 - ``statements``: SQL statements on the file's connection, BEGIN and COMMIT included.
 - ``calls``: Python and C function calls on the server's event loop thread
@@ -65,8 +67,23 @@ BUDGETS = MappingProxyType({
     # 391.2-392.0 (434 with ``--release-lag-ms 0``; 406 with the acquire checked again) with an answer's clock
     # read once (its metric and its connection's idle start) and the method's name found, not decoded; 392.0 with
     # a grant's listener called through the committer's one `_notify` (a copy of it inline saved that call).
+    # The record log (issue 29; docs/coordinator-files.md): a batch of changes is one frame appended to
+    # ``coord.log`` and one fdatasync, and the coordinator file is written only when the log is folded into it
+    # (every 1,024 changes: 512 cycles). So a cycle is 1 append (the release's and the grant's records in one
+    # frame, 186-188 B measured) and nothing in the file's WAL; 377.2 calls (392.0 with the acquire checked again;
+    # 447.2 and 2 appends with ``--release-lag-ms 0``; 392.0 before, with a transaction of the file a batch).
+    # What a fold costs, amortised: ``serve.lock_cycle_folded``.
     "serve.lock_cycle": MappingProxyType({
-        "commits": 1, "wal_frames": 3.8, "wal_bytes": 4_000, "statements": 6.1, "calls": 399}),
+        "log_appends": 1, "log_bytes": 200, "folds": 0, "commits": 0, "wal_frames": 0, "wal_bytes": 0,
+        "statements": 0, "calls": 385}),
+    # the same cycle with the log folded every 40 changes (one fold in the 20 cycles measured), so that the
+    # fold's work is in the figures: each change's history events (2 statements a cycle) and each scope's row
+    # once, in one transaction (BEGIN, meta, COMMIT): 2.35 statements, 0.45 pages (472 B), 0.05 commits and
+    # 389.4 calls a cycle measured (the fold runs on the loop). At the server's threshold of 1,024 changes the
+    # per-fold part is 25 times smaller: about 2.0 statements and 0.1 page a cycle.
+    "serve.lock_cycle_folded": MappingProxyType({
+        "log_appends": 1, "log_bytes": 200, "folds": 0.05, "commits": 0.05, "wal_frames": 0.6, "wal_bytes": 620,
+        "statements": 2.5, "calls": 397}),
     # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls;
     # 459 measured (487 before issue 29's trims; 523 with debug logging on); 454.6 with the committer's trims;
     # 446.6 with the answers' heads made once and the C JSON encoder built once; 424.7 (442 just before) with the

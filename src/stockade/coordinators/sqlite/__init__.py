@@ -59,6 +59,15 @@ from stockade.coordinators.sqlite._file import (
     private_sidecars,
 )
 from stockade.coordinators.sqlite._journal import read_history
+from stockade.coordinators.sqlite._log import (
+    GENERATION_KEY,
+    PendingChange,
+    RecordLog,
+    apply_log_changes,
+    log_path,
+    replay_log,
+    stored_generation,
+)
 from stockade.coordinators.sqlite._renewals import RenewalFiles, RenewingEngine
 from stockade.coordinators.sqlite._rows import (
     SCHEMA,
@@ -279,6 +288,8 @@ class SQLiteRecords(Journaled):
                 raise BackendUnavailable(f"{self.path}: schema version {meta.get('schema_version')!r} is not supported")
             self.cluster_id = meta["cluster_id"]
             set_meta(conn, "kind", KIND)
+            # Before the restart rule: the log's frames carry times on the clock the file's rows are on.
+            replay_log(conn, self.path, self.cluster_id, lambda: self._stored_records(conn))
             if meta.get("boot_id") != boot_id():
                 # In the same transaction that notices the reboot: of several
                 # processes opening the file after a boot, exactly one applies
@@ -595,6 +606,29 @@ class SQLiteRecords(Journaled):
                 conn.execute("RELEASE change")
                 results.append(None)
         return results
+
+    def _stored_records(self, conn: sqlite3.Connection) -> dict[str, ScopeRecord]:
+        names = [r[0] for r in conn.execute("SELECT scope FROM scopes ORDER BY scope")]
+        return {name: load_record(conn, self.cluster_id, name) for name in names}
+
+    # -- the record log (for a server, the file's only user) ---------------------------------
+
+    def open_log(self, **options: Any) -> RecordLog:
+        """The file's record log (`stockade.coordinators.sqlite._log`), for the process that opened it exclusively:
+        its changes are appended there and folded into the file (`fold_log`). ``options``: `RecordLog`'s."""
+        with self._locked() as conn:
+            generation = stored_generation(conn)
+        return RecordLog(log_path(self.path), self.cluster_id, generation, self.fold_log, **options)
+
+    def fold_log(self, pending: Sequence[PendingChange], generation: int) -> None:
+        """Write the log's pending changes into the file and store its next ``generation``, in one transaction
+        (after its COMMIT the log's frames count for nothing)."""
+        with self._write() as conn:
+            try:
+                apply_log_changes(conn, pending)
+            except StockadeError as exc:
+                raise BackendUnavailable(f"record log fold failed: {exc}", certain_no_effect=True) from exc
+            set_meta(conn, GENERATION_KEY, str(generation))
 
     def _commit_one(self, old: ScopeRecord, new: ScopeRecord | None) -> list[StockadeError | None]:
         # A batch of one needs no SAVEPOINT: if its change fails, rolling the whole

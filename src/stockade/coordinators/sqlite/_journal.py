@@ -38,7 +38,7 @@ from stockade.coordinators.journal import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, 
 from stockade.core.leases import ScopeRecord
 
 __all__ = ["JOURNAL_SCHEMA", "SCOPE_TRIM_EVERY", "journal_change", "migrate_journal", "move_recent", "read_history",
-           "total_trim_every", "HistoryEvent"]
+           "last_seq", "total_trim_every", "HistoryEvent"]
 
 #: A scope's journal is trimmed at its grants whose token is a multiple of this.
 SCOPE_TRIM_EVERY = 32
@@ -73,13 +73,16 @@ def total_trim_every() -> int:
     return max(1, HISTORY_TOTAL_MAX // 1000)
 
 
-def journal_change(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None) -> None:
-    """Record the events of ``old -> new`` in the caller's open transaction, and trim the journal when due."""
+def journal_change(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None,
+                   at_ms: int | None = None) -> None:
+    """Record the events of ``old -> new`` in the caller's open transaction, and trim the journal when due
+    (``at_ms``: when they happened, Unix ms; None: now)."""
     events = events_of(old, new)
     if not events:
         return
     scope = old.scope
-    at_ms = time.time_ns() // 1_000_000
+    if at_ms is None:
+        at_ms = time.time_ns() // 1_000_000
     for kind, holder, token in events:
         seq = conn.execute(_INSERT, (scope, kind, holder, token, at_ms)).lastrowid or 0
         if kind == "grant" and token % SCOPE_TRIM_EVERY == 0:
@@ -111,6 +114,13 @@ def migrate_journal(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO history (seq, scope, kind, holder, token, at_unix_ms) "
                  "SELECT seq, scope, kind, holder, token, at_unix_ms FROM history_v1")
     conn.execute("DROP TABLE history_v1")
+
+
+def last_seq(conn: sqlite3.Connection) -> int:
+    """The number of the file's last event (0: none): the next one is numbered one above it."""
+    row = conn.execute("SELECT COALESCE((SELECT MAX(seq) FROM history_recent), (SELECT MAX(seq) FROM history), 0)"
+                       ).fetchone()
+    return int(row[0])
 
 
 def read_history(conn: sqlite3.Connection, scope: str, limit: int) -> list[HistoryEvent]:

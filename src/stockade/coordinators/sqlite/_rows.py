@@ -17,7 +17,7 @@ from stockade.core.tokens import FencingToken
 
 __all__ = [
     "SCHEMA", "LEASE_COLUMNS", "migrate_v1", "set_meta", "forgotten_floor", "times_pending", "load_record",
-    "forget_record", "store_record"]
+    "forget_record", "store_record", "write_record"]
 
 #: The lease columns of a scope's row: NULL when it holds no lease.
 LEASE_COLUMNS = ("lease_id", "holder", "token", "ttl_ms", "granted_ns", "expires_ns")
@@ -134,6 +134,11 @@ def forget_record(conn: sqlite3.Connection, old: ScopeRecord) -> None:
 def store_record(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None) -> None:
     """Write back the difference between two records of one scope (``new`` None: forget it)."""
     journal_change(conn, old, new)  # its events, in this same transaction (docs/history.md)
+    write_record(conn, old, new)
+
+
+def write_record(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord | None) -> None:
+    """`store_record` without the journal: the rows only."""
     if new is None:
         forget_record(conn, old)
         return
