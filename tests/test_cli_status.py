@@ -116,8 +116,8 @@ def test_status_on_full_disk(tmp_path):
     populate(data)
     staged = tmp_path / "staged"
     shutil.copytree(data, staged, ignore=shutil.ignore_patterns("*.sock"))  # the host process's socket stays
-    # copy the data onto a small tmpfs over the data dir, then fill it to the last byte
-    fill = ('mount -t tmpfs -o size=1m tmpfs "$D" && cp -a "$0"/. "$D"/ && '
+    # copy the data onto a small tmpfs over the data dir (8 MiB: the host process's record log is 4 MiB), then fill it
+    fill = ('mount -t tmpfs -o size=8m tmpfs "$D" && cp -a "$0"/. "$D"/ && '
             '(dd if=/dev/zero of="$D/filler" bs=4k 2>/dev/null || true) && '
             'if (echo x > "$D/probe") 2>/dev/null; then echo "disk not full" >&2; exit 99; fi')
     script = f'set -e; D="$1"; shift; {fill}; exec "$@"'
