@@ -54,8 +54,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stockade.coordinators._record_diff import check_change
-from stockade.coordinators.sqlite._journal import journal_change
-from stockade.coordinators.sqlite._rows import set_meta, write_record
+from stockade.coordinators.sqlite._journal import journal_changes
+from stockade.coordinators.sqlite._rows import forgotten_floor, set_meta, write_record
 from stockade.core.errors import BackendUnavailable, StockadeError
 from stockade.core.leases import Lease, ScopeRecord
 from stockade.core.tokens import FencingToken
@@ -193,8 +193,7 @@ def apply_log_changes(conn: sqlite3.Connection, pending: Sequence[PendingChange]
     """Write ``pending`` into the file in the caller's transaction: every change's history events in order (as a
     direct commit writes them, stamped with the change's time), then each scope's row once (its first old -> its
     last new; a forget ends a scope's run, what follows starts from the empty record)."""
-    for old, new, at_ms in pending:
-        journal_change(conn, old, new, at_ms)
+    journal_changes(conn, pending)  # one executemany between two trims, not a statement an event
     runs: dict[str, list[ScopeRecord | None]] = {}
     for old, new, _ in pending:
         run = runs.get(old.scope)
@@ -205,6 +204,8 @@ def apply_log_changes(conn: sqlite3.Connection, pending: Sequence[PendingChange]
             first = runs.pop(old.scope)[0]
             assert first is not None
             write_record(conn, first, None)
+            if old.last_token > first.last_token:  # tokens given since the file's row: the floor keeps them (C1)
+                set_meta(conn, "forgotten_floor", str(max(forgotten_floor(conn), old.last_token)))
     for first, last in runs.values():
         assert first is not None
         write_record(conn, first, last)
