@@ -13,6 +13,9 @@ Real servers (subprocesses, kill -9), real files. Each test has a control that m
 - a failed write fails the batch with `BackendUnavailable` and acknowledges nothing;
 - a change that lowers a last token is refused before it reaches the log (control: its frame written anyway is
   folded into a row whose token went back).
+- a fold (its events inserted in batches) writes the same rows as its changes written one by one, as a direct
+  commit writes them, a scope granted and forgotten within one fold included (control: the batched fold without
+  its scope trims leaves more events).
 
 The kill -9 storm that checks no acknowledged grant is lost is tests/test_server_faults.py's (its controls:
 acknowledging before the commit, and acknowledging without writing the frame).
@@ -352,7 +355,8 @@ def test_a_fold_writes_the_same_rows_as_the_changes_written_one_by_one(tmp_path,
                     patch.setattr(_journal, "_TRIM_SCOPE", "SELECT ?, ?, ?")
                 records = {f"s{i}": ScopeRecord(f"s{i}") for i in range(5)}
                 for generation in range(1, 5):  # past 100 events of a scope: its trims delete
-                    pending = _lock_cycles(coordinator.cluster_id, records, 300 + 37 * generation, 1_000_000 * generation)
+                    cycles, at_ms = 300 + 37 * generation, 1_000_000 * generation
+                    pending = _lock_cycles(coordinator.cluster_id, records, cycles, at_ms)
                     coordinator.records.fold_log(pending, generation)
     fold_rows, reference_rows = _file_rows(files["fold"]), _file_rows(files["reference"])
     for rows in (fold_rows, reference_rows):  # of the meta, what changes write (the rest is each file's own)

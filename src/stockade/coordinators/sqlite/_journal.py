@@ -38,8 +38,8 @@ from collections.abc import Iterable
 from stockade.coordinators.journal import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
-__all__ = ["JOURNAL_SCHEMA", "SCOPE_TRIM_EVERY", "journal_change", "journal_changes", "migrate_journal", "move_recent", "read_history",
-           "last_seq", "total_trim_every", "HistoryEvent"]
+__all__ = ["JOURNAL_SCHEMA", "SCOPE_TRIM_EVERY", "journal_change", "journal_changes", "migrate_journal", "move_recent",
+           "read_history", "last_seq", "total_trim_every", "HistoryEvent"]
 
 #: A scope's journal is trimmed at its grants whose token is a multiple of this.
 SCOPE_TRIM_EVERY = 32
