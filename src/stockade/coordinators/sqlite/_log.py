@@ -21,10 +21,11 @@ the append's CPU per lock cycle, in batches of 3 cycles, went from about 40 to
 
 Fold: before the first batch after `FOLD_CHANGES` changes are pending, or once
 the log is nearly full, and at a clean close, the pending changes are
-written into the coordinator file with the same writes as a direct commit
-(`apply_log_changes`: every change's history events in order, then each
-scope's row once) in ONE transaction that also stores the next generation in the file's meta (``log_generation``). From
-that commit on, the log's frames belong to an old generation and count for
+written into the coordinator file as the same rows a direct commit writes
+(`apply_log_changes`: every change's history events in order, in a few
+statements, then each scope's row once) in ONE transaction that also stores
+the next generation in the file's meta (``log_generation``). From that
+commit on, the log's frames belong to an old generation and count for
 nothing; the next frame is written at offset 0 under the new generation.
 
 Recovery (`replay_log`), in the opening transaction of every writer of the
@@ -192,10 +193,11 @@ def overlay_records(records: dict[str, ScopeRecord], changes: Sequence[tuple[str
 
 
 def apply_log_changes(conn: sqlite3.Connection, pending: Sequence[PendingChange]) -> None:
-    """Write ``pending`` into the file in the caller's transaction: every change's history events in order (as a
-    direct commit writes them, stamped with the change's time), then each scope's row once (its first old -> its
-    last new; a forget ends a scope's run, what follows starts from the empty record)."""
-    journal_changes(conn, pending)  # one executemany between two trims, not a statement an event
+    """Write ``pending`` into the file in the caller's transaction: every change's history events in order (the
+    rows a direct commit writes, stamped with the change's time, in a few statements: `journal_changes`), then
+    each scope's row once (its first old -> its last new; a forget ends a scope's run, what follows starts from
+    the empty record, and the forgotten floor keeps the run's last token)."""
+    journal_changes(conn, pending)  # one executemany a journal move, not a statement an event
     runs: dict[str, list[ScopeRecord | None]] = {}
     for old, new, _ in pending:
         run = runs.get(old.scope)
