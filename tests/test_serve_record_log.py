@@ -13,6 +13,9 @@ Real servers (subprocesses, kill -9), real files. Each test has a control that m
 - a failed write fails the batch with `BackendUnavailable` and acknowledges nothing;
 - a change that lowers a last token is refused before it reaches the log (control: its frame written anyway is
   folded into a row whose token went back).
+- a fold (its events inserted in batches) writes the same rows as its changes written one by one, as a direct
+  commit writes them, a scope granted and forgotten within one fold included (control: the batched fold without
+  its scope trims leaves more events).
 
 The kill -9 storm that checks no acknowledged grant is lost is tests/test_server_faults.py's (its controls:
 acknowledging before the commit, and acknowledging without writing the frame).
@@ -291,3 +294,75 @@ def test_a_change_that_lowers_a_token_is_refused_not_logged(tmp_path, check):
         assert last == 3
     else:  # the fold writes the scope's row once (first old -> last new), where the token went back
         assert last == 2
+
+
+def _lock_cycles(cluster_id: str, records: dict[str, ScopeRecord], cycles: int, at_ms: int
+                 ) -> list[record_log.PendingChange]:
+    """``cycles`` grant + end cycles round the scopes of ``records`` (changed in place), as a fold's pending changes:
+    every seventh lease expires rather than being released, and the last change forgets an idle scope."""
+    pending: list[record_log.PendingChange] = []
+    names = sorted(records)
+    for n in range(cycles):
+        old = records[names[n % len(names)]]
+        token = old.last_token + 1
+        lease = Lease(f"lease-{old.scope}-{token:024d}", f"h{n % 3}", FencingToken(cluster_id, old.scope, token),
+                      1000, 10, 20)
+        granted = ScopeRecord(old.scope, token, lease)
+        ended = ScopeRecord(old.scope, token, delay_until_ns=20 if token % 7 == 0 else 0)  # 20: expired
+        pending += [(old, granted, at_ms + n), (granted, ended, at_ms + n)]
+        records[old.scope] = ended
+    scope = f"idle-{at_ms}"  # granted, released and forgotten within one fold: the floor keeps its token (C1)
+    lease = Lease(f"lease-{scope}", "h", FencingToken(cluster_id, scope, 1), 1000, 10, 20)
+    granted, idle = ScopeRecord(scope, 1, lease), ScopeRecord(scope, 1)
+    pending += [(ScopeRecord(scope), granted, at_ms), (granted, idle, at_ms), (idle, None, at_ms)]
+    return pending
+
+
+def _file_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    conn = sqlite3.connect(path)
+    try:
+        return {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()  # noqa: S608
+                for table in ("scopes", "waiters", "history", "history_recent", "meta")}
+    finally:
+        conn.close()
+
+
+def _reference_apply(conn: sqlite3.Connection, pending: list[record_log.PendingChange]) -> None:
+    """What a direct commit writes, change by change (`store_record` with the change's time): the fold's reference."""
+    from stockade.coordinators.sqlite._journal import journal_change
+    from stockade.coordinators.sqlite._rows import write_record
+    for old, new, at_ms in pending:
+        journal_change(conn, old, new, at_ms)
+        write_record(conn, old, new)
+
+
+@pytest.mark.parametrize("fold", ["batched", "control-no-scope-trims"])
+def test_a_fold_writes_the_same_rows_as_the_changes_written_one_by_one(tmp_path, fold, monkeypatch):
+    """A fold journals its changes in batches (one executemany between two trims) and writes each scope's row once;
+    the file's every row must be those of the same changes written one by one, as a direct commit writes them:
+    numbers, trims (a scope's at every 32nd token, the file's moves every 100 events) and rows. Control: the batched
+    fold without the scope trims leaves rows the reference does not."""
+    import stockade.coordinators.sqlite as sqlite_package
+    from stockade.coordinators.sqlite import _journal
+    files = {}
+    for way in ("fold", "reference"):
+        files[way] = tmp_path / f"{way}.db"
+        with SQLiteCoordinator(files[way], exclusive=True) as coordinator:
+            with monkeypatch.context() as patch:
+                if way == "reference":
+                    patch.setattr(sqlite_package, "apply_log_changes", _reference_apply)
+                elif fold != "batched":
+                    patch.setattr(_journal, "_TRIM_SCOPE", "SELECT ?, ?, ?")
+                records = {f"s{i}": ScopeRecord(f"s{i}") for i in range(5)}
+                for generation in range(1, 5):  # past 100 events of a scope: its trims delete
+                    cycles, at_ms = 300 + 37 * generation, 1_000_000 * generation
+                    pending = _lock_cycles(coordinator.cluster_id, records, cycles, at_ms)
+                    coordinator.records.fold_log(pending, generation)
+    fold_rows, reference_rows = _file_rows(files["fold"]), _file_rows(files["reference"])
+    for rows in (fold_rows, reference_rows):  # of the meta, what changes write (the rest is each file's own)
+        rows["meta"] = [(k, v) for k, v in rows["meta"] if k == "forgotten_floor"]
+    assert len(reference_rows["history"]) > 400 and reference_rows["history_recent"]
+    if fold == "batched":
+        assert fold_rows == reference_rows
+    else:
+        assert len(fold_rows["history"]) > len(reference_rows["history"])

@@ -111,7 +111,7 @@ class LeaseService:
         # The file's record log: a batch of changes is durable once appended there (one write, one fdatasync),
         # and folded into the file later (`stockade.coordinators.sqlite._log`).
         self.log = self.file.open_log()
-        # A batch that folds the log (about 4 ms every 1,024 changes) folds where it commits, on the loop as a rule:
+        # A batch that folds the log (about 1 ms every 256 changes) folds where it commits, on the loop as a rule:
         # handed to the committer's thread, the batches after it would stay there under load, at more CPU a batch.
         self.committer: GroupCommitter[Change] = GroupCommitter("coordinator", self.log.commit_records, loop,
                                                                 lag_ms=release_lag_ms)

@@ -69,7 +69,7 @@ BUDGETS = MappingProxyType({
     # a grant's listener called through the committer's one `_notify` (a copy of it inline saved that call).
     # The record log (issue 29; docs/coordinator-files.md): a batch of changes is one frame appended to
     # ``coord.log`` and one fdatasync, and the coordinator file is written only when the log is folded into it
-    # (every 1,024 changes: 512 cycles). So a cycle is 1 append (the release's and the grant's records in one
+    # (every 256 changes: 128 cycles). So a cycle is 1 append (the release's and the grant's records in one
     # frame, 186-188 B measured) and nothing in the file's WAL; 377.2 calls (392.0 with the acquire checked again;
     # 447.2 and 2 appends with ``--release-lag-ms 0``; 392.0 before, with a transaction of the file a batch).
     # What a fold costs, amortised: ``serve.lock_cycle_folded``.
@@ -79,11 +79,12 @@ BUDGETS = MappingProxyType({
     # the same cycle with the log folded every 40 changes (one fold in the 20 cycles measured), so that the
     # fold's work is in the figures: each change's history events (2 statements a cycle) and each scope's row
     # once, in one transaction (BEGIN, meta, COMMIT): 2.35 statements, 0.45 pages (472 B), 0.05 commits and
-    # 389.4 calls a cycle measured (the fold runs on the loop). At the server's threshold of 1,024 changes the
-    # per-fold part is 25 times smaller: about 2.0 statements and 0.1 page a cycle.
+    # 389.4 calls a cycle measured (the fold runs on the loop). At the server's threshold of 256 changes the
+    # per-fold part is 6.4 times smaller. 387.7 calls with the fold's
+    # events inserted with one executemany a move (statements as counted here: 2.4, as before).
     "serve.lock_cycle_folded": MappingProxyType({
         "log_appends": 1, "log_bytes": 200, "folds": 0.05, "commits": 0.05, "wal_frames": 0.6, "wal_bytes": 620,
-        "statements": 2.5, "calls": 397}),
+        "statements": 2.5, "calls": 395}),
     # one fenced put (100 bytes) through `stockade serve`'s store. Before the handler's reply future: 521.5 calls;
     # 459 measured (487 before issue 29's trims; 523 with debug logging on); 454.6 with the committer's trims;
     # 446.6 with the answers' heads made once and the C JSON encoder built once; 424.7 (442 just before) with the

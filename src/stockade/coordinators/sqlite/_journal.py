@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Iterable
 
 from stockade.coordinators.journal import HISTORY_PER_SCOPE, HISTORY_TOTAL_MAX, HistoryEvent, events_of
 from stockade.core.leases import ScopeRecord
 
-__all__ = ["JOURNAL_SCHEMA", "SCOPE_TRIM_EVERY", "journal_change", "migrate_journal", "move_recent", "read_history",
-           "last_seq", "total_trim_every", "HistoryEvent"]
+__all__ = ["JOURNAL_SCHEMA", "SCOPE_TRIM_EVERY", "journal_change", "journal_changes", "migrate_journal", "move_recent",
+           "read_history", "last_seq", "total_trim_every", "HistoryEvent"]
 
 #: A scope's journal is trimmed at its grants whose token is a multiple of this.
 SCOPE_TRIM_EVERY = 32
@@ -61,6 +62,12 @@ CREATE TABLE IF NOT EXISTS history_recent {_EVENT_TABLE};
 
 _INSERT = ("INSERT INTO history_recent (seq, scope, kind, holder, token, at_unix_ms) VALUES "
            "(COALESCE((SELECT MAX(seq) FROM history_recent), (SELECT MAX(seq) FROM history), 0) + 1, ?, ?, ?, ?, ?)")
+# The same row numbered by its writer (`journal_changes`, which knows the number `_INSERT` would give).
+_INSERT_NUMBERED = "INSERT INTO history_recent (seq, scope, kind, holder, token, at_unix_ms) VALUES (?, ?, ?, ?, ?, ?)"
+_TRIM_SCOPE = ("DELETE FROM history WHERE scope = ? AND seq <= "
+               "(SELECT seq FROM history WHERE scope = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)")
+# `_MOVE` of events not yet in the recent table (`journal_changes`): their number, ?1, is left to ``history``.
+_MOVE_ROWS = "INSERT INTO history (scope, kind, holder, token, at_unix_ms) VALUES (?2, ?3, ?4, ?5, ?6)"
 # Numbered on by ``history`` in seq order: the same numbers (`journal_change`), and still unique and in order
 # if a process of schema version 2 added rows to ``history`` meanwhile.
 _MOVE = ("INSERT INTO history (scope, kind, holder, token, at_unix_ms) "
@@ -86,14 +93,43 @@ def journal_change(conn: sqlite3.Connection, old: ScopeRecord, new: ScopeRecord 
     for kind, holder, token in events:
         seq = conn.execute(_INSERT, (scope, kind, holder, token, at_ms)).lastrowid or 0
         if kind == "grant" and token % SCOPE_TRIM_EVERY == 0:
-            conn.execute(
-                "DELETE FROM history WHERE scope = ? AND seq <= "
-                "(SELECT seq FROM history WHERE scope = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
-                (scope, scope, HISTORY_PER_SCOPE),
-            )
+            conn.execute(_TRIM_SCOPE, (scope, scope, HISTORY_PER_SCOPE))
         if seq % (HISTORY_TOTAL_MAX // 1000 or 1) == 0:  # `total_trim_every`, without its two calls per event
             move_recent(conn)
             conn.execute("DELETE FROM history WHERE seq <= ?", (seq - HISTORY_TOTAL_MAX,))
+
+
+def journal_changes(conn: sqlite3.Connection, changes: Iterable[tuple[ScopeRecord, ScopeRecord | None, int]]
+                    ) -> None:
+    """`journal_change` of each ``(old, new, at_ms)`` in order, in the caller's open transaction: the same rows,
+    in a few statements (a fold of the record log: a statement an event was most of its time).
+
+    The events are numbered here as `_INSERT` numbers them: one above the last (`last_seq`, read again after
+    each move). Between two moves they would only sit in the recent table, which no trim reads: they are kept
+    here, and at the move go into ``history`` with ONE ``executemany``, numbered there as `_MOVE` numbers them
+    (after the recent table's own events, moved first); a scope's trim runs after the same event as there, so
+    it sees the same rows. The events after the last move go into the recent table with one ``executemany``.
+    """
+    seq = last_seq(conn)
+    every = total_trim_every()
+    rows: list[tuple[int, str, str, str, int, int]] = []
+    recent_moved = False  # the recent table's events from before this call: moved at the first move
+    for old, new, at_ms in changes:
+        for kind, holder, token in events_of(old, new):
+            seq += 1
+            rows.append((seq, old.scope, kind, holder, token, at_ms))
+            if kind == "grant" and token % SCOPE_TRIM_EVERY == 0:
+                conn.execute(_TRIM_SCOPE, (old.scope, old.scope, HISTORY_PER_SCOPE))
+            if seq % every == 0:
+                if not recent_moved:
+                    move_recent(conn)
+                    recent_moved = True
+                conn.executemany(_MOVE_ROWS, rows)
+                rows = []
+                conn.execute("DELETE FROM history WHERE seq <= ?", (seq - HISTORY_TOTAL_MAX,))
+                seq = last_seq(conn)
+    if rows:
+        conn.executemany(_INSERT_NUMBERED, rows)
 
 
 def move_recent(conn: sqlite3.Connection) -> None:

@@ -21,10 +21,11 @@ the append's CPU per lock cycle, in batches of 3 cycles, went from about 40 to
 
 Fold: before the first batch after `FOLD_CHANGES` changes are pending, or once
 the log is nearly full, and at a clean close, the pending changes are
-written into the coordinator file with the same writes as a direct commit
-(`apply_log_changes`: every change's history events in order, then each
-scope's row once) in ONE transaction that also stores the next generation in the file's meta (``log_generation``). From
-that commit on, the log's frames belong to an old generation and count for
+written into the coordinator file as the same rows a direct commit writes
+(`apply_log_changes`: every change's history events in order, in a few
+statements, then each scope's row once) in ONE transaction that also stores
+the next generation in the file's meta (``log_generation``). From that
+commit on, the log's frames belong to an old generation and count for
 nothing; the next frame is written at offset 0 under the new generation.
 
 Recovery (`replay_log`), in the opening transaction of every writer of the
@@ -54,8 +55,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stockade.coordinators._record_diff import check_change
-from stockade.coordinators.sqlite._journal import journal_change
-from stockade.coordinators.sqlite._rows import set_meta, write_record
+from stockade.coordinators.sqlite._journal import journal_changes
+from stockade.coordinators.sqlite._rows import forgotten_floor, set_meta, write_record
 from stockade.core.errors import BackendUnavailable, StockadeError
 from stockade.core.leases import Lease, ScopeRecord
 from stockade.core.tokens import FencingToken
@@ -66,9 +67,11 @@ __all__ = ["RecordLog", "LOG_BYTES", "FOLD_CHANGES", "GENERATION_KEY", "PendingC
 
 #: The log's preallocated size. A fold starts before it is full (`FOLD_MARGIN_BYTES`), so a batch always fits.
 LOG_BYTES = 4 * 1024 * 1024
-#: Pending changes that start a fold (about 100 KB of frames in a lock cycle's records; the fold takes about
-#: 4 ms of CPU, measured).
-FOLD_CHANGES = 1024
+#: Pending changes that start a fold (about 25 KB of frames in a lock cycle's records). The fold runs on the
+#: event loop and every request waits for it: one of 256 changes takes about 1.1 ms, one of 1,024 about 3.1 ms
+#: (measured in-process), and at 8 client processes the 99th percentile of a lock cycle was 3.5 ms with 256,
+#: 4.0 with 512 and 5.6 with 1,024, at the same cycles/s (docs/coordinator-files.md).
+FOLD_CHANGES = 256
 #: A fold starts once less than this is left after the current offset: a batch's frame is far smaller
 #: (at most `stockade.server._groupcommit.BATCH_OPS_MAX` records of at most ~500 bytes each, 256 KiB).
 FOLD_MARGIN_BYTES = 512 * 1024
@@ -190,11 +193,11 @@ def overlay_records(records: dict[str, ScopeRecord], changes: Sequence[tuple[str
 
 
 def apply_log_changes(conn: sqlite3.Connection, pending: Sequence[PendingChange]) -> None:
-    """Write ``pending`` into the file in the caller's transaction: every change's history events in order (as a
-    direct commit writes them, stamped with the change's time), then each scope's row once (its first old -> its
-    last new; a forget ends a scope's run, what follows starts from the empty record)."""
-    for old, new, at_ms in pending:
-        journal_change(conn, old, new, at_ms)
+    """Write ``pending`` into the file in the caller's transaction: every change's history events in order (the
+    rows a direct commit writes, stamped with the change's time, in a few statements: `journal_changes`), then
+    each scope's row once (its first old -> its last new; a forget ends a scope's run, what follows starts from
+    the empty record, and the forgotten floor keeps the run's last token)."""
+    journal_changes(conn, pending)  # one executemany a journal move, not a statement an event
     runs: dict[str, list[ScopeRecord | None]] = {}
     for old, new, _ in pending:
         run = runs.get(old.scope)
@@ -205,6 +208,8 @@ def apply_log_changes(conn: sqlite3.Connection, pending: Sequence[PendingChange]
             first = runs.pop(old.scope)[0]
             assert first is not None
             write_record(conn, first, None)
+            if old.last_token > first.last_token:  # tokens given since the file's row: the floor keeps them (C1)
+                set_meta(conn, "forgotten_floor", str(max(forgotten_floor(conn), old.last_token)))
     for first, last in runs.values():
         assert first is not None
         write_record(conn, first, last)
