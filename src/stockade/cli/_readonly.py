@@ -51,7 +51,6 @@ __all__ = ["CoordinatorSnapshot", "read_coordinator", "read_contenders", "read_s
            "read_history", "check_store_file"]
 
 T = TypeVar("T")
-_FOLD_RACE_RETRIES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +74,7 @@ class RaceWithFold(Exception):
 def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tuple[T, str | None]:
     """``body(conn)`` on a read-only connection to ``path``, in one read transaction; again if a fold of the
     server's record log raced it (`RaceWithFold`: a fold is a few ms, and comes every few thousand changes)."""
-    for _ in range(_FOLD_RACE_RETRIES):
+    for _ in range(record_log.FOLD_RACE_RETRIES):
         try:
             return _read_once(path, what, body)
         except RaceWithFold:
@@ -193,7 +192,8 @@ def _records(conn: sqlite3.Connection, path: Path, now_ns: int, limit: int,
             waiters=tuple(waiters.get(name, ())),
         )
     if logged:  # the server's acknowledged changes still only in its record log (`_log`), on the file's clock
-        stored.update({name: load_record(conn, cluster, name) for name, _, _ in logged if name not in stored})
+        unread = {change[0] for change in logged} - stored.keys()  # each once, however often the log changed it
+        stored.update({name: load_record(conn, cluster, name) for name in unread})
         record_log.overlay_records(stored, logged)
     records = [stored[name] for name in sorted(stored)[:limit]]
     if rebooted:  # what the next opener will do (C3): the stored times are on a clock that is gone

@@ -30,7 +30,6 @@ from stockade.core.errors import BackendUnavailable
 __all__ = ["CoordinatorIssued", "coordinator_beside", "ISSUED_CACHED_MAX"]
 
 ISSUED_CACHED_MAX = 10_000
-_FOLD_RACE_RETRIES = 5  # reads made again while a server's record log is folded under them (a fold: a few ms)
 
 _LAST_ISSUED = (
     "SELECT COALESCE((SELECT last_token FROM scopes WHERE scope = ?),"
@@ -88,9 +87,10 @@ class CoordinatorIssued:
 def _last_issued(conn: sqlite3.Connection, path: Path, scope: str) -> int:
     """The file's last issued token of ``scope``, with what a server's record log beside it holds beyond the file
     (its acknowledged grants not folded in yet), read in one read transaction (again if a fold raced it)."""
-    from stockade.coordinators.sqlite._log import logged_last_token  # noqa: PLC0415 - the record log's one reader
+    # The record log, imported only where a store beside a coordinator file reads it.
+    from stockade.coordinators.sqlite._log import FOLD_RACE_RETRIES, logged_last_token  # noqa: PLC0415
 
-    for _ in range(_FOLD_RACE_RETRIES):
+    for _ in range(FOLD_RACE_RETRIES):
         conn.execute("BEGIN")
         try:
             value = int(conn.execute(_LAST_ISSUED, (scope,)).fetchone()[0])

@@ -60,8 +60,10 @@ CREATE INDEX IF NOT EXISTS history_by_scope ON history (scope, seq);
 CREATE TABLE IF NOT EXISTS history_recent {_EVENT_TABLE};
 """
 
+# The number of the file's last event (0: none); the next one is numbered one above it.
+_LAST_SEQ = "COALESCE((SELECT MAX(seq) FROM history_recent), (SELECT MAX(seq) FROM history), 0)"
 _INSERT = ("INSERT INTO history_recent (seq, scope, kind, holder, token, at_unix_ms) VALUES "
-           "(COALESCE((SELECT MAX(seq) FROM history_recent), (SELECT MAX(seq) FROM history), 0) + 1, ?, ?, ?, ?, ?)")
+           f"({_LAST_SEQ} + 1, ?, ?, ?, ?, ?)")
 # The same row numbered by its writer (`journal_changes`, which knows the number `_INSERT` would give).
 _INSERT_NUMBERED = "INSERT INTO history_recent (seq, scope, kind, holder, token, at_unix_ms) VALUES (?, ?, ?, ?, ?, ?)"
 _TRIM_SCOPE = ("DELETE FROM history WHERE scope = ? AND seq <= "
@@ -154,9 +156,7 @@ def migrate_journal(conn: sqlite3.Connection) -> None:
 
 def last_seq(conn: sqlite3.Connection) -> int:
     """The number of the file's last event (0: none): the next one is numbered one above it."""
-    row = conn.execute("SELECT COALESCE((SELECT MAX(seq) FROM history_recent), (SELECT MAX(seq) FROM history), 0)"
-                       ).fetchone()
-    return int(row[0])
+    return int(conn.execute(f"SELECT {_LAST_SEQ}").fetchone()[0])
 
 
 def read_history(conn: sqlite3.Connection, scope: str, limit: int) -> list[HistoryEvent]:

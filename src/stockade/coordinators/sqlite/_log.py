@@ -61,7 +61,8 @@ from stockade.core.errors import BackendUnavailable, StockadeError
 from stockade.core.leases import Lease, ScopeRecord
 from stockade.core.tokens import FencingToken
 
-__all__ = ["RecordLog", "LOG_BYTES", "FOLD_CHANGES", "GENERATION_KEY", "PendingChange", "log_path", "encode_record",
+__all__ = ["RecordLog", "LOG_BYTES", "FOLD_CHANGES",
+           "FOLD_RACE_RETRIES", "GENERATION_KEY", "PendingChange", "log_path", "encode_record",
            "encode_frame", "cluster_seed", "read_changes", "stored_generation", "logged_changes", "logged_last_token",
            "replay_log", "apply_log_changes", "overlay_records"]
 
@@ -75,6 +76,9 @@ FOLD_CHANGES = 256
 #: A fold starts once less than this is left after the current offset: a batch's frame is far smaller
 #: (at most `stockade.server._groupcommit.BATCH_OPS_MAX` records of at most ~500 bytes each, 256 KiB).
 FOLD_MARGIN_BYTES = 512 * 1024
+#: How often a reader of the file behind the server's back reads again when a fold raced its read (a fold takes
+#: about a millisecond) before it gives up with `BackendUnavailable`.
+FOLD_RACE_RETRIES = 5
 #: The coordinator file's meta key holding the log's generation.
 GENERATION_KEY = "log_generation"
 
