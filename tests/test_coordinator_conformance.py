@@ -12,9 +12,12 @@ two modes are one source: the ``_sync`` code is generated from the ``_async`` co
 tests/test_unasync.py fails when they differ.
 """
 
+import importlib
 import inspect
 import os
 import sys
+import types
+from pathlib import Path
 
 import pytest
 from conftest import BACKENDS, PG_VARIANTS, runner_of
@@ -129,6 +132,28 @@ def test_every_variant_runs_and_every_variant_case_is_in_the_suite() -> None:
     assert set(VARIANT_CASES) == set(PG_VARIANTS)
     for cases in VARIANT_CASES.values():
         assert cases <= set(globals()), sorted(cases - set(globals()))
+
+
+def missing_cases(gathered: set[str], parts: list[types.ModuleType]) -> list[str]:
+    """The tests of ``parts`` that ``gathered`` (the suite's ``__all__``) lacks, as ``module.name``."""
+    return sorted(f"{part.__name__}.{name}" for part in parts for name in vars(part)
+                  if name.startswith("test_") and name not in gathered)
+
+
+def test_every_part_of_the_suite_is_gathered_and_run() -> None:
+    """The suite is written in parts, the ``coordinator_*`` modules beside it, and gathered by
+    `stockade.testing.conformance.coordinator`: a case of a part it does not gather would never run, here or in
+    a user's run. The control: a part it has not gathered is found."""
+    from stockade.testing.conformance import coordinator as suite
+
+    names = sorted(path.stem for path in Path(suite.__file__).parent.glob("coordinator_*.py"))
+    parts = [importlib.import_module(f"stockade.testing.conformance.{name}") for name in names]
+    assert len(parts) >= 4, names
+    assert missing_cases(set(suite.__all__), parts) == []
+    assert set(suite.__all__) <= set(globals())
+    new_part = types.ModuleType("coordinator_new")
+    vars(new_part)["test_a_new_case"] = lambda client, coord_url: None
+    assert missing_cases(set(suite.__all__), [*parts, new_part]) == ["coordinator_new.test_a_new_case"]
 
 
 def _split(choose) -> tuple[dict[str, dict[str, int]], set[str]]:

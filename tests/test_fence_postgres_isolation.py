@@ -19,7 +19,10 @@
   key syncs at once, at any default: none fails (control: without the install's
   lock, at the session's level); `protect`, `unprotect` and `install_ddl_guard`
   at once, at any default: none fails (control: without the lock, at the
-  session's level).
+  session's level). `protect`s of two different trees at once, at any default:
+  none fails, and one waits for the other (the lock is the database's), even
+  while the other waits for its tree's writers (control: without the lock, it
+  does not wait).
 
 Control, unless a test says otherwise: schema 1's function (``advisory``,
 `_postgres_sql.FENCE_BODIES`), which read the floor through the snapshot and
@@ -461,3 +464,120 @@ def test_control_the_fence_administration_without_the_lock_fails(variant: str,
             break
     print(f"\ncontrol, {variant}: {dict(errors)}")
     assert errors, "the control never failed"
+
+
+#: The two trees protected at once: each of `INSTALLERS` threads protects one, alternating by thread.
+TWO_TREES = ("orders", "invoices")
+
+
+def _install_two_trees(url: str) -> None:
+    """The fence and its DDL guard installed, and `TWO_TREES`, each a partitioned table with one partition."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        pg.install(conn, keys=KEYS)
+        pg.install_ddl_guard(conn)
+        for tree in TWO_TREES:
+            conn.execute(f"CREATE TABLE {tree} (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+            conn.execute(f"CREATE TABLE {tree}_0 PARTITION OF {tree} FOR VALUES FROM (0) TO (100)")
+
+
+def _two_trees_at_once(url: str) -> collections.Counter[str]:
+    """`INSTALLERS` threads at once, `ADMIN_ROUNDS` times each, `protect` of one of two partitioned trees (half the
+    threads each): the failures. Every call takes the one install lock, so the two trees' calls wait for each
+    other, as each tree's do."""
+    _install_two_trees(url)
+
+    def run(index: int) -> None:
+        tree = TWO_TREES[index % len(TWO_TREES)]
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(ADMIN_ROUNDS):
+                assert pg.protect(conn, tree, scope=tree) == [tree, f"{tree}_0"]
+
+    return errors_at_once(INSTALLERS, run)
+
+
+@pytest.mark.parametrize("variant", ["postgres", *PG_ISOLATION_VARIANTS])
+def test_protects_of_two_trees_at_once_all_succeed(variant: str) -> None:
+    """Deploy scripts on several hosts may protect different trees at once: they wait for each other on the
+    install's lock, one database-wide lock (not one per tree), and each completes: 0 failures in 20 calls at
+    each default level."""
+    with fresh_pg_url(*PG_VARIANTS.get(variant, ("UTF8", {}))) as url:
+        errors = _two_trees_at_once(url)
+    assert not errors, dict(errors)
+
+
+@pytest.mark.parametrize("variant", ["postgres", *PG_ISOLATION_VARIANTS])
+def test_control_protects_of_two_trees_without_the_lock_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: the same calls without the install's lock, at the session's level. What fails is two `protect`s
+    of one tree (its trigger already exists); protects of different trees never failed without the lock either
+    (4 threads, 4 trees, 5 rounds each, 5 databases at each level: 0 failures), so the lock makes them wait, it
+    does not make them pass."""
+    from stockade.resources.postgres import _protect
+
+    monkeypatch.setattr(_protect, "one_at_a_time", lambda conn: None)
+    monkeypatch.setattr(_protect, "read_committed_transaction", lambda conn: conn.transaction())
+    for _ in range(CONTROL_ROUNDS_MAX):
+        with fresh_pg_url(*PG_VARIANTS.get(variant, ("UTF8", {}))) as url:
+            errors = _two_trees_at_once(url)
+        if errors:
+            break
+    print(f"\ncontrol, {variant}: {dict(errors)}")
+    assert any("already exists" in error for error in errors), dict(errors)
+
+
+def _wait_event(admin: psycopg.Connection, pid: int) -> str | None:
+    """What ``pid`` waits for, if a lock (``relation``, ``advisory``): None when it does not wait on one."""
+    row = admin.execute("SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    return str(row[1]) if row is not None and row[0] == "Lock" else None
+
+
+def _protect_behind_a_writer(url: str) -> tuple[list[str], str | None]:
+    """A writer's open transaction on tree ``orders``; `protect` of ``orders`` starts and waits for the writer
+    (its triggers need the table lock), then `protect` of ``invoices``. Before the writer commits: what the second
+    protect waits for (None: it does not wait, or ended). Then the order in which both completed."""
+    _install_two_trees(url)
+    done: list[str] = []
+    with psycopg.connect(url, autocommit=True) as admin, psycopg.connect(url) as writer, \
+            psycopg.connect(url, autocommit=True) as first, psycopg.connect(url, autocommit=True) as second:
+        # The lock a fenced INSERT into the tree holds until its commit (the INSERT itself would need a token).
+        writer.execute("LOCK TABLE orders_0 IN ROW EXCLUSIVE MODE")
+
+        def protecting(conn: psycopg.Connection, tree: str) -> threading.Thread:
+            def run() -> None:
+                pg.protect(conn, tree, scope=tree)
+                done.append(tree)
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            return thread
+
+        def waits_on(pid: int, thread: threading.Thread) -> str | None:
+            for _ in range(int(WAIT_S / 0.01)):
+                if (event := _wait_event(admin, pid)) is not None or not thread.is_alive():
+                    return event
+                thread.join(0.01)
+            return None
+
+        threads = [protecting(first, "orders")]
+        assert waits_on(first.info.backend_pid, threads[0]) == "relation", "the first protect did not wait"
+        threads.append(protecting(second, "invoices"))
+        second_waits = waits_on(second.info.backend_pid, threads[1])
+        writer.commit()
+        for thread in threads:
+            thread.join(WAIT_S)
+    return done, second_waits
+
+
+def test_a_protect_of_one_tree_waits_behind_another_trees_writers() -> None:
+    """The lock's price: a `protect` waits for the open transactions writing to its tree (its triggers need the
+    table lock) while it holds the install's lock, so a `protect` of another tree waits too, as long as those
+    writers take; both complete once they commit, the first first. The control: without the lock the second
+    does not wait for them."""
+    with fresh_pg_url() as url:
+        done, second_waits = _protect_behind_a_writer(url)
+    assert (second_waits, done) == ("advisory", ["orders", "invoices"])
+    from stockade.resources.postgres import _protect
+
+    with pytest.MonkeyPatch.context() as patch, fresh_pg_url() as url:
+        patch.setattr(_protect, "one_at_a_time", lambda conn: None)
+        done, second_waits = _protect_behind_a_writer(url)
+    assert (second_waits, done) == (None, ["invoices", "orders"])

@@ -21,6 +21,7 @@ from conftest import HELPERS, WAIT_CAP_MS, AsyncRunner, CappedWait, ServeProcess
 import stockade
 from stockade import InvalidArgument
 from stockade.testing.conformance import coordinator as suite
+from stockade.testing.conformance import coordinator_waits
 from stockade.testing.mutants import MUTANTS
 
 #: Runs of the FIFO test against the control. The control's waiter is out of the queue for one round trip
@@ -78,7 +79,7 @@ def test_the_fifo_test_catches_a_wait_that_queues_again_at_each_cap(capped_serve
 def test_the_cancel_test_catches_a_wait_that_outlives_its_caller(capped_server, tmp_path, monkeypatch, mode, where):
     """Control: the suite's cancel test with the wait run where the caller's cancellation does not reach it
     (``wait-outlives-cancel``): the first cancelled wait stays queued (looked at for 1 s, not 10)."""
-    monkeypatch.setattr(suite, "FOREVER_GONE_S", 1)
+    monkeypatch.setattr(coordinator_waits, "FOREVER_GONE_S", 1)  # where the cancel test reads it
     runner = _broken(SyncRunner if mode == "sync" else AsyncRunner, "wait-outlives-cancel")
     url = capped_server.url if where == "served" else f"memory://{tmp_path.name}"
     try:

@@ -37,13 +37,14 @@ Coordinator-side controls work over the lease engine's seams:
 - ``etcd-lock-delay-off`` (`lock_delay_off`): replaces a client port's C5
   decision (``lock_delay_end_ns``, the etcd port's) with one that never waits:
   the next grant after a lapse comes at once. The coordinator suite's
-  lock-delay tests (`stockade.testing.conformance.coordinator`) catch it on a
+  lock-delay tests (`stockade.testing.conformance.coordinator_expiry`) catch it on a
   real etcd. The simulator has no etcd port: it runs the other controls
   (`simulated`).
 - ``wait-requeued-at-cap`` (`requeue_at_cap`): a client port's wait until
   granted (``wait_ms=None``) asks again as a new acquire each time a server's
   per-request cap runs out, without its queue ticket: it loses its place, to
-  the back of the queue. The coordinator suite's FIFO-across-caps test catches
+  the back of the queue. The coordinator suite's FIFO-across-caps test
+  (`stockade.testing.conformance.coordinator_waits`) catches
   it on a served coordinator.
 - ``wait-outlives-cancel`` (`wait_outlives_cancel`): a client port's wait
   runs on (a shielded task, a thread) when its caller is cancelled or

@@ -4,7 +4,10 @@
   (`stockade.resources.port.TransactionalStorePort`), rules R1, R2, R3, R5,
   R6 and bad input.
 - `stockade.testing.conformance.coordinator`: the coordinator port, the
-  coordinator rules C1-C5 and the client's lease objects, sync and async.
+  coordinator rules C1-C5 and the client's lease objects, sync and async;
+  written in parts by rule (`coordinator_grants`, `coordinator_waits`,
+  `coordinator_expiry`, `coordinator_inspect`, sharing `coordinator_helpers`),
+  which that module gathers.
 - `stockade.testing.conformance.fence`: the adapters that keep the mark inside
   a user's own data (PostgreSQL, SQLite, Redis, files): R1, R2 with forged
   tokens, R4 floors, R5, R6, S05, S19, S20 and bad input.
