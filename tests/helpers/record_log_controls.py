@@ -1,0 +1,48 @@
+"""`stockade serve` with its record log's protections turned off: the controls of tests/test_serve_record_log_attacks.py.
+
+Usage: ``python record_log_controls.py CONTROL[,CONTROL...] [serve args...]``. Each control patches one rule:
+
+- ``folds-every-20`` (not broken: a setting): the log is folded every 20 changes, so a test meets folds quickly.
+- ``log-follows-links``: the log is opened as before the fix: a symbolic link at ``coord.log`` is followed and
+  whatever it names is zero-filled and written from offset 0 (``ln -s coord.db coord.log`` destroys the file).
+- ``log-stays-astray``: a fold never notices that ``coord.log`` was deleted or replaced under the running server,
+  so every later frame goes to a file no opener reads and a kill -9 loses what it acknowledged.
+- ``epochs-off``: an opener starts no new token epoch (a restored older file goes on from its own last tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from stockade.cli import serve
+from stockade.coordinators.sqlite import SQLiteRecords
+from stockade.coordinators.sqlite import _log
+
+CONTROLS = sys.argv[1].split(",")
+
+for control in CONTROLS:
+    if control == "folds-every-20":
+        original_open_log = SQLiteRecords.open_log
+        SQLiteRecords.open_log = lambda self, **options: original_open_log(  # type: ignore[method-assign]
+            self, **{**options, "fold_changes": 20})
+    elif control == "log-follows-links":
+        def open_following(path, log_bytes):  # type: ignore[no-untyped-def]
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)  # as before the fix
+            if os.fstat(fd).st_size < log_bytes:
+                os.posix_fallocate(fd, 0, log_bytes)
+                os.pwrite(fd, bytes(log_bytes), 0)
+                os.fsync(fd)
+            return fd
+
+        _log._open_preallocated = open_following  # type: ignore[assignment]
+    elif control == "log-stays-astray":
+        _log.RecordLog._at_path = lambda self: True  # type: ignore[method-assign]
+    elif control == "epochs-off":
+        SQLiteRecords.epochs = False
+    else:
+        raise SystemExit(f"unknown control {control!r}")
+
+asyncio.set_event_loop_policy(None)
+sys.exit(serve.run(sys.argv[2:]))
