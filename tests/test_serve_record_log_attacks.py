@@ -227,11 +227,11 @@ def test_a_log_deleted_or_truncated_while_stopped_never_lets_a_token_repeat(tmp_
 # -- coord.log deleted or replaced under a running server ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced", "control-deleted-unnoticed"])
+@pytest.mark.parametrize("how", ["deleted", "replaced", "truncated", "control-deleted-unnoticed"])
 def test_a_log_deleted_under_the_server_is_written_again_at_the_next_fold(tmp_path, how):
-    """``rm coord.log`` (or an older copy moved over it) while the server runs: its next fold notices and writes a
-    new log at the path, so a grant acknowledged after that fold survives a kill -9. Control: a server that never
-    notices keeps writing the deleted file, and the kill loses the grant."""
+    """``rm coord.log`` (or an older copy moved over it, or ``truncate -s 0``) while the server runs: its next fold
+    notices and writes the log at the path again, preallocated, so a grant acknowledged after that fold survives a
+    kill -9. Control: a server that never notices keeps writing the deleted file, and the kill loses the grant."""
     data = tmp_path / "data"
     control = f"{FOLDS},log-stays-astray" if how.startswith("control") else FOLDS
     proc = start_server(data, control=control, controls=CONTROLS)
@@ -241,10 +241,13 @@ def test_a_log_deleted_under_the_server_is_written_again_at_the_next_fold(tmp_pa
         if how == "replaced":
             shutil.copy2(log, data / "older.log")
             os.replace(data / "older.log", log)
+        elif how == "truncated":
+            os.truncate(log, 0)
         else:
             log.unlink()
         acked += _cycles(proc.url, "a", 15)  # 30 changes: a fold (every 20) on the way
         held = _hold(proc.url, "h")
+        size = os.stat(log).st_size if log.exists() else 0
     finally:
         proc.kill9()
     proc = start_server(data)
@@ -259,7 +262,8 @@ def test_a_log_deleted_under_the_server_is_written_again_at_the_next_fold(tmp_pa
         assert not survived
         return
     assert survived, "a grant acknowledged after the fold was lost"
-    assert held > 0 and any("deleted or replaced" in p.read_text() for p in data.glob("server-*.log"))
+    assert held > 0 and any("deleted, replaced or truncated" in p.read_text() for p in data.glob("server-*.log"))
+    assert size == record_log.LOG_BYTES  # written again at its preallocated size
 
 
 # -- an older coord.log, or another data directory's ------------------------------------------------------------

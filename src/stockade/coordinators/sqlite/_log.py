@@ -406,21 +406,22 @@ class RecordLog:
             self.number = 0
             self.folds += 1
             if not self.astray and not self._at_path():
-                _log.warning("record log %s was deleted or replaced while the server ran: the changes acknowledged "
-                             "since the fold before were only in the file the server had open; writing a new log "
-                             "there", self.path)
+                _log.warning("record log %s was deleted, replaced or truncated while the server ran: the changes "
+                             "acknowledged since the fold before may have been only in the file the server had open; "
+                             "writing the log there again", self.path)
                 self.astray = True
         if self.astray and follow:
             self._follow_path()
 
     def _at_path(self) -> bool:
-        """Whether the file this log writes is still the one at its path (not deleted, renamed or replaced)."""
+        """Whether the file this log writes is still the one at its path (not deleted, renamed or replaced), at its
+        preallocated size (not truncated: appends past its end would change its size, and sync metadata)."""
         try:
             there = os.stat(self.path, follow_symlinks=False)
         except OSError:
             return False
         mine = os.fstat(self.fd)
-        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino) and mine.st_size >= self.log_bytes
 
     def _follow_path(self) -> None:
         """Write from now on to a log at the path again, created if missing: right after a fold, nothing pending.
