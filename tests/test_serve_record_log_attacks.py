@@ -1,4 +1,4 @@
-"""`stockade serve`'s record log (``coord.log``) attacked: by a careless operator, a hostile environment, a hostile client.
+"""`stockade serve`'s record log (``coord.log``) attacked by a careless operator, a hostile environment and client.
 
 What must hold in every case (docs/rules.md, docs/coordinator-files.md "The record log beside the file"):
 
@@ -637,7 +637,7 @@ def test_readers_racing_folds_and_a_stopped_server_see_every_acknowledged_grant(
     assert behind == 0
 
 
-# -- a hostile client: names at their limits, a flood forcing folds -----------------------------------------------------
+# -- a hostile client: names at their limits, a flood forcing folds ----------------------------------------------------
 
 
 def test_the_largest_batch_of_the_largest_records_fits_a_frame():
@@ -673,8 +673,9 @@ def _big_flood(url: str, n: int, seed: int, acked: dict[str, list[int]]) -> None
 
 
 def test_a_flood_of_the_largest_names_folds_and_survives_kill9(tmp_path):
-    """8 clients grant scopes and holders of the largest size (200 bytes each) with the server's own fold threshold, then a kill -9: the log stayed at its size, every acknowledged token is
-    at or below its scope's last token after the restart, and a holder one byte too long is refused with 422."""
+    """8 clients grant scopes and holders of the largest size (200 bytes each) at the server's own fold threshold,
+    then a kill -9: the log stayed at its size, every acknowledged token is at or below its scope's last token after
+    the restart, and a holder one byte too long is refused with 422."""
     data = tmp_path / "data"
     proc = start_server(data)
     acked: dict[str, list[int]] = {}

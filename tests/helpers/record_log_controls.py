@@ -1,4 +1,4 @@
-"""`stockade serve` with its record log's protections turned off: the controls of tests/test_serve_record_log_attacks.py.
+"""`stockade serve` with its record log's protections off: the controls of tests/test_serve_record_log_attacks.py.
 
 Usage: ``python record_log_controls.py CONTROL[,CONTROL...] [serve args...]``. Each control patches one rule:
 
@@ -15,27 +15,31 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from typing import Any
 
 from stockade.cli import serve
-from stockade.coordinators.sqlite import SQLiteRecords
-from stockade.coordinators.sqlite import _log
+from stockade.coordinators.sqlite import SQLiteRecords, _log
 
-CONTROLS = sys.argv[1].split(",")
+original_open_log = SQLiteRecords.open_log
 
-for control in CONTROLS:
+
+def open_log_folding_every_20(self: SQLiteRecords, **options: Any) -> _log.RecordLog:
+    return original_open_log(self, **{**options, "fold_changes": 20})
+
+
+def open_following(path: os.PathLike[str], log_bytes: int) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)  # as before the fix: links followed
+    if os.fstat(fd).st_size < log_bytes:
+        os.posix_fallocate(fd, 0, log_bytes)
+        os.pwrite(fd, bytes(log_bytes), 0)
+        os.fsync(fd)
+    return fd
+
+
+for control in sys.argv[1].split(","):
     if control == "folds-every-20":
-        original_open_log = SQLiteRecords.open_log
-        SQLiteRecords.open_log = lambda self, **options: original_open_log(  # type: ignore[method-assign]
-            self, **{**options, "fold_changes": 20})
+        SQLiteRecords.open_log = open_log_folding_every_20  # type: ignore[method-assign]
     elif control == "log-follows-links":
-        def open_following(path, log_bytes):  # type: ignore[no-untyped-def]
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)  # as before the fix
-            if os.fstat(fd).st_size < log_bytes:
-                os.posix_fallocate(fd, 0, log_bytes)
-                os.pwrite(fd, bytes(log_bytes), 0)
-                os.fsync(fd)
-            return fd
-
         _log._open_preallocated = open_following  # type: ignore[assignment]
     elif control == "log-stays-astray":
         _log.RecordLog._at_path = lambda self: True  # type: ignore[method-assign]

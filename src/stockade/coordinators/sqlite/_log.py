@@ -40,6 +40,13 @@ file's belongs to a newer state of the file than this one (an older copy was
 restored): it is not applied but moved aside (``coord.log.<generation>.stale``)
 with a warning; the token epoch started by the opener keeps tokens rising
 (docs/coordinator-files.md).
+
+The operator's hand (docs/coordinator-files.md, "The log is part of the
+file"): the log must be a regular file at its path (a link, FIFO or directory
+is refused, never followed: `_open_preallocated`), and a log deleted, replaced
+or truncated under the running server is written again at its path at the
+next fold (`RecordLog._at_path`), so such damage loses at most what was
+acknowledged before that fold.
 """
 
 from __future__ import annotations
