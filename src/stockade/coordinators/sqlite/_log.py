@@ -73,6 +73,7 @@ from stockade.core.tokens import FencingToken
 __all__ = ["RecordLog", "LOG_BYTES", "FOLD_CHANGES",
            "FOLD_RACE_RETRIES", "GENERATION_KEY", "PendingChange", "log_path", "encode_record",
            "encode_frame", "cluster_seed", "read_changes", "stored_generation", "logged_changes", "logged_last_token",
+           "read_generation", "generation_moved",
            "replay_log", "apply_log_changes", "overlay_records"]
 
 #: The log's preallocated size. A fold starts before it is full (`FOLD_MARGIN_BYTES`), so a batch always fits.
@@ -188,6 +189,35 @@ def _decode(payload: bytes, at: int, cluster_id: str) -> tuple[tuple[str, ScopeR
 def stored_generation(conn: sqlite3.Connection) -> int:
     row = conn.execute("SELECT v FROM meta WHERE k = ?", (GENERATION_KEY,)).fetchone()
     return int(row[0]) if row else 0
+
+
+def read_generation(conn: sqlite3.Connection) -> int | None:
+    """For a reader of the file behind the server's back, first in its read transaction (this read takes the
+    transaction's snapshot): the file's generation, to compare after the transaction (`generation_moved`); None
+    if the file has no meta to read (the reader's own checks say what it is)."""
+    try:
+        return stored_generation(conn)
+    except sqlite3.Error:
+        return None
+
+
+def generation_moved(conn: sqlite3.Connection, before: int | None) -> bool:
+    """After a reader's read transaction (``conn`` out of it): whether a fold committed since ``before`` was read.
+
+    Then the log the reader read may already have been written over by the next generation: the server writes the
+    next generation's frame 1 at offset 0 right after the fold's COMMIT, and a read of the log racing that write
+    can see it half written, a frame that is valid in neither generation. The reader would then lay no change
+    over a file read before the fold: a grant the server acknowledged seen as never made (a store's last issued
+    token too low). A first frame of the later generation, whole, is caught by `logged_changes`; a torn one only
+    by this check: if the generation is the same after the log was read, no fold (and no write of the next
+    generation) came before the read ended. The reader reads again.
+    """
+    if before is None:
+        return False
+    try:
+        return stored_generation(conn) != before
+    except sqlite3.Error:
+        return False
 
 
 def overlay_records(records: dict[str, ScopeRecord], changes: Sequence[tuple[str, ScopeRecord | None, int]]
