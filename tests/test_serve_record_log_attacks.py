@@ -589,8 +589,8 @@ STOPS = 5
 def test_readers_racing_folds_and_a_stopped_server_see_every_acknowledged_grant(tmp_path, reads, monkeypatch):
     """A flood with a fold every 20 changes; meanwhile, and while the server is stopped (SIGSTOP, perhaps within a
     fold), the readers behind its back (the store's last-issued check, `status`'s read, the `status` and `history`
-    commands) see every grant acknowledged before the read began. Control: the same reads without the log miss
-    some."""
+    commands) see every grant acknowledged before the read began, and a second server started on the directory of
+    the stopped one is refused. Control: the same reads without the log miss some."""
     data = tmp_path / "data"
     db = data / "coord.db"
     if reads.startswith("control"):
@@ -613,6 +613,9 @@ def test_readers_racing_folds_and_a_stopped_server_see_every_acknowledged_grant(
             try:
                 floor = {scope: max(tokens) for scope, tokens in list(acked.items())}
                 if n == 0 and not reads.startswith("control"):
+                    # The operator, taking the stopped server for dead, starts another on the same directory: two
+                    # writers of one log would overwrite each other's frames. Refused, in one line.
+                    _assert_clear_refusal(_start_must_fail(data))
                     status = _cli("status", "--data-dir", str(data), "--json")
                     history = _cli("history", "s0", "--data-dir", str(data), "--json")
                     assert status.returncode == 0 and history.returncode == 0, status.stderr + history.stderr
