@@ -43,7 +43,7 @@ from stockade.resources._issued import CoordinatorIssued
 from stockade.server._groupcommit import BATCH_OPS_MAX
 
 sys.path.insert(0, str(HELPERS))
-from full_disk import can_mount, small_tmpfs  # noqa: E402
+from full_disk import can_mount, fill, small_tmpfs  # noqa: E402
 from server_fixtures import PYTHON, request, start_server  # noqa: E402
 
 CONTROLS = "record_log_controls.py"
@@ -471,7 +471,9 @@ def _leave_free(mount: Path, free_bytes: int) -> None:
 def test_a_full_disk_when_the_log_is_preallocated_fails_the_start_clearly(tmp_path):
     """A data directory whose log was removed after a clean stop, on a disk with 1 MiB free (the log is 4 MiB):
     the start refuses in one line, ``coord.db`` stays sound and keeps its lease; with room, it serves on, the
-    lease still held and tokens above the earlier ones."""
+    lease still held and tokens above the earlier ones. Then a grant only in the log and a kill -9, on a disk with
+    no byte left: the start (whose replay must write ``coord.db``) refuses in one line; with room, the grant is
+    there."""
     with small_tmpfs("12m") as mount:
         data = mount / "data"
         proc = start_server(data)
@@ -488,13 +490,26 @@ def test_a_full_disk_when_the_log_is_preallocated_fails_the_start_clearly(tmp_pa
         proc = start_server(data)
         try:
             still, after = _held(proc.url, "h"), _next_token(proc.url, "a")
+            logged = _hold(proc.url, "logged")  # only in the log: the next start must apply it to coord.db
+        finally:
+            proc.kill9()
+        size = os.stat(data / "coord.log").st_size
+        fill(mount / "filler")  # not one byte left for the replay's transaction
+        replay = _start_must_fail(data)
+        (mount / "filler").unlink()
+        assert _intact(data / "coord.db")
+        proc = start_server(data)
+        try:
+            logged_kept = _held(proc.url, "logged")
         finally:
             proc.stop()
-        size = os.stat(data / "coord.log").st_size
     _assert_clear_refusal(done, "record log")
+    _assert_clear_refusal(replay)
     print(f"\nfull disk at the log's preallocation: start exit {done.returncode}, one line; afterwards held: {still}, "
-          f"log {size} bytes")
+          f"log {size} bytes; full disk at the log's replay: exit {replay.returncode}, one line; the logged grant "
+          f"applied once there was room: {logged_kept}")
     assert still and after > max(acked) and held > 0 and size == record_log.LOG_BYTES
+    assert logged_kept and logged > 0
 
 
 # -- kill -9 and SIGSTOP while folds come every 20 changes ------------------------------------------------------------
