@@ -268,6 +268,9 @@ def _read_log(path: Path, seed: int) -> bytes | None:
     except OSError as exc:
         raise BackendUnavailable(f"cannot read the record log {path}: {exc}") from exc
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or directory put there: say so, not "Illegal seek"
+            raise BackendUnavailable(f"cannot read the record log {path}: not a regular file (the log must be a "
+                                     "regular file beside the coordinator file)")
         want = _READ_FIRST_BYTES
         while True:
             data = os.pread(fd, want, 0)
