@@ -8,15 +8,20 @@ Usage: ``python record_log_controls.py CONTROL[,CONTROL...] [serve args...]``. E
 - ``log-stays-astray``: a fold never notices that ``coord.log`` was deleted or replaced under the running server,
   so every later frame goes to a file no opener reads and a kill -9 loses what it acknowledged.
 - ``epochs-off``: an opener starts no new token epoch (a restored older file goes on from its own last tokens).
+- ``stop-in-fold`` / ``stop-after-fold`` (not broken: a place to be stopped): the server stops itself (SIGSTOP) in
+  its second fold, inside the transaction before its COMMIT, or right after the COMMIT (before the log's next
+  generation is written), so that a test can read the files and kill -9 it exactly there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from typing import Any
 
+import stockade.coordinators.sqlite as sqlite_package
 from stockade.cli import serve
 from stockade.coordinators.sqlite import SQLiteRecords, _log
 
@@ -36,6 +41,28 @@ def open_following(path: os.PathLike[str], log_bytes: int) -> int:
     return fd
 
 
+folds = [0]
+
+
+def stop_at_second_fold() -> None:
+    folds[0] += 1
+    if folds[0] == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def apply_then_stop(conn: Any, pending: Any) -> None:
+    original_apply(conn, pending)
+    stop_at_second_fold()  # inside the fold's transaction: the file's write lock held, nothing committed
+
+
+def fold_then_stop(self: SQLiteRecords, pending: Any, generation: int) -> None:
+    original_fold(self, pending, generation)
+    stop_at_second_fold()  # committed: the file is of the next generation, the log not yet written in it
+
+
+original_apply = sqlite_package.apply_log_changes
+original_fold = SQLiteRecords.fold_log
+
 for control in sys.argv[1].split(","):
     if control == "folds-every-20":
         SQLiteRecords.open_log = open_log_folding_every_20  # type: ignore[method-assign]
@@ -45,6 +72,10 @@ for control in sys.argv[1].split(","):
         _log.RecordLog._at_path = lambda self: True  # type: ignore[method-assign]
     elif control == "epochs-off":
         SQLiteRecords.epochs = False
+    elif control == "stop-in-fold":
+        sqlite_package.apply_log_changes = apply_then_stop  # type: ignore[assignment]
+    elif control == "stop-after-fold":
+        SQLiteRecords.fold_log = fold_then_stop  # type: ignore[method-assign]
     else:
         raise SystemExit(f"unknown control {control!r}")
 
