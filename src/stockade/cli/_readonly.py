@@ -79,8 +79,9 @@ def _read(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tup
             return _read_once(path, what, body)
         except RaceWithFold:
             continue
-    raise BackendUnavailable(f"{path}: its record log {record_log.log_path(path).name} is of a later generation than "
-                             "the file (an older copy of the file restored? the next server start moves the log aside)")
+    raise BackendUnavailable(f"{path}: its record log {record_log.log_path(path).name} kept being folded into the "
+                             "file while it was read, or is of a later generation than the file (an older copy of "
+                             "the file restored? the next server start moves the log aside)")
 
 
 def _read_once(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -> tuple[T, str | None]:
@@ -104,7 +105,12 @@ def _read_once(path: Path, what: str, body: Callable[[sqlite3.Connection], T]) -
             continue
         try:
             conn.execute("BEGIN")
-            return body(conn), note
+            generation = record_log.read_generation(conn)  # the snapshot the body reads
+            result = body(conn)
+            conn.execute("ROLLBACK")
+            if record_log.generation_moved(conn, generation):  # a fold may have torn the log read: read again
+                raise RaceWithFold(str(path))
+            return result, note
         except sqlite3.Error as exc:
             error = exc
             if i + 1 < len(attempts) and attempts[i + 1][0] == mode:

@@ -88,16 +88,22 @@ def _last_issued(conn: sqlite3.Connection, path: Path, scope: str) -> int:
     """The file's last issued token of ``scope``, with what a server's record log beside it holds beyond the file
     (its acknowledged grants not folded in yet), read in one read transaction (again if a fold raced it)."""
     # The record log, imported only where a store beside a coordinator file reads it.
-    from stockade.coordinators.sqlite._log import FOLD_RACE_RETRIES, logged_last_token  # noqa: PLC0415
+    from stockade.coordinators.sqlite._log import (  # noqa: PLC0415
+        FOLD_RACE_RETRIES,
+        generation_moved,
+        logged_last_token,
+        read_generation,
+    )
 
     for _ in range(FOLD_RACE_RETRIES):
         conn.execute("BEGIN")
         try:
+            generation = read_generation(conn)  # the snapshot the rest reads
             value = int(conn.execute(_LAST_ISSUED, (scope,)).fetchone()[0])
             logged = logged_last_token(conn, path, scope)
         finally:
             conn.execute("ROLLBACK")
-        if logged is not None:
+        if logged is not None and not generation_moved(conn, generation):  # else a fold may have torn the read
             return max(value, logged)
     raise BackendUnavailable(f"the record log beside {path} kept being folded while it was read",
                              certain_no_effect=True)

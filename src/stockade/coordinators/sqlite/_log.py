@@ -40,13 +40,22 @@ file's belongs to a newer state of the file than this one (an older copy was
 restored): it is not applied but moved aside (``coord.log.<generation>.stale``)
 with a warning; the token epoch started by the opener keeps tokens rising
 (docs/coordinator-files.md).
+
+The operator's hand (docs/coordinator-files.md, "The log is part of the
+file"): the log must be a regular file at its path (a link, FIFO or directory
+is refused, never followed: `_open_preallocated`), and a log deleted, replaced
+or truncated under the running server is written again at its path at the
+next fold (`RecordLog._at_path`), so such damage loses at most what was
+acknowledged before that fold.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
+import stat
 import struct
 import threading
 import time
@@ -64,6 +73,7 @@ from stockade.core.tokens import FencingToken
 __all__ = ["RecordLog", "LOG_BYTES", "FOLD_CHANGES",
            "FOLD_RACE_RETRIES", "GENERATION_KEY", "PendingChange", "log_path", "encode_record",
            "encode_frame", "cluster_seed", "read_changes", "stored_generation", "logged_changes", "logged_last_token",
+           "read_generation", "generation_moved",
            "replay_log", "apply_log_changes", "overlay_records"]
 
 #: The log's preallocated size. A fold starts before it is full (`FOLD_MARGIN_BYTES`), so a batch always fits.
@@ -181,6 +191,35 @@ def stored_generation(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
+def read_generation(conn: sqlite3.Connection) -> int | None:
+    """For a reader of the file behind the server's back, first in its read transaction (this read takes the
+    transaction's snapshot): the file's generation, to compare after the transaction (`generation_moved`); None
+    if the file has no meta to read (the reader's own checks say what it is)."""
+    try:
+        return stored_generation(conn)
+    except sqlite3.Error:
+        return None
+
+
+def generation_moved(conn: sqlite3.Connection, before: int | None) -> bool:
+    """After a reader's read transaction (``conn`` out of it): whether a fold committed since ``before`` was read.
+
+    Then the log the reader read may already have been written over by the next generation: the server writes the
+    next generation's frame 1 at offset 0 right after the fold's COMMIT, and a read of the log racing that write
+    can see it half written, a frame that is valid in neither generation. The reader would then lay no change
+    over a file read before the fold: a grant the server acknowledged seen as never made (a store's last issued
+    token too low). A first frame of the later generation, whole, is caught by `logged_changes`; a torn one only
+    by this check: if the generation is the same after the log was read, no fold (and no write of the next
+    generation) came before the read ended. The reader reads again.
+    """
+    if before is None:
+        return False
+    try:
+        return stored_generation(conn) != before
+    except sqlite3.Error:
+        return False
+
+
 def overlay_records(records: dict[str, ScopeRecord], changes: Sequence[tuple[str, ScopeRecord | None, int]]
                     ) -> list[PendingChange]:
     """Apply ``changes`` (from `read_changes`) to ``records`` (the file's, by scope; changed in place) and return
@@ -223,12 +262,15 @@ def _read_log(path: Path, seed: int) -> bytes | None:
     """The log's bytes from offset 0 as far as its run of frames goes (read in growing pieces: a folded log is one
     small read, not the whole preallocated file); None when there is no log (a file never served)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO put there must not hang the open
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise BackendUnavailable(f"cannot read the record log {path}: {exc}") from exc
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or directory put there: say so, not "Illegal seek"
+            raise BackendUnavailable(f"cannot read the record log {path}: not a regular file (the log must be a "
+                                     "regular file beside the coordinator file)")
         want = _READ_FIRST_BYTES
         while True:
             data = os.pread(fd, want, 0)
@@ -342,6 +384,7 @@ class RecordLog:
         # (an append meanwhile waits for its fold: a few ms).
         self.lock = threading.Lock()
         self.fd = _open_preallocated(path, log_bytes)
+        self.astray = False  # the log at the path is not the one written here: reopened at the next fold
 
     def commit_records(self, changes: Sequence[tuple[ScopeRecord, ScopeRecord | None]]
                        ) -> list[StockadeError | None]:
@@ -384,29 +427,61 @@ class RecordLog:
         return [None] * len(changes)
 
     def fold_due(self) -> bool:
-        """Whether the next batch folds the log first (`FOLD_CHANGES` pending, or the log nearly full)."""
-        return len(self.pending) >= self.fold_changes or self.offset > self.log_bytes - FOLD_MARGIN_BYTES
+        """Whether the next batch folds the log first (`FOLD_CHANGES` pending, or the log nearly full, or the log
+        at the path still to be reopened: `_follow_path`)."""
+        return len(self.pending) >= self.fold_changes or self.offset > self.log_bytes - FOLD_MARGIN_BYTES \
+            or self.astray
 
     def fold_now(self) -> None:
         """Fold what is pending (before a read of the file that must see every acknowledged change)."""
         with self.lock:
             self._fold_locked()
 
-    def _fold_locked(self) -> None:
-        if not self.pending and self.number == 0:
-            return  # nothing written in this generation: nothing to fold
-        self._fold(self.pending, self.generation + 1)
-        self.pending = []
-        self.generation += 1
-        self.offset = 0
-        self.number = 0
-        self.folds += 1
+    def _fold_locked(self, follow: bool = True) -> None:
+        if self.pending or self.number:  # else nothing written in this generation: nothing to fold
+            self._fold(self.pending, self.generation + 1)
+            self.pending = []
+            self.generation += 1
+            self.offset = 0
+            self.number = 0
+            self.folds += 1
+            if not self.astray and not self._at_path():
+                _log.warning("record log %s was deleted, replaced or truncated while the server ran: the changes "
+                             "acknowledged since the fold before may have been only in the file the server had open; "
+                             "writing the log there again", self.path)
+                self.astray = True
+        if self.astray and follow:
+            self._follow_path()
+
+    def _at_path(self) -> bool:
+        """Whether the file this log writes is still the one at its path (not deleted, renamed or replaced), at its
+        preallocated size (not truncated: appends past its end would change its size, and sync metadata)."""
+        try:
+            there = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        mine = os.fstat(self.fd)
+        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino) and mine.st_size >= self.log_bytes
+
+    def _follow_path(self) -> None:
+        """Write from now on to a log at the path again, created if missing: right after a fold, nothing pending.
+
+        Frames appended to a log that was deleted (or replaced) while the server ran are durable only in a file no
+        opener will read: a kill -9 loses them. Checked at each fold (two system calls every `FOLD_CHANGES`
+        changes, not two a batch), so the changes acknowledged between the deletion and the next fold are the
+        most that can be lost (docs/coordinator-files.md). Failing (a full disk), it fails the batch that folded
+        and stays due, so every next batch tries again before it appends.
+        """
+        fd = _open_preallocated(self.path, self.log_bytes)
+        os.close(self.fd)
+        self.fd, self.astray = fd, False
 
     def close(self) -> None:
         """Fold what is pending and close the log (a clean stop leaves no change only in the log). A fold that
         fails (a full disk) is logged: the changes stay in the log, and the next opener applies them."""
         try:
-            self.fold_now()
+            with self.lock:
+                self._fold_locked(follow=False)  # nothing is appended after it: no new log at the path
         except StockadeError as exc:
             _log.error("record log %s: the fold at close failed; its changes stay in the log and are applied when "
                        "the file is next opened: %s", self.path, exc)
@@ -415,11 +490,22 @@ class RecordLog:
 
 
 def _open_preallocated(path: Path, log_bytes: int) -> int:
-    """The log's descriptor, the file created (mode 0600) and filled with zeros to ``log_bytes`` if shorter."""
+    """The log's descriptor, the file created (mode 0600) and filled with zeros to ``log_bytes`` if shorter.
+
+    Only a regular file at ``path`` itself: a symbolic link is not followed (``O_NOFOLLOW``), and a FIFO, device
+    or directory is refused, before anything is written. A log that is a link to another file would be zeroed and
+    overwritten from offset 0: ``ln -s coord.db coord.log`` destroyed the coordinator file itself.
+    """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise BackendUnavailable(f"cannot open the record log {path}: {exc}") from exc
+        hint = " (a symbolic link: the log must be a regular file beside the coordinator file)" \
+            if exc.errno == errno.ELOOP else ""
+        raise BackendUnavailable(f"cannot open the record log {path}: {exc}{hint}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BackendUnavailable(f"cannot open the record log {path}: not a regular file (the log must be a regular "
+                                 "file beside the coordinator file)")
     try:
         if os.fstat(fd).st_size < log_bytes:
             os.posix_fallocate(fd, 0, log_bytes)
