@@ -78,6 +78,38 @@ def test_several_writes_in_one_turn_commit_inline_in_one_batch_and_resolve_only_
     asyncio.run(main())
 
 
+def _writes_a_turn_apart(gather_turns: int) -> list[list[object]]:
+    """A write, and another submitted in the loop's next turn (as a request read by the next poll is): the
+    batches they commit in."""
+    async def main() -> list[list[object]]:
+        loop = asyncio.get_running_loop()
+        rec = _Recorder()
+        committer = GroupCommitter("t", rec, loop, gather_turns=gather_turns)
+        committer.start()
+        try:
+            first = committer.submit("a")
+            later: list[asyncio.Future] = []
+            loop.call_soon(lambda: later.append(committer.submit("b")))  # after the first turn's end (`_flush`)
+            assert await first == "ok-a"
+            assert await later[0] == "ok-b"
+            assert rec.committed == ["a", "b"]  # in submission order either way
+            return rec.batches
+        finally:
+            committer.stop()
+
+    return asyncio.run(main())
+
+
+def test_a_write_of_the_next_turn_joins_the_batch():
+    # The batch waits one more turn of the loop (`GATHER_TURNS`), whose poll reads what arrived meanwhile: one
+    # commit (one fsync) for both writes.
+    assert _writes_a_turn_apart(gather_turns=1) == [["a", "b"]]
+
+
+def test_control_without_the_extra_turn_a_write_of_the_next_turn_commits_alone():
+    assert _writes_a_turn_apart(gather_turns=0) == [["a"], ["b"]]
+
+
 def test_more_writes_in_one_turn_than_inline_ops_max_go_to_the_thread_in_order():
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -346,7 +378,7 @@ def test_control_without_a_lag_a_deferred_write_commits_at_the_end_of_its_turn()
     async def main() -> None:
         loop = asyncio.get_running_loop()
         rec = _Recorder()
-        committer = GroupCommitter("t", rec, loop, lag_ms=0)
+        committer = GroupCommitter("t", rec, loop, lag_ms=0, gather_turns=0)  # the lag alone: no turn of company
         committer.start()
         try:
             released = committer.defer("release")
