@@ -43,7 +43,7 @@ from stockade.core.tokens import FencingToken
 from stockade.resources._issued import CoordinatorIssued
 
 sys.path.insert(0, str(HELPERS))
-from server_fixtures import request, start_server  # noqa: E402
+from server_fixtures import cluster_id_of, request, start_server  # noqa: E402
 
 
 def _cycles(url: str, scope: str, n: int) -> list[int]:
@@ -79,14 +79,6 @@ def _frames_end(data: bytes, cluster_id: str) -> tuple[int, int, int]:
     return offset, generation, number
 
 
-def _cluster_id(db: Path) -> str:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return str(conn.execute("SELECT v FROM meta WHERE k = 'cluster_id'").fetchone()[0])
-    finally:
-        conn.close()
-
-
 def _killed_with_log(tmp_path: Path) -> tuple[Path, list[int], str]:
     """A server killed (-9) after acknowledged cycles of scope ``a`` that are only in its log."""
     proc = start_server(tmp_path / "data")
@@ -95,8 +87,8 @@ def _killed_with_log(tmp_path: Path) -> tuple[Path, list[int], str]:
     finally:
         proc.kill9()
     data = tmp_path / "data"
-    assert _frames_end((data / "coord.log").read_bytes(), _cluster_id(data / "coord.db"))[2] > 0  # in the log
-    return data, acked, _cluster_id(data / "coord.db")
+    assert _frames_end((data / "coord.log").read_bytes(), cluster_id_of(data / "coord.db"))[2] > 0  # in the log
+    return data, acked, cluster_id_of(data / "coord.db")
 
 
 def _forged_frame(data: Path, cluster_id: str, token: int) -> tuple[int, bytes]:

@@ -44,7 +44,7 @@ from stockade.server._groupcommit import BATCH_OPS_MAX
 
 sys.path.insert(0, str(HELPERS))
 from full_disk import can_mount, fill, small_tmpfs  # noqa: E402
-from server_fixtures import PYTHON, request, start_server  # noqa: E402
+from server_fixtures import PYTHON, cluster_id_of, request, start_server  # noqa: E402
 
 CONTROLS = "record_log_controls.py"
 FOLDS = "folds-every-20"
@@ -709,7 +709,7 @@ def _fold_then_tear(db: Path) -> None:
     the next generation's frame 1 half written over offset 0 (the rest of the old frame 1 still behind it)."""
     from stockade.coordinators.sqlite._rows import load_record, set_meta
 
-    cluster_id = _cluster_id(db)
+    cluster_id = cluster_id_of(db)
     log = record_log.log_path(db)
     conn = sqlite3.connect(db, isolation_level=None)
     try:
@@ -729,14 +729,6 @@ def _fold_then_tear(db: Path) -> None:
         os.pwrite(fd, frame[: len(frame) // 2], 0)
     finally:
         os.close(fd)
-
-
-def _cluster_id(db: Path) -> str:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return str(conn.execute("SELECT v FROM meta WHERE k = 'cluster_id'").fetchone()[0])
-    finally:
-        conn.close()
 
 
 @pytest.mark.parametrize("check", ["generation-checked", "control-unchecked"])

@@ -6,6 +6,7 @@ import json
 import os
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -97,3 +98,12 @@ def request(url: str, method: str, path: str, *, body: bytes | None = None, head
             return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
     except urllib.error.HTTPError as error:
         return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
+def cluster_id_of(db: Path) -> str:
+    """The cluster id a coordinator file stores (what its record log's frames are sealed with), read read-only."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return str(conn.execute("SELECT v FROM meta WHERE k = 'cluster_id'").fetchone()[0])
+    finally:
+        conn.close()
