@@ -97,6 +97,15 @@ def _next_token(url: str, scope: str) -> int:
     return int(doc["token_value"])
 
 
+def _held_and_next(data: Path, held: str, nxt: str) -> tuple[bool, int]:
+    """Start a server on ``data`` and stop it again: whether ``held`` is still held, and ``nxt``'s next token."""
+    proc = start_server(data)
+    try:
+        return _held(proc.url, held), _next_token(proc.url, nxt)
+    finally:
+        proc.stop()
+
+
 def _start_must_fail(data: Path) -> subprocess.CompletedProcess[str]:
     """``stockade serve`` on ``data`` that must refuse to start: its exit and output (a start that serves is ended)."""
     command = [PYTHON, "-m", "stockade", "serve", "--data-dir", str(data), "--port", "0"]
@@ -171,11 +180,7 @@ def test_a_link_or_special_file_at_coord_log_is_refused_and_the_file_kept(tmp_pa
     status = _cli("status", "--data-dir", str(data))
     assert "Traceback" not in status.stderr, status.stderr
     log.rmdir() if thing == "directory" else log.unlink()
-    proc = start_server(data)
-    try:
-        held, after = _held(proc.url, "a"), _next_token(proc.url, "b")
-    finally:
-        proc.stop()
+    held, after = _held_and_next(data, "a", "b")
     print(f"\ncoord.log a {thing}: start exit {done.returncode}, one line; coord.db sound; status exit "
           f"{status.returncode}; the lease held before still held: {held}")
     assert held and after > 0 and token > 0
@@ -250,11 +255,7 @@ def test_a_log_deleted_under_the_server_is_written_again_at_the_next_fold(tmp_pa
         size = os.stat(log).st_size if log.exists() else 0
     finally:
         proc.kill9()
-    proc = start_server(data)
-    try:
-        survived, after_a = _held(proc.url, "h"), _next_token(proc.url, "a")
-    finally:
-        proc.stop()
+    survived, after_a = _held_and_next(data, "h", "a")
     print(f"\ncoord.log {how} under the server: the grant acknowledged after the next fold survived kill -9: "
           f"{survived}; {sum(1 for t in acked if t >= after_a)} of {len(acked)} tokens repeated")
     assert after_a > max(acked)
@@ -421,11 +422,7 @@ def test_an_unwritable_log_fails_the_start_clearly_after_applying_it(tmp_path):
     _assert_clear_refusal(done, "record log")
     shown = {doc["scope"]: doc for doc in map(json.loads, status.stdout.splitlines())}
     assert status.returncode == 0 and shown["h"]["holder"] is not None, status.stdout + status.stderr
-    proc = start_server(data)
-    try:
-        still, after = _held(proc.url, "h"), _next_token(proc.url, "a")
-    finally:
-        proc.stop()
+    still, after = _held_and_next(data, "h", "a")
     print(f"\nimmutable coord.log: start exit {done.returncode}, one line; status shows the held lease; "
           f"afterwards held: {still}, next token above all {len(acked)}: {after > max(acked)}")
     assert still and after > max(acked) and held > 0
@@ -444,11 +441,7 @@ def test_a_data_dir_on_a_read_only_mount_refuses_to_serve_and_status_reads_the_l
             status = _cli("status", "--data-dir", str(data), "--json")
         finally:
             subprocess.run(["mount", "-o", "remount,rw", str(mount)], check=True)
-        proc = start_server(data)
-        try:
-            still, after = _held(proc.url, "h"), _next_token(proc.url, "a")
-        finally:
-            proc.stop()
+        still, after = _held_and_next(data, "h", "a")
     _assert_clear_refusal(done)
     shown = {doc["scope"]: doc for doc in map(json.loads, status.stdout.splitlines())}
     print(f"\nread-only mount: start exit {done.returncode}, one line; status exit {status.returncode} shows the "
