@@ -508,23 +508,37 @@ def test_a_full_disk_when_the_log_is_preallocated_fails_the_start_clearly(tmp_pa
 # -- kill -9 and SIGSTOP while folds come every 20 changes ------------------------------------------------------------
 
 
+def _connection(url: str) -> http.client.HTTPConnection:
+    host, port = url.split("//")[1].split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=60)
+
+
+def _granted(conn: http.client.HTTPConnection, scope: str, body: str, acked: dict[str, list[int]]) -> str | None:
+    """Acquire ``scope`` on ``conn``: the lease id if granted (its token appended to ``acked``), else None."""
+    conn.request("POST", f"/v1/locks/{scope}/acquire", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    doc = json.loads(response.read())
+    if response.status != 200:
+        return None
+    acked.setdefault(scope, []).append(doc["token_value"])
+    return str(doc["lease_id"])
+
+
+def _release(conn: http.client.HTTPConnection, lease_id: str) -> None:
+    conn.request("DELETE", f"/v1/leases/{lease_id}")
+    conn.getresponse().read()
+
+
 def _flood(url: str, stop: threading.Event, acked: dict[str, list[int]], seed: int) -> None:
     """Acquire + release round 4 scopes until ``stop`` or the server dies; acknowledged tokens into ``acked``."""
     rng = random.Random(seed)
-    host, port = url.split("//")[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn = _connection(url)
     body = json.dumps({"ttl_ms": 5_000, "wait_ms": 2_000})
     while not stop.is_set():
-        scope = f"s{rng.randrange(4)}"
         try:
-            conn.request("POST", f"/v1/locks/{scope}/acquire", body, {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            doc = json.loads(response.read())
-            if response.status != 200:
-                continue
-            acked.setdefault(scope, []).append(doc["token_value"])
-            conn.request("DELETE", f"/v1/leases/{doc['lease_id']}")
-            conn.getresponse().read()
+            lease_id = _granted(conn, f"s{rng.randrange(4)}", body, acked)
+            if lease_id is not None:
+                _release(conn, lease_id)
         except (OSError, http.client.HTTPException, ValueError):
             return
 
@@ -778,21 +792,13 @@ def test_the_largest_batch_of_the_largest_records_fits_a_frame():
 
 def _big_flood(url: str, n: int, seed: int, acked: dict[str, list[int]]) -> None:
     rng = random.Random(seed)
-    host, port = url.split("//")[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn = _connection(url)
     for i in range(n):
         scope = f"{rng.randrange(200):03d}".ljust(SCOPE_BYTES_MAX, "x")
-        holder = "h" * (HOLDER_BYTES_MAX - i % 3)
-        body = json.dumps({"ttl_ms": 60_000, "wait_ms": 0, "holder": holder})
-        conn.request("POST", f"/v1/locks/{scope}/acquire", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        doc = json.loads(response.read())
-        if response.status != 200:
-            continue
-        acked.setdefault(scope, []).append(doc["token_value"])
-        if i % 8:  # every eighth lease stays held until its TTL
-            conn.request("DELETE", f"/v1/leases/{doc['lease_id']}")
-            conn.getresponse().read()
+        body = json.dumps({"ttl_ms": 60_000, "wait_ms": 0, "holder": "h" * (HOLDER_BYTES_MAX - i % 3)})
+        lease_id = _granted(conn, scope, body, acked)
+        if lease_id is not None and i % 8:  # every eighth lease stays held until its TTL
+            _release(conn, lease_id)
 
 
 def test_a_flood_of_the_largest_names_folds_and_survives_kill9(tmp_path):

@@ -33,10 +33,10 @@ A batch waits ``gather_turns`` (`GATHER_TURNS`: one) more turns of the loop
 before it commits: a turn polls the sockets without waiting, so requests that
 arrived while the loop handled the turn join the batch instead of waiting
 through its fsync for a commit of their own, and a lone request is committed
-one poll later (a few µs). At 8 client processes it cut fsyncs from 0.34 to
-0.21 a lock cycle and the server's CPU a cycle to 0.91×, for 1.13× the cycles/s
-(`benchmarks/serve_ab.py`, docs/coordinator-files.md); two turns did no better
-and three worse (fewer fsyncs, each answer later).
+one poll later (a few µs). At 8 client processes it cut fsyncs from 0.35 to
+0.24 a lock cycle and the server's CPU a cycle to 0.90×, for 1.10× the cycles/s
+(`benchmarks/serve_ab.py`, 5 runs; docs/coordinator-files.md); two turns did no
+better and three worse (fewer fsyncs, each answer later).
 
 The loop never waits on a file lock: with ``try_batch`` (the store's
 `try_apply_batch`), a turn's operations are committed on the loop only if the

@@ -76,8 +76,8 @@ BUDGETS = MappingProxyType({
     # 398.2 calls with a batch's one more turn of the loop before it commits (`_groupcommit.GATHER_TURNS`): the
     # 21 more are that turn run by asyncio's own loop in Python, as this in-process count runs it (`_run_once`,
     # its `select`, the ready queue); on uvloop, which `stockade serve` runs on with the server extra, the turn
-    # is in C. The turn is there for 8 client processes: 0.21 fsyncs a cycle instead of 0.34, 0.91x the server's
-    # CPU a cycle (benchmarks/serve_ab.py).
+    # is in C. The turn is there for 8 client processes: 0.24 fsyncs a cycle instead of 0.35, 0.90x the server's
+    # CPU a cycle (benchmarks/serve_ab.py, 5 runs).
     "serve.lock_cycle": MappingProxyType({
         "log_appends": 1, "log_bytes": 200, "folds": 0, "commits": 0, "wal_frames": 0, "wal_bytes": 0,
         "statements": 0, "calls": 406}),
