@@ -284,6 +284,48 @@ def test_a_full_scope_table_forgets_idle_scopes_and_keeps_granting(tmp_path):
         assert engine.inspect(scope).token.value == value  # still held, never forgotten
 
 
+def _scans_at_the_bound(monkeypatch, cycles: int = 50) -> tuple[int, int]:
+    """A table full of held leases but one stored, idle scope: how many times ``cycles`` acquires of that scope
+    looked for scopes to forget, and how many one acquire of a new scope did (it is refused: nothing is idle)."""
+    from stockade.coordinators.memory import _MemoryTx
+    from stockade.core.errors import LimitExceeded
+
+    scans = []
+    oldest = _MemoryTx.oldest
+    monkeypatch.setattr(_MemoryTx, "oldest", lambda tx, limit: scans.append(limit) or oldest(tx, limit))
+    engine = _memory_engine(scopes_max=100)
+    for i in range(99):
+        engine.try_acquire(f"held{i}", lease_id=new_lease_id(), holder="h", ttl_ms=60_000, wait_deadline_ns=0)
+    for _ in range(cycles):
+        _grant(engine, "probe")
+    stored = len(scans)
+    with pytest.raises(LimitExceeded):
+        engine.try_acquire("new", lease_id=new_lease_id(), holder="h", ttl_ms=60_000, wait_deadline_ns=0)
+    return stored, len(scans) - stored
+
+
+def test_a_full_table_looks_for_room_only_for_a_new_scope(monkeypatch):
+    """At the bound, an acquire of a scope already stored needs no room: it does not scan the oldest scopes for
+    idle ones (held leases at the front of the table made every such acquire look at 256 of them: 1.2-1.3x the
+    acquire's latency with 99,999 held, benchmarks/held_leases.py). A new scope still looks, and is refused."""
+    stored, new = _scans_at_the_bound(monkeypatch)
+    print(f"\nscope table full of held leases: scans for room in 50 acquires of a stored scope {stored}, "
+          f"for a new scope {new}")
+    assert (stored, new) == (0, 1)
+
+
+def test_a_full_table_control_scanning_for_every_acquire_is_caught(monkeypatch):
+    """The control: the test above fails when every acquire at the bound scans, as before."""
+    class Anything:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    monkeypatch.setattr("stockade.core.engine.ScopeRecord", lambda scope: Anything())
+    stored, new = _scans_at_the_bound(monkeypatch)
+    print(f"\ncontrol: scans for room in 50 acquires of a stored scope {stored}")
+    assert stored == 49 and new == 1  # every acquire but the first (the table was full once it stored "probe")
+
+
 def _forget_cycles(engine: LeaseEngine, cycles: int = 64) -> tuple[int, int]:
     regressions = 0
     last = 0

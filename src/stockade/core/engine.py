@@ -309,7 +309,7 @@ class LeaseEngine:
         with self.records.write() as tx:
             now_ns = self.clock.now_ns()
             record = tx.load(scope)
-            if tx.full():
+            if tx.full() and record == ScopeRecord(scope):  # only a scope not stored needs room
                 self._forget_idle(tx, now_ns, self.forget_batch)
                 record = tx.load(scope)
             new, outcome = self._acquire(tx, record, request, now_ns)
