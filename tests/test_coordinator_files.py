@@ -306,8 +306,8 @@ def _scans_at_the_bound(monkeypatch, cycles: int = 50) -> tuple[int, int]:
 
 def test_a_full_table_looks_for_room_only_for_a_new_scope(monkeypatch):
     """At the bound, an acquire of a scope already stored needs no room: it does not scan the oldest scopes for
-    idle ones (held leases at the front of the table made every such acquire look at 256 of them: 1.2-1.3x the
-    acquire's latency with 99,999 held, benchmarks/held_leases.py). A new scope still looks, and is refused."""
+    idle ones (held leases at the front of the table made every such acquire look at 256 of them: about 100 µs of
+    server CPU a cycle with 99,999 held, benchmarks/held_leases.py). A new scope still looks, and is refused."""
     stored, new = _scans_at_the_bound(monkeypatch)
     print(f"\nscope table full of held leases: scans for room in 50 acquires of a stored scope {stored}, "
           f"for a new scope {new}")
