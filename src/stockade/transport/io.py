@@ -318,7 +318,7 @@ class AsyncBodyGuard:
     """Cancels the task that runs a ``lock()`` body when the body's lease is lost.
 
     Armed while the body runs. `interrupt` may be called from any thread (the
-    lease is marked lost by its deadline watcher or its keepalive); the cancel
+    lease is marked lost at its deadline, by a renewal, or by a reader of ``lost``); the cancel
     is delivered on the task's loop. When the body's `CancelledError` reaches
     the ``lock()`` block, `caused` tells it apart from a cancellation from
     outside, as ``asyncio.timeout`` does: it withdraws its own request with

@@ -1,0 +1,99 @@
+"""A process holding thousands of leases keeps a bounded number of threads, and loses none of them.
+
+Before, the sync client gave every lease held past its first renewal two threads of its own (a
+keepalive and a deadline watcher): 2,000 leases ran 4,001 threads, and at 10,000 the threads
+thrashed until every lease was lost. Now the deadlines and the next renewals are entries on the
+process's one timer thread, and a renewal due runs on a pool of at most `KEEPALIVE_THREADS_MAX`
+threads (`stockade.transport.workers`), plus one thread for loss callbacks.
+
+The test holds `LEASES` leases through a real `stockade serve` for `ROUNDS` renewal rounds
+(counted: every lease renewed at least `ROUNDS` times), reads `threading.active_count()` at every
+renewal, and checks it never exceeded the threads the test process had before plus the bound; and
+that no lease was lost. The control lifts the pool's bound to one thread per lease (threads then
+start whenever renewals come due faster than the running ones end, up to one a lease, as with a
+thread per lease) and must exceed the bound.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import stockade
+from stockade.client import Hooks
+from stockade.transport import workers
+
+LEASES = 3000
+TTL_MS = 6000  # renewed every 2 s: 1,500 renewals a second, with 1.7 s of slack before a late one is lost
+ROUNDS = 3
+#: The timer's thread, the keepalive pool, the callback thread: every thread the keepalive of any number of leases runs.
+STOCKADE_THREADS_MAX = 1 + workers.KEEPALIVE_THREADS_MAX + 1
+WAIT_S_MAX = 120  # a guard against a hang, not a measure: the rounds take ROUNDS * TTL/3 on an idle machine
+
+
+class _Rounds:
+    """Counts renewals per lease and the most threads seen at any renewal (read on the renewing thread)."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.lock = threading.Condition()
+        self.renewals: dict[int, int] = {}
+        self.complete = 0  # leases renewed `rounds` times
+        self.lost = 0
+        self.threads_max = 0
+
+    def renewed(self, lease: object) -> None:
+        threads = threading.active_count()
+        with self.lock:
+            self.threads_max = max(self.threads_max, threads)
+            key = id(lease)
+            count = self.renewals.get(key, 0) + 1
+            self.renewals[key] = count
+            if count == self.rounds:
+                self.complete += 1
+                if self.complete == LEASES:
+                    self.lock.notify_all()
+
+    def lost_one(self, lease: object) -> None:
+        with self.lock:
+            self.lost += 1
+            self.lock.notify_all()
+
+
+def _hold_many(url: str, renewals: int) -> tuple[int, _Rounds, int]:
+    """Hold LEASES leases until each was renewed ``renewals`` times; returns (threads before, the rounds, leases
+    lost)."""
+    rounds = _Rounds(renewals)
+    before = threading.active_count()
+    coord = stockade.connect(url, hooks=Hooks(on_renew=rounds.renewed, on_lost=rounds.lost_one))
+    try:
+        leases = []
+        for i in range(LEASES):
+            leases.append(coord.acquire(f"many-{i}", ttl_ms=TTL_MS))
+            rounds.threads_max = max(rounds.threads_max, threading.active_count())
+        end_s = time.monotonic() + WAIT_S_MAX
+        with rounds.lock:
+            while rounds.complete < LEASES and rounds.lost == 0 and time.monotonic() < end_s:
+                rounds.lock.wait(1.0)
+        lost = sum(lease.lost for lease in leases)
+        for lease in leases:
+            lease.release()
+    finally:
+        coord.close()
+    return before, rounds, lost
+
+
+def test_thousands_of_leases_run_a_bounded_number_of_threads_and_lose_none(serve):
+    server = serve()
+    before, rounds, lost = _hold_many(server.url, ROUNDS)
+    assert rounds.complete == LEASES, f"{rounds.complete} of {LEASES} leases renewed {ROUNDS} times"
+    assert lost == 0 and rounds.lost == 0
+    assert rounds.threads_max <= before + STOCKADE_THREADS_MAX, (rounds.threads_max, before)
+
+
+def test_control_a_thread_per_lease_exceeds_the_bound(serve, monkeypatch):
+    monkeypatch.setattr(workers.keepalives(), "threads_max", LEASES)
+    server = serve()
+    before, rounds, _ = _hold_many(server.url, 1)  # the first round starts the threads
+    assert rounds.threads_max > before + STOCKADE_THREADS_MAX, (rounds.threads_max, before)
+
