@@ -97,3 +97,54 @@ def test_control_a_thread_per_lease_exceeds_the_bound(serve, monkeypatch):
     before, rounds, _ = _hold_many(server.url, 1)  # the first round starts the threads
     assert rounds.threads_max > before + STOCKADE_THREADS_MAX, (rounds.threads_max, before)
 
+
+
+# -- renewals that hang: the deadlines do not wait for them -----------------------------------------
+
+HUNG_LEASES = 3 * workers.KEEPALIVE_THREADS_MAX  # more renewals hang than the pool has threads
+HUNG_TTL_MS = 1000  # the renewals hang for the request timeout (10 s): far past every deadline
+
+
+def _lost_while_frozen(server, wait_s: float) -> list[tuple[str, str]]:
+    """Hold HUNG_LEASES leases, freeze the server before their first renewal, and collect the losses
+    reported while it is frozen: (the cause, the thread that ran ``on_lost``)."""
+    import os
+    import signal
+
+    seen: list[tuple[str, str]] = []
+    told = threading.Condition()
+
+    def on_lost(lease) -> None:  # type: ignore[no-untyped-def]
+        with told:
+            seen.append((lease.lost_cause, threading.current_thread().name))
+            told.notify_all()
+
+    coord = stockade.connect(server.url)
+    leases = [coord.acquire(f"hung-{i}", ttl_ms=HUNG_TTL_MS, on_lost=on_lost) for i in range(HUNG_LEASES)]
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        end_s = time.monotonic() + wait_s
+        with told:  # nothing here reads `lease.lost`: only the keepalive's own marking is seen
+            while len(seen) < HUNG_LEASES and time.monotonic() < end_s:
+                told.wait(0.1)
+            reported = list(seen)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    for lease in leases:
+        lease.release()
+    coord.close()
+    return reported
+
+
+def test_deadlines_mark_the_loss_while_renewals_hang(serve):
+    reported = _lost_while_frozen(serve(), wait_s=WAIT_S_MAX)
+    assert len(reported) == HUNG_LEASES
+    assert {cause for cause, _ in reported} == {"local deadline passed without a successful renewal"}
+    assert {thread for _, thread in reported} == {"stockade-callbacks"}  # handed off by the timer
+
+
+def test_control_without_the_deadline_entry_no_loss_is_marked_while_renewals_hang(serve, monkeypatch):
+    from stockade.client._sync.coordinator import Lease
+
+    monkeypatch.setattr(Lease, "_on_deadline", lambda self: None)
+    assert _lost_while_frozen(serve(), wait_s=3.0) == []
