@@ -313,11 +313,13 @@ class AsyncLease(Leased):
         """On the timer: a renewal is due; it runs on a keepalive thread (sync) or a task (async)."""
         with self._start_lock:
             if not self._stop.is_set():
+                self._renew_at_s = time.monotonic()  # the next one is due a third of the TTL after this one
                 self._background = [AsyncIO.submit(self._renew_round, name=f"stockade-keepalive-{self.scope}")]
 
     async def _renew_round(self) -> None:
-        """Renew once; then put the next renewal on the timer: a third of the TTL later, or `RENEW_RETRY_MS`
-        later if this one failed for backend reasons (until the local deadline, which marks the loss)."""
+        """Renew once; then put the next renewal on the timer: a third of the TTL after this one was due (the
+        time it waited for a thread and the renewal's own do not add up), or `RENEW_RETRY_MS` later if this
+        one failed for backend reasons (until the local deadline, which marks the loss)."""
         now_ns = self._clock.now_ns()
         if self._stop.is_set() or now_ns >= self._deadline_ns:
             return  # released, lost, or past the deadline: the timer's deadline entry marks the loss
@@ -325,7 +327,7 @@ class AsyncLease(Leased):
             return  # max_hold_ms: no more renewals; the deadline marks the loss
         try:
             await self._renew_now(hand_off=True)
-            next_s = self.ttl_ms / 3 / 1000
+            next_s = max(0.0, self._renew_at_s + self.ttl_ms / 3 / 1000 - time.monotonic())
         except LeaseLost:
             return
         except InvariantViolation as exc:
