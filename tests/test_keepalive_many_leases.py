@@ -9,9 +9,11 @@ threads (`stockade.transport.workers`), plus one thread for loss callbacks.
 The test holds `LEASES` leases through a real `stockade serve` for `ROUNDS` renewal rounds
 (counted: every lease renewed at least `ROUNDS` times), reads `threading.active_count()` at every
 renewal, and checks it never exceeded the threads the test process had before plus the bound; and
-that no lease was lost. The control lifts the pool's bound to one thread per lease (threads then
-start whenever renewals come due faster than the running ones end, up to one a lease, as with a
-thread per lease) and must exceed the bound.
+that no lease was lost. The keepalives start together after the leases are acquired, so that every
+round is one burst of `LEASES` renewals due within a few milliseconds: far more than one thread
+renews in that time. The control lifts the pool's bound to one thread per lease (a thread then
+starts for every renewal due while the others are busy, up to one a lease, as with a thread per
+lease) and must exceed the bound.
 """
 
 from __future__ import annotations
@@ -67,10 +69,9 @@ def _hold_many(url: str, renewals: int) -> tuple[int, _Rounds, int]:
     before = threading.active_count()
     coord = stockade.connect(url, hooks=Hooks(on_renew=rounds.renewed, on_lost=rounds.lost_one))
     try:
-        leases = []
-        for i in range(LEASES):
-            leases.append(coord.acquire(f"many-{i}", ttl_ms=TTL_MS))
-            rounds.threads_max = max(rounds.threads_max, threading.active_count())
+        leases = [coord.acquire(f"many-{i}", ttl_ms=TTL_MS, keepalive=False) for i in range(LEASES)]
+        for lease in leases:  # as `stockade lock` does: every first renewal due within a few ms, the worst burst
+            lease._schedule_keepalive()
         end_s = time.monotonic() + WAIT_S_MAX
         with rounds.lock:
             while rounds.complete < LEASES and rounds.lost == 0 and time.monotonic() < end_s:
