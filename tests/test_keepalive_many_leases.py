@@ -149,3 +149,46 @@ def test_control_without_the_deadline_entry_no_loss_is_marked_while_renewals_han
 
     monkeypatch.setattr(Lease, "_on_deadline", lambda self: None)
     assert _lost_while_frozen(serve(), wait_s=3.0) == []
+
+
+# -- the pool itself ----------------------------------------------------------------------------------
+
+
+def _running_at_most(threads_max: int, jobs: int) -> tuple[int, int]:
+    """A pool of its own, ``jobs`` jobs that each block until let go: (threads started, jobs running once every
+    thread took one). A pool starts its threads inside `submit`, so the count is read at once, not waited for."""
+    pool = workers._Pool("test-pool", threads_max)
+    gate = threading.Event()
+    running = threading.Semaphore(0)
+    started = [pool.submit(lambda: (running.release(), gate.wait()), withdrawable=True) for _ in range(jobs)]
+    threads = pool.threads()
+    for _ in range(threads):  # every thread has taken a job
+        assert running.acquire(timeout=WAIT_S_MAX)
+    at_once = sum(job.state == "running" for job in started)
+    gate.set()
+    for job in started:
+        job.join()
+    return threads, at_once
+
+
+def test_the_pool_runs_at_most_its_bound_of_threads():
+    assert _running_at_most(4, 50) == (4, 4)
+
+
+def test_control_a_pool_bound_by_its_jobs_runs_a_thread_each():
+    assert _running_at_most(50, 50) == (50, 50)
+
+
+def test_a_renewal_joined_before_it_starts_never_runs_and_a_callback_always_runs_once():
+    pool = workers._Pool("test-pool", 1)
+    gate = threading.Event()
+    ran: list[str] = []
+    blocker = pool.submit(gate.wait, withdrawable=True)  # holds the pool's one thread
+    renewal = pool.submit(lambda: ran.append("renewal"), withdrawable=True)
+    callback = pool.submit(lambda: ran.append("callback"), withdrawable=False)
+    renewal.join()  # queued: withdrawn, returns at once although the thread is busy
+    assert renewal.state == "withdrawn"
+    gate.set()
+    callback.join()  # queued too, but a callback is waited for
+    blocker.join()
+    assert ran == ["callback"]
