@@ -58,7 +58,7 @@ def test_a_short_lock_starts_no_thread(monkeypatch):
         assert started == [] and _background_threads(before) == 0
 
 
-def test_control_starting_at_the_grant_starts_two_threads_a_lease(monkeypatch):
+def test_control_starting_at_the_grant_starts_the_keepalive_of_every_lease(monkeypatch):
     started = _started(monkeypatch, Lease)
     monkeypatch.setattr(Lease, "_schedule_keepalive", lambda self: self._start_keepalive(first_wait_s=10.0))
     with stockade.connect("memory://keepalive-start") as coord:
