@@ -192,3 +192,38 @@ def test_a_renewal_joined_before_it_starts_never_runs_and_a_callback_always_runs
     callback.join()  # queued too, but a callback is waited for
     blocker.join()
     assert ran == ["callback"]
+
+
+def _joined_from_the_callback_thread(monkeypatch, run_here: bool, wait_s: float) -> list[str]:
+    """On a pool of one thread, a callback joins a callback queued behind it, as an ``on_lost`` that releases
+    another lease lost at the same deadline does (the release waits for that lease's callbacks)."""
+    monkeypatch.setattr(workers._Pool, "_run_joined_here", run_here)
+    pool = workers._Pool("test-callbacks", 1)
+    ran: list[str] = []
+    behind: list[workers.Job] = []
+    finished = threading.Event()
+
+    def first() -> None:
+        ran.append("first")
+        behind[0].join()
+        finished.set()
+
+    gate = threading.Event()
+    pool.submit(gate.wait, withdrawable=False)  # holds the thread until both callbacks are queued
+    pool.submit(first, withdrawable=False)
+    behind.append(pool.submit(lambda: ran.append("behind"), withdrawable=False))
+    gate.set()
+    if finished.wait(wait_s):
+        return ran
+    with pool._work:  # the control's deadlock: let the stuck thread go, so that it ends with the test
+        behind[0].state = "done"
+        pool._ended.notify_all()
+    return [*ran, "deadlocked"]
+
+
+def test_a_callback_that_joins_one_queued_behind_it_runs_it_there(monkeypatch):
+    assert _joined_from_the_callback_thread(monkeypatch, True, wait_s=WAIT_S_MAX) == ["first", "behind"]
+
+
+def test_control_a_callback_that_waits_for_one_queued_behind_it_deadlocks(monkeypatch):
+    assert _joined_from_the_callback_thread(monkeypatch, False, wait_s=1.0) == ["first", "deadlocked"]

@@ -19,7 +19,8 @@ deadline itself never waits for a job: it is the timer's entry.
 - Jobs run in the order they were queued. A renewal still queued when it is
   joined is withdrawn instead (a released lease is renewed no more, and its
   release must not wait behind other leases' renewals); a callback is always
-  run, once, and joining it waits for it.
+  run, once, and joining it waits for it; joined from one of the pool's own
+  threads (a callback that releases another lease), it runs there and then.
 - After ``fork`` the child gets pools of its own; joining a job inherited from
   the parent returns at once (the parent's lock may have been held at the fork).
 """
@@ -71,6 +72,7 @@ class _Pool:
         self._queue: collections.deque[Job] = collections.deque()
         self._threads = 0
         self._idle = 0  # threads waiting for a job
+        self._members: set[threading.Thread] = set()  # the pool's threads now
         self.pid = os.getpid()
 
     def submit(self, function: Callable[[], None], *, withdrawable: bool) -> Job:
@@ -85,17 +87,30 @@ class _Pool:
                 self._threads += 1
         return job
 
+    # A private seam for the tests' control: with False, a pool's own thread that joins a job queued behind it
+    # waits for it, as a thread of another pool would (tests/test_keepalive_many_leases.py).
+    _run_joined_here = True
+
     def join(self, job: Job) -> None:
+        here = threading.current_thread()
         with self._work:
             if job.state == "queued" and job.withdrawable:
                 job.state = "withdrawn"
                 return
-            if job.thread is threading.current_thread():
+            if job.thread is here:
                 return
-            job.joiners += 1
-            while job.state in ("queued", "running"):
-                self._ended.wait()
-            job.joiners -= 1
+            if job.state == "queued" and here in self._members and self._run_joined_here:
+                # One of this pool's threads joins a job queued behind it (an ``on_lost`` that releases
+                # another lease lost at the same time): waiting would wait for itself. It runs the job now.
+                job.state = "running"
+                job.thread = here
+            else:
+                job.joiners += 1
+                while job.state in ("queued", "running"):
+                    self._ended.wait()
+                job.joiners -= 1
+                return
+        self._execute(job)
 
     def threads(self) -> int:
         """Threads the pool runs now (for tests of the bound)."""
@@ -116,23 +131,30 @@ class _Pool:
             self._idle -= 1
             if not woken and not self._queue:
                 self._threads -= 1  # under the lock: the next submit starts another
+                self._members.discard(threading.current_thread())
                 return None
 
     def _run(self) -> None:
+        with self._work:
+            self._members.add(threading.current_thread())
         while True:
             with self._work:
                 job = self._next()
             if job is None:
                 return
-            try:
-                job.function()
-            except Exception:  # a job's bug must not stop every later one
-                log.exception("a background job failed")
-            with self._work:
-                job.state = "done"
-                job.thread = None
-                if job.joiners:
-                    self._ended.notify_all()
+            self._execute(job)
+
+    def _execute(self, job: Job) -> None:
+        """Run a job marked running by this thread, then mark it done."""
+        try:
+            job.function()
+        except Exception:  # a job's bug must not stop every later one
+            log.exception("a background job failed")
+        with self._work:
+            job.state = "done"
+            job.thread = None
+            if job.joiners:
+                self._ended.notify_all()
 
 
 _keepalives = _Pool("stockade-keepalive", KEEPALIVE_THREADS_MAX)
