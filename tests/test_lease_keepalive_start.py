@@ -1,7 +1,7 @@
-"""A lease's keepalive and deadline watcher start when its first renewal is due, not at the grant.
+"""A lease's keepalive starts when its first renewal is due, not at the grant.
 
 Most leases are released before TTL/3 (a lock held for one write); for them no
-thread (sync) or task (async) is started at all. Before, every grant started two
+renewal runs and no thread (sync) or task (async) is started at all. Before, every grant started two
 threads and every release joined them: about 270 µs of the sync client's CPU per
 lock cycle, more than the rest of the client. Each test counts what was started,
 never how long something took; the control starts the background at the grant,
@@ -26,8 +26,8 @@ from stockade.transport import timer as _timer
 
 
 def _background_threads(before: frozenset[threading.Thread] = frozenset()) -> int:
-    """Keepalive and deadline threads alive now that were not in ``before`` (another test's may still run)."""
-    prefixes = ("stockade-keepalive-", "stockade-deadline-")
+    """Keepalive and callback threads alive now that were not in ``before`` (another test's may still run)."""
+    prefixes = ("stockade-keepalive", "stockade-callbacks")
     return sum(t.name.startswith(prefixes) and t not in before for t in threading.enumerate())
 
 
@@ -58,7 +58,7 @@ def test_a_short_lock_starts_no_thread(monkeypatch):
         assert started == [] and _background_threads(before) == 0
 
 
-def test_control_starting_at_the_grant_starts_two_threads_a_lease(monkeypatch):
+def test_control_starting_at_the_grant_starts_the_keepalive_of_every_lease(monkeypatch):
     started = _started(monkeypatch, Lease)
     monkeypatch.setattr(Lease, "_schedule_keepalive", lambda self: self._start_keepalive(first_wait_s=10.0))
     with stockade.connect("memory://keepalive-start") as coord:
@@ -76,7 +76,7 @@ def test_a_lease_held_past_its_first_renewal_is_renewed(monkeypatch):
 
 
 def test_a_short_max_hold_is_lost_by_its_deadline_before_any_renewal():
-    """max_hold_ms below TTL/3: the watcher starts at that deadline and marks the loss, unasked."""
+    """max_hold_ms below TTL/3: the keepalive starts at that deadline and its timer entry marks the loss, unasked."""
     lost = threading.Event()
     with stockade.connect("memory://keepalive-start") as coord:
         lease = coord.acquire("held", ttl_ms=30_000, max_hold_ms=100, on_lost=lambda lease: lost.set())

@@ -1,9 +1,10 @@
 """Telemetry: the user's callbacks on a lease's life, and OpenTelemetry spans if it is installed.
 
 Shared by the sync and async clients (not generated). A hook is a plain
-function, called on whichever thread or task made the event happen (for a
-renewal or a loss, the lease's background keepalive or deadline watcher), so
-it must be quick and must not block. A hook that raises is logged and
+function, called on whichever thread or task made the event happen (a renewal:
+the keepalive's task, or one of the sync client's few renewal threads; a loss
+the keepalive or the deadline marked: the loop, or the sync client's callback
+thread), so it must be quick and must not block. A hook that raises is logged and
 ignored: telemetry never decides whether a lease is held.
 
 OpenTelemetry is optional and never a dependency: ``opentelemetry-api`` is

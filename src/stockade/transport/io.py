@@ -18,7 +18,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from stockade.transport import workers
 from stockade.transport.timer import TimerEntry, call_later
+from stockade.transport.workers import Job
 
 if TYPE_CHECKING:  # the sync side never loads asyncio or ssl: each ``AsyncIO`` call imports asyncio as it runs
     import asyncio
@@ -67,9 +69,16 @@ class AsyncIO:
         return event.is_set()
 
     @staticmethod
-    def spawn(function: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[None]:
+    def submit(function: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[None]:
+        """Run ``function`` in the background, in a task of its own (tasks are cheap); `join` waits for it."""
         import asyncio
         return asyncio.get_running_loop().create_task(function(), name=name)  # type: ignore[arg-type]
+
+    @staticmethod
+    def hand_off(callback: Callable[[], None]) -> asyncio.Task[None] | None:
+        """Run the user's ``callback`` (``on_lost``, a hook): here, now, on the loop; None: nothing to `join`."""
+        callback()
+        return None
 
     @staticmethod
     def call_later(delay_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
@@ -212,7 +221,7 @@ class Flag:
 
 
 class SyncIO:
-    """Threads: a daemon thread for background work; blocking calls run in place."""
+    """Threads: background work on a few shared threads (`stockade.transport.workers`); blocking calls run in place."""
 
     @staticmethod
     def sleep(seconds: float) -> None:
@@ -225,10 +234,16 @@ class SyncIO:
         return event.wait(timeout_s)
 
     @staticmethod
-    def spawn(function: Callable[[], None], name: str) -> threading.Thread:
-        thread = threading.Thread(target=function, name=name, daemon=True)
-        thread.start()
-        return thread
+    def submit(function: Callable[[], None], name: str) -> Job:
+        """Run ``function`` on one of the process's few keepalive threads (`stockade.transport.workers`),
+        never a thread of its own; `join` waits for it, or withdraws it if it has not started."""
+        return workers.keepalives().submit(function, withdrawable=True)
+
+    @staticmethod
+    def hand_off(callback: Callable[[], None]) -> Job | None:
+        """Run the user's ``callback`` (``on_lost``, a hook) on the process's callback thread, so that a slow
+        one delays no renewal and no deadline; `join` waits until it ran."""
+        return workers.callbacks().submit(callback, withdrawable=False)
 
     @staticmethod
     def call_later(delay_s: float, callback: Callable[[], None]) -> TimerEntry:
@@ -236,9 +251,8 @@ class SyncIO:
         return call_later(delay_s, callback)
 
     @staticmethod
-    def join(handle: threading.Thread) -> None:
-        if handle is not threading.current_thread():
-            handle.join()
+    def join(handle: Job) -> None:
+        handle.join()  # a no-op on the job's own thread
 
     @staticmethod
     def run_blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -304,7 +318,7 @@ class AsyncBodyGuard:
     """Cancels the task that runs a ``lock()`` body when the body's lease is lost.
 
     Armed while the body runs. `interrupt` may be called from any thread (the
-    lease is marked lost by its deadline watcher or its keepalive); the cancel
+    lease is marked lost at its deadline, by a renewal, or by a reader of ``lost``); the cancel
     is delivered on the task's loop. When the body's `CancelledError` reaches
     the ``lock()`` block, `caused` tells it apart from a cancellation from
     outside, as ``asyncio.timeout`` does: it withdraws its own request with

@@ -1,7 +1,9 @@
 """The sync client's timer: one daemon thread runs short callbacks at their times.
 
-A lease's keepalive and deadline watcher start only when its first renewal is
-due (about TTL/3 after the grant), and most leases are released before that.
+A lease's keepalive starts only when its first renewal is due (about TTL/3
+after the grant), and most leases are released before that. From then on the
+lease's local deadline and its next renewal are entries here; a renewal due
+runs on a few shared threads (`stockade.transport.workers`), never on this one.
 Asyncio has a timer of its own (``loop.call_later``); threads have none that
 does not cost a thread per call, so this module is the sync twin of it
 (`stockade.transport.io.SyncIO.call_later`).

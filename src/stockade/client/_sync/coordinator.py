@@ -61,11 +61,11 @@ class Lease(Leased):
     renew, or of the acquire, plus the TTL, minus a margin for drift), or when
     ``max_hold_ms`` has passed since the grant. Once lost it stays lost;
     `raise_if_lost` raises `LeaseLost`, and writes through a `FencedStore` that
-    name this lease refuse to start. A deadline watcher marks the loss at the
-    deadline itself, even while a renewal hangs on a coordinator that stopped
-    answering. Then, in the async client, the body of the lease's ``lock()``
-    block is cancelled; in both clients the hooks and ``on_lost`` are called
-    (docs/leases.md).
+    name this lease refuse to start. The deadline is an entry on a timer, which
+    marks the loss at the deadline itself, even while a renewal hangs on a
+    coordinator that stopped answering. Then, in the async client, the body of
+    the lease's ``lock()`` block is cancelled; in both clients the hooks and
+    ``on_lost`` are called (docs/leases.md).
 
     Attributes:
         scope: the scope held.
@@ -100,13 +100,15 @@ class Lease(Leased):
         self._lost = SyncIO.event()
         self._stop = SyncIO.event()  # set on release and on loss: the background work ends
         self._lost_cause = ""
-        # Marking a loss runs once, whichever of the keepalive, the deadline watcher
+        # Marking a loss runs once, whichever of a renewal, the deadline's timer entry
         # or a reader of `lost` (any thread, in the sync client) gets there first.
         self._loss_once = threading.Lock()
         self._released = False
-        self._background: list[Any] = []
-        self._start_lock = threading.Lock()  # starting and stopping the background, one at a time
-        self._due: Any = None
+        self._background: list[Any] = []  # the renewal queued or running, to join at release
+        self._start_lock = threading.Lock()  # scheduling and stopping the keepalive, one at a time
+        self._due: Any = None  # the timer's entry for the keepalive's start, or for the next renewal
+        self._deadline_due: Any = None  # the timer's entry for the local deadline, once the keepalive started
+        self._told: Any = None  # the loss's callbacks, when handed off to run elsewhere
         self._renew_at_s = 0.0
         self._keepalive_bug: InvariantViolation | None = None
         self._enclosing: Leased | None = None  # the lease of the enclosing lock() block, if any
@@ -155,7 +157,10 @@ class Lease(Leased):
             return f"max_hold_ms={self.max_hold_ms} reached"
         return "local deadline passed without a successful renewal"
 
-    def _mark_lost(self, cause: str) -> None:
+    def _mark_lost(self, cause: str, *, hand_off: bool = False) -> None:
+        """Mark the lease lost, once. ``hand_off``: called by a renewal (joined by `release`) or by the timer
+        (holding `_start_lock`), which must not wait for the user's callbacks: they run on the callback
+        thread (sync), and `release` waits for them (`_told`)."""
         with self._loss_once:
             if self._lost.is_set():
                 return
@@ -166,6 +171,12 @@ class Lease(Leased):
         guard = self._guard
         if guard is not None:
             guard.interrupt(cause)  # first: the work the lease guards stops
+        if hand_off:
+            self._told = SyncIO.hand_off(self._tell_lost)
+        else:
+            self._tell_lost()
+
+    def _tell_lost(self) -> None:
         self._telemetry.lost(self)
         call_hook("on_lost", self._on_lost, self)
 
@@ -190,12 +201,12 @@ class Lease(Leased):
         self.raise_if_lost()
         self._renew_now()
 
-    def _renew_now(self) -> None:
+    def _renew_now(self, *, hand_off: bool = False) -> None:
         sent_ns = self._clock.now_ns()
         try:
             self._port.renew(self._lease_id)
         except NotHolder as exc:
-            self._mark_lost("coordinator refused renewal: lease expired or released")
+            self._mark_lost("coordinator refused renewal: lease expired or released", hand_off=hand_off)
             raise LeaseLost(self.scope, self.token, self._lost_cause) from exc
         deadline_ns = self._capped(sent_ns + (self.ttl_ms - lost_margin_ms(self.ttl_ms)) * 1_000_000)
         self._deadline_ns = max(self._deadline_ns, deadline_ns)
@@ -220,9 +231,10 @@ class Lease(Leased):
                 the lease is released), so that the bug is not lost in a background
                 task.
         """
-        self._stop_background()
-        while self._background:
-            SyncIO.join(self._background.pop())
+        for renewal in self._stop_background():
+            SyncIO.join(renewal)
+        if self._told is not None:  # the loss's callbacks, handed off: they run before the release is done
+            SyncIO.join(self._told)
         if not self._released:
             self._released = True
             try:
@@ -235,16 +247,17 @@ class Lease(Leased):
 
     def _orphan(self) -> None:
         """Its coordinator handle closes: stop renewing, and count the lease as lost unless released."""
-        self._stop_background()
-        while self._background:
-            SyncIO.join(self._background.pop())
+        for renewal in self._stop_background():
+            SyncIO.join(renewal)
+        if self._told is not None:
+            SyncIO.join(self._told)
         if not self._released:
             self._mark_lost("the coordinator handle was closed")
 
     def _schedule_keepalive(self) -> None:
-        """Start the keepalive and the deadline watcher at TTL/3, or at a sooner deadline (``max_hold_ms``).
+        """Start the keepalive at TTL/3, or at a sooner deadline (``max_hold_ms``).
 
-        A lease released before then (a lock held for one write) starts neither (docs/leases.md).
+        A lease released before then (a lock held for one write) starts nothing (docs/leases.md).
         """
         interval_s = self.ttl_ms / 3 / 1000
         to_deadline_s = max(0.0, (self._deadline_ns - self._clock.now_ns()) / 1e9)
@@ -257,68 +270,79 @@ class Lease(Leased):
                 return
             try:
                 self._start_keepalive(first_wait_s=max(0.0, self._renew_at_s - time.monotonic()))
-                return
             except Exception as exc:  # noqa: BLE001 - e.g. no thread can be started: nobody renews the lease
-                failed = exc
-        self._mark_lost(f"the keepalive could not start: {failed!r}")
+                self._mark_lost(f"the keepalive could not start: {exc!r}", hand_off=True)
 
-    def _stop_background(self) -> None:
-        """Stop the keepalive and the deadline watcher, started or not (the caller joins `_background`)."""
+    def _stop_background(self) -> list[Any]:
+        """Stop the keepalive, started or not; returns the renewal to join (it may be running)."""
         with self._start_lock:
             self._stop.set()
             due, self._due = self._due, None
+            deadline_due, self._deadline_due = self._deadline_due, None
+            background, self._background = self._background, []
         if due is not None:
             due.cancel()
+        if deadline_due is not None:
+            deadline_due.cancel()
+        return background
 
     def _start_keepalive(self, *, first_wait_s: float) -> None:
-        keepalive = functools.partial(self._keepalive, first_wait_s=first_wait_s)
-        self._background = [
-            SyncIO.spawn(keepalive, name=f"stockade-keepalive-{self.scope}"),
-            SyncIO.spawn(self._watch_deadline, name=f"stockade-deadline-{self.scope}"),
-        ]
+        """Put the local deadline and the first renewal on the timer (holding `_start_lock`, or before the
+        lease is returned). Nothing here is a thread or a task of the lease's own: the timer runs the
+        deadline, and a renewal due runs on the process's few keepalive threads (sync) or a task (async)."""
+        to_deadline_s = max(0.0, (self._deadline_ns - self._clock.now_ns()) / 1e9)
+        self._deadline_due = SyncIO.call_later(to_deadline_s, self._on_deadline)
+        self._due = SyncIO.call_later(first_wait_s, self._on_renewal_due)
 
-    def _watch_deadline(self) -> None:
-        """Mark the lease lost at its local deadline, whatever the keepalive is doing.
+    def _on_deadline(self) -> None:
+        """On the timer: mark the lease lost at its local deadline, whatever its renewal is doing.
 
         A renewal may hang on a coordinator that stopped answering (up to its
-        request timeout); the deadline does not wait for it.
+        request timeout); the deadline does not wait for it. Marking only flips
+        the lease's state; the callbacks run on the callback thread (sync).
         """
-        while True:
+        with self._start_lock:  # held while marking: a release that stops the keepalive then sees `_told`
+            if self._stop.is_set():
+                return
             remaining_s = (self._deadline_ns - self._clock.now_ns()) / 1e9
-            if remaining_s <= 0:
-                if not self._released:
-                    self._mark_lost(self._deadline_cause())
-                return
-            if SyncIO.wait_event(self._stop, remaining_s):
-                return
+            if remaining_s > 0:  # renewed since: look again at the new deadline
+                self._deadline_due = SyncIO.call_later(remaining_s, self._on_deadline)
+            elif not self._released:
+                self._mark_lost(self._deadline_cause(), hand_off=True)
 
-    def _keepalive(self, *, first_wait_s: float) -> None:
-        interval_s = self.ttl_ms / 3 / 1000
-        wait_s = first_wait_s
-        while not SyncIO.wait_event(self._stop, wait_s):
-            wait_s = interval_s
-            while True:
-                if self.lost:
-                    return
-                if self._hold_end_ns is not None and self._clock.now_ns() >= self._hold_end_ns:
-                    return  # max_hold_ms: no more renewals; the deadline watcher marks the loss
-                try:
-                    self.renew()
-                    break
-                except LeaseLost:
-                    return
-                except InvariantViolation as exc:
-                    # A bug, not backend trouble: retrying would only hide it. Nobody can
-                    # vouch for the lease any more, so it is lost; release() raises the bug.
-                    self._keepalive_bug = exc
-                    self._mark_lost(f"bug while renewing: {exc}")
-                    return
-                except Exception as exc:  # noqa: BLE001 - backend trouble: retry until the local deadline
-                    log.info("renewal failed, retrying", extra={"scope": self.scope, "error": repr(exc)})
-                    retry_s = min(RENEW_RETRY_MS / 1000, max(0.0, (self._deadline_ns - self._clock.now_ns()) / 1e9))
-                    if SyncIO.wait_event(self._stop, retry_s):
-                        return
+    def _on_renewal_due(self) -> None:
+        """On the timer: a renewal is due; it runs on a keepalive thread (sync) or a task (async)."""
+        with self._start_lock:
+            if not self._stop.is_set():
+                self._renew_at_s = time.monotonic()  # the next one is due a third of the TTL after this one
+                self._background = [SyncIO.submit(self._renew_round, name=f"stockade-keepalive-{self.scope}")]
 
+    def _renew_round(self) -> None:
+        """Renew once; then put the next renewal on the timer: a third of the TTL after this one was due (the
+        time it waited for a thread and the renewal's own do not add up), or `RENEW_RETRY_MS` later if this
+        one failed for backend reasons (until the local deadline, which marks the loss)."""
+        now_ns = self._clock.now_ns()
+        if self._stop.is_set() or now_ns >= self._deadline_ns:
+            return  # released, lost, or past the deadline: the timer's deadline entry marks the loss
+        if self._hold_end_ns is not None and now_ns >= self._hold_end_ns:
+            return  # max_hold_ms: no more renewals; the deadline marks the loss
+        try:
+            self._renew_now(hand_off=True)
+            next_s = max(0.0, self._renew_at_s + self.ttl_ms / 3 / 1000 - time.monotonic())
+        except LeaseLost:
+            return
+        except InvariantViolation as exc:
+            # A bug, not backend trouble: retrying would only hide it. Nobody can
+            # vouch for the lease any more, so it is lost; release() raises the bug.
+            self._keepalive_bug = exc
+            self._mark_lost(f"bug while renewing: {exc}", hand_off=True)
+            return
+        except Exception as exc:  # noqa: BLE001 - backend trouble: retry until the local deadline
+            log.info("renewal failed, retrying", extra={"scope": self.scope, "error": repr(exc)})
+            next_s = min(RENEW_RETRY_MS / 1000, max(0.0, (self._deadline_ns - self._clock.now_ns()) / 1e9))
+        with self._start_lock:
+            if not self._stop.is_set():
+                self._due = SyncIO.call_later(next_s, self._on_renewal_due)
 
 
 def _loss_note(lease: Lease) -> str:
@@ -426,9 +450,10 @@ class Coordinator(Handle):
             keepalive: renew in the background at about TTL/3, and watch the local deadline.
             max_hold_ms: stop renewing this long after the grant, 1 .. 7 days
                 (None: no bound); the lease is lost then at the latest.
-            on_lost: ``on_lost(lease)``, called once when the lease is marked lost,
-                on the thread or task that noticed (docs/leases.md). An exception
-                from it is logged and ignored.
+            on_lost: ``on_lost(lease)``, called once when the lease is marked lost:
+                sync, on stockade's callback thread when the keepalive or the
+                deadline noticed, else on the thread that noticed; async, on the
+                loop (docs/leases.md). An exception from it is logged and ignored.
 
         Returns:
             The `Lease`; ``lease.token`` goes with every write. Release it
