@@ -166,16 +166,16 @@ class AsyncLease(Leased):
             self._lost_cause = cause
             self._lost.set()
         self._stop.set()
-        log.warning("lease lost", extra={"scope": self.scope, "token": self.token.value, "cause": cause})
         guard = self._guard
         if guard is not None:
             guard.interrupt(cause)  # first: the work the lease guards stops
-        if hand_off:
+        if hand_off:  # the log too: a handler may do I/O, and the timer's thread marks every lease's deadline
             self._told = AsyncIO.hand_off(self._tell_lost)
         else:
             self._tell_lost()
 
     def _tell_lost(self) -> None:
+        log.warning("lease lost", extra={"scope": self.scope, "token": self.token.value, "cause": self._lost_cause})
         self._telemetry.lost(self)
         call_hook("on_lost", self._on_lost, self)
 
