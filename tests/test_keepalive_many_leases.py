@@ -227,3 +227,32 @@ def test_a_callback_that_joins_one_queued_behind_it_runs_it_there(monkeypatch):
 
 def test_control_a_callback_that_waits_for_one_queued_behind_it_deadlocks(monkeypatch):
     assert _joined_from_the_callback_thread(monkeypatch, False, wait_s=1.0) == ["first", "deadlocked"]
+
+
+def _joined_behind_a_blocked_callback(monkeypatch, run_here: bool, wait_s: float) -> list[str]:
+    """On a pool of one thread held by a callback that blocks (a user's ``on_lost`` that never returns), another
+    callback queued behind it is joined from outside the pool, as a release of that other lease joins its own
+    callbacks: what ran, and on which thread."""
+    monkeypatch.setattr(workers._Pool, "_run_joined_here", run_here)
+    pool = workers._Pool("test-callbacks", 1)
+    gate = threading.Event()
+    ran: list[str] = []
+    blocked = pool.submit(gate.wait, withdrawable=False)
+    queued = pool.submit(lambda: ran.append(threading.current_thread().name), withdrawable=False)
+    joiner = threading.Thread(target=queued.join, name="releasing")
+    joiner.start()
+    joiner.join(wait_s)
+    if joiner.is_alive():
+        ran.append("waiting")
+    gate.set()
+    joiner.join(WAIT_S_MAX)
+    blocked.join()
+    return ran
+
+
+def test_a_release_never_waits_behind_another_leases_blocked_callback(monkeypatch):
+    assert _joined_behind_a_blocked_callback(monkeypatch, True, wait_s=WAIT_S_MAX) == ["releasing"]
+
+
+def test_control_a_release_that_waits_for_the_callback_thread_waits_as_long_as_it_blocks(monkeypatch):
+    assert _joined_behind_a_blocked_callback(monkeypatch, False, wait_s=1.0) == ["waiting", "test-callbacks"]

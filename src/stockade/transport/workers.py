@@ -19,8 +19,10 @@ deadline itself never waits for a job: it is the timer's entry.
 - Jobs run in the order they were queued. A renewal still queued when it is
   joined is withdrawn instead (a released lease is renewed no more, and its
   release must not wait behind other leases' renewals); a callback is always
-  run, once, and joining it waits for it; joined from one of the pool's own
-  threads (a callback that releases another lease), it runs there and then.
+  run, once: joined while still queued, it runs there and then, on the joining
+  thread (a release does not wait behind another lease's callback that blocks,
+  and a callback that releases another lease does not wait for itself);
+  joined while running, joining waits for it.
 - After ``fork`` the child gets pools of its own; joining a job inherited from
   the parent returns at once (the parent's lock may have been held at the fork).
 """
@@ -99,9 +101,11 @@ class _Pool:
                 return
             if job.thread is here:
                 return
-            if job.state == "queued" and here in self._members and self._run_joined_here:
-                # One of this pool's threads joins a job queued behind it (an ``on_lost`` that releases
-                # another lease lost at the same time): waiting would wait for itself. It runs the job now.
+            if job.state == "queued" and self._run_joined_here:
+                # Still queued: the joiner runs it now. A release never waits behind other leases' callbacks
+                # (one that blocks holds the callback thread for as long as it likes), and one of this pool's
+                # threads joining a job queued behind it (an ``on_lost`` that releases another lease lost at
+                # the same time) would otherwise wait for itself.
                 job.state = "running"
                 job.thread = here
             else:
