@@ -25,9 +25,12 @@ import stockade
 from stockade.client import Hooks
 from stockade.transport import workers
 
-LEASES = 3000
-TTL_MS = 6000  # renewed every 2 s: 1,500 renewals a second, with 1.7 s of slack before a late one is lost
-ROUNDS = 3
+LEASES = 2000
+#: Renewed every 5 s, each round a burst of LEASES renewals (about 0.7 s of the client's and the server's CPU on an
+#: idle host) with 8.5 s before a late one is lost (the deadline is the TTL less a tenth): enough on a machine that
+#: runs the whole suite at once. At a TTL of 6 s (1.7 s of slack for 3,000) a busy CI run lost all of them once.
+TTL_MS = 15_000
+ROUNDS = 2
 #: The timer's thread, the keepalive pool, the callback thread: every thread the keepalive of any number of leases runs.
 STOCKADE_THREADS_MAX = 1 + workers.KEEPALIVE_THREADS_MAX + 1
 WAIT_S_MAX = 120  # a guard against a hang, not a measure: the rounds take ROUNDS * TTL/3 on an idle machine
