@@ -74,7 +74,6 @@ class _Pool:
         self._queue: collections.deque[Job] = collections.deque()
         self._threads = 0
         self._idle = 0  # threads waiting for a job
-        self._members: set[threading.Thread] = set()  # the pool's threads now
         self.pid = os.getpid()
 
     def submit(self, function: Callable[[], None], *, withdrawable: bool) -> Job:
@@ -89,8 +88,8 @@ class _Pool:
                 self._threads += 1
         return job
 
-    # A private seam for the tests' control: with False, a pool's own thread that joins a job queued behind it
-    # waits for it, as a thread of another pool would (tests/test_keepalive_many_leases.py).
+    # A private seam for the tests' controls: with False, whoever joins a queued job waits for one of the pool's
+    # threads to run it (tests/test_keepalive_many_leases.py).
     _run_joined_here = True
 
     def join(self, job: Job) -> None:
@@ -135,12 +134,9 @@ class _Pool:
             self._idle -= 1
             if not woken and not self._queue:
                 self._threads -= 1  # under the lock: the next submit starts another
-                self._members.discard(threading.current_thread())
                 return None
 
     def _run(self) -> None:
-        with self._work:
-            self._members.add(threading.current_thread())
         while True:
             with self._work:
                 job = self._next()
@@ -161,14 +157,16 @@ class _Pool:
                 self._ended.notify_all()
 
 
-_keepalives = _Pool("stockade-keepalive", KEEPALIVE_THREADS_MAX)
-_callbacks = _Pool("stockade-callbacks", 1)
+def _new_pools() -> tuple[_Pool, _Pool]:
+    return _Pool("stockade-keepalive", KEEPALIVE_THREADS_MAX), _Pool("stockade-callbacks", 1)
+
+
+_keepalives, _callbacks = _new_pools()
 
 
 def _after_fork_in_child() -> None:
     global _keepalives, _callbacks
-    _keepalives = _Pool("stockade-keepalive", KEEPALIVE_THREADS_MAX)
-    _callbacks = _Pool("stockade-callbacks", 1)
+    _keepalives, _callbacks = _new_pools()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
